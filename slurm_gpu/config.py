@@ -1,0 +1,84 @@
+"""Site configuration: one TOML file, one section per area.
+
+Looked up like ClusterShell does: ``$SLURM_GPU_CONFIG``, then
+``/etc/slurm-gpu/slurm-gpu.toml``, then ``<venv>/etc/slurm-gpu/slurm-gpu.toml``.
+A missing file means all defaults.  Each area (``[mps]``, ``[mig]``,
+``[health]``...) owns a dataclass of settings and builds it with
+:func:`section`, which rejects unknown keys: a typo in a root-run config must
+be an error, not a silently ignored setting.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import InputError
+
+T = TypeVar("T")
+
+ENV_VAR = "SLURM_GPU_CONFIG"
+
+
+def config_path() -> Path | None:
+    """The config file in effect, or None when only defaults apply."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env)
+    for cand in (Path("/etc/slurm-gpu/slurm-gpu.toml"),
+                 Path(sys.prefix) / "etc" / "slurm-gpu" / "slurm-gpu.toml"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+@lru_cache(maxsize=8)
+def _load(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise InputError("config file not found", path) from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"bad config: {e}", path) from None
+    except OSError as e:
+        raise InputError(f"cannot read config: {e.strerror}", path) from None
+
+
+def load_raw(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The whole parsed config as a dict (empty when there is no file)."""
+    if path is None:
+        p = config_path()
+        path = str(p) if p else None
+    return _load(str(path) if path is not None else None)
+
+
+def section(cls: type[T], name: str, raw: dict[str, Any] | None = None) -> T:
+    """Build settings dataclass *cls* from config section *name*.
+
+    Unknown keys and values of the wrong type are errors naming the key.
+    """
+    if raw is None:
+        raw = load_raw()
+    data = raw.get(name, {})
+    where = f"[{name}] in {config_path() or 'config'}"
+    if not isinstance(data, dict):
+        raise InputError(f"section {name} must be a table", where)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise InputError(f"unknown config key {name}.{unknown[0]}", where)
+    defaults = cls()  # type: ignore[call-arg]
+    for key, value in data.items():
+        want = type(getattr(defaults, key))
+        if want is float and isinstance(value, int):
+            value = float(value)
+        if getattr(defaults, key) is not None and not isinstance(value, want):
+            raise InputError(f"config key {name}.{key} must be {want.__name__}", where)
+    return cls(**data)  # type: ignore[call-arg]

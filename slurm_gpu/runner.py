@@ -1,0 +1,108 @@
+"""The one place that runs external commands.
+
+Everything (scontrol, nvidia-cuda-mps-control, ibnetdiscover, ...) goes through
+:func:`run`: an argv list, never a shell, with a timeout that kills the whole
+process group, so a hung child cannot hang a prolog or a health check.
+Tests replace :data:`RUNNER` (or monkeypatch :func:`run`) to serve recorded
+output.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .errors import CommandError
+
+# Slurm runs prolog, epilog and HealthCheckProgram with no PATH at all.
+SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """Drop to this identity in the child before exec (never for root work)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(
+    argv: Sequence[str],
+    timeout: float,
+    *,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    run_as: RunAs | None = None,
+    cwd: str | None = None,
+) -> Completed:
+    """Run *argv* (no shell) and return its output.
+
+    The child gets its own session so that on timeout the whole process group
+    is killed.  With ``check`` a non-zero exit raises :class:`CommandError`
+    carrying the command's first stderr line.  ``env`` replaces the
+    environment; when omitted the child gets ``PATH`` only plus ``SLURM_CONF``
+    if set, because user-controlled variables must not leak into root tools.
+    """
+    argv = tuple(str(a) for a in argv)
+    if not argv:
+        raise CommandError("empty command")
+    if env is None:
+        env = {"PATH": SAFE_PATH}
+        if "SLURM_CONF" in os.environ:
+            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    kwargs: dict = {}
+    if run_as is not None:
+        kwargs.update(user=run_as.uid, group=run_as.gid, extra_groups=list(run_as.groups))
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(env),
+            cwd=cwd or "/",
+            start_new_session=True,
+            close_fds=True,
+            **kwargs,
+        )
+    except FileNotFoundError:
+        raise CommandError(f"command not found: {argv[0]}") from None
+    except PermissionError as e:
+        raise CommandError(f"cannot run {argv[0]}: {e.strerror}") from None
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
+        raise CommandError(f"{os.path.basename(argv[0])} timed out after {timeout:g} s",
+                           " ".join(argv[:3])) from None
+    res = Completed(argv, proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        first = (err.strip() or out.strip()).splitlines()
+        detail = first[0] if first else f"exit status {proc.returncode}"
+        raise CommandError(f"{os.path.basename(argv[0])} failed: {detail}", " ".join(argv[:3]))
+    return res
