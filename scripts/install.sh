@@ -29,6 +29,10 @@ if [ -z "${SLURM_GPU_SKIP_APT:-}" ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 fi
+# Serialize concurrent installs (several test runs may share one venv).
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$(dirname "$VENV")/.install.lock"
+flock 9
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; sys.exit(sys.base_prefix != "/usr")'; then
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
