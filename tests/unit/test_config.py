@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from slurm_gpu import config
+from slurm_gpu.errors import InputError
+
+
+@dataclass(frozen=True)
+class Demo:
+    timeout: float = 20.0
+    name: str = "x"
+    enabled: bool = True
+
+
+def _write(tmp_path, text: str, monkeypatch):
+    p = tmp_path / "slurm-gpu.toml"
+    p.write_text(text)
+    monkeypatch.setenv(config.ENV_VAR, str(p))
+    config._load.cache_clear()
+    return p
+
+
+def test_defaults_without_file(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv(config.ENV_VAR, raising=False)
+    assert config.section(Demo, "demo", raw={}) == Demo()
+
+
+def test_values_and_int_to_float(monkeypatch, tmp_path) -> None:
+    _write(tmp_path, "[demo]\ntimeout = 5\nname = 'y'\n", monkeypatch)
+    assert config.section(Demo, "demo") == Demo(timeout=5.0, name="y")
+
+
+def test_unknown_key_is_an_error(monkeypatch, tmp_path) -> None:
+    p = _write(tmp_path, "[demo]\ntimout = 5\n", monkeypatch)
+    with pytest.raises(InputError) as ei:
+        config.section(Demo, "demo")
+    assert "unknown config key demo.timout" in ei.value.line()
+    assert str(p) in ei.value.line()
+
+
+def test_wrong_type_is_an_error(monkeypatch, tmp_path) -> None:
+    _write(tmp_path, "[demo]\nenabled = 'yes'\n", monkeypatch)
+    with pytest.raises(InputError, match="demo.enabled must be bool"):
+        config.section(Demo, "demo")
+
+
+def test_bad_toml_names_the_file(monkeypatch, tmp_path) -> None:
+    p = _write(tmp_path, "[demo\n", monkeypatch)
+    with pytest.raises(InputError) as ei:
+        config.load_raw()
+    assert ei.value.line().startswith("slurm-gpu: bad config") and str(p) in ei.value.line()
