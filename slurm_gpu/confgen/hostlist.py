@@ -1,0 +1,84 @@
+"""Slurm hostlist and range syntax, through ClusterShell (never our own parser).
+
+Slurm's ``NodeName=gpu[001-128]``, ``File=/dev/nvidia[0-3]`` and
+``Cores=0-3,8-11`` are all the same bracket/range notation that ClusterShell's
+NodeSet and RangeSet implement.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+from ClusterShell.RangeSet import RangeSet, RangeSetParseError
+
+from ..errors import InputError
+
+_TRAILING_INT = re.compile(r"^(.*?)(\d+)$")
+
+
+def natural_key(text: str) -> tuple[object, ...]:
+    """Sort key that puts ``gpu2`` before ``gpu10`` and ``gpu[001-002]`` before ``gpu003``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+def fold(names: Iterable[str]) -> str:
+    """``['gpu001', 'gpu002']`` -> ``gpu[001-002]``."""
+    return str(NodeSet.fromlist(list(names)))
+
+
+def expand(hostlist: str, where: str = "") -> list[str]:
+    """``gpu[001-003]`` -> ``['gpu001', 'gpu002', 'gpu003']``."""
+    try:
+        return list(NodeSet(hostlist))
+    except (NodeSetParseError, RangeSetParseError) as e:
+        raise InputError(f"bad hostlist {hostlist!r}: {e}", where or None) from None
+
+
+def int_ranges(values: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``0-3,8`` (Slurm's Cores= syntax)."""
+    vals = sorted(set(values))
+    if not vals:
+        return ""
+    return str(RangeSet.fromlist([str(v) for v in vals]))
+
+
+def parse_int_ranges(text: str, where: str = "") -> tuple[int, ...]:
+    """``0-3,8`` -> ``(0, 1, 2, 3, 8)``; also accepts ``[0-3]``."""
+    t = text.strip()
+    if t.startswith("[") and t.endswith("]"):
+        t = t[1:-1]
+    if not t:
+        return ()
+    try:
+        return tuple(sorted(int(x) for x in RangeSet(t)))
+    except (RangeSetParseError, ValueError) as e:
+        raise InputError(f"bad range {text!r}: {e}", where or None) from None
+
+
+def fold_files(paths: Sequence[str]) -> str:
+    """``/dev/nvidia0,/dev/nvidia1`` -> ``/dev/nvidia[0-1]`` when they share a prefix.
+
+    Paths that do not end in a number, or that differ in prefix, stay a comma
+    list (which Slurm also accepts).
+    """
+    if len(paths) == 1:
+        return paths[0]
+    prefix = None
+    nums: list[str] = []
+    for p in paths:
+        m = _TRAILING_INT.match(p)
+        if not m or (prefix is not None and m.group(1) != prefix) or (len(m.group(2)) > 1 and m.group(2)[0] == "0"):
+            return ",".join(paths)
+        prefix = m.group(1)
+        nums.append(m.group(2))
+    return f"{prefix}[{RangeSet.fromlist(nums)}]"
+
+
+def expand_files(text: str, where: str = "") -> tuple[str, ...]:
+    """Expand a File=/MultipleFiles= value: ``/dev/nvidia[0-1],/dev/x`` -> paths."""
+    try:
+        return tuple(NodeSet(text, autostep=None)) if "[" in text else tuple(
+            p for p in text.split(",") if p)
+    except (NodeSetParseError, RangeSetParseError) as e:
+        raise InputError(f"bad file list {text!r}: {e}", where or None) from None

@@ -1,0 +1,26 @@
+"""jinja2 environment for the config templates in ``templates/``.
+
+StrictUndefined makes a missing view-model field an error instead of an
+empty string in a config file; templates receive finished data only.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Mapping
+
+
+@lru_cache(maxsize=1)
+def _env() -> Any:
+    import jinja2
+
+    from ..paths import resource_dir
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resource_dir("templates"))),
+        undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True)
+
+
+def render(template: str, variables: Mapping[str, Any]) -> str:
+    """Render ``templates/<template>`` with *variables*."""
+    return _env().get_template(template).render(**variables)
