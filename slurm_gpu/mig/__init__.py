@@ -1,0 +1,1 @@
+"""MIG: profile tables, the pure layout planner and NVML instance management."""
