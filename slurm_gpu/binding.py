@@ -1,0 +1,189 @@
+"""GPU-local CPU and memory binding of tasks: the pure planner.
+
+Data in, data out: the node model, the task's environment and the CPUs the
+task may use go in; a :class:`TaskBinding` (or an error) comes out.  The
+SPANK plugin applies it with sched_setaffinity and set_mempolicy.
+
+Rules:
+
+* A task's GPUs come from ``SLURM_STEP_GPUS`` (``SLURM_JOB_GPUS`` in a batch
+  step: node-level GRES indices) narrowed by the task's own
+  ``CUDA_VISIBLE_DEVICES``.  When every task sees all of the step's GPUs,
+  they are handed out like ``--gpu-bind=per_task:N``: task *i* gets the
+  *N* GPUs starting at ``i*N`` (wrapping), with N from
+  ``SLURM_GPUS_PER_TASK`` or else GPUs/tasks (at least 1).
+* The CPU set is the GPUs' local CPUs intersected with the CPUs the task may
+  use: Slurm's binding is only ever narrowed, never widened.
+* The memory policy is MPOL_BIND (strict) or MPOL_PREFERRED (prefer) to the
+  GPUs' NUMA node(s).
+* When the GPUs' NUMA nodes have no CPU the task may use, ``prefer`` warns
+  and changes nothing; ``strict`` fails the task.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from .errors import SlurmGpuError
+from .hw.model import Gpu, Node
+
+STRICT, PREFER, OFF = "strict", "prefer", "off"
+
+
+class BindingError(SlurmGpuError):
+    """The requested strict binding is impossible for this task."""
+
+
+@dataclass(frozen=True)
+class TaskBinding:
+    """What to apply to one task.  Empty ``cpus`` means: leave affinity alone."""
+
+    mode: str
+    task: int
+    gpus: tuple[int, ...]          # model GPU indices
+    cpus: tuple[int, ...] = ()     # OS PU indices for sched_setaffinity
+    mems: tuple[int, ...] = ()     # OS NUMA node indices (model) for set_mempolicy
+    warning: str | None = None     # prefer could not bind: why
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.cpus)
+
+    def env_value(self) -> str:
+        """The ``SLURM_GPU_BINDING`` value, e.g. ``strict;gpus=0;cpus=0-3;mems=0``."""
+        if not self.applied:
+            return f"{self.mode};gpus={_ints(self.gpus)};none"
+        return (f"{self.mode};gpus={_ints(self.gpus)};cpus={cpulist(self.cpus)};"
+                f"mems={cpulist(self.mems)}")
+
+
+def cpulist(ids: Iterable[int]) -> str:
+    """``[0,1,2,5]`` -> ``0-2,5`` (the /proc and cpuset list format)."""
+    s = sorted(set(ids))
+    out: list[str] = []
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """``0-2,5`` -> ``(0, 1, 2, 5)``."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(out))
+
+
+def _ints(ids: Iterable[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def _int_list(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    toks = [t.strip() for t in text.split(",") if t.strip()]
+    if not toks or not all(t.isdigit() for t in toks):
+        return None
+    return [int(t) for t in toks]
+
+
+def gres_order(node: Node) -> list[Gpu]:
+    """GPUs in Slurm's GRES index order: gres.conf files sorted by device minor."""
+    return sorted(node.gpus, key=lambda g: (g.minor if g.minor is not None else g.index, g.index))
+
+
+def task_gpus(node: Node, env: Mapping[str, str], local_task: int, ntasks: int) -> list[Gpu]:
+    """The model GPUs this task uses (empty when the step has none)."""
+    order = gres_order(node)
+    step = _int_list(env.get("SLURM_STEP_GPUS")) or _int_list(env.get("SLURM_JOB_GPUS"))
+    cvd_text = env.get("CUDA_VISIBLE_DEVICES", "")
+    cvd = _int_list(cvd_text)
+    if cvd is None and cvd_text and not cvd_text.startswith("MIG-"):
+        by_uuid = {g.uuid: g for g in node.gpus if g.uuid}
+        found = [by_uuid[t] for t in cvd_text.split(",") if t in by_uuid]
+        if found:
+            return found
+    if cvd is not None and step:
+        if set(cvd) <= set(step):
+            ids = cvd                           # global indices (no device cgroup)
+        elif all(c < len(step) for c in cvd):
+            ids = [step[c] for c in cvd]        # indices local to the step (ConstrainDevices)
+        else:
+            ids = cvd
+    else:
+        ids = cvd if cvd is not None else (step or [])
+    ids = [i for i in ids if 0 <= i < len(order)]
+    full = step is not None and sorted(ids) == sorted(step)
+    if full and ntasks > 1 and len(ids) > 1:
+        per_task = _int_list(env.get("SLURM_GPUS_PER_TASK"))
+        n = per_task[0] if per_task else max(1, len(ids) // ntasks)
+        ids = [ids[(local_task * n + k) % len(ids)] for k in range(min(n, len(ids)))]
+    return [order[i] for i in ids]
+
+
+def local_cpus(node: Node, gpus: Sequence[Gpu]) -> tuple[int, ...]:
+    """OS PU indices local to *gpus* (their cores, else their NUMA nodes' PUs)."""
+    numa = {n.index: n for n in node.numa_nodes}
+    pus: set[int] = set()
+    for g in gpus:
+        if g.cores:
+            pus.update(node.pus_of_cores(g.cores))
+        else:
+            for i in g.numa_nodes:
+                if i in numa:
+                    pus.update(numa[i].pus)
+    return tuple(sorted(pus))
+
+
+def memory_nodes(node: Node, gpus: Sequence[Gpu]) -> tuple[int, ...]:
+    """OS indices of the GPUs' local CPU NUMA nodes."""
+    numa = {n.index: n for n in node.numa_nodes}
+    return tuple(sorted({numa[i].os_index for g in gpus for i in g.numa_nodes if i in numa}))
+
+
+def plan_task(node: Node, env: Mapping[str, str], *, mode: str, local_task: int, ntasks: int,
+              allowed: Iterable[int]) -> TaskBinding:
+    """Plan the binding of one task.  Raises :class:`BindingError` (strict only)."""
+    if mode not in (STRICT, PREFER, OFF):
+        raise ValueError(f"bad binding mode {mode!r}")
+    gpus = task_gpus(node, env, local_task, ntasks)
+    ids = tuple(g.index for g in gpus)
+    if mode == OFF or not gpus:
+        return TaskBinding(mode, local_task, ids)
+    allowed_set = set(allowed)
+    local = local_cpus(node, gpus)
+    mems = memory_nodes(node, gpus)
+    names = ",".join(str(g.index) for g in gpus)
+    problem = None
+    if not local or not mems:
+        problem = f"GPU {names} has no known NUMA node in the node model"
+    else:
+        cpus = tuple(c for c in local if c in allowed_set)
+        if not cpus:
+            problem = (f"GPU {names} is local to CPUs {cpulist(local)} (NUMA {cpulist(mems)}) "
+                       f"but task {local_task} may only use CPUs {cpulist(allowed_set) or 'none'}")
+    if problem is None:
+        return TaskBinding(mode, local_task, ids, cpus, mems)
+    if mode == STRICT:
+        raise BindingError(f"gpu-numa-bind=strict impossible: {problem}",
+                           f"task {local_task}")
+    return TaskBinding(mode, local_task, ids, warning=f"gpu-numa-bind=prefer not applied: "
+                                                      f"{problem}")
+
+
+def verbose_line(b: TaskBinding, *, hostname: str, pid: int) -> str:
+    """One line per task, in the spirit of ``--cpu-bind=verbose``."""
+    head = f"slurm-gpu: gpu-numa-bind={b.mode} - {hostname}, task {b.task:2d} [{pid}]:"
+    if not b.applied:
+        return f"{head} gpus {_ints(b.gpus) or 'none'}, not bound"
+    policy = "MPOL_BIND" if b.mode == STRICT else "MPOL_PREFERRED"
+    return (f"{head} gpus {_ints(b.gpus)} cpus {cpulist(b.cpus)} "
+            f"mems {cpulist(b.mems)} ({policy})")

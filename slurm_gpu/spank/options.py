@@ -1,0 +1,154 @@
+"""The plugin's options and plugstack arguments: parsing and validation (pure).
+
+Everything a user or an admin types is checked here, in srun/sbatch/salloc
+(local and allocator context) before a job is submitted, and by
+``slurm-gpu spank install`` before a plugstack line is written.  A bad value
+raises :class:`~slurm_gpu.errors.UsageError` whose one line names the option.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import SlurmGpuError, UsageError
+
+# Option ids shared with spank/slurm_gpu_spank.c (SG_OPT_*).
+NUMA_BIND, PROFILE, MPS, MIG = 0, 1, 2, 3
+OPTION_NAMES = {NUMA_BIND: "gpu-numa-bind", PROFILE: "gpu-profile", MPS: "gpu-mps", MIG: "gpu-mig"}
+# spank_job_control_setenv names: prolog/epilog see SPANK_<name>; tasks see <name>.
+ENV_NAMES = {NUMA_BIND: "SLURM_GPU_NUMA_BIND", PROFILE: "SLURM_GPU_PROFILE",
+             MPS: "SLURM_GPU_MPS", MIG: "SLURM_GPU_MIG"}
+
+NUMA_MODES = ("strict", "prefer", "off")
+PROFILES = ("training", "inference", "none")
+MPS_DEFAULT = "default"
+PLUGSTACK_KEYS = ("config", "numa_bind")
+
+# One MIG device profile as nvidia-smi names it: [<c>c.]<g>g.<mem>gb[+me|+gfx|...]
+_MIG_PROFILE = re.compile(r"^(?:[1-7]c\.)?[1-7]g\.\d+gb(?:\+[a-z]+)*$")
+
+
+@dataclass(frozen=True)
+class NumaBind:
+    mode: str          # strict | prefer | off
+    verbose: bool = False
+
+    def value(self) -> str:
+        return self.mode + (",verbose" if self.verbose else "")
+
+
+def parse_numa_bind(value: str, default: NumaBind | None = None,
+                    where: str = "--gpu-numa-bind") -> NumaBind:
+    """``strict|prefer|off[,verbose]``; ``verbose`` alone keeps *default*'s mode."""
+    tokens = [t.strip() for t in value.split(",")]
+    modes = [t for t in tokens if t in NUMA_MODES]
+    bad = [t for t in tokens if t not in NUMA_MODES and t != "verbose"]
+    if bad or len(modes) > 1 or not tokens or (not modes and "verbose" not in tokens):
+        raise UsageError(f"bad value {value!r} for {where}: expected strict, prefer or off, "
+                         "optionally with ',verbose'")
+    mode = modes[0] if modes else (default.mode if default else "off")
+    return NumaBind(mode, "verbose" in tokens)
+
+
+def parse_profile(value: str) -> str:
+    """``training|inference|none``."""
+    if value not in PROFILES:
+        raise UsageError(f"bad value {value!r} for --gpu-profile: expected training, "
+                         "inference or none")
+    return value
+
+
+def parse_mps(value: str | None) -> str:
+    """A percentage 1-100, or ``default`` when the option had no value."""
+    if value is None or value == MPS_DEFAULT:
+        return MPS_DEFAULT
+    v = value.strip().rstrip("%")
+    if not v.isdigit() or not 1 <= int(v) <= 100:
+        raise UsageError(f"bad value {value!r} for --gpu-mps: expected an active-thread "
+                         "percentage from 1 to 100, or no value")
+    return str(int(v))
+
+
+def parse_mig(value: str) -> str:
+    """A MIG layout such as ``3g.40gb,2g.20gb,2g.20gb``, checked for syntax.
+
+    The MIG planner of the mps/mig area (``slurm_gpu.mig.planner``) does the
+    syntax check when installed (it also knows ``2x1g.10gb`` and per-GPU
+    ``;`` groups); without it a plain comma list of profile names is
+    accepted.  The GPU model is unknown at submit time, so whether the
+    layout fits is decided by the prolog on the node.
+    """
+    parse = _mig_planner_parser()
+    if parse is not None:
+        try:
+            parse(value)
+        except SlurmGpuError as e:
+            raise UsageError(f"bad value {value!r} for --gpu-mig: {e.what}") from None
+        return value.strip()
+    items = [p.strip() for p in value.split(",")]
+    if not value.strip() or any(not p for p in items):
+        raise UsageError(f"bad value {value!r} for --gpu-mig: expected a comma-separated "
+                         "list of MIG profiles such as 3g.40gb,2g.20gb")
+    for p in items:
+        if not _MIG_PROFILE.match(p.lower()):
+            raise UsageError(f"bad value {value!r} for --gpu-mig: {p!r} is not a MIG profile "
+                             "name (like 1g.10gb, 3g.40gb or 1c.3g.40gb)")
+    return ",".join(items)
+
+
+def _mig_planner_parser() -> Callable[[str], object] | None:
+    """The mps/mig area's layout parser, if that area is installed."""
+    try:
+        from ..mig.planner import parse_layout
+    except ImportError:
+        return None
+    return parse_layout
+
+
+def validate_option(which: int, value: str | None) -> str:
+    """Check one option value; return its normalised form."""
+    if which == NUMA_BIND:
+        return parse_numa_bind(value or "").value()
+    if which == PROFILE:
+        return parse_profile(value or "")
+    if which == MPS:
+        return parse_mps(value)
+    if which == MIG:
+        return parse_mig(value or "")
+    raise UsageError(f"unknown option id {which}")
+
+
+@dataclass(frozen=True)
+class PluginArgs:
+    """The ``key=value`` arguments of the plugstack.conf line."""
+
+    config: str | None = None
+    numa_bind: NumaBind = NumaBind("off")
+
+
+def parse_plugstack_args(args: list[str]) -> PluginArgs:
+    """Parse plugstack arguments; unknown keys and bad values are errors."""
+    seen: dict[str, str] = {}
+    for a in args:
+        key, eq, val = a.partition("=")
+        if not eq or key not in PLUGSTACK_KEYS:
+            raise UsageError(f"unknown plugstack argument {a!r} (known: config=PATH, "
+                             "numa_bind=strict|prefer|off)")
+        if key in seen:
+            raise UsageError(f"plugstack argument {key} given twice")
+        seen[key] = val
+    numa = NumaBind("off")
+    if "numa_bind" in seen:
+        numa = parse_numa_bind(seen["numa_bind"], where="plugstack numa_bind")
+    config = seen.get("config")
+    if config is not None and not config.startswith("/"):
+        raise UsageError(f"plugstack argument config={config} must be an absolute path")
+    return PluginArgs(config=config, numa_bind=numa)
+
+
+def effective_numa_bind(user_value: str | None, args: PluginArgs) -> NumaBind:
+    """The user's --gpu-numa-bind over the admin's default."""
+    if user_value is None:
+        return args.numa_bind
+    return parse_numa_bind(user_value, default=args.numa_bind)
