@@ -89,11 +89,12 @@ def _load(data: bytes | None, where: str) -> H.Topology:
         if data is None:
             from ..errors import HardwareError
             raise HardwareError(f"hwloc cannot load the live topology: {e}") from e
-        raise InputError(_why_rejected(data), where) from e
+        what, line = _why_rejected(data)
+        raise InputError(what, f"{where} line {line}" if line else where) from e
 
 
-def _why_rejected(data: bytes) -> str:
-    """hwloc says only 'invalid'; a quick expat parse finds the line."""
+def _why_rejected(data: bytes) -> tuple[str, int | None]:
+    """hwloc says only 'invalid'; a quick expat parse finds the reason and line."""
     from xml.parsers import expat
 
     root: list[str] = []
@@ -102,10 +103,10 @@ def _why_rejected(data: bytes) -> str:
     try:
         parser.Parse(data, True)
     except expat.ExpatError as e:
-        return f"malformed hwloc XML: {expat.errors.messages[e.code]} at line {e.lineno} column {e.offset + 1}"
+        return f"malformed hwloc XML: {expat.errors.messages[e.code]}", e.lineno
     if root and root[0] != "topology":
-        return f"not an hwloc topology XML: root element is <{root[0]}>"
-    return "hwloc rejected the topology XML (well-formed, but not a valid hwloc topology)"
+        return f"not an hwloc topology XML: the root element is <{root[0]}>", None
+    return "hwloc rejected the topology XML (well-formed, but not a valid hwloc topology)", None
 
 
 # -- building the view ---------------------------------------------------------
