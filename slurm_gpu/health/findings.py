@@ -1,0 +1,72 @@
+"""What every check returns: findings, and the node status they add up to.
+
+The ``--json`` output is a contract (issue 5)::
+
+    {"node": str, "status": "ok"|"warn"|"drain",
+     "findings": [{"check", "severity": "info"|"warn"|"drain", "gpu": <bus id|null>,
+                   "xid": <int, XID findings only>, "message"}]}
+
+Exit codes follow Nagios: 0 ok, 1 warn, 2 drain (critical), 3 unknown.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+INFO, WARN, DRAIN = "info", "warn", "drain"
+_RANK = {INFO: 0, WARN: 1, DRAIN: 2}
+
+EXIT_OK, EXIT_WARN, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One observation by one check (``check`` is its dotted name)."""
+
+    check: str
+    severity: str
+    message: str
+    gpu: str | None = None     # PCI bus id, 0000:07:00.0
+    xid: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"check": self.check, "severity": self.severity, "gpu": self.gpu}
+        if self.xid is not None:
+            d["xid"] = self.xid
+        d["message"] = self.message
+        return d
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self.severity]
+
+
+def worst(findings: Iterable[Finding]) -> str:
+    """The node status: the most severe finding (``info`` findings leave it ``ok``)."""
+    r = max((f.rank for f in findings), default=0)
+    return {0: "ok", 1: "warn", 2: "drain"}[r]
+
+
+def exit_code(status: str) -> int:
+    return {"ok": EXIT_OK, "warn": EXIT_WARN, "drain": EXIT_CRITICAL}.get(status, EXIT_UNKNOWN)
+
+
+def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """Most severe first, then by check name and GPU, so the drain reason is stable."""
+    return sorted(findings, key=lambda f: (-f.rank, f.check, f.gpu or "", f.xid or 0))
+
+
+def drain_reason(findings: Iterable[Finding], limit: int = 200) -> str | None:
+    """``slurm-gpu: <check>: <detail>`` for the first drain finding, or None."""
+    drains = [f for f in sort_findings(findings) if f.severity == DRAIN]
+    if not drains:
+        return None
+    f = drains[0]
+    detail = f.message
+    if len(drains) > 1:
+        detail += f" (+{len(drains) - 1} more)"
+    reason = f"slurm-gpu: {f.check}: {detail}"
+    # Slurm stores reasons verbatim; keep them one short line without '='
+    # surprises for `scontrol show node` readers.
+    reason = " ".join(reason.split())
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."

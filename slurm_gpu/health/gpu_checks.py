@@ -1,0 +1,250 @@
+"""The NVML-based ``gpu.*`` checks: pure functions from gathered data to findings.
+
+Each check takes the :class:`~slurm_gpu.hw.nvml_health.NvmlHealth` gather
+(and, for ``gpu.count``, what gres.conf promises) and returns findings.  No
+I/O here, so every check runs in unit tests over recorded machines.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..hw.nvml_health import GpuHealth, NvmlHealth
+from .findings import DRAIN, INFO, WARN, Finding
+
+# NVML_GPU_RECOVERY_ACTION_* (pynvml)
+RECOVERY_NAMES = {0: "no action", 1: "a GPU reset", 2: "a node reboot", 3: "a P2P drain",
+                  4: "a drain and reset", 5: "IMEX domain recovery", 6: "a bus reset", 7: "a system reboot"}
+
+# nvmlClocksEventReason* bits (pynvml)
+REASON_GPU_IDLE = 0x1
+REASON_SW_THERMAL = 0x20
+REASON_HW_SLOWDOWN = 0x8
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+_REASON_NAMES = ((REASON_HW_SLOWDOWN, "HW slowdown"), (REASON_HW_THERMAL, "HW thermal slowdown"),
+                 (REASON_HW_POWER_BRAKE, "HW power brake"), (REASON_SW_THERMAL, "SW thermal slowdown"))
+
+
+@dataclass(frozen=True)
+class ExpectedGpus:
+    """What gres.conf promises this node: GPU count and device minors (File=/dev/nvidiaN)."""
+
+    count: int
+    minors: tuple[int, ...] = ()
+    types: tuple[str, ...] = ()
+    source: str = "gres.conf"
+
+
+def _gpus(h: NvmlHealth) -> list[GpuHealth]:
+    return [g for g in h.gpus if g.lost is None]
+
+
+def check_nvml(h: NvmlHealth | None, expected: ExpectedGpus | None) -> list[Finding]:
+    """``gpu.nvml``: NVML must answer, promptly, where GPUs are promised."""
+    if h is None:
+        return []
+    if h.hung:
+        return [Finding("gpu.nvml", DRAIN, f"NVML hung: {h.hung}", h.hung_gpu)]
+    if not h.available:
+        if expected is not None and expected.count > 0:
+            return [Finding("gpu.nvml", DRAIN, f"NVML unavailable ({h.error}) but {expected.source} "
+                            f"promises {expected.count} GPUs")]
+        return [Finding("gpu.nvml", INFO, f"NVML unavailable ({h.error}); no GPUs promised")]
+    return []
+
+
+def check_count(h: NvmlHealth | None, expected: ExpectedGpus | None) -> list[Finding]:
+    """``gpu.count``: GPUs and their identity (device minors) match gres.conf; none lost."""
+    if h is None or not h.available or h.hung:
+        return []
+    out: list[Finding] = []
+    for g in h.gpus:
+        if g.lost is not None:
+            out.append(Finding("gpu.count", DRAIN, f"GPU {g.bus_id or g.index} lost ({g.lost})", g.bus_id))
+    if expected is None:
+        return out
+    seen = _gpus(h)
+    if len(seen) < expected.count:
+        out.append(Finding("gpu.count", DRAIN, f"{len(seen)} of {expected.count} GPUs in {expected.source} "
+                           "answer NVML (missing or fallen off the bus)"))
+    elif len(seen) > expected.count:
+        out.append(Finding("gpu.count", WARN, f"NVML sees {len(seen)} GPUs, {expected.source} "
+                           f"configures {expected.count}"))
+    if expected.minors:
+        have = {g.minor for g in seen if g.minor is not None}
+        missing = sorted(set(expected.minors) - have)
+        if missing and len(have) >= 1:
+            out.append(Finding("gpu.count", DRAIN, f"/dev/nvidia{','.join(map(str, missing))} in "
+                               f"{expected.source} has no GPU behind it (NVML minors: "
+                               f"{','.join(map(str, sorted(have))) or 'none'})"))
+    return out
+
+
+def check_remap(h: NvmlHealth | None) -> list[Finding]:
+    """``gpu.remap``: row remapping pending (reset needed) or failed (RMA)."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        if g.remapped_rows is None:
+            continue
+        corr, unc, pending, failure = g.remapped_rows
+        if failure:
+            out.append(Finding("gpu.remap", DRAIN, f"row remapping failed on {g.bus_id} ({unc} uncorrectable, "
+                               f"{corr} correctable rows remapped): replace the GPU", g.bus_id))
+        elif pending:
+            out.append(Finding("gpu.remap", DRAIN, f"row remapping pending on {g.bus_id}: reset the GPU",
+                               g.bus_id))
+        elif unc:
+            out.append(Finding("gpu.remap", INFO, f"{unc} rows remapped for uncorrectable errors on {g.bus_id}",
+                               g.bus_id))
+    return out
+
+
+def check_retired_pages(h: NvmlHealth | None, max_pages: int = 60) -> list[Finding]:
+    """``gpu.retired_pages`` (before Ampere): retirement pending, or too many pages retired."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        if g.retired_pages is None:
+            continue
+        sbe, dbe = g.retired_pages
+        if g.retired_pending:
+            out.append(Finding("gpu.retired_pages", DRAIN, f"page retirement pending on {g.bus_id}: "
+                               "reset the GPU", g.bus_id))
+        elif sbe + dbe >= max_pages:
+            out.append(Finding("gpu.retired_pages", DRAIN, f"{sbe + dbe} pages retired on {g.bus_id} "
+                               f"(limit {max_pages}): replace the GPU", g.bus_id))
+        elif sbe + dbe:
+            out.append(Finding("gpu.retired_pages", INFO, f"{sbe + dbe} pages retired on {g.bus_id}", g.bus_id))
+    return out
+
+
+def check_ecc(h: NvmlHealth | None) -> list[Finding]:
+    """``gpu.ecc``: volatile (since driver load) uncorrectable ECC errors."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        if g.ecc_volatile_uncorrected:
+            out.append(Finding("gpu.ecc", DRAIN, f"{g.ecc_volatile_uncorrected} uncorrectable ECC errors on "
+                               f"{g.bus_id} since the driver loaded", g.bus_id))
+    return out
+
+
+def check_recovery(h: NvmlHealth | None) -> list[Finding]:
+    """``gpu.recovery``: the driver's GPU recovery-action field asks for a reset/reboot/drain."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        if g.recovery_action:
+            name = RECOVERY_NAMES.get(g.recovery_action, f"recovery action {g.recovery_action}")
+            out.append(Finding("gpu.recovery", DRAIN, f"driver says {g.bus_id} needs {name}", g.bus_id))
+    return out
+
+
+def _mask_field(mask: int, shift: int, width: int) -> int:
+    return (mask >> shift) & width
+
+
+def check_fabric(h: NvmlHealth | None) -> list[Finding]:
+    """``gpu.fabric``: NVLink fabric registration done and healthy (NVSwitch / NVL systems)."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        st = g.fabric_state
+        if st is None or st == "not_supported":
+            continue
+        if st in ("not_started", "in_progress"):
+            out.append(Finding("gpu.fabric", WARN if st == "in_progress" else DRAIN,
+                               f"NVLink fabric registration {st.replace('_', ' ')} on {g.bus_id}", g.bus_id))
+            continue
+        if g.fabric_status:
+            out.append(Finding("gpu.fabric", DRAIN, f"NVLink fabric registration failed on {g.bus_id} "
+                               f"(NVML status {g.fabric_status})", g.bus_id))
+            continue
+        m = g.fabric_health_mask or 0
+        if _mask_field(m, 4, 0x3) == 1:
+            out.append(Finding("gpu.fabric", DRAIN, f"NVLink fabric route unhealthy on {g.bus_id}", g.bus_id))
+        cfg = _mask_field(m, 8, 0xF)
+        if cfg > 1:
+            out.append(Finding("gpu.fabric", DRAIN, f"NVLink fabric incorrect configuration (code {cfg}) on "
+                               f"{g.bus_id}", g.bus_id))
+        if _mask_field(m, 0, 0x3) == 1:
+            out.append(Finding("gpu.fabric", WARN, f"NVLink fabric bandwidth degraded on {g.bus_id}", g.bus_id))
+        if _mask_field(m, 14, 0x3) == 2:
+            out.append(Finding("gpu.fabric", WARN, f"NVLink fabric manager disconnected for {g.bus_id}", g.bus_id))
+    return out
+
+
+def check_nvlink(h: NvmlHealth | None, expected_links: dict[str, int] | None = None) -> list[Finding]:
+    """``gpu.nvlink``: every NVLink that exists is up (and as many as the model has)."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        states = g.nvlink_states
+        if not states:
+            continue
+        up = sum(1 for s in states if s)
+        want = max(len(states), (expected_links or {}).get(g.bus_id or "", 0))
+        if up == 0 and not (expected_links or {}).get(g.bus_id or ""):
+            continue  # a board with NVLink ports but no bridge fitted
+        if up < want:
+            down = [str(i) for i, s in enumerate(states) if not s]
+            out.append(Finding("gpu.nvlink", DRAIN, f"NVLink down on {g.bus_id}: {up}/{want} links up"
+                               + (f" (link {','.join(down)} inactive)" if down else ""), g.bus_id))
+    return out
+
+
+def check_pcie(h: NvmlHealth | None) -> list[Finding]:
+    """``gpu.pcie``: link narrower than the GPU and slot allow (warn); slower generation (info when idle)."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        if g.pcie_width and g.pcie_width[0] < g.pcie_width[1]:
+            out.append(Finding("gpu.pcie", WARN, f"PCIe link of {g.bus_id} is x{g.pcie_width[0]}, "
+                               f"capable of x{g.pcie_width[1]}", g.bus_id))
+        if g.pcie_gen and g.pcie_gen[0] < g.pcie_gen[1]:
+            idle = g.clock_reasons is not None and g.clock_reasons & REASON_GPU_IDLE
+            # An idle GPU lowers its link speed to save power: only a busy one is degraded.
+            out.append(Finding("gpu.pcie", INFO if idle else WARN, f"PCIe link of {g.bus_id} runs at gen "
+                               f"{g.pcie_gen[0]}, capable of gen {g.pcie_gen[1]}" + (" (idle)" if idle else ""),
+                               g.bus_id))
+    return out
+
+
+def check_thermal(h: NvmlHealth | None) -> list[Finding]:
+    """``gpu.thermal``: clocks held down by thermal or hardware slowdown."""
+    out: list[Finding] = []
+    for g in _gpus(h) if h else []:
+        r = g.clock_reasons or 0
+        names = [n for bit, n in _REASON_NAMES if r & bit]
+        if names:
+            out.append(Finding("gpu.thermal", WARN, f"{g.bus_id} clocks reduced: {', '.join(names)}", g.bus_id))
+    return out
+
+
+def check_persistence(h: NvmlHealth | None) -> list[Finding]:
+    """``gpu.persistence``: persistence mode off (slow job start, lost state between jobs)."""
+    return [Finding("gpu.persistence", WARN, f"persistence mode off on {g.bus_id}", g.bus_id)
+            for g in (_gpus(h) if h else []) if g.persistence_mode == 0]
+
+
+def run_gpu_checks(h: NvmlHealth | None, expected: ExpectedGpus | None, selected: Sequence[str],
+                   retired_pages_max: int = 60) -> list[Finding]:
+    """Run the selected ``gpu.*`` NVML checks over one gather."""
+    table = {
+        "gpu.nvml": lambda: check_nvml(h, expected),
+        "gpu.count": lambda: check_count(h, expected),
+        "gpu.remap": lambda: check_remap(h),
+        "gpu.retired_pages": lambda: check_retired_pages(h, retired_pages_max),
+        "gpu.ecc": lambda: check_ecc(h),
+        "gpu.recovery": lambda: check_recovery(h),
+        "gpu.fabric": lambda: check_fabric(h),
+        "gpu.nvlink": lambda: check_nvlink(h),
+        "gpu.pcie": lambda: check_pcie(h),
+        "gpu.thermal": lambda: check_thermal(h),
+        "gpu.persistence": lambda: check_persistence(h),
+    }
+    out: list[Finding] = []
+    for name in selected:
+        fn = table.get(name)
+        if fn is not None:
+            out.extend(fn())
+    return out
+
+
+NVML_CHECKS = ("gpu.nvml", "gpu.count", "gpu.remap", "gpu.retired_pages", "gpu.ecc", "gpu.recovery",
+               "gpu.fabric", "gpu.nvlink", "gpu.pcie", "gpu.thermal", "gpu.persistence")

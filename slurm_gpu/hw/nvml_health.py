@@ -1,0 +1,265 @@
+"""NVML health reads: plain data for the ``gpu.*`` checks.
+
+:func:`read_health` reads through the same pynvml-surface *api* object as
+:mod:`slurm_gpu.hw.nvml` (real pynvml, snapshot replay, simulator, or a
+recorder around any of them), so snapshots can record these answers and
+fault overlays can change them (remapped rows, ECC counts, a lost GPU...).
+
+:func:`read_health_bounded` runs the reads in a worker thread and gives every
+single NVML call a deadline: a GPU whose driver hangs in a call cannot hang
+the health check (the worker is a daemon thread, abandoned when it hangs,
+and the answer says which call hung).
+
+"Not supported" answers become ``None``: an optional query that a GPU does
+not support is not a fault.  Any other NVML error is kept by name in
+``GpuHealth.errors`` for the checks to judge.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import HardwareError
+from .model import normalize_bus_id
+
+_OPTIONAL = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
+             "NVML_ERROR_NOT_FOUND", "NVML_ERROR_NO_DATA")
+_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: row remapping replaced page retirement
+
+
+@dataclass
+class GpuHealth:
+    """What NVML says about one GPU's health (None: not supported / not read)."""
+
+    index: int
+    bus_id: str | None = None
+    uuid: str | None = None
+    name: str | None = None
+    minor: int | None = None
+    lost: str | None = None                 # NVML error name when the GPU cannot be reached
+    architecture: int | None = None
+    remapped_rows: tuple[int, int, int, int] | None = None  # correctable, uncorrectable, pending, failure
+    retired_pages: tuple[int, int] | None = None             # single-bit, double-bit causes
+    retired_pending: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    recovery_action: int | None = None
+    fabric_state: str | None = None
+    fabric_status: int | None = None
+    fabric_health_mask: int | None = None
+    nvlink_states: tuple[int, ...] | None = None            # one per existing link: 1 up, 0 down
+    pcie_gen: tuple[int, int] | None = None                  # current, max
+    pcie_width: tuple[int, int] | None = None                # current, max
+    clock_reasons: int | None = None
+    persistence_mode: int | None = None
+    errors: dict[str, str] = field(default_factory=dict)     # query -> NVML error name
+
+
+@dataclass
+class NvmlHealth:
+    """The whole gather: ``available`` False means NVML itself could not start."""
+
+    available: bool
+    error: str | None = None
+    gpus: list[GpuHealth] = field(default_factory=list)
+    count: int | None = None
+    hung: str | None = None                 # "nvmlDeviceGetX gave no answer in 5 s (GPU ...)"
+    hung_gpu: str | None = None             # bus id of the GPU being read when it hung
+
+
+def _err_name(api: Any, code: Any) -> str:
+    for name in dir(api):
+        if name.startswith("NVML_ERROR_") and getattr(api, name) == code:
+            return name
+    return f"NVML_ERROR_{code}"
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class _Calls:
+    """Query helpers sharing the api, its 'optional' error codes and the GPU being read."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.optional = tuple(getattr(api, n) for n in _OPTIONAL if hasattr(api, n))
+
+    def opt(self, g: GpuHealth, key: str, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self.api, fn)(*args)
+        except self.api.NVMLError as e:
+            if e.value not in self.optional:
+                g.errors[key] = _err_name(self.api, e.value)
+            return None
+        except AttributeError:       # an old pynvml without this function
+            return None
+
+
+def read_health(api: Any, gpu_indices: list[int] | None = None, *, include_fabric: bool = True,
+                out: NvmlHealth | None = None) -> NvmlHealth:
+    """Read every GPU's health through *api* (an initialised pynvml surface).
+
+    *out*, when given, is filled as the read goes, so a caller that gives up
+    on a hung call still has what was read and knows which GPU hung (the
+    last one in ``out.gpus``).
+    """
+    if out is None:
+        out = NvmlHealth(available=True)
+    c = _Calls(api)
+    try:
+        out.count = int(api.nvmlDeviceGetCount())
+    except api.NVMLError as e:
+        return NvmlHealth(available=False, error=f"nvmlDeviceGetCount: {_err_name(api, e.value)}")
+    for i in (range(out.count) if gpu_indices is None else gpu_indices):
+        g = GpuHealth(index=i)
+        out.gpus.append(g)
+        try:
+            h = api.nvmlDeviceGetHandleByIndex(i)
+            pci = api.nvmlDeviceGetPciInfo(h)
+            g.bus_id = normalize_bus_id(_s(pci.busId))
+        except api.NVMLError as e:
+            g.lost = _err_name(api, e.value)
+            continue
+        _read_one(c, g, h, include_fabric)
+    return out
+
+
+def _read_one(c: _Calls, g: GpuHealth, h: Any, include_fabric: bool) -> None:
+    api = c.api
+    uuid = c.opt(g, "uuid", "nvmlDeviceGetUUID", h)
+    g.uuid = _s(uuid) if uuid is not None else None
+    name = c.opt(g, "name", "nvmlDeviceGetName", h)
+    g.name = _s(name) if name is not None else None
+    g.minor = c.opt(g, "minor", "nvmlDeviceGetMinorNumber", h)
+    if "GPU_IS_LOST" in g.errors.get("uuid", "") or "GPU_IS_LOST" in g.errors.get("name", ""):
+        g.lost = "NVML_ERROR_GPU_IS_LOST"
+        return
+    g.architecture = c.opt(g, "architecture", "nvmlDeviceGetArchitecture", h)
+    rows = c.opt(g, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
+    if rows is not None:
+        g.remapped_rows = tuple(int(x) for x in rows)  # type: ignore[assignment]
+    if rows is None and (g.architecture is None or g.architecture < _AMPERE):
+        sbe = c.opt(g, "retired_pages", "nvmlDeviceGetRetiredPages", h,
+                    api.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        dbe = c.opt(g, "retired_pages", "nvmlDeviceGetRetiredPages", h,
+                    api.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        if sbe is not None or dbe is not None:
+            g.retired_pages = (len(sbe or ()), len(dbe or ()))
+            g.retired_pending = c.opt(g, "retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
+    g.ecc_volatile_uncorrected = c.opt(g, "ecc", "nvmlDeviceGetTotalEccErrors", h,
+                                       api.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, api.NVML_VOLATILE_ECC)
+    fi = getattr(api, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
+    vals = c.opt(g, "recovery_action", "nvmlDeviceGetFieldValues", h, [fi])
+    if vals:
+        v = vals[0]
+        if int(getattr(v, "nvmlReturn", 0)) == 0:
+            val = getattr(v, "value", None)
+            g.recovery_action = int(getattr(val, "uiVal", getattr(val, "ullVal", val if isinstance(val, int) else 0)))
+    if include_fabric:
+        from .nvml import _Reader, _read_fabric  # the model's own fabric reader: one copy of that logic
+        try:
+            fab = _read_fabric(_Reader(api), h)
+        except api.NVMLError as e:
+            g.errors["fabric"] = _err_name(api, e.value)
+            fab = None
+        if fab is not None:
+            g.fabric_state, g.fabric_status, g.fabric_health_mask = fab.state, fab.status, fab.health_mask
+    states: list[int] = []
+    for link in range(int(getattr(api, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            states.append(int(api.nvmlDeviceGetNvLinkState(h, link)))
+        except api.NVMLError as e:
+            if e.value not in c.optional:
+                g.errors["nvlink"] = _err_name(api, e.value)
+            break
+    g.nvlink_states = tuple(states) if states else None
+    cg = c.opt(g, "pcie", "nvmlDeviceGetCurrPcieLinkGeneration", h)
+    mg = c.opt(g, "pcie", "nvmlDeviceGetMaxPcieLinkGeneration", h)
+    cw = c.opt(g, "pcie", "nvmlDeviceGetCurrPcieLinkWidth", h)
+    mw = c.opt(g, "pcie", "nvmlDeviceGetMaxPcieLinkWidth", h)
+    if cg is not None and mg is not None:
+        g.pcie_gen = (int(cg), int(mg))
+    if cw is not None and mw is not None:
+        g.pcie_width = (int(cw), int(mw))
+    reasons = c.opt(g, "clocks", "nvmlDeviceGetCurrentClocksEventReasons", h)
+    if reasons is None:
+        g.errors.pop("clocks", None)
+        reasons = c.opt(g, "clocks", "nvmlDeviceGetCurrentClocksThrottleReasons", h)
+    g.clock_reasons = int(reasons) if reasons is not None else None
+    g.persistence_mode = c.opt(g, "persistence", "nvmlDeviceGetPersistenceMode", h)
+
+
+# ------------------------------------------------------------- deadlines
+
+class _Watched:
+    """Wraps an api so the watcher knows which call is running and when it began."""
+
+    def __init__(self, api: Any, state: dict[str, Any]) -> None:
+        self._api = api
+        self._state = state
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._api, name)
+        if not (name.startswith("nvml") and callable(attr)):
+            return attr
+
+        def call(*args: Any) -> Any:
+            self._state["call"] = (name, args[:1], time.monotonic())
+            try:
+                return attr(*args)
+            finally:
+                self._state["call"] = None
+                self._state["calls"] += 1
+
+        return call
+
+
+def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.0, total_timeout: float = 12.0,
+                        close_api: Callable[[Any], None] | None = None, include_fabric: bool = True) -> NvmlHealth:
+    """:func:`read_health` with a deadline on every NVML call and on the whole read.
+
+    ``open_api`` initialises NVML (HardwareError: NVML unavailable).  A call
+    that does not return within ``call_timeout`` seconds ends the read with
+    ``hung`` set; the stuck worker thread is left behind as a daemon.
+    """
+    state: dict[str, Any] = {"call": None, "calls": 0, "result": None, "error": None, "api": None}
+    partial = NvmlHealth(available=True)
+
+    def work() -> None:
+        try:
+            api = open_api()
+            state["api"] = api
+            state["result"] = read_health(_Watched(api, state), include_fabric=include_fabric, out=partial)
+        except HardwareError as e:
+            state["error"] = e.what
+        except Exception as e:  # noqa: BLE001 - reported as a broken check, never a traceback mid-run
+            state["error"] = f"{type(e).__name__}: {e}"
+
+    t = threading.Thread(target=work, name="nvml-health", daemon=True)
+    start = time.monotonic()
+    t.start()
+    while True:
+        t.join(0.01 if state["call"] is None else min(0.05, call_timeout))
+        if not t.is_alive():
+            break
+        now = time.monotonic()
+        cur = state["call"]
+        if cur is not None and now - cur[2] > call_timeout:
+            return _hung(partial, f"{cur[0]} gave no answer in {call_timeout:g} s")
+        if now - start > total_timeout:
+            return _hung(partial, f"NVML reads took longer than {total_timeout:g} s")
+    if state["error"] is not None:
+        return NvmlHealth(available=False, error=state["error"])
+    if close_api is not None and state["api"] is not None:
+        close_api(state["api"])
+    return state["result"]
+
+
+def _hung(partial: NvmlHealth, what: str) -> NvmlHealth:
+    gpus = list(partial.gpus)
+    gpu = gpus[-1] if gpus else None
+    where = f" (GPU {gpu.bus_id or gpu.index})" if gpu is not None else ""
+    return NvmlHealth(available=True, count=partial.count, gpus=gpus[:-1] if gpus else [],
+                      hung=f"{what}{where}", hung_gpu=gpu.bus_id if gpu is not None else None)
