@@ -60,3 +60,4 @@ class NvmlGpu:
 class NvmlView:
     driver_version: str | None
     gpus: tuple[NvmlGpu, ...]
+    notes: tuple[str, ...] = ()       # e.g. a GPU that could not be read (lost)

@@ -1,0 +1,76 @@
+"""``slurm-gpu snapshot record|show``: record this node, or replay a recording."""
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group()
+def snapshot() -> None:
+    """Record or replay a node's hardware answers (NVML + hwloc)."""
+
+
+@snapshot.command("record")
+@click.option("-o", "--output", "output", required=True, metavar="FILE", help="Snapshot file to write.")
+@click.option("--hwloc-xml", metavar="FILE", help="Use this lstopo XML instead of the live topology.")
+@click.option("--sim", "sim_state", metavar="STATE", help="Record the NVML simulator's state file, not the driver.")
+@click.option("--hostname", metavar="NAME", help="Host name to record (default: this host's).")
+def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: str | None) -> None:
+    """Record this node's NVML answers and hwloc topology into FILE.
+
+    Without a usable NVML (no driver, no GPU) the snapshot records that, and
+    replays as a node with zero GPUs and a note saying why.
+    """
+    from ..errors import InputError
+    from ..hw import snapshot as snap
+    xml = None
+    if hwloc_xml:
+        try:
+            with open(hwloc_xml) as f:
+                xml = f.read()
+        except OSError as e:
+            raise InputError(f"cannot read hwloc XML: {e.strerror}", hwloc_xml) from None
+    api = None
+    mig_minors = None
+    source = "live"
+    if sim_state:
+        from ..sim import open_sim
+        api = open_sim(sim_state)
+        mig_minors = api.mig_minors()
+        source = f"sim:{sim_state}"
+        if xml is None:
+            xml = api.state.get("hwloc_xml")
+    data = snap.record(api=api, hwloc_xml=xml, hostname=hostname, mig_minors=mig_minors, source=source)
+    snap.write(output, data)
+    node = data["node"]
+    click.echo(f"slurm-gpu: recorded {len(node['gpus'])} GPU(s), {len(data['nvml']['calls'])} NVML answers "
+               f"to {output}")
+
+
+@snapshot.command("show")
+@click.argument("file", metavar="FILE")
+@click.option("--overlay", metavar="FILE", help="Fault overlay (JSON) applied while replaying.")
+@click.option("--replay", "force_replay", is_flag=True,
+              help="Rebuild from the recorded answers even without an overlay.")
+@click.option("--json", "as_json", is_flag=True, help="Print the inventory JSON.")
+def show(file: str, overlay: str | None, force_replay: bool, as_json: bool) -> None:
+    """Replay snapshot FILE (optionally with a fault overlay) and print the node."""
+    from ..hw import snapshot as snap
+    from ..hw.model import inventory_json
+    ov = snap.load_overlay(overlay) if overlay else None
+    if force_replay and not ov:
+        data = snap.read_snapshot(file)
+        node = snap.replay(data, file)
+    else:
+        node = snap.load_node(file, ov, overlay_source=overlay or "overlay")
+    if as_json:
+        click.echo(json.dumps(inventory_json(node), indent=2))
+        return
+    try:
+        from .inventory import render_text
+    except ImportError:  # pragma: no cover - inventory command not in this checkout
+        click.echo(json.dumps(inventory_json(node), indent=2))
+        return
+    for line in render_text(node):
+        click.echo(line)

@@ -1,0 +1,111 @@
+""""This node": the ``[node]`` config section and the live hardware read.
+
+``[node]`` keys (all optional; ``%n`` in a path is the Slurm node name from
+``$SLURMD_NODENAME``, or the short host name outside Slurm):
+
+* ``snapshot = ""``: when set, "live" hardware is replayed from this
+  snapshot file (the sandbox models a real server this way);
+* ``nvml = "live"``: where NVML answers come from: ``"live"`` (pynvml and the
+  driver) or ``"sim:<state file>"`` (the simulator, whose MIG and fault
+  state persist in that file);
+* ``state_dir = "/run/slurm-gpu"``: per-node runtime state (job state files
+  under ``<state_dir>/jobs/<jobid>.json``).
+
+With ``nvml = "sim:..."`` the CPU side comes from the state file's hwloc XML
+when it has one, else from ``snapshot``'s XML, else from live hwloc.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError
+from .model import Node
+
+SIM_PREFIX = "sim:"
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """The ``[node]`` section of the config file."""
+
+    snapshot: str = ""
+    nvml: str = "live"
+    state_dir: str = "/run/slurm-gpu"
+
+    def expanded(self) -> "NodeSettings":
+        """The same settings with ``%n`` replaced by the node name."""
+        name = node_name()
+        return NodeSettings(snapshot=self.snapshot.replace("%n", name), nvml=self.nvml.replace("%n", name),
+                            state_dir=self.state_dir.replace("%n", name))
+
+    @property
+    def sim_state(self) -> str | None:
+        """The simulator state file, when ``nvml = "sim:<file>"``."""
+        return self.nvml[len(SIM_PREFIX):] if self.nvml.startswith(SIM_PREFIX) else None
+
+
+def node_name() -> str:
+    """Slurm's name for this node (``SLURMD_NODENAME``), else the short host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def settings(raw: dict[str, Any] | None = None) -> NodeSettings:
+    """The ``[node]`` settings in effect, with ``%n`` expanded and ``nvml`` checked."""
+    from .. import config
+    s = config.section(NodeSettings, "node", raw).expanded()
+    if s.nvml != "live" and not (s.sim_state and s.sim_state.strip()):
+        raise InputError(f"node.nvml must be \"live\" or \"sim:<state file>\", not {s.nvml!r}",
+                         f"[node] in {config.config_path() or 'config'}")
+    return s
+
+
+def open_nvml(s: NodeSettings | None = None) -> Any:
+    """The NVML api object for this node: the simulator or the real pynvml (initialised).
+
+    Raises :class:`~slurm_gpu.hw.nvml.NvmlUnavailable` when the real NVML
+    cannot be used; health reads and the MIG code use this too, so all of
+    them see the same NVML as the inventory.
+    """
+    s = s or settings()
+    if s.sim_state:
+        from ..sim import open_sim
+        return open_sim(s.sim_state)
+    from . import nvml
+    return nvml.open_api()
+
+
+def load_node(s: NodeSettings | None = None) -> Node:
+    """This node's model, as every component should see it."""
+    s = s or settings()
+    if s.snapshot and not s.sim_state:
+        from . import snapshot
+        return snapshot.load_node(s.snapshot)
+    from . import hwloc, nvml
+    from .snapshot import derive_node
+    if s.sim_state:
+        sim = open_nvml(s)
+        xml = sim.state.get("hwloc_xml")
+        if xml:
+            cpu = hwloc.read_cpu_view(xml_text=xml, source=f"{s.sim_state}: hwloc_xml")
+        elif s.snapshot:
+            from .snapshot import read_snapshot
+            snap = read_snapshot(s.snapshot)
+            cpu = hwloc.read_cpu_view(xml_text=snap["hwloc_xml"], hostname=snap["hostname"],
+                                      source=f"{s.snapshot}: hwloc_xml")
+        else:
+            cpu = hwloc.read_cpu_view()
+        return derive_node(cpu, sim, mig_minors=sim.mig_minors, sources=("hwloc", s.nvml))
+    cpu = hwloc.read_cpu_view()
+    try:
+        api = nvml.open_api()
+    except nvml.NvmlUnavailable as e:
+        from .merge import build_node
+        from .views import NvmlView
+        return build_node(cpu, NvmlView(None, ()), sources=("hwloc:live",), notes=(e.what,))
+    try:
+        return derive_node(cpu, api, mig_minors=None, sources=("hwloc:live", "nvml:live"))
+    finally:
+        nvml.close_api(api)

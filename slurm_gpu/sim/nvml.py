@@ -1,0 +1,741 @@
+"""A faithful fake NVML: pynvml's function names, signatures, structures and
+error codes, answering from a machine's facts (see :mod:`slurm_gpu.sim.state`).
+
+The project's real adapter (:mod:`slurm_gpu.hw.nvml`) and health reads run
+against it unchanged.  Handles are :class:`~slurm_gpu.hw.nvml_replay.Handle`
+objects named like the recorder names them (``gpu0``, ``gpu0/mig1``,
+``gpu0/gi2``, ``gpu0/gi2/ci0``), so recording the simulator gives the same
+keys as recording a real machine.
+
+Hooks for other parts (documented in ``docs/snapshots.md``):
+
+* MIG: GPU/compute instances live in the state at
+  ``facts.gpus[i].mig.instances`` (see :func:`mig_instances`); the mps/mig
+  area's ``slurm_gpu/sim/mig.py`` adds create/destroy by editing that list
+  under :meth:`SimNvml.edit` and reuses :func:`gi_id_for_placement`,
+  :func:`mig_uuid`.
+* Faults: ``state["overlay"]`` uses the snapshot fault-overlay format (lost
+  GPU, any call's result or error, a hang of N seconds); ``state["events"]``
+  is a queue of pending events that ``nvmlEventSetWait`` hands out once.
+"""
+from __future__ import annotations
+
+import time
+import uuid as uuidlib
+from typing import Any, Iterator, Mapping
+
+from ..hw import nvml_constants as C
+from ..hw.model import normalize_bus_id
+from ..hw.nvml_replay import (Handle, NVMLError, NvmlStruct, NvmlSurface, error_code, fill_struct)
+from .state import MemoryState, StateFile, new_state
+
+MIG_MINORS_PER_GPU = 135      # 15 GIs x (1 GI access + 8 CI access entries)
+MIG_MAX_GPUS = 32
+
+
+def gi_id_for_placement(start: int, size: int) -> int:
+    """The GPU instance id a driver gives a placement on an 8-memory-slice GPU.
+
+    The id is the partition ("swizzle") number: 0 = whole GPU, 1-2 halves,
+    3-6 quarters, 7-14 eighths; this matches real ``nvidia-smi mig -lgi``
+    output (3g at 4:4 is GI 1, at 0:4 GI 2; 1g at 6:1 is GI 13).
+    """
+    if size >= 8:
+        return 0
+    if size == 4:
+        return 1 if start >= 4 else 2
+    if size == 2:
+        return 3 + start // 2
+    return 7 + start
+
+
+def mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:
+    """A stable MIG device UUID for a GI/CI on a GPU."""
+    u = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{gpu_uuid}/{gi_id}/{ci_id}")
+    return f"MIG-{u}"
+
+
+def mig_minor(gpu_minor: int, gi_id: int, ci_id: int | None = None) -> int:
+    """The /dev/nvidia-caps minor for ``gpuN/giG[/ciC]/access`` (driver's numbering)."""
+    base = 3 + gpu_minor * MIG_MINORS_PER_GPU + gi_id * 9
+    return base if ci_id is None else base + 1 + ci_id
+
+
+def mig_minors_text(gpu_count: int = MIG_MAX_GPUS) -> str:
+    """The content of ``/proc/driver/nvidia-caps/mig-minors`` (config, monitor, then per GPU)."""
+    lines = ["config 1", "monitor 2"]
+    for g in range(gpu_count):
+        for gi in range(15):
+            lines.append(f"gpu{g}/gi{gi}/access {mig_minor(g, gi)}")
+            for ci in range(8):
+                lines.append(f"gpu{g}/gi{gi}/ci{ci}/access {mig_minor(g, gi, ci)}")
+    return "\n".join(lines) + "\n"
+
+
+def mig_instances(gpu: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The GPU instances of a GPU's facts: each has gi_id, gi_profile_id,
+    profile, start, size, slices, memory_mb, sm_count and a ``cis`` list of
+    {ci_id, ci_profile_id, start, slices, sm_count, uuid}."""
+    mig = gpu.get("mig") or {}
+    return list(mig.get("instances") or [])
+
+
+def _bus_nvml(bus: str) -> str:
+    """``0000:18:00.0`` -> NVML's ``00000000:18:00.0``."""
+    b = normalize_bus_id(bus)
+    dom, rest = b.split(":", 1)
+    return f"{int(dom, 16):08X}:{rest.upper()}"
+
+
+def _pci(bus: str, device_id: int, subsys: int) -> NvmlStruct:
+    b = normalize_bus_id(bus)
+    dom, busn, devfn = b.split(":")
+    nv = _bus_nvml(b)
+    return NvmlStruct({"busIdLegacy": f"{int(dom, 16):04X}:{busn.upper()}:{devfn.upper()}", "domain": int(dom, 16),
+                       "bus": int(busn, 16), "device": int(devfn.split(".")[0], 16),
+                       "pciDeviceId": device_id, "pciSubSystemId": subsys, "busId": nv})
+
+
+def _int(v: Any) -> int:
+    return int(v, 0) if isinstance(v, str) else int(v)
+
+
+class SimNvml(NvmlSurface):
+    """pynvml's surface over a simulated machine (see module docstring)."""
+
+    def __init__(self, store: StateFile | MemoryState) -> None:
+        self._store = store
+        self._initialised = 0
+
+    @classmethod
+    def from_facts(cls, facts: dict[str, Any], *, hwloc_xml: str | None = None) -> "SimNvml":
+        """An in-memory simulator (no state file)."""
+        return cls(MemoryState(new_state(facts, hwloc_xml=hwloc_xml)))
+
+    @classmethod
+    def from_state_file(cls, path: str) -> "SimNvml":
+        return cls(StateFile(path))
+
+    # -- state helpers ----------------------------------------------------
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self._store.read()
+
+    def edit(self) -> Any:
+        """Context manager: the locked, writable state (for MIG and fault hooks)."""
+        return self._store.edit()
+
+    def _gpus(self) -> list[dict[str, Any]]:
+        return self.state["facts"]["gpus"]
+
+    def _gpu(self, h: Any) -> tuple[int, dict[str, Any]]:
+        self._check_init()
+        if not isinstance(h, Handle) or not h.key.startswith("gpu"):
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        idx = int(h.key.split("/")[0][3:])
+        gpus = self._gpus()
+        if idx >= len(gpus):
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        return idx, gpus[idx]
+
+    def _check_init(self) -> None:
+        if not self._initialised:
+            raise NVMLError(C.NVML_ERROR_UNINITIALIZED)
+
+    def _fault(self, fn: str, h: Any, args: tuple[Any, ...]) -> Any:
+        """Apply injected faults (state["overlay"]); returns a result override or None."""
+        overlay = self.state.get("overlay") or {}
+        if not overlay:
+            return None
+        dev = h.key if isinstance(h, Handle) else ""
+        base = dev.split("/")[0]
+        buses = {normalize_bus_id(g["bus_id"]): f"gpu{i}" for i, g in enumerate(self._gpus())}
+
+        def resolve(gpu: Any) -> str:
+            if gpu is None or gpu == "":
+                return ""
+            if isinstance(gpu, int):
+                return f"gpu{gpu}"
+            if gpu.startswith("gpu"):
+                return gpu
+            return buses.get(normalize_bus_id(gpu), "?")
+
+        for gpu, props in (overlay.get("gpus") or {}).items():
+            if props.get("lost") and resolve(gpu) == base and base:
+                raise NVMLError(C.NVML_ERROR_GPU_IS_LOST)
+        for entry in overlay.get("calls") or ():
+            if entry.get("fn") != fn:
+                continue
+            edev = resolve(entry.get("gpu"))
+            if edev and edev != dev:
+                continue
+            if "args" in entry and list(entry["args"]) != list(args):
+                continue
+            if "hang" in entry:
+                time.sleep(float(entry["hang"]))
+            if "error" in entry:
+                raise NVMLError(error_code(entry["error"]))
+            if "result" in entry:
+                return ("result", entry["result"])
+        return None
+
+    # -- library ----------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        fault = self._fault("nvmlInit", None, ())
+        if fault is not None:
+            return None
+        self._initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self._check_init()
+        self._initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check_init()
+        return self.state["facts"].get("driver_version", "565.57.01")
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check_init()
+        return int(self.state["facts"].get("cuda_driver_version", 12070))
+
+    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._check_init()
+        return self.state["facts"].get("nvml_version", "12." + self.nvmlSystemGetDriverVersion())
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check_init()
+        f = self._fault("nvmlDeviceGetCount", None, ())
+        return f[1] if f else len(self._gpus())
+
+    # -- handles ----------------------------------------------------------
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self._check_init()
+        if not 0 <= int(index) < len(self._gpus()):
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        h = Handle(f"gpu{int(index)}")
+        self._fault("nvmlDeviceGetHandleByIndex", h, (index,))
+        return h
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Handle:
+        self._check_init()
+        u = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for i, g in enumerate(self._gpus()):
+            if g["uuid"] == u:
+                return self.nvmlDeviceGetHandleByIndex(i)
+            for gi in mig_instances(g):
+                for ci in gi.get("cis", ()):
+                    if ci.get("uuid") == u:
+                        return Handle(f"gpu{i}/mig{self._mig_list(g).index((gi, ci))}")
+        raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetHandleByPciBusId(self, pciBusId: str | bytes) -> Handle:
+        self._check_init()
+        b = normalize_bus_id(pciBusId.decode() if isinstance(pciBusId, bytes) else pciBusId)
+        for i, g in enumerate(self._gpus()):
+            if normalize_bus_id(g["bus_id"]) == b:
+                return self.nvmlDeviceGetHandleByIndex(i)
+        raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetIndex(self, handle: Handle) -> int:
+        i, _ = self._gpu(handle)
+        return i
+
+    # -- identity ---------------------------------------------------------
+
+    def _mig_of(self, h: Handle) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        parts = h.key.split("/")
+        if len(parts) == 2 and parts[1].startswith("mig"):
+            _, g = self._gpu(h)
+            lst = self._mig_list(g)
+            j = int(parts[1][3:])
+            if j >= len(lst):
+                raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+            return lst[j]
+        return None
+
+    def _simple(self, fn: str, h: Handle, args: tuple[Any, ...] = ()) -> tuple[int, dict[str, Any], Any]:
+        i, g = self._gpu(h)
+        return i, g, self._fault(fn, h, args)
+
+    def nvmlDeviceGetName(self, handle: Handle) -> str:
+        i, g, f = self._simple("nvmlDeviceGetName", handle)
+        if f:
+            return f[1]
+        mig = self._mig_of(handle)
+        if mig:
+            gi, ci = mig
+            prefix = f"{ci['slices']}c." if ci["slices"] != gi["slices"] else ""
+            return f"{g['name']} MIG {prefix}{gi['profile']}"
+        return g["name"]
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+        i, g, f = self._simple("nvmlDeviceGetUUID", handle)
+        if f:
+            return f[1]
+        mig = self._mig_of(handle)
+        if mig:
+            gi, ci = mig
+            return ci.get("uuid") or mig_uuid(g["uuid"], gi["gi_id"], ci["ci_id"])
+        return g["uuid"]
+
+    def nvmlDeviceGetSerial(self, handle: Handle) -> str:
+        i, g, f = self._simple("nvmlDeviceGetSerial", handle)
+        if f:
+            return f[1]
+        if "serial" not in g:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        return str(g["serial"])
+
+    def nvmlDeviceGetMinorNumber(self, handle: Handle) -> int:
+        i, g, f = self._simple("nvmlDeviceGetMinorNumber", handle)
+        return f[1] if f else int(g.get("minor", i))
+
+    def nvmlDeviceGetPciInfo(self, handle: Handle) -> NvmlStruct:
+        i, g, f = self._simple("nvmlDeviceGetPciInfo", handle)
+        if f:
+            return NvmlStruct(f[1])
+        return _pci(g["bus_id"], _int(g["pci_device_id"]), _int(g.get("pci_subsystem_id", 0)))
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> NvmlStruct:
+        i, g, f = self._simple("nvmlDeviceGetMemoryInfo", handle)
+        if f:
+            return NvmlStruct(f[1])
+        total = int(g["memory_mib"]) * 1024 * 1024
+        reserved = int(g.get("memory_reserved_mib", 0)) * 1024 * 1024
+        used = int(g.get("memory_used_mib", 0)) * 1024 * 1024
+        d = {"total": total, "free": total - used - reserved, "used": used}
+        if version:
+            d = {"version": version, "total": total, "reserved": reserved, "free": total - used - reserved,
+                 "used": used}
+        return NvmlStruct(d)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Handle) -> int:
+        i, g, f = self._simple("nvmlDeviceGetPersistenceMode", handle)
+        return f[1] if f else int(g.get("health", {}).get("persistence_mode", 1))
+
+    def nvmlDeviceGetComputeMode(self, handle: Handle) -> int:
+        i, g, f = self._simple("nvmlDeviceGetComputeMode", handle)
+        return f[1] if f else int(self.state.get("compute_mode", {}).get(str(i), C.NVML_COMPUTEMODE_DEFAULT))
+
+    def nvmlDeviceSetComputeMode(self, handle: Handle, mode: int) -> None:
+        i, g, f = self._simple("nvmlDeviceSetComputeMode", handle, (mode,))
+        if mode not in (C.NVML_COMPUTEMODE_DEFAULT, C.NVML_COMPUTEMODE_PROHIBITED,
+                        C.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS):
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        with self.edit() as st:
+            st.setdefault("compute_mode", {})[str(i)] = int(mode)
+
+    # -- NVLink -----------------------------------------------------------
+
+    def _link(self, handle: Handle, fn: str, link: int) -> tuple[dict[str, Any] | None, Any]:
+        i, g, f = self._simple(fn, handle, (link,))
+        nv = g.get("nvlink") or {}
+        count = int(nv.get("count", 0))
+        if count == 0:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= int(link) < count:
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        for peer in nv.get("peers", ()):
+            if int(link) in peer["links"]:
+                return peer, f
+        return None, f
+
+    def nvmlDeviceGetNvLinkState(self, device: Handle, link: int) -> int:
+        peer, f = self._link(device, "nvmlDeviceGetNvLinkState", link)
+        if f:
+            return f[1]
+        if peer is None:
+            return C.NVML_FEATURE_DISABLED
+        down = peer.get("down", ())
+        return C.NVML_FEATURE_DISABLED if int(link) in down else C.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Handle, link: int) -> NvmlStruct:
+        peer, f = self._link(device, "nvmlDeviceGetNvLinkRemotePciInfo", link)
+        if f:
+            return NvmlStruct(f[1])
+        if peer is None:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        dev = {"gpu": 0x233010DE, "switch": 0x22A310DE, "npu": 0}.get(peer["type"], 0)
+        return _pci(peer["bus_id"], _int(peer.get("pci_device_id", dev)), 0)
+
+    nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Handle, link: int) -> int:
+        peer, f = self._link(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", link)
+        if f:
+            return f[1]
+        if peer is None:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        return {"gpu": C.NVML_NVLINK_DEVICE_TYPE_GPU, "switch": C.NVML_NVLINK_DEVICE_TYPE_SWITCH,
+                "npu": C.NVML_NVLINK_DEVICE_TYPE_IBMNPU}.get(peer["type"], C.NVML_NVLINK_DEVICE_TYPE_UNKNOWN)
+
+    def nvmlDeviceGetNvLinkVersion(self, device: Handle, link: int) -> int:
+        peer, f = self._link(device, "nvmlDeviceGetNvLinkVersion", link)
+        if f:
+            return f[1]
+        return int((self._gpu(device)[1].get("nvlink") or {}).get("version", 4))
+
+    # -- MIG --------------------------------------------------------------
+
+    def _mig_list(self, g: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        out = []
+        for gi in sorted(mig_instances(g), key=lambda x: x["gi_id"]):
+            for ci in sorted(gi.get("cis", ()), key=lambda x: x["ci_id"]):
+                out.append((gi, ci))
+        return out
+
+    def _mig_capable(self, g: Mapping[str, Any]) -> dict[str, Any]:
+        mig = g.get("mig")
+        if not mig:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        return mig
+
+    def nvmlDeviceGetMigMode(self, device: Handle) -> list[int]:
+        i, g, f = self._simple("nvmlDeviceGetMigMode", device)
+        if f:
+            return list(f[1])
+        mig = self._mig_capable(g)
+        cur = int(mig.get("mode", 0))
+        return [cur, int(mig.get("pending", cur))]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
+        i, g, f = self._simple("nvmlDeviceGetMaxMigDeviceCount", device)
+        if f:
+            return f[1]
+        mig = self._mig_capable(g)
+        return int(mig.get("max_devices", 7)) if int(mig.get("mode", 0)) else 0
+
+    def _need_mig_on(self, g: Mapping[str, Any]) -> dict[str, Any]:
+        mig = self._mig_capable(g)
+        if not int(mig.get("mode", 0)):
+            raise NVMLError(C.NVML_ERROR_INVALID_STATE)
+        return mig
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> Handle:
+        i, g, f = self._simple("nvmlDeviceGetMigDeviceHandleByIndex", device, (index,))
+        self._need_mig_on(g)
+        if not 0 <= int(index) < int(g["mig"].get("max_devices", 7)):
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        if int(index) >= len(self._mig_list(g)):
+            raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+        return Handle(f"gpu{i}/mig{int(index)}")
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: Handle) -> int:
+        self._gpu(device)
+        return 1 if "/mig" in device.key else 0
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Handle) -> Handle:
+        if self._mig_of(migDevice) is None:
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        return Handle(migDevice.key.split("/")[0])
+
+    def _mig_required(self, h: Handle) -> tuple[dict[str, Any], dict[str, Any]]:
+        m = self._mig_of(h)
+        if m is None:
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        return m
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Handle) -> int:
+        return int(self._mig_required(device)[0]["gi_id"])
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Handle) -> int:
+        return int(self._mig_required(device)[1]["ci_id"])
+
+    def nvmlDeviceGetAttributes(self, device: Handle) -> NvmlStruct:
+        i, g, f = self._simple("nvmlDeviceGetAttributes", device)
+        if f:
+            return NvmlStruct(f[1])
+        m = self._mig_of(device)
+        if m is None:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        gi, ci = m
+        return NvmlStruct({"multiprocessorCount": int(ci["sm_count"]), "sharedCopyEngineCount": int(gi["slices"]),
+                           "sharedDecoderCount": int(gi.get("decoders", 1)), "sharedEncoderCount": 0,
+                           "sharedJpegCount": 0, "sharedOfaCount": 0,
+                           "gpuInstanceSliceCount": int(gi["slices"]), "computeInstanceSliceCount": int(ci["slices"]),
+                           "memorySizeMB": int(gi["memory_mb"])})
+
+    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    def _gi(self, h: Handle) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        parts = h.key.split("/")
+        if len(parts) < 2 or not parts[1].startswith("gi"):
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        i, g = self._gpu(h)
+        gid = int(parts[1][2:])
+        for gi in mig_instances(g):
+            if int(gi["gi_id"]) == gid:
+                return i, g, gi
+        raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetGpuInstanceById(self, device: Handle, gpuInstanceId: int) -> Handle:
+        i, g, f = self._simple("nvmlDeviceGetGpuInstanceById", device, (gpuInstanceId,))
+        self._need_mig_on(g)
+        h = Handle(f"gpu{i}/gi{int(gpuInstanceId)}")
+        self._gi(h)
+        return h
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Handle) -> NvmlStruct:
+        i, g, gi = self._gi(gpuInstance)
+        return NvmlStruct({"device": Handle(f"gpu{i}"), "id": int(gi["gi_id"]), "profileId": int(gi["gi_profile_id"]),
+                           "placement": NvmlStruct({"start": int(gi["start"]), "size": int(gi["size"])})})
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance: Handle, computeInstanceId: int) -> Handle:
+        i, g, gi = self._gi(gpuInstance)
+        for ci in gi.get("cis", ()):
+            if int(ci["ci_id"]) == int(computeInstanceId):
+                return Handle(f"{gpuInstance.key}/ci{int(computeInstanceId)}")
+        raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Handle) -> NvmlStruct:
+        key = computeInstance.key
+        if "/ci" not in key:
+            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+        gi_key, ci_part = key.rsplit("/", 1)
+        i, g, gi = self._gi(Handle(gi_key))
+        for ci in gi.get("cis", ()):
+            if int(ci["ci_id"]) == int(ci_part[2:]):
+                return NvmlStruct({"device": Handle(f"gpu{i}"), "gpuInstance": Handle(gi_key), "id": int(ci["ci_id"]),
+                                   "profileId": int(ci["ci_profile_id"]),
+                                   "placement": NvmlStruct({"start": int(ci.get("start", 0)),
+                                                            "size": int(ci["slices"])})})
+        raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+
+    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
+
+    def mig_minors(self) -> dict[str, int]:
+        """What ``/proc/driver/nvidia-caps/mig-minors`` holds on this machine."""
+        out: dict[str, int] = {}
+        for i, g in enumerate(self._gpus()):
+            m = int(g.get("minor", i))
+            for gi in range(15):
+                out[f"gpu{m}/gi{gi}/access"] = mig_minor(m, gi)
+                for ci in range(8):
+                    out[f"gpu{m}/gi{gi}/ci{ci}/access"] = mig_minor(m, gi, ci)
+        return out
+
+    # -- fabric -----------------------------------------------------------
+
+    def _fabric(self, device: Handle, fn: str, ref: Any, versioned: bool) -> int:
+        i, g, f = self._simple(fn, device)
+        fab = g.get("fabric")
+        if fab is None and not f:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        fab = dict(fab or {})
+        if f:
+            fab.update(f[1])
+        u = uuidlib.UUID(fab.get("cluster_uuid", "00000000-0000-0000-0000-000000000000"))
+        states = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+        st = fab.get("state", "completed")
+        plain = {"clusterUuid": list(u.bytes), "status": int(fab.get("status", 0)),
+                 "cliqueId": int(fab.get("clique_id", 0)), "state": states.get(st, st) if isinstance(st, str) else st}
+        if versioned:
+            plain["healthMask"] = int(fab.get("health_mask", 0))
+        fill_struct(ref, plain)
+        return C.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: Handle, gpuFabricInfo: Any) -> int:
+        return self._fabric(device, "nvmlDeviceGetGpuFabricInfo", gpuFabricInfo, False)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Handle, gpuFabricInfo: Any) -> int:
+        return self._fabric(device, "nvmlDeviceGetGpuFabricInfoV", gpuFabricInfo, True)
+
+    # -- health -----------------------------------------------------------
+
+    def _health(self, fn: str, handle: Handle, args: tuple[Any, ...] = ()) -> tuple[dict[str, Any], Any]:
+        i, g, f = self._simple(fn, handle, args)
+        return g.get("health") or {}, f
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Handle, errorType: int, counterType: int) -> int:
+        h, f = self._health("nvmlDeviceGetTotalEccErrors", handle, (errorType, counterType))
+        if f:
+            return f[1]
+        if h.get("ecc") is False:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        kind = "uncorrected" if errorType == C.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected"
+        counter = "volatile" if counterType == C.NVML_VOLATILE_ECC else "aggregate"
+        return int(h.get(f"ecc_{counter}_{kind}", 0))
+
+    def nvmlDeviceGetEccMode(self, handle: Handle) -> list[int]:
+        h, f = self._health("nvmlDeviceGetEccMode", handle)
+        if f:
+            return list(f[1])
+        if h.get("ecc") is False:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        return [1, 1]
+
+    def nvmlDeviceGetRemappedRows(self, device: Handle) -> tuple[int, int, int, int]:
+        h, f = self._health("nvmlDeviceGetRemappedRows", device)
+        if f:
+            return tuple(f[1])  # type: ignore[return-value]
+        rr = h.get("remapped_rows")
+        if rr is None:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        return (int(rr.get("correctable", 0)), int(rr.get("uncorrectable", 0)), int(rr.get("pending", 0)),
+                int(rr.get("failed", 0)))
+
+    def nvmlDeviceGetRetiredPages(self, device: Handle, sourceFilter: int) -> list[int]:
+        h, f = self._health("nvmlDeviceGetRetiredPages", device, (sourceFilter,))
+        if f:
+            return list(f[1])
+        rp = h.get("retired_pages")
+        if rp is None:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        key = "double_bit" if sourceFilter == C.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else "single_bit"
+        return list(rp.get(key, []))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Handle) -> int:
+        h, f = self._health("nvmlDeviceGetRetiredPagesPendingStatus", device)
+        if f:
+            return f[1]
+        rp = h.get("retired_pages")
+        if rp is None:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        return int(rp.get("pending", 0))
+
+    def _pcie(self, fn: str, handle: Handle, key: str, default: int) -> int:
+        h, f = self._health(fn, handle)
+        if f:
+            return f[1]
+        return int((h.get("pcie") or {}).get(key, default))
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Handle) -> int:
+        return self._pcie("nvmlDeviceGetCurrPcieLinkGeneration", handle, "gen", 5)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Handle) -> int:
+        return self._pcie("nvmlDeviceGetMaxPcieLinkGeneration", handle, "max_gen", 5)
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: Handle) -> int:
+        return self._pcie("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle, "max_gen", 5)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Handle) -> int:
+        return self._pcie("nvmlDeviceGetCurrPcieLinkWidth", handle, "width", 16)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Handle) -> int:
+        return self._pcie("nvmlDeviceGetMaxPcieLinkWidth", handle, "max_width", 16)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Handle) -> int:
+        h, f = self._health("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if f:
+            return f[1]
+        return int(h.get("clocks_event_reasons", C.nvmlClocksEventReasonGpuIdle))
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:
+        h, f = self._health("nvmlDeviceGetTemperature", handle, (sensor,))
+        if f:
+            return f[1]
+        return int(h.get("temperature", 34))
+
+    def nvmlDeviceGetFieldValues(self, handle: Handle, fieldIds: list[Any]) -> list[NvmlStruct]:
+        h, f = self._health("nvmlDeviceGetFieldValues", handle, (list(fieldIds),))
+        if f:
+            return [NvmlStruct(v) if isinstance(v, dict) else v for v in f[1]]
+        fields = {str(k): v for k, v in (h.get("fields") or {}).items()}
+        out = []
+        for fid in fieldIds:
+            fid, scope = (fid if isinstance(fid, (tuple, list)) else (fid, 0))
+            v = fields.get(str(fid))
+            ret = C.NVML_SUCCESS if v is not None else C.NVML_ERROR_NOT_SUPPORTED
+            val = int(v or 0)
+            out.append(NvmlStruct({"fieldId": fid, "scopeId": scope, "timestamp": 0, "latencyUsec": 0,
+                                   "valueType": C.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "nvmlReturn": ret,
+                                   "value": NvmlStruct({"dVal": float(val), "uiVal": val & 0xFFFFFFFF,
+                                                        "ulVal": val, "ullVal": val, "sllVal": val,
+                                                        "siVal": val, "usVal": val & 0xFFFF})}))
+        return out
+
+    # -- events -----------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> Handle:
+        self._check_init()
+        return Handle("eventset")
+
+    def nvmlDeviceRegisterEvents(self, handle: Handle, eventTypes: int, eventSet: Handle) -> None:
+        self._simple("nvmlDeviceRegisterEvents", handle, (eventTypes,))
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:
+        self._gpu(handle)
+        return (C.nvmlEventTypeXidCriticalError | C.nvmlEventTypeDoubleBitEccError
+                | C.nvmlEventTypeSingleBitEccError)
+
+    def nvmlEventSetWait_v2(self, eventSet: Handle, timeoutms: int) -> NvmlStruct:
+        """Hand out the oldest pending event from the state, once."""
+        self._check_init()
+        deadline = time.monotonic() + timeoutms / 1000.0
+        while True:
+            if self.state.get("events"):
+                with self.edit() as st:
+                    ev = st["events"].pop(0) if st.get("events") else None
+                if ev is not None:
+                    return _event_struct(ev, self._gpus())
+            if time.monotonic() >= deadline:
+                raise NVMLError(C.NVML_ERROR_TIMEOUT)
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    nvmlEventSetWait = nvmlEventSetWait_v2
+
+    def nvmlEventSetFree(self, eventSet: Handle) -> None:
+        return None
+
+    # -- what else pynvml has ---------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("nvml") and name[4:5].isupper() and not hasattr(C, name):
+            # A real driver lacking a feature answers NOT_SUPPORTED; the
+            # simulator does the same for the parts of NVML it does not model.
+            def unsupported(*args: Any, _name: str = name) -> Any:
+                self._check_init()
+                for a in args[:1]:
+                    if isinstance(a, Handle):
+                        f = self._fault(_name, a, tuple(args[1:]))
+                        if f:
+                            return f[1]
+                raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+
+            unsupported.__name__ = name
+            return unsupported
+        return super().__getattr__(name)
+
+
+_EVENT_TYPES = {"xid": C.nvmlEventTypeXidCriticalError, "double_bit_ecc": C.nvmlEventTypeDoubleBitEccError,
+                "single_bit_ecc": C.nvmlEventTypeSingleBitEccError}
+
+
+def _event_struct(ev: Mapping[str, Any], gpus: list[dict[str, Any]]) -> NvmlStruct:
+    gpu = ev.get("gpu", 0)
+    if isinstance(gpu, str) and not gpu.startswith("gpu"):
+        b = normalize_bus_id(gpu)
+        gpu = next((i for i, g in enumerate(gpus) if normalize_bus_id(g["bus_id"]) == b), 0)
+    key = gpu if isinstance(gpu, str) else f"gpu{int(gpu)}"
+    et = ev.get("type", "xid")
+    return NvmlStruct({"device": Handle(key), "eventType": _EVENT_TYPES.get(et, et) if isinstance(et, str) else et,
+                       "eventData": int(ev.get("data", 0)), "gpuInstanceId": int(ev.get("gpu_instance", 0xFFFFFFFF)),
+                       "computeInstanceId": int(ev.get("compute_instance", 0xFFFFFFFF))})
+
+
+def inject_event(sim: SimNvml, gpu: int | str, data: int, type: str = "xid") -> None:
+    """Queue an NVML event (e.g. XID 79 on a bus id) for the next nvmlEventSetWait."""
+    with sim.edit() as st:
+        st.setdefault("events", []).append({"gpu": gpu, "type": type, "data": int(data)})
+
+
+def set_overlay(sim: SimNvml, overlay: Mapping[str, Any]) -> None:
+    """Replace the injected faults (snapshot overlay format; {} clears them)."""
+    with sim.edit() as st:
+        st["overlay"] = dict(overlay)
+
+
+def iter_gpu_facts(sim: SimNvml) -> Iterator[dict[str, Any]]:
+    yield from sim.state["facts"]["gpus"]
