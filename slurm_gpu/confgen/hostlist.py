@@ -23,8 +23,15 @@ def natural_key(text: str) -> tuple[object, ...]:
 
 
 def fold(names: Iterable[str]) -> str:
-    """``['gpu001', 'gpu002']`` -> ``gpu[001-002]``."""
-    return str(NodeSet.fromlist(list(names)))
+    """``['gpu001', 'gpu002']`` -> ``gpu[001-002]``.
+
+    Only the last number of a name is folded (``rack1n[1-2],rack2n[1-2]``,
+    never ``rack[1-2]n[1-2]``): Slurm's hostlist parser reads one bracket
+    range per name, ClusterShell would happily fold several axes.
+    """
+    ns = NodeSet.fromlist(list(names))
+    ns.fold_axis = (-1,)
+    return str(ns)
 
 
 def expand(hostlist: str, where: str = "") -> list[str]:

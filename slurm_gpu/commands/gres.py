@@ -1,0 +1,258 @@
+"""``slurm-gpu gres render|check|apply``: gres.conf from the hardware model.
+
+Thin front end: load node models (live, snapshots, hwloc XMLs), call the pure
+generator in :mod:`slurm_gpu.confgen`, print or write atomically.  The node
+loading helpers here are shared with ``slurm-gpu topology``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import click
+
+from ..errors import InputError, UsageError
+
+# Key under which a snapshot may carry its derived model (small JSON), so a
+# cluster-wide render does not replay raw NVML answers and parse hwloc XML
+# for every node.  Read when its schema matches, else we fall back to raw.
+DERIVED_KEYS = ("derived", "model")
+
+
+def _derived_schema() -> Any:
+    try:
+        from ..hw import snapshot as snap  # owned by the snapshot area; optional here
+        return getattr(snap, "DERIVED_SCHEMA", getattr(snap, "MODEL_SCHEMA", 1))
+    except ImportError:
+        return 1
+
+
+def load_snapshot_node(path: str) -> Any:
+    """A node from a snapshot file: derived model when usable, raw answers otherwise."""
+    from ..hw import load_node
+    from ..hw.model import Node
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise InputError(f"cannot read snapshot: {e.strerror}", path) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed snapshot JSON: {e.msg}", f"{path}:{e.lineno}") from None
+    except UnicodeDecodeError:
+        raise InputError("malformed snapshot: not UTF-8 text", path) from None
+    if not isinstance(data, dict):
+        raise InputError("malformed snapshot: not a JSON object", path)
+    for key in DERIVED_KEYS:
+        d = data.get(key)
+        if isinstance(d, dict) and isinstance(d.get("node"), dict) and d.get("schema") == _derived_schema():
+            try:
+                return Node.from_dict(d["node"])
+            except (KeyError, TypeError, ValueError):
+                break  # schema drift: fall back to the raw answers
+    return load_node(snapshot=path)
+
+
+def _short_hostname() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
+
+
+def _split_named(value: str) -> tuple[str | None, str]:
+    name, eq, path = value.partition("=")
+    if eq and name and "/" not in name:
+        return name, path
+    return None, value
+
+
+def load_nodes(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | None,
+               ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Slurm node name -> Node, and node name -> source file, from the CLI inputs."""
+    from ..hw import load_node
+
+    nodes: dict[str, Any] = {}
+    where: dict[str, str] = {}
+
+    def add(name: str, src: str, loader: Callable[[], Any]) -> None:
+        if name in nodes:
+            raise UsageError(f"node {name} given twice", src)
+        nodes[name] = loader()
+        where[name] = src
+
+    single = len(snapshots) + len(hwloc_xmls) == 1
+    for value in snapshots:
+        name, path = _split_named(value)
+        if name is None and os.path.isdir(path):
+            files = sorted(p for p in Path(path).iterdir() if p.suffix == ".json" and p.is_file())
+            if not files:
+                raise InputError("no *.json snapshots in directory", path)
+            for p in files:
+                add(p.stem, str(p), lambda p=p: load_snapshot_node(str(p)))
+            continue
+        if name is None:
+            name = node if (node and single) else Path(path).stem
+        add(name, path, lambda path=path: load_snapshot_node(path))
+    for value in hwloc_xmls:
+        name, path = _split_named(value)
+        if name is None:
+            if not (node and single):
+                raise UsageError("--hwloc-xml FILE needs --node NAME (or write NAME=FILE)")
+            name = node
+        if not os.path.isfile(path):
+            raise InputError("cannot read hwloc XML: no such file", path)
+        add(name, path, lambda path=path, name=name: load_node(hwloc_xml=path, hostname=name))
+    if not nodes:
+        name = node or _short_hostname()
+        add(name, "live", load_node)
+    return nodes, where
+
+
+def _type_map(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not eq or not k or not v or any(c.isspace() for c in v):
+            raise UsageError(f"--type-map wants KEY=TYPE (type, bus id or 0x<device id>), got {item!r}")
+        out[k.lower() if k.lower().startswith("0x") else k] = v
+    return out
+
+
+def build_options(ctx_opts: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
+    from ..confgen import GresOptions
+    from ..confgen.pciids import load_nvidia_names
+
+    if ctx_opts["mps_count"] < 0 or ctx_opts["shards"] < 0:
+        raise UsageError("--mps-count and --shards must be >= 0")
+    need_pci = any(g.name is None for n in nodes.values() for g in n.gpus)
+    pci = load_nvidia_names(ctx_opts["pci_ids"]) if need_pci else {}
+    return GresOptions(dev_dir=ctx_opts["dev_dir"], type_map=_type_map(ctx_opts["type_map"]),
+                       pci_names=pci, mps_count=ctx_opts["mps_count"], shards=ctx_opts["shards"],
+                       links=not ctx_opts["no_links"], socket_mode=ctx_opts["socket_mode"],
+                       autodetect="" if ctx_opts["autodetect"] == "none" else ctx_opts["autodetect"])
+
+
+def input_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options naming where node models come from (shared with topology)."""
+    f = click.option("--node", metavar="NAME", help="Slurm node name for the live node or a single input.")(f)
+    f = click.option("--hwloc-xml", "hwloc_xmls", multiple=True, metavar="[NAME=]FILE",
+                     help="lstopo XML of a node (repeatable as NAME=FILE).")(f)
+    f = click.option("--snapshot", "snapshots", multiple=True, metavar="[NAME=]FILE|DIR",
+                     help="Snapshot of a node (repeatable; a directory means every *.json in it, "
+                          "named after the file).")(f)
+    return f
+
+
+def gres_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--dev-dir", default="/dev", show_default=True, help="Directory of nvidia device files."),
+        click.option("--type-map", multiple=True, metavar="KEY=TYPE",
+                     help="Override Type= for a GPU type, PCI bus id or 0x<device id> (repeatable)."),
+        click.option("--pci-ids", default="/usr/share/misc/pci.ids", show_default=True,
+                     help="PCI id database for GPUs without an NVML name."),
+        click.option("--mps-count", type=int, default=0, help="Add Name=mps Count=N per GPU."),
+        click.option("--shards", type=int, default=0, help="Add Name=shard Count=N per GPU."),
+        click.option("--no-links", is_flag=True, help="Never write Links=."),
+        click.option("--socket-mode", type=click.Choice(["auto", "package", "numa"]), default="auto",
+                     show_default=True, help="What slurm.conf Sockets= counts (numa needs "
+                     "SlurmdParameters=numa_node_as_socket)."),
+        click.option("--autodetect", type=click.Choice(["off", "nvml", "nvidia", "none"]), default="off",
+                     show_default=True, help="Global AutoDetect= line (none: omit it)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return input_options(f)
+
+
+def _render(kw: Mapping[str, Any]) -> tuple[str, Any, Any]:
+    from ..confgen.gres import build_gres_view
+    from ..confgen.templating import render
+
+    nodes, where = load_nodes(kw["snapshots"], kw["hwloc_xmls"], kw["node"])
+    opts = build_options(kw, nodes)
+    inputs = [f"{n}={w}" if w != "live" else f"{n}=live" for n, w in list(where.items())[:20]]
+    if len(where) > 20:
+        inputs.append(f"... and {len(where) - 20} more")
+    view = build_gres_view(nodes, opts, inputs=inputs, where=where)
+    for note in view.notes:
+        click.echo(f"slurm-gpu: note: {note}", err=True)
+    return render("gres.conf.j2", view.as_template_vars()), view, nodes
+
+
+@click.group()
+def gres() -> None:
+    """Generate, check and apply gres.conf."""
+
+
+@gres.command()
+@gres_options
+@click.option("-o", "--output", metavar="FILE", help="Write here (atomically) instead of stdout.")
+@click.option("--node-lines", is_flag=True, help="Print the matching slurm.conf NodeName= lines instead.")
+def render(output: str | None, node_lines: bool, **kw: Any) -> None:
+    """Print gres.conf for the given nodes (default: this node)."""
+    from ..fsutil import atomic_write
+
+    text, view, _ = _render(kw)
+    if node_lines:
+        text = "".join(g.node_line + "\n" for g in view.groups)
+        if view.slurmd_parameters:
+            text = f"SlurmdParameters={','.join(view.slurmd_parameters)}\n" + text
+    if output:
+        atomic_write(output, text)
+    else:
+        sys.stdout.write(text)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise InputError(f"cannot read {Path(path).name}: {e.strerror}", path) from None
+
+
+@gres.command()
+@gres_options
+@click.option("--config", "config", required=True, metavar="PATH", help="Existing gres.conf to check.")
+@click.pass_context
+def check(ctx: click.Context, config: str, **kw: Any) -> None:
+    """Compare an existing gres.conf with the generated one (exit 1 on difference)."""
+    from ..confgen.grescheck import compare, parse_gres_conf
+
+    text, _, _ = _render(kw)
+    current = parse_gres_conf(_read(config).splitlines(True), config)
+    wanted = parse_gres_conf(text.splitlines(True), "generated")
+    diff = compare(current, wanted)
+    if diff:
+        click.echo(f"slurm-gpu: {config} differs from the hardware (- {config}, + generated):")
+        for line in diff:
+            click.echo(line)
+        ctx.exit(1)
+    click.echo(f"slurm-gpu: {config} matches the hardware")
+
+
+@gres.command()
+@gres_options
+@click.option("--config", "config", required=True, metavar="PATH", help="gres.conf to write.")
+@click.option("--no-backup", is_flag=True, help="Do not keep PATH.bak.")
+def apply(config: str, no_backup: bool, **kw: Any) -> None:
+    """Write gres.conf when it changed (atomic, backup), then say what to restart."""
+    from ..confgen.grescheck import parse_gres_conf, restart_advice
+    from ..fsutil import atomic_write
+
+    text, _, _ = _render(kw)
+    old = _read(config) if os.path.exists(config) else None
+    if old == text:
+        click.echo(f"slurm-gpu: {config} is up to date; nothing written")
+        return
+    wanted = parse_gres_conf(text.splitlines(True), "generated")
+    current = parse_gres_conf(old.splitlines(True), config) if old is not None else {}
+    if old is not None and not no_backup:
+        atomic_write(config + ".bak", old, mode=0o644)
+    atomic_write(config, text, mode=0o644)
+    click.echo(f"slurm-gpu: wrote {config}" + (f" (previous kept as {config}.bak)" if old is not None
+                                               and not no_backup else ""))
+    for line in restart_advice(current, wanted):
+        click.echo(line)

@@ -1,0 +1,138 @@
+"""topology/block from NVLink fabric membership (NVL72-class domains).
+
+A node's GPUs report the fabric they registered with: ``cluster_uuid`` plus
+``clique_id``.  Nodes with the same pair share one NVLink domain, which is
+what a Slurm *base block* should be.  Block sizes and partial domains follow
+Slurm's rules and NVIDIA topograph's conventions (the expected outputs in
+``tests/data/topograph``):
+
+* Without ``--block-sizes`` every domain is one block and
+  ``BlockSizes=D,2D,...,2^k*D`` with ``D`` the smallest domain and
+  ``k = floor(log2(number of domains))``.
+* With explicit sizes, domains are cut into base blocks of ``sizes[0]``
+  nodes (sorted by name); with more than one size every domain gets the same
+  slot (the smallest ``sizes[0] * 2^n`` holding the largest domain), padded
+  with empty placeholder blocks, and whole empty slots are added until the
+  total is a multiple of the last size.  Placeholders are bare
+  ``BlockName=`` lines, so a missing or partly-registered rack does not
+  shift the position of later racks in Slurm's positional aggregation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+from typing import Mapping, Sequence
+
+from ..errors import InputError, UsageError
+from ..hw.model import Node
+from . import hostlist
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    nodes: tuple[str, ...]         # empty for a placeholder
+    domain: str                    # "<cluster uuid>/<clique id>", "" for a placeholder
+
+
+@dataclass(frozen=True)
+class BlockTopology:
+    blocks: tuple[Block, ...]
+    sizes: tuple[int, ...]
+    notes: tuple[str, ...]
+
+
+def node_domain(name: str, node: Node) -> tuple[str | None, str | None]:
+    """(domain, why-not) for one node: ``("<uuid>/<clique>", None)`` or ``(None, reason)``."""
+    fabrics = [g.fabric for g in node.gpus if g.fabric is not None]
+    if not fabrics:
+        return None, "no NVLink fabric"
+    pairs = {(f.cluster_uuid, f.clique_id) for f in fabrics}
+    if len(pairs) > 1:
+        return None, f"GPUs report {len(pairs)} different fabric cliques"
+    bad = [f for f in fabrics if f.state != "completed" or f.status != 0]
+    if bad:
+        return None, f"fabric registration {bad[0].state} (status {bad[0].status})"
+    (uuid, clique), = pairs
+    return f"{uuid}/{clique}", None
+
+
+def validate_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
+    """Slurm's rule: positive, each a power-of-two multiple of the one before."""
+    out = tuple(int(s) for s in sizes)
+    if not out or any(s <= 0 for s in out):
+        raise UsageError("--block-sizes needs positive integers")
+    for a, b in zip(out, out[1:]):
+        q, r = divmod(b, a)
+        if r or q < 2 or q & (q - 1):
+            raise UsageError(f"--block-sizes: {b} is not a power of two times {a} (Slurm's BlockSizes rule)")
+    return out
+
+
+def infer_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
+    """topograph's inference: ``[D, 2D, ..., 2^k D]``, ``k = floor(log2 N)``."""
+    if not domain_sizes:
+        raise InputError("cannot determine BlockSizes: topology contains no blocks")
+    d = min(domain_sizes)
+    k = len(domain_sizes).bit_length() - 1
+    return tuple(d << i for i in range(k + 1))
+
+
+def _slot(n: int, base: int) -> int:
+    """Smallest ``base * 2^k`` >= n."""
+    s = base
+    while s < n:
+        s *= 2
+    return s
+
+
+def build_blocks(nodes: Mapping[str, Node], sizes: Sequence[int] | None = None, *,
+                 name_format: str = "block{:03d}") -> BlockTopology:
+    """Blocks for the nodes that belong to an NVLink fabric clique."""
+    notes: list[str] = []
+    domains: dict[str, list[str]] = {}
+    left_out: dict[str, list[str]] = {}
+    for name, node in nodes.items():
+        dom, why = node_domain(name, node)
+        if dom is None:
+            left_out.setdefault(why or "", []).append(name)
+        else:
+            domains.setdefault(dom, []).append(name)
+    for why, names in sorted(left_out.items()):
+        notes.append(f"not in any block ({why}): {hostlist.fold(names)}")
+    if not domains:
+        raise InputError("cannot determine BlockSizes: topology contains no blocks "
+                         "(no node reports a completed NVLink fabric clique)")
+    ordered = sorted(((sorted(ns, key=hostlist.natural_key), d) for d, ns in domains.items()),
+                     key=lambda t: hostlist.natural_key(t[0][0]))
+    slots: list[tuple[tuple[str, ...], str]] = []
+    if sizes:
+        sz = validate_sizes(sizes)
+        base = sz[0]
+        largest = max(len(ns) for ns, _ in ordered)
+        per_domain = _slot(min(sz[-1], largest), base) // base if len(sz) > 1 else 0
+        for ns, d in ordered:
+            chunks = [tuple(ns[i:i + base]) for i in range(0, len(ns), base)]
+            want = max(per_domain, len(chunks))
+            if len(sz) > 1 and want > per_domain:
+                # A domain larger than the slot: round up to an aggregate boundary.
+                want = _slot(want * base, base) // base
+            slots.extend((c, d) for c in chunks)
+            slots.extend(((), d) for _ in range(want - len(chunks)))
+            if len(ns) % base:
+                notes.append(f"domain {d} has {len(ns)} nodes, not a multiple of {base}: "
+                             f"its last base block is partial")
+        if len(sz) > 1:
+            slot_nodes = per_domain * base
+            step = slot_nodes * sz[-1] // gcd(slot_nodes, sz[-1])
+            total = len(slots) * base
+            pad = (-total) % step if total % sz[-1] else 0
+            slots.extend(((), "") for _ in range(pad // base))
+            if pad:
+                notes.append(f"added {pad // base} empty placeholder blocks so the last aggregate "
+                             f"({sz[-1]} nodes) is whole")
+    else:
+        sz = infer_sizes([len(ns) for ns, _ in ordered])
+        slots = [(tuple(ns), d) for ns, d in ordered]
+    blocks = tuple(Block(name_format.format(i + 1), ns, d) for i, (ns, d) in enumerate(slots))
+    return BlockTopology(blocks, sz, tuple(notes))

@@ -1,0 +1,125 @@
+"""Parser for ``ibnetdiscover`` topology dumps (pure: lines in, graph out).
+
+The dump lists every InfiniBand node (``Switch``, ``Ca``, ``Rt``) with its
+connected ports::
+
+    Switch  65 "S-2c5eab0300b87b40"   # "MF0;A09-P1-IBLEAF-04-04:MQM9701/U1" enhanced port 0 lid 73 lmc 0
+    [1]     "H-e09d7303007a4bd8"[1](e09d7303007a4bd8)   # "a08-p1-dgx-04-c01 mlx5_5" lid 647 4xNDR
+    Ca      1 "H-e09d7303007a4bd8"    # "a08-p1-dgx-04-c01 mlx5_5"
+    [1](e09d7303007a4bd8)   "S-2c5eab0300b87b40"[1]   # lid 647 lmc 0 "MF0;..." lid 73 4xNDR
+
+Every link appears twice, once from each end.  A dump cut short (a copy
+that stopped, a full disk) therefore shows up as a peer that is never
+described or a link seen from one end only; both are reported with the
+file and line, never turned into a silently smaller topology.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..errors import InputError
+
+_NODE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([^"]+)"(.*)$')
+_PORT = re.compile(r'^\[(\d+)\](?:\([0-9A-Fa-fx]+\))?\s+"([^"]+)"\[(\d+)\]')
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+@dataclass
+class IbNode:
+    """One InfiniBand node (switch, channel adapter or router)."""
+
+    id: str                      # ibnetdiscover's quoted id, e.g. "S-2c5eab0300b87b40"
+    kind: str                    # "Switch", "Ca" or "Rt"
+    desc: str                    # node description (first quoted string after '#')
+    line: int                    # line of the node record, for messages
+    ports: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # port -> (peer id, peer port, line)
+
+
+@dataclass
+class IbFabric:
+    nodes: dict[str, IbNode]
+    source: str
+
+
+def parse(lines: Iterable[str], source: str = "<ibnetdiscover>") -> IbFabric:
+    """Parse a dump; raise :class:`InputError` naming ``source:line`` on bad or truncated input."""
+    nodes: dict[str, IbNode] = {}
+    cur: IbNode | None = None
+    pending_header = 0           # line of a vendid=/...guid= header not yet followed by its node
+    last_no = 0
+    last_text = ""
+    for no, raw in enumerate(lines, 1):
+        last_no, last_text = no, raw
+        line = raw.strip()
+        if not line:
+            cur = None
+            continue
+        c = line[0]
+        if c == "#":
+            continue
+        if c == "[":
+            if cur is None:
+                raise InputError("ibnetdiscover dump: port line outside a node record", f"{source}:{no}")
+            m = _PORT.match(line)
+            if m is None:
+                raise InputError(_bad(raw, "unreadable port line"), f"{source}:{no}")
+            cur.ports[int(m.group(1))] = (m.group(2), int(m.group(3)), no)
+            continue
+        m = _NODE.match(line)
+        if m is not None:
+            rest = m.group(4)
+            hash_at = rest.find("#")
+            q = _QUOTED.search(rest, hash_at) if hash_at >= 0 else None
+            nid = m.group(3)
+            if nid in nodes:
+                raise InputError(f"ibnetdiscover dump: node {nid} described twice", f"{source}:{no}")
+            cur = IbNode(nid, m.group(1), q.group(1) if q else "", no)
+            nodes[nid] = cur
+            pending_header = 0
+            continue
+        if "=" in line:
+            # vendid=, devid=, sysimgguid=, switchguid=, caguid=, rtguid=
+            if not pending_header:
+                pending_header = no
+            continue
+        raise InputError(_bad(raw, "unreadable line"), f"{source}:{no}")
+    if last_no == 0:
+        raise InputError("ibnetdiscover dump is empty", source)
+    if pending_header:
+        raise InputError("truncated ibnetdiscover dump: ends inside a node record", f"{source}:{pending_header}")
+    if last_text and not last_text.endswith("\n") and last_text.strip().startswith("["):
+        # A cut in the middle of a port line can still match the regex.
+        raise InputError("truncated ibnetdiscover dump: last line is incomplete", f"{source}:{last_no}")
+    _check_links(nodes, source)
+    return IbFabric(nodes, source)
+
+
+def _bad(raw: str, what: str) -> str:
+    # A line without its newline is where a copy stopped.
+    if not raw.endswith("\n"):
+        return "truncated ibnetdiscover dump: last line is incomplete"
+    return f"ibnetdiscover dump: {what}"
+
+
+def _check_links(nodes: dict[str, IbNode], source: str) -> None:
+    for n in nodes.values():
+        for port, (peer, pport, line) in n.ports.items():
+            p = nodes.get(peer)
+            if p is None:
+                raise InputError(f"truncated ibnetdiscover dump: {peer} (linked from {n.id} port {port}) "
+                                 "is never described", f"{source}:{line}")
+            back = p.ports.get(pport)
+            if back is None or back[0] != n.id:
+                raise InputError(f"truncated ibnetdiscover dump: {p.id} port {pport} does not link back to "
+                                 f"{n.id} port {port}", f"{source}:{p.line}")
+
+
+def parse_file(path: str) -> IbFabric:
+    """Read and parse a dump file (the one I/O helper here; front ends call it)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return parse(f, path)
+    except OSError as e:
+        raise InputError(f"cannot read ibnetdiscover dump: {e.strerror}", path) from None

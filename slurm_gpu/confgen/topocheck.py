@@ -1,0 +1,122 @@
+"""Parse topology.conf / topology.yaml and compare meaning.
+
+Tree: each switch's node set and child-switch set (names matter, order does
+not).  Block: the ordered list of node sets and BlockSizes (block *names*
+are arbitrary labels, positions are what Slurm aggregates).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..errors import InputError
+from . import hostlist
+from .slurmconf import records
+
+
+@dataclass
+class TopoMeaning:
+    switches: dict[str, tuple[frozenset[str], frozenset[str]]] = field(default_factory=dict)
+    blocks: list[frozenset[str]] = field(default_factory=list)
+    block_sizes: tuple[int, ...] = ()
+
+
+def parse_conf(lines: Iterable[str], source: str = "topology.conf") -> TopoMeaning:
+    m = TopoMeaning()
+    for rec in records(lines, source):
+        where = f"{source}:{rec.line}"
+        k = rec.first_key
+        if k == "switchname":
+            name = rec.get("switchname") or ""
+            if name in m.switches:
+                raise InputError(f"switch {name} defined twice", where)
+            nodes = rec.get("nodes")
+            sw = rec.get("switches")
+            m.switches[name] = (frozenset(hostlist.expand(nodes, where)) if nodes else frozenset(),
+                                frozenset(hostlist.expand(sw, where)) if sw else frozenset())
+        elif k == "blockname":
+            nodes = rec.get("nodes")
+            m.blocks.append(frozenset(hostlist.expand(nodes, where)) if nodes else frozenset())
+        elif k == "blocksizes":
+            try:
+                m.block_sizes = tuple(int(x) for x in (rec.get("blocksizes") or "").split(","))
+            except ValueError:
+                raise InputError("bad BlockSizes", where) from None
+        else:
+            raise InputError(f"unknown topology.conf line starting {k!r}", where)
+    return m
+
+
+def _hl(v: Any, where: str) -> frozenset[str]:
+    if v is None:
+        return frozenset()
+    if isinstance(v, list):
+        return frozenset(x for item in v for x in hostlist.expand(str(item), where))
+    return frozenset(hostlist.expand(str(v), where))
+
+
+def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise InputError(f"unreadable YAML: {getattr(e, 'problem', e)}", where) from None
+    if not isinstance(data, list):
+        raise InputError("topology.yaml must be a list of topologies", source)
+    m = TopoMeaning()
+    for topo in data:
+        if not isinstance(topo, dict):
+            raise InputError("topology entry is not a mapping", source)
+        if "tree" in topo:
+            for sw in (topo["tree"] or {}).get("switches", []) or []:
+                name = str(sw.get("switch"))
+                m.switches[name] = (_hl(sw.get("nodes"), source), _hl(sw.get("children"), source))
+        if "block" in topo:
+            blk = topo["block"] or {}
+            m.block_sizes = tuple(int(x) for x in blk.get("block_sizes", []) or [])
+            for b in blk.get("blocks", []) or []:
+                m.blocks.append(_hl(b.get("nodes"), source))
+    return m
+
+
+def compare(current: TopoMeaning, wanted: TopoMeaning) -> list[str]:
+    out: list[str] = []
+    for name in sorted(set(current.switches) | set(wanted.switches), key=hostlist.natural_key):
+        a, b = current.switches.get(name), wanted.switches.get(name)
+        if a is None:
+            out.append(f"+ switch {name}: {_sw(b)}")  # type: ignore[arg-type]
+        elif b is None:
+            out.append(f"- switch {name}: {_sw(a)}")
+        elif a != b:
+            out.append(f"~ switch {name}: {_sw(a)} -> {_sw(b)}")
+    if current.block_sizes != wanted.block_sizes:
+        out.append(f"~ BlockSizes: {_ints(current.block_sizes)} -> {_ints(wanted.block_sizes)}")
+    for i in range(max(len(current.blocks), len(wanted.blocks))):
+        a = current.blocks[i] if i < len(current.blocks) else None
+        b = wanted.blocks[i] if i < len(wanted.blocks) else None
+        if a != b:
+            out.append(f"~ block #{i + 1}: {_bl(a)} -> {_bl(b)}")
+    return out
+
+
+def _sw(v: tuple[frozenset[str], frozenset[str]]) -> str:
+    nodes, sws = v
+    parts = []
+    if nodes:
+        parts.append(f"Nodes={hostlist.fold(nodes)}")
+    if sws:
+        parts.append(f"Switches={hostlist.fold(sws)}")
+    return " ".join(parts) or "(empty)"
+
+
+def _bl(v: frozenset[str] | None) -> str:
+    if v is None:
+        return "(none)"
+    return f"Nodes={hostlist.fold(v)}" if v else "(placeholder)"
+
+
+def _ints(v: tuple[int, ...]) -> str:
+    return ",".join(map(str, v)) or "(unset)"

@@ -1,0 +1,242 @@
+"""topology/tree from an InfiniBand fabric: leaf and spine switches with hostlists.
+
+Rules (all visible in real dumps, see tests/data/ibnetdiscover/):
+
+* A host is a ``Ca`` whose node description reads ``<host> <hca>``
+  (``a08-p1-dgx-04-c01 mlx5_5``, ``a06-p1-dgx-02-c01 HCA-6``).  Adapters
+  still carrying the firmware default (``MT4129 ConnectX7 Mellanox
+  Technologies``) or SHARP aggregation nodes name no host and are skipped,
+  and counted in the notes.
+* A GPU node has several HCAs (8 on a DGX), one per *rail*; in a
+  rail-optimised fabric each rail of a scalable unit has its own leaf, and
+  those leaves serve the same hosts.  Slurm wants each node under one leaf,
+  so leaves that share most of their hosts merge into one Slurm leaf named
+  after its first member; a host whose HCAs straddle groups goes to the
+  group holding most of them.
+* Upper levels come from hop distance to the leaves; a switch lists the
+  next-lower switches it is cabled to.  Switches that reach no host are
+  dropped (and named in the notes).  Disconnected fabrics stay separate
+  trees: Slurm will not span a job across them.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from ..errors import InputError
+from . import hostlist
+from .ibnet import IbFabric
+
+DEFAULT_HOST_REGEX = (r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*)\s+"
+                      r"(?:mlx\d+_\d+|HCA-\d+|hfi\d+_\d+|qib\d+|irdma\d*\S*|bnxt_re\d+|ib\d+|ibp\S+|rocep\S+)$")
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One Slurm switch line."""
+
+    name: str
+    level: int                     # 0 = leaf
+    nodes: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Tree:
+    switches: tuple[Switch, ...]
+    notes: tuple[str, ...]
+    fabrics: int
+
+
+def switch_name(desc: str, fallback: str) -> str:
+    """``MF0;A09-P1-IBLEAF-04-04:MQM9701/U1`` -> ``A09-P1-IBLEAF-04-04`` (Slurm-safe)."""
+    s = desc.split(";", 1)[1] if ";" in desc else desc
+    s = s.split(":", 1)[0]
+    s = _SAFE.sub("-", s).strip("-")
+    if not s or s.lower().startswith(("mellanox", "mf0")):
+        s = _SAFE.sub("-", fallback).strip("-")
+    return s[:64]
+
+
+def host_matcher(regex: str | None = None, *, keep_domain: bool = False,
+                 nodes: Iterable[str] | None = None) -> Callable[[str], str | None]:
+    """A function from a CA description to a Slurm node name (or None)."""
+    try:
+        rx = re.compile(regex or DEFAULT_HOST_REGEX)
+    except re.error as e:
+        raise InputError(f"bad --host-regex: {e}") from None
+    allowed = set(nodes) if nodes is not None else None
+
+    def match(desc: str) -> str | None:
+        m = rx.match(desc.strip())
+        if not m:
+            return None
+        host = m.group("host") if "host" in rx.groupindex else m.group(1)
+        if not keep_domain:
+            host = host.split(".", 1)[0]
+        if allowed is not None and host not in allowed:
+            return None
+        if allowed is None and host == "localhost":
+            return None  # an adapter whose host never set its name
+        return host
+
+    return match
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, x: str) -> str:
+        p = self.parent.setdefault(x, x)
+        while p != self.parent[p]:
+            self.parent[p] = self.parent[self.parent[p]]
+            p = self.parent[p]
+        self.parent[x] = p
+        return p
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] | None = None) -> Tree:
+    """Slurm switches (leaves first) for one or more fabric dumps."""
+    match = match or host_matcher()
+    notes: list[str] = []
+    sw_names: dict[tuple[int, str], str] = {}
+    used: set[str] = set()
+    host_leaves: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # host -> leaf key -> HCAs
+    sw_links: dict[str, set[str]] = defaultdict(set)
+    skipped: list[str] = []
+    seen_host_fabric: dict[str, int] = {}
+    for fi, fab in enumerate(fabrics):
+        for n in fab.nodes.values():
+            if n.kind != "Switch":
+                continue
+            key = f"{fi}:{n.id}"
+            name = switch_name(n.desc, n.id)
+            if name in used:
+                name = f"{name}-{n.id.split('-')[-1][-6:]}"
+            used.add(name)
+            sw_names[(fi, n.id)] = name
+        for n in fab.nodes.values():
+            if n.kind == "Switch":
+                me = f"{fi}:{n.id}"
+                for peer, _pp, _l in n.ports.values():
+                    if fab.nodes[peer].kind == "Switch":
+                        sw_links[me].add(f"{fi}:{peer}")
+                continue
+            if n.kind != "Ca":
+                continue
+            host = match(n.desc)
+            if host is None:
+                skipped.append(n.desc)
+                continue
+            first = seen_host_fabric.setdefault(host, fi)
+            if first != fi:
+                continue  # a node on several fabrics belongs to the first dump given
+            for peer, _pp, _l in n.ports.values():
+                if fab.nodes[peer].kind == "Switch":
+                    host_leaves[host][f"{fi}:{peer}"] += 1
+    if skipped:
+        kinds = sorted(set(skipped))
+        notes.append(f"skipped {len(skipped)} adapters whose description names no host "
+                     f"({'; '.join(kinds[:3])}{'; ...' if len(kinds) > 3 else ''})")
+    # Leaves and their hosts.
+    leaf_hosts: dict[str, set[str]] = defaultdict(set)
+    for host, leaves in host_leaves.items():
+        for leaf in leaves:
+            leaf_hosts[leaf].add(host)
+    # Merge rail leaves: leaves sharing at least half of the smaller one's hosts.
+    uf = _UnionFind()
+    for leaf in leaf_hosts:
+        uf.find(leaf)
+    pair_shared: dict[tuple[str, str], int] = defaultdict(int)
+    for host, leaves in host_leaves.items():
+        ls = sorted(leaves)
+        for i in range(len(ls)):
+            for j in range(i + 1, len(ls)):
+                pair_shared[(ls[i], ls[j])] += 1
+    for (a, b), shared in pair_shared.items():
+        if 2 * shared >= min(len(leaf_hosts[a]), len(leaf_hosts[b])):
+            uf.union(a, b)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for leaf in leaf_hosts:
+        groups[uf.find(leaf)].append(leaf)
+
+    def sname(key: str) -> str:
+        fi, nid = key.split(":", 1)
+        return sw_names[(int(fi), nid)]
+
+    group_name: dict[str, str] = {}
+    for root, members in groups.items():
+        members.sort(key=lambda k: hostlist.natural_key(sname(k)))
+        gname = sname(members[0])
+        for m in members:
+            group_name[m] = gname
+    group_nodes: dict[str, list[str]] = defaultdict(list)
+    straddling = 0
+    for host, leaves in host_leaves.items():
+        per_group: dict[str, int] = defaultdict(int)
+        for leaf, hcas in leaves.items():
+            per_group[group_name[leaf]] += hcas
+        best = sorted(per_group.items(), key=lambda kv: (-kv[1], hostlist.natural_key(kv[0])))[0][0]
+        if len(per_group) > 1:
+            straddling += 1
+        group_nodes[best].append(host)
+    if straddling:
+        notes.append(f"{straddling} hosts have HCAs under several leaf groups; each is listed under the "
+                     "group holding most of its HCAs")
+    # Levels above the leaves: BFS over switch links.
+    level: dict[str, int] = {leaf: 0 for leaf in leaf_hosts}
+    frontier = list(leaf_hosts)
+    while frontier:
+        nxt: list[str] = []
+        for s in frontier:
+            for p in sw_links.get(s, ()):
+                if p not in level:
+                    level[p] = level[s] + 1
+                    nxt.append(p)
+        frontier = nxt
+    all_switches = [f"{fi}:{n.id}" for fi, fab in enumerate(fabrics) for n in fab.nodes.values()
+                    if n.kind == "Switch"]
+    orphans = [sname(k) for k in all_switches if k not in level]
+    if orphans:
+        orphans.sort(key=hostlist.natural_key)
+        notes.append(f"dropped {len(orphans)} switches that reach no host: "
+                     f"{hostlist.fold(orphans)}")
+    out: list[Switch] = []
+    for gname, hosts in group_nodes.items():
+        members = [sname(m) for root, ms in groups.items() for m in ms if group_name[m] == gname]
+        comment = (f"{gname}: leaves {hostlist.fold(members)} serve the same hosts (rails)"
+                   if len(members) > 1 else "")
+        out.append(Switch(gname, 0, tuple(sorted(hosts, key=hostlist.natural_key)), (), comment))
+    upper: dict[str, set[str]] = defaultdict(set)
+    for s, lv in level.items():
+        if lv == 0:
+            continue
+        for p in sw_links.get(s, ()):
+            if level.get(p) == lv - 1:
+                upper[s].add(group_name.get(p, sname(p)) if lv == 1 else sname(p))
+    for s, children in upper.items():
+        out.append(Switch(sname(s), level[s], (), tuple(sorted(children, key=hostlist.natural_key))))
+    out.sort(key=lambda sw: (sw.level, hostlist.natural_key(sw.name)))
+    # Connected components of the result = fabrics Slurm sees.
+    comp = _UnionFind()
+    for sw in out:
+        comp.find(sw.name)
+        for c in sw.switches:
+            comp.union(sw.name, c)
+    nfab = len({comp.find(sw.name) for sw in out})
+    if nfab > 1:
+        notes.append(f"{nfab} fabrics share no switch: Slurm will not place a job across them")
+    if not out:
+        raise InputError("no host found in the ibnetdiscover dump (check --host-regex / --nodes)",
+                         ", ".join(f.source for f in fabrics))
+    return Tree(tuple(out), tuple(notes), nfab)
