@@ -91,21 +91,37 @@ def disable_thp() -> None:
         raise SlurmGpuError(f"prctl(PR_SET_THP_DISABLE) failed: {os.strerror(err)}")
 
 
-def raise_memlock(limit: int, *, hard: bool) -> None:
-    """Raise RLIMIT_MEMLOCK to *limit*; never lowers it."""
-    soft, cur_hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+def raise_memlock(limit: int, *, hard: bool) -> str | None:
+    """Raise RLIMIT_MEMLOCK towards *limit*; never lowers it.
+
+    With *hard* (root, task_init_privileged) the hard limit is raised too.
+    Where the kernel refuses (no CAP_SYS_RESOURCE, e.g. in a container) the
+    soft limit still goes as high as the hard limit allows and the return
+    value says why the admin's maximum was not reached; a node setting must
+    not fail the user's task.
+    """
+    inf = resource.RLIM_INFINITY
 
     def bigger(a: int, b: int) -> int:
-        inf = resource.RLIM_INFINITY
         return inf if inf in (a, b) else max(a, b)
 
-    new_hard = bigger(cur_hard, limit) if hard else cur_hard
-    new_soft = bigger(soft, limit)
-    if new_hard != resource.RLIM_INFINITY and new_soft != resource.RLIM_INFINITY:
-        new_soft = min(new_soft, new_hard)
-    elif new_hard != resource.RLIM_INFINITY:
-        new_soft = new_hard
-    try:
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (new_soft, new_hard))
-    except (OSError, ValueError) as e:
-        raise SlurmGpuError(f"cannot raise RLIMIT_MEMLOCK: {e}") from None
+    def smaller(a: int, b: int) -> int:
+        if a == inf:
+            return b
+        return a if b == inf else min(a, b)
+
+    soft, cur_hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    warning = None
+    if hard and bigger(cur_hard, limit) != cur_hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, bigger(cur_hard, limit)))
+            cur_hard = bigger(cur_hard, limit)
+        except (OSError, ValueError) as e:
+            warning = f"cannot raise the hard RLIMIT_MEMLOCK above {cur_hard}: {e}"
+    new_soft = smaller(bigger(soft, limit), cur_hard)
+    if new_soft != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (new_soft, cur_hard))
+        except (OSError, ValueError) as e:
+            warning = f"cannot raise RLIMIT_MEMLOCK to {new_soft}: {e}"
+    return warning

@@ -90,7 +90,9 @@ def task_init_privileged(spank: Any) -> int:
     limit = step.settings.memlock_bytes()
     if limit is not None:
         from . import effects
-        effects.raise_memlock(limit, hard=True)
+        warning = effects.raise_memlock(limit, hard=True)
+        if warning:
+            spank.info(f"slurm-gpu: {warning}")
     return 0
 
 
@@ -144,7 +146,9 @@ def _profile(spank: Any, step: Step) -> None:
         effects.disable_thp()
     limit = step.settings.memlock_bytes()
     if limit is not None:
-        effects.raise_memlock(limit, hard=False)
+        warning = effects.raise_memlock(limit, hard=False)
+        if warning:
+            _stderr(f"slurm-gpu: warning: --gpu-profile: {warning}")
         if spank.getenv("SLURM_RLIMIT_MEMLOCK") is not None:
             # Slurm applies the submit host's limit after task_init
             # (PropagateResourceLimits): hand it ours instead.

@@ -1,0 +1,161 @@
+"""The pure binding planner: which GPUs a task gets and where it is bound."""
+from __future__ import annotations
+
+import pytest
+
+from slurm_gpu import binding
+from slurm_gpu.binding import BindingError, plan_task, task_gpus
+from slurm_gpu.hw.model import Core, Gpu, Node, NumaNode, Package
+
+
+def make_node(numa: int = 2, cores_per_numa: int = 2, gpus_per_numa: int = 1,
+              smt: int = 1, minors: list[int] | None = None) -> Node:
+    """A node with NUMA nodes of equal size; PU OS ids like Linux on Intel (SMT siblings +N)."""
+    ncores = numa * cores_per_numa
+    cores = tuple(Core(c, c, c // (ncores // 2 or 1) if numa > 1 else 0, c // cores_per_numa,
+                       tuple(c + k * ncores for k in range(smt))) for c in range(ncores))
+    nodes = tuple(NumaNode(n, n, 1 << 30, tuple(range(n * cores_per_numa, (n + 1) * cores_per_numa)),
+                           tuple(sorted(p for c in cores[n * cores_per_numa:(n + 1) * cores_per_numa]
+                                        for p in c.pus)))
+                  for n in range(numa))
+    gpus = []
+    for i in range(numa * gpus_per_numa):
+        n = i // gpus_per_numa
+        gpus.append(Gpu(index=i, minor=(minors[i] if minors else i), uuid=f"GPU-{i:04d}",
+                        pci_bus_id=f"0000:{0x10 + i:02x}:00.0", pci_device_id=0x2330,
+                        name="NVIDIA H100 80GB HBM3", memory_bytes=80 << 30,
+                        numa_nodes=(n,), cores=nodes[n].cores))
+    return Node("t", (Package(0, 0, tuple(range(ncores))),), nodes, cores, tuple(gpus), numa << 30)
+
+
+MINI = make_node()            # like mini-2numa: NUMA0 = cores 0,1; NUMA1 = cores 2,3
+
+
+def test_cpulist_round_trip():
+    assert binding.cpulist([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert binding.parse_cpulist("0-2,5,7-8") == (0, 1, 2, 5, 7, 8)
+    assert binding.cpulist([]) == ""
+
+
+def test_slurm_split_gpus_are_taken_as_given():
+    # --gpus-per-task=1 with Slurm binding: each task sees its own GPU
+    env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "1"}
+    assert [g.index for g in task_gpus(MINI, env, 0, 2)] == [1]
+
+
+def test_shared_gpus_are_split_per_task():
+    env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert [g.index for g in task_gpus(MINI, env, 0, 2)] == [0]
+    assert [g.index for g in task_gpus(MINI, env, 1, 2)] == [1]
+    # more tasks than GPUs wrap around like per_task:1
+    assert [g.index for g in task_gpus(MINI, env, 2, 4)] == [0]
+    assert [g.index for g in task_gpus(MINI, env, 3, 4)] == [1]
+
+
+def test_gpus_per_task_env_sets_n():
+    node = make_node(numa=2, gpus_per_numa=2)
+    env = {"SLURM_STEP_GPUS": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+           "SLURM_GPUS_PER_TASK": "2"}
+    assert [g.index for g in task_gpus(node, env, 1, 2)] == [2, 3]
+
+
+def test_single_task_keeps_all_gpus():
+    env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert [g.index for g in task_gpus(MINI, env, 0, 1)] == [0, 1]
+
+
+def test_device_cgroup_local_indices_map_through_step_gpus():
+    node = make_node(numa=2, gpus_per_numa=2)
+    # step holds GPUs 2,3; ConstrainDevices renumbers them 0,1 for the task
+    env = {"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "1"}
+    assert [g.index for g in task_gpus(node, env, 0, 1)] == [3]
+
+
+def test_gres_index_follows_device_minor():
+    # NVML index order differs from /dev/nvidiaN order: gres index = minor order
+    node = make_node(minors=[1, 0])
+    env = {"SLURM_STEP_GPUS": "0"}
+    assert [g.index for g in task_gpus(node, env, 0, 1)] == [1]
+
+
+def test_batch_step_uses_job_gpus_and_uuid_lists_work():
+    assert [g.index for g in task_gpus(MINI, {"SLURM_JOB_GPUS": "1"}, 0, 1)] == [1]
+    assert [g.index for g in task_gpus(MINI, {"CUDA_VISIBLE_DEVICES": "GPU-0001"}, 0, 1)] == [1]
+    assert task_gpus(MINI, {}, 0, 1) == []
+
+
+def test_strict_binds_to_gpu_local_cpus_within_allowed():
+    env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "1"}
+    b = plan_task(MINI, env, mode="strict", local_task=0, ntasks=2, allowed=range(4))
+    assert (b.cpus, b.mems, b.gpus) == ((2, 3), (1,), (1,))
+    assert b.env_value() == "strict;gpus=1;cpus=2-3;mems=1"
+
+
+def test_never_widens_slurm_binding():
+    env = {"SLURM_STEP_GPUS": "0"}
+    b = plan_task(MINI, env, mode="prefer", local_task=0, ntasks=1, allowed=[1, 2, 3])
+    assert b.cpus == (1,)
+
+
+def test_smt_siblings_come_along():
+    node = make_node(numa=2, cores_per_numa=2, smt=2)   # core c has PUs c and c+4
+    b = plan_task(node, {"SLURM_STEP_GPUS": "1"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=range(8))
+    assert b.cpus == (2, 3, 6, 7)
+
+
+def test_no_local_cpu_strict_fails_prefer_warns():
+    env = {"SLURM_STEP_GPUS": "1"}
+    with pytest.raises(BindingError) as e:
+        plan_task(MINI, env, mode="strict", local_task=0, ntasks=1, allowed=[0])
+    assert e.value.line().startswith("slurm-gpu: gpu-numa-bind=strict impossible: GPU 1")
+    assert "may only use CPUs 0" in e.value.line()
+    b = plan_task(MINI, env, mode="prefer", local_task=0, ntasks=1, allowed=[0])
+    assert not b.applied and b.cpus == () and b.mems == ()
+    assert "prefer not applied" in b.warning
+    assert b.env_value() == "prefer;gpus=1;none"
+
+
+def test_off_and_no_gpus_do_nothing():
+    env = {"SLURM_STEP_GPUS": "0"}
+    assert not plan_task(MINI, env, mode="off", local_task=0, ntasks=1, allowed=[0]).applied
+    assert not plan_task(MINI, {}, mode="strict", local_task=0, ntasks=1, allowed=[0]).applied
+
+
+def test_gpu_without_locality():
+    node = make_node()
+    g = node.gpus[0]
+    from dataclasses import replace
+    node = replace(node, gpus=(replace(g, numa_nodes=(), cores=()), node.gpus[1]))
+    with pytest.raises(BindingError, match="no known NUMA node"):
+        plan_task(node, {"SLURM_STEP_GPUS": "0"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=range(4))
+
+
+def test_multi_gpu_task_spans_numa_nodes():
+    b = plan_task(MINI, {"SLURM_STEP_GPUS": "0,1"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=range(4))
+    assert b.cpus == (0, 1, 2, 3) and b.mems == (0, 1)
+
+
+def test_verbose_line():
+    b = plan_task(MINI, {"SLURM_STEP_GPUS": "1"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=range(4))
+    line = binding.verbose_line(b, hostname="n1", pid=42)
+    assert line == ("slurm-gpu: gpu-numa-bind=strict - n1, task  0 [42]: gpus 1 cpus 2-3 "
+                    "mems 1 (MPOL_BIND)")
+
+
+def test_every_recorded_gpu_machine_binds_each_gpu_locally(gpu_machine_name):
+    from conftest import load_machine
+    node = load_machine(gpu_machine_name)
+    allowed = [p for c in node.cores for p in c.pus]
+    for pos, gpu in enumerate(binding.gres_order(node)):
+        env = {"SLURM_STEP_GPUS": str(pos)}
+        if not gpu.numa_nodes:
+            continue
+        b = plan_task(node, env, mode="strict", local_task=0, ntasks=1, allowed=allowed)
+        assert b.gpus == (gpu.index,)
+        assert b.cpus and set(b.cpus) <= set(binding.local_cpus(node, [gpu]))
+        numa_os = {n.os_index for n in node.numa_nodes if n.index in gpu.numa_nodes}
+        assert set(b.mems) == numa_os

@@ -1,0 +1,77 @@
+"""Building and installing the plugin: exported symbols, plugstack line."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.cli import main
+
+pytestmark = pytest.mark.skipif(
+    not Path("/usr/include/slurm/spank.h").exists() or not shutil.which("gcc"),
+    reason="needs libslurm-dev and gcc")
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("spank") / "slurm_gpu_spank.so"
+    assert main(["spank", "build", "-o", str(out)]) == 0
+    return out
+
+
+def _dynamic_symbols(so: Path) -> list[str]:
+    res = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True,
+                         text=True, check=True)
+    return [line.split()[-1] for line in res.stdout.splitlines() if line.strip()]
+
+
+def test_exports_only_spank_and_plugin_symbols(plugin):
+    syms = _dynamic_symbols(plugin)
+    assert syms, "nm saw no symbols"
+    assert all(re.match(r"^(slurm_spank_|plugin_|spank_plugin_version$)", s) for s in syms), syms
+    assert {"plugin_name", "plugin_type", "plugin_version", "spank_plugin_version",
+            "slurm_spank_init", "slurm_spank_init_post_opt", "slurm_spank_user_init",
+            "slurm_spank_task_init_privileged", "slurm_spank_task_init"} == set(syms)
+    # each job_prolog/job_epilog would cost an extra slurmstepd per job
+    assert not any("prolog" in s or "epilog" in s or "slurmd_exit" in s for s in syms)
+
+
+def test_plugin_embeds_this_venv_and_links_libpython(plugin):
+    data = plugin.read_bytes()
+    assert sys.executable.encode() in data
+    ldd = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True).stdout
+    assert "libpython3" in ldd
+
+
+def test_install_writes_plugstack_line(plugin, tmp_path):
+    ps = tmp_path / "plugstack.conf"
+    ps.write_text("optional /other/plugin.so\nrequired /old/slurm_gpu_spank.so\n")
+    rc = main(["spank", "install", "--plugin", str(plugin), "--plugin-dir", str(tmp_path / "lib"),
+               "--plugstack", str(ps), "config=/etc/slurm-gpu/slurm-gpu.toml", "numa_bind=prefer"])
+    assert rc == 0
+    so = tmp_path / "lib" / "slurm_gpu_spank.so"
+    assert so.read_bytes() == plugin.read_bytes()
+    assert ps.read_text() == ("optional /other/plugin.so\n"
+                              f"required {so} config=/etc/slurm-gpu/slurm-gpu.toml "
+                              "numa_bind=prefer\n")
+
+
+@pytest.mark.parametrize("arg", ["bogus=1", "numa_bind=always", "config=relative.toml"])
+def test_install_rejects_bad_arguments_and_writes_nothing(plugin, tmp_path, capsys, arg):
+    ps = tmp_path / "plugstack.conf"
+    rc = main(["spank", "install", "--plugin", str(plugin), "--plugin-dir", str(tmp_path / "lib"),
+               "--plugstack", str(ps), arg])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("slurm-gpu: ")
+    assert not ps.exists() and not (tmp_path / "lib").exists()
+
+
+def test_build_without_header_is_one_line(tmp_path, capsys):
+    rc = main(["spank", "build", "-o", str(tmp_path / "x.so"), "--include-dir", str(tmp_path)])
+    assert rc == 1
+    assert capsys.readouterr().err.startswith("slurm-gpu: slurm/spank.h not found")
