@@ -210,18 +210,23 @@ def _cpu_view(t: H.Topology, hostname: str | None) -> CpuView:
 
 
 def _numa_kind(n: _Numa, has_nvidia: bool) -> str:
-    """``cpu``, ``gpu`` (GPU memory) or ``other`` (CPU-less memory: NVM, CXL ...).
+    """``cpu``, ``gpu`` (GPU memory) or ``other`` (CPU-less memory: HBM, NVM, CXL ...).
 
     hwloc 2 marks NVIDIA GPU memory with the subtype ``GPUMemory``.  hwloc
     1.x exported POWER9 GPU memory as CPU-less nodes without a subtype, so
     a CPU-less, subtype-less node on a machine with NVIDIA GPUs is taken as
-    GPU memory too.  A node whose CPUs are only offline or disallowed keeps
-    them in ``complete_cpuset``: it stays a CPU node, as hwloc-calc counts it.
+    GPU memory too.  hwloc gives a subtype other than ``DRAM`` (HBM, NVM,
+    SPM, MCDRAM, CXL...) only to memory tiers the kernel lists without CPUs,
+    even when hwloc attaches them below CPUs.  A node whose CPUs are merely
+    offline or disallowed keeps them in ``complete_cpuset``: it stays a CPU
+    node, as hwloc-calc counts it.
     """
     if n.subtype == GPU_MEMORY_SUBTYPE:
         return "gpu"
     if n.complete == 0:
         return "gpu" if has_nvidia and not n.subtype else "other"
+    if n.subtype and n.subtype != "DRAM":
+        return "other"
     return "cpu"
 
 

@@ -281,3 +281,18 @@ def test_xml_text_and_path_agree() -> None:
     assert hwloc.read_cpu_view(xml_text=path.read_text()) == view("dgx2")
     with pytest.raises(ValueError):
         hwloc.read_cpu_view(str(path), xml_text="x")
+
+
+def test_memory_tiers_are_not_cpu_numa_nodes() -> None:
+    # Sapphire-Rapids-Max-like: an HBM node attached beside the DRAM node, same cpuset.
+    hbm = ('<object type="NUMANode" os_index="2" cpuset="0x00000003" complete_cpuset="0x00000003" '
+           'nodeset="0x00000004" complete_nodeset="0x00000004" gp_index="30" subtype="HBM" '
+           'local_memory="17179869184"/>\n   <object type="Core" os_index="0"')
+    text = (SWITCH_XML.replace('<object type="Core" os_index="0"', hbm, 1)
+            .replace('nodeset="0x00000001" complete_nodeset="0x00000001" allowed_nodeset="0x00000001"',
+                     'nodeset="0x00000005" complete_nodeset="0x00000005" allowed_nodeset="0x00000005"'))
+    v = hwloc.read_cpu_view(xml_text=text)
+    assert [n.os_index for n in v.numa_nodes] == [0]
+    assert not v.gpu_memory_nodes
+    assert v.memory_bytes == 1073741824
+    assert v.pci_gpus[0].numa_nodes == (0,)
