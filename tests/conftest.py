@@ -15,6 +15,8 @@ Use them in any test area:
 from __future__ import annotations
 
 import functools
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -67,6 +69,14 @@ def load_machine_from_xml(name: str):
     from slurm_gpu.hw import load_node
 
     return load_node(hwloc_xml=str(machine_xml(name)), hostname=name)
+
+
+def hwloc_calc(xml: str, *args: str) -> list[int]:
+    """Run the real ``hwloc-calc -i XML ARGS...`` (the oracle) and parse its comma list."""
+    exe = shutil.which("hwloc-calc") or "/usr/bin/hwloc-calc"
+    out = subprocess.run([exe, "-i", xml, *args], capture_output=True, text=True,
+                         check=True, timeout=30).stdout.strip()
+    return [int(x) for x in out.split(",") if x]
 
 
 def gpu_machines() -> list[str]:

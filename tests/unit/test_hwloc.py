@@ -7,17 +7,15 @@ NUMA nodes ``--intersect numa``, with GPU-memory NUMA nodes left out.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
+from conftest import hwloc_calc as calc
 from conftest import hwloc_machines, machine_xml
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.hw import hwloc
 from slurm_gpu.hw.views import CpuView
 
-HWLOC_CALC = shutil.which("hwloc-calc") or "/usr/bin/hwloc-calc"
 
 # NVIDIA GPUs each real machine has (0: AMD GPUs only, or no GPU in the export).
 EXPECTED_GPUS = {
@@ -28,11 +26,6 @@ EXPECTED_GPUS = {
 }
 
 
-def calc(xml: str, *args: str) -> list[int]:
-    """Run the real hwloc-calc on *xml* and parse its comma list."""
-    out = subprocess.run([HWLOC_CALC, "-i", xml, *args], capture_output=True, text=True,
-                         check=True, timeout=30).stdout.strip()
-    return [int(x) for x in out.split(",") if x]
 
 
 _views: dict[str, CpuView] = {}

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, all_machines, hwloc_machines, machine_dir, machine_xml
+from conftest import hwloc_calc as calc
 
 from slurm_gpu import cli
 from slurm_gpu.commands.inventory import ranges
 
-HWLOC_CALC = shutil.which("hwloc-calc") or "/usr/bin/hwloc-calc"
 VENV_BIN = Path(sys.executable).parent
 CONTRACT_KEYS = {"index", "pci_bus_id", "name", "numa_nodes", "cores"}
 
@@ -28,10 +27,6 @@ def run_json(capsys, *args: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def calc(xml: str, *args: str) -> list[int]:
-    out = subprocess.run([HWLOC_CALC, "-i", xml, *args], capture_output=True, text=True,
-                         check=True, timeout=30).stdout.strip()
-    return [int(x) for x in out.split(",") if x]
 
 
 @pytest.mark.parametrize("name", hwloc_machines())
@@ -152,3 +147,47 @@ def test_command_module_imports_nothing_heavy() -> None:
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
+
+
+def _node(nvlinks_of, gpu_extra=None):
+    from slurm_gpu.hw.model import Core, Gpu, Node, NumaNode, Package
+
+    cores = tuple(Core(i, i, 0, 0, (i,)) for i in range(4))
+    gpus = tuple(Gpu(index=i, minor=i, uuid=f"GPU-{i}", pci_bus_id=f"0000:0{i + 1}:00.0",
+                     pci_device_id=0x2330, name="NVIDIA H100 80GB HBM3", memory_bytes=80 * 2**30,
+                     numa_nodes=(0,), cores=(0, 1, 2, 3), nvlinks=nvlinks_of(i), **(gpu_extra or {}).get(i, {}))
+                 for i in range(3))
+    return Node(hostname="n1", packages=(Package(0, 0, (0, 1, 2, 3)),),
+                numa_nodes=(NumaNode(0, 0, 2**30, (0, 1, 2, 3), (0, 1, 2, 3)),), cores=cores,
+                gpus=gpus, memory_bytes=2**30, sources=("snapshot:x.json",))
+
+
+def test_text_nvswitch_mig_and_fabric() -> None:
+    from slurm_gpu.commands.inventory import render_text
+    from slurm_gpu.hw.model import Fabric, MigInstance, NvLink
+
+    mig = MigInstance(gi_id=1, ci_id=0, profile="3g.40gb", gi_profile_id=9, ci_profile_id=2,
+                      placement_start=0, placement_size=4, memory_bytes=40 * 2**30, sm_count=60,
+                      uuid="MIG-1", gi_cap_minor=12, ci_cap_minor=13)
+    fab = Fabric(cluster_uuid="c0ffee", clique_id=7, state="completed", status=0)
+    node = _node(lambda i: (NvLink("nvswitch", "nvswitch", 18),),
+                 {0: {"mig_enabled": True, "mig_instances": (mig,)}, 1: {"mig_enabled": False},
+                  2: {"fabric": fab}})
+    out = "\n".join(render_text(node))
+    assert "NVLink: all 3 GPUs through NVSwitch, 18 links per GPU" in out
+    assert "MIG GPU0: 3g.40gb (GI 1 CI 0)" in out
+    assert "Fabric: cluster c0ffee clique 7, completed: GPUs 2" in out
+    rows = {l.split()[2]: l.split() for l in out.splitlines() if "0000:0" in l}
+    assert rows["0000:01:00.0"][-2:] == ["(1)", "-"] and rows["0000:02:00.0"][-2] == "off"
+
+
+def test_text_direct_nvlink_matrix() -> None:
+    from slurm_gpu.commands.inventory import render_text
+    from slurm_gpu.hw.model import NvLink
+
+    pairs = {0: (NvLink("gpu", "0000:02:00.0", 4),), 1: (NvLink("gpu", "0000:01:00.0", 4),), 2: ()}
+    out = render_text(_node(lambda i: pairs[i]))
+    i = out.index("NVLink (links between GPUs, NVSwitch paths counted):")
+    assert out[i + 1].split() == ["GPU0", "GPU1", "GPU2"]
+    assert out[i + 2].split() == ["GPU0", "X", "NV4", "-"]
+    assert out[i + 4].split() == ["GPU2", "-", "-", "X"]
