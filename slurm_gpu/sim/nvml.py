@@ -36,17 +36,22 @@ MIG_MAX_GPUS = 32
 def gi_id_for_placement(start: int, size: int) -> int:
     """The GPU instance id a driver gives a placement on an 8-memory-slice GPU.
 
-    The id is the partition ("swizzle") number: 0 = whole GPU, 1-2 halves,
-    3-6 quarters, 7-14 eighths; this matches real ``nvidia-smi mig -lgi``
-    output (3g at 4:4 is GI 1, at 0:4 GI 2; 1g at 6:1 is GI 13).
+    The id is the partition number: 0 = whole GPU, 1-2 halves, 3-6
+    quarters, 7-14 eighths, the upper half (slices 4-7) first.  This matches
+    real data: ``nvidia-smi mig -lgi`` on an A100 (3g at 4:4 is GI 1, at 0:4
+    GI 2; "-cgi 19,19,14,9" gives GIs 13, 11, 3 and then no room for 3g) and
+    stackhpc's H100 ``slurmd -G`` (4g.40gb GI 2 with 1g GIs 7,8,9; 4g.40gb
+    GI 1 with 1g GIs 11,12,13).
     """
     if size >= 8:
         return 0
+    # The upper half of the memory slices is numbered first, as real drivers do.
+    half = 0 if start >= 4 else 1
     if size == 4:
-        return 1 if start >= 4 else 2
+        return 1 + half
     if size == 2:
-        return 3 + start // 2
-    return 7 + start
+        return 3 + half * 2 + (start % 4) // 2
+    return 7 + half * 4 + start % 4
 
 
 def mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:
@@ -88,6 +93,9 @@ def _bus_nvml(bus: str) -> str:
 
 
 def _pci(bus: str, device_id: int, subsys: int) -> NvmlStruct:
+    if not bus:  # a peer outside this node (multi-node NVSwitch): no PCI address
+        return NvmlStruct({"busIdLegacy": "", "domain": 0, "bus": 0, "device": 0, "pciDeviceId": device_id,
+                           "pciSubSystemId": subsys, "busId": ""})
     b = normalize_bus_id(bus)
     dom, busn, devfn = b.split(":")
     nv = _bus_nvml(b)
