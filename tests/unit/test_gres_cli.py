@@ -1,0 +1,131 @@
+"""`slurm-gpu gres` front end: inputs, bad input lines, apply semantics."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, machine_xml
+from slurm_gpu.cli import main
+
+XML = str(machine_xml("dgx2"))
+PCI = str(ROOT / "tests" / "data" / "golden" / "nvidia.pci.ids")
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_render_named_hwloc_xmls_fold(capsys) -> None:
+    rc, out, _ = run(capsys, "gres", "render", "--hwloc-xml", f"gpu1={XML}", "--hwloc-xml", f"gpu2={XML}")
+    assert rc == 0
+    assert "NodeName=gpu[1-2] Name=gpu Type=tesla_v100-sxm3-32gb-h File=/dev/nvidia[0-7] Cores=0-1" in out
+
+
+def test_node_lines(capsys) -> None:
+    rc, out, _ = run(capsys, "gres", "render", "--hwloc-xml", XML, "--node", "d1", "--node-lines", "--shards", "4")
+    assert rc == 0
+    assert out == ("NodeName=d1 CPUs=4 Sockets=2 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1546833 "
+                   "Gres=gpu:tesla_v100-sxm3-32gb-h:16,shard:64\n")
+
+
+def test_hwloc_xml_without_node_is_usage_error(capsys) -> None:
+    rc, _, err = run(capsys, "gres", "render", "--hwloc-xml", XML, "--hwloc-xml", f"b={XML}")
+    assert rc == 2 and err.startswith("slurm-gpu: --hwloc-xml FILE needs --node")
+
+
+def test_malformed_xml_one_line(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.xml"
+    bad.write_text(Path(XML).read_text()[:5000])
+    rc, out, err = run(capsys, "gres", "render", "--hwloc-xml", f"n1={bad}")
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("slurm-gpu: ") and str(bad) in err
+
+
+@pytest.mark.parametrize("content,where", [("{not json", ":1"), ('{"schema": 7}', "schema")])
+def test_unreadable_snapshot_one_line(tmp_path: Path, capsys, content: str, where: str) -> None:
+    snap = tmp_path / "n1.json"
+    snap.write_text(content)
+    rc, out, err = run(capsys, "gres", "render", "--snapshot", str(snap))
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and str(snap) in err and where in err
+
+
+def test_missing_snapshot_and_empty_dir(tmp_path: Path, capsys) -> None:
+    rc, _, err = run(capsys, "gres", "render", "--snapshot", str(tmp_path / "nope.json"))
+    assert rc == 1 and "nope.json" in err
+    rc, _, err = run(capsys, "gres", "render", "--snapshot", str(tmp_path))
+    assert rc == 1 and "no *.json snapshots" in err
+
+
+def test_output_is_atomic_and_never_partial(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "gres.conf"
+    out.write_text("old\n")
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<topology>")
+    rc, _, _ = run(capsys, "gres", "render", "--hwloc-xml", f"n={bad}", "-o", str(out))
+    assert rc == 1 and out.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.xml", "gres.conf"]
+
+
+def test_apply_writes_backup_then_is_idempotent(tmp_path: Path, capsys) -> None:
+    conf = tmp_path / "gres.conf"
+    conf.write_text("NodeName=d Name=gpu Type=x File=/dev/nvidia0\n")
+    args = ["gres", "apply", "--config", str(conf), "--hwloc-xml", XML, "--node", "d"]
+    rc, out, _ = run(capsys, *args)
+    assert rc == 0 and "wrote" in out and "restart slurmd" in out and "drain" in out
+    assert (tmp_path / "gres.conf.bak").read_text() == "NodeName=d Name=gpu Type=x File=/dev/nvidia0\n"
+    mtime = os.stat(conf).st_mtime_ns
+    rc, out, _ = run(capsys, *args)
+    assert rc == 0 and "nothing written" in out and os.stat(conf).st_mtime_ns == mtime
+    rc, out, _ = run(capsys, "gres", "check", "--config", str(conf), "--hwloc-xml", XML, "--node", "d")
+    assert rc == 0 and "matches" in out
+
+
+def test_check_reports_diff_exit_1(tmp_path: Path, capsys) -> None:
+    conf = tmp_path / "gres.conf"
+    conf.write_text("NodeName=d Name=gpu Type=tesla_v100-sxm3-32gb-h File=/dev/nvidia[0-15] Cores=0-3\n")
+    rc, out, _ = run(capsys, "gres", "check", "--config", str(conf), "--hwloc-xml", XML, "--node", "d",
+                     "--autodetect", "none")
+    assert rc == 1
+    assert "~ gpu /dev/nvidia0: Type=tesla_v100-sxm3-32gb-h Cores=0-3 -> Type=tesla_v100-sxm3-32gb-h Cores=0-1" in out
+
+
+def _snapshot(path: Path, node_dict: dict) -> None:
+    from slurm_gpu.hw import snapshot as snap
+    path.write_text(json.dumps({"schema": snap.SCHEMA, "hostname": "d", "nvml": {"calls": []},
+                                "hwloc_xml": Path(XML).read_text(), "node": node_dict}))
+
+
+def test_derived_model_fast_path(tmp_path: Path, monkeypatch) -> None:
+    """Only the head and the tail of a snapshot are read; the raw answers are not replayed."""
+    from slurm_gpu.commands import gres as cmd
+    from slurm_gpu.hw import load_node, snapshot as snap
+
+    node = load_node(hwloc_xml=XML, hostname="d")
+    good = tmp_path / "good.json"
+    _snapshot(good, node.to_dict())
+    monkeypatch.setattr(snap, "replay", lambda *a, **k: pytest.fail("replayed"))
+    monkeypatch.setattr(snap, "read_snapshot", lambda *a, **k: pytest.fail("read whole file"))
+    got = cmd.load_snapshot_node(str(good))
+    assert got.gpus == node.gpus and got.cores == node.cores
+    assert got.sources == (f"snapshot:{good}",)
+
+
+def test_stale_derived_model_falls_back_to_raw_answers(tmp_path: Path, monkeypatch) -> None:
+    from slurm_gpu.commands import gres as cmd
+    from slurm_gpu.hw import load_node, snapshot as snap
+
+    node = load_node(hwloc_xml=XML, hostname="d")
+    stale = tmp_path / "stale.json"
+    d = node.to_dict()
+    d["gpus"][0]["nvlinks"] = [{"peer_kind": "gpu", "peer": "x", "links": 1, "renamed_field": 2}]
+    _snapshot(stale, d)
+    calls = []
+    monkeypatch.setattr(snap, "replay", lambda data, path, **k: calls.append(path) or node)
+    assert cmd.load_snapshot_node(str(stale)) is node
+    assert calls == [str(stale)]
