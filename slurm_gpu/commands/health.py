@@ -1,0 +1,137 @@
+"""``slurm-gpu health`` and ``slurm-gpu xid-watch``: thin click front ends."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+
+def _settings() -> Any:
+    from .. import config
+    from ..health.settings import HealthSettings
+    return config.section(HealthSettings, "health")
+
+
+def _state_dir(s: Any) -> str:
+    from ..hw import live
+    if s.state_dir:
+        return s.state_dir.replace("%n", live.node_name())
+    return live.settings().state_dir
+
+
+def _openers(snapshot: str | None, overlay: str | None, s: Any) -> tuple[Any, Any]:
+    """(open, close) for the NVML api this node uses: replay, simulator or real pynvml."""
+    from ..hw import live, snapshot as snap
+    ov_path = overlay or (s.nvml_overlay or None)
+    if snapshot is None:
+        ns = live.settings()
+        if ns.sim_state:
+            return (lambda: live.open_nvml(ns)), None
+        snapshot = ns.snapshot or None
+    if snapshot:
+        path = snapshot
+
+        def open_replay() -> Any:
+            data = snap.read_snapshot(path)
+            ov = snap.load_overlay(ov_path) if ov_path else None
+            return snap.replay_api(data, path, ov, ov_path or "overlay")
+
+        return open_replay, None
+    from ..hw import nvml
+    return nvml.open_api, nvml.close_api
+
+
+@click.command("health")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (a stable contract).")
+@click.option("--slurm", "slurm_mode", is_flag=True,
+              help="HealthCheckProgram mode: act, then exit 0 unless the check itself broke.")
+@click.option("--no-drain", is_flag=True, help="Only report: never call scontrol, consume no events.")
+@click.option("--only", "only", metavar="CHECK[,CHECK]", help="Run only these checks (e.g. gpu.xid).")
+@click.option("--kernel-log", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Read XIDs from this kernel log file (whole file, no cursor) instead of [health] kernel_log.")
+@click.option("--prom-file", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Also write Prometheus textfile metrics here (atomically).")
+@click.option("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the host name).")
+@click.option("--snapshot", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Read NVML from this snapshot instead of the live GPUs.")
+@click.option("--overlay", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Fault overlay applied to the snapshot replay.")
+@click.option("--gres-conf", type=click.Path(dir_okay=False), metavar="FILE",
+              help="gres.conf to compare with (default: beside $SLURM_CONF).")
+@click.option("--isolate-bad-gpu", is_flag=True, default=None,
+              help="Rewrite gres.conf without a bad GPU and reconfigure, instead of draining (see docs).")
+def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, kernel_log: str | None,
+           prom_file: str | None, node: str | None, snapshot: str | None, overlay: str | None,
+           gres_conf: str | None, isolate_bad_gpu: bool | None) -> int:
+    """Check this GPU node; drain it on a hardware fault, resume it when clean.
+
+    Exit codes follow Nagios: 0 ok, 1 warn, 2 drain, 3 unknown (with --slurm:
+    0 unless the check itself broke).
+    """
+    import json as _json
+    from ..health import engine
+    from ..health.findings import EXIT_UNKNOWN, exit_code
+    from ..hw import live
+    s = _settings()
+    if isolate_bad_gpu is not None:
+        s.isolate_bad_gpu = isolate_bad_gpu
+    name = node or live.node_name()
+    only_list = [c.strip() for c in only.split(",") if c.strip()] if only else None
+    checks = engine.select_checks(only_list, s)
+    opener = closer = None
+    if set(checks) & set(engine.NVML_CHECKS):
+        opener, closer = _openers(snapshot, overlay, s)
+    opts = engine.Options(
+        node=name, settings=s, state_dir=_state_dir(s), only=only_list, kernel_log=kernel_log,
+        no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener, nvml_closer=closer,
+        gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None)
+    rep = engine.run(opts)
+    if prom_file:
+        from ..health.prom import write_prom
+        write_prom(prom_file, rep)
+    if as_json:
+        click.echo(_json.dumps(rep.to_json(), indent=1))
+    else:
+        click.echo(f"slurm-gpu: health {rep.node}: {rep.status}"
+                   + (f" (action: {rep.action})" if rep.action != "none" else ""))
+        for f in rep.findings:
+            click.echo(f"  {f.severity:5} {f.check}" + (f" [{f.gpu}]" if f.gpu else "") + f": {f.message}")
+        for n in rep.notes:
+            click.echo(f"  note: {n}", err=True)
+    if rep.broken:
+        click.echo(f"slurm-gpu: health check incomplete: {rep.broken}", err=True)
+        return EXIT_UNKNOWN
+    if slurm_mode:
+        return 0
+    return exit_code(rep.status)
+
+
+@click.command("xid-watch")
+@click.option("--events-file", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Append events here (default: <state_dir>/xid-events.jsonl, where health reads them).")
+@click.option("--snapshot", type=click.Path(dir_okay=False), metavar="FILE", help="Replay NVML from a snapshot.")
+@click.option("--overlay", type=click.Path(dir_okay=False), metavar="FILE", help="Fault overlay (events) for the replay.")
+@click.option("--max-events", type=int, default=0, help="Stop after this many events (0: run until stopped).")
+@click.option("--timeout", "run_for", type=float, default=0.0, help="Stop after this many seconds (0: never).")
+def xid_watch(events_file: str | None, snapshot: str | None, overlay: str | None, max_events: int,
+              run_for: float) -> int:
+    """Listen for NVML events (critical XID, double-bit ECC, GPU unavailable, recovery action).
+
+    Runs until stopped (SIGTERM), appending one JSON line per event where
+    `slurm-gpu health` reads them, so events between two health checks are
+    not lost.
+    """
+    from ..health.watch import watch
+    s = _settings()
+    path = events_file or (s.events_file.replace("%n", _node()) if s.events_file else
+                           os.path.join(_state_dir(s), "xid-events.jsonl"))
+    opener, closer = _openers(snapshot, overlay, s)
+    n = watch(opener, path, max_events=max_events, run_for=run_for, closer=closer)
+    click.echo(f"slurm-gpu: xid-watch stopped after {n} events ({path})", err=True)
+    return 0
+
+
+def _node() -> str:
+    from ..hw import live
+    return live.node_name()

@@ -1,0 +1,262 @@
+"""Run the health check: gather once per source, run the checks, act.
+
+Order of a run (``--slurm`` mode is HealthCheckProgram):
+
+1. pick the checks (``--only``, minus ``[health] skip``);
+2. gather only what they need: gres.conf, NVML (every call under a
+   deadline, in a worker thread), the kernel log and the xid-watch event
+   file (each from its cursor), the OS settings;
+3. run the pure checks;
+4. unless ``--no-drain``: drain/resume through scontrol (never on the first
+   run of a slurmd, before it registers), then save cursors and state.
+
+The whole run sits under a watchdog (``[health] watchdog_seconds``, 20 s by
+default, well below Slurm's 60 s kill): when it fires the run reports
+*unknown* (exit 3) and changes nothing, so a slow shared filesystem never
+drains a rack of nodes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import InputError, SlurmGpuError
+from .findings import DRAIN, INFO, WARN, Finding, drain_reason, sort_findings, worst
+from .gpu_checks import NVML_CHECKS, ExpectedGpus, run_gpu_checks
+from .os_checks import OS_CHECKS, enabled_os_checks, run_os_checks
+from .settings import HealthSettings
+
+XID_CHECK = "gpu.xid"
+ALL_CHECKS: tuple[str, ...] = (XID_CHECK,) + NVML_CHECKS + OS_CHECKS
+STATE_FILE = "health-state.json"
+EVENTS_FILE = "xid-events.jsonl"
+
+
+class WatchdogExpired(Exception):
+    pass
+
+
+@dataclass
+class Options:
+    node: str
+    settings: HealthSettings
+    state_dir: str
+    only: list[str] | None = None
+    kernel_log: str | None = None          # CLI --kernel-log: read whole file, no cursor
+    no_drain: bool = False
+    slurm_mode: bool = False
+    nvml_opener: Callable[[], Any] | None = None
+    nvml_closer: Callable[[Any], None] | None = None
+    gres_conf: str | None = None
+    os_root: str = "/"
+    parent_slurmd: str | None = None       # identity of the slurmd that started us, if any
+
+
+@dataclass
+class Report:
+    node: str
+    findings: list[Finding]
+    status: str
+    notes: list[str] = field(default_factory=list)
+    broken: str | None = None              # the check itself failed (exit 3 / --slurm non-zero)
+    action: str = "none"
+    elapsed: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "status": self.status, "findings": [f.to_json() for f in self.findings]}
+
+
+def select_checks(only: list[str] | None, s: HealthSettings) -> list[str]:
+    """The checks to run: ``--only`` (validated) or all enabled ones minus ``skip``."""
+    if only:
+        bad = [c for c in only if c not in ALL_CHECKS]
+        if bad:
+            from ..errors import UsageError
+            raise UsageError(f"unknown check {bad[0]!r}; known: {', '.join(ALL_CHECKS)}", "--only")
+        return list(dict.fromkeys(only))
+    os_on = set(enabled_os_checks(s))
+    return [c for c in ALL_CHECKS if c not in s.skip and (c not in OS_CHECKS or c in os_on)]
+
+
+# ------------------------------------------------------------------ gathers
+
+def expected_gpus(path: str | None, node: str) -> ExpectedGpus | None:
+    """What gres.conf promises *node* (None when there is no gres.conf)."""
+    if not path or not os.path.exists(path):
+        return None
+    from ..confgen import grescheck
+    try:
+        with open(path) as f:
+            conf = grescheck.parse_gres_conf(f, path)
+    except OSError as e:
+        raise InputError(f"cannot read gres.conf: {e.strerror}", path) from None
+    mine = grescheck._effective(conf, node)  # NodeName-less lines apply to every node
+    import re
+    minors: set[int] = set()
+    types: list[str] = []
+    counted = 0
+    for (name, files), dev in mine.devices.items():
+        if name != "gpu":
+            continue
+        m = re.search(r"/nvidia(\d+)$", files)
+        if m:
+            minors.add(int(m.group(1)))
+            types.append(dev.type or "")
+        elif "nvidia-cap" not in files:
+            counted += 1
+    for (name, _t), n in mine.counts.items():
+        if name == "gpu":
+            counted += n
+    total = len(minors) + counted
+    if total == 0 and not any(k[0] == "gpu" for k in mine.devices):
+        return ExpectedGpus(0, source=path)
+    return ExpectedGpus(total, tuple(sorted(minors)), tuple(types), source=path)
+
+
+def default_gres_conf(s: HealthSettings) -> str | None:
+    if s.gres_conf:
+        return s.gres_conf
+    conf = os.environ.get("SLURM_CONF")
+    if conf:
+        return os.path.join(os.path.dirname(conf), "gres.conf")
+    for p in ("/etc/slurm/gres.conf", "/etc/slurm-llnl/gres.conf"):
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def _expand(path: str, node: str) -> str:
+    return path.replace("%n", node)
+
+
+# --------------------------------------------------------------------- run
+
+def run(opts: Options) -> Report:
+    """One health-check run under the watchdog."""
+    t0 = time.monotonic()
+    s = opts.settings
+    use_alarm = s.watchdog_seconds > 0 and hasattr(signal, "SIGALRM")
+    old = None
+    if use_alarm:
+        def _expired(signum: int, frame: Any) -> None:
+            raise WatchdogExpired()
+        old = signal.signal(signal.SIGALRM, _expired)
+        signal.setitimer(signal.ITIMER_REAL, s.watchdog_seconds)
+    try:
+        rep = _run(opts)
+    except WatchdogExpired:
+        rep = Report(opts.node, [Finding("health.watchdog", WARN, f"health check did not finish in "
+                                         f"{s.watchdog_seconds:g} s: nothing changed")], "warn",
+                     broken="watchdog expired")
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    rep.elapsed = time.monotonic() - t0
+    return rep
+
+
+def _run(opts: Options) -> Report:
+    s = opts.settings
+    checks = select_checks(opts.only, s)
+    state_path = os.path.join(opts.state_dir, STATE_FILE)
+    acting = not opts.no_drain
+    from . import actions
+    state = actions.load_state(state_path) if opts.state_dir else {}
+    findings: list[Finding] = []
+    notes: list[str] = []
+
+    # gres.conf: only when a check compares against it.
+    expected = None
+    if {"gpu.count", "gpu.nvml"} & set(checks):
+        expected = expected_gpus(opts.gres_conf if opts.gres_conf is not None else default_gres_conf(s), opts.node)
+
+    # NVML, every call under a deadline.
+    nvml_checks = [c for c in checks if c in NVML_CHECKS]
+    health = None
+    if nvml_checks and opts.nvml_opener is not None:
+        from ..hw.nvml_health import read_health_bounded
+        budget = max(1.0, min(s.watchdog_seconds * 0.6, s.watchdog_seconds - 3.0)) if s.watchdog_seconds else 60.0
+        health = read_health_bounded(opts.nvml_opener, call_timeout=min(s.nvml_call_timeout, budget),
+                                     total_timeout=budget, close_api=opts.nvml_closer,
+                                     include_fabric="gpu.fabric" in checks)
+        findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max)
+
+    # Kernel log + xid-watch events, each from its cursor.
+    cursor = dict(state.get("cursor") or {})
+    new_cursor = cursor
+    if XID_CHECK in checks:
+        from ..hw import kmsg
+        from . import xid
+        if opts.kernel_log:
+            lines, _ = kmsg.read_source(opts.kernel_log, {})
+        else:
+            lines, new_cursor = kmsg.read_source(_expand(s.kernel_log, opts.node), cursor)
+        events = xid.parse_lines(lines)
+        ev_path = _expand(s.events_file, opts.node) if s.events_file else os.path.join(opts.state_dir, EVENTS_FILE)
+        if not opts.kernel_log and opts.state_dir:
+            records, new_cursor = kmsg.read_events(ev_path, new_cursor)
+            more, direct = xid.events_from_nvml(records)
+            events += more
+            findings += direct
+        findings += xid.check_xid(events)
+
+    # OS audit.
+    os_checks = [c for c in checks if c in OS_CHECKS]
+    if os_checks:
+        from .osinfo import read_os
+        info = read_os(opts.os_root, want=set(os_checks))
+        gpus_expected = bool(expected and expected.count) or bool(health and health.gpus)
+        findings += run_os_checks(info, s, os_checks, gpus_expected)
+
+    findings = sort_findings(findings)
+    rep = Report(opts.node, findings, worst(findings), notes)
+    if not acting:
+        return rep
+
+    # Act on Slurm.
+    from .nodestate import Memory
+    mem = Memory.from_json(state.get("memory") or {})
+    want = drain_reason(findings)
+    if opts.slurm_mode and opts.parent_slurmd and mem.slurmd != opts.parent_slurmd:
+        # First run of this slurmd: it runs us before registering, and scontrol
+        # can hang then.  Remember what we found; the next run applies it.
+        mem.slurmd = opts.parent_slurmd
+        if want:
+            mem.pending_reason = want
+        notes.append("first run of this slurmd (before registration): scontrol not called")
+        rep.action = "deferred" if want else "none"
+    else:
+        out = actions.act(opts.node, want, mem, clean_runs_to_resume=max(1, s.clean_runs_to_resume),
+                          timeout=s.scontrol_timeout)
+        mem = out.plan.memory
+        notes.append(out.plan.note)
+        rep.action = out.plan.action
+        if out.error:
+            rep.broken = out.error
+            notes.append(out.error)
+    if opts.state_dir:
+        actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor,
+                                        "last_run": time.time(), "last_status": rep.status})
+    return rep
+
+
+def parent_slurmd() -> str | None:
+    """``pid:starttime`` of our parent when it is slurmd (HealthCheckProgram), else None."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/comm") as f:
+            if f.read().strip() != "slurmd":
+                return None
+        with open(f"/proc/{ppid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return f"{ppid}:{fields[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+__all__ = ["ALL_CHECKS", "Options", "Report", "run", "select_checks", "expected_gpus", "parent_slurmd",
+           "DRAIN", "INFO", "WARN", "SlurmGpuError"]

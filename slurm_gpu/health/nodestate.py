@@ -1,0 +1,121 @@
+"""Drain bookkeeping, decided without side effects.
+
+:func:`parse_show_node` reads ``scontrol show node -o`` (Slurm 22.05 has no
+``--json`` for scontrol); :func:`decide` turns the node's state, the wanted
+drain reason and our remembered state into one action.  The rules (NHC's,
+with its field bugs fixed):
+
+* drain with ``slurm-gpu: <check>: <detail>``; a node already drained or
+  down for another reason is left alone (its reason is never overwritten);
+* resume only a node whose reason is ours, and only after N clean runs in
+  a row; an admin who changes our reason takes the drain over;
+* no action while the node boots, powers up/down or awaits a reboot, or
+  sits in a maintenance reservation (admins are working on it); reserved
+  and planned nodes are drained like any other (jobs must avoid them).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+PREFIX = "slurm-gpu:"
+_REASON_TAIL = re.compile(r"\s*\[[^\]\[]*@[^\]\[]*\]\s*$")
+_BOOTING = {"POWERING_UP", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWER_UP", "REBOOT_ISSUED",
+            "REBOOT_REQUESTED", "REBOOT"}
+_NO_TOUCH_BASE = {"DOWN", "FUTURE", "UNKNOWN"}
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    base: str                        # IDLE, MIXED, ALLOCATED, DOWN, ...
+    flags: frozenset[str]            # DRAIN, RESERVED, MAINTENANCE, PLANNED, NOT_RESPONDING, ...
+    reason: str | None = None        # without the trailing "[user@time]"
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.base in ("DRAINED", "DRAINING")
+
+    @property
+    def ours(self) -> bool:
+        return bool(self.reason) and self.reason.startswith(PREFIX)  # type: ignore[union-attr]
+
+
+def parse_show_node(text: str) -> NodeState | None:
+    """One node from ``scontrol show node -o NAME`` (None when not found)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    m = re.match(r"NodeName=(\S+)", line)
+    if not m:
+        return None
+    st = re.search(r"(?:^|\s)State=(\S+)", line)
+    parts = (st.group(1) if st else "UNKNOWN").rstrip("*~#!%$@^-").split("+")
+    reason = None
+    r = re.search(r"(?:^|\s)Reason=(.*)$", line)
+    if r:
+        reason = _REASON_TAIL.sub("", r.group(1)).strip() or None
+    return NodeState(m.group(1), parts[0].upper(), frozenset(p.upper() for p in parts[1:]), reason)
+
+
+@dataclass
+class Memory:
+    """What the health check remembers between runs (the state file)."""
+
+    drained_reason: str | None = None   # the reason we set, while our drain stands
+    clean_runs: int = 0
+    pending_reason: str | None = None   # a drain we could not apply yet (first run, scontrol failure)
+    slurmd: str | None = None           # the slurmd instance whose first run we have seen
+
+    def to_json(self) -> dict:
+        return {"drained_reason": self.drained_reason, "clean_runs": self.clean_runs,
+                "pending_reason": self.pending_reason, "slurmd": self.slurmd}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Memory":
+        return cls(d.get("drained_reason"), int(d.get("clean_runs") or 0), d.get("pending_reason"),
+                   d.get("slurmd"))
+
+
+@dataclass
+class Plan:
+    action: str                      # "drain" | "resume" | "none"
+    note: str
+    reason: str | None = None
+    memory: Memory = field(default_factory=Memory)
+
+
+def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_resume: int) -> Plan:
+    """The one action to take now, and what to remember afterwards."""
+    mem = replace(mem)
+    if want is None and mem.pending_reason:
+        want = mem.pending_reason        # a drain found earlier that is still owed
+    if node is None:
+        mem.pending_reason = want
+        return Plan("none", "node unknown to Slurm: no action", memory=mem)
+    if node.flags & _BOOTING or node.base in _NO_TOUCH_BASE or "NOT_RESPONDING" in node.flags:
+        mem.pending_reason = want
+        return Plan("none", f"node is {'+'.join([node.base, *sorted(node.flags)])}: no action", memory=mem)
+    if "MAINTENANCE" in node.flags:
+        mem.pending_reason = want
+        return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
+    mem.pending_reason = None
+    if node.drained:
+        if not node.ours:
+            # Someone else's drain (or they rewrote ours): theirs to lift, never ours.
+            mem.drained_reason, mem.clean_runs = None, 0
+            return Plan("none", f"drained by someone else ({node.reason or 'no reason'}): left alone",
+                        memory=mem)
+        mem.drained_reason = node.reason
+        if want is not None:
+            mem.clean_runs = 0
+            return Plan("none", "already drained by slurm-gpu", memory=mem)
+        mem.clean_runs += 1
+        if mem.clean_runs >= clean_runs_to_resume:
+            mem.drained_reason, mem.clean_runs = None, 0
+            return Plan("resume", f"{clean_runs_to_resume} clean runs in a row: resuming", memory=mem)
+        return Plan("none", f"clean run {mem.clean_runs} of {clean_runs_to_resume} before resume", memory=mem)
+    # Not drained: an admin may have resumed our drain; start over either way.
+    mem.drained_reason, mem.clean_runs = None, 0
+    if want is not None:
+        mem.drained_reason = want
+        return Plan("drain", "draining", reason=want, memory=mem)
+    return Plan("none", "healthy", memory=mem)

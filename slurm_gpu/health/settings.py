@@ -1,0 +1,43 @@
+"""``[health]`` settings (``slurm_gpu.config.section(HealthSettings, "health")``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class HealthSettings:
+    # Kernel log: "/dev/kmsg", or a file written by syslog/dmesg ("%n" = Slurm node name).
+    kernel_log: str = "/dev/kmsg"
+    # Where xid-watch appends NVML events ("" = <state_dir>/xid-events.jsonl).
+    events_file: str = ""
+    # Runtime state (drain bookkeeping, cursors); "" = [node] state_dir.
+    state_dir: str = ""
+    # Resume a node we drained only after this many clean runs in a row.
+    clean_runs_to_resume: int = 3
+    # Watchdog for the whole run, and for each NVML call (seconds).
+    watchdog_seconds: float = 20.0
+    nvml_call_timeout: float = 5.0
+    scontrol_timeout: float = 10.0
+    # Checks to skip, e.g. ["gpu.pcie", "os.governor"].
+    skip: list = None  # type: ignore[assignment]
+    # Retired pages (pre-Ampere) that count as "replace the GPU".
+    retired_pages_max: int = 60
+    # gres.conf to compare against ("" = gres.conf beside $SLURM_CONF, else /etc/slurm/gres.conf).
+    gres_conf: str = ""
+    # OS audit (warnings only).
+    os_thp: bool = True
+    os_thp_expected: str = "madvise"        # "always", "madvise" or "never"
+    os_swappiness: bool = True
+    os_swappiness_max: int = 10
+    os_governor: bool = True
+    os_governor_expected: str = "performance"
+    os_memlock: bool = True
+    os_persistenced: bool = True
+    # Fault overlay applied when NVML is replayed from [node] snapshot (fire drills, tests).
+    nvml_overlay: str = ""
+    # Rewrite gres.conf without a bad GPU instead of draining the node (see docs/health.md).
+    isolate_bad_gpu: bool = False
+
+    def __post_init__(self) -> None:
+        if self.skip is None:
+            self.skip = []
