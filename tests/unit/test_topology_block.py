@@ -1,0 +1,109 @@
+"""topology/block from NVLink fabric cliques: topograph's expectations and Slurm's BlockSizes rules."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slurm_gpu.confgen import block, topocheck, topology
+from slurm_gpu.errors import InputError, UsageError
+from slurm_gpu.hw.model import Fabric
+from test_gres_generate import make_node
+
+UUID = "8c2e4f6a-0000-4000-8000-000000000001"
+
+
+def cluster(domains: dict[int, list[str]], *, state: str = "completed", uuid: str = UUID) -> dict:
+    out = {}
+    for clique, names in domains.items():
+        node = make_node(gpus=4, fabric=Fabric(uuid, clique, state, 0))
+        for n in names:
+            out[n] = node
+    return out
+
+
+def names(prefix: str, a: int, b: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(a, b + 1)]
+
+
+@pytest.mark.parametrize("n,sizes", [(1, (8,)), (2, (8, 16)), (3, (8, 16)), (4, (8, 16, 32)), (8, (8, 16, 32, 64))])
+def test_inferred_block_sizes_follow_topograph(n: int, sizes: tuple[int, ...]) -> None:
+    assert block.infer_sizes([8] * n) == sizes
+
+
+def test_inferred_uses_smallest_domain() -> None:
+    assert block.infer_sizes([2, 3]) == (2, 4)
+
+
+def test_one_block_per_clique_ordered_by_node_name() -> None:
+    nodes = cluster({7: names("srv2", 101, 108), 3: names("srv1", 101, 108)})
+    bt = block.build_blocks(nodes)
+    assert [(b.name, b.nodes[0], len(b.nodes)) for b in bt.blocks] == [("block001", "srv1101", 8),
+                                                                        ("block002", "srv2101", 8)]
+    assert bt.sizes == (8, 16)
+    text = topology.render_topology(None, bt)
+    assert "BlockName=block001 Nodes=srv[1101-1108]" in text and text.rstrip().endswith("BlockSizes=8,16")
+    assert f"# block002={UUID}/7" in text
+
+
+def test_explicit_sizes_split_partial_domains_like_topograph() -> None:
+    """topograph TestGenerateTopologyConfig: BlockSizes=2,4,8, four 3-node domains -> 8 blocks."""
+    nodes = cluster({1: ["Node104", "Node105", "Node106"], 2: ["Node201", "Node202", "Node205"],
+                     3: ["Node304", "Node305", "Node306"], 4: ["Node401", "Node402", "Node403"]})
+    bt = block.build_blocks(nodes, [2, 4, 8])
+    got = [tuple(b.nodes) for b in bt.blocks]
+    assert got == [("Node104", "Node105"), ("Node106",), ("Node201", "Node202"), ("Node205",),
+                   ("Node304", "Node305"), ("Node306",), ("Node401", "Node402"), ("Node403",)]
+    assert bt.sizes == (2, 4, 8)
+
+
+def test_missing_racks_become_placeholders_keeping_positions() -> None:
+    """NVL72 sizes 18,36,72 with 3 racks (one partial): each rack one slot, pad to a whole 72."""
+    nodes = cluster({1: names("a", 1, 18), 2: names("b", 1, 17), 3: names("c", 1, 18)})
+    bt = block.build_blocks(nodes, [18, 36, 72])
+    assert [len(b.nodes) for b in bt.blocks] == [18, 17, 18, 0]
+    text = topology.render_topology(None, bt)
+    assert "\nBlockName=block004\n" in text and "BlockSizes=18,36,72" in text
+    m = topocheck.parse_conf(text.splitlines(True))
+    assert m.blocks[3] == frozenset() and m.block_sizes == (18, 36, 72)
+    assert topocheck.compare(m, topocheck.parse_yaml(topology.render_topology(None, bt, fmt="yaml"))) == []
+
+
+def test_nodes_without_completed_fabric_are_left_out_and_named() -> None:
+    nodes = cluster({1: names("a", 1, 4)}) | cluster({2: names("z", 1, 2)}, state="in_progress")
+    nodes["cpu1"] = make_node(gpus=0)
+    bt = block.build_blocks(nodes)
+    assert [b.nodes for b in bt.blocks] == [tuple(names("a", 1, 4))]
+    assert any("in_progress" in n and "z[1-2]" in n for n in bt.notes)
+    assert any("no NVLink fabric" in n and "cpu1" in n for n in bt.notes)
+
+
+def test_gpus_of_one_node_in_two_cliques_are_not_trusted() -> None:
+    node = make_node(gpus=2, fabric=Fabric(UUID, 1, "completed", 0))
+    g = dataclasses.replace(node.gpus[1], fabric=Fabric(UUID, 2, "completed", 0))
+    node = dataclasses.replace(node, gpus=(node.gpus[0], g))
+    assert block.node_domain("x", node) == (None, "GPUs report 2 different fabric cliques")
+
+
+@pytest.mark.parametrize("sizes", [[0], [8, 12], [8, 8], [16, 8]])
+def test_bad_block_sizes(sizes: list[int]) -> None:
+    with pytest.raises(UsageError):
+        block.validate_sizes(sizes)
+
+
+def test_no_blocks_is_an_error() -> None:
+    with pytest.raises(InputError, match="no blocks"):
+        block.build_blocks({"c": make_node(gpus=1)})
+
+
+def test_yaml_holds_tree_and_block_conf_only_one() -> None:
+    from slurm_gpu.confgen.tree import Switch, Tree
+    t = Tree((Switch("s1", 0, ("a1", "a2")),), (), 1)
+    bt = block.build_blocks(cluster({1: ["a1", "a2"]}))
+    import yaml
+    doc = yaml.safe_load(topology.render_topology(t, bt, fmt="yaml"))
+    assert [d["topology"] for d in doc] == ["tree", "block"]
+    assert doc[0]["cluster_default"] is True and doc[1]["cluster_default"] is False
+    assert doc[1]["block"] == {"block_sizes": [2], "blocks": [{"block": "block001", "nodes": "a[1-2]"}]}
+    with pytest.raises(UsageError):
+        topology.render_topology(t, bt, fmt="conf")

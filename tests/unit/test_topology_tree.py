@@ -1,0 +1,116 @@
+"""topology/tree from the real ibnetdiscover dump; parser truncation handling."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from slurm_gpu.confgen import hostlist, ibnet, topocheck, topology, tree
+from slurm_gpu.errors import InputError
+
+DUMP = ROOT / "tests" / "data" / "ibnetdiscover" / "topograph-example.out"
+GOLDEN = ROOT / "tests" / "data" / "golden"
+LINES = DUMP.read_text().splitlines(True)
+
+
+@pytest.fixture(scope="module")
+def fabric() -> ibnet.IbFabric:
+    return ibnet.parse_file(str(DUMP))
+
+
+def test_parse_real_dump(fabric: ibnet.IbFabric) -> None:
+    kinds = [n.kind for n in fabric.nodes.values()]
+    assert kinds.count("Switch") == 40 and kinds.count("Ca") == 582
+    leaf = fabric.nodes["S-2c5eab0300b87b40"]
+    assert leaf.desc == "MF0;A09-P1-IBLEAF-04-04:MQM9701/U1" and leaf.line == 10
+    assert leaf.ports[1] == ("H-e09d7303007a4bd8", 1, 11)
+
+
+def test_tree_of_real_dump(fabric: ibnet.IbFabric) -> None:
+    t = tree.build_tree([fabric])
+    leaves = [s for s in t.switches if s.level == 0]
+    spines = [s for s in t.switches if s.level == 1]
+    assert len(leaves) == 8 and len(spines) == 9 and t.fabrics == 1
+    # 4 rail leaves of scalable unit 3 serve the same 18 DGX: one Slurm leaf.
+    su3 = next(s for s in leaves if s.name == "A09-P1-IBLEAF-01-03")
+    assert hostlist.fold(su3.nodes) == "a07-p1-dgx-03-c[01-18]"
+    assert "A09-P1-IBLEAF-04-03" in su3.comment
+    # Every host is under exactly one leaf, with its full name from "<host> <hca>".
+    all_nodes = [n for s in leaves for n in s.nodes]
+    assert len(all_nodes) == len(set(all_nodes))
+    assert "a08-p1-dgx-04-c01" in all_nodes and not any(n.startswith(("MT4129", "Mellanox")) for n in all_nodes)
+    assert all(set(s.switches) == {l.name for l in leaves} for s in spines)
+    assert any("skipped" in n and "MT4129" in n for n in t.notes)
+
+
+def test_nodes_filter_drops_non_slurm_hosts(fabric: ibnet.IbFabric) -> None:
+    allowed = hostlist.expand("a0[5-8]-p1-dgx-0[1-4]-c[01-18],b0[5-8]-p1-dgx-0[5-8]-c[01-18]")
+    t = tree.build_tree([fabric], tree.host_matcher(nodes=allowed))
+    names = {n for s in t.switches for n in s.nodes}
+    assert "B11-P1-CUFM-02" not in names and "ubuntu" not in names and "a07-p1-dgx-03-c01" in names
+
+
+def test_golden_and_round_trip(fabric: ibnet.IbFabric) -> None:
+    t = tree.build_tree([fabric])
+    inputs = [f"ibnetdiscover {DUMP.relative_to(ROOT)}"]
+    conf = topology.render_topology(t, None, fmt="conf", inputs=inputs)
+    yml = topology.render_topology(t, None, fmt="yaml", inputs=inputs)
+    assert conf == (GOLDEN / "topograph-example.topology.conf").read_text()
+    assert yml == (GOLDEN / "topograph-example.topology.yaml").read_text()
+    a = topocheck.parse_conf(conf.splitlines(True))
+    b = topocheck.parse_yaml(yml)
+    assert topocheck.compare(a, b) == [] and len(a.switches) == 17
+
+
+def _fabric_text(*switches: tuple[str, str, list[tuple[str, int]]], hosts: dict[str, tuple[str, str, int]]) -> str:
+    """Tiny ibnetdiscover text: switches (id, desc, [(peer id, peer port)]) and hosts id -> (desc, sw, port)."""
+    out = []
+    for sid, desc, ports in switches:
+        out.append(f'switchguid=0x1\nSwitch\t36 "{sid}"\t\t# "{desc}" enhanced port 0 lid 1 lmc 0\n')
+        for i, (peer, pp) in enumerate(ports, 1):
+            out.append(f'[{i}]\t"{peer}"[{pp}]\t\t# "x" lid 2 4xNDR\n')
+        out.append("\n")
+    for hid, (desc, sw, port) in hosts.items():
+        out.append(f'caguid=0x2\nCa\t1 "{hid}"\t\t# "{desc}"\n[1](2)\t"{sw}"[{port}]\t\t# lid 3\n\n')
+    return "".join(out)
+
+
+def test_two_fabrics_and_a_switch_connected_to_nothing() -> None:
+    text = _fabric_text(
+        ("S-a", "MF0;leafA:X", [("H-1", 1), ("H-2", 1)]),
+        ("S-b", "MF0;leafB:X", [("H-3", 1)]),
+        ("S-z", "MF0;lonely:X", []),
+        hosts={"H-1": ("n1 mlx5_0", "S-a", 1), "H-2": ("n2 mlx5_0", "S-a", 2), "H-3": ("n3 mlx5_0", "S-b", 1)})
+    t = tree.build_tree([ibnet.parse(text.splitlines(True), "f")])
+    assert [(s.name, s.nodes) for s in t.switches] == [("leafA", ("n1", "n2")), ("leafB", ("n3",))]
+    assert t.fabrics == 2
+    assert any("lonely" in n for n in t.notes) and any("share no switch" in n for n in t.notes)
+
+
+def test_node_on_several_dumps_belongs_to_the_first() -> None:
+    f1 = ibnet.parse(_fabric_text(("S-a", "MF0;ca:X", [("H-1", 1)]), hosts={"H-1": ("n1 mlx5_0", "S-a", 1)})
+                     .splitlines(True), "compute")
+    f2 = ibnet.parse(_fabric_text(("S-b", "MF0;st:X", [("H-9", 1)]), hosts={"H-9": ("n1 mlx5_1", "S-b", 1)})
+                     .splitlines(True), "storage")
+    t = tree.build_tree([f1, f2])
+    assert [(s.name, s.nodes) for s in t.switches] == [("ca", ("n1",))]
+
+
+@pytest.mark.parametrize("cut", [11, 500, 1885, 3000, 5000, 5963, len(LINES) - 2])
+def test_truncated_dump_is_one_error_naming_file_and_line(cut: int) -> None:
+    with pytest.raises(InputError) as e:
+        ibnet.parse(LINES[:cut], "dump.out")
+    msg = e.value.line()
+    assert "truncated" in msg and "(dump.out:" in msg and "\n" not in msg
+
+
+def test_line_cut_mid_way() -> None:
+    text = "".join(LINES[:200]) + LINES[200][:15]
+    with pytest.raises(InputError, match=r"last line is incomplete \(d:201\)"):
+        ibnet.parse(text.splitlines(True), "d")
+
+
+def test_garbage_line_named() -> None:
+    with pytest.raises(InputError, match=r"unreadable line \(d:3\)"):
+        ibnet.parse(LINES[:2] + ["what is this\n"] + LINES[2:], "d")
