@@ -1,0 +1,167 @@
+"""The NVML adapter, the pynvml-compatible surface and the simulator."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.hw import nvml, nvml_constants
+from slurm_gpu.hw.nvml_record import RecordingNvml
+from slurm_gpu.hw.nvml_replay import NVMLError, ReplayNvml, error_name
+from slurm_gpu.sim import SimNvml
+from slurm_gpu.sim.nvml import gi_id_for_placement, mig_minors_text
+
+MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
+
+
+def _sim(name: str) -> SimNvml:
+    sim = SimNvml.from_facts(json.loads((MACHINES / name / "facts.json").read_text()))
+    sim.nvmlInit()
+    return sim
+
+
+def test_constants_equal_pynvml() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    names = [n for n in dir(nvml_constants) if n.startswith(("NVML_", "nvml"))]
+    assert len(names) > 1000
+    for n in names:
+        assert getattr(pynvml, n) == getattr(nvml_constants, n), n
+
+
+def test_error_classes_mirror_pynvml() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    e = NVMLError(nvml_constants.NVML_ERROR_GPU_IS_LOST)
+    assert type(e).__name__ == type(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)).__name__ == "NVMLError_GpuIsLost"
+    assert e.value == 15 and str(e) == "GPU is lost"
+    assert isinstance(e, ReplayNvml([]).NVMLError_GpuIsLost)
+    assert error_name(12) == "NVML_ERROR_LIBRARY_NOT_FOUND"
+
+
+def test_open_api_without_driver_is_one_line() -> None:
+    """This machine has no NVIDIA driver: the real pynvml fails to load its library."""
+    try:
+        api = nvml.open_api()
+    except nvml.NvmlUnavailable as e:
+        assert e.line() == ("slurm-gpu: NVML unavailable: NVML Shared Library Not Found "
+                            "(NVML_ERROR_LIBRARY_NOT_FOUND)")
+        assert e.code == 12
+    else:  # pragma: no cover - only on a GPU machine
+        nvml.close_api(api)
+        pytest.skip("NVML is available here")
+
+
+def test_live_node_without_nvml_has_zero_gpus_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_gpu.hw import live
+    monkeypatch.setattr(nvml, "open_api", lambda: (_ for _ in ()).throw(
+        nvml.NvmlUnavailable("NVML unavailable: NVML Shared Library Not Found (NVML_ERROR_LIBRARY_NOT_FOUND)", 12)))
+    node = live.load_node(live.NodeSettings())
+    assert node.gpus == ()
+    assert node.notes == ("NVML unavailable: NVML Shared Library Not Found (NVML_ERROR_LIBRARY_NOT_FOUND)",)
+    assert node.cores
+
+
+def test_read_view_h100_sxm_nvswitch() -> None:
+    view = nvml.read_view(_sim("h100-sxm-8x"), mig_minors={})
+    assert [g.bus_id for g in view.gpus][:2] == ["0000:18:00.0", "0000:2a:00.0"]
+    g0 = view.gpus[0]
+    assert g0.uuid == "GPU-b42dd28e-ffdd-8720-1df0-98bd8cdc05b1"
+    assert g0.device_id == 0x2330 and g0.memory_bytes == 81559 * 2 ** 20
+    assert [l.links for l in g0.nvlinks] == [5, 4, 4, 5]
+    assert {l.peer_kind for l in g0.nvlinks} == {"nvswitch"}
+    assert g0.mig_enabled is False and g0.fabric is None
+
+
+def test_mig_instances_and_cap_minors_match_real_slurmd() -> None:
+    """stackhpc's real `slurmd -G` lists nvidia-cap291/417/336/345/354/507/516/525."""
+    sim = _sim("h100-mig")
+    view = nvml.read_view(sim, mig_minors=nvml.parse_mig_minors(mig_minors_text(4)))
+    g2, g3 = view.gpus[2], view.gpus[3]
+    assert g2.mig_enabled and view.gpus[0].mig_enabled is False
+    assert [(m.gi_id, m.profile, m.gi_cap_minor) for m in g2.mig_instances] == [
+        (2, "4g.40gb", 291), (7, "1g.10gb", 336), (8, "1g.10gb", 345), (9, "1g.10gb", 354)]
+    assert [(m.gi_id, m.gi_cap_minor) for m in g3.mig_instances] == [(1, 417), (11, 507), (12, 516), (13, 525)]
+    big = g2.mig_instances[0]
+    assert (big.gi_profile_id, big.placement_start, big.placement_size, big.sm_count) == (5, 0, 4, 64)
+    assert big.ci_cap_minor == 292 and big.uuid.startswith("MIG-")
+
+
+def test_gi_numbering_follows_real_drivers() -> None:
+    assert gi_id_for_placement(4, 4) == 1 and gi_id_for_placement(0, 4) == 2   # A100 -lgi
+    assert [gi_id_for_placement(s, 1) for s in (4, 5, 6, 0, 1, 2)] == [7, 8, 9, 11, 12, 13]
+    assert gi_id_for_placement(0, 8) == 0
+
+
+def test_profile_name_fallback_from_attributes() -> None:
+    class A:
+        gpuInstanceSliceCount, computeInstanceSliceCount, memorySizeMB = 3, 1, 40192
+    assert nvml.mig_profile_name("NVIDIA A100-SXM4-80GB MIG 1c.3g.40gb", A) == "1c.3g.40gb"
+    assert nvml.mig_profile_name("", A) == "1c.3g.40gb"
+
+
+def test_fabric_clique_and_v1_fallback() -> None:
+    sim = _sim("gb200-nvl")
+    f = nvml.read_view(sim).gpus[0].fabric
+    assert f is not None and (f.cluster_uuid, f.clique_id, f.state) == (
+        "7e3f1c22-5a9b-4d0e-8c61-2f4a9b7d3e10", 32766, "completed")
+    assert f.health_mask == 0xAA
+    # A driver without the versioned call: the adapter falls back to v1 (no health mask).
+    from ctypes import byref
+    rec = RecordingNvml(sim)
+    nvml.read_view(rec)
+    for i in range(4):
+        rec.nvmlDeviceGetGpuFabricInfo(rec.nvmlDeviceGetHandleByIndex(i), byref(rec.c_nvmlGpuFabricInfo_t()))
+    calls = [c for c in rec.records() if c["fn"] != "nvmlDeviceGetGpuFabricInfoV"]
+    old = nvml.read_view(ReplayNvml(calls + [{"fn": "nvmlDeviceGetGpuFabricInfoV", "dev": f"gpu{i}", "args": [],
+                                              "error": 13} for i in range(4)]))
+    assert old.gpus[0].fabric is not None and old.gpus[0].fabric.clique_id == 32766
+    assert old.gpus[0].fabric.health_mask == 0
+
+
+def test_pcie_gpu_without_nvlink_or_mig_degrades() -> None:
+    facts = json.loads((MACHINES / "mini-2numa" / "facts.json").read_text())
+    for g in facts["gpus"]:
+        g.pop("nvlink", None)
+        g.pop("mig", None)
+    sim = SimNvml.from_facts(facts)
+    sim.nvmlInit()
+    view = nvml.read_view(sim)
+    assert [(g.nvlinks, g.mig_enabled) for g in view.gpus] == [((), None), ((), None)]
+
+
+def test_whole_library_failure_is_hardware_error() -> None:
+    from slurm_gpu.errors import HardwareError
+    api = ReplayNvml([{"fn": "nvmlDeviceGetCount", "dev": "", "args": [], "error": 999}])
+    with pytest.raises(HardwareError, match=r"nvmlDeviceGetCount failed: Unknown Error \(NVML_ERROR_UNKNOWN\)"):
+        nvml.read_view(api)
+
+
+def test_uninitialised_sim_answers_like_pynvml() -> None:
+    sim = SimNvml.from_facts(json.loads((MACHINES / "mini-2numa" / "facts.json").read_text()))
+    with pytest.raises(NVMLError) as ei:
+        sim.nvmlDeviceGetCount()
+    assert ei.value.value == nvml_constants.NVML_ERROR_UNINITIALIZED
+    sim.nvmlInit()
+    with pytest.raises(sim.NVMLError_InvalidArgument):
+        sim.nvmlDeviceGetHandleByIndex(2)
+    with pytest.raises(sim.NVMLError_NotSupported):
+        sim.nvmlDeviceGetPowerUsage(sim.nvmlDeviceGetHandleByIndex(0))
+
+
+def test_sim_state_file_is_shared_between_processes(tmp_path: Path) -> None:
+    from slurm_gpu.sim import init_state, inject_event, open_sim, set_overlay
+    state = tmp_path / "state.json"
+    init_state(str(MACHINES / "mini-2numa" / "facts.json"), str(state))
+    a, b = open_sim(str(state)), open_sim(str(state))
+    h = a.nvmlDeviceGetHandleByIndex(1)
+    a.nvmlDeviceSetComputeMode(h, a.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    assert b.nvmlDeviceGetComputeMode(b.nvmlDeviceGetHandleByIndex(1)) == 3
+    inject_event(a, "0000:ae:00.0", 79)
+    es = b.nvmlEventSetCreate()
+    ev = b.nvmlEventSetWait_v2(es, 100)
+    assert (ev.eventType, ev.eventData, ev.device.key) == (b.nvmlEventTypeXidCriticalError, 79, "gpu1")
+    with pytest.raises(b.NVMLError_Timeout):
+        a.nvmlEventSetWait_v2(es, 10)   # consumed once, by either process
+    set_overlay(a, {"gpus": {"0000:ad:00.0": {"lost": True}}})
+    with pytest.raises(b.NVMLError_GpuIsLost):
+        b.nvmlDeviceGetUUID(b.nvmlDeviceGetHandleByIndex(0))
