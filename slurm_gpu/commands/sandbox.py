@@ -1,0 +1,144 @@
+"""``slurm-gpu sandbox up|down|status``: a real Slurm on this host with fake GPUs."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+
+def _pairs(values: tuple[str, ...], opt: str) -> list[tuple[str, str]]:
+    from ..errors import UsageError
+    out = []
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or not key:
+            raise UsageError(f"expected KEY=VALUE, got {v!r}", opt)
+        out.append((key, val))
+    return out
+
+
+def _toml_value(text: str) -> object:
+    """``5`` -> 5, ``true`` -> True, anything else stays a string."""
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+@click.group()
+def sandbox() -> None:
+    """Run a real Slurm (Debian's slurmctld, slurmd, munge) on this machine.
+
+    Each node is a `slurmd -N` modelled on a recorded GPU server: its
+    slurm.conf line and gres.conf come from the machine model, and its GPUs
+    are fake device files. Needs root.
+    """
+
+
+@sandbox.command("up")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="Directory for the whole sandbox (created if missing).")
+@click.option("--nodes", "-N", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Number of nodes (slurmd processes), named n1..nN.")
+@click.option("--machine", "-m", default=None, metavar="NAME|PATH",
+              help="Machine to model: a name in tests/data/machines/ or a directory/snapshot/"
+                   "hwloc XML path.  [default: h100-sxm-8x]")
+@click.option("--netns", is_flag=True, help="Run each node in its own network + UTS namespace.")
+@click.option("--prolog/--no-prolog", default=None,
+              help="Install the project's prolog.d/epilog.d.  [default: when present]")
+@click.option("--health/--no-health", default=None,
+              help="Run `slurm-gpu health --slurm` as HealthCheckProgram.  [default: when installed]")
+@click.option("--health-interval", type=click.IntRange(1), default=5, show_default=True,
+              help="HealthCheckInterval in seconds.")
+@click.option("--spank/--no-spank", default=None,
+              help="Build and load the SPANK plugin.  [default: when installed]")
+@click.option("--spank-arg", multiple=True, metavar="KEY=VALUE",
+              help="Extra plugstack.conf argument for the SPANK plugin (repeatable).")
+@click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE",
+              help="Add a key to DIR/etc/slurm-gpu.toml, e.g. health.kernel_log=/tmp/k.log.")
+@click.option("--slurm-conf", "slurm_conf", multiple=True, metavar="KEY=VALUE",
+              help="Set or override a slurm.conf parameter (repeatable).")
+@click.option("--cgroup", is_flag=True, help="Use proctrack/cgroup and task/cgroup.")
+@click.option("--timeout", type=click.FloatRange(1), default=30.0, show_default=True,
+              help="Seconds to wait for every node to be idle.")
+def up_cmd(directory: str, nodes: int, machine: str | None, netns: bool, prolog: bool | None,
+           health: bool | None, health_interval: int, spank: bool | None,
+           spank_arg: tuple[str, ...], settings: tuple[str, ...], slurm_conf: tuple[str, ...],
+           cgroup: bool, timeout: float) -> None:
+    """Start a sandbox and print `export SLURM_CONF=...`."""
+    from ..errors import UsageError
+    from ..sandbox import Sandbox, SandboxOptions, require_root
+
+    require_root()
+    extra: dict[str, dict[str, object]] = {}
+    for key, val in _pairs(settings, "--set"):
+        sec, dot, name = key.partition(".")
+        if not dot or not sec or not name:
+            raise UsageError(f"expected SECTION.KEY=VALUE, got {key}={val}", "--set")
+        extra.setdefault(sec, {})[name] = _toml_value(val)
+    opts = SandboxOptions(
+        nodes=nodes, machine=machine, netns=netns, prolog=prolog, health=health,
+        health_interval=health_interval, spank=spank, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
+        extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
+        timeout=timeout)
+    sb = Sandbox(directory, opts).up()
+    hooks = [k for k, v in sb.state.get("hooks", {}).items() if v]
+    names = sb.node_names
+    click.echo(f"slurm-gpu: sandbox up: {len(names)} node(s) {names[0]}..{names[-1]} modelled on "
+               f"{sb.machine_label}, idle in {sb.state['up_seconds']:.2f} s"
+               f"{' (' + ', '.join(hooks) + ')' if hooks else ''}", err=True)
+    click.echo(f"export SLURM_CONF={sb.conf}")
+
+
+@sandbox.command("down")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="The sandbox directory given to `up`.")
+def down_cmd(directory: str) -> None:
+    """Stop everything `up` started in DIR (by recorded PID), remove its namespaces."""
+    from ..errors import SlurmGpuError
+    from ..sandbox import Sandbox, require_root
+    from ..sandbox.layout import Layout
+
+    require_root()
+    if not Layout.of(directory).state_file.exists():
+        raise SlurmGpuError("no sandbox recorded here", str(Layout.of(directory).state_file))
+    t0 = time.monotonic()
+    rep = Sandbox.attach(directory).down()
+    killed = f", {len(rep['killed'])} needed KILL" if rep["killed"] else ""
+    click.echo(f"slurm-gpu: sandbox down: stopped {len(rep['stopped'])} daemon(s){killed} "
+               f"in {time.monotonic() - t0:.2f} s", err=True)
+
+
+@sandbox.command("status")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="The sandbox directory given to `up`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status_cmd(directory: str, as_json: bool) -> None:
+    """Show the sandbox's daemons and node states (exit 1 when it is not running)."""
+    from ..errors import SlurmGpuError
+    from ..sandbox import Sandbox
+    from ..sandbox.layout import Layout
+
+    if not Layout.of(directory).state_file.exists():
+        raise SlurmGpuError("no sandbox recorded here", str(Layout.of(directory).state_file))
+    st = Sandbox.attach(directory).status()
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+    else:
+        click.echo(f"sandbox  {st['dir']}  cluster {st['cluster']}  machine {st['machine']}")
+        click.echo(f"conf     {st['conf']}")
+        for d in st["daemons"]:
+            click.echo(f"daemon   {d['name']:<12} pid {d['pid']:<8} {'running' if d['alive'] else 'gone'}")
+        for n, s in st["nodes"].items():
+            click.echo(f"node     {n:<12} {s}")
+        if not st["daemons"]:
+            click.echo("stopped")
+    if not st["running"]:
+        raise click.exceptions.Exit(1)

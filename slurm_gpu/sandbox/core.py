@@ -1,0 +1,452 @@
+"""The :class:`Sandbox`: a real Slurm on this host, modelled on a GPU server.
+
+``up`` starts a private munged, slurmctld and one ``slurmd -N`` per node,
+each node claiming the modelled machine's CPUs, memory and GPUs (fake device
+files).  Everything ``up`` starts or reserves is recorded in
+``DIR/run/sandbox.json`` as soon as it exists, so ``down`` (in this process
+or another) stops exactly that, even after a failed ``up``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import SlurmGpuError, UsageError
+from ..fsutil import atomic_write
+from ..hw.model import Node
+from . import conf, devices, install, netns, procs, registry
+from .layout import Layout
+from .machine import Machine, load, resolve
+
+STATE_VERSION = 1
+BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sinfo")
+SAFE_PATH = conf.SAFE_PATH
+
+
+@dataclass
+class SandboxOptions:
+    """What a sandbox is made of (every field has a usable default)."""
+
+    nodes: int = 1
+    machine: str | os.PathLike[str] | None = None        # name or path; default h100-sxm-8x
+    model: Node | None = None                             # use this model instead of a machine
+    netns: bool = False
+    prolog: bool | None = False                           # None: when the project has scripts
+    health: bool | None = False                           # None: when the venv has `health`
+    health_interval: int = 5
+    health_args: Sequence[str] = ()
+    spank: bool | None = False                            # None: when the venv has `spank`
+    spank_args: Mapping[str, str] = field(default_factory=dict)
+    extra_config: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # slurm-gpu.toml
+    slurm_conf: Mapping[str, str] = field(default_factory=dict)   # slurm.conf Key=Value overrides
+    etc_files: Mapping[str, str] = field(default_factory=dict)    # extra files in DIR/etc
+    gres_options: Mapping[str, Any] = field(default_factory=dict)  # confgen.GresOptions fields
+    node_prefix: str = "n"
+    cgroup: bool = False
+    timeout: float = 30.0
+    venv: Path = install.DEFAULT_VENV
+
+
+def require_root(what: str = "sandbox") -> None:
+    if os.geteuid() != 0:
+        raise SlurmGpuError(f"{what} needs root",
+                            "it makes device files and namespaces and runs Slurm's daemons; "
+                            "run it as root")
+
+
+def require_slurm() -> None:
+    missing = [b for b in BINARIES if not os.access(b, os.X_OK)]
+    if missing:
+        raise SlurmGpuError("Slurm or munge is not installed (apt-get install slurmctld slurmd "
+                            "slurm-client munge)", missing[0])
+
+
+class Sandbox:
+    """One sandbox directory; ``up()`` to start, ``down()`` to stop.
+
+    >>> sb = Sandbox("/tmp/sb", SandboxOptions(nodes=2)).up()
+    >>> sb.env["SLURM_CONF"]
+    '/tmp/sb/etc/slurm.conf'
+    >>> sb.down()
+    """
+
+    def __init__(self, directory: str | os.PathLike[str],
+                 options: SandboxOptions | None = None, **kw: Any) -> None:
+        self.layout = Layout.of(directory)
+        self.options = options or SandboxOptions(**kw)
+        if options is not None and kw:
+            raise TypeError("give SandboxOptions or keyword options, not both")
+        self.state: dict[str, Any] = {}
+        self._children: list[subprocess.Popen[bytes]] = []
+        self.model: Node | None = self.options.model
+        self.machine: Machine | None = None
+
+    # -- public read-only views -------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return self.layout.root
+
+    @property
+    def conf(self) -> Path:
+        return self.layout.slurm_conf
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients (srun, sbatch, scontrol) of this sandbox."""
+        return {"SLURM_CONF": str(self.conf), "PATH": SAFE_PATH}
+
+    @property
+    def node_names(self) -> list[str]:
+        if self.state.get("nodes"):
+            return [n["name"] for n in self.state["nodes"]]
+        return [f"{self.options.node_prefix}{i}" for i in range(1, self.options.nodes + 1)]
+
+    @classmethod
+    def attach(cls, directory: str | os.PathLike[str]) -> "Sandbox":
+        """The sandbox recorded in *directory* (for ``down`` and ``status``)."""
+        sb = cls(directory)
+        sb.state = sb._read_state() or {}
+        return sb
+
+    # -- state file -------------------------------------------------------------
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.layout.state_file.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise SlurmGpuError(f"unreadable sandbox state: {e}", str(self.layout.state_file)) from None
+
+    def _save(self) -> None:
+        atomic_write(self.layout.state_file, json.dumps(self.state, indent=1) + "\n")
+
+    def _daemons(self) -> list[procs.Proc]:
+        return [procs.Proc.from_dict(d) for d in self.state.get("daemons", [])]
+
+    def _add_daemon(self, proc: procs.Proc) -> None:
+        self.state.setdefault("daemons", []).append(proc.to_dict())
+        self._save()
+
+    def _reap(self) -> None:
+        for p in self._children:
+            p.poll()
+
+    def _log_of(self, name: str) -> Path:
+        if name == "slurmctld":
+            cand = [self.layout.slurmctld_log, self.layout.log / "slurmctld.stdout"]
+        elif name == "munged":
+            cand = [self.layout.log / "munged.log"]
+        else:
+            cand = [self.layout.slurmd_log(name), self.layout.log / f"slurmd-{name}.stdout"]
+        for c in cand:
+            if c.exists() and c.stat().st_size:
+                return c
+        return cand[0]
+
+    def _dead_daemon(self) -> str | None:
+        self._reap()
+        for p in self._daemons():
+            if not procs.alive(p):
+                return p.name
+        return None
+
+    # -- up ---------------------------------------------------------------------
+    def up(self) -> "Sandbox":
+        """Start the sandbox and wait until every node is idle; returns self."""
+        require_root()
+        require_slurm()
+        o = self.options
+        if o.nodes < 1:
+            raise UsageError("a sandbox needs at least one node", "--nodes")
+        old = self._read_state()
+        if old and any(procs.alive(procs.Proc.from_dict(d)) for d in old.get("daemons", [])):
+            raise SlurmGpuError("a sandbox is already running here; run `slurm-gpu sandbox down` "
+                                "first", str(self.layout.root))
+        t0 = time.monotonic()
+        if self.model is None:
+            self.machine = resolve(o.machine)
+            self.model = load(self.machine)
+        if not self.model.gpus:
+            raise SlurmGpuError("the machine model has no GPUs", self.machine_label)
+        L = self.layout
+        for d in (L.root, *L.dirs()):
+            d.mkdir(parents=True, exist_ok=True)
+        # Fresh logs, so a start-up error shows this run's lines, not the last run's.
+        for f in L.log.iterdir():
+            if f.is_file():
+                f.unlink()
+        # Job users must reach slurm.conf and the munge socket.
+        for d in (L.root, L.etc, L.munge, L.dev, L.lib, L.var):
+            os.chmod(d, 0o755)
+        names = [f"{o.node_prefix}{i}" for i in range(1, o.nodes + 1)]
+        self.state = {"version": STATE_VERSION, "dir": str(L.root), "cluster": L.cluster_name,
+                      "machine": self.machine_label, "daemons": [], "netns": [],
+                      "reservations": {"ports": [], "nets": []}, "cgroup": o.cgroup}
+        self._save()
+        try:
+            self._up(names)
+        except BaseException:
+            self.down()
+            raise
+        self.state["up_seconds"] = round(time.monotonic() - t0, 3)
+        self._save()
+        return self
+
+    @property
+    def machine_label(self) -> str:
+        if self.machine is not None:
+            return str(self.machine.directory or self.machine.label)
+        return self.state.get("machine") or (self.model.hostname if self.model else "?")
+
+    def _up(self, names: list[str]) -> None:
+        o, L = self.options, self.layout
+        ports = registry.reserve_ports(1 + len(names), L.root)
+        self.state["reservations"]["ports"] = ports
+        self._save()
+        ctld_port, node_ports = ports[0], ports[1:]
+        host = socket.gethostname().split(".")[0]
+        nets: list[netns.NodeNet] = []
+        if o.netns:
+            netns.check_tools()
+            blocks = registry.reserve_nets(len(names), L.root, netns.host_addresses())
+            self.state["reservations"]["nets"] = blocks
+            nets = netns.plan(L.key, names, blocks)
+            for n in nets:
+                self.state["netns"].append(n.to_dict())
+                self._save()
+                netns.create(n)
+            specs = tuple(conf.NodeSpec(n.node, n.node, n.node_addr, p) for n, p in zip(nets, node_ports))
+            ctld_addr = nets[0].host_addr
+        else:
+            specs = tuple(conf.NodeSpec(n, host, "127.0.0.1", p) for n, p in zip(names, node_ports))
+            ctld_addr = "127.0.0.1"
+        self.state["nodes"] = [{"name": s.name, "addr": s.addr, "port": s.port} for s in specs]
+        self.state["ctld_port"] = ctld_port
+        self._save()
+
+        devices.make_devices(L.dev, self.model)
+        self._write_configs(specs, host, ctld_addr, ctld_port)
+        for n in specs:
+            (L.spool / n.name).mkdir(exist_ok=True)
+        self._start_daemons(nets, ctld_addr, ctld_port)
+        self.state["idle_seconds"] = round(self._wait_idle(), 3)
+
+    def _write_configs(self, specs: tuple[conf.NodeSpec, ...], host: str, ctld_addr: str,
+                       ctld_port: int) -> None:
+        o, L = self.options, self.layout
+        prolog = o.prolog if o.prolog is not None else bool(install.scripts("prolog.d"))
+        health = o.health if o.health is not None else install.health_available(o.venv)
+        spank = o.spank if o.spank is not None else install.spank_available(o.venv)
+        has_prolog = has_epilog = False
+        if prolog:
+            has_prolog = bool(install.install_hook_dir(L, "prolog.d", o.venv))
+            has_epilog = bool(install.install_hook_dir(L, "epilog.d", o.venv))
+            if not has_prolog and not has_epilog:
+                raise SlurmGpuError("no prolog.d/epilog.d scripts in this slurm-gpu to install",
+                                    "prolog=True")
+        if health:
+            install.install_health(L, o.venv, o.health_args)
+        plug: list[str] = []
+        if spank:
+            so = install.build_spank(L, o.venv)
+            plug.append(install.spank_line(so, L, o.spank_args))
+        self.state["hooks"] = {"prolog": has_prolog, "epilog": has_epilog, "health": bool(health),
+                               "spank": bool(spank)}
+        spec = conf.ClusterSpec(
+            layout=L, machine=self.machine_label, model=self.model, ctld_host=host,
+            ctld_addr=ctld_addr, ctld_port=ctld_port, nodes=specs, gres_options=o.gres_options,
+            prolog=has_prolog, epilog=has_epilog,
+            health_interval=o.health_interval if health else None, cgroup=o.cgroup,
+            extra=o.slurm_conf)
+        snapshot = self.machine.snapshot if self.machine else None
+        toml_sections = conf.node_config(L, snapshot, o.extra_config)
+        from .toml import dumps
+        atomic_write(L.config_toml, dumps(toml_sections, "slurm-gpu config of a sandbox "
+                                          "(generated by slurm-gpu sandbox up)"))
+        for n in specs:
+            (L.var / n.name).mkdir(exist_ok=True)
+        atomic_write(L.gres_conf, conf.gres_conf(spec))
+        atomic_write(L.plugstack_conf, conf.plugstack_conf(plug))
+        if o.cgroup:
+            atomic_write(L.etc / "cgroup.conf", conf.cgroup_conf())
+        for name, text in o.etc_files.items():
+            if "/" in name or name.startswith("."):
+                raise UsageError(f"etc file name must be a plain file name: {name!r}")
+            atomic_write(L.etc / name, text)
+        atomic_write(L.slurm_conf, conf.slurm_conf(spec))
+
+    def _start_daemons(self, nets: list[netns.NodeNet], ctld_addr: str, ctld_port: int) -> None:
+        L = self.layout
+        env = {"PATH": SAFE_PATH, "SLURM_CONF": str(L.slurm_conf)}
+        if not L.munge_key.exists():
+            atomic_write(L.munge_key, os.urandom(1024), mode=0o400)
+        L.munge_socket.unlink(missing_ok=True)
+        proc, child = procs.spawn("munged", [
+            "/usr/sbin/munged", "--foreground", f"--socket={L.munge_socket}",
+            f"--key-file={L.munge_key}", f"--pid-file={L.run}/munged.pid",
+            f"--log-file={L.log}/munged.log", f"--seed-file={L.munge}/seed"],
+            log=L.log / "munged.stdout", cwd=L.run, env=env)
+        self._children.append(child)
+        self._add_daemon(proc)
+        from .waiting import wait_path
+        wait_path(L.munge_socket, 10.0, "munged", L.log / "munged.log", self._dead_daemon)
+        os.chmod(L.munge_socket, 0o777)
+
+        proc, child = procs.spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-c", "-f", str(L.slurm_conf)],
+                                  log=L.log / "slurmctld.stdout", cwd=L.run, env=env)
+        self._children.append(child)
+        self._add_daemon(proc)
+        from .waiting import wait_listening
+        wait_listening(ctld_addr, ctld_port, 15.0, "slurmctld", self._log_of("slurmctld"),
+                       self._dead_daemon)
+        by_node = {n.node: n for n in nets}
+        for name in self.node_names:
+            pre = netns.enter(by_node[name]) if name in by_node else None
+            proc, child = procs.spawn(f"slurmd:{name}",
+                                      ["/usr/sbin/slurmd", "-D", "-N", name, "-f", str(L.slurm_conf)],
+                                      log=L.log / f"slurmd-{name}.stdout", cwd=L.run, env=env,
+                                      preexec=pre)
+            self._children.append(child)
+            self._add_daemon(proc)
+
+    def _wait_idle(self) -> float:
+        from .waiting import wait_idle
+
+        def log_of(name: str) -> Path:
+            return self._log_of(name)
+        return wait_idle(self.node_names, self.env, timeout=self.options.timeout, logs=log_of,
+                         check_alive=self._dead_daemon)
+
+    # -- down -------------------------------------------------------------------
+    def down(self, *, grace: float = 5.0) -> dict[str, Any]:
+        """Stop everything ``up`` started; returns what was done.
+
+        Jobs are cancelled first so their epilogs run (MPS daemons, MIG
+        instances are cleaned by the project's epilog), then slurmd and
+        slurmctld get TERM, then KILL after *grace* seconds, then munged.
+        Processes those daemons left behind (slurmstepd is not slurmd's
+        child) are found by their open files under DIR and by namespace.
+        """
+        state = self.state or self._read_state() or {}
+        self.state = state
+        daemons = self._daemons()
+        report: dict[str, Any] = {"stopped": [], "killed": [], "swept": []}
+        if daemons:
+            self._cancel_jobs()
+        nets = [netns.NodeNet.from_dict(d) for d in state.get("netns", [])]
+        ns_inodes = {i for i in (netns.inode(n) for n in nets) if i is not None}
+        slurm = [p for p in daemons if p.name != "munged"]
+        munge = [p for p in daemons if p.name == "munged"]
+        # slurmstepd is not slurmd's child (it is reparented to init), and
+        # its tasks are its own children: take the whole tree now, before
+        # killing a parent loses the links.
+        found = procs.touching(self.layout.root) | procs.in_netns(ns_inodes)
+        roots = found | {p.pid for p in slurm if procs.alive(p)}
+        before = found | procs.descendants(roots)
+        before -= {p.pid for p in daemons} | {os.getpid()}
+        others = procs.as_procs(before, "leftover")
+        report["stopped"] = [p.name for p in daemons if procs.alive(p)]
+        report["killed"] += [p.name for p in procs.stop(slurm, grace=grace, reap=self._reap)]
+        # Children that die with their daemon (slurmscriptd) are not leftovers.
+        others = [p for p in others if procs.alive(p)]
+        report["swept"] += [p.pid for p in others]
+        report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(others, grace=1.0)]
+        report["killed"] += [p.name for p in procs.stop(munge, grace=grace, reap=self._reap)]
+        # A second sweep catches what was forked while the daemons shut down.
+        late = procs.touching(self.layout.root) | procs.in_netns(ns_inodes)
+        late = (late | procs.descendants(late)) - {os.getpid()}
+        swept = procs.as_procs(late, "leftover")
+        report["swept"] += [p.pid for p in swept]
+        report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(swept, grace=1.0)]
+        for n in nets:
+            netns.destroy(n)
+        if state.get("cgroup"):
+            self._remove_cgroups()
+        self._reap()
+        res = state.get("reservations", {})
+        registry.release("ports", res.get("ports", []), self.layout.root)
+        registry.release("nets", res.get("nets", []), self.layout.root)
+        if state:
+            state["daemons"] = []
+            state["netns"] = []
+            state["reservations"] = {"ports": [], "nets": []}
+            state["down"] = True
+            if self.layout.run.is_dir():
+                self._save()
+        return report
+
+    def _cancel_jobs(self, timeout: float = 15.0) -> None:
+        """scancel every job and wait (bounded) until none is left running."""
+        from ..runner import run
+        alive = {p.name for p in self._daemons() if procs.alive(p)}
+        if "slurmctld" not in alive or "munged" not in alive:
+            return
+        try:
+            res = run(["squeue", "-h", "-o", "%A"], timeout=5, env=self.env, check=False)
+            ids = res.stdout.split()
+            if not ids:
+                return
+            run(["scancel", *ids], timeout=5, env=self.env, check=False)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                res = run(["squeue", "-h", "-o", "%A"], timeout=5, env=self.env, check=False)
+                if res.returncode != 0 or not res.stdout.split():
+                    return
+                time.sleep(0.1)
+        except SlurmGpuError:
+            return  # slurmctld not answering: the daemons are stopped anyway
+
+    def _remove_cgroups(self) -> None:
+        """Remove the empty cgroup directories proctrack/cgroup made for our nodes."""
+        root = Path("/sys/fs/cgroup")
+        for name in self.node_names:
+            for d in root.glob(f"*/slurm_{name}"):
+                for sub in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                    if sub.is_dir():
+                        try:
+                            sub.rmdir()
+                        except OSError:
+                            pass
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+
+    # -- status -----------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Daemons (alive or not) and node states, as plain data."""
+        state = self.state or self._read_state() or {}
+        daemons = [{"name": p.name, "pid": p.pid, "alive": procs.alive(p)} for p in self._daemons()]
+        nodes: dict[str, str] = {}
+        if any(d["alive"] and d["name"] == "slurmctld" for d in daemons):
+            from .waiting import node_states
+            try:
+                nodes = node_states(self.env)
+            except SlurmGpuError:
+                nodes = {}
+        return {"dir": str(self.layout.root), "cluster": state.get("cluster"),
+                "machine": state.get("machine"), "conf": str(self.conf),
+                "running": any(d["alive"] for d in daemons), "daemons": daemons,
+                "nodes": nodes, "up_seconds": state.get("up_seconds"),
+                "netns": [n["netns"] for n in state.get("netns", [])]}
+
+    def __enter__(self) -> "Sandbox":
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+
+def remove_dir(directory: str | os.PathLike[str]) -> None:
+    """Delete a stopped sandbox's directory (refuses while daemons run)."""
+    sb = Sandbox.attach(directory)
+    if sb.status()["running"]:
+        raise SlurmGpuError("sandbox still running", str(sb.dir))
+    shutil.rmtree(sb.dir, ignore_errors=True)

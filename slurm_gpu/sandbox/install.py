@@ -1,0 +1,94 @@
+"""Hooking the project's own Slurm entry points into a sandbox.
+
+Prolog/epilog scripts, the health check and the SPANK plugin are what Slurm
+runs on a real GPU node; the sandbox runs the same ones, through small
+wrappers under ``DIR/etc`` that supply what slurmd does not (PATH,
+SLURM_CONF, SLURM_GPU_CONFIG) and the venv's absolute interpreter.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..errors import SlurmGpuError
+from ..fsutil import atomic_write
+from .conf import wrapper_script
+from .layout import Layout
+
+DEFAULT_VENV = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
+
+
+def scripts(kind: str) -> list[Path]:
+    """The project's ``prolog.d``/``epilog.d`` scripts, in name order."""
+    from ..paths import resource_dir
+    try:
+        d = resource_dir(kind)
+    except FileNotFoundError:
+        return []
+    return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and not p.name.endswith((".md", ".txt", "~")))
+
+
+def _is_python(script: Path) -> bool:
+    if script.suffix == ".py":
+        return True
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def install_hook_dir(layout: Layout, kind: str, venv: Path) -> list[Path]:
+    """Wrap every script of the project's *kind* (``prolog.d``) into ``DIR/etc/<kind>``."""
+    src = scripts(kind)
+    dst = layout.etc / kind
+    dst.mkdir(parents=True, exist_ok=True)
+    made = []
+    for s in src:
+        argv: list[str] = [str(venv / "bin" / "python"), str(s)] if _is_python(s) else [str(s)]
+        out = dst / s.name
+        atomic_write(out, wrapper_script(layout, argv, f"{kind}/{s.name}"), mode=0o755)
+        made.append(out)
+    return made
+
+
+def health_available(venv: Path) -> bool:
+    """True when the venv's slurm-gpu has the ``health`` command."""
+    if not (venv / "bin" / "slurm-gpu").exists():
+        return False
+    return any(venv.glob("lib/python3*/site-packages/slurm_gpu/commands/health.py"))
+
+
+def install_health(layout: Layout, venv: Path, args: Sequence[str] = ()) -> Path:
+    exe = venv / "bin" / "slurm-gpu"
+    if not exe.exists():
+        raise SlurmGpuError("cannot install the health check: slurm-gpu is not installed in the venv",
+                            str(exe))
+    out = layout.etc / "healthcheck"
+    atomic_write(out, wrapper_script(layout, [str(exe), "health", "--slurm", *args],
+                                     "HealthCheckProgram"), mode=0o755)
+    return out
+
+
+def spank_available(venv: Path) -> bool:
+    return any(venv.glob("lib/python3*/site-packages/slurm_gpu/commands/spank.py"))
+
+
+def build_spank(layout: Layout, venv: Path) -> Path:
+    """Build the SPANK plugin for this node's Slurm with the venv's slurm-gpu."""
+    from ..runner import run
+    out = layout.lib / "slurm_gpu_spank.so"
+    exe = venv / "bin" / "slurm-gpu"
+    run([str(exe), "spank", "build", "-o", str(out)], timeout=300)
+    if not out.is_file():
+        raise SlurmGpuError("slurm-gpu spank build produced no plugin", str(out))
+    return out
+
+
+def spank_line(so: Path, layout: Layout, args: Mapping[str, str]) -> str:
+    parts = ["required", str(so), f"config={layout.config_toml}"]
+    parts += [f"{k}={v}" for k, v in args.items()]
+    return " ".join(parts)
