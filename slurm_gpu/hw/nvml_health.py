@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import HardwareError
+from ..errors import HardwareError, SlurmGpuError
 from .model import normalize_bus_id
 
 _OPTIONAL = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
@@ -69,10 +69,8 @@ class NvmlHealth:
 
 
 def _err_name(api: Any, code: Any) -> str:
-    for name in dir(api):
-        if name.startswith("NVML_ERROR_") and getattr(api, name) == code:
-            return name
-    return f"NVML_ERROR_{code}"
+    from .nvml_replay import ERROR_NAMES  # NVML's codes are the same in every backend
+    return ERROR_NAMES.get(code, f"NVML_ERROR_{code}")
 
 
 def _s(v: Any) -> str:
@@ -234,6 +232,8 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
             state["result"] = read_health(_Watched(api, state), include_fabric=include_fabric, out=partial)
         except HardwareError as e:
             state["error"] = e.what
+        except SlurmGpuError as e:          # bad input (overlay, config): the caller's error, not NVML's
+            state["fatal"] = e
         except Exception as e:  # noqa: BLE001 - reported as a broken check, never a traceback mid-run
             state["error"] = f"{type(e).__name__}: {e}"
 
@@ -250,6 +250,8 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
             return _hung(partial, f"{cur[0]} gave no answer in {call_timeout:g} s")
         if now - start > total_timeout:
             return _hung(partial, f"NVML reads took longer than {total_timeout:g} s")
+    if state.get("fatal") is not None:
+        raise state["fatal"]
     if state["error"] is not None:
         return NvmlHealth(available=False, error=state["error"])
     if close_api is not None and state["api"] is not None:
