@@ -20,6 +20,7 @@ intersects it.  That is ``hwloc-calc --intersect core|numa pci=<bus id>``.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,15 +83,37 @@ def _load(data: bytes | None, where: str) -> H.Topology:
     if data is not None and not data.strip():
         raise InputError("hwloc XML is empty", where)
     try:
+        if data is None:
+            return _load_live()
         # XML keeps every object, I/O included, like hwloc-calc: the file is
         # the whole truth and filtering could hide a GPU's bridge.
-        return H.Topology(data, keep_all=data is not None)
+        return H.Topology(data, keep_all=True)
     except H.HwlocLoadError as e:
         if data is None:
             from ..errors import HardwareError
             raise HardwareError(f"hwloc cannot load the live topology: {e}") from e
         what, line = _why_rejected(data)
         raise InputError(what, f"{where} line {line}" if line else where) from e
+
+
+def _load_live() -> H.Topology:
+    """Load this machine, keeping NVIDIA GPU-memory NUMA nodes (POWER9, Grace).
+
+    hwloc 2.9 drops them unless HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES=1; kept, they
+    carry subtype GPUMemory and the GPU's bus id, so the model can list them
+    in ``gpu_memory_nodes``.  The CPU NUMA numbering is unchanged because
+    they are taken out of it.  The variable is set only around the load (hwloc
+    reads it then) and restored, so nothing leaks into job environments; an
+    admin's own setting wins.
+    """
+    name = "HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES"
+    if name in os.environ:
+        return H.Topology(None)
+    os.environ[name] = "1"
+    try:
+        return H.Topology(None)
+    finally:
+        os.environ.pop(name, None)
 
 
 def _why_rejected(data: bytes) -> tuple[str, int | None]:
