@@ -85,6 +85,20 @@ def mig_instances(gpu: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list(mig.get("instances") or [])
 
 
+_ARCH_BY_NAME = (("GB200", "BLACKWELL"), ("B200", "BLACKWELL"), ("B100", "BLACKWELL"), ("H100", "HOPPER"),
+                 ("H200", "HOPPER"), ("GH200", "HOPPER"), ("H800", "HOPPER"), ("A100", "AMPERE"),
+                 ("A30", "AMPERE"), ("A40", "AMPERE"), ("A10", "AMPERE"), ("V100", "VOLTA"), ("P100", "PASCAL"),
+                 ("T4", "TURING"), ("L40", "ADA"), ("L4", "ADA"))
+
+
+def architecture(g: Mapping[str, Any]) -> int:
+    """NVML_DEVICE_ARCH_* of a GPU: its ``architecture`` fact, else from its product name."""
+    name = g.get("architecture")
+    if not name:
+        name = next((arch for key, arch in _ARCH_BY_NAME if key in g.get("name", "")), "UNKNOWN")
+    return int(getattr(C, f"NVML_DEVICE_ARCH_{str(name).upper()}", C.NVML_DEVICE_ARCH_UNKNOWN))
+
+
 def _bus_nvml(bus: str) -> str:
     """``0000:18:00.0`` -> NVML's ``00000000:18:00.0``."""
     b = normalize_bus_id(bus)
@@ -326,6 +340,12 @@ class SimNvml(NvmlSurface):
             d = {"version": version, "total": total, "reserved": reserved, "free": total - used - reserved,
                  "used": used}
         return NvmlStruct(d)
+
+    def nvmlDeviceGetArchitecture(self, device: Handle) -> int:
+        i, g, f = self._simple("nvmlDeviceGetArchitecture", device)
+        if f:
+            return f[1]
+        return architecture(g)
 
     def nvmlDeviceGetPersistenceMode(self, handle: Handle) -> int:
         i, g, f = self._simple("nvmlDeviceGetPersistenceMode", handle)

@@ -57,6 +57,7 @@ def parse_smi_q(path: Path) -> dict[str, Any]:
             "minor": int(f("Minor Number")), "uuid": f("GPU UUID"), "bus_id": f("Bus Id"),
             "name": f("Product Name"), "pci_device_id": f("Device Id"), "pci_subsystem_id": f("Sub System Id"),
             "serial": f("Serial Number"), "memory_mib": int(fb.group(1)), "memory_reserved_mib": int(fb.group(2)),
+            "architecture": f("Product Architecture"),
             "health": {"persistence_mode": 1 if f("Persistence Mode") == "Enabled" else 0,
                        "pcie": {"max_gen": int(gen.group(1)), "gen": int(gen.group(2)),
                                 "max_width": int(width.group(1)), "width": int(width.group(2))}},
@@ -64,6 +65,10 @@ def parse_smi_q(path: Path) -> dict[str, Any]:
         if rr and rr.group(1) != "N/A":
             g["health"]["remapped_rows"] = {"correctable": int(rr.group(1)), "uncorrectable": int(rr.group(2)),
                                             "pending": int(rr.group(3) == "Yes"), "failed": int(rr.group(4) == "Yes")}
+        recovery = re.search(r"^\s*GPU Recovery Action\s*:\s*(\S+)", block, re.M)
+        if recovery:  # drivers that report it answer the NVML field; "None" is action 0
+            actions = {"None": 0, "Reset": 1, "Reboot": 2, "Drain_P2P": 3, "Drain_and_Reset": 4}
+            g["health"]["fields"] = {"230": actions.get(recovery.group(1), 0)}
         if mig and mig.group(1) != "N/A":
             g["mig"] = {"mode": int(mig.group(1) == "Enabled"), "pending": int(mig.group(2) == "Enabled"),
                         "max_devices": 7, "instances": []}
@@ -216,6 +221,7 @@ def _gpu(machine: str, i: int, bus: str, name: str, dev: str, sub: str, mem: int
          "pci_subsystem_id": sub, "memory_mib": mem,
          "health": {"persistence_mode": 1, "pcie": {"gen": kw.pop("gen", 5), "max_gen": kw.pop("max_gen", 5),
                                                     "width": 16, "max_width": 16},
+                    "fields": {"230": 0},   # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none
                     "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": 0, "failed": 0}}}
     g.update(kw)
     return g
