@@ -136,14 +136,13 @@ def _why_rejected(data: bytes) -> tuple[str, int | None]:
 
 @dataclass
 class _Numa:
-    logical: int
     os_index: int
     mask: int
     complete: int                 # complete_cpuset: also offline/disallowed PUs
     memory: int
     subtype: str | None
     infos: dict[str, str]
-    index: int | None = None      # dense index among CPU NUMA nodes
+    index: int = -1               # dense index among CPU NUMA nodes (set for CPU nodes)
 
 
 @dataclass
@@ -161,7 +160,7 @@ def _cpu_view(t: H.Topology, hostname: str | None) -> CpuView:
     root = t.root()
     root_infos = t.infos(root)
 
-    numas = [_Numa(o.logical_index, o.os_index, t.bitmap(o.cpuset), t.bitmap(o.complete_cpuset),
+    numas = [_Numa(o.os_index, t.bitmap(o.cpuset), t.bitmap(o.complete_cpuset),
                    int(o.attr.numanode.local_memory),
                    t.string(o.subtype), t.infos(o)) for o in t.objects(H.OBJ_NUMANODE)]
     pcis = _pci_devices(t)
@@ -198,11 +197,11 @@ def _cpu_view(t: H.Topology, hostname: str | None) -> CpuView:
         return tuple(c.index for c, m in zip(cores, core_masks) if m & mask)
 
     packages = tuple(Package(index=p[0], os_index=p[1], cores=cores_in(p[2])) for p in pkgs)
-    numa_nodes = tuple(NumaNode(index=n.index or 0, os_index=n.os_index, memory_bytes=n.memory,
+    numa_nodes = tuple(NumaNode(index=n.index, os_index=n.os_index, memory_bytes=n.memory,
                                 cores=cores_in(n.mask), pus=H.mask_bits(n.mask)) for n in cpu_numas)
 
     def numa_in(mask: int) -> tuple[int, ...]:
-        return tuple(n.index or 0 for n in cpu_numas if n.mask & mask)
+        return tuple(n.index for n in cpu_numas if n.mask & mask)
 
     gpu_mem_buses = {g.gpu_bus_id for g in gpu_mem if g.gpu_bus_id}
     nic_pcis = [p for p in pcis if any(k in (H.OSDEV_NETWORK, H.OSDEV_OPENFABRICS) for _, k, _ in p.osdevs)]
