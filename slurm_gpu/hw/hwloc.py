@@ -120,15 +120,18 @@ def _why_rejected(data: bytes) -> tuple[str, int | None]:
     """hwloc says only 'invalid'; a quick expat parse finds the reason and line."""
     from xml.parsers import expat
 
-    root: list[str] = []
+    root: list[tuple[str, dict[str, str]]] = []
     parser = expat.ParserCreate()
-    parser.StartElementHandler = lambda name, attrs: root.append(name) if not root else None
+    parser.StartElementHandler = lambda name, attrs: root.append((name, attrs)) if not root else None
     try:
         parser.Parse(data, True)
     except expat.ExpatError as e:
         return f"malformed hwloc XML: {expat.errors.messages[e.code]}", e.lineno
-    if root and root[0] != "topology":
-        return f"not an hwloc topology XML: the root element is <{root[0]}>", None
+    if root and root[0][0] != "topology":
+        return f"not an hwloc topology XML: the root element is <{root[0][0]}>", None
+    version = root[0][1].get("version", "") if root else ""
+    if version and not version.startswith(("1.", "2.")):
+        return f"hwloc XML format {version} is newer than this libhwloc reads (hwloc API {H.api_version()})", None
     return "hwloc rejected the topology XML (well-formed, but not a valid hwloc topology)", None
 
 

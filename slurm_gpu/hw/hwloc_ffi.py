@@ -127,7 +127,7 @@ def ffi_lib() -> tuple[Any, Any]:
 
 
 def api_version() -> str:
-    """The loaded library's API version, e.g. ``2.9.0``."""
+    """The loaded library's API version (2.9.x reports ``2.8.0``: the API did not change)."""
     _, lib = ffi_lib()
     v = lib.hwloc_get_api_version()
     return f"{v >> 16}.{(v >> 8) & 0xff}.{v & 0xff}"

@@ -236,6 +236,8 @@ def test_broken_markup_reports_its_line(tmp_path) -> None:
     ('<?xml version="1.0"?>\n<foo/>\n', "root element is <foo>"),
     ('<?xml version="1.0"?>\n<topology version="2.0"><object type="Banana"/></topology>\n',
      "not a valid hwloc topology"),
+    ('<?xml version="1.0"?>\n<topology version="3.0"><object type="Machine"/></topology>\n',
+     "hwloc XML format 3.0 is newer than this libhwloc"),
 ])
 def test_not_a_topology(tmp_path, content: str, needle: str) -> None:
     bad = tmp_path / "x.xml"
