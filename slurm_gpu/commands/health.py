@@ -20,6 +20,18 @@ def _state_dir(s: Any) -> str:
     return live.settings().state_dir
 
 
+def model_links(snapshot: str | None) -> dict[str, int] | None:
+    """bus id -> NVLink count in the snapshot's derived (healthy) model, for gpu.nvlink."""
+    from ..hw import live, snapshot as snap
+    if snapshot is None:
+        ns = live.settings()
+        if ns.sim_state or not ns.snapshot:
+            return None
+        snapshot = ns.snapshot
+    node = snap.read_snapshot(snapshot).get("node") or {}
+    return {g["pci_bus_id"]: sum(l["links"] for l in g.get("nvlinks", ())) for g in node.get("gpus", ())} or None
+
+
 def _openers(snapshot: str | None, overlay: str | None, s: Any) -> tuple[Any, Any]:
     """(open, close) for the NVML api this node uses: replay, simulator or real pynvml."""
     from ..hw import live, snapshot as snap
@@ -85,7 +97,8 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
     opts = engine.Options(
         node=name, settings=s, state_dir=_state_dir(s), only=only_list, kernel_log=kernel_log,
         no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener, nvml_closer=closer,
-        gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None)
+        gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
+        expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None)
     rep = engine.run(opts)
     if prom_file:
         from ..health.prom import write_prom

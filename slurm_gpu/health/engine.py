@@ -53,6 +53,7 @@ class Options:
     gres_conf: str | None = None
     os_root: str = "/"
     parent_slurmd: str | None = None       # identity of the slurmd that started us, if any
+    expected_links: dict[str, int] | None = None  # bus id -> NVLinks the node model has
 
 
 @dataclass
@@ -183,7 +184,7 @@ def _run(opts: Options) -> Report:
         health = read_health_bounded(opts.nvml_opener, call_timeout=min(s.nvml_call_timeout, budget),
                                      total_timeout=budget, close_api=opts.nvml_closer,
                                      include_fabric="gpu.fabric" in checks)
-        findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max)
+        findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max, opts.expected_links)
 
     # Kernel log + xid-watch events, each from its cursor.
     cursor = dict(state.get("cursor") or {})

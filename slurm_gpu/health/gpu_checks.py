@@ -65,6 +65,9 @@ def check_count(h: NvmlHealth | None, expected: ExpectedGpus | None) -> list[Fin
     if expected is None:
         return out
     seen = _gpus(h)
+    lost = len(h.gpus) - len(seen)
+    if lost:
+        return out  # a lost GPU explains the count and the missing minor: one finding is enough
     if len(seen) < expected.count:
         out.append(Finding("gpu.count", DRAIN, f"{len(seen)} of {expected.count} GPUs in {expected.source} "
                            "answer NVML (missing or fallen off the bus)"))
@@ -172,20 +175,26 @@ def check_fabric(h: NvmlHealth | None) -> list[Finding]:
 
 
 def check_nvlink(h: NvmlHealth | None, expected_links: dict[str, int] | None = None) -> list[Finding]:
-    """``gpu.nvlink``: every NVLink that exists is up (and as many as the model has)."""
+    """``gpu.nvlink``: as many NVLinks up as the model says (else as its same-model peers have).
+
+    NVML reports a slot for every possible link, and an inactive slot is
+    normal where no bridge or switch port is wired (an H100 NVL pair uses
+    12 of 18), so "down" means fewer up than the machine's model (a recorded
+    snapshot's derived model) or, live, than the best GPU of the same name.
+    """
     out: list[Finding] = []
-    for g in _gpus(h) if h else []:
-        states = g.nvlink_states
-        if not states:
-            continue
+    gpus = [g for g in (_gpus(h) if h else []) if g.nvlink_states]
+    best: dict[str | None, int] = {}
+    for g in gpus:
+        best[g.name] = max(best.get(g.name, 0), sum(1 for s in g.nvlink_states or () if s))
+    for g in gpus:
+        states = g.nvlink_states or ()
         up = sum(1 for s in states if s)
-        want = max(len(states), (expected_links or {}).get(g.bus_id or "", 0))
-        if up == 0 and not (expected_links or {}).get(g.bus_id or ""):
-            continue  # a board with NVLink ports but no bridge fitted
+        want = (expected_links or {}).get(g.bus_id or "", best.get(g.name, 0))
         if up < want:
             down = [str(i) for i, s in enumerate(states) if not s]
             out.append(Finding("gpu.nvlink", DRAIN, f"NVLink down on {g.bus_id}: {up}/{want} links up"
-                               + (f" (link {','.join(down)} inactive)" if down else ""), g.bus_id))
+                               + (f" (inactive: {','.join(down)})" if down else ""), g.bus_id))
     return out
 
 
@@ -223,7 +232,7 @@ def check_persistence(h: NvmlHealth | None) -> list[Finding]:
 
 
 def run_gpu_checks(h: NvmlHealth | None, expected: ExpectedGpus | None, selected: Sequence[str],
-                   retired_pages_max: int = 60) -> list[Finding]:
+                   retired_pages_max: int = 60, expected_links: dict[str, int] | None = None) -> list[Finding]:
     """Run the selected ``gpu.*`` NVML checks over one gather."""
     table = {
         "gpu.nvml": lambda: check_nvml(h, expected),
@@ -233,7 +242,7 @@ def run_gpu_checks(h: NvmlHealth | None, expected: ExpectedGpus | None, selected
         "gpu.ecc": lambda: check_ecc(h),
         "gpu.recovery": lambda: check_recovery(h),
         "gpu.fabric": lambda: check_fabric(h),
-        "gpu.nvlink": lambda: check_nvlink(h),
+        "gpu.nvlink": lambda: check_nvlink(h, expected_links),
         "gpu.pcie": lambda: check_pcie(h),
         "gpu.thermal": lambda: check_thermal(h),
         "gpu.persistence": lambda: check_persistence(h),
