@@ -8,9 +8,9 @@ makes every component of the project use it as "this node's NVML".
 from __future__ import annotations
 
 from .nvml import SimNvml, inject_event, set_overlay
-from .state import init_state, load_facts
+from .state import init_state, init_state_for_machine, load_facts
 
-__all__ = ["SimNvml", "init_state", "inject_event", "load_facts", "open_sim", "set_overlay"]
+__all__ = ["SimNvml", "init_state", "init_state_for_machine", "inject_event", "load_facts", "open_sim", "set_overlay"]
 
 
 def open_sim(state_path: str) -> SimNvml:

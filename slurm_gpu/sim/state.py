@@ -72,6 +72,26 @@ def init_state(facts_path: str, state_path: str, *, hwloc_xml_path: str | None =
     atomic_write(state_path, json.dumps(new_state(facts, hwloc_xml=xml), indent=1) + "\n")
 
 
+def init_state_for_machine(machine_dir: str, state_path: str) -> None:
+    """Create *state_path* for a machine directory (``facts.json`` plus its hwloc XML).
+
+    The XML is the directory's ``hwloc.xml``, else the one inside its
+    ``snapshot.json``, so ``[node] nvml = "sim:<state>"`` models the whole machine.
+    """
+    facts_path = os.path.join(machine_dir, "facts.json")
+    xml_path = os.path.join(machine_dir, "hwloc.xml")
+    if os.path.isfile(xml_path):
+        init_state(facts_path, state_path, hwloc_xml_path=xml_path)
+        return
+    facts = load_facts(facts_path)
+    xml = None
+    snap_path = os.path.join(machine_dir, "snapshot.json")
+    if os.path.isfile(snap_path):
+        from ..hw.snapshot import read_snapshot
+        xml = read_snapshot(snap_path)["hwloc_xml"]
+    atomic_write(state_path, json.dumps(new_state(facts, hwloc_xml=xml), indent=1) + "\n")
+
+
 class StateFile:
     """The JSON state shared by every process that opens ``sim:<path>``."""
 

@@ -165,3 +165,13 @@ def test_sim_state_file_is_shared_between_processes(tmp_path: Path) -> None:
     set_overlay(a, {"gpus": {"0000:ad:00.0": {"lost": True}}})
     with pytest.raises(b.NVMLError_GpuIsLost):
         b.nvmlDeviceGetUUID(b.nvmlDeviceGetHandleByIndex(0))
+
+
+def test_sim_state_for_machine_models_whole_node(tmp_path: Path) -> None:
+    from slurm_gpu.hw import live, snapshot
+    from slurm_gpu.sim import init_state_for_machine
+    state = tmp_path / "dgx2.state"
+    init_state_for_machine(str(MACHINES / "dgx2"), str(state))
+    node = live.load_node(live.NodeSettings(nvml=f"sim:{state}"))
+    recorded = snapshot.load_node(str(MACHINES / "dgx2" / "snapshot.json"))
+    assert node.gpus == recorded.gpus and node.cores == recorded.cores and len(node.gpus) == 16
