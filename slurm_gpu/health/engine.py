@@ -162,6 +162,7 @@ def run(opts: Options) -> Report:
 
 def _run(opts: Options) -> Report:
     s = opts.settings
+    deadline = time.monotonic() + (s.watchdog_seconds or 3600.0)
     checks = select_checks(opts.only, s)
     state_path = os.path.join(opts.state_dir, STATE_FILE)
     acting = not opts.no_drain
@@ -231,8 +232,10 @@ def _run(opts: Options) -> Report:
         notes.append("first run of this slurmd (before registration): scontrol not called")
         rep.action = "deferred" if want else "none"
     else:
+        # scontrol must finish before the watchdog: a child is never left behind.
+        timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic()) / 2 - 0.5))
         out = actions.act(opts.node, want, mem, clean_runs_to_resume=max(1, s.clean_runs_to_resume),
-                          timeout=s.scontrol_timeout)
+                          timeout=timeout)
         mem = out.plan.memory
         notes.append(out.plan.note)
         rep.action = out.plan.action

@@ -1,0 +1,259 @@
+"""Drain bookkeeping against recorded `scontrol show node -o` output, through a fake runner.run."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu import runner
+from slurm_gpu.errors import CommandError
+from slurm_gpu.health import actions, engine
+from slurm_gpu.health.nodestate import Memory, decide, parse_show_node
+from slurm_gpu.health.settings import HealthSettings
+
+SC = Path(__file__).resolve().parents[1] / "data" / "xid" / "scontrol"
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n"
+XID13 = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 13, pid=1, name=a.out, Graphics SM Warp Exception\n"
+
+
+def capture(name: str, node: str = "n1", state: str | None = None) -> str:
+    text = (SC / f"{name}.txt").read_text()
+    text = re.sub(r"^NodeName=\S+", f"NodeName={node}", text)
+    if state:
+        text = re.sub(r"State=\S+", f"State={state}", text)
+    return text
+
+
+class FakeSlurm:
+    """Serves recorded `scontrol show node -o` text and applies `scontrol update` like slurmctld."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.calls: list[list[str]] = []
+        self.fail_update = False
+        self.hang = False
+
+    def run(self, argv, timeout, **kw):
+        argv = list(argv)
+        self.calls.append(argv)
+        if self.hang:
+            raise CommandError(f"scontrol timed out after {timeout:g} s")
+        if argv[1:3] == ["show", "node"]:
+            if self.text.startswith("Node ") and "not found" in self.text:
+                return runner.Completed(tuple(argv), 1, "", self.text)
+            return runner.Completed(tuple(argv), 0, self.text, "")
+        if argv[1] == "update":
+            if self.fail_update:
+                raise CommandError("scontrol failed: Unable to contact slurm controller")
+            st = re.search(r"State=(\S+)", self.text).group(1)
+            base = st.split("+")[0]
+            if "state=drain" in argv:
+                reason = next(a for a in argv if a.startswith("reason="))[7:]
+                self.text = re.sub(r"State=\S+", f"State={base}+DRAIN", self.text)
+                self.text = re.sub(r" Reason=.*$", "", self.text.rstrip("\n"))
+                self.text += f" Reason={reason} [root@2026-11-22T05:20:00]\n"
+            elif "state=resume" in argv:
+                if "DRAIN" not in st:
+                    raise CommandError("scontrol failed: Invalid node state specified")
+                self.text = re.sub(r"State=\S+", f"State={base}", self.text)
+                self.text = re.sub(r" Reason=.*$", "", self.text.rstrip("\n")) + "\n"
+            return runner.Completed(tuple(argv), 0, "", "")
+        raise AssertionError(argv)
+
+    @property
+    def updates(self):
+        return [c for c in self.calls if c[1] == "update"]
+
+
+@pytest.fixture
+def slurm(monkeypatch):
+    fake = FakeSlurm(capture("idle"))
+    monkeypatch.setattr(runner, "run", fake.run)
+    return fake
+
+
+def opts(tmp_path, log, **kw):
+    s = HealthSettings(kernel_log=str(log), clean_runs_to_resume=kw.pop("resume", 2))
+    return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "state"), only=["gpu.xid"], **kw)
+
+
+# ------------------------------------------------------------------ parsing
+
+def test_parse_recorded_states():
+    ours = parse_show_node(capture("draining_ours"))
+    assert ours.base == "MIXED" and ours.drained and ours.ours
+    assert ours.reason == "slurm-gpu: gpu.remap: row remapping pending on 0000:19:00.0: reset the GPU"
+    admin = parse_show_node(capture("admin_drained"))
+    assert admin.drained and not admin.ours and admin.reason == "disk replacement ticket 42"
+    assert admin.flags == {"DRAIN", "RESERVED"}
+    maint = parse_show_node(capture("maint_reserved_drained_ours"))
+    assert {"MAINTENANCE", "RESERVED", "DRAIN"} <= maint.flags
+    idle = parse_show_node(capture("idle"))
+    assert idle.base == "IDLE" and not idle.flags and idle.reason is None
+    assert parse_show_node("") is None
+
+
+# ------------------------------------------------------------------- decide
+
+R = "slurm-gpu: gpu.xid: Xid 79 on 0000:02:00.0: GPU has fallen off the bus"
+
+
+@pytest.mark.parametrize("state", ["IDLE+RESERVED", "MIXED+PLANNED", "ALLOCATED", "IDLE"])
+def test_drains_idle_reserved_planned_and_busy_nodes(state):
+    p = decide(parse_show_node(capture("idle", state=state)), R, Memory(), 3)
+    assert p.action == "drain" and p.reason == R
+
+
+@pytest.mark.parametrize("state", ["IDLE+POWERING_UP", "IDLE+REBOOT_REQUESTED", "DOWN", "IDLE+NOT_RESPONDING",
+                                   "FUTURE", "IDLE+MAINTENANCE+RESERVED"])
+def test_no_action_while_booting_down_or_in_maintenance(state):
+    p = decide(parse_show_node(capture("idle", state=state)), R, Memory(), 3)
+    assert p.action == "none" and p.memory.pending_reason == R   # owed for later
+
+
+def test_admin_drain_is_never_overwritten_or_resumed():
+    node = parse_show_node(capture("admin_drained"))
+    assert decide(node, R, Memory(), 1).action == "none"
+    p = decide(node, None, Memory(drained_reason=R, clean_runs=5), 1)
+    assert p.action == "none" and p.memory.drained_reason is None
+
+
+def test_resume_only_after_n_clean_runs_in_a_row():
+    node = parse_show_node(capture("draining_ours"))
+    mem = Memory(drained_reason=node.reason)
+    for i in range(1, 3):
+        p = decide(node, None, mem, 3)
+        assert p.action == "none" and p.memory.clean_runs == i
+        mem = p.memory
+    p = decide(node, R, mem, 3)                       # a fault again: the count starts over
+    assert p.action == "none" and p.memory.clean_runs == 0
+    mem = p.memory
+    for _ in range(2):
+        mem = decide(node, None, mem, 3).memory
+    assert decide(node, None, mem, 3).action == "resume"
+
+
+# ------------------------------------------------------- engine + fake runner
+
+def test_injected_79_drains_then_resumes_after_clean_runs(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID13)
+    r = engine.run(opts(tmp_path, log))
+    assert r.status == "ok" and slurm.updates == []
+    with open(log, "a") as f:
+        f.write(XID79)
+    r = engine.run(opts(tmp_path, log))
+    assert r.status == "drain" and r.action == "drain"
+    assert slurm.updates[-1][:4] == [actions.scontrol_path(), "update", "nodename=n1", "state=drain"]
+    assert slurm.updates[-1][4] == f"reason={R}"
+    assert parse_show_node(slurm.text).ours
+    # the event counted once: next runs are clean; resume after 2 of them
+    r = engine.run(opts(tmp_path, log))
+    assert r.status == "ok" and r.action == "none" and len(slurm.updates) == 1
+    r = engine.run(opts(tmp_path, log))
+    assert r.action == "resume" and slurm.updates[-1][-1] == "state=resume"
+    assert not parse_show_node(slurm.text).drained
+
+
+def test_admin_drained_node_stays_drained(tmp_path, slurm):
+    slurm.text = capture("admin_drained")
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    for _ in range(4):
+        engine.run(opts(tmp_path, log, resume=1))
+    assert slurm.updates == []
+    assert parse_show_node(slurm.text).reason == "disk replacement ticket 42"
+
+
+def test_app_xids_never_drain(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID13 * 50)
+    r = engine.run(opts(tmp_path, log))
+    assert r.status == "ok" and slurm.updates == []
+
+
+def test_first_run_of_slurmd_never_calls_scontrol_and_applies_later(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000")
+    r = engine.run(o)
+    assert slurm.calls == [] and r.action == "deferred"
+    o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000")
+    r = engine.run(o)                                  # registered now: the owed drain happens
+    assert r.action == "drain" and slurm.updates[-1][4] == f"reason={R}"
+    o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="5555:2000")   # slurmd restarted
+    engine.run(o)
+    assert len(slurm.calls) == 2                      # only show+update from the second run
+
+
+def test_scontrol_timeout_is_unknown_never_a_drain_and_keeps_the_event(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    slurm.hang = True
+    r = engine.run(opts(tmp_path, log))
+    assert r.broken and "timed out" in r.broken
+    slurm.hang = False
+    r = engine.run(opts(tmp_path, log))                # the owed drain is applied on the next run
+    assert r.action == "drain"
+
+
+def test_failed_drain_is_retried(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    slurm.fail_update = True
+    r = engine.run(opts(tmp_path, log))
+    assert r.broken and r.action == "none"
+    slurm.fail_update = False
+    assert engine.run(opts(tmp_path, log)).action == "drain"
+
+
+def test_no_drain_reports_without_consuming_events(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    r = engine.run(opts(tmp_path, log, no_drain=True))
+    assert r.status == "drain" and slurm.calls == []
+    r = engine.run(opts(tmp_path, log))
+    assert r.action == "drain"
+
+
+def test_state_file_is_json_and_private(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    engine.run(opts(tmp_path, log))
+    p = tmp_path / "state" / engine.STATE_FILE
+    doc = json.loads(p.read_text())
+    assert doc["memory"]["drained_reason"] == R
+    assert doc["cursor"]["files"][str(log)]["offset"] == len(XID79)
+    assert (p.stat().st_mode & 0o777) == 0o600
+
+
+def test_watchdog_expiry_changes_nothing(tmp_path, slurm, monkeypatch):
+    import time as _t
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    from slurm_gpu.health import xid
+
+    def slow(events):
+        _t.sleep(5)
+        return []
+    monkeypatch.setattr(xid, "check_xid", slow)
+    o = opts(tmp_path, log)
+    o.settings.watchdog_seconds = 0.3
+    t = _t.monotonic()
+    r = engine.run(o)
+    assert _t.monotonic() - t < 2 and r.broken == "watchdog expired" and slurm.calls == []
+    assert not (tmp_path / "state" / engine.STATE_FILE).exists()
+
+
+def test_xid_watch_events_are_read_once(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / engine.EVENTS_FILE).write_text(json.dumps({"time": 1, "event": "xid", "xid": 48, "gpu": "0000:07:00.0"}) + "\n")
+    r = engine.run(opts(tmp_path, log))
+    assert r.action == "drain" and "Xid 48" in slurm.updates[-1][4]
+    r = engine.run(opts(tmp_path, log))
+    assert r.status == "ok"
