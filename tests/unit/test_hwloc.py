@@ -332,3 +332,27 @@ def test_live_power9_from_sysfs_tree(tmp_path, monkeypatch) -> None:
             assert list(mine) == [int(x) for x in out.split(",")], (g.bus_id, what)
     # ... and the XML exported with the GPU nodes kept reads back to the same model.
     assert v == view("power9-6xv100")
+
+
+def test_node_invariants_on_every_machine(machine_node) -> None:
+    """What every consumer relies on, for every machine (snapshot or XML)."""
+    node = machine_node
+    core_ids = [c.index for c in node.cores]
+    assert core_ids == list(range(len(node.cores)))
+    assert [n.index for n in node.numa_nodes] == list(range(len(node.numa_nodes)))
+    all_pus = [pu for c in node.cores for pu in c.pus]
+    assert len(all_pus) == len(set(all_pus))
+    numa_os = {n.os_index for n in node.numa_nodes}
+    assert not numa_os & {m.os_index for m in node.gpu_memory_nodes}
+    for n in node.numa_nodes:
+        assert set(n.cores) <= set(core_ids)
+        assert set(node.pus_of_cores(n.cores)) <= set(n.pus)
+    for c in node.cores:
+        assert c.numa_node is None or c.index in node.numa_nodes[c.numa_node].cores
+        assert c.index in node.packages[[p.index for p in node.packages].index(c.package)].cores
+    nic_names = {n.name for n in node.nics}
+    for g in node.gpus:
+        assert set(g.cores) <= set(core_ids)
+        assert set(g.numa_nodes) <= {n.index for n in node.numa_nodes}
+        assert set(g.nics) <= nic_names
+        assert g.pci_bus_id == g.pci_bus_id.lower() and len(g.pci_bus_id) == 12
