@@ -4,16 +4,19 @@
 VENV ?= /opt/slurm-gpu/venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test unit bench clean
+.PHONY: install demo test unit integration bench clean
 
 install:
-	bash scripts/install.sh
+	SLURM_GPU_VENV=$(VENV) bash scripts/install.sh
 
 demo: install
-	bash scripts/demo.sh
+	SLURM_GPU_VENV=$(VENV) bash scripts/demo.sh
 
 test: install
-	bash scripts/test.sh
+	SLURM_GPU_VENV=$(VENV) bash scripts/test.sh
+
+integration:
+	SLURM_GPU_VENV=$(VENV) bash scripts/test.sh -m integration
 
 unit:
 	$(PY) -m pytest -q tests/unit

@@ -1,12 +1,22 @@
 #!/bin/bash
-# Run the whole suite with the project's venv. pytest exits 5 when it
-# collected nothing: treat that as a failure, since a suite that runs no test
-# proves nothing.
+# Run the whole suite (unit, integration on real Slurm sandboxes, GPU tests
+# that skip without a GPU) with the project's venv.
+#   scripts/test.sh [pytest args]      e.g. scripts/test.sh -k sandbox
+# As root, integration tests must run: a missing Slurm/munge fails them
+# instead of skipping them (SLURM_GPU_REQUIRE_INTEGRATION=1).
+# pytest exits 5 when it collected nothing: that is a failure here, since a
+# suite that runs no test proves nothing.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${SLURM_GPU_VENV:-/opt/slurm-gpu/venv}
 cd "$HERE"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" tests
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "slurm-gpu: no venv at $VENV (run: make install)" >&2; exit 1
+fi
+if [ "$(id -u)" = 0 ]; then export SLURM_GPU_REQUIRE_INTEGRATION=${SLURM_GPU_REQUIRE_INTEGRATION:-1}; fi
+start=$(date +%s)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=10 "$@" tests
 rc=$?
+echo "slurm-gpu: test suite took $(( $(date +%s) - start )) s (rc $rc)" >&2
 if [ $rc = 5 ]; then echo "slurm-gpu: pytest collected no tests" >&2; exit 1; fi
 exit $rc

@@ -57,6 +57,7 @@ def _missing_prerequisite() -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m integration` filters on the marker added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = _missing_prerequisite()
     for item in items:
