@@ -1,0 +1,133 @@
+"""`slurm-gpu health` / `xid-watch` front ends: JSON contract, Nagios exit codes, modes, metrics."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = str(ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json")
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n"
+XID13 = "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception\n"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    from slurm_gpu import config
+    config._load.cache_clear()
+    yield
+
+
+def run(args, capsys):
+    rc = main(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_contract_and_exit_2_for_drain(tmp_path, capsys):
+    log = tmp_path / "k.log"
+    log.write_text(XID79)
+    rc, out, _ = run(["health", "--only", "gpu.xid", "--kernel-log", str(log), "--json", "--no-drain",
+                      "--node", "n7"], capsys)
+    doc = json.loads(out)
+    assert rc == 2
+    assert set(doc) == {"node", "status", "findings"} and doc["node"] == "n7" and doc["status"] == "drain"
+    f = doc["findings"][0]
+    assert set(f) == {"check", "severity", "gpu", "xid", "message"}
+    assert (f["check"], f["severity"], f["gpu"], f["xid"]) == ("gpu.xid", "drain", "0000:02:00.0", 79)
+
+
+def test_app_only_log_exit_0_and_info_finding(tmp_path, capsys):
+    log = tmp_path / "k.log"
+    log.write_text(XID13 * 3)
+    rc, out, _ = run(["health", "--only", "gpu.xid", "--kernel-log", str(log), "--json", "--no-drain"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["status"] == "ok" and doc["findings"][0]["severity"] == "info"
+
+
+def test_non_xid_findings_have_no_xid_key(capsys):
+    rc, out, _ = run(["health", "--snapshot", H100, "--only", "gpu.persistence,gpu.count", "--json", "--no-drain",
+                      "--gres-conf", "/nonexistent"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["status"] == "ok" and doc["findings"] == []
+
+
+def test_warn_is_exit_1_and_slurm_mode_exit_0(tmp_path, capsys):
+    ov = tmp_path / "ov.json"
+    ov.write_text(json.dumps({"calls": [{"fn": "nvmlDeviceGetPersistenceMode", "gpu": 1, "result": 0}]}))
+    args = ["health", "--snapshot", H100, "--overlay", str(ov), "--only", "gpu.persistence", "--no-drain"]
+    rc, out, _ = run(args, capsys)
+    assert rc == 1 and "persistence mode off" in out
+    rc, _, _ = run(args + ["--slurm"], capsys)
+    assert rc == 0
+
+
+def test_unknown_check_is_a_usage_error(capsys):
+    rc, _, err = run(["health", "--only", "gpu.nope", "--no-drain"], capsys)
+    assert rc == 2 and err.startswith("slurm-gpu: unknown check 'gpu.nope'")
+
+
+def test_missing_kernel_log_is_one_line(tmp_path, capsys):
+    rc, _, err = run(["health", "--only", "gpu.xid", "--kernel-log", str(tmp_path / "none"), "--no-drain"], capsys)
+    assert rc == 1 and err.strip().splitlines() == [f"slurm-gpu: kernel log not found ({tmp_path / 'none'})"]
+
+
+def test_prom_file_is_written(tmp_path, capsys):
+    log = tmp_path / "k.log"
+    log.write_text(XID79 + XID13)
+    prom = tmp_path / "health.prom"
+    run(["health", "--only", "gpu.xid", "--kernel-log", str(log), "--no-drain", "--prom-file", str(prom),
+         "--node", "n1"], capsys)
+    text = prom.read_text()
+    assert 'slurm_gpu_health_status{node="n1"} 2' in text
+    assert 'slurm_gpu_health_xid{node="n1",gpu="0000:02:00.0",xid="79",severity="drain"} 1' in text
+    assert 'slurm_gpu_health_findings{node="n1",check="gpu.xid",severity="info"} 1' in text
+
+
+def test_hung_nvml_is_cut_off_and_drains(tmp_path, capsys):
+    ov = tmp_path / "ov.json"
+    ov.write_text(json.dumps({"calls": [{"fn": "nvmlDeviceGetTotalEccErrors", "gpu": 4, "hang": 60}]}))
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(cfg.read_text() + "[health]\nnvml_call_timeout = 0.5\n")
+    from slurm_gpu import config
+    config._load.cache_clear()
+    rc, out, _ = run(["health", "--snapshot", H100, "--overlay", str(ov), "--only", "gpu.nvml,gpu.ecc", "--json",
+                      "--no-drain"], capsys)
+    doc = json.loads(out)
+    assert rc == 2 and doc["findings"][0]["check"] == "gpu.nvml" and "no answer" in doc["findings"][0]["message"]
+
+
+def test_only_xid_needs_no_gpu_and_no_pynvml():
+    # A fresh interpreter: `--only gpu.xid --kernel-log FILE` works on a machine with no GPU and never imports pynvml.
+    code = ("import sys; from slurm_gpu.cli import main; rc = main(['health','--only','gpu.xid','--kernel-log',"
+            "sys.argv[1],'--no-drain']); assert 'pynvml' not in sys.modules; sys.exit(rc)")
+    log = ROOT / "tests" / "data" / "xid" / "real_kernel_xid_lines_from_issues.md"
+    p = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, cwd=str(ROOT))
+    assert p.returncode == 2, p.stderr
+    assert "gpu.xid" in p.stdout
+
+
+def test_xid_watch_writes_events_health_reads(tmp_path, capsys):
+    ov = tmp_path / "ov.json"
+    ov.write_text(json.dumps({"events": [{"type": "xid", "gpu": 3, "data": 79},
+                                         {"type": "double_bit_ecc", "gpu": 1}]}))
+    ev = tmp_path / "events.jsonl"
+    rc, _, err = run(["xid-watch", "--snapshot", H100, "--overlay", str(ov), "--events-file", str(ev),
+                      "--max-events", "2", "--timeout", "5"], capsys)
+    assert rc == 0
+    recs = [json.loads(l) for l in ev.read_text().splitlines()]
+    assert [(r["event"], r.get("xid")) for r in recs] == [("xid", 79), ("dbe", None)]
+    assert recs[0]["gpu"].startswith("0000:")
+    from slurm_gpu.health import xid
+    evs, direct = xid.events_from_nvml(recs)
+    fs = xid.check_xid(evs) + direct
+    assert {(f.check, f.severity) for f in fs} == {("gpu.xid", "drain"), ("gpu.ecc", "drain")}
