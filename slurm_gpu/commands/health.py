@@ -20,6 +20,17 @@ def _state_dir(s: Any) -> str:
     return live.settings().state_dir
 
 
+_SNAPSHOTS: dict[str, Any] = {}
+
+
+def _read_snapshot(path: str) -> Any:
+    """Parse a snapshot once per run (the model and the replay both need it)."""
+    if path not in _SNAPSHOTS:
+        from ..hw import snapshot as snap
+        _SNAPSHOTS[path] = snap.read_snapshot(path)
+    return _SNAPSHOTS[path]
+
+
 def model_links(snapshot: str | None) -> dict[str, int] | None:
     """bus id -> NVLink count in the snapshot's derived (healthy) model, for gpu.nvlink."""
     from ..hw import live, snapshot as snap
@@ -28,7 +39,7 @@ def model_links(snapshot: str | None) -> dict[str, int] | None:
         if ns.sim_state or not ns.snapshot:
             return None
         snapshot = ns.snapshot
-    node = snap.read_snapshot(snapshot).get("node") or {}
+    node = _read_snapshot(snapshot).get("node") or {}
     return {g["pci_bus_id"]: sum(l["links"] for l in g.get("nvlinks", ())) for g in node.get("gpus", ())} or None
 
 
@@ -45,7 +56,7 @@ def _openers(snapshot: str | None, overlay: str | None, s: Any) -> tuple[Any, An
         path = snapshot
 
         def open_replay() -> Any:
-            data = snap.read_snapshot(path)
+            data = _read_snapshot(path)
             ov = snap.load_overlay(ov_path) if ov_path else None
             return snap.replay_api(data, path, ov, ov_path or "overlay")
 

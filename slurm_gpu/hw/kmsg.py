@@ -12,14 +12,13 @@ Two sources, one result (a list of :class:`KernelLine`):
   plus the file's inode, so rotation or truncation restarts at the top.
 
 Only lines the checks can use are kept (``NVRM:`` driver messages and PCIe
-AER reports); the search is a literal-prefix regex over an mmap, so a 100 MB
+AER reports); the search is a literal-prefix regex over 8 MB chunks, so a 100 MB
 log is scanned in well under a second.
 """
 from __future__ import annotations
 
 import errno
 import json
-import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from ..errors import InputError
 from ..fsutil import atomic_write
 
 DEV_KMSG = "/dev/kmsg"
+CHUNK = 8 << 20
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 # Each pattern starts with a literal, which lets ``re`` skip through the
@@ -50,7 +50,7 @@ class KernelLine:
     text: str          # from the subsystem tag on: "NVRM: Xid (PCI:...): 79, ..." or "pcieport ...: AER: ..."
 
 
-def _line_bounds(buf: bytes | mmap.mmap, start: int, end: int) -> tuple[int, int]:
+def _line_bounds(buf: bytes, start: int, end: int) -> tuple[int, int]:
     ls = buf.rfind(b"\n", 0, start) + 1
     return ls, end
 
@@ -66,7 +66,7 @@ def _timestamp(prefix: str) -> str | None:
     return m.group("ctime") or m.group("iso") or m.group("sys")
 
 
-def scan_buffer(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None) -> list[KernelLine]:
+def scan_buffer(buf: bytes, start: int = 0, end: int | None = None) -> list[KernelLine]:
     """Kernel lines of interest in ``buf[start:end]``, in log order."""
     if end is None:
         end = len(buf)
@@ -116,12 +116,22 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
             start = cursor.offset
         if st.st_size == 0 or start >= st.st_size:
             return [], FileCursor(p, st.st_ino, start if st.st_size else 0)
-        with mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) as buf:
-            # Only whole lines: a line being written now is read next time.
-            end = buf.rfind(b"\n", start) + 1
-            if end <= start:
-                return [], FileCursor(p, st.st_ino, start)
-            return scan_buffer(buf, start, end), FileCursor(p, st.st_ino, end)
+        # Chunks keep memory flat however big the log is (a whole-file mmap
+        # would show the file's size in RSS); only whole lines are scanned,
+        # so a line being written now is read next time.
+        out: list[KernelLine] = []
+        pos, carry = start, b""
+        while pos < st.st_size:
+            chunk = os.pread(fd, min(CHUNK, st.st_size - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            buf = carry + chunk
+            cut = buf.rfind(b"\n") + 1
+            if cut:
+                out += scan_buffer(buf, 0, cut)
+            carry = buf[cut:]
+        return out, FileCursor(p, st.st_ino, pos - len(carry))
     finally:
         os.close(fd)
 

@@ -225,6 +225,8 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
     state: dict[str, Any] = {"call": None, "calls": 0, "result": None, "error": None, "api": None}
     partial = NvmlHealth(available=True)
 
+    done = threading.Event()
+
     def work() -> None:
         try:
             api = open_api()
@@ -236,14 +238,13 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
             state["fatal"] = e
         except Exception as e:  # noqa: BLE001 - reported as a broken check, never a traceback mid-run
             state["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            done.set()
 
     t = threading.Thread(target=work, name="nvml-health", daemon=True)
     start = time.monotonic()
     t.start()
-    while True:
-        t.join(0.01 if state["call"] is None else min(0.05, call_timeout))
-        if not t.is_alive():
-            break
+    while not done.wait(min(0.05, call_timeout)):
         now = time.monotonic()
         cur = state["call"]
         if cur is not None and now - cur[2] > call_timeout:

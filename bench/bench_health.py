@@ -1,0 +1,113 @@
+#!/opt/slurm-gpu/venv/bin/python
+"""Benchmark ``slurm-gpu health`` (issue 5 goals), with baselines measured side by side.
+
+1. Full check of an 8-GPU recorded machine (h100-sxm-8x snapshot: every gpu.*
+   NVML check through the replay, gpu.xid over a kernel log, the os.* audit),
+   wall time including interpreter start, and peak RSS.  Goal: <= 150 ms,
+   <= 40 MB.  Baselines: a bare interpreter, ``slurm-gpu --version`` and
+   ``slurm-gpu inventory --snapshot`` on the same machine.
+2. Scanning a 100 MB kernel log with ``--only gpu.xid``.  Goal: <= 2 s.
+   Baseline: ``grep -c NVRM`` over the same file.
+
+Run:  /opt/slurm-gpu/venv/bin/python bench/bench_health.py [--runs N] [--log-mb MB]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = "/opt/slurm-gpu/venv/bin/python"
+SNAP = ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json"
+
+
+def measure(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, float, int]:
+    """(median wall ms, min wall ms, max peak RSS KiB) over *runs* runs of *argv*."""
+    walls, rss = [], 0
+    for _ in range(runs):
+        t = time.perf_counter()
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT))
+        _, status, ru = os.wait4(p.pid, 0)
+        walls.append((time.perf_counter() - t) * 1000)
+        rss = max(rss, ru.ru_maxrss)
+        p.returncode = os.waitstatus_to_exitcode(status)
+    return statistics.median(walls), min(walls), rss
+
+
+def make_log(path: Path, mb: int) -> None:
+    lines = [
+        b"[%d.%06d] usb 1-1: new high-speed USB device number 2 using xhci_hcd\n",
+        b"[%d.%06d] EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode. Quota mode: none.\n",
+        b"[%d.%06d] audit: type=1400 audit(1732250000.000:2): apparmor=\"STATUS\" operation=\"profile_load\"\n",
+        b"[%d.%06d] mlx5_core 0000:0c:00.0: mlx5_fw_tracer_handle_traces:742:(pid 0): FW tracer event\n",
+    ]
+    xid = (b"[%d.%06d] NVRM: Xid (PCI:0000:cb:00): 13, pid=1797828, name=pt_main_thread, "
+           b"Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter\n")
+    target = mb * 1024 * 1024
+    with open(path, "wb") as f:
+        n = size = 0
+        while size < target:
+            chunk = bytearray()
+            for _ in range(4096):
+                chunk += (xid if n % 20000 == 0 else lines[n % 4]) % (n // 1000, n % 1000000)
+                n += 1
+            f.write(chunk)
+            size += len(chunk)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--log-mb", type=int, default=100)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-health-") as td:
+        tdp = Path(td)
+        klog = tdp / "kern.log"
+        klog.write_text("[  12.5] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a.out, Graphics SM Warp Exception\n")
+        cfg = tdp / "slurm-gpu.toml"
+        cfg.write_text(f'[node]\nstate_dir = "{tdp}/state"\n[health]\nkernel_log = "{klog}"\n')
+        env = {"PATH": "/usr/bin:/bin", "SLURM_GPU_CONFIG": str(cfg), "SLURMD_NODENAME": "bench1"}
+        cases = [
+            ("python -c pass (interpreter start)", [PY, "-c", "pass"]),
+            ("slurm-gpu --version", [PY, "-m", "slurm_gpu", "--version"]),
+            ("slurm-gpu inventory --snapshot h100-sxm-8x --json", [PY, "-m", "slurm_gpu", "inventory", "--snapshot",
+                                                               str(SNAP), "--json"]),
+            ("slurm-gpu health --snapshot h100-sxm-8x (full, --no-drain)",
+             [PY, "-m", "slurm_gpu", "health", "--snapshot", str(SNAP), "--no-drain"]),
+            ("slurm-gpu health --snapshot h100-sxm-8x --json --prom-file",
+             [PY, "-m", "slurm_gpu", "health", "--snapshot", str(SNAP), "--no-drain", "--json",
+              "--prom-file", str(tdp / "h.prom")]),
+        ]
+        print(f"# full check of an 8-GPU recorded machine, {a.runs} runs each (median / min wall, peak RSS)")
+        res = {}
+        for name, argv in cases:
+            med, mn, rss = measure(argv, env, a.runs)
+            res[name] = med
+            print(f"{name:62s} {med:7.1f} ms  (min {mn:6.1f})  {rss / 1024:5.1f} MB")
+        base = res[cases[0][0]]
+        full = res[cases[3][0]]
+        print(f"ratio health/interpreter start: {full / base:.2f}x;  health/inventory: "
+              f"{full / res[cases[2][0]]:.2f}x;  goal <= 150 ms wall and <= 40 MB: "
+              f"{'met' if full <= 150 else 'NOT met'} (wall)")
+        big = tdp / "big.log"
+        make_log(big, a.log_mb)
+        size = big.stat().st_size / (1024 * 1024)
+        print(f"\n# scanning a {size:.0f} MB kernel log (page cache warm), 3 runs each")
+        g_med, _, _ = measure(["/usr/bin/grep", "-c", "NVRM", str(big)], env, 3)
+        h_med, h_min, h_rss = measure([PY, "-m", "slurm_gpu", "health", "--only", "gpu.xid", "--kernel-log", str(big),
+                                       "--no-drain"], env, 3)
+        print(f"{'grep -c NVRM (baseline)':62s} {g_med:7.1f} ms")
+        print(f"{'slurm-gpu health --only gpu.xid --kernel-log big.log':62s} {h_med:7.1f} ms  (min {h_min:6.1f})  "
+              f"{h_rss / 1024:5.1f} MB")
+        print(f"ratio health/grep: {h_med / g_med:.2f}x;  goal <= 2000 ms: {'met' if h_med <= 2000 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
