@@ -1,8 +1,10 @@
 """GPU-local CPU and memory binding of tasks: the pure planner.
 
-Data in, data out: the node model, the task's environment and the CPUs the
-task may use go in; a :class:`TaskBinding` (or an error) comes out.  The
-SPANK plugin applies it with sched_setaffinity and set_mempolicy.
+Data in, data out: the GPUs' locality (derived once from the node model by
+:func:`locality`), the task's environment and the CPUs the task may use go
+in; a :class:`TaskBinding` (or an error) comes out.  The SPANK plugin applies
+it with sched_setaffinity and set_mempolicy.  This module is imported in
+every bound job step, so it imports nothing beyond the project's errors.
 
 Rules:
 
@@ -21,11 +23,13 @@ Rules:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
-
 from .errors import SlurmGpuError
-from .hw.model import Gpu, Node
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Mapping, Sequence
+
+    from .hw.model import Node
 
 STRICT, PREFER, OFF = "strict", "prefer", "off"
 
@@ -34,16 +38,19 @@ class BindingError(SlurmGpuError):
     """The requested strict binding is impossible for this task."""
 
 
-@dataclass(frozen=True)
 class TaskBinding:
     """What to apply to one task.  Empty ``cpus`` means: leave affinity alone."""
 
-    mode: str
-    task: int
-    gpus: tuple[int, ...]          # model GPU indices
-    cpus: tuple[int, ...] = ()     # OS PU indices for sched_setaffinity
-    mems: tuple[int, ...] = ()     # OS NUMA node indices (model) for set_mempolicy
-    warning: str | None = None     # prefer could not bind: why
+    __slots__ = ("mode", "task", "gpus", "cpus", "mems", "warning")
+
+    def __init__(self, mode: str, task: int, gpus: tuple[int, ...], cpus: tuple[int, ...] = (),
+                 mems: tuple[int, ...] = (), warning: str | None = None) -> None:
+        self.mode = mode
+        self.task = task
+        self.gpus = gpus              # model GPU indices
+        self.cpus = cpus              # OS PU indices for sched_setaffinity
+        self.mems = mems              # OS NUMA node indices (model) for set_mempolicy
+        self.warning = warning        # prefer could not bind: why
 
     @property
     def applied(self) -> bool:
@@ -55,6 +62,10 @@ class TaskBinding:
             return f"{self.mode};gpus={_ints(self.gpus)};none"
         return (f"{self.mode};gpus={_ints(self.gpus)};cpus={cpulist(self.cpus)};"
                 f"mems={cpulist(self.mems)}")
+
+    def __repr__(self) -> str:
+        return (f"TaskBinding({self.mode!r}, task={self.task}, gpus={self.gpus}, "
+                f"cpus={self.cpus}, mems={self.mems}, warning={self.warning!r})")
 
 
 def cpulist(ids: Iterable[int]) -> str:
@@ -95,19 +106,33 @@ def _int_list(text: str | None) -> list[int] | None:
     return [int(t) for t in toks]
 
 
-def gres_order(node: Node) -> list[Gpu]:
-    """GPUs in Slurm's GRES index order: gres.conf files sorted by device minor."""
-    return sorted(node.gpus, key=lambda g: (g.minor if g.minor is not None else g.index, g.index))
+def locality(node: Node) -> list[dict[str, Any]]:
+    """Each GPU's local CPUs and NUMA nodes, in Slurm's GRES index order.
+
+    GRES order is gres.conf's device files sorted by minor number.  Local
+    CPUs are the GPU's cores' PUs, else its NUMA nodes' PUs.
+    """
+    numa = {n.index: n for n in node.numa_nodes}
+    out = []
+    for g in sorted(node.gpus, key=lambda g: (g.minor if g.minor is not None else g.index,
+                                              g.index)):
+        if g.cores:
+            cpus = node.pus_of_cores(g.cores)
+        else:
+            cpus = tuple(sorted({p for i in g.numa_nodes if i in numa for p in numa[i].pus}))
+        mems = tuple(sorted({numa[i].os_index for i in g.numa_nodes if i in numa}))
+        out.append({"index": g.index, "uuid": g.uuid, "cpus": tuple(cpus), "mems": mems})
+    return out
 
 
-def task_gpus(node: Node, env: Mapping[str, str], local_task: int, ntasks: int) -> list[Gpu]:
-    """The model GPUs this task uses (empty when the step has none)."""
-    order = gres_order(node)
+def task_gpus(loc: Sequence[dict[str, Any]], env: Mapping[str, str], local_task: int,
+              ntasks: int) -> list[dict[str, Any]]:
+    """The GPUs (locality entries) this task uses; empty when the step has none."""
     step = _int_list(env.get("SLURM_STEP_GPUS")) or _int_list(env.get("SLURM_JOB_GPUS"))
     cvd_text = env.get("CUDA_VISIBLE_DEVICES", "")
     cvd = _int_list(cvd_text)
     if cvd is None and cvd_text and not cvd_text.startswith("MIG-"):
-        by_uuid = {g.uuid: g for g in node.gpus if g.uuid}
+        by_uuid = {g["uuid"]: g for g in loc if g.get("uuid")}
         found = [by_uuid[t] for t in cvd_text.split(",") if t in by_uuid]
         if found:
             return found
@@ -120,49 +145,30 @@ def task_gpus(node: Node, env: Mapping[str, str], local_task: int, ntasks: int) 
             ids = cvd
     else:
         ids = cvd if cvd is not None else (step or [])
-    ids = [i for i in ids if 0 <= i < len(order)]
+    ids = [i for i in ids if 0 <= i < len(loc)]
     full = step is not None and sorted(ids) == sorted(step)
     if full and ntasks > 1 and len(ids) > 1:
         per_task = _int_list(env.get("SLURM_GPUS_PER_TASK"))
         n = per_task[0] if per_task else max(1, len(ids) // ntasks)
         ids = [ids[(local_task * n + k) % len(ids)] for k in range(min(n, len(ids)))]
-    return [order[i] for i in ids]
+    return [loc[i] for i in ids]
 
 
-def local_cpus(node: Node, gpus: Sequence[Gpu]) -> tuple[int, ...]:
-    """OS PU indices local to *gpus* (their cores, else their NUMA nodes' PUs)."""
-    numa = {n.index: n for n in node.numa_nodes}
-    pus: set[int] = set()
-    for g in gpus:
-        if g.cores:
-            pus.update(node.pus_of_cores(g.cores))
-        else:
-            for i in g.numa_nodes:
-                if i in numa:
-                    pus.update(numa[i].pus)
-    return tuple(sorted(pus))
-
-
-def memory_nodes(node: Node, gpus: Sequence[Gpu]) -> tuple[int, ...]:
-    """OS indices of the GPUs' local CPU NUMA nodes."""
-    numa = {n.index: n for n in node.numa_nodes}
-    return tuple(sorted({numa[i].os_index for g in gpus for i in g.numa_nodes if i in numa}))
-
-
-def plan_task(node: Node, env: Mapping[str, str], *, mode: str, local_task: int, ntasks: int,
-              allowed: Iterable[int]) -> TaskBinding:
+def plan_task(loc: Sequence[dict[str, Any]], env: Mapping[str, str], *, mode: str,
+              local_task: int, ntasks: int, allowed: Iterable[int]) -> TaskBinding:
     """Plan the binding of one task.  Raises :class:`BindingError` (strict only)."""
     if mode not in (STRICT, PREFER, OFF):
         raise ValueError(f"bad binding mode {mode!r}")
-    gpus = task_gpus(node, env, local_task, ntasks)
-    ids = tuple(g.index for g in gpus)
+    gpus = task_gpus(loc, env, local_task, ntasks)
+    ids = tuple(g["index"] for g in gpus)
     if mode == OFF or not gpus:
         return TaskBinding(mode, local_task, ids)
     allowed_set = set(allowed)
-    local = local_cpus(node, gpus)
-    mems = memory_nodes(node, gpus)
-    names = ",".join(str(g.index) for g in gpus)
+    local = tuple(sorted({c for g in gpus for c in g["cpus"]}))
+    mems = tuple(sorted({m for g in gpus for m in g["mems"]}))
+    names = _ints(ids)
     problem = None
+    cpus: tuple[int, ...] = ()
     if not local or not mems:
         problem = f"GPU {names} has no known NUMA node in the node model"
     else:
@@ -175,8 +181,8 @@ def plan_task(node: Node, env: Mapping[str, str], *, mode: str, local_task: int,
     if mode == STRICT:
         raise BindingError(f"gpu-numa-bind=strict impossible: {problem}",
                            f"task {local_task}")
-    return TaskBinding(mode, local_task, ids, warning=f"gpu-numa-bind=prefer not applied: "
-                                                      f"{problem}")
+    return TaskBinding(mode, local_task, ids,
+                       warning=f"gpu-numa-bind=prefer not applied: {problem}")
 
 
 def verbose_line(b: TaskBinding, *, hostname: str, pid: int) -> str:

@@ -1,25 +1,31 @@
-"""Build the slurm-gpu SPANK plugin with cffi's embedding API.
+"""Build the slurm-gpu SPANK plugin: two shared objects, on the node.
 
-Run by ``slurm-gpu spank build`` with the venv's interpreter, on the node,
-against the node's own ``slurm/spank.h`` (Slurm refuses plugins built for
-another major.minor, so the plugin is never shipped prebuilt).
+Run by ``slurm-gpu spank build`` with the venv's interpreter, against the
+node's own ``slurm/spank.h`` (Slurm refuses plugins built for another
+major.minor, so the plugin is never shipped prebuilt):
 
-The cffi that compiles the plugin is the venv's cffi, and the embedded
-interpreter imports ``_cffi_backend`` from the same venv (its prefix is
-pinned to the venv's python), so the two always match; the Python side also
-checks the backend version at start.
+* ``slurm_gpu_spank.so`` (outer, plain C, the file plugstack.conf names):
+  options, the decision whether Python is needed, nothing else.  It is not
+  linked to libpython, so slurmd and steps without our options never map it.
+* ``slurm_gpu_spank_py.so`` (inner, cffi embedding + libpython), loaded by the
+  outer half next to itself only when needed.
+
+The cffi that compiles the inner half is the venv's, and the embedded
+interpreter imports ``_cffi_backend`` from the same venv (sys.path is pinned
+to the venv interpreter's own isolated path at build time); the Python side
+also checks the backend version at start.
 """
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import sysconfig
 from pathlib import Path
 
-import cffi
-
 HERE = Path(__file__).resolve().parent
-MODULE = "slurm_gpu_spank"
+OUTER = "slurm_gpu_spank"
+INNER = "slurm_gpu_spank_py"
 
 # The part of spank.h the Python side calls.  Enums declared with "..." take
 # their values from the real header at compile time.
@@ -47,7 +53,6 @@ void slurm_verbose(const char *format, ...);
 void slurm_debug(const char *format, ...);
 
 const char *sg_option_value(int which);
-const char *sg_option_name(int which);
 """
 
 EMBEDDING_API = r"""
@@ -66,52 +71,94 @@ dispatch.attach(ffi, lib)
 """
 
 
+def _c_string(s: str) -> str:
+    if any(c in s for c in '"\\\n') or not s.isprintable():
+        raise ValueError(f"unsupported character in path: {s!r}")
+    return f'"{s}"'
+
+
+def isolated_sys_path(python: str) -> list[str]:
+    """``sys.path`` of ``python -I``: the stdlib and the venv's site-packages."""
+    from slurm_gpu.runner import run
+    res = run([python, "-I", "-c", "import sys; print(repr(sys.path))"], timeout=60)
+    paths = [p for p in ast.literal_eval(res.stdout.strip()) if p]
+    if not any(p.endswith("site-packages") for p in paths):
+        raise RuntimeError(f"{python} -I has no site-packages on sys.path: {paths}")
+    return paths
+
+
+def build_outer(output: Path, *, include_dir: str | None = None) -> Path:
+    """Compile the plain-C outer half with gcc (through the command runner)."""
+    from slurm_gpu.runner import run
+    argv = ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror",
+            f"-Wl,--version-script={HERE / 'exports.map'}", "-Wl,-z,now",
+            "-o", str(output), str(HERE / "slurm_gpu_spank.c"), "-ldl"]
+    if include_dir:
+        argv.insert(1, f"-I{include_dir}")
+    run(argv, timeout=300)
+    return output
+
+
+def build_inner(output: Path, *, python: str, include_dir: str | None = None,
+                tmpdir: Path, verbose: bool = False) -> Path:
+    """Compile the cffi embedding half that hosts the interpreter."""
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    ffi.embedding_api(EMBEDDING_API)
+    paths = isolated_sys_path(python)
+    source = (f"#define SG_PYTHON {_c_string(python)}\n"
+              f"#define SG_PATHS {{ {', '.join(_c_string(p) for p in paths)}, NULL }}\n"
+              + (HERE / "slurm_gpu_spank_py.c").read_text())
+    ffi.set_source(
+        INNER, source,
+        include_dirs=[include_dir] if include_dir else [],
+        extra_compile_args=["-O2"],
+        extra_link_args=[f"-Wl,--version-script={HERE / 'exports_py.map'}", "-Wl,-z,now",
+                         "-Wl,-rpath," + (sysconfig.get_config_var("LIBDIR") or "")],
+    )
+    ffi.embedding_init_code(INIT_CODE.format(module=INNER, cffi_version=cffi.__version__))
+    built = Path(ffi.compile(tmpdir=str(tmpdir), target=INNER + ".so", verbose=verbose))
+    os.replace(built, output)
+    return output
+
+
 def build(output: str | os.PathLike[str], *, python: str | None = None,
           include_dir: str | None = None, tmpdir: str | None = None,
           verbose: bool = False) -> Path:
-    """Compile the plugin to *output* and return its path.
+    """Build both halves; *output* is the outer .so, the inner lands beside it.
 
-    *python* is the interpreter whose venv the plugin embeds (default: this
-    one).  *include_dir* holds ``slurm/spank.h`` (default: the system's).
+    *python* is the venv interpreter the plugin embeds (default: this one).
+    Both files are renamed into place, so running steps keep their mapping.
     """
     output = Path(output).resolve()
     python = python or sys.executable
     if not os.path.isabs(python):
         raise ValueError(f"interpreter path must be absolute: {python}")
-    tmp = Path(tmpdir) if tmpdir else output.parent / f".{MODULE}.build"
+    tmp = Path(tmpdir) if tmpdir else output.parent / f".{OUTER}.build"
     tmp.mkdir(parents=True, exist_ok=True)
-    ffi = cffi.FFI()
-    ffi.cdef(CDEF)
-    ffi.embedding_api(EMBEDDING_API)
-    glue = (HERE / "slurm_gpu_spank.c").read_text()
-    source = f'#define SG_PYTHON "{_c_escape(python)}"\n' + glue
-    include_dirs = [include_dir] if include_dir else []
-    ffi.set_source(
-        MODULE, source,
-        include_dirs=include_dirs,
-        extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
-        extra_link_args=[f"-Wl,--version-script={HERE / 'exports.map'}",
-                         "-Wl,-z,now", "-Wl,-rpath," + (sysconfig.get_config_var("LIBDIR") or "")],
-    )
-    ffi.embedding_init_code(INIT_CODE.format(module=MODULE, cffi_version=cffi.__version__))
-    built = Path(ffi.compile(tmpdir=str(tmp), target=MODULE + ".so", verbose=verbose))
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = output.with_name(f".{output.name}.tmp")
-    os.replace(built, tmp_out)
-    os.chmod(tmp_out, 0o755)
-    # rename: processes that have the old plugin mapped keep their copy
-    os.replace(tmp_out, output)
+    inner = output.with_name(INNER + ".so")
+    tmp_inner = build_inner(tmp / (INNER + ".so.new"), python=python, include_dir=include_dir,
+                            tmpdir=tmp, verbose=verbose)
+    tmp_outer = build_outer(tmp / (OUTER + ".so.new"), include_dir=include_dir)
+    for src, dst in ((tmp_inner, inner), (tmp_outer, output)):
+        os.chmod(src, 0o755)
+        staged = dst.with_name(f".{dst.name}.tmp")
+        os.replace(src, staged) if src.parent == dst.parent else _copy(src, staged)
+        os.replace(staged, dst)
     return output
 
 
-def _c_escape(s: str) -> str:
-    if any(c in s for c in '"\\\n'):
-        raise ValueError(f"unsupported character in path: {s!r}")
-    return s
+def _copy(src: Path, dst: Path) -> None:
+    import shutil
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o755)
 
 
 if __name__ == "__main__":
     import argparse
+    sys.path.insert(0, str(HERE.parent))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("output")
     ap.add_argument("--python", default=sys.executable)

@@ -1,22 +1,20 @@
 /*
- * slurm-gpu SPANK shim: the C half of the plugin.
+ * slurm-gpu SPANK plugin, outer half: plain C, NOT linked to libpython.
  *
- * cffi's embedding API compiles this file together with the Python
- * dispatcher (slurm_gpu.spank.dispatch).  The shim only
+ * This is the .so named in plugstack.conf.  It only
  *   - registers the options (so srun, sbatch and salloc all see them),
  *   - stores option values in C,
- *   - decides cheaply whether Python is needed at all, and
- *   - starts an isolated interpreter itself and forwards the hook to ONE
- *     Python entry point (sg_py_hook / sg_py_option).
- * Python never starts in slurmd, never in srun/sbatch/salloc unless one of
- * our options was given, and in slurmstepd only for steps that need it.
- *
- * The build script (spank/build_plugin.py) defines before this file:
- *   SG_PYTHON   absolute path of the venv interpreter whose prefix, stdlib
- *               and site-packages the embedded interpreter uses.
+ *   - decides cheaply whether Python is needed at all, and only then
+ *   - dlopen()s the inner half (slurm_gpu_spank_py.so, next to this file:
+ *     cffi embedding + libpython), which starts an isolated interpreter and
+ *     forwards each hook to ONE Python dispatcher (slurm_gpu.spank.dispatch).
+ * Python (even libpython's mapping) never reaches slurmd, srun/sbatch/salloc
+ * without our options, or steps that do not need it.
  */
+#define _GNU_SOURCE
 #include <slurm/spank.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,9 +38,21 @@ SPANK_PLUGIN(slurm_gpu, 1)
 /* Plugstack argument keys; anything else is a configuration error. */
 static const char *sg_arg_keys[] = { "config", "numa_bind", NULL };
 
-/* Provided by cffi's generated code (embedding API, see build_plugin.py). */
-int sg_py_hook(int hook, spank_t sp, int ac, char **av);
-int sg_py_option(int which, int remote);
+#define SG_INNER "slurm_gpu_spank_py.so"
+
+/* What the inner half gets from us (it cannot see our symbols: Slurm loads
+ * this plugin RTLD_LOCAL).  Keep in sync with slurm_gpu_spank_py.c. */
+struct sg_outer_api {
+    int version;
+    const char *(*option_value)(int which);
+};
+#define SG_API_VERSION 1
+
+typedef int (*sg_start_f)(const char *where, const struct sg_outer_api *api);
+typedef int (*sg_hook_f)(int hook, spank_t sp, int ac, char **av);
+typedef int (*sg_option_f)(int which, int remote);
+static sg_hook_f sg_py_hook;
+static sg_option_f sg_py_option;
 
 static char *sg_values[SG_NOPTS];   /* option values; NULL = not given */
 static int sg_py_state;             /* 0 = not started, 1 = ok, -1 = failed */
@@ -71,77 +81,55 @@ static struct spank_option sg_options[SG_NOPTS] = {
       1, SG_OPT_MIG, sg_opt_cb },
 };
 
-/* ---- accessors for the Python side (declared in the cffi cdef) ---- */
+/* ---- the inner half ---- */
 
-const char *sg_option_value(int which)
+static const char *sg_option_value(int which)
 {
     if (which < 0 || which >= SG_NOPTS)
         return NULL;
     return sg_values[which];
 }
 
-const char *sg_option_name(int which)
-{
-    if (which < 0 || which >= SG_NOPTS)
-        return NULL;
-    return sg_options[which].name;
-}
+static const struct sg_outer_api sg_api = { SG_API_VERSION, sg_option_value };
 
-/* ---- interpreter start ---- */
-
-/*
- * Slurm dlopen()s plugins RTLD_LAZY|RTLD_LOCAL, so libpython's symbols are
- * invisible to extension modules (_cffi_backend, _json, ...) and importing
- * them fails with "undefined symbol: PyExc_SystemError".  Promote libpython
- * to the global namespace before anything runs.
- */
-__attribute__((constructor)) static void sg_promote_libpython(void)
-{
-    Dl_info info;
-    if (dladdr((void *) &Py_InitializeFromConfig, &info) && info.dli_fname)
-        dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
-}
-
-/*
- * Start Python ourselves with an isolated configuration: the job user's
- * PYTHONPATH, PYTHONHOME, PYTHONSTARTUP... and user site are ignored, and
- * the prefix is pinned to the venv the plugin was built from (its
- * pyvenv.cfg makes sys.prefix the venv, exactly like `venv/bin/python -I`).
- * A failure is an error returned to Slurm, never an exit() of the host
- * process and never cffi's silent "returns 0".
- */
+/* Load the inner half (found next to this file) and start Python there.
+ * Any failure is an error returned to Slurm, never an exit() of the host
+ * process and never cffi's silent "returns 0". */
 static int sg_python(const char *where)
 {
+    Dl_info info;
+    char path[PATH_MAX];
+    const char *slash;
+    void *h;
+    sg_start_f start;
+
     if (sg_py_state != 0)
         return sg_py_state == 1 ? 0 : -1;
     sg_py_state = -1;
-    if (!Py_IsInitialized()) {
-        PyConfig cfg;
-        PyStatus st;
-        PyConfig_InitIsolatedConfig(&cfg);
-        cfg.install_signal_handlers = 0;  /* signals belong to srun/slurmstepd */
-        cfg.parse_argv = 0;
-        cfg.write_bytecode = 0;           /* job users cannot write the venv */
-        st = PyConfig_SetBytesString(&cfg, &cfg.program_name, SG_PYTHON);
-        if (!PyStatus_Exception(st))
-            st = PyConfig_SetBytesString(&cfg, &cfg.executable, SG_PYTHON);
-        if (!PyStatus_Exception(st))
-            st = Py_InitializeFromConfig(&cfg);
-        PyConfig_Clear(&cfg);
-        if (PyStatus_Exception(st)) {
-            slurm_error("slurm-gpu: cannot start Python (%s) in %s: %s: %s",
-                        SG_PYTHON, where, st.func ? st.func : "?",
-                        st.err_msg ? st.err_msg : "?");
-            return -1;
-        }
-        PyEval_SaveThread();              /* cffi expects the GIL released */
-    }
-    if (cffi_start_python() != 0) {       /* runs the embedding init code */
-        slurm_error("slurm-gpu: cannot load the Python side of the plugin "
-                    "in %s (is slurm-gpu installed in the venv of %s?)",
-                    where, SG_PYTHON);
+    if (!dladdr((void *) &sg_python, &info) || !info.dli_fname
+        || !(slash = strrchr(info.dli_fname, '/'))
+        || (size_t) (slash - info.dli_fname) + 1 + sizeof(SG_INNER) > sizeof(path)) {
+        slurm_error("slurm-gpu: cannot locate the plugin's own path in %s", where);
         return -1;
     }
+    memcpy(path, info.dli_fname, slash - info.dli_fname + 1);
+    strcpy(path + (slash - info.dli_fname + 1), SG_INNER);
+    /* RTLD_GLOBAL: libpython's symbols must be visible to extension modules */
+    h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        slurm_error("slurm-gpu: cannot load %s in %s: %s", path, where, dlerror());
+        return -1;
+    }
+    start = (sg_start_f) dlsym(h, "sg_inner_start");
+    sg_py_hook = (sg_hook_f) dlsym(h, "sg_inner_hook");
+    sg_py_option = (sg_option_f) dlsym(h, "sg_inner_option");
+    if (!start || !sg_py_hook || !sg_py_option) {
+        slurm_error("slurm-gpu: %s lacks its entry points (rebuild with "
+                    "slurm-gpu spank build)", path);
+        return -1;
+    }
+    if (start(where, &sg_api) != 0)
+        return -1;                       /* the inner half said why */
     sg_py_state = 1;
     return 0;
 }
@@ -167,6 +155,43 @@ static const char *sg_arg(int ac, char **av, const char *key)
     return NULL;
 }
 
+/* Does the comma-separated list contain exactly this token? */
+static int sg_has_token(const char *list, const char *tok)
+{
+    size_t n = strlen(tok);
+    const char *p = list;
+    while (p && *p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t) (end - p) : strlen(p);
+        if (len == n && strncmp(p, tok, n) == 0)
+            return 1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Every token is a mode or "verbose", with exactly one mode. */
+static int sg_numa_value_ok(const char *v)
+{
+    static const char *modes[] = { "strict", "prefer", "off", NULL };
+    const char *p = v;
+    int nmodes = 0, k;
+    while (p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t) (end - p) : strlen(p);
+        int known = (len == 7 && strncmp(p, "verbose", 7) == 0);
+        for (k = 0; modes[k]; k++)
+            if (len == strlen(modes[k]) && strncmp(p, modes[k], len) == 0) {
+                known = 1;
+                nmodes++;
+            }
+        if (!known)
+            return 0;
+        p = end ? end + 1 : NULL;
+    }
+    return nmodes == 1;
+}
+
 /* Unknown plugstack keys are fatal, like pyxis: a typo must not be ignored. */
 static int sg_check_args(int ac, char **av)
 {
@@ -184,21 +209,11 @@ static int sg_check_args(int ac, char **av)
                         av[i]);
             return -1;
         }
-    }
-    return 0;
-}
-
-/* Does the comma-separated list contain exactly this token? */
-static int sg_has_token(const char *list, const char *tok)
-{
-    size_t n = strlen(tok);
-    const char *p = list;
-    while (p && *p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t) (end - p) : strlen(p);
-        if (len == n && strncmp(p, tok, n) == 0)
-            return 1;
-        p = end ? end + 1 : NULL;
+        if (strncmp(av[i], "numa_bind=", 10) == 0 && !sg_numa_value_ok(av[i] + 10)) {
+            slurm_error("slurm-gpu: bad plugstack argument '%s' "
+                        "(numa_bind=strict|prefer|off[,verbose])", av[i]);
+            return -1;
+        }
     }
     return 0;
 }

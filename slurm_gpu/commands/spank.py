@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-PLUGIN_FILE = "slurm_gpu_spank.so"
+PLUGIN_FILE = "slurm_gpu_spank.so"         # outer half, named in plugstack.conf
+INNER_FILE = "slurm_gpu_spank_py.so"       # inner half (Python), loaded from beside it
 DEFAULT_PLUGIN_DIR = "/usr/lib/x86_64-linux-gnu/slurm-wlm"
 DEFAULT_PLUGSTACK = "/etc/slurm/plugstack.conf.d/slurm-gpu.conf"
 
@@ -96,7 +97,11 @@ def spank() -> None:
 @click.option("--include-dir", default=None, help="Directory holding slurm/spank.h [/usr/include].")
 @click.option("-v", "--verbose", is_flag=True, help="Show the compiler's output.")
 def build(output: Path | None, include_dir: str | None, verbose: bool) -> None:
-    """Compile the plugin against this node's slurm/spank.h."""
+    """Compile the plugin against this node's slurm/spank.h.
+
+    Writes two files: OUTPUT (the plugin plugstack.conf names) and
+    slurm_gpu_spank_py.so beside it (the Python half it loads when needed).
+    """
     out = build_plugin(output or default_output(), include_dir=include_dir, verbose=verbose)
     click.echo(str(out))
 
@@ -118,15 +123,19 @@ def install(keyvals: tuple[str, ...], plugin: Path | None, plugin_dir: Path,
     Keys: config=PATH (slurm-gpu config file), numa_bind=strict|prefer|off
     (default for --gpu-numa-bind).  Unknown keys are an error.
     """
+    from ..errors import SlurmGpuError
     dest = plugin_dir.resolve() / PLUGIN_FILE
     line = plugstack_line(dest, keyvals)     # check arguments before touching anything
+    if plugin is not None and not (plugin.parent / INNER_FILE).is_file():
+        raise SlurmGpuError(f"{INNER_FILE} missing beside the plugin", str(plugin.parent))
     plugin_dir.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{PLUGIN_FILE}.tmp")
     if plugin is None:
-        build_plugin(tmp)
+        build_plugin(dest)                   # renames both halves into place
     else:
-        shutil.copyfile(plugin, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, dest)                    # running steps keep the old mapping
+        for name, src in ((INNER_FILE, plugin.parent / INNER_FILE), (PLUGIN_FILE, plugin)):
+            tmp = plugin_dir.resolve() / f".{name}.tmp"
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, plugin_dir.resolve() / name)   # running steps keep their mapping
     write_plugstack(plugstack, line)
     click.echo(f"slurm-gpu: installed {dest}; {plugstack}: {line}")

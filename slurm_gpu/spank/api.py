@@ -5,7 +5,9 @@ with the same methods instead of a running Slurm.
 """
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CONTEXTS = ("error", "local", "remote", "allocator", "slurmd", "job_script")
 

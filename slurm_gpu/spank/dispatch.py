@@ -7,11 +7,13 @@ becomes one ``slurm_error("slurm-gpu: ...")`` line and the hook returns -1.
 """
 from __future__ import annotations
 
-import traceback
-from typing import Any, Callable
-
 from ..errors import SlurmGpuError
 from .api import Spank
+
+# Loaded into srun and slurmstepd: no typing/traceback at import time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 # Hook ids shared with spank/slurm_gpu_spank.c (SG_HOOK_*).
 HOOKS = {1: "init_post_opt", 2: "user_init", 3: "task_init_privileged", 4: "task_init"}
@@ -59,6 +61,7 @@ def _guard(spank: Any, where: str, fn: Callable[[], int]) -> int:
         spank.error(e.line())
     except Exception as e:  # noqa: BLE001 - a plugin must never take srun/slurmstepd down
         spank.error(f"slurm-gpu: internal error in {where}: {type(e).__name__}: {e}")
+        import traceback
         for line in traceback.format_exc().rstrip().splitlines():
             spank.error(f"slurm-gpu:   {line}")
     return -1

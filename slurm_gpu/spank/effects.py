@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import resource
 
 from ..errors import SlurmGpuError
@@ -34,9 +33,9 @@ def _c() -> ctypes.CDLL:
 
 def _nums() -> tuple[int, int]:
     try:
-        return _SYSCALLS[platform.machine()]
+        return _SYSCALLS[os.uname().machine]
     except KeyError:
-        raise SlurmGpuError(f"set_mempolicy: unsupported machine {platform.machine()}") from None
+        raise SlurmGpuError(f"set_mempolicy: unsupported machine {os.uname().machine}") from None
 
 
 def _mask(nodes: tuple[int, ...]) -> tuple[ctypes.Array[ctypes.c_ulong], int]:

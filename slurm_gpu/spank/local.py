@@ -6,9 +6,11 @@ prolog/epilog with ``spank_job_control_setenv`` (they see ``SPANK_<NAME>``).
 """
 from __future__ import annotations
 
-from typing import Any
-
 from . import options
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def option(spank: Any, which: int) -> int:

@@ -7,11 +7,13 @@ raises :class:`~slurm_gpu.errors.UsageError` whose one line names the option.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Callable
-
 from ..errors import SlurmGpuError, UsageError
+
+# Imported by srun/sbatch and slurmstepd on every use of the plugin: keep the
+# import graph to builtins (no dataclasses, typing or re at import time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 # Option ids shared with spank/slurm_gpu_spank.c (SG_OPT_*).
 NUMA_BIND, PROFILE, MPS, MIG = 0, 1, 2, 3
@@ -26,16 +28,27 @@ MPS_DEFAULT = "default"
 PLUGSTACK_KEYS = ("config", "numa_bind")
 
 # One MIG device profile as nvidia-smi names it: [<c>c.]<g>g.<mem>gb[+me|+gfx|...]
-_MIG_PROFILE = re.compile(r"^(?:[1-7]c\.)?[1-7]g\.\d+gb(?:\+[a-z]+)*$")
+_MIG_PROFILE = r"^(?:[1-7]c\.)?[1-7]g\.\d+gb(?:\+[a-z]+)*$"
 
 
-@dataclass(frozen=True)
 class NumaBind:
-    mode: str          # strict | prefer | off
-    verbose: bool = False
+    """A ``--gpu-numa-bind`` value: mode strict|prefer|off, and verbose."""
+
+    __slots__ = ("mode", "verbose")
+
+    def __init__(self, mode: str, verbose: bool = False) -> None:
+        self.mode = mode
+        self.verbose = verbose
 
     def value(self) -> str:
         return self.mode + (",verbose" if self.verbose else "")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NumaBind) and (self.mode, self.verbose) == (other.mode,
+                                                                              other.verbose)
+
+    def __repr__(self) -> str:
+        return f"NumaBind({self.mode!r}, {self.verbose!r})"
 
 
 def parse_numa_bind(value: str, default: NumaBind | None = None,
@@ -90,8 +103,9 @@ def parse_mig(value: str) -> str:
     if not value.strip() or any(not p for p in items):
         raise UsageError(f"bad value {value!r} for --gpu-mig: expected a comma-separated "
                          "list of MIG profiles such as 3g.40gb,2g.20gb")
+    import re
     for p in items:
-        if not _MIG_PROFILE.match(p.lower()):
+        if not re.match(_MIG_PROFILE, p.lower()):
             raise UsageError(f"bad value {value!r} for --gpu-mig: {p!r} is not a MIG profile "
                              "name (like 1g.10gb, 3g.40gb or 1c.3g.40gb)")
     return ",".join(items)
@@ -119,12 +133,21 @@ def validate_option(which: int, value: str | None) -> str:
     raise UsageError(f"unknown option id {which}")
 
 
-@dataclass(frozen=True)
 class PluginArgs:
     """The ``key=value`` arguments of the plugstack.conf line."""
 
-    config: str | None = None
-    numa_bind: NumaBind = NumaBind("off")
+    __slots__ = ("config", "numa_bind")
+
+    def __init__(self, config: str | None = None, numa_bind: NumaBind | None = None) -> None:
+        self.config = config
+        self.numa_bind = numa_bind or NumaBind("off")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PluginArgs) and (self.config, self.numa_bind) == (
+            other.config, other.numa_bind)
+
+    def __repr__(self) -> str:
+        return f"PluginArgs({self.config!r}, {self.numa_bind!r})"
 
 
 def parse_plugstack_args(args: list[str]) -> PluginArgs:

@@ -2,42 +2,47 @@
 
 The C shim calls in here only for steps that need it (an option was given,
 or NUMA binding is on and the step holds GPUs).  ``user_init`` runs once per
-step in the slurmstepd parent and loads everything (config, node model);
-the task children inherit it through fork, so ``task_init`` (as the job
-user) only plans and applies.  ``task_init_privileged`` (root) raises the
-hard memlock limit, which the user cannot.
+step in the slurmstepd parent (root) and gets the node's facts (settings,
+GPU locality) from :mod:`.nodecache`; the task children inherit them
+through fork, so ``task_init`` (as the job user) only plans and applies.
+``task_init_privileged`` (root) raises the hard memlock limit, which the
+user cannot.
 
 Errors found in ``user_init`` are logged there and reported again by each
 task's ``task_init``: its stderr is the job's, so the user sees the
-``slurm-gpu:`` line and the task fails.
+``slurm-gpu:`` line and the task fails.  This module is imported in every
+bound step: it imports only what that path needs.
 """
 from __future__ import annotations
 
 import os
-import resource
-from dataclasses import dataclass
-from typing import Any
 
 from .. import binding
 from ..errors import SlurmGpuError
 from . import options
 from .options import MIG, MPS, NUMA_BIND, PROFILE, NumaBind
-from .settings import SpankSettings
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Job environment variables the planner reads.
 _GPU_ENV = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_GPUS_PER_TASK")
 
 
-@dataclass
 class Step:
-    numa: NumaBind
-    profile: str | None
-    mps: str | None
-    mig: str | None
-    settings: SpankSettings | None = None
-    node: Any = None               # slurm_gpu.hw.model.Node when binding
-    hostname: str = "?"
-    error: SlurmGpuError | None = None
+    """What user_init found, inherited by every task of the step."""
+
+    def __init__(self, numa: NumaBind, profile: str | None = None, mps: str | None = None,
+                 mig: str | None = None, facts: dict[str, Any] | None = None,
+                 hostname: str = "?", error: SlurmGpuError | None = None) -> None:
+        self.numa = numa
+        self.profile = profile
+        self.mps = mps
+        self.mig = mig
+        self.facts = facts or {}          # nodecache: settings, GPU locality, state_dir
+        self.hostname = hostname
+        self.error = error
 
 
 _step: Step | None = None
@@ -46,10 +51,10 @@ _step: Step | None = None
 def _load_step(spank: Any) -> Step:
     args = options.parse_plugstack_args(spank.args)
     if args.config:
-        # load_node() and the config reader look here; this is slurmstepd's
-        # own environment, never the task's.
+        # the config reader and load_node() look here; this is slurmstepd's
+        # own environment, never the task's
         os.environ["SLURM_GPU_CONFIG"] = args.config
-    hostname = spank.getenv("SLURMD_NODENAME") or os.uname().nodename
+    hostname = spank.getenv("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     os.environ.setdefault("SLURMD_NODENAME", hostname)
     profile = spank.option_value(PROFILE)
     step = Step(
@@ -59,25 +64,25 @@ def _load_step(spank: Any) -> Step:
         mig=spank.option_value(MIG),
         hostname=hostname,
     )
-    from . import settings
-    step.settings = settings.load()
-    if step.numa.mode != binding.OFF and any(spank.getenv(v) for v in _GPU_ENV[:3]):
-        from ..hw import load_node
-        step.node = load_node()
+    bind = step.numa.mode != binding.OFF and any(spank.getenv(v) for v in _GPU_ENV[:3])
+    from . import nodecache
+    step.facts = nodecache.get(os.environ.get("SLURM_GPU_CONFIG"), hostname, with_gpus=bind)
+    if not bind:
+        step.facts = dict(step.facts, gpus=None)
     return step
 
 
 def user_init(spank: Any) -> int:
-    """Once per step, in slurmstepd: read config and the node model."""
+    """Once per step, in slurmstepd: settings and GPU locality."""
     global _step
     try:
         _step = _load_step(spank)
     except SlurmGpuError as e:
-        _step = Step(NumaBind("off"), None, None, None, error=e)
+        _step = Step(NumaBind("off"), error=e)
         spank.error(e.line())
     except Exception as e:  # noqa: BLE001 - reported per task below
         err = SlurmGpuError(f"internal error in user_init: {type(e).__name__}: {e}")
-        _step = Step(NumaBind("off"), None, None, None, error=err)
+        _step = Step(NumaBind("off"), error=err)
         spank.error(err.line())
     return 0
 
@@ -85,9 +90,9 @@ def user_init(spank: Any) -> int:
 def task_init_privileged(spank: Any) -> int:
     """In the task's child, still root: lift the hard memlock limit."""
     step = _step
-    if step is None or step.error or not step.profile or step.settings is None:
+    if step is None or step.error or not step.profile:
         return 0
-    limit = step.settings.memlock_bytes()
+    limit = step.facts.get("memlock")
     if limit is not None:
         from . import effects
         warning = effects.raise_memlock(limit, hard=True)
@@ -105,24 +110,23 @@ def task_init(spank: Any) -> int:
         raise step.error
     task = spank.item_int("S_TASK_ID")
     ntasks = spank.item_u32("S_JOB_LOCAL_TASK_COUNT")
-    env = {k: v for k in _GPU_ENV if (v := spank.getenv(k)) is not None}
-    if step.node is not None:
+    if step.facts.get("gpus") is not None:
+        env = {k: v for k in _GPU_ENV if (v := spank.getenv(k)) is not None}
         _bind(spank, step, env, task, ntasks)
     if step.profile:
         _profile(spank, step)
     if step.mps is not None or step.mig is not None:
-        _job_state_env(spank, task, ntasks)
+        _job_state_env(spank, step, task, ntasks)
     return 0
 
 
 def _bind(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -> None:
     from . import effects
-    plan = binding.plan_task(step.node, env, mode=step.numa.mode, local_task=task,
+    plan = binding.plan_task(step.facts["gpus"], env, mode=step.numa.mode, local_task=task,
                              ntasks=ntasks, allowed=effects.allowed_cpus())
     warning = plan.warning
     if plan.applied:
-        assert step.settings is not None
-        nmap = step.settings.numa_map()
+        nmap = step.facts.get("numa_map") or {}
         mems = tuple(sorted({nmap.get(m, m) for m in plan.mems}))
         effects.set_affinity(plan.cpus)
         mode = effects.MPOL_BIND if plan.mode == binding.STRICT else effects.MPOL_PREFERRED
@@ -141,11 +145,11 @@ def _bind(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -
 
 def _profile(spank: Any, step: Step) -> None:
     from . import effects
-    assert step.settings is not None
     if step.profile == "inference":
         effects.disable_thp()
-    limit = step.settings.memlock_bytes()
+    limit = step.facts.get("memlock")
     if limit is not None:
+        import resource
         warning = effects.raise_memlock(limit, hard=False)
         if warning:
             _stderr(f"slurm-gpu: warning: --gpu-profile: {warning}")
@@ -154,30 +158,22 @@ def _profile(spank: Any, step: Step) -> None:
             # (PropagateResourceLimits): hand it ours instead.
             spank.setenv("SLURM_RLIMIT_MEMLOCK",
                          str(resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]))
-    lib = step.settings.allocator_preload
+    lib = step.facts.get("allocator_preload")
     if lib and os.path.isfile(lib):
         pre = spank.getenv("LD_PRELOAD")
         spank.setenv("LD_PRELOAD", f"{lib} {pre}" if pre else lib)
-        for k, v in step.settings.allocator_env.items():
+        for k, v in (step.facts.get("allocator_env") or {}).items():
             spank.setenv(k, v)
 
 
-def _state_dir() -> str:
-    """``[node] state_dir`` (with ``%n``), as the prolog wrote the job state."""
-    from .. import config
-    node = config.load_raw().get("node", {})
-    d = str(node.get("state_dir", "/run/slurm-gpu")) if isinstance(node, dict) else ""
-    return d.replace("%n", os.environ.get("SLURMD_NODENAME", ""))
-
-
-def _job_state_env(spank: Any, task: int, ntasks: int) -> None:
+def _job_state_env(spank: Any, step: Step, task: int, ntasks: int) -> None:
     try:
         from ..jobs import state as jobstate  # mps/mig area
     except ImportError:
         raise SlurmGpuError("--gpu-mps/--gpu-mig need slurm_gpu.jobs, which is not "
                             "installed on this node") from None
     jobid = spank.item_u32("S_JOB_ID")
-    st = jobstate.load(_state_dir(), str(jobid))
+    st = jobstate.load(step.facts["state_dir"], str(jobid))
     if st is None:
         raise SlurmGpuError(f"no GPU state for job {jobid} on this node: the slurm-gpu "
                             "prolog did not set up MPS/MIG")

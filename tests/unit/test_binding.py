@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_gpu import binding
-from slurm_gpu.binding import BindingError, plan_task, task_gpus
+from slurm_gpu.binding import BindingError, locality, plan_task, task_gpus
 from slurm_gpu.hw.model import Core, Gpu, Node, NumaNode, Package
 
 
@@ -29,6 +29,11 @@ def make_node(numa: int = 2, cores_per_numa: int = 2, gpus_per_numa: int = 1,
 
 
 MINI = make_node()            # like mini-2numa: NUMA0 = cores 0,1; NUMA1 = cores 2,3
+LOC = locality(MINI)
+
+
+def ids(gpus):
+    return [g["index"] for g in gpus]
 
 
 def test_cpulist_round_trip():
@@ -40,66 +45,66 @@ def test_cpulist_round_trip():
 def test_slurm_split_gpus_are_taken_as_given():
     # --gpus-per-task=1 with Slurm binding: each task sees its own GPU
     env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "1"}
-    assert [g.index for g in task_gpus(MINI, env, 0, 2)] == [1]
+    assert ids(task_gpus(LOC, env, 0, 2)) == [1]
 
 
 def test_shared_gpus_are_split_per_task():
     env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
-    assert [g.index for g in task_gpus(MINI, env, 0, 2)] == [0]
-    assert [g.index for g in task_gpus(MINI, env, 1, 2)] == [1]
+    assert ids(task_gpus(LOC, env, 0, 2)) == [0]
+    assert ids(task_gpus(LOC, env, 1, 2)) == [1]
     # more tasks than GPUs wrap around like per_task:1
-    assert [g.index for g in task_gpus(MINI, env, 2, 4)] == [0]
-    assert [g.index for g in task_gpus(MINI, env, 3, 4)] == [1]
+    assert ids(task_gpus(LOC, env, 2, 4)) == [0]
+    assert ids(task_gpus(LOC, env, 3, 4)) == [1]
 
 
 def test_gpus_per_task_env_sets_n():
     node = make_node(numa=2, gpus_per_numa=2)
     env = {"SLURM_STEP_GPUS": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
            "SLURM_GPUS_PER_TASK": "2"}
-    assert [g.index for g in task_gpus(node, env, 1, 2)] == [2, 3]
+    assert ids(task_gpus(locality(node), env, 1, 2)) == [2, 3]
 
 
 def test_single_task_keeps_all_gpus():
     env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
-    assert [g.index for g in task_gpus(MINI, env, 0, 1)] == [0, 1]
+    assert ids(task_gpus(LOC, env, 0, 1)) == [0, 1]
 
 
 def test_device_cgroup_local_indices_map_through_step_gpus():
     node = make_node(numa=2, gpus_per_numa=2)
     # step holds GPUs 2,3; ConstrainDevices renumbers them 0,1 for the task
     env = {"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "1"}
-    assert [g.index for g in task_gpus(node, env, 0, 1)] == [3]
+    assert ids(task_gpus(locality(node), env, 0, 1)) == [3]
 
 
 def test_gres_index_follows_device_minor():
     # NVML index order differs from /dev/nvidiaN order: gres index = minor order
     node = make_node(minors=[1, 0])
     env = {"SLURM_STEP_GPUS": "0"}
-    assert [g.index for g in task_gpus(node, env, 0, 1)] == [1]
+    assert ids(task_gpus(locality(node), env, 0, 1)) == [1]
 
 
 def test_batch_step_uses_job_gpus_and_uuid_lists_work():
-    assert [g.index for g in task_gpus(MINI, {"SLURM_JOB_GPUS": "1"}, 0, 1)] == [1]
-    assert [g.index for g in task_gpus(MINI, {"CUDA_VISIBLE_DEVICES": "GPU-0001"}, 0, 1)] == [1]
-    assert task_gpus(MINI, {}, 0, 1) == []
+    assert ids(task_gpus(LOC, {"SLURM_JOB_GPUS": "1"}, 0, 1)) == [1]
+    assert ids(task_gpus(LOC, {"CUDA_VISIBLE_DEVICES": "GPU-0001"}, 0, 1)) == [1]
+    assert task_gpus(LOC, {}, 0, 1) == []
 
 
 def test_strict_binds_to_gpu_local_cpus_within_allowed():
     env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "1"}
-    b = plan_task(MINI, env, mode="strict", local_task=0, ntasks=2, allowed=range(4))
+    b = plan_task(LOC, env, mode="strict", local_task=0, ntasks=2, allowed=range(4))
     assert (b.cpus, b.mems, b.gpus) == ((2, 3), (1,), (1,))
     assert b.env_value() == "strict;gpus=1;cpus=2-3;mems=1"
 
 
 def test_never_widens_slurm_binding():
     env = {"SLURM_STEP_GPUS": "0"}
-    b = plan_task(MINI, env, mode="prefer", local_task=0, ntasks=1, allowed=[1, 2, 3])
+    b = plan_task(LOC, env, mode="prefer", local_task=0, ntasks=1, allowed=[1, 2, 3])
     assert b.cpus == (1,)
 
 
 def test_smt_siblings_come_along():
     node = make_node(numa=2, cores_per_numa=2, smt=2)   # core c has PUs c and c+4
-    b = plan_task(node, {"SLURM_STEP_GPUS": "1"}, mode="strict", local_task=0, ntasks=1,
+    b = plan_task(locality(node), {"SLURM_STEP_GPUS": "1"}, mode="strict", local_task=0, ntasks=1,
                   allowed=range(8))
     assert b.cpus == (2, 3, 6, 7)
 
@@ -107,10 +112,10 @@ def test_smt_siblings_come_along():
 def test_no_local_cpu_strict_fails_prefer_warns():
     env = {"SLURM_STEP_GPUS": "1"}
     with pytest.raises(BindingError) as e:
-        plan_task(MINI, env, mode="strict", local_task=0, ntasks=1, allowed=[0])
+        plan_task(LOC, env, mode="strict", local_task=0, ntasks=1, allowed=[0])
     assert e.value.line().startswith("slurm-gpu: gpu-numa-bind=strict impossible: GPU 1")
     assert "may only use CPUs 0" in e.value.line()
-    b = plan_task(MINI, env, mode="prefer", local_task=0, ntasks=1, allowed=[0])
+    b = plan_task(LOC, env, mode="prefer", local_task=0, ntasks=1, allowed=[0])
     assert not b.applied and b.cpus == () and b.mems == ()
     assert "prefer not applied" in b.warning
     assert b.env_value() == "prefer;gpus=1;none"
@@ -118,8 +123,8 @@ def test_no_local_cpu_strict_fails_prefer_warns():
 
 def test_off_and_no_gpus_do_nothing():
     env = {"SLURM_STEP_GPUS": "0"}
-    assert not plan_task(MINI, env, mode="off", local_task=0, ntasks=1, allowed=[0]).applied
-    assert not plan_task(MINI, {}, mode="strict", local_task=0, ntasks=1, allowed=[0]).applied
+    assert not plan_task(LOC, env, mode="off", local_task=0, ntasks=1, allowed=[0]).applied
+    assert not plan_task(LOC, {}, mode="strict", local_task=0, ntasks=1, allowed=[0]).applied
 
 
 def test_gpu_without_locality():
@@ -128,18 +133,18 @@ def test_gpu_without_locality():
     from dataclasses import replace
     node = replace(node, gpus=(replace(g, numa_nodes=(), cores=()), node.gpus[1]))
     with pytest.raises(BindingError, match="no known NUMA node"):
-        plan_task(node, {"SLURM_STEP_GPUS": "0"}, mode="strict", local_task=0, ntasks=1,
+        plan_task(locality(node), {"SLURM_STEP_GPUS": "0"}, mode="strict", local_task=0, ntasks=1,
                   allowed=range(4))
 
 
 def test_multi_gpu_task_spans_numa_nodes():
-    b = plan_task(MINI, {"SLURM_STEP_GPUS": "0,1"}, mode="strict", local_task=0, ntasks=1,
+    b = plan_task(LOC, {"SLURM_STEP_GPUS": "0,1"}, mode="strict", local_task=0, ntasks=1,
                   allowed=range(4))
     assert b.cpus == (0, 1, 2, 3) and b.mems == (0, 1)
 
 
 def test_verbose_line():
-    b = plan_task(MINI, {"SLURM_STEP_GPUS": "1"}, mode="strict", local_task=0, ntasks=1,
+    b = plan_task(LOC, {"SLURM_STEP_GPUS": "1"}, mode="strict", local_task=0, ntasks=1,
                   allowed=range(4))
     line = binding.verbose_line(b, hostname="n1", pid=42)
     assert line == ("slurm-gpu: gpu-numa-bind=strict - n1, task  0 [42]: gpus 1 cpus 2-3 "
@@ -150,12 +155,18 @@ def test_every_recorded_gpu_machine_binds_each_gpu_locally(gpu_machine_name):
     from conftest import load_machine
     node = load_machine(gpu_machine_name)
     allowed = [p for c in node.cores for p in c.pus]
-    for pos, gpu in enumerate(binding.gres_order(node)):
+    loc = locality(node)
+    assert sorted(g["index"] for g in loc) == sorted(g.index for g in node.gpus)
+    by_index = {g.index: g for g in node.gpus}
+    for pos, entry in enumerate(loc):
+        gpu = by_index[entry["index"]]
         env = {"SLURM_STEP_GPUS": str(pos)}
         if not gpu.numa_nodes:
             continue
-        b = plan_task(node, env, mode="strict", local_task=0, ntasks=1, allowed=allowed)
+        b = plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=allowed)
         assert b.gpus == (gpu.index,)
-        assert b.cpus and set(b.cpus) <= set(binding.local_cpus(node, [gpu]))
+        local = set(node.pus_of_cores(gpu.cores)) if gpu.cores else set(
+            p for n in node.numa_nodes if n.index in gpu.numa_nodes for p in n.pus)
+        assert b.cpus and set(b.cpus) == local
         numa_os = {n.os_index for n in node.numa_nodes if n.index in gpu.numa_nodes}
         assert set(b.mems) == numa_os

@@ -30,6 +30,8 @@ def _dynamic_symbols(so: Path) -> list[str]:
 
 
 def test_exports_only_spank_and_plugin_symbols(plugin):
+    assert _dynamic_symbols(plugin.with_name("slurm_gpu_spank_py.so")) == [
+        "sg_inner_hook", "sg_inner_option", "sg_inner_start"]
     syms = _dynamic_symbols(plugin)
     assert syms, "nm saw no symbols"
     assert all(re.match(r"^(slurm_spank_|plugin_|spank_plugin_version$)", s) for s in syms), syms
@@ -40,11 +42,19 @@ def test_exports_only_spank_and_plugin_symbols(plugin):
     assert not any("prolog" in s or "epilog" in s or "slurmd_exit" in s for s in syms)
 
 
-def test_plugin_embeds_this_venv_and_links_libpython(plugin):
-    data = plugin.read_bytes()
+def _ldd(so: Path) -> str:
+    return subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
+
+
+def test_only_the_inner_half_links_libpython(plugin):
+    inner = plugin.with_name("slurm_gpu_spank_py.so")
+    # slurmd and option-less steps load the outer half only: no libpython there
+    assert "libpython" not in _ldd(plugin)
+    assert "libpython3" in _ldd(inner)
+    data = inner.read_bytes()
     assert sys.executable.encode() in data
-    ldd = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True).stdout
-    assert "libpython3" in ldd
+    site = next(p for p in sys.path if p.endswith("site-packages") and sys.prefix in p)
+    assert site.encode() in data          # sys.path pinned to this venv
 
 
 def test_install_writes_plugstack_line(plugin, tmp_path):
@@ -55,6 +65,8 @@ def test_install_writes_plugstack_line(plugin, tmp_path):
     assert rc == 0
     so = tmp_path / "lib" / "slurm_gpu_spank.so"
     assert so.read_bytes() == plugin.read_bytes()
+    inner = plugin.with_name("slurm_gpu_spank_py.so")
+    assert (tmp_path / "lib" / inner.name).read_bytes() == inner.read_bytes()
     assert ps.read_text() == ("optional /other/plugin.so\n"
                               f"required {so} config=/etc/slurm-gpu/slurm-gpu.toml "
                               "numa_bind=prefer\n")

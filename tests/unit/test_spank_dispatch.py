@@ -6,7 +6,7 @@ import resource
 
 import pytest
 
-from slurm_gpu.spank import dispatch, effects, options, remote
+from slurm_gpu.spank import dispatch, effects, nodecache, options
 from test_binding import MINI
 
 
@@ -105,7 +105,10 @@ def applied(monkeypatch, tmp_path):
     monkeypatch.setattr(effects, "disable_thp", lambda: calls.__setitem__("thp", "off"))
     monkeypatch.setattr(effects, "raise_memlock",
                         lambda limit, hard: calls.setdefault("memlock", []).append((limit, hard)))
-    monkeypatch.setattr("slurm_gpu.hw.load_node", lambda: MINI)
+    loads = []
+    monkeypatch.setattr("slurm_gpu.hw.load_node", lambda: loads.append(1) or MINI)
+    calls["loads"] = loads
+    monkeypatch.setattr(nodecache, "CACHE_DIR", str(tmp_path / "cache"))
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text('[spank]\nnuma_node_map = { "1" = 0 }\nmemlock_max = "64G"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
@@ -265,3 +268,30 @@ def test_memlock_is_raised_never_lowered():
         got = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         assert got == (resource.RLIM_INFINITY,) * 2 or "hard RLIMIT_MEMLOCK" in warning
     assert _in_child(child) == 0
+
+
+def test_node_facts_are_cached_until_the_config_changes(applied, tmp_path):
+    env = {"SLURM_STEP_GPUS": "0"}
+    for _ in range(3):
+        sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, env)
+        assert dispatch.run_hook(sp, "user_init") == 0, sp.errors
+        assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
+    assert len(applied["loads"]) == 1
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(cfg.read_text() + "# touched\n")
+    os.utime(cfg, ns=(1, 1))
+    sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, env)
+    dispatch.run_hook(sp, "user_init")
+    assert len(applied["loads"]) == 2
+    # a step without GPUs or binding does not need (or load) the model
+    sp = FakeSpank("remote", {options.PROFILE: "training"}, {})
+    nodecache_files = set((tmp_path / "cache").iterdir())
+    assert dispatch.run_hook(sp, "user_init") == 0 and len(applied["loads"]) == 2
+    assert set((tmp_path / "cache").iterdir()) == nodecache_files
+
+
+def test_cache_survives_garbage(tmp_path):
+    f = nodecache.cache_file("/x.toml", "n1", str(tmp_path))
+    open(f, "wb").write(b"\x00garbage")
+    assert nodecache.load("/x.toml", "n1", str(tmp_path)) is None

@@ -1,0 +1,127 @@
+"""What the SPANK plugin costs a job step, measured side by side on one sandbox.
+
+    /opt/slurm-gpu/venv/bin/python bench/bench_spank.py [--runs 20] [--machine mini-2numa]
+
+One sandbox (the plugin built and installed) runs, interleaved round by
+round so drift hits every variant alike:
+
+* ``srun -N1 true`` with an empty plugstack.conf (no plugin),
+* ``srun -N1 true`` with the plugin and no option (goal <= 1.25x),
+* ``srun -N1 --gpus=1 --gpu-numa-bind=prefer true`` (goal <= 2.0x the first),
+
+srun and slurmstepd read plugstack.conf at every step, so switching the file
+between runs switches the plugin.  slurmd's RSS is compared between this
+sandbox and a second one started without the plugin, after the same jobs.
+Prints medians and ratios; exits 1 when a goal is missed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+GOALS = {"plugin, no option": 1.25, "plugin, 1 GPU --gpu-numa-bind=prefer": 2.0}
+
+
+def _sandbox(base: Path, tag: str, machine: str, spank: bool):  # -> Sandbox
+    from slurm_gpu.sandbox import Sandbox, SandboxOptions
+    d = Path(tempfile.mkdtemp(prefix=f"bench-spank-{tag}-", dir=base))
+    os.chmod(d, 0o755)
+    opts = SandboxOptions(machine=machine, spank=spank,
+                          extra_config={"spank": {"numa_node_map": {"1": 0}}} if spank else {})
+    sb = Sandbox(d, opts)
+    sb.up()
+    return sb
+
+
+def _time(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"slurm-gpu: bench step failed: {' '.join(argv)}: {res.stderr.strip()}")
+    return dt
+
+
+def _slurmd_rss_kib(sb) -> int:  # type: ignore[no-untyped-def]
+    total = 0
+    for d in sb.status()["daemons"]:
+        if d["name"].startswith("slurmd") and d["alive"]:
+            for line in Path(f"/proc/{d['pid']}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--machine", default="mini-2numa")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("slurm-gpu: bench_spank needs root (it starts Slurm)", file=sys.stderr)
+        return 2
+    base = Path("/tmp/slurm-gpu-bench")
+    base.mkdir(exist_ok=True)
+    os.chmod(base, 0o755)
+    with_plugin = _sandbox(base, "on", a.machine, spank=True)
+    without = None
+    try:
+        env = dict(with_plugin.env)
+        plugstack = with_plugin.layout.plugstack_conf
+        line = plugstack.read_text()
+        variants = [
+            ("no plugin", "", ["srun", "-N1", "true"]),
+            ("plugin, no option", line, ["srun", "-N1", "true"]),
+            ("no plugin, 1 GPU (reference)", "", ["srun", "-N1", "--gpus=1", "true"]),
+            ("plugin, 1 GPU --gpu-numa-bind=prefer", line,
+             ["srun", "-N1", "--gpus=1", "--gpu-numa-bind=prefer", "true"]),
+        ]
+        times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+        for name, conf, argv in variants:           # warm-up: page cache, first-step costs
+            plugstack.write_text(conf)
+            _time(argv, env)
+        for _ in range(a.runs):
+            for name, conf, argv in variants:
+                plugstack.write_text(conf)
+                times[name].append(_time(argv, env))
+        plugstack.write_text(line)
+        rss_on = _slurmd_rss_kib(with_plugin)
+        without = _sandbox(base, "off", a.machine, spank=False)
+        wenv = dict(without.env)
+        for _ in range(len(variants) * (a.runs + 1)):
+            _time(["srun", "-N1", "true"], wenv)
+        rss_off = _slurmd_rss_kib(without)
+    finally:
+        for sb in (with_plugin, without):
+            if sb is not None:
+                sb.down()
+                shutil.rmtree(sb.dir, ignore_errors=True)
+
+    base_ms = statistics.median(times["no plugin"]) * 1000
+    failed = False
+    print(f"bench_spank: medians of {a.runs} runs, machine {a.machine}, interleaved")
+    for name, _, argv in variants:
+        med = statistics.median(times[name]) * 1000
+        ratio = med / base_ms
+        goal = GOALS.get(name)
+        verdict = "" if goal is None else (f"  goal <= {goal:.2f}x " +
+                                           ("ok" if ratio <= goal else "MISSED"))
+        failed |= goal is not None and ratio > goal
+        print(f"  {name:40s} {med:7.1f} ms  {ratio:5.2f}x{verdict}")
+    print(f"  slurmd RSS: {rss_off / 1024:.1f} MiB without the plugin, "
+          f"{rss_on / 1024:.1f} MiB with it ({(rss_on - rss_off) / 1024:+.1f} MiB)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

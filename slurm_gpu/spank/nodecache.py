@@ -1,0 +1,125 @@
+"""What every job step needs from this node, cached between steps.
+
+A bound step needs the ``[spank]`` and ``[node]`` settings and each GPU's
+locality.  Reading them means parsing TOML and loading the node model (on a
+real node: hwloc plus NVML), far too slow to repeat in every slurmstepd.  The
+first step that needs them builds them and stores the plain result with
+``marshal`` (no import cost) under :data:`CACHE_DIR`; later steps reuse it
+while the boot id and the config, snapshot and simulator files are unchanged
+(same mtime, size and inode).  A step that cannot read or write the cache
+just does the slow path.
+"""
+from __future__ import annotations
+
+import marshal
+import os
+
+from .. import __version__
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+CACHE_DIR = "/run/slurm-gpu/spank-cache"
+FORMAT = 1
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _stamp(path: str | None) -> tuple[Any, ...] | None:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, None)
+    return (path, st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _key(config_path: str | None, node: str) -> str:
+    return f"{__version__}:{FORMAT}:{node}:{config_path or ''}"
+
+
+def cache_file(config_path: str | None, node: str, cache_dir: str | None = None) -> str:
+    import zlib
+    return os.path.join(cache_dir or CACHE_DIR, f"{node}-{zlib.crc32(_key(config_path, node).encode()):08x}")
+
+
+def load(config_path: str | None, node: str, cache_dir: str | None = None) -> dict[str, Any] | None:
+    """The cached facts, or None when missing or stale."""
+    try:
+        with open(cache_file(config_path, node, cache_dir), "rb") as f:
+            data = marshal.load(f)
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != _key(config_path, node):
+        return None
+    if data.get("boot_id") != _boot_id():
+        return None
+    for stamp in data.get("stamps", ()):
+        if _stamp(stamp[0]) != stamp:
+            return None
+    return data
+
+
+def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, Any]:
+    """Read settings (and, with *with_gpus*, the node model): the slow path."""
+    import sys
+
+    from .. import config
+    from ..hw import live
+    from . import settings as spank_settings
+    s = spank_settings.load()
+    n = live.settings()
+    # every place config.config_path() looks, so a config appearing later counts
+    candidates = [config_path, str(config.config_path() or ""), "/etc/slurm-gpu/slurm-gpu.toml",
+                  os.path.join(sys.prefix, "etc", "slurm-gpu", "slurm-gpu.toml")]
+    stamps = [_stamp(p) for p in dict.fromkeys(candidates)]
+    stamps += [_stamp(n.snapshot or None), _stamp(n.sim_state)]
+    data: dict[str, Any] = {
+        "key": _key(config_path, node),
+        "boot_id": _boot_id(),
+        "stamps": tuple(st for st in stamps if st is not None),
+        "memlock": s.memlock_bytes(),
+        "allocator_preload": s.allocator_preload,
+        "allocator_env": {str(k): str(v) for k, v in s.allocator_env.items()},
+        "numa_map": s.numa_map(),
+        "state_dir": n.state_dir,
+        "gpus": None,
+    }
+    if with_gpus:
+        from .. import binding
+        from ..hw import load_node
+        data["gpus"] = binding.locality(load_node())
+    return data
+
+
+def store(data: dict[str, Any], config_path: str | None, node: str,
+          cache_dir: str | None = None) -> None:
+    """Write the cache atomically; failures only cost the next step time."""
+    try:
+        os.makedirs(cache_dir or CACHE_DIR, mode=0o700, exist_ok=True)
+        path = cache_file(config_path, node, cache_dir)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            marshal.dump(data, f)
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass
+
+
+def get(config_path: str | None, node: str, *, with_gpus: bool,
+        cache_dir: str | None = None) -> dict[str, Any]:
+    """Cached facts for this node; rebuilt (and stored) when stale or incomplete."""
+    data = load(config_path, node, cache_dir)
+    if data is not None and (data["gpus"] is not None or not with_gpus):
+        return data
+    data = build(config_path, node, with_gpus=with_gpus)
+    store(data, config_path, node, cache_dir)
+    return data

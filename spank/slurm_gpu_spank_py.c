@@ -1,0 +1,114 @@
+/*
+ * slurm-gpu SPANK plugin, inner half: cffi embedding + libpython.
+ *
+ * Loaded by the outer half (slurm_gpu_spank.c) with dlopen(RTLD_GLOBAL) only
+ * when a hook needs Python.  cffi's embedding API compiles this file with the
+ * generated glue; the Python side is slurm_gpu.spank.dispatch.
+ *
+ * The build script (spank/build_plugin.py) defines before this file:
+ *   SG_PYTHON   absolute path of the venv interpreter (program name: its
+ *               pyvenv.cfg makes sys.prefix the venv)
+ *   SG_PATHS    NULL-terminated initialiser of sys.path entries: the venv
+ *               interpreter's stdlib and site-packages at build time
+ */
+#include <slurm/spank.h>
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <wchar.h>
+
+struct sg_outer_api {
+    int version;
+    const char *(*option_value)(int which);
+};
+#define SG_API_VERSION 1
+
+/* Defined by cffi's generated code (ffi.embedding_api in build_plugin.py). */
+int sg_py_hook(int hook, spank_t sp, int ac, char **av);
+int sg_py_option(int which, int remote);
+
+static const struct sg_outer_api *sg_outer;
+static const char *sg_paths[] = SG_PATHS;
+
+/* Exported to Python through the cffi cdef. */
+const char *sg_option_value(int which)
+{
+    return sg_outer ? sg_outer->option_value(which) : NULL;
+}
+
+/*
+ * The outer half opened us RTLD_GLOBAL, but libpython came in as our
+ * dependency: make sure its symbols are global too, or extension modules
+ * (_cffi_backend, _json, ...) fail with "undefined symbol: PyExc_SystemError".
+ */
+__attribute__((constructor)) static void sg_promote_libpython(void)
+{
+    Dl_info info;
+    if (dladdr((void *) &Py_InitializeFromConfig, &info) && info.dli_fname)
+        dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+}
+
+static PyStatus sg_config(PyConfig *cfg)
+{
+    PyStatus st;
+    int i;
+    /* isolated: PYTHONPATH, PYTHONHOME, PYTHONSTARTUP... and the user site
+     * of the job user are ignored */
+    PyConfig_InitIsolatedConfig(cfg);
+    cfg->install_signal_handlers = 0;   /* signals belong to srun/slurmstepd */
+    cfg->parse_argv = 0;
+    cfg->write_bytecode = 0;            /* job users cannot write the venv */
+    cfg->site_import = 0;               /* sys.path is pinned below: no .pth */
+    cfg->user_site_directory = 0;
+    st = PyConfig_SetBytesString(cfg, &cfg->program_name, SG_PYTHON);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(cfg, &cfg->executable, SG_PYTHON);
+    cfg->module_search_paths_set = 1;
+    for (i = 0; !PyStatus_Exception(st) && sg_paths[i]; i++) {
+        wchar_t *w = Py_DecodeLocale(sg_paths[i], NULL);
+        if (!w)
+            return PyStatus_Error("cannot decode a sys.path entry");
+        st = PyWideStringList_Append(&cfg->module_search_paths, w);
+        PyMem_RawFree(w);
+    }
+    return st;
+}
+
+/* Start Python (once) and run the embedding init code.  0 or -1. */
+int sg_inner_start(const char *where, const struct sg_outer_api *api)
+{
+    if (!api || api->version != SG_API_VERSION) {
+        slurm_error("slurm-gpu: plugin halves do not match (rebuild with slurm-gpu spank build)");
+        return -1;
+    }
+    sg_outer = api;
+    if (!Py_IsInitialized()) {
+        PyConfig cfg;
+        PyStatus st = sg_config(&cfg);
+        if (!PyStatus_Exception(st))
+            st = Py_InitializeFromConfig(&cfg);
+        PyConfig_Clear(&cfg);
+        if (PyStatus_Exception(st)) {
+            slurm_error("slurm-gpu: cannot start Python (%s) in %s: %s: %s",
+                        SG_PYTHON, where, st.func ? st.func : "?",
+                        st.err_msg ? st.err_msg : "?");
+            return -1;
+        }
+        PyEval_SaveThread();             /* cffi expects the GIL released */
+    }
+    if (cffi_start_python() != 0) {      /* runs the embedding init code */
+        slurm_error("slurm-gpu: cannot load the Python side of the plugin in %s "
+                    "(is slurm-gpu installed in the venv of %s?)", where, SG_PYTHON);
+        return -1;
+    }
+    return 0;
+}
+
+int sg_inner_hook(int hook, spank_t sp, int ac, char **av)
+{
+    return sg_py_hook(hook, sp, ac, av);
+}
+
+int sg_inner_option(int which, int remote)
+{
+    return sg_py_option(which, remote);
+}

@@ -1,0 +1,177 @@
+"""The SPANK plugin on a real Slurm: discovery, real binding, isolation, failures, bad values.
+
+The sandbox models ``mini-2numa`` (2 NUMA nodes x 1 core; PU OS 0 and 1, one
+GPU per NUMA node), which maps onto this host's two real CPUs, so the CPU
+binding is real.  The host has a single NUMA node, so the sandbox-only
+``[spank] numa_node_map`` sends model node 1 to host node 0 for set_mempolicy.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, Cluster
+
+MACHINE = os.environ.get("SLURM_GPU_SPANK_MACHINE", "mini-2numa")
+OPTIONS = ("--gpu-numa-bind", "--gpu-profile", "--gpu-mps", "--gpu-mig")
+
+# What each task reports about itself: run by the venv's python as the job user.
+PROBE = r"""
+import os, re, sys
+from slurm_gpu.spank.effects import get_mempolicy
+status = open("/proc/self/status").read()
+cpus = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
+first = open("/proc/self/numa_maps").readline().split()
+mode, nodes = get_mempolicy()
+print("TASK", os.environ["SLURM_LOCALID"], os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
+      os.environ.get("SLURM_GPU_BINDING", "-"), cpus, first[1], mode,
+      ",".join(map(str, nodes)) or "-", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(make_sandbox, job_users) -> Cluster:
+    if "/" not in MACHINE and not (REPO / "tests" / "data" / "machines" / MACHINE).is_dir():
+        pytest.fail(f"machine {MACHINE} missing from tests/data/machines (nvml+snapshot area)")
+    return make_sandbox(machine=MACHINE, spank=True,
+                        extra_config={"spank": {"numa_node_map": {"1": 0}}})
+
+
+def _venv_python() -> str:
+    return "/opt/slurm-gpu/venv/bin/python"
+
+
+def _next_jobid(c: Cluster) -> int:
+    """Submit a trivial valid job; its id tells how many jobs were created so far."""
+    return c.sbatch("-o", "/dev/null", "--wrap", "true")
+
+
+def test_help_lists_every_option(cluster):
+    for cmd in ("srun", "sbatch", "salloc"):
+        res = cluster.run([cmd, "--help"])
+        text = res.stdout + res.stderr
+        for opt in OPTIONS:
+            assert opt in text, f"{cmd} --help lacks {opt}"
+        assert text.count("[slurm-gpu]") == len(OPTIONS)
+
+
+def test_strict_binds_each_task_to_its_gpu(cluster):
+    res = cluster.srun("-n2", "--gpus-per-task=1", "--gpu-numa-bind=strict,verbose",
+                       _venv_python(), "-c", PROBE, user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    rows = sorted(line.split()[1:] for line in res.stdout.splitlines() if line.startswith("TASK"))
+    assert len(rows) == 2, res.stdout
+    seen = set()
+    for localid, cvd, binding_env, cpus, numa_policy, mode, nodes in rows:
+        gpu = re.search(r"gpus=(\d+)", binding_env).group(1)
+        # mini-2numa: GPU N sits on NUMA node N whose only PU is OS CPU N
+        assert cpus == gpu, rows
+        assert binding_env == f"strict;gpus={gpu};cpus={gpu};mems={gpu}"
+        assert mode == "2" and nodes == "0"          # MPOL_BIND to host node 0 (mapped)
+        assert numa_policy == "bind:0"
+        seen.add(cpus)
+    assert seen == {"0", "1"}, "both tasks were bound to the same GPU's cores"
+    verbose = [l for l in res.stderr.splitlines() if "gpu-numa-bind=strict" in l]
+    assert len(verbose) == 2 and all("(MPOL_BIND)" in l for l in verbose), res.stderr
+
+
+def test_prefer_on_one_gpu_sets_preferred_policy(cluster):
+    res = cluster.srun("--gpus=1", "--gpu-numa-bind=prefer", _venv_python(), "-c", PROBE,
+                       user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+    assert row[3].startswith("prefer;gpus=0;cpus=0;") and row[4] == "0"
+    assert row[6] == "1" and row[5].startswith("prefer")  # MPOL_PREFERRED
+
+
+def test_tasks_see_the_options(cluster):
+    res = cluster.srun("--gpu-profile=inference", "--gpu-numa-bind=off", "/bin/sh", "-c",
+                       "echo $SLURM_GPU_PROFILE $SLURM_GPU_NUMA_BIND; "
+                       "grep -c . /proc/self/status >/dev/null", user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["inference", "off"]
+
+
+def test_no_python_without_options(cluster, tmp_path):
+    """srun without our options never starts Python; with one it does."""
+    def opened(*args: str) -> str:
+        trace = cluster.dir / "strace.out"
+        res = cluster.run(["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(trace),
+                           "srun", *args, "true"])
+        assert res.returncode == 0, res.stderr
+        text = trace.read_text()
+        trace.unlink()
+        return text
+    assert "_cffi_backend" not in opened("-N1")
+    assert "_cffi_backend" in opened("-N1", "--gpu-profile=none")
+    # slurmd loads the plugin but never starts Python: the backend is not mapped
+    pids = [d["pid"] for d in cluster.sb.status()["daemons"]
+            if d["name"].startswith("slurmd") and d["alive"]]
+    assert pids
+    for pid in pids:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "slurm_gpu_spank.so" in maps and "_cffi_backend" not in maps
+
+
+def test_poisoned_python_environment_still_runs(cluster):
+    evil = cluster.user_dir("sgtest1") / "evil"
+    (evil / "encodings").mkdir(parents=True, exist_ok=True)
+    (evil / "encodings" / "__init__.py").write_text("raise SystemExit('poisoned encodings')\n")
+    (evil / "slurm_gpu").mkdir(exist_ok=True)
+    (evil / "slurm_gpu" / "__init__.py").write_text("raise SystemExit('poisoned slurm_gpu')\n")
+    os.system(f"chown -R sgtest1 {evil}")
+    env = {"PYTHONPATH": str(evil), "PYTHONHOME": str(evil), "PYTHONSTARTUP": str(evil),
+           "PYTHONNOUSERSITE": "", "PYTHONUSERBASE": str(evil)}
+    res = cluster.run(["srun", "--gpus=1", "--gpu-numa-bind=strict", "--gpu-profile=training",
+                       "/bin/sh", "-c", "echo ok $PYTHONHOME $SLURM_GPU_BINDING"],
+                      user="sgtest1", env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["ok", str(evil), "strict;gpus=0;cpus=0;mems=0"]
+
+
+def test_python_failure_fails_step_but_not_slurm(cluster):
+    toml = cluster.dir / "etc" / "slurm-gpu.toml"
+    good = toml.read_text()
+    try:
+        toml.write_text(good + "\n[spank.allocator_env]\nX = 1\n")    # wrong type: a Python error
+        res = cluster.srun("--gpus=1", "--gpu-numa-bind=strict", "true", user="sgtest1")
+        assert res.returncode != 0
+        assert "slurm-gpu: [spank] allocator_env.X must be a string" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        toml.write_text(good)
+    node = cluster.nodes[0]
+    assert cluster.node_states()[node] in ("idle", "mixed", "allocated"), cluster.node_states()
+    ok = cluster.srun("--gpus=1", "--gpu-numa-bind=strict", "true", user="sgtest1")
+    assert ok.returncode == 0, ok.stderr
+    for name in ("slurmctld", node):
+        assert "Segmentation" not in cluster.log(name) and "fatal" not in cluster.log(name).lower()
+
+
+BAD = [
+    ("--gpu-numa-bind=sometimes", "--gpu-numa-bind"),
+    ("--gpu-numa-bind=strict,prefer", "--gpu-numa-bind"),
+    ("--gpu-profile=gaming", "--gpu-profile"),
+    ("--gpu-mps=0", "--gpu-mps"),
+    ("--gpu-mps=101", "--gpu-mps"),
+    ("--gpu-mig=7g.80gb,,", "--gpu-mig"),
+    ("--gpu-mig=big", "--gpu-mig"),
+]
+
+
+def test_bad_values_fail_before_submission(cluster):
+    before = _next_jobid(cluster)
+    for opt, name in BAD:
+        for cmd in (["srun", opt, "true"], ["sbatch", opt, "-o", "/dev/null", "--wrap", "true"],
+                    ["salloc", opt, "true"]):
+            res = cluster.run(cmd, user="sgtest1", timeout=30)
+            assert res.returncode != 0, (cmd, res.stdout)
+            ours = [l for l in res.stderr.splitlines() if "slurm-gpu:" in l]
+            assert len(ours) == 1, (cmd, res.stderr)
+            assert f"for {name}" in ours[0] and opt.split("=", 1)[1] in ours[0]
+            assert "Traceback" not in res.stderr
+    after = _next_jobid(cluster)
+    assert after == before + 1, f"{after - before - 1} job(s) were submitted by bad options"
