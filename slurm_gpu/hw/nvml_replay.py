@@ -15,16 +15,15 @@ Three things live here because the replay backend and the simulator
 :class:`ReplayNvml` answers every call from recorded data, keyed by function
 name, handle key and arguments (see :mod:`slurm_gpu.hw.nvml_record`).  A call
 that was never recorded answers ``NVML_ERROR_NOT_SUPPORTED``, like a driver
-that does not support it.  A fault overlay (see ``docs/snapshots.md``) patches
-answers: a lost GPU, an ECC count, a hung call, XID events.
+that does not support it.  Fault overlays (a lost GPU, an ECC count, a hung call, XID
+events) are applied on top by :mod:`slurm_gpu.hw.nvml_overlay`.
 """
 from __future__ import annotations
 
 import ctypes
 import string
-import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from . import nvml_constants as C
 
@@ -345,65 +344,31 @@ class ReplayNvml(NvmlSurface):
 
     Each record is ``{"fn": name, "dev": handle key or "", "args": [...],
     "result": value}`` or ``... "error": code`` (see docs/snapshots.md).
+    Faults are layered on top by :class:`~slurm_gpu.hw.nvml_overlay.OverlayNvml`.
     """
 
-    def __init__(self, calls: Iterable[Mapping[str, Any]], *, overlay: Mapping[str, Any] | None = None,
-                 where: str = "snapshot") -> None:
+    def __init__(self, calls: Iterable[Mapping[str, Any]], *, where: str = "snapshot") -> None:
         self._answers: dict[Key, Mapping[str, Any]] = {}
         for rec in calls:
             self._answers[(rec["fn"], rec.get("dev", ""), tuple(_freeze(a) for a in rec.get("args", ())))] = rec
-        self._wildcards: list[tuple[str, str, Mapping[str, Any]]] = []  # overlay entries without args
-        self._lost: set[str] = set()
-        self._hangs: list[tuple[str, str, float]] = []
-        self._events: list[dict[str, Any]] = []
-        self._event_lock = threading.Lock()
         self.where = where
-        if overlay:
-            apply_overlay(self, overlay)
-
-    # -- lookup -----------------------------------------------------------
-
-    def bus_ids(self) -> dict[str, str]:
-        """Recorded PCI bus id (normalized) -> device handle key."""
-        from .model import normalize_bus_id
-        out: dict[str, str] = {}
-        for (fn, dev, args), rec in self._answers.items():
-            if fn in ("nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3") and "/" not in dev and "result" in rec:
-                bus = rec["result"].get("busId") if isinstance(rec["result"], dict) else None
-                if bus:
-                    out[normalize_bus_id(bus)] = dev
-        return out
 
     def _answer(self, fn: str, args: tuple[Any, ...]) -> Any:
         key = call_key(fn, args)
-        _, dev, rest = key
-        for hfn, hdev, secs in self._hangs:
-            if hfn == fn and (not hdev or hdev == dev):
-                time.sleep(secs)
-        if dev and dev.split("/")[0] in self._lost:
-            raise NVMLError(C.NVML_ERROR_GPU_IS_LOST)
-        if fn == "nvmlDeviceGetHandleByIndex" and f"gpu{rest[0]}" in self._lost:
-            raise NVMLError(C.NVML_ERROR_GPU_IS_LOST)
         rec = self._answers.get(key)
-        if rec is None:
-            for wfn, wdev, wrec in self._wildcards:
-                if wfn == fn and (not wdev or wdev == dev):
-                    rec = wrec
-                    break
         if rec is None:
             if fn in ("nvmlInit", "nvmlInitWithFlags", "nvmlShutdown"):
                 return None
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         if "error" in rec:
             raise NVMLError(error_code(rec["error"]))
-        hkey = handle_key_for(fn, dev, rest)
+        hkey = handle_key_for(fn, key[1], key[2])
         if hkey is not None:
             return Handle(hkey)
-        result = rec.get("result")
         outs = [a for a in args if is_out_param(a)]
         if "out" in rec and outs:
             fill_struct(outs[0], rec["out"])
-        return from_plain(result)
+        return from_plain(rec.get("result"))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml") and name[4:5].isupper() and not hasattr(C, name):
@@ -414,131 +379,21 @@ class ReplayNvml(NvmlSurface):
             return call
         return super().__getattr__(name)
 
-    # -- events: served from the overlay's "events" list --------------------
-
+    # Event sets hold live state, so they are never recorded: a replay has
+    # no events of its own (an overlay's "events" supply them).
     def nvmlEventSetCreate(self) -> Handle:
         return Handle("eventset")
 
     def nvmlDeviceRegisterEvents(self, handle: Handle, eventTypes: int, eventSet: Handle) -> None:
-        self._answer_check_lost(handle)
+        return None
 
     def nvmlEventSetWait_v2(self, eventSet: Handle, timeoutms: int) -> NvmlStruct:
-        with self._event_lock:
-            ev = self._events.pop(0) if self._events else None
-        if ev is None:
-            time.sleep(min(timeoutms, 50) / 1000.0)
-            raise NVMLError(C.NVML_ERROR_TIMEOUT)
-        return NvmlStruct({"device": Handle(ev["dev"]), "eventType": ev["eventType"],
-                           "eventData": ev.get("eventData", 0), "gpuInstanceId": ev.get("gpuInstanceId", 0),
-                           "computeInstanceId": ev.get("computeInstanceId", 0)})
+        time.sleep(min(timeoutms, 50) / 1000.0)
+        raise NVMLError(C.NVML_ERROR_TIMEOUT)
 
     nvmlEventSetWait = nvmlEventSetWait_v2
 
     def nvmlEventSetFree(self, eventSet: Handle) -> None:
         return None
 
-    def _answer_check_lost(self, handle: Handle) -> None:
-        if handle.key.split("/")[0] in self._lost:
-            raise NVMLError(C.NVML_ERROR_GPU_IS_LOST)
 
-
-# ------------------------------------------------------------- overlays
-
-_EVENT_TYPES = {
-    "xid": C.nvmlEventTypeXidCriticalError,
-    "double_bit_ecc": C.nvmlEventTypeDoubleBitEccError,
-    "single_bit_ecc": C.nvmlEventTypeSingleBitEccError,
-}
-
-
-def _resolve_dev(replay: ReplayNvml, gpu: Any, bus_map: dict[str, str]) -> str:
-    from .model import normalize_bus_id
-    if gpu is None or gpu == "":
-        return ""
-    if isinstance(gpu, int):
-        return f"gpu{gpu}"
-    if _looks_like_handle_key(gpu):
-        return gpu
-    try:
-        bus = normalize_bus_id(gpu)
-    except ValueError:
-        raise ValueError(f"overlay names GPU {gpu!r}: not a bus id, index or handle key") from None
-    if bus not in bus_map:
-        raise ValueError(f"overlay names GPU {bus}, which the recording does not have")
-    return bus_map[bus]
-
-
-def apply_overlay(replay: ReplayNvml, overlay: Mapping[str, Any]) -> None:
-    """Patch a replay with a fault overlay (format in docs/snapshots.md).
-
-    Raises ValueError naming the bad entry; callers turn it into InputError.
-    """
-    unknown = set(overlay) - {"gpus", "calls", "events", "comment"}
-    if unknown:
-        raise ValueError(f"unknown overlay key {sorted(unknown)[0]!r}")
-    bus_map = replay.bus_ids()
-    for gpu, props in (overlay.get("gpus") or {}).items():
-        dev = _resolve_dev(replay, gpu, bus_map)
-        if not isinstance(props, Mapping):
-            raise ValueError(f"overlay gpus.{gpu} must be an object")
-        bad = set(props) - {"lost"}
-        if bad:
-            raise ValueError(f"unknown overlay key gpus.{gpu}.{sorted(bad)[0]}")
-        if props.get("lost"):
-            replay._lost.add(dev)
-    for i, entry in enumerate(overlay.get("calls") or ()):
-        if not isinstance(entry, Mapping) or "fn" not in entry:
-            raise ValueError(f"overlay calls[{i}] needs \"fn\"")
-        bad = set(entry) - {"fn", "gpu", "args", "result", "error", "hang", "out"}
-        if bad:
-            raise ValueError(f"unknown overlay key calls[{i}].{sorted(bad)[0]}")
-        dev = _resolve_dev(replay, entry.get("gpu"), bus_map)
-        fn = entry["fn"]
-        if "hang" in entry:
-            replay._hangs.append((fn, dev, float(entry["hang"])))
-            if not ({"result", "error", "out"} & set(entry)):
-                continue
-        rec: dict[str, Any] = {"fn": fn, "dev": dev}
-        if "error" in entry:
-            try:
-                rec["error"] = error_code(entry["error"])
-            except ValueError as e:
-                raise ValueError(f"overlay calls[{i}]: {e}") from None
-        if "result" in entry:
-            rec["result"] = entry["result"]
-        if "out" in entry:
-            rec["out"] = entry["out"]
-        if "args" in entry:
-            key = (fn, dev, tuple(_freeze(a) for a in entry["args"]))
-            old = replay._answers.get(key)
-            if old is not None and isinstance(old.get("result"), dict) and isinstance(rec.get("result"), dict):
-                rec["result"] = {**old["result"], **rec["result"]}
-            if old is not None and isinstance(old.get("out"), dict) and isinstance(rec.get("out"), dict):
-                rec["out"] = {**old["out"], **rec["out"]}
-            replay._answers[key] = rec
-        else:
-            # No args: patch every recorded call of fn on that device, and
-            # answer unrecorded ones too.
-            for key, old in list(replay._answers.items()):
-                if key[0] == fn and (not dev or key[1] == dev):
-                    new = dict(rec)
-                    if isinstance(old.get("result"), dict) and isinstance(rec.get("result"), dict):
-                        new["result"] = {**old["result"], **rec["result"]}
-                    if isinstance(old.get("out"), dict) and isinstance(rec.get("out"), dict):
-                        new["out"] = {**old["out"], **rec["out"]}
-                    replay._answers[key] = new
-            replay._wildcards.append((fn, dev, rec))
-    for i, ev in enumerate(overlay.get("events") or ()):
-        if not isinstance(ev, Mapping):
-            raise ValueError(f"overlay events[{i}] must be an object")
-        et = ev.get("type", "xid")
-        etype = _EVENT_TYPES.get(et) if isinstance(et, str) else int(et)
-        if etype is None:
-            raise ValueError(f"overlay events[{i}]: unknown event type {et!r}")
-        replay._events.append({"dev": _resolve_dev(replay, ev.get("gpu", 0), bus_map), "eventType": etype,
-                               "eventData": int(ev.get("data", 0)),
-                               "gpuInstanceId": int(ev.get("gpu_instance", 0xFFFFFFFF)),
-                               "computeInstanceId": int(ev.get("compute_instance", 0xFFFFFFFF))})
-
-
-Loader = Callable[[], ReplayNvml]

@@ -101,14 +101,19 @@ def _with_sources(node: Node, sources: tuple[str, ...]) -> Node:
 
 def replay_api(data: Mapping[str, Any], path: str, overlay: Mapping[str, Any] | None = None,
                overlay_source: str = "overlay") -> Any:
-    """A :class:`ReplayNvml` over a parsed snapshot (with the overlay applied)."""
+    """A :class:`ReplayNvml` over a parsed snapshot, with the fault overlay applied."""
     from .nvml_replay import ReplayNvml
     try:
-        return ReplayNvml(data["nvml"]["calls"], overlay=overlay, where=path)
-    except ValueError as e:
-        raise InputError(f"bad overlay: {e}", overlay_source) from None
+        api: Any = ReplayNvml(data["nvml"]["calls"], where=path)
     except (KeyError, TypeError) as e:
         raise InputError(f"bad recorded call: {e}", f"{path}: nvml.calls") from None
+    if overlay:
+        from .nvml_overlay import OverlayNvml
+        try:
+            api = OverlayNvml(api, overlay)
+        except ValueError as e:
+            raise InputError(f"bad overlay: {e}", overlay_source) from None
+    return api
 
 
 def replay(data: Mapping[str, Any], path: str, *, overlay: Mapping[str, Any] | None = None,

@@ -7,15 +7,24 @@ makes every component of the project use it as "this node's NVML".
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .nvml import SimNvml, inject_event, set_overlay
 from .state import init_state, init_state_for_machine, load_facts
 
 __all__ = ["SimNvml", "init_state", "init_state_for_machine", "inject_event", "load_facts", "open_sim", "set_overlay"]
 
 
-def open_sim(state_path: str) -> SimNvml:
-    """The simulator over *state_path*, initialised like ``pynvml.nvmlInit()`` leaves it."""
+def open_sim(state_path: str) -> Any:
+    """The simulator over *state_path*, initialised like ``pynvml.nvmlInit()`` leaves it.
+
+    It is wrapped in :class:`~slurm_gpu.hw.nvml_overlay.OverlayNvml` reading
+    the state's ``overlay`` on every call, so faults injected by another
+    process (:func:`set_overlay`) take effect at once.  Non-NVML attributes
+    (``state``, ``edit``, ``mig_minors``) pass through to the simulator.
+    """
+    from ..hw.nvml_overlay import OverlayNvml
     sim = SimNvml.from_state_file(state_path)
     sim.state  # noqa: B018 - fail now, with the file named, if the state is unreadable
     sim.nvmlInit()
-    return sim
+    return OverlayNvml(sim, lambda: sim.state.get("overlay") or {})

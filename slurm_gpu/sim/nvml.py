@@ -14,9 +14,12 @@ Hooks for other parts (documented in ``docs/snapshots.md``):
   area's ``slurm_gpu/sim/mig.py`` adds create/destroy by editing that list
   under :meth:`SimNvml.edit` and reuses :func:`gi_id_for_placement`,
   :func:`mig_uuid`.
-* Faults: ``state["overlay"]`` uses the snapshot fault-overlay format (lost
-  GPU, any call's result or error, a hang of N seconds); ``state["events"]``
-  is a queue of pending events that ``nvmlEventSetWait`` hands out once.
+* Faults: ``state["overlay"]`` holds a fault overlay in the snapshot format
+  (lost GPU, any call's result or error, a hang of N seconds), applied by
+  :class:`~slurm_gpu.hw.nvml_overlay.OverlayNvml`, which :func:`slurm_gpu.sim.open_sim`
+  wraps around the simulator; ``state["events"]`` is a queue of pending
+  events that ``nvmlEventSetWait`` hands out once, to whichever process
+  waits first (:func:`inject_event`).
 """
 from __future__ import annotations
 
@@ -165,52 +168,12 @@ class SimNvml(NvmlSurface):
         if not self._initialised:
             raise NVMLError(C.NVML_ERROR_UNINITIALIZED)
 
-    def _fault(self, fn: str, h: Any, args: tuple[Any, ...]) -> Any:
-        """Apply injected faults (state["overlay"]); returns a result override or None."""
-        overlay = self.state.get("overlay") or {}
-        if not overlay:
-            return None
-        dev = h.key if isinstance(h, Handle) else ""
-        base = dev.split("/")[0]
-        buses = {normalize_bus_id(g["bus_id"]): f"gpu{i}" for i, g in enumerate(self._gpus())}
-
-        def resolve(gpu: Any) -> str:
-            if gpu is None or gpu == "":
-                return ""
-            if isinstance(gpu, int):
-                return f"gpu{gpu}"
-            if gpu.startswith("gpu"):
-                return gpu
-            return buses.get(normalize_bus_id(gpu), "?")
-
-        for gpu, props in (overlay.get("gpus") or {}).items():
-            if props.get("lost") and resolve(gpu) == base and base:
-                raise NVMLError(C.NVML_ERROR_GPU_IS_LOST)
-        for entry in overlay.get("calls") or ():
-            if entry.get("fn") != fn:
-                continue
-            edev = resolve(entry.get("gpu"))
-            if edev and edev != dev:
-                continue
-            if "args" in entry and list(entry["args"]) != list(args):
-                continue
-            if "hang" in entry:
-                time.sleep(float(entry["hang"]))
-            if "error" in entry:
-                raise NVMLError(error_code(entry["error"]))
-            if "result" in entry:
-                return ("result", entry["result"])
-        return None
-
     # -- library ----------------------------------------------------------
 
     def nvmlInit(self) -> None:
         self.nvmlInitWithFlags(0)
 
     def nvmlInitWithFlags(self, flags: int) -> None:
-        fault = self._fault("nvmlInit", None, ())
-        if fault is not None:
-            return None
         self._initialised += 1
 
     def nvmlShutdown(self) -> None:
@@ -233,8 +196,7 @@ class SimNvml(NvmlSurface):
 
     def nvmlDeviceGetCount(self) -> int:
         self._check_init()
-        f = self._fault("nvmlDeviceGetCount", None, ())
-        return f[1] if f else len(self._gpus())
+        return len(self._gpus())
 
     # -- handles ----------------------------------------------------------
 
@@ -242,9 +204,7 @@ class SimNvml(NvmlSurface):
         self._check_init()
         if not 0 <= int(index) < len(self._gpus()):
             raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
-        h = Handle(f"gpu{int(index)}")
-        self._fault("nvmlDeviceGetHandleByIndex", h, (index,))
-        return h
+        return Handle(f"gpu{int(index)}")
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Handle:
         self._check_init()
@@ -283,14 +243,12 @@ class SimNvml(NvmlSurface):
             return lst[j]
         return None
 
-    def _simple(self, fn: str, h: Handle, args: tuple[Any, ...] = ()) -> tuple[int, dict[str, Any], Any]:
-        i, g = self._gpu(h)
-        return i, g, self._fault(fn, h, args)
+    def _simple(self, fn: str, h: Handle, args: tuple[Any, ...] = ()) -> tuple[int, dict[str, Any]]:
+        # Faults are not applied here: OverlayNvml wraps the simulator (open_sim).
+        return self._gpu(h)
 
     def nvmlDeviceGetName(self, handle: Handle) -> str:
-        i, g, f = self._simple("nvmlDeviceGetName", handle)
-        if f:
-            return f[1]
+        i, g = self._simple("nvmlDeviceGetName", handle)
         mig = self._mig_of(handle)
         if mig:
             gi, ci = mig
@@ -299,9 +257,7 @@ class SimNvml(NvmlSurface):
         return g["name"]
 
     def nvmlDeviceGetUUID(self, handle: Handle) -> str:
-        i, g, f = self._simple("nvmlDeviceGetUUID", handle)
-        if f:
-            return f[1]
+        i, g = self._simple("nvmlDeviceGetUUID", handle)
         mig = self._mig_of(handle)
         if mig:
             gi, ci = mig
@@ -309,29 +265,23 @@ class SimNvml(NvmlSurface):
         return g["uuid"]
 
     def nvmlDeviceGetSerial(self, handle: Handle) -> str:
-        i, g, f = self._simple("nvmlDeviceGetSerial", handle)
-        if f:
-            return f[1]
+        i, g = self._simple("nvmlDeviceGetSerial", handle)
         if "serial" not in g:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         return str(g["serial"])
 
     def nvmlDeviceGetMinorNumber(self, handle: Handle) -> int:
-        i, g, f = self._simple("nvmlDeviceGetMinorNumber", handle)
-        return f[1] if f else int(g.get("minor", i))
+        i, g = self._simple("nvmlDeviceGetMinorNumber", handle)
+        return int(g.get("minor", i))
 
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> NvmlStruct:
-        i, g, f = self._simple("nvmlDeviceGetPciInfo", handle)
-        if f:
-            return NvmlStruct(f[1])
+        i, g = self._simple("nvmlDeviceGetPciInfo", handle)
         return _pci(g["bus_id"], _int(g["pci_device_id"]), _int(g.get("pci_subsystem_id", 0)))
 
     nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> NvmlStruct:
-        i, g, f = self._simple("nvmlDeviceGetMemoryInfo", handle)
-        if f:
-            return NvmlStruct(f[1])
+        i, g = self._simple("nvmlDeviceGetMemoryInfo", handle)
         total = int(g["memory_mib"]) * 1024 * 1024
         reserved = int(g.get("memory_reserved_mib", 0)) * 1024 * 1024
         used = int(g.get("memory_used_mib", 0)) * 1024 * 1024
@@ -342,21 +292,19 @@ class SimNvml(NvmlSurface):
         return NvmlStruct(d)
 
     def nvmlDeviceGetArchitecture(self, device: Handle) -> int:
-        i, g, f = self._simple("nvmlDeviceGetArchitecture", device)
-        if f:
-            return f[1]
+        i, g = self._simple("nvmlDeviceGetArchitecture", device)
         return architecture(g)
 
     def nvmlDeviceGetPersistenceMode(self, handle: Handle) -> int:
-        i, g, f = self._simple("nvmlDeviceGetPersistenceMode", handle)
-        return f[1] if f else int(g.get("health", {}).get("persistence_mode", 1))
+        i, g = self._simple("nvmlDeviceGetPersistenceMode", handle)
+        return int(g.get("health", {}).get("persistence_mode", 1))
 
     def nvmlDeviceGetComputeMode(self, handle: Handle) -> int:
-        i, g, f = self._simple("nvmlDeviceGetComputeMode", handle)
-        return f[1] if f else int(self.state.get("compute_mode", {}).get(str(i), C.NVML_COMPUTEMODE_DEFAULT))
+        i, g = self._simple("nvmlDeviceGetComputeMode", handle)
+        return int(self.state.get("compute_mode", {}).get(str(i), C.NVML_COMPUTEMODE_DEFAULT))
 
     def nvmlDeviceSetComputeMode(self, handle: Handle, mode: int) -> None:
-        i, g, f = self._simple("nvmlDeviceSetComputeMode", handle, (mode,))
+        i, g = self._simple("nvmlDeviceSetComputeMode", handle, (mode,))
         if mode not in (C.NVML_COMPUTEMODE_DEFAULT, C.NVML_COMPUTEMODE_PROHIBITED,
                         C.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS):
             raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
@@ -365,8 +313,8 @@ class SimNvml(NvmlSurface):
 
     # -- NVLink -----------------------------------------------------------
 
-    def _link(self, handle: Handle, fn: str, link: int) -> tuple[dict[str, Any] | None, Any]:
-        i, g, f = self._simple(fn, handle, (link,))
+    def _link(self, handle: Handle, fn: str, link: int) -> dict[str, Any] | None:
+        i, g = self._simple(fn, handle, (link,))
         nv = g.get("nvlink") or {}
         count = int(nv.get("count", 0))
         if count == 0:
@@ -375,22 +323,18 @@ class SimNvml(NvmlSurface):
             raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
         for peer in nv.get("peers", ()):
             if int(link) in peer["links"]:
-                return peer, f
-        return None, f
+                return peer
+        return None
 
     def nvmlDeviceGetNvLinkState(self, device: Handle, link: int) -> int:
-        peer, f = self._link(device, "nvmlDeviceGetNvLinkState", link)
-        if f:
-            return f[1]
+        peer = self._link(device, "nvmlDeviceGetNvLinkState", link)
         if peer is None:
             return C.NVML_FEATURE_DISABLED
         down = peer.get("down", ())
         return C.NVML_FEATURE_DISABLED if int(link) in down else C.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Handle, link: int) -> NvmlStruct:
-        peer, f = self._link(device, "nvmlDeviceGetNvLinkRemotePciInfo", link)
-        if f:
-            return NvmlStruct(f[1])
+        peer = self._link(device, "nvmlDeviceGetNvLinkRemotePciInfo", link)
         if peer is None:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         dev = {"gpu": 0x233010DE, "switch": 0x22A310DE, "npu": 0}.get(peer["type"], 0)
@@ -399,18 +343,14 @@ class SimNvml(NvmlSurface):
     nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Handle, link: int) -> int:
-        peer, f = self._link(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", link)
-        if f:
-            return f[1]
+        peer = self._link(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", link)
         if peer is None:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         return {"gpu": C.NVML_NVLINK_DEVICE_TYPE_GPU, "switch": C.NVML_NVLINK_DEVICE_TYPE_SWITCH,
                 "npu": C.NVML_NVLINK_DEVICE_TYPE_IBMNPU}.get(peer["type"], C.NVML_NVLINK_DEVICE_TYPE_UNKNOWN)
 
     def nvmlDeviceGetNvLinkVersion(self, device: Handle, link: int) -> int:
-        peer, f = self._link(device, "nvmlDeviceGetNvLinkVersion", link)
-        if f:
-            return f[1]
+        peer = self._link(device, "nvmlDeviceGetNvLinkVersion", link)
         return int((self._gpu(device)[1].get("nvlink") or {}).get("version", 4))
 
     # -- MIG --------------------------------------------------------------
@@ -429,17 +369,13 @@ class SimNvml(NvmlSurface):
         return mig
 
     def nvmlDeviceGetMigMode(self, device: Handle) -> list[int]:
-        i, g, f = self._simple("nvmlDeviceGetMigMode", device)
-        if f:
-            return list(f[1])
+        i, g = self._simple("nvmlDeviceGetMigMode", device)
         mig = self._mig_capable(g)
         cur = int(mig.get("mode", 0))
         return [cur, int(mig.get("pending", cur))]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
-        i, g, f = self._simple("nvmlDeviceGetMaxMigDeviceCount", device)
-        if f:
-            return f[1]
+        i, g = self._simple("nvmlDeviceGetMaxMigDeviceCount", device)
         mig = self._mig_capable(g)
         return int(mig.get("max_devices", 7)) if int(mig.get("mode", 0)) else 0
 
@@ -450,7 +386,7 @@ class SimNvml(NvmlSurface):
         return mig
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> Handle:
-        i, g, f = self._simple("nvmlDeviceGetMigDeviceHandleByIndex", device, (index,))
+        i, g = self._simple("nvmlDeviceGetMigDeviceHandleByIndex", device, (index,))
         self._need_mig_on(g)
         if not 0 <= int(index) < int(g["mig"].get("max_devices", 7)):
             raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
@@ -480,9 +416,7 @@ class SimNvml(NvmlSurface):
         return int(self._mig_required(device)[1]["ci_id"])
 
     def nvmlDeviceGetAttributes(self, device: Handle) -> NvmlStruct:
-        i, g, f = self._simple("nvmlDeviceGetAttributes", device)
-        if f:
-            return NvmlStruct(f[1])
+        i, g = self._simple("nvmlDeviceGetAttributes", device)
         m = self._mig_of(device)
         if m is None:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
@@ -507,7 +441,7 @@ class SimNvml(NvmlSurface):
         raise NVMLError(C.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetGpuInstanceById(self, device: Handle, gpuInstanceId: int) -> Handle:
-        i, g, f = self._simple("nvmlDeviceGetGpuInstanceById", device, (gpuInstanceId,))
+        i, g = self._simple("nvmlDeviceGetGpuInstanceById", device, (gpuInstanceId,))
         self._need_mig_on(g)
         h = Handle(f"gpu{i}/gi{int(gpuInstanceId)}")
         self._gi(h)
@@ -555,13 +489,10 @@ class SimNvml(NvmlSurface):
     # -- fabric -----------------------------------------------------------
 
     def _fabric(self, device: Handle, fn: str, ref: Any, versioned: bool) -> int:
-        i, g, f = self._simple(fn, device)
+        i, g = self._simple(fn, device)
         fab = g.get("fabric")
-        if fab is None and not f:
+        if fab is None:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
-        fab = dict(fab or {})
-        if f:
-            fab.update(f[1])
         u = uuidlib.UUID(fab.get("cluster_uuid", "00000000-0000-0000-0000-000000000000"))
         states = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
         st = fab.get("state", "completed")
@@ -580,14 +511,12 @@ class SimNvml(NvmlSurface):
 
     # -- health -----------------------------------------------------------
 
-    def _health(self, fn: str, handle: Handle, args: tuple[Any, ...] = ()) -> tuple[dict[str, Any], Any]:
-        i, g, f = self._simple(fn, handle, args)
-        return g.get("health") or {}, f
+    def _health(self, fn: str, handle: Handle, args: tuple[Any, ...] = ()) -> dict[str, Any]:
+        i, g = self._simple(fn, handle, args)
+        return g.get("health") or {}
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Handle, errorType: int, counterType: int) -> int:
-        h, f = self._health("nvmlDeviceGetTotalEccErrors", handle, (errorType, counterType))
-        if f:
-            return f[1]
+        h = self._health("nvmlDeviceGetTotalEccErrors", handle, (errorType, counterType))
         if h.get("ecc") is False:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         kind = "uncorrected" if errorType == C.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected"
@@ -595,17 +524,13 @@ class SimNvml(NvmlSurface):
         return int(h.get(f"ecc_{counter}_{kind}", 0))
 
     def nvmlDeviceGetEccMode(self, handle: Handle) -> list[int]:
-        h, f = self._health("nvmlDeviceGetEccMode", handle)
-        if f:
-            return list(f[1])
+        h = self._health("nvmlDeviceGetEccMode", handle)
         if h.get("ecc") is False:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         return [1, 1]
 
     def nvmlDeviceGetRemappedRows(self, device: Handle) -> tuple[int, int, int, int]:
-        h, f = self._health("nvmlDeviceGetRemappedRows", device)
-        if f:
-            return tuple(f[1])  # type: ignore[return-value]
+        h = self._health("nvmlDeviceGetRemappedRows", device)
         rr = h.get("remapped_rows")
         if rr is None:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
@@ -613,9 +538,7 @@ class SimNvml(NvmlSurface):
                 int(rr.get("failed", 0)))
 
     def nvmlDeviceGetRetiredPages(self, device: Handle, sourceFilter: int) -> list[int]:
-        h, f = self._health("nvmlDeviceGetRetiredPages", device, (sourceFilter,))
-        if f:
-            return list(f[1])
+        h = self._health("nvmlDeviceGetRetiredPages", device, (sourceFilter,))
         rp = h.get("retired_pages")
         if rp is None:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
@@ -623,18 +546,14 @@ class SimNvml(NvmlSurface):
         return list(rp.get(key, []))
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Handle) -> int:
-        h, f = self._health("nvmlDeviceGetRetiredPagesPendingStatus", device)
-        if f:
-            return f[1]
+        h = self._health("nvmlDeviceGetRetiredPagesPendingStatus", device)
         rp = h.get("retired_pages")
         if rp is None:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         return int(rp.get("pending", 0))
 
     def _pcie(self, fn: str, handle: Handle, key: str, default: int) -> int:
-        h, f = self._health(fn, handle)
-        if f:
-            return f[1]
+        h = self._health(fn, handle)
         return int((h.get("pcie") or {}).get(key, default))
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Handle) -> int:
@@ -653,23 +572,17 @@ class SimNvml(NvmlSurface):
         return self._pcie("nvmlDeviceGetMaxPcieLinkWidth", handle, "max_width", 16)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Handle) -> int:
-        h, f = self._health("nvmlDeviceGetCurrentClocksEventReasons", handle)
-        if f:
-            return f[1]
+        h = self._health("nvmlDeviceGetCurrentClocksEventReasons", handle)
         return int(h.get("clocks_event_reasons", C.nvmlClocksEventReasonGpuIdle))
 
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 
     def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:
-        h, f = self._health("nvmlDeviceGetTemperature", handle, (sensor,))
-        if f:
-            return f[1]
+        h = self._health("nvmlDeviceGetTemperature", handle, (sensor,))
         return int(h.get("temperature", 34))
 
     def nvmlDeviceGetFieldValues(self, handle: Handle, fieldIds: list[Any]) -> list[NvmlStruct]:
-        h, f = self._health("nvmlDeviceGetFieldValues", handle, (list(fieldIds),))
-        if f:
-            return [NvmlStruct(v) if isinstance(v, dict) else v for v in f[1]]
+        h = self._health("nvmlDeviceGetFieldValues", handle, (list(fieldIds),))
         fields = {str(k): v for k, v in (h.get("fields") or {}).items()}
         out = []
         for fid in fieldIds:
@@ -725,11 +638,6 @@ class SimNvml(NvmlSurface):
             # simulator does the same for the parts of NVML it does not model.
             def unsupported(*args: Any, _name: str = name) -> Any:
                 self._check_init()
-                for a in args[:1]:
-                    if isinstance(a, Handle):
-                        f = self._fault(_name, a, tuple(args[1:]))
-                        if f:
-                            return f[1]
                 raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
 
             unsupported.__name__ = name
@@ -753,14 +661,24 @@ def _event_struct(ev: Mapping[str, Any], gpus: list[dict[str, Any]]) -> NvmlStru
                        "computeInstanceId": int(ev.get("compute_instance", 0xFFFFFFFF))})
 
 
-def inject_event(sim: SimNvml, gpu: int | str, data: int, type: str = "xid") -> None:
+def inject_event(sim: Any, gpu: int | str, data: int, type: str = "xid") -> None:
     """Queue an NVML event (e.g. XID 79 on a bus id) for the next nvmlEventSetWait."""
     with sim.edit() as st:
         st.setdefault("events", []).append({"gpu": gpu, "type": type, "data": int(data)})
 
 
-def set_overlay(sim: SimNvml, overlay: Mapping[str, Any]) -> None:
-    """Replace the injected faults (snapshot overlay format; {} clears them)."""
+def set_overlay(sim: Any, overlay: Mapping[str, Any]) -> None:
+    """Replace the injected faults (snapshot overlay format; {} clears them).
+
+    A malformed overlay, or one naming a GPU the machine lacks, raises
+    InputError and changes nothing.
+    """
+    from ..errors import InputError
+    from ..hw.nvml_overlay import OverlayNvml
+    try:
+        OverlayNvml(sim, dict(overlay))
+    except ValueError as e:
+        raise InputError(f"bad overlay: {e}", "simulator") from None
     with sim.edit() as st:
         st["overlay"] = dict(overlay)
 

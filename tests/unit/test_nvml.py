@@ -175,3 +175,27 @@ def test_sim_state_for_machine_models_whole_node(tmp_path: Path) -> None:
     node = live.load_node(live.NodeSettings(nvml=f"sim:{state}"))
     recorded = snapshot.load_node(str(MACHINES / "dgx2" / "snapshot.json"))
     assert node.gpus == recorded.gpus and node.cores == recorded.cores and len(node.gpus) == 16
+
+
+def test_sim_faults_use_the_snapshot_overlay_format(tmp_path: Path) -> None:
+    import time
+    from slurm_gpu.errors import InputError
+    from slurm_gpu.sim import init_state_for_machine, open_sim, set_overlay
+    state = tmp_path / "gb.state"
+    init_state_for_machine(str(MACHINES / "gb200-nvl"), str(state))
+    sim = open_sim(str(state))
+    set_overlay(sim, {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": "0009:01:00.0", "out": {"state": 2}},
+                                {"fn": "nvmlDeviceGetRemappedRows", "gpu": 0, "result": [0, 1, 1, 0]},
+                                {"fn": "nvmlDeviceGetTemperature", "hang": 0.2}]})
+    other = open_sim(str(state))   # another process's view of the same state
+    view = nvml.read_view(other)
+    assert [g.fabric.state for g in view.gpus] == ["completed", "in_progress", "completed", "completed"]
+    assert view.gpus[1].fabric.clique_id == 32766          # only the patched field changed
+    assert other.nvmlDeviceGetRemappedRows(other.nvmlDeviceGetHandleByIndex(0)) == [0, 1, 1, 0]
+    t = time.monotonic()
+    assert other.nvmlDeviceGetTemperature(other.nvmlDeviceGetHandleByIndex(0), 0) == 34
+    assert time.monotonic() - t >= 0.2
+    with pytest.raises(InputError, match="which the machine does not have"):
+        set_overlay(sim, {"gpus": {"0000:01:00.0": {"lost": True}}})
+    set_overlay(sim, {})
+    assert nvml.read_view(other).gpus[1].fabric.state == "completed"

@@ -100,7 +100,7 @@ def test_overlay_events_and_hang() -> None:
 
 @pytest.mark.parametrize("overlay,msg", [
     ({"gpu": {}}, "unknown overlay key 'gpu'"),
-    ({"gpus": {"0000:99:00.0": {"lost": True}}}, "which the recording does not have"),
+    ({"gpus": {"0000:99:00.0": {"lost": True}}}, "which the machine does not have"),
     ({"calls": [{"fn": "x", "error": "NVML_ERROR_BOGUS"}]}, "unknown NVML error"),
     ({"calls": [{"result": 1}]}, "needs \"fn\""),
 ])
