@@ -278,3 +278,25 @@ def default_machine() -> str:
 def cli() -> Any:
     """``cli("sandbox", "up", ...)`` runs this checkout's slurm-gpu."""
     return slurm_gpu_cli
+
+
+# pytest imports every conftest.py as the module "conftest", and importing
+# this one replaces tests/conftest.py in sys.modules.  Test modules collected
+# afterwards that do `from conftest import ROOT` (tests/conftest.py's machine
+# helpers) then get this module, so unknown names are forwarded there.
+_TOP: Any = None
+
+
+def __getattr__(name: str) -> Any:
+    global _TOP
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if _TOP is None:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("_slurm_gpu_tests_conftest",
+                                                      HERE.parent / "conftest.py")
+        if spec is None or spec.loader is None:
+            raise AttributeError(name)
+        _TOP = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_TOP)
+    return getattr(_TOP, name)
