@@ -254,7 +254,10 @@ def fill_struct(target: Any, plain: Mapping[str, Any]) -> None:
 
 def is_out_param(arg: Any) -> bool:
     """True for a structure passed by reference for NVML to fill in."""
-    return type(arg).__name__ == "CArgObject" or isinstance(arg, (ctypes.Structure, ctypes.Union))
+    # byref(x), a structure, an array or a scalar cell (countRef) handed to
+    # NVML to fill: not part of the question, so not part of the key.
+    return type(arg).__name__ == "CArgObject" or isinstance(
+        arg, (ctypes.Structure, ctypes.Union, ctypes.Array, ctypes._SimpleCData, ctypes._Pointer))
 
 
 def plain_args(args: Iterable[Any]) -> tuple[Any, ...]:
