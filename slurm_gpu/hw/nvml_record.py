@@ -49,6 +49,8 @@ class RecordingNvml:
         return call
 
     def _call(self, fn: str, target: Any, args: tuple[Any, ...]) -> Any:
+        # A raw device handle (e.g. from an event) is named like ByIndex names it.
+        args = tuple(Handle(self._name_device(a), a) if _is_raw_handle(a) else a for a in args)
         real_args = tuple(_unwrap(a) for a in args)
         if fn in PASS_THROUGH:
             return target(*real_args)
@@ -102,6 +104,11 @@ def _unwrap(a: Any) -> Any:
     if isinstance(a, list):
         return [_unwrap(x) for x in a]
     return a
+
+
+def _is_raw_handle(a: Any) -> bool:
+    import ctypes
+    return isinstance(a, ctypes._Pointer)
 
 
 def _is_handle(result: Any) -> bool:

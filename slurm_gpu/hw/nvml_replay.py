@@ -257,7 +257,7 @@ def is_out_param(arg: Any) -> bool:
     # byref(x), a structure, an array or a scalar cell (countRef) handed to
     # NVML to fill: not part of the question, so not part of the key.
     return type(arg).__name__ == "CArgObject" or isinstance(
-        arg, (ctypes.Structure, ctypes.Union, ctypes.Array, ctypes._SimpleCData, ctypes._Pointer))
+        arg, (ctypes.Structure, ctypes.Union, ctypes.Array, ctypes._SimpleCData))
 
 
 def plain_args(args: Iterable[Any]) -> tuple[Any, ...]:
