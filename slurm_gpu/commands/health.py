@@ -46,7 +46,7 @@ def model_links(snapshot: str | None) -> dict[str, int] | None:
 def _openers(snapshot: str | None, overlay: str | None, s: Any) -> tuple[Any, Any]:
     """(open, close) for the NVML api this node uses: replay, simulator or real pynvml."""
     from ..hw import live, snapshot as snap
-    ov_path = overlay or (s.nvml_overlay or None)
+    ov_path = overlay or (s.nvml_overlay.replace("%n", live.node_name()) if s.nvml_overlay else None)
     if snapshot is None:
         ns = live.settings()
         if ns.sim_state:
