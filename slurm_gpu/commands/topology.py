@@ -24,6 +24,11 @@ def topo_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--format", "fmt", type=click.Choice(["conf", "yaml"]), default="conf",
                      show_default=True, help="topology.conf, or topology.yaml (Slurm >= 25.05)."),
         click.option("--block-sizes", metavar="N[,N...]", help="Slurm BlockSizes (default: inferred)."),
+        click.option("--placeholders", is_flag=True,
+                     help="topograph layout: keep short blocks, pad with empty BlockName lines "
+                          "(only for a Slurm that accepts them; 24.11 does not)."),
+        click.option("--drop-small-blocks", is_flag=True,
+                     help="Leave out NVLink domains smaller than BlockSizes[0] instead of failing."),
         click.option("--host-regex", metavar="REGEX",
                      help="How a CA description names its host (group 'host')."),
         click.option("--nodes", "node_filter", metavar="HOSTLIST",
@@ -65,7 +70,8 @@ def _render(kw: dict[str, Any]) -> str:
                 sizes = [int(x) for x in kw["block_sizes"].split(",")]
             except ValueError:
                 raise UsageError(f"--block-sizes wants N[,N...], got {kw['block_sizes']!r}") from None
-        b = block.build_blocks(nodes, sizes)
+        b = block.build_blocks(nodes, sizes, placeholders=kw["placeholders"],
+                               drop_small=kw["drop_small_blocks"])
         srcs = sorted(set(os.path.dirname(w) or w for w in where.values()))
         inputs += [f"snapshots of {len(nodes)} nodes from {', '.join(srcs[:3])}" + (" ..." if len(srcs) > 3 else "")]
     text = topology.render_topology(t, b, fmt=kw["fmt"], inputs=inputs)

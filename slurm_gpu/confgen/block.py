@@ -10,12 +10,21 @@ Slurm's rules and NVIDIA topograph's conventions (the expected outputs in
   ``BlockSizes=D,2D,...,2^k*D`` with ``D`` the smallest domain and
   ``k = floor(log2(number of domains))``.
 * With explicit sizes, domains are cut into base blocks of ``sizes[0]``
-  nodes (sorted by name); with more than one size every domain gets the same
-  slot (the smallest ``sizes[0] * 2^n`` holding the largest domain), padded
-  with empty placeholder blocks, and whole empty slots are added until the
-  total is a multiple of the last size.  Placeholders are bare
-  ``BlockName=`` lines, so a missing or partly-registered rack does not
-  shift the position of later racks in Slurm's positional aggregation.
+  nodes (sorted by name).  What happens to the remainder depends on what the
+  Slurm in use accepts:
+
+  - default (checked against a real Slurm 24.11): every block must hold at
+    least ``sizes[0]`` nodes ("Block configuration (b1) children count lower
+    than bblock_node_cnt" is fatal) and a block without nodes is fatal too
+    ("block X hasn't got nodes").  A short last chunk joins the chunk
+    before it; a domain smaller than ``sizes[0]`` is an error naming it,
+    or, with ``drop_small``, is left out with a note.
+  - ``placeholders=True`` (topograph's layout): short chunks stay, every
+    domain gets the same slot (the smallest ``sizes[0] * 2^n`` holding the
+    largest domain) padded with bare ``BlockName=`` placeholder lines, and
+    whole empty slots are added until the total is a multiple of the last
+    size, so a missing rack does not shift later racks in Slurm's
+    positional aggregation.  Only for a Slurm that accepts empty blocks.
 """
 from __future__ import annotations
 
@@ -87,7 +96,8 @@ def _slot(n: int, base: int) -> int:
 
 
 def build_blocks(nodes: Mapping[str, Node], sizes: Sequence[int] | None = None, *,
-                 name_format: str = "block{:03d}") -> BlockTopology:
+                 name_format: str = "block{:03d}", placeholders: bool = False,
+                 drop_small: bool = False) -> BlockTopology:
     """Blocks for the nodes that belong to an NVLink fabric clique."""
     notes: list[str] = []
     domains: dict[str, list[str]] = {}
@@ -106,7 +116,30 @@ def build_blocks(nodes: Mapping[str, Node], sizes: Sequence[int] | None = None, 
     ordered = sorted(((sorted(ns, key=hostlist.natural_key), d) for d, ns in domains.items()),
                      key=lambda t: hostlist.natural_key(t[0][0]))
     slots: list[tuple[tuple[str, ...], str]] = []
-    if sizes:
+    if sizes and not placeholders:
+        sz = validate_sizes(sizes)
+        base = sz[0]
+        small = [(ns, d) for ns, d in ordered if len(ns) < base]
+        if small and not drop_small:
+            ns, d = small[0]
+            raise InputError(f"NVLink domain {d} has {len(ns)} nodes ({hostlist.fold(ns)}), fewer than "
+                             f"BlockSizes[0]={base}: Slurm refuses such a block; lower --block-sizes or "
+                             f"pass --drop-small-blocks")
+        for ns, d in small:
+            notes.append(f"left out domain {d} ({hostlist.fold(ns)}): {len(ns)} nodes < BlockSizes[0]={base}")
+        for ns, d in ordered:
+            if len(ns) < base:
+                continue
+            chunks = [list(ns[i:i + base]) for i in range(0, len(ns), base)]
+            if len(chunks[-1]) < base:
+                chunks[-2].extend(chunks.pop())
+                notes.append(f"domain {d} has {len(ns)} nodes, not a multiple of {base}: its last "
+                             f"block holds {len(chunks[-1])}")
+            slots.extend((tuple(c), d) for c in chunks)
+        if not slots:
+            raise InputError("cannot determine BlockSizes: topology contains no blocks "
+                             f"(every domain is smaller than {base})")
+    elif sizes:
         sz = validate_sizes(sizes)
         base = sz[0]
         largest = max(len(ns) for ns, _ in ordered)

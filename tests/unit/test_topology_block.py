@@ -50,7 +50,7 @@ def test_explicit_sizes_split_partial_domains_like_topograph() -> None:
     """topograph TestGenerateTopologyConfig: BlockSizes=2,4,8, four 3-node domains -> 8 blocks."""
     nodes = cluster({1: ["Node104", "Node105", "Node106"], 2: ["Node201", "Node202", "Node205"],
                      3: ["Node304", "Node305", "Node306"], 4: ["Node401", "Node402", "Node403"]})
-    bt = block.build_blocks(nodes, [2, 4, 8])
+    bt = block.build_blocks(nodes, [2, 4, 8], placeholders=True)
     got = [tuple(b.nodes) for b in bt.blocks]
     assert got == [("Node104", "Node105"), ("Node106",), ("Node201", "Node202"), ("Node205",),
                    ("Node304", "Node305"), ("Node306",), ("Node401", "Node402"), ("Node403",)]
@@ -60,13 +60,27 @@ def test_explicit_sizes_split_partial_domains_like_topograph() -> None:
 def test_missing_racks_become_placeholders_keeping_positions() -> None:
     """NVL72 sizes 18,36,72 with 3 racks (one partial): each rack one slot, pad to a whole 72."""
     nodes = cluster({1: names("a", 1, 18), 2: names("b", 1, 17), 3: names("c", 1, 18)})
-    bt = block.build_blocks(nodes, [18, 36, 72])
+    bt = block.build_blocks(nodes, [18, 36, 72], placeholders=True)
     assert [len(b.nodes) for b in bt.blocks] == [18, 17, 18, 0]
     text = topology.render_topology(None, bt)
     assert "\nBlockName=block004\n" in text and "BlockSizes=18,36,72" in text
     m = topocheck.parse_conf(text.splitlines(True))
     assert m.blocks[3] == frozenset() and m.block_sizes == (18, 36, 72)
     assert topocheck.compare(m, topocheck.parse_yaml(topology.render_topology(None, bt, fmt="yaml"))) == []
+
+
+def test_default_layout_is_what_slurm_24_11_accepts() -> None:
+    """No block below BlockSizes[0] and no empty block (both fatal in slurmctld 24.11.5)."""
+    nodes = cluster({1: names("a", 1, 10), 2: names("b", 1, 8)})
+    bt = block.build_blocks(nodes, [4, 8])
+    assert [b.nodes for b in bt.blocks] == [tuple(names("a", 1, 4)), tuple(names("a", 5, 10)),
+                                           tuple(names("b", 1, 4)), tuple(names("b", 5, 8))]
+    assert all(len(b.nodes) >= 4 for b in bt.blocks)
+    small = cluster({1: names("a", 1, 8), 2: names("b", 1, 3)})
+    with pytest.raises(InputError, match=r"has 3 nodes \(b\[1-3\]\), fewer than BlockSizes\[0\]=4"):
+        block.build_blocks(small, [4, 8])
+    bt = block.build_blocks(small, [4, 8], drop_small=True)
+    assert [len(b.nodes) for b in bt.blocks] == [4, 4] and any("left out" in n for n in bt.notes)
 
 
 def test_nodes_without_completed_fabric_are_left_out_and_named() -> None:
