@@ -77,14 +77,20 @@ def _c_string(s: str) -> str:
     return f'"{s}"'
 
 
-def isolated_sys_path(python: str) -> list[str]:
-    """``sys.path`` of ``python -I``: the stdlib and the venv's site-packages."""
+PREFIXES = ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix")
+
+
+def isolated_config(python: str) -> tuple[list[str], dict[str, str]]:
+    """``sys.path`` and prefixes of ``python -I``: stdlib, the venv's site-packages."""
     from slurm_gpu.runner import run
-    res = run([python, "-I", "-c", "import sys; print(repr(sys.path))"], timeout=60)
-    paths = [p for p in ast.literal_eval(res.stdout.strip()) if p]
+    res = run([python, "-I", "-c",
+               "import sys; print(repr((sys.path, [getattr(sys, p) for p in %r])))" % (PREFIXES,)],
+              timeout=60)
+    path, prefixes = ast.literal_eval(res.stdout.strip())
+    paths = [p for p in path if p]
     if not any(p.endswith("site-packages") for p in paths):
         raise RuntimeError(f"{python} -I has no site-packages on sys.path: {paths}")
-    return paths
+    return paths, dict(zip(PREFIXES, prefixes))
 
 
 def build_outer(output: Path, *, include_dir: str | None = None) -> Path:
@@ -100,15 +106,22 @@ def build_outer(output: Path, *, include_dir: str | None = None) -> Path:
 
 
 def build_inner(output: Path, *, python: str, include_dir: str | None = None,
-                tmpdir: Path, verbose: bool = False) -> Path:
-    """Compile the cffi embedding half that hosts the interpreter."""
+                tmpdir: Path, verbose: bool = False, sys_path: list[str] | None = None) -> Path:
+    """Compile the cffi embedding half that hosts the interpreter.
+
+    *sys_path* overrides the interpreter's path (tests use it to build a
+    plugin whose interpreter cannot start).
+    """
     import cffi
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
     ffi.embedding_api(EMBEDDING_API)
-    paths = isolated_sys_path(python)
+    paths, prefixes = isolated_config(python)
+    if sys_path is not None:
+        paths = sys_path
     source = (f"#define SG_PYTHON {_c_string(python)}\n"
               f"#define SG_PATHS {{ {', '.join(_c_string(p) for p in paths)}, NULL }}\n"
+              + "".join(f"#define SG_{k.upper()} {_c_string(v)}\n" for k, v in prefixes.items())
               + (HERE / "slurm_gpu_spank_py.c").read_text())
     ffi.set_source(
         INNER, source,
@@ -125,7 +138,7 @@ def build_inner(output: Path, *, python: str, include_dir: str | None = None,
 
 def build(output: str | os.PathLike[str], *, python: str | None = None,
           include_dir: str | None = None, tmpdir: str | None = None,
-          verbose: bool = False) -> Path:
+          verbose: bool = False, sys_path: list[str] | None = None) -> Path:
     """Build both halves; *output* is the outer .so, the inner lands beside it.
 
     *python* is the venv interpreter the plugin embeds (default: this one).
@@ -140,7 +153,7 @@ def build(output: str | os.PathLike[str], *, python: str | None = None,
     output.parent.mkdir(parents=True, exist_ok=True)
     inner = output.with_name(INNER + ".so")
     tmp_inner = build_inner(tmp / (INNER + ".so.new"), python=python, include_dir=include_dir,
-                            tmpdir=tmp, verbose=verbose)
+                            tmpdir=tmp, verbose=verbose, sys_path=sys_path)
     tmp_outer = build_outer(tmp / (OUTER + ".so.new"), include_dir=include_dir)
     for src, dst in ((tmp_inner, inner), (tmp_outer, output)):
         os.chmod(src, 0o755)

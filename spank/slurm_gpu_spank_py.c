@@ -10,6 +10,9 @@
  *               pyvenv.cfg makes sys.prefix the venv)
  *   SG_PATHS    NULL-terminated initialiser of sys.path entries: the venv
  *               interpreter's stdlib and site-packages at build time
+ *   SG_PREFIX, SG_EXEC_PREFIX, SG_BASE_PREFIX, SG_BASE_EXEC_PREFIX
+ *               that interpreter's sys.prefix etc. (pinning sys.path would
+ *               otherwise make sys.prefix the base /usr, not the venv)
  */
 #include <slurm/spank.h>
 #include <dlfcn.h>
@@ -62,6 +65,14 @@ static PyStatus sg_config(PyConfig *cfg)
     st = PyConfig_SetBytesString(cfg, &cfg->program_name, SG_PYTHON);
     if (!PyStatus_Exception(st))
         st = PyConfig_SetBytesString(cfg, &cfg->executable, SG_PYTHON);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(cfg, &cfg->prefix, SG_PREFIX);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(cfg, &cfg->exec_prefix, SG_EXEC_PREFIX);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(cfg, &cfg->base_prefix, SG_BASE_PREFIX);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(cfg, &cfg->base_exec_prefix, SG_BASE_EXEC_PREFIX);
     cfg->module_search_paths_set = 1;
     for (i = 0; !PyStatus_Exception(st) && sg_paths[i]; i++) {
         wchar_t *w = Py_DecodeLocale(sg_paths[i], NULL);

@@ -151,6 +151,42 @@ def test_python_failure_fails_step_but_not_slurm(cluster):
         assert "Segmentation" not in cluster.log(name) and "fatal" not in cluster.log(name).lower()
 
 
+def _build_plugin(out: Path, **kw) -> Path:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_bp", REPO / "spank" / "build_plugin.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(out.parent, 0o755)
+    return mod.build(out, python="/opt/slurm-gpu/venv/bin/python", tmpdir=str(out.parent / "t"),
+                     **kw)
+
+
+@pytest.mark.parametrize("breakage", ["no-stdlib", "no-inner-half"])
+def test_interpreter_that_cannot_start_is_an_error(cluster, breakage):
+    """Never cffi's silent 'returns 0', never an exit() inside srun."""
+    so = _build_plugin(cluster.dir / "broken" / breakage / "slurm_gpu_spank.so",
+                       sys_path=["/nonexistent/lib/python3.11"])
+    if breakage == "no-inner-half":
+        so.with_name("slurm_gpu_spank_py.so").unlink()
+    plugstack = cluster.sb.layout.plugstack_conf
+    good = plugstack.read_text()
+    try:
+        plugstack.write_text(f"required {so}\n")
+        before = _next_jobid(cluster)
+        res = cluster.srun("--gpu-profile=training", "true", user="sgtest1")
+        assert res.returncode != 0
+        ours = [l for l in res.stderr.splitlines() if "slurm-gpu:" in l]
+        want = "cannot start Python" if breakage == "no-stdlib" else "cannot load"
+        assert ours and want in ours[0], res.stderr
+        assert "Fatal Python error" not in res.stderr
+        assert _next_jobid(cluster) == before + 1          # nothing was submitted
+        # without our options Python is never needed: srun still works
+        assert cluster.srun("true", user="sgtest1").returncode == 0
+    finally:
+        plugstack.write_text(good)
+
+
 BAD = [
     ("--gpu-numa-bind=sometimes", "--gpu-numa-bind"),
     ("--gpu-numa-bind=strict,prefer", "--gpu-numa-bind"),
