@@ -155,6 +155,29 @@ class Xml:
             for k, v in oinfo.items():
                 ET.SubElement(od, "info", name=k, value=v)
 
+    def add_switch(self, numa_os: int, upstream: str, devices: list[tuple[str, str, list[Any], dict[str, str]]]
+                   ) -> None:
+        """A PCIe switch (PLX/Broadcom-like) under a host bridge, holding *devices*
+        (bus id, pci_type, OS devices, infos): what nvidia-smi topo calls PIX."""
+        parent = self.numa_parent(numa_os)
+        dom = upstream.split(":")[0]
+        buses = [int(upstream.split(":")[1], 16)] + [int(d[0].split(":")[1], 16) for d in devices]
+        lo, hi = min(buses), max(buses)
+        host = ET.SubElement(parent, "object", type="Bridge", gp_index=self._next(), bridge_type="0-1", depth="0",
+                             bridge_pci=f"{dom}:[{lo:02x}-{hi:02x}]")
+        sw = ET.SubElement(host, "object", type="Bridge", gp_index=self._next(), bridge_type="1-1", depth="1",
+                           bridge_pci=f"{dom}:[{lo + 1:02x}-{hi:02x}]", pci_busid=upstream,
+                           pci_type="0604 [1000:c030] [1000:a064] b0", pci_link_speed="31.507692")
+        for bus, ptype, osdevs, infos in devices:
+            dev = ET.SubElement(sw, "object", type="PCIDev", gp_index=self._next(), pci_busid=bus, pci_type=ptype,
+                                pci_link_speed="31.507692")
+            for k, v in infos.items():
+                ET.SubElement(dev, "info", name=k, value=v)
+            for name, ostype, oinfo in osdevs:
+                od = ET.SubElement(dev, "object", type="OSDev", gp_index=self._next(), name=name, osdev_type=ostype)
+                for k, v in oinfo.items():
+                    ET.SubElement(od, "info", name=k, value=v)
+
     def add_gpu_memory_node(self, numa_os: int, cpu_numa_os: int, memory: int) -> None:
         """A GPU-memory NUMA node (Grace/POWER9 HBM), beside a CPU NUMA node."""
         parent = self.numa_parent(cpu_numa_os)
@@ -239,12 +262,13 @@ def dgx_h100() -> tuple[dict[str, Any], str]:
     x = Xml(synthetic_xml(f"pack:2 [numa(memory={1024 * GIB})] core:56 pu:2(indexes={pu_indexes(112, 2, 112)})"),
             "dgx-h100")
     for i, g in enumerate(gpus):
-        numa = 0 if i < 4 else 1
-        x.add_pci(numa, g["bus_id"], pci_type(g), gpu_osdevs(i, g), {"PCIDevice": "GH100 [H100 SXM5 80GB]"})
-        nic_bus = f"0000:{int(g['bus_id'][5:7], 16) - 1:02x}:00.0"
-        x.add_pci(numa, nic_bus, "0207 [15b3:1021] [15b3:0041] 00",
-                  [(f"mlx5_{i}", "3", {"NodeGUID": f"b83f:d203:00{i:02x}:0000"}), (f"ibp{i}s0", "2", {})],
-                  {"PCIDevice": "MT2910 Family [ConnectX-7]"})
+        # Each GPU shares a PCIe switch with one ConnectX-7 (PIX), as on DGX H100.
+        b = int(g["bus_id"][5:7], 16)
+        nic = (f"0000:{b - 1:02x}:00.0", "0207 [15b3:1021] [15b3:0041] 00",
+               [(f"mlx5_{i}", "3", {"NodeGUID": f"b83f:d203:00{i:02x}:0000"}), (f"ibp{i}s0", "2", {})],
+               {"PCIDevice": "MT2910 Family [ConnectX-7]"})
+        x.add_switch(0 if i < 4 else 1, f"0000:{b - 3:02x}:00.0",
+                     [(g["bus_id"], pci_type(g), gpu_osdevs(i, g), {"PCIDevice": "GH100 [H100 SXM5 80GB]"}), nic])
     return facts, x.text()
 
 
