@@ -1,0 +1,1 @@
+"""Per-job GPU setup on a node: state file, MPS daemon, MIG instances, prolog/epilog."""

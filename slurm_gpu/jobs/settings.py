@@ -1,0 +1,72 @@
+"""The ``[jobs]``, ``[mps]`` and ``[mig]`` config sections (see docs/mps-mig.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import config
+from ..errors import InputError
+
+
+@dataclass
+class JobsSettings:
+    """``[jobs]``: failure policy for the prolog and epilog."""
+
+    on_internal_error: str = "drain"      # drain: exit non-zero (Slurm drains+requeues); pass
+    user_error: str = "fail_tasks"        # fail_tasks: tasks fail via the SPANK plugin; cancel
+    scancel: str = "/usr/bin/scancel"
+    epilog_kill_wait: float = 2.0         # seconds to wait for SIGTERMed stragglers
+
+
+@dataclass
+class MpsSettings:
+    """``[mps]``: per-job MPS control daemons."""
+
+    control: str = "/usr/bin/nvidia-cuda-mps-control"
+    base_dir: str = "/run/slurm-gpu/mps"  # root-owned; per-job <base>/<jobid>/{pipe,log}
+    start_timeout: float = 10.0
+    quit_timeout: float = 5.0
+    default_active_thread_percentage: int = 0   # 0: leave MPS's default (100)
+    pinned_mem_limit: str = ""                  # e.g. "16G" for every device of the job
+    exclusive_process: bool = False             # set EXCLUSIVE_PROCESS on exclusive GPUs
+    bind_cpus: bool = True                      # pin the daemon to GPU-local CPUs
+    taskset: str = "/usr/bin/taskset"
+
+
+@dataclass
+class MigSettings:
+    """``[mig]``: per-job MIG layouts."""
+
+    enabled: bool = True
+    check_blockers: bool = True
+    gres_conf: str = ""          # where ``mig apply`` regenerates gres.conf ("" = skip)
+    dev_dir: str = "/dev"        # device directory for the regenerated gres.conf
+
+
+def _choice(value: str, allowed: tuple[str, ...], key: str) -> None:
+    if value not in allowed:
+        raise InputError(f"config key {key} must be one of {', '.join(allowed)} (got {value!r})",
+                         str(config.config_path() or "config"))
+
+
+def load() -> tuple[JobsSettings, MpsSettings, MigSettings]:
+    """All three sections, validated."""
+    raw = config.load_raw()
+    jobs = config.section(JobsSettings, "jobs", raw)
+    mps = config.section(MpsSettings, "mps", raw)
+    mig = config.section(MigSettings, "mig", raw)
+    _choice(jobs.on_internal_error, ("drain", "pass"), "jobs.on_internal_error")
+    _choice(jobs.user_error, ("fail_tasks", "cancel"), "jobs.user_error")
+    if not 0 <= mps.default_active_thread_percentage <= 100:
+        raise InputError("config key mps.default_active_thread_percentage must be 0..100",
+                         str(config.config_path() or "config"))
+    return jobs, mps, mig
+
+
+def node_settings() -> dict:
+    """The ``[node]`` keys this area reads (state_dir, nvml), with ``%n`` expanded."""
+    import os
+    raw = config.load_raw().get("node", {})
+    name = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    state_dir = str(raw.get("state_dir", "/run/slurm-gpu")).replace("%n", name)
+    nvml = str(raw.get("nvml", "live")).replace("%n", name)
+    return {"state_dir": state_dir, "nvml": nvml, "node_name": name}

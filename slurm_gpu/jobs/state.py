@@ -1,0 +1,137 @@
+"""The per-job state file ``<state_dir>/jobs/<jobid>.json``.
+
+The prolog writes it *before* it creates anything and rewrites it (atomically)
+after each step, so whatever a killed prolog managed to create is on record
+for the epilog.  slurmstepd (through the SPANK plugin) reads it with
+:func:`load` and gives each task :func:`task_env`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, SlurmGpuError
+from ..fsutil import atomic_write
+
+VERSION = 1
+_JOBID = re.compile(r"^[0-9]{1,12}$")
+
+
+class JobFailed(SlurmGpuError):
+    """The job's GPU request could not be honoured; its tasks must fail."""
+
+
+def check_jobid(jobid: str) -> str:
+    """A Slurm job id, refusing anything that could escape the state directory."""
+    jobid = str(jobid)
+    if not _JOBID.match(jobid):
+        raise InputError(f"bad job id {jobid!r}", "SLURM_JOB_ID")
+    return jobid
+
+
+def jobs_dir(state_dir: str | os.PathLike[str]) -> Path:
+    return Path(state_dir) / "jobs"
+
+
+def path(state_dir: str | os.PathLike[str], jobid: str) -> Path:
+    return jobs_dir(state_dir) / f"{check_jobid(jobid)}.json"
+
+
+def new(jobid: str, *, uid: int, gid: int, user: str) -> dict[str, Any]:
+    """A fresh state record (phase ``prolog``)."""
+    return {"version": VERSION, "jobid": check_jobid(jobid), "uid": uid, "gid": gid,
+            "user": user, "phase": "prolog", "gpus": [], "mps": None, "mig": None,
+            "error": None}
+
+
+def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Write *state* atomically, readable by root only (0600)."""
+    d = jobs_dir(state_dir)
+    d.mkdir(parents=True, exist_ok=True, mode=0o755)
+    atomic_write(d / f"{state['jobid']}.json", json.dumps(state, indent=1, sort_keys=True),
+                 mode=0o644)
+
+
+def load(state_dir: str | os.PathLike[str], jobid: str) -> dict[str, Any] | None:
+    """The job's state, or None when this node has none for it."""
+    p = path(state_dir, jobid)
+    try:
+        with open(p, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read job state: {e}", str(p)) from None
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise InputError("job state has an unknown format", str(p))
+    return data
+
+
+def remove(state_dir: str | os.PathLike[str], jobid: str) -> None:
+    try:
+        os.unlink(path(state_dir, jobid))
+    except FileNotFoundError:
+        pass
+
+
+def list_jobs(state_dir: str | os.PathLike[str]) -> list[str]:
+    """Job ids with a state file on this node."""
+    try:
+        names = os.listdir(jobs_dir(state_dir))
+    except FileNotFoundError:
+        return []
+    return sorted((n[:-5] for n in names if n.endswith(".json") and _JOBID.match(n[:-5])),
+                  key=int)
+
+
+def mig_uuids(state: dict[str, Any]) -> list[str]:
+    """The job's MIG device UUIDs in GPU order, then placement order."""
+    out: list[str] = []
+    for g in (state.get("mig") or {}).get("gpus", []):
+        out.extend(i["uuid"] for i in g.get("instances", []) if i.get("uuid"))
+    return out
+
+
+def task_share(n_devices: int, local_task_id: int, ntasks: int) -> list[int]:
+    """Indices of the devices task *local_task_id* of *ntasks* gets.
+
+    More devices than tasks: contiguous blocks (like ``--gpu-bind=per_task``);
+    fewer: round robin, so every task still gets one.
+    """
+    if n_devices <= 0 or ntasks <= 0:
+        return []
+    if not 0 <= local_task_id < ntasks:
+        raise InputError(f"task id {local_task_id} out of range 0..{ntasks - 1}")
+    if n_devices >= ntasks:
+        lo = local_task_id * n_devices // ntasks
+        hi = (local_task_id + 1) * n_devices // ntasks
+        return list(range(lo, hi))
+    return [local_task_id % n_devices]
+
+
+def task_env(state: dict[str, Any] | None, local_task_id: int, ntasks: int) -> dict[str, str]:
+    """Environment for one task of the job, from the prolog's work.
+
+    Raises :class:`JobFailed` when the prolog recorded a user error, so the
+    SPANK plugin fails the task with that one line.  Never overrides what
+    Slurm's own gres/mps set (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``): that
+    variable is per client and MPS honours it over the daemon default.
+    """
+    if not state:
+        return {}
+    if state.get("error"):
+        raise JobFailed(str(state["error"]).removeprefix("slurm-gpu: "))
+    env: dict[str, str] = {}
+    mps = state.get("mps")
+    if mps and mps.get("ready"):
+        env["CUDA_MPS_PIPE_DIRECTORY"] = mps["pipe_dir"]
+        env["CUDA_MPS_LOG_DIRECTORY"] = mps["log_dir"]
+    uuids = mig_uuids(state)
+    if uuids and (state.get("mig") or {}).get("ready"):
+        mine = [uuids[i] for i in task_share(len(uuids), local_task_id, ntasks)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+        env["SLURM_GPU_MIG_DEVICES"] = ",".join(mine)
+    return env

@@ -1,0 +1,309 @@
+"""A stand-in for ``nvidia-cuda-mps-control`` on machines without a GPU.
+
+It behaves the way the project's code relies on the real binary behaving
+(CUDA MPS documentation, "nvidia-cuda-mps-control" man page):
+
+* ``nvidia-cuda-mps-control -d`` starts the control daemon in the
+  background and returns at once; the daemon listens in
+  ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``) and logs to
+  ``$CUDA_MPS_LOG_DIRECTORY/control.log`` (default ``/var/log/nvidia-mps``).
+  A second ``-d`` on the same pipe directory fails: "An instance of this
+  daemon is already running".
+* Without arguments it is a client: it reads commands from stdin, one per
+  line, sends them to the daemon and prints the answers.  With no daemon it
+  prints "Cannot find MPS control daemon process" and exits 1.
+* Commands: ``quit [-t SECONDS]``, ``get_server_list``, ``start_server -uid UID``,
+  ``shutdown_server PID [-f]``, ``get_server_status PID``,
+  ``set_default_active_thread_percentage N``,
+  ``get_default_active_thread_percentage``,
+  ``set_default_device_pinned_mem_limit DEV VALUE``,
+  ``get_default_device_pinned_mem_limit DEV``.
+
+The daemon accepts only clients of its own uid (or root), checked with
+SO_PEERCRED, in addition to the 0700 pipe directory.  ``start_server``
+forks a placeholder "server" process so that ``get_server_list`` and the
+epilog's straggler handling have a real PID to deal with.
+
+Run it through :func:`write_wrapper`, which makes an executable file the
+``[mps] control`` setting can point at.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from pathlib import Path
+
+SOCKET_NAME = "control"
+LOG_NAME = "control.log"
+
+
+def _dirs() -> tuple[Path, Path]:
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    log = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps")
+    return pipe, log
+
+
+def _log(log_dir: Path, msg: str) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with open(log_dir / LOG_NAME, "a", encoding="utf-8") as f:
+            f.write(f"[{stamp}.{int(time.time() * 1000) % 1000:03d} Control {os.getpid()}] {msg}\n")
+    except OSError:
+        pass
+
+
+class _Daemon:
+    def __init__(self, pipe: Path, log: Path) -> None:
+        self.pipe = pipe
+        self.log = log
+        self.percentage = 100
+        self.pinned: dict[int, str] = {}
+        self.servers: dict[int, int] = {}   # pid -> uid
+        self.quitting = False
+
+    def handle(self, line: str, peer_uid: int) -> str:
+        words = line.split()
+        if not words:
+            return ""
+        cmd, args = words[0], words[1:]
+        _log(self.log, f"Accepting connection... uid {peer_uid}: {line}")
+        if cmd == "quit":
+            self.quitting = True
+            return ""
+        if cmd == "get_server_list":
+            self._reap()
+            return "".join(f"{pid}\n" for pid in sorted(self.servers))
+        if cmd == "start_server" and len(args) == 2 and args[0] == "-uid" and args[1].isdigit():
+            pid = self._spawn_server()
+            self.servers[pid] = int(args[1])
+            _log(self.log, f"Starting new server {pid} for user {args[1]}")
+            return ""
+        if cmd == "shutdown_server" and args and args[0].isdigit():
+            pid = int(args[0])
+            if pid in self.servers:
+                os.kill(pid, signal.SIGKILL if "-f" in args else signal.SIGTERM)
+                self._reap(wait=True)
+            return ""
+        if cmd == "get_server_status" and len(args) == 1 and args[0].isdigit():
+            self._reap()
+            return "ACTIVE\n" if int(args[0]) in self.servers else "NOT_FOUND\n"
+        if cmd == "set_default_active_thread_percentage" and len(args) == 1:
+            try:
+                value = float(args[0])
+            except ValueError:
+                return "Invalid value\n"
+            if not 0 < value <= 100:
+                return "Invalid value\n"
+            self.percentage = value
+            return f"{value:g}\n"
+        if cmd == "get_default_active_thread_percentage" and not args:
+            return f"{self.percentage:.1f}\n"
+        if cmd == "set_default_device_pinned_mem_limit" and len(args) == 2 and args[0].isdigit():
+            val = args[1]
+            if not (val[:-1].isdigit() and val[-1] in "MGmg") and not val.isdigit():
+                return "Invalid value\n"
+            self.pinned[int(args[0])] = val
+            return ""
+        if cmd == "get_default_device_pinned_mem_limit" and len(args) == 1 and args[0].isdigit():
+            return f"{self.pinned.get(int(args[0]), '0')}\n"
+        return f"Invalid command: {line}\n"
+
+    def _spawn_server(self) -> int:
+        pid = os.fork()
+        if pid == 0:  # placeholder server: sleeps until killed
+            try:
+                # Drop the daemon's sockets, or clients would wait for EOF forever.
+                os.closerange(3, 65536)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                while True:
+                    time.sleep(3600)
+            finally:
+                os._exit(0)
+        return pid
+
+    def _reap(self, wait: bool = False) -> None:
+        for pid in list(self.servers):
+            try:
+                done, _ = os.waitpid(pid, 0 if wait else os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.servers.pop(pid, None)
+
+    def shutdown(self) -> None:
+        for pid in list(self.servers):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        self._reap(wait=True)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _serve(d: _Daemon, sock: socket.socket) -> None:
+    me = os.getuid()
+    while not d.quitting:
+        try:
+            conn, _ = sock.accept()
+        except InterruptedError:
+            continue
+        with conn:
+            uid = _peer_uid(conn)
+            data = b""
+            conn.settimeout(5)
+            try:
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                continue
+            if uid not in (me, 0):
+                _log(d.log, f"User {uid} did not send valid credentials")
+                conn.sendall(b"\x01Access denied\n")
+                continue
+            reply = d.handle(data.decode(errors="replace").strip(), uid)
+            try:
+                conn.sendall(b"\x00" + reply.encode())
+            except OSError:
+                pass
+    d.shutdown()
+
+
+def _daemon_main() -> int:
+    pipe, log = _dirs()
+    sock_path = pipe / SOCKET_NAME
+    if _connect(sock_path) is not None:
+        print("An instance of this daemon is already running", file=sys.stderr)
+        return 1
+    if not pipe.is_dir():
+        print(f"Failed to open the pipe directory {pipe}", file=sys.stderr)
+        return 1
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(wfd)
+        ok = os.read(rfd, 1)
+        os.close(rfd)
+        return 0 if ok == b"1" else 1
+    os.close(rfd)
+    try:
+        os.setsid()
+        os.chdir("/")
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            sock_path.unlink()
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(sock_path))
+        os.chmod(sock_path, stat.S_IRUSR | stat.S_IWUSR)
+        sock.listen(16)
+        d = _Daemon(pipe, log)
+        _log(log, "Startup")
+        signal.signal(signal.SIGTERM, lambda *_: setattr(d, "quitting", True) or sock.close())
+        os.write(wfd, b"1")
+        os.close(wfd)
+        try:
+            _serve(d, sock)
+        except OSError:
+            d.shutdown()
+        try:
+            sock_path.unlink()
+        except OSError:
+            pass
+        _log(log, "Exit")
+    finally:
+        os._exit(0)
+
+
+def _connect(sock_path: Path) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(sock_path))
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def _client_main() -> int:
+    pipe, _ = _dirs()
+    sock_path = pipe / SOCKET_NAME
+    rc = 0
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        s = _connect(sock_path)
+        if s is None:
+            print("Cannot find MPS control daemon process", file=sys.stderr)
+            return 1
+        with s:
+            s.sendall(line.encode() + b"\n")
+            s.shutdown(socket.SHUT_WR)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        if not data:
+            continue
+        status, body = data[:1], data[1:].decode(errors="replace")
+        if status != b"\x00":
+            sys.stderr.write(body)
+            rc = 1
+        else:
+            sys.stdout.write(body)
+        if line.split()[0] == "quit":
+            # The real client returns once the daemon has taken the command.
+            break
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["-d"], ["--daemon"]):
+        return _daemon_main()
+    if not args:
+        return _client_main()
+    if args in (["-h"], ["--help"]):
+        print("usage: nvidia-cuda-mps-control [-d | -h]")
+        return 0
+    print(f"Invalid option: {' '.join(args)}", file=sys.stderr)
+    return 1
+
+
+def write_wrapper(path: str | os.PathLike[str], *, python: str | None = None,
+                  source_root: str | None = None) -> Path:
+    """Write an executable ``nvidia-cuda-mps-control`` stand-in at *path*."""
+    from ..paths import SOURCE_ROOT
+
+    python = python or sys.executable or "/opt/slurm-gpu/venv/bin/python"
+    root = source_root or str(SOURCE_ROOT)
+    if any(c in root + python for c in "'\"\\$`"):
+        raise ValueError("unsafe path for the MPS stand-in wrapper")
+    p = Path(path)
+    p.write_text("#!/bin/sh\n"
+                 "# slurm-gpu stand-in for nvidia-cuda-mps-control (no GPU on this machine)\n"
+                 f"exec {python} -I -c 'import sys; sys.path.insert(0, \"{root}\"); "
+                 "from slurm_gpu.sim.mps_control import main; sys.exit(main())' \"$@\"\n")
+    p.chmod(0o755)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())
