@@ -214,16 +214,23 @@ def _run(opts: Options) -> Report:
         gpus_expected = bool(expected and expected.count) or bool(health and health.gpus)
         findings += run_os_checks(info, s, os_checks, gpus_expected)
 
+    from .nodestate import Memory
+    mem = Memory.from_json(state.get("memory") or {})
+    if mem.isolated:
+        from .isolate import soften
+        findings = soften(findings, set(mem.isolated))
     findings = sort_findings(findings)
     rep = Report(opts.node, findings, worst(findings), notes)
     if not acting:
         return rep
 
     # Act on Slurm.
-    from .nodestate import Memory
-    mem = Memory.from_json(state.get("memory") or {})
+    first_run = bool(opts.slurm_mode and opts.parent_slurmd and mem.slurmd != opts.parent_slurmd)
+    if s.isolate_bad_gpu and health is not None and not first_run:
+        findings = _try_isolate(opts, findings, health, mem, deadline, notes)
+        rep.findings, rep.status = findings, worst(findings)
     want = drain_reason(findings)
-    if opts.slurm_mode and opts.parent_slurmd and mem.slurmd != opts.parent_slurmd:
+    if first_run:
         # First run of this slurmd: it runs us before registering, and scontrol
         # can hang then.  Remember what we found; the next run applies it.
         mem.slurmd = opts.parent_slurmd
@@ -246,6 +253,27 @@ def _run(opts: Options) -> Report:
         actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor,
                                         "last_run": time.time(), "last_status": rep.status})
     return rep
+
+
+def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, deadline: float,
+                 notes: list[str]) -> list[Finding]:
+    """--isolate-bad-gpu: take per-GPU faults out of gres.conf; on any doubt, drain as usual."""
+    from . import actions
+    from .isolate import bad_gpus, isolate, soften
+    bad = bad_gpus(findings, [g.bus_id for g in health.gpus if g.bus_id])
+    if not bad:
+        return findings
+    gres = opts.gres_conf if opts.gres_conf is not None else default_gres_conf(opts.settings)
+    timeout = max(0.5, min(opts.settings.scontrol_timeout, (deadline - time.monotonic()) / 3))
+    try:
+        if not gres or not os.path.exists(gres):
+            raise SlurmGpuError("no gres.conf to rewrite")
+        notes.append(isolate(opts.node, bad, gres, actions.scontrol_path(), timeout))
+    except (SlurmGpuError, OSError) as e:
+        notes.append(f"not isolating {', '.join(sorted(bad))}: {e}; draining instead")
+        return findings
+    mem.isolated = sorted(set(mem.isolated) | bad)
+    return sort_findings(soften(findings, bad))
 
 
 def parent_slurmd() -> str | None:

@@ -64,15 +64,16 @@ class Memory:
     clean_runs: int = 0
     pending_reason: str | None = None   # a drain we could not apply yet (first run, scontrol failure)
     slurmd: str | None = None           # the slurmd instance whose first run we have seen
+    isolated: list[str] = field(default_factory=list)  # GPUs taken out of gres.conf (--isolate-bad-gpu)
 
     def to_json(self) -> dict:
         return {"drained_reason": self.drained_reason, "clean_runs": self.clean_runs,
-                "pending_reason": self.pending_reason, "slurmd": self.slurmd}
+                "pending_reason": self.pending_reason, "slurmd": self.slurmd, "isolated": list(self.isolated)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Memory":
         return cls(d.get("drained_reason"), int(d.get("clean_runs") or 0), d.get("pending_reason"),
-                   d.get("slurmd"))
+                   d.get("slurmd"), list(d.get("isolated") or []))
 
 
 @dataclass

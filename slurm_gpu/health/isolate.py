@@ -1,0 +1,79 @@
+"""``--isolate-bad-gpu``: take one bad GPU out of gres.conf instead of draining the node.
+
+Off by default; the trade-off is in docs/health.md.  :func:`bad_gpus` is
+pure (which GPUs, if isolating is allowed at all); :func:`isolate` rewrites
+this node's gres.conf through the confgen API and tells Slurm.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Iterable
+
+from .. import runner
+from ..errors import SlurmGpuError
+from ..fsutil import atomic_write
+from .findings import DRAIN, WARN, Finding
+
+# Faults that hurt the other GPUs too (bus, fabric, the NVML library): never isolated.
+_NODE_WIDE = {"gpu.nvml", "gpu.nvlink", "gpu.fabric"}
+
+
+def bad_gpus(findings: Iterable[Finding], all_gpus: Iterable[str]) -> set[str] | None:
+    """The GPUs to isolate, or None when the node must be drained instead."""
+    drains = [f for f in findings if f.severity == DRAIN]
+    if not drains:
+        return None
+    bad = {f.gpu for f in drains}
+    if None in bad or any(f.check in _NODE_WIDE for f in drains):
+        return None
+    if any(f.check == "gpu.xid" and f.xid == 79 for f in drains):
+        return None  # a GPU off the bus can take the PCIe tree with it
+    gpus = set(all_gpus)
+    if not bad <= gpus or bad == gpus:
+        return None
+    return bad  # type: ignore[return-value]
+
+
+def soften(findings: list[Finding], isolated: set[str]) -> list[Finding]:
+    """Findings on already isolated GPUs are warnings: that GPU is out of service."""
+    out = []
+    for f in findings:
+        if f.gpu in isolated and f.severity == DRAIN and f.check not in _NODE_WIDE:
+            f = dataclasses.replace(f, severity=WARN, message=f"{f.message} [GPU isolated from gres.conf]")
+        out.append(f)
+    return out
+
+
+def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeout: float) -> str:
+    """Rewrite gres.conf for *node_name* without *bad* GPUs; update Slurm.  Returns a note.
+
+    Raises SlurmGpuError when isolating is not possible (the caller drains).
+    """
+    from ..confgen import gres as cg
+    from ..confgen import grescheck
+    from ..hw import live
+    with open(gres_path) as f:
+        text = f.read()
+    conf = grescheck.parse_gres_conf(text.splitlines(), gres_path)
+    others = {n for n in conf if n not in (grescheck.ALL_NODES, node_name)}
+    if others:
+        raise SlurmGpuError("gres.conf also configures other nodes: cannot isolate one GPU", gres_path)
+    files = [k for (name, k) in grescheck._effective(conf, node_name).devices if name == "gpu"]
+    m = next((re.match(r"(.*)/nvidia\d+$", f) for f in files if re.match(r"(.*)/nvidia\d+$", f)), None)
+    dev_dir = m.group(1) if m else "/dev"
+    node = live.load_node()
+    kept = dataclasses.replace(node, gpus=tuple(g for g in node.gpus if g.pci_bus_id not in bad))
+    if len(kept.gpus) == len(node.gpus):
+        raise SlurmGpuError("the bad GPU is not in this node's model: cannot isolate it")
+    opts = cg.GresOptions(dev_dir=dev_dir)
+    new_text = cg.render_gres_conf({node_name: kept}, options=opts)
+    backup = gres_path + ".slurm-gpu.orig"
+    if not os.path.exists(backup):
+        atomic_write(backup, text)
+    atomic_write(gres_path, new_text)
+    gres = cg.node_gres_summary(kept, opts)
+    runner.run([scontrol, "update", f"nodename={node_name}", f"gres={gres}"], timeout)
+    runner.run([scontrol, "reconfigure"], timeout)
+    return f"isolated {', '.join(sorted(bad))}: gres.conf rewritten ({backup} kept), Gres={gres}"
