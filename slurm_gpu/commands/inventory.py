@@ -21,10 +21,13 @@ if TYPE_CHECKING:
               help="Read an lstopo XML export (hwloc 2.x or 1.x) instead of the live node; no NVML.")
 @click.option("--snapshot", metavar="FILE",
               help="Replay a snapshot written by 'slurm-gpu snapshot record'.")
+@click.option("--overlay", metavar="FILE",
+              help="With --snapshot: apply a fault overlay (see docs/snapshots.md).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the inventory as JSON (GPUs ordered by minor number, or PCI bus id "
                    "with hwloc only).")
-def inventory(hwloc_xml: str | None, snapshot: str | None, as_json: bool) -> None:
+def inventory(hwloc_xml: str | None, snapshot: str | None, overlay: str | None,
+              as_json: bool) -> None:
     """Show this node's packages, NUMA nodes, cores and GPUs.
 
     Without options the live node is read (hwloc plus NVML, or the snapshot
@@ -35,7 +38,13 @@ def inventory(hwloc_xml: str | None, snapshot: str | None, as_json: bool) -> Non
 
     if hwloc_xml is not None and snapshot is not None:
         raise UsageError("give either --hwloc-xml or --snapshot, not both", "inventory")
-    node = load_node(hwloc_xml=hwloc_xml, snapshot=snapshot)
+    if overlay is not None and snapshot is None:
+        raise UsageError("--overlay needs --snapshot", "inventory")
+    faults = None
+    if overlay is not None:
+        from ..hw.snapshot import load_overlay
+        faults = load_overlay(overlay)
+    node = load_node(hwloc_xml=hwloc_xml, snapshot=snapshot, overlay=faults)
     node = _explain_no_gpus(node)
     if as_json:
         import json

@@ -191,3 +191,29 @@ def test_text_direct_nvlink_matrix() -> None:
     assert out[i + 1].split() == ["GPU0", "GPU1", "GPU2"]
     assert out[i + 2].split() == ["GPU0", "X", "NV4", "-"]
     assert out[i + 4].split() == ["GPU2", "-", "-", "X"]
+
+
+def test_overlay_lost_gpu_drops_it(tmp_path, capsys) -> None:
+    """A fault overlay replays through the adapter: a lost GPU leaves the inventory."""
+    import json as _json
+
+    from slurm_gpu.cli import main as _main
+    snap = Path(__file__).resolve().parents[1] / "data" / "machines" / "h100-sxm-8x" / "snapshot.json"
+    assert _main(["inventory", "--snapshot", str(snap), "--json"]) == 0
+    full = _json.loads(capsys.readouterr().out)
+    lost = full["gpus"][3]["pci_bus_id"]
+    ov = tmp_path / "ov.json"
+    ov.write_text(_json.dumps({"gpus": {lost: {"lost": True}}}))
+    assert _main(["inventory", "--snapshot", str(snap), "--overlay", str(ov), "--json"]) == 0
+    faulty = _json.loads(capsys.readouterr().out)
+    assert [g["pci_bus_id"] for g in faulty["gpus"]] == [g["pci_bus_id"] for g in full["gpus"] if g["pci_bus_id"] != lost]
+    # A lost GPU cannot even report its bus id, so the note names its index.
+    assert any("GPU index 3" in n and "GPU_IS_LOST" in n for n in faulty["notes"])
+
+
+def test_overlay_without_snapshot_is_usage_error(tmp_path, capsys) -> None:
+    from slurm_gpu.cli import main as _main
+    ov = tmp_path / "ov.json"
+    ov.write_text("{}")
+    assert _main(["inventory", "--overlay", str(ov)]) == 2
+    assert capsys.readouterr().err.startswith("slurm-gpu: --overlay needs --snapshot")
