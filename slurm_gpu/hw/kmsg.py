@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from ..fsutil import atomic_write
 
 DEV_KMSG = "/dev/kmsg"
 CHUNK = 8 << 20
@@ -194,27 +193,11 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
 
 # ------------------------------------------------------------------ cursors
 
-def load_cursor(path: str | os.PathLike[str]) -> dict:
-    """The saved cursor document ({} when missing or unreadable)."""
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def save_cursor(path: str | os.PathLike[str], doc: dict) -> None:
-    """Persist the cursor atomically (a crash never loses or repeats events half-way)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(doc, sort_keys=True) + "\n", mode=0o600)
-
-
 def read_source(source: str, doc: dict) -> tuple[list[KernelLine], dict]:
     """Read *source* (``/dev/kmsg`` or a file) after the cursor in *doc*.
 
     Returns the lines and the advanced cursor document; the caller saves it
-    with :func:`save_cursor` only once it has acted on the lines, so a run
+    (in the health state file) only once it has acted on the lines, so a run
     that dies half-way reads the same events again instead of losing them.
     An empty *doc* reads everything the source holds.
     """
