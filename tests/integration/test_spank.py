@@ -33,11 +33,28 @@ print("TASK", os.environ["SLURM_LOCALID"], os.environ.get("CUDA_VISIBLE_DEVICES"
 
 
 @pytest.fixture(scope="module")
-def cluster(make_sandbox, job_users) -> Cluster:
+def prolog_dump(tmp_path_factory) -> Path:
+    """A Prolog that records the SPANK_* variables it sees, one file per job."""
+    from conftest import new_sandbox_dir
+    d = new_sandbox_dir("spank-prolog")
+    (d / "env").mkdir()
+    script = d / "prolog.sh"
+    script.write_text("#!/bin/sh\n/usr/bin/env | /bin/grep '^SPANK_SLURM_GPU' "
+                      f"> {d}/env/$SLURM_JOB_ID\nexit 0\n")
+    script.chmod(0o755)
+    yield d
+    import shutil
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(make_sandbox, job_users, prolog_dump) -> Cluster:
     if "/" not in MACHINE and not (REPO / "tests" / "data" / "machines" / MACHINE).is_dir():
         pytest.fail(f"machine {MACHINE} missing from tests/data/machines (nvml+snapshot area)")
     return make_sandbox(machine=MACHINE, spank=True,
-                        extra_config={"spank": {"numa_node_map": {"1": 0}}})
+                        extra_config={"spank": {"numa_node_map": {"1": 0}}},
+                        slurm_conf={"Prolog": str(prolog_dump / "prolog.sh"),
+                                    "PrologFlags": "Alloc"})
 
 
 def _venv_python() -> str:
@@ -93,6 +110,38 @@ def test_tasks_see_the_options(cluster):
                        "grep -c . /proc/self/status >/dev/null", user="sgtest1")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["inference", "off"]
+
+
+def test_impossible_binding_strict_fails_prefer_warns(cluster):
+    # Slurm pins the task to CPU 1, its GPU 0 sits on NUMA node 0 (CPU 0)
+    args = ("--gpus=1", "-c2", "--cpu-bind=map_cpu:1")
+    res = cluster.srun(*args, "--gpu-numa-bind=strict", "true", user="sgtest1")
+    assert res.returncode != 0
+    assert "slurm-gpu: gpu-numa-bind=strict impossible: GPU 0 is local to CPUs 0" in res.stderr
+    res = cluster.srun(*args, "--gpu-numa-bind=prefer", _venv_python(), "-c", PROBE,
+                       user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    assert "slurm-gpu: warning: gpu-numa-bind=prefer not applied" in res.stderr
+    row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+    assert row[3] == "prefer;gpus=0;none"
+    assert row[4] == "1" and row[6] == "0"       # Slurm's CPU kept, default memory policy
+
+
+def test_sbatch_options_reach_prolog_batch_step_and_steps(cluster, prolog_dump):
+    out = cluster.user_dir("sgtest1") / "batch.out"
+    jobid = cluster.sbatch("--gpus=2", "-n2", "--gpu-numa-bind=strict", "--gpu-profile=training",
+                           "-o", str(out), "--wrap",
+                           f"echo BATCH $SLURM_GPU_NUMA_BIND $SLURM_GPU_PROFILE; "
+                           f"srun -n2 {_venv_python()} -c '{PROBE}'",
+                           user="sgtest1")
+    info = cluster.wait_job(jobid)
+    assert info["JobState"] == "COMPLETED", (info, out.read_text() if out.exists() else "")
+    text = out.read_text()
+    assert "BATCH strict training" in text
+    rows = sorted(l.split()[1:] for l in text.splitlines() if l.startswith("TASK"))
+    assert [r[3] for r in rows] == ["0", "1"], text      # each task on its own GPU's CPU
+    env = (prolog_dump / "env" / str(jobid)).read_text().split()
+    assert sorted(env) == ["SPANK_SLURM_GPU_NUMA_BIND=strict", "SPANK_SLURM_GPU_PROFILE=training"]
 
 
 def test_no_python_without_options(cluster, tmp_path):
