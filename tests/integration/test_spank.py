@@ -236,6 +236,22 @@ def test_interpreter_that_cannot_start_is_an_error(cluster, breakage):
         plugstack.write_text(good)
 
 
+@pytest.mark.parametrize("arg,msg", [
+    ("bogus=1", "slurm-gpu: unknown plugstack argument 'bogus=1'"),
+    ("numa_bind=always", "slurm-gpu: bad plugstack argument 'numa_bind=always'"),
+])
+def test_bad_plugstack_arguments_are_fatal(cluster, arg, msg):
+    plugstack = cluster.sb.layout.plugstack_conf
+    good = plugstack.read_text()
+    line = next(l for l in good.splitlines() if l.startswith("required"))
+    try:
+        plugstack.write_text(f"{line} {arg}\n")
+        res = cluster.srun("true", user="sgtest1")
+        assert res.returncode != 0 and msg in res.stderr, res.stderr
+    finally:
+        plugstack.write_text(good)
+
+
 BAD = [
     ("--gpu-numa-bind=sometimes", "--gpu-numa-bind"),
     ("--gpu-numa-bind=strict,prefer", "--gpu-numa-bind"),
