@@ -293,6 +293,14 @@ static int sg_opt_cb(int val, const char *optarg, int remote)
     return sg_py_option(val, remote);
 }
 
+/* Start Python if needed and hand the hook to the dispatcher. */
+static int sg_forward(const char *where, int hook, spank_t sp, int ac, char **av)
+{
+    if (sg_python(where) != 0)
+        return -1;
+    return sg_py_hook(hook, sp, ac, av);
+}
+
 /* ---- SPANK hooks (the only exported functions besides plugin_*) ---- */
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
@@ -319,9 +327,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     spank_context_t ctx = spank_context();
     if ((ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR) || !sg_any_option())
         return 0;
-    if (sg_python("init_post_opt") != 0)
-        return -1;
-    return sg_py_hook(SG_HOOK_INIT_POST_OPT, sp, ac, av);
+    return sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av);
 }
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
@@ -333,25 +339,19 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     sg_py_wanted = sg_step_needs_python(sp, ac, av);
     if (!sg_py_wanted)
         return 0;
-    if (sg_python("user_init") != 0)
-        return -1;
-    return sg_py_hook(SG_HOOK_USER_INIT, sp, ac, av);
+    return sg_forward("user_init", SG_HOOK_USER_INIT, sp, ac, av);
 }
 
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
     if (!sg_py_wanted || spank_context() != S_CTX_REMOTE)
         return 0;
-    if (sg_python("task_init_privileged") != 0)
-        return -1;
-    return sg_py_hook(SG_HOOK_TASK_PRIV, sp, ac, av);
+    return sg_forward("task_init_privileged", SG_HOOK_TASK_PRIV, sp, ac, av);
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
     if (!sg_py_wanted || spank_context() != S_CTX_REMOTE)
         return 0;
-    if (sg_python("task_init") != 0)
-        return -1;
-    return sg_py_hook(SG_HOOK_TASK_INIT, sp, ac, av);
+    return sg_forward("task_init", SG_HOOK_TASK_INIT, sp, ac, av);
 }
