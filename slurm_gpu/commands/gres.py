@@ -7,6 +7,7 @@ loading helpers here are shared with ``slurm-gpu topology``.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -26,47 +27,82 @@ from ..errors import InputError, UsageError
 # megabytes, not gigabytes; when the schema or the model does not fit this
 # code, it falls back to replaying the raw answers.
 _HEAD = 512
-_TAIL = 256 * 1024
+_TAIL = 32 * 1024
 _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]*)"')
 _NODE_KEY = b'"node":'
+_CPU_START = '"packages": '
+_CPU_END = '"gpus": '
+_NO_CPU = '"packages": [], "numa_nodes": [], "cores": [], '
 
 
-def _fast_node(path: str) -> Any:
-    """The derived model read from the file's tail, or None when that is not possible."""
-    from ..hw import snapshot as snap
-    from ..hw.model import Node
+class SnapshotLoader:
+    """Loads many snapshots, sharing the CPU part of nodes with identical hardware.
 
-    with open(path, "rb") as f:
-        head = f.read(_HEAD)
-        m = _SCHEMA_RE.search(head)
-        if m is None or m.group(1).decode() != snap.SCHEMA:
+    On a 10,000-node cluster the packages/NUMA/cores of a node model are the
+    bulk of its JSON and identical across nodes of one kind; only GPUs
+    (UUIDs, fabric) differ.  The CPU part is decoded once per distinct text
+    and reused (the model is frozen, so sharing is safe).
+    """
+
+    def __init__(self) -> None:
+        self._cpu: dict[str, tuple[Any, Any, Any]] = {}
+
+    def node_from_text(self, text: str) -> Any:
+        from ..hw.model import Node
+
+        a = text.find(_CPU_START)
+        b = text.find(_CPU_END, a)
+        if a < 0 or b < 0:
+            return Node.from_dict(json.loads(text))
+        cpu = self._cpu.get(text[a:b])
+        if cpu is None:
+            node = Node.from_dict(json.loads(text))
+            self._cpu[text[a:b]] = (node.packages, node.numa_nodes, node.cores)
+            return node
+        node = Node.from_dict(json.loads(text[:a] + _NO_CPU + text[b:]))
+        return dataclasses.replace(node, packages=cpu[0], numa_nodes=cpu[1], cores=cpu[2])
+
+    def fast_node(self, path: str) -> Any:
+        """The derived model read from the file's tail, or None when that is not possible."""
+        from ..hw import snapshot as snap
+
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+            m = _SCHEMA_RE.search(head)
+            if m is None or m.group(1).decode() != snap.SCHEMA:
+                return None
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _TAIL))
+            tail = f.read()
+            at = tail.rfind(_NODE_KEY)
+            if at < 0 and size > _TAIL:  # a large node model (hundreds of cores): read it all
+                f.seek(0)
+                tail = f.read()
+                at = tail.rfind(_NODE_KEY)
+        if at < 0:
             return None
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - _TAIL))
-        tail = f.read()
-    at = tail.rfind(_NODE_KEY)
-    if at < 0:
-        return None
-    text = tail[at + len(_NODE_KEY):].decode("utf-8", "strict")
-    try:
-        obj, end = json.JSONDecoder().raw_decode(text.lstrip())
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or text.lstrip()[end:].strip() != "}":
-        return None  # "node" was not the last top-level key: let the full reader decide
-    try:
-        node = Node.from_dict(obj)
-    except (KeyError, TypeError, ValueError):
-        return None
-    return dataclasses.replace(node, sources=(f"snapshot:{path}",))
+        text = tail[at + len(_NODE_KEY):].decode("utf-8", "strict").strip()
+        # "node" must be the last top-level key: the text is one object and the closing brace.
+        if not text.endswith("}") or not text.startswith("{"):
+            return None
+        body = text[:-1].rstrip()
+        try:
+            node = self.node_from_text(body)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+        return dataclasses.replace(node, sources=(f"snapshot:{path}",))
 
 
-def load_snapshot_node(path: str) -> Any:
+def _fast_node(path: str, loader: SnapshotLoader | None = None) -> Any:
+    return (loader or SnapshotLoader()).fast_node(path)
+
+
+def load_snapshot_node(path: str, loader: SnapshotLoader | None = None) -> Any:
     """A node from a snapshot file: the derived model when usable, else replay of the raw answers."""
     from ..hw import snapshot as snap
 
     try:
-        node = _fast_node(path)
+        node = _fast_node(path, loader)
     except FileNotFoundError:
         raise InputError("snapshot not found", path) from None
     except IsADirectoryError:
@@ -103,6 +139,7 @@ def load_nodes(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | 
 
     nodes: dict[str, Any] = {}
     where: dict[str, str] = {}
+    loader = SnapshotLoader()
 
     def add(name: str, src: str, loader: Callable[[], Any]) -> None:
         if name in nodes:
@@ -111,18 +148,44 @@ def load_nodes(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | 
         where[name] = src
 
     single = len(snapshots) + len(hwloc_xmls) == 1
+    # Thousands of node models are millions of small objects that all stay
+    # alive: cyclic GC passes over them only cost time (seconds at 10,000
+    # nodes), so collection is paused while loading and the result frozen.
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        _load_inputs(snapshots, hwloc_xmls, node, single, add, loader)
+    finally:
+        if gc_was:
+            gc.enable()
+    if len(nodes) > 100:
+        gc.freeze()
+    if not nodes:
+        name = node or _short_hostname()
+        add(name, "live", load_node)
+    return nodes, where
+
+
+def _load_inputs(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | None, single: bool,
+                 add: Callable[[str, str, Callable[[], Any]], None], loader: SnapshotLoader) -> None:
+    from ..hw import load_node
+
     for value in snapshots:
         name, path = _split_named(value)
         if name is None and os.path.isdir(path):
-            files = sorted(p for p in Path(path).iterdir() if p.suffix == ".json" and p.is_file())
+            try:
+                files = sorted((e.name[:-5], e.path) for e in os.scandir(path)
+                               if e.name.endswith(".json") and e.is_file())
+            except OSError as e:
+                raise InputError(f"cannot list snapshot directory: {e.strerror}", path) from None
             if not files:
                 raise InputError("no *.json snapshots in directory", path)
-            for p in files:
-                add(p.stem, str(p), lambda p=p: load_snapshot_node(str(p)))
+            for stem, fp in files:
+                add(stem, fp, lambda fp=fp: load_snapshot_node(fp, loader))
             continue
         if name is None:
             name = node if (node and single) else Path(path).stem
-        add(name, path, lambda path=path: load_snapshot_node(path))
+        add(name, path, lambda path=path: load_snapshot_node(path, loader))
     for value in hwloc_xmls:
         name, path = _split_named(value)
         if name is None:
@@ -132,10 +195,6 @@ def load_nodes(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | 
         if not os.path.isfile(path):
             raise InputError("cannot read hwloc XML: no such file", path)
         add(name, path, lambda path=path, name=name: load_node(hwloc_xml=path, hostname=name))
-    if not nodes:
-        name = node or _short_hostname()
-        add(name, "live", load_node)
-    return nodes, where
 
 
 def _type_map(items: Sequence[str]) -> dict[str, str]:

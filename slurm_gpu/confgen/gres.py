@@ -187,10 +187,17 @@ class GresView:
         return {"v": self}
 
 
+def _gpu_key(g: Gpu) -> tuple[object, ...]:
+    # Everything gres_records reads; UUIDs, serials and fabric ids differ per node
+    # but never change a line, so identical hardware shares one computation.
+    return (g.minor, g.pci_bus_id, g.pci_device_id, g.name, g.cores, g.nvlinks, g.mig_enabled,
+            tuple((m.gi_id, m.ci_id, m.profile, m.gi_cap_minor, m.ci_cap_minor) for m in g.mig_instances))
+
+
 def _fingerprint(node: Node) -> tuple[object, ...]:
     """What decides a node's gres lines and node line, cheap to hash."""
-    return (node.gpus, node.packages, node.numa_nodes, len(node.cores), node.threads_per_core,
-            node.cpu_count, node.memory_bytes)
+    return (tuple(_gpu_key(g) for g in node.gpus), id(node.packages), id(node.numa_nodes), id(node.cores),
+            node.memory_bytes)
 
 
 def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, *,
@@ -268,13 +275,11 @@ def render_gres_conf(nodes: Mapping[str, Node], *, dev_dir: str = "/dev",
     if dev_dir != "/dev" or options is None:
         opts = replace(opts, dev_dir=dev_dir)
     if inputs is None:
-        seen: list[str] = []
+        seen: dict[str, None] = {}
         for n in nodes.values():
-            for s in n.sources:
-                if s not in seen:
-                    seen.append(s)
-                if len(seen) > 20:
-                    break
-        inputs = seen
+            seen.update(dict.fromkeys(n.sources))
+            if len(seen) > 20:
+                break
+        inputs = list(seen)[:20]
     view = build_gres_view(nodes, opts, inputs=inputs, where=where)
     return render("gres.conf.j2", view.as_template_vars())

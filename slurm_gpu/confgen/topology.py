@@ -76,12 +76,21 @@ def build_view(tree: Tree | None, blocks: BlockTopology | None, *, fmt: str = "c
     switches: list[YamlSwitch] = []
     yblocks: list[YamlBlock] = []
     plugins: list[str] = []
+    folded: dict[tuple[str, ...], str] = {}
+
+    def fold(names: tuple[str, ...]) -> str:
+        # Every spine of a rail lists the same leaves: fold each list once.
+        text = folded.get(names)
+        if text is None:
+            text = folded[names] = hostlist.fold(names) if names else ""
+        return text
+
     if tree is not None:
         plugins.append("topology/tree")
         notes.extend(tree.notes)
         for sw in tree.switches:
-            nodes = hostlist.fold(sw.nodes) if sw.nodes else ""
-            children = hostlist.fold(sw.switches) if sw.switches else ""
+            nodes = fold(sw.nodes)
+            children = fold(sw.switches)
             text = f"SwitchName={sw.name}" + (f" Nodes={nodes}" if nodes else "") + (
                 f" Switches={children}" if children else "")
             lines.append(ConfLine(sw.comment, text))

@@ -157,12 +157,16 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
     uf = _UnionFind()
     for leaf in leaf_hosts:
         uf.find(leaf)
+    # Hosts of one scalable unit share one set of rail leaves: count leaf
+    # pairs per distinct set, not per host (10,000 hosts x 8 rails).
+    signatures: dict[tuple[str, ...], int] = defaultdict(int)
+    for leaves in host_leaves.values():
+        signatures[tuple(sorted(leaves))] += 1
     pair_shared: dict[tuple[str, str], int] = defaultdict(int)
-    for host, leaves in host_leaves.items():
-        ls = sorted(leaves)
+    for ls, count in signatures.items():
         for i in range(len(ls)):
             for j in range(i + 1, len(ls)):
-                pair_shared[(ls[i], ls[j])] += 1
+                pair_shared[(ls[i], ls[j])] += count
     for (a, b), shared in pair_shared.items():
         if 2 * shared >= min(len(leaf_hosts[a]), len(leaf_hosts[b])):
             uf.union(a, b)
@@ -186,8 +190,10 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
         per_group: dict[str, int] = defaultdict(int)
         for leaf, hcas in leaves.items():
             per_group[group_name[leaf]] += hcas
-        best = sorted(per_group.items(), key=lambda kv: (-kv[1], hostlist.natural_key(kv[0])))[0][0]
-        if len(per_group) > 1:
+        if len(per_group) == 1:
+            best = next(iter(per_group))
+        else:
+            best = sorted(per_group.items(), key=lambda kv: (-kv[1], hostlist.natural_key(kv[0])))[0][0]
             straddling += 1
         group_nodes[best].append(host)
     if straddling:
@@ -212,8 +218,12 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
         notes.append(f"dropped {len(orphans)} switches that reach no host: "
                      f"{hostlist.fold(orphans)}")
     out: list[Switch] = []
+    members_of: dict[str, list[str]] = defaultdict(list)
+    for ms in groups.values():
+        for m in ms:
+            members_of[group_name[m]].append(sname(m))
     for gname, hosts in group_nodes.items():
-        members = [sname(m) for root, ms in groups.items() for m in ms if group_name[m] == gname]
+        members = members_of[gname]
         comment = (f"{gname}: leaves {hostlist.fold(members)} serve the same hosts (rails)"
                    if len(members) > 1 else "")
         out.append(Switch(gname, 0, tuple(sorted(hosts, key=hostlist.natural_key)), (), comment))
