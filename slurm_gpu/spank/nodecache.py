@@ -42,6 +42,10 @@ def _stamp(path: str | None) -> tuple[Any, ...] | None:
     return (path, st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+def _private(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def _key(config_path: str | None, node: str) -> str:
     return f"{__version__}:{FORMAT}:{node}:{config_path or ''}"
 
@@ -53,8 +57,13 @@ def cache_file(config_path: str | None, node: str, cache_dir: str | None = None)
 
 def load(config_path: str | None, node: str, cache_dir: str | None = None) -> dict[str, Any] | None:
     """The cached facts, or None when missing or stale."""
+    path = cache_file(config_path, node, cache_dir)
     try:
-        with open(cache_file(config_path, node, cache_dir), "rb") as f:
+        with open(path, "rb") as f:
+            # only a file that we (root) wrote in a directory only we can
+            # write: marshal is not meant for data others could have planted
+            if not (_private(os.fstat(f.fileno())) and _private(os.stat(os.path.dirname(path)))):
+                return None
             data = marshal.load(f)
     except (OSError, EOFError, ValueError, TypeError):
         return None

@@ -295,3 +295,15 @@ def test_cache_survives_garbage(tmp_path):
     f = nodecache.cache_file("/x.toml", "n1", str(tmp_path))
     open(f, "wb").write(b"\x00garbage")
     assert nodecache.load("/x.toml", "n1", str(tmp_path)) is None
+
+
+def test_cache_written_by_someone_else_is_ignored(tmp_path):
+    d = tmp_path / "cache"
+    data = {"key": nodecache._key("/x.toml", "n1"), "boot_id": nodecache._boot_id(),
+            "stamps": (), "gpus": None}
+    nodecache.store(data, "/x.toml", "n1", str(d))
+    f = nodecache.cache_file("/x.toml", "n1", str(d))
+    assert os.stat(d).st_mode & 0o777 == 0o700
+    assert nodecache.load("/x.toml", "n1", str(d)) == data
+    os.chmod(f, 0o666)                       # writable by others: not trusted
+    assert nodecache.load("/x.toml", "n1", str(d)) is None
