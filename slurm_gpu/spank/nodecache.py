@@ -116,7 +116,9 @@ def store(data: dict[str, Any], config_path: str | None, node: str,
         os.makedirs(cache_dir or CACHE_DIR, mode=0o700, exist_ok=True)
         path = cache_file(config_path, node, cache_dir)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o600)
             marshal.dump(data, f)
         os.replace(tmp, path)
     except (OSError, ValueError):
