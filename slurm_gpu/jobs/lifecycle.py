@@ -1,0 +1,308 @@
+"""Prolog and epilog: per-job MPS daemon and MIG layout, with the failure policy.
+
+Failure policy (docs/mps-mig.md):
+
+* a user's mistake (bad option value, impossible layout, MIG on a GPU the
+  job does not hold whole or whose MIG mode is off) never drains the node:
+  the prolog undoes what it did, records the one-line error in the job's
+  state file and exits 0; the SPANK plugin then fails every task of the
+  job with that line (``state.task_env`` raises), or with
+  ``[jobs] user_error = "cancel"`` the prolog cancels the job;
+* a node fault (NVML or the MPS daemon failing, a blocker holding the GPU,
+  a bad config) also undoes what it did; ``[jobs] on_internal_error =
+  "drain"`` exits 1, so Slurm drains the node and requeues the job;
+  ``"pass"`` exits 0 and fails the job like a user error;
+* the epilog is idempotent: it works from the state file (written before
+  anything is created and after every step), from the deterministic MPS
+  directory ``<base>/<jobid>`` and from the processes bound to it, so it
+  cleans up after a prolog that failed half-way or was killed, after a
+  slurmd restart, and when run twice.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..errors import InputError, SlurmGpuError, UsageError
+from . import state as jobstate
+from .mps import JobUser
+from .settings import JobsSettings, MigSettings, MpsSettings
+from .state import JobFailed
+
+ENV_MPS = "SPANK_SLURM_GPU_MPS"
+ENV_MIG = "SPANK_SLURM_GPU_MIG"
+
+
+@dataclass
+class Context:
+    """Everything the prolog/epilog needs, injectable for tests."""
+
+    env: Mapping[str, str]
+    jobs: JobsSettings
+    mps: MpsSettings
+    mig: MigSettings
+    state_dir: str
+    open_api: Callable[[], Any]
+    node: Callable[[], Any] | None = None       # -> slurm_gpu.hw.model.Node
+    log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr))
+
+
+def default_context(env: Mapping[str, str] | None = None) -> Context:
+    """Settings from the config file, NVML and the node model from ``[node]``."""
+    from ..hw import live
+    from .settings import load
+    env = os.environ if env is None else env
+    jobs, mps, mig = load()
+    node = live.settings()
+
+    def open_api() -> Any:
+        if node.sim_state:
+            from ..sim.mig import open_mig_sim
+            return open_mig_sim(node.sim_state)
+        return live.open_nvml(node)
+
+    return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: live.load_node(node))
+
+
+# -- options --------------------------------------------------------------
+
+def parse_mps(value: str) -> int | None:
+    """``default`` -> None; ``1``..``100`` -> the percentage; else a usage error."""
+    v = value.strip().lower()
+    if v == "default":
+        return None
+    if v.isdigit() and 1 <= int(v) <= 100:
+        return int(v)
+    raise UsageError(f"bad --gpu-mps value {value!r}: expected a percentage 1-100 or 'default'",
+                     "--gpu-mps")
+
+
+def job_user(env: Mapping[str, str], st: dict[str, Any] | None = None) -> JobUser | None:
+    uid = env.get("SLURM_JOB_UID") or (str(st["uid"]) if st else "")
+    gid = env.get("SLURM_JOB_GID") or (str(st["gid"]) if st else "")
+    if not uid.isdigit():
+        return None
+    name = env.get("SLURM_JOB_USER") or (st or {}).get("user") or ""
+    if not gid.isdigit():
+        try:
+            gid = str(pwd.getpwuid(int(uid)).pw_gid)
+        except KeyError:
+            return None
+    groups: tuple[int, ...] = ()
+    if name:
+        try:
+            groups = tuple(os.getgrouplist(name, int(gid)))
+        except (KeyError, OSError):
+            groups = ()
+    return JobUser(int(uid), int(gid), name, groups)
+
+
+def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
+    """The job's GPU indices on this node and whether it holds them whole.
+
+    ``SLURM_JOB_GPUS`` lists whole GPUs (gres/gpu); with only
+    ``CUDA_VISIBLE_DEVICES`` the job shares them (gres/shard, gres/mps).
+    """
+    whole = env.get("SLURM_JOB_GPUS", "").strip()
+    text = whole or env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part.isdigit():
+            out.append(int(part))
+    return out, bool(whole)
+
+
+def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
+    """UUID, name and local CPUs of each job GPU from the node model (best effort)."""
+    facts = [{"index": i, "uuid": None, "name": None, "cpus": []} for i in indices]
+    if ctx.node is None:
+        return facts
+    try:
+        node = ctx.node()
+    except SlurmGpuError as e:
+        ctx.log(f"slurm-gpu: prolog: node model unavailable, no CPU pinning: {e.what}")
+        return facts
+    pus_of = {c.index: c.pus for c in node.cores}
+    for f in facts:
+        g = next((g for g in node.gpus if g.minor == f["index"]), None) or \
+            next((g for g in node.gpus if g.index == f["index"]), None)
+        if g is None:
+            continue
+        f["uuid"], f["name"] = g.uuid, g.name
+        f["cpus"] = sorted({pu for c in g.cores for pu in pus_of.get(c, ())})
+    return facts
+
+
+# -- prolog ---------------------------------------------------------------
+
+def prolog(ctx: Context) -> int:
+    """Set up what the job asked for; returns the prolog's exit status."""
+    env = ctx.env
+    mps_opt = env.get(ENV_MPS, "").strip()
+    mig_opt = env.get(ENV_MIG, "").strip()
+    if not mps_opt and not mig_opt:
+        return 0
+    jobid = jobstate.check_jobid(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID", ""))
+    user = job_user(env)
+    if user is None:
+        raise InputError("prolog environment lacks SLURM_JOB_UID", f"job {jobid}")
+    st = jobstate.new(jobid, uid=user.uid, gid=user.gid, user=user.name)
+    st["options"] = {"mps": mps_opt or None, "mig": mig_opt or None}
+    jobstate.save(ctx.state_dir, st)
+    api_box: list[Any] = []
+
+    def api() -> Any:
+        if not api_box:
+            api_box.append(ctx.open_api())
+        return api_box[0]
+
+    try:
+        percentage = parse_mps(mps_opt) if mps_opt else None
+        indices, whole = job_gpus(env)
+        if not indices:
+            raise JobFailed("--gpu-mps/--gpu-mig need GPUs: ask for them with --gpus or --gres=gpu",
+                            f"job {jobid}")
+        st["gpus"] = _gpu_facts(ctx, indices)
+        st["whole_gpus"] = whole
+        jobstate.save(ctx.state_dir, st)
+        if mig_opt:
+            from . import migjob
+            migjob.setup(ctx, st, api, mig_opt, whole)
+        if mps_opt:
+            _setup_mps(ctx, st, user, percentage, whole, api)
+        st["phase"] = "ready"
+        jobstate.save(ctx.state_dir, st)
+        return 0
+    except (UsageError, JobFailed) as e:
+        line = e.line()
+        ctx.log(f"{line} [job {jobid}: user error, job fails, node stays up]")
+        _undo(ctx, st, user, api)
+        st["error"] = line
+        st["phase"] = "failed"
+        jobstate.save(ctx.state_dir, st)
+        if ctx.jobs.user_error == "cancel":
+            _cancel(ctx, jobid)
+        return 0
+    except Exception as e:  # noqa: BLE001 - node fault: clean up, then apply the policy
+        line = e.line() if isinstance(e, SlurmGpuError) else \
+            f"slurm-gpu: internal error: {type(e).__name__}: {e}"
+        ctx.log(f"{line} [job {jobid}: node fault, on_internal_error={ctx.jobs.on_internal_error}]")
+        try:
+            _undo(ctx, st, user, api)
+        except Exception as e2:  # noqa: BLE001
+            ctx.log(f"slurm-gpu: prolog cleanup failed: {e2}")
+            st["error"] = line
+            jobstate.save(ctx.state_dir, st)
+            return 1
+        if ctx.jobs.on_internal_error == "drain":
+            jobstate.remove(ctx.state_dir, jobid)   # requeued elsewhere; nothing left here
+            return 1
+        st["error"] = line
+        st["phase"] = "failed"
+        jobstate.save(ctx.state_dir, st)
+        return 0
+
+
+def _cancel(ctx: Context, jobid: str) -> None:
+    from .. import runner
+    try:
+        runner.run([ctx.jobs.scancel, jobid], 10, check=False)
+    except SlurmGpuError as e:
+        ctx.log(f"slurm-gpu: could not cancel job {jobid}: {e.what}")
+
+
+def _setup_mps(ctx: Context, st: dict[str, Any], user: JobUser, percentage: int | None,
+               whole: bool, api: Callable[[], Any]) -> None:
+    from . import mps
+    gpus = st["gpus"]
+    if ctx.mps.exclusive_process and whole:
+        _set_compute_modes(ctx, st, api())
+    uuids = [g["uuid"] for g in gpus]
+    devices = ",".join(uuids) if all(uuids) else ",".join(str(g["index"]) for g in gpus)
+    if jobstate.mig_uuids(st):
+        devices = ",".join(jobstate.mig_uuids(st))   # MPS on MIG: one server per MIG device
+    cpus = sorted({c for g in gpus for c in g["cpus"]})
+
+    def record(info: dict[str, Any]) -> None:
+        st["mps"] = dict(info)
+        jobstate.save(ctx.state_dir, st)
+
+    mps.start(ctx.mps, st["jobid"], user, devices, cpus, percentage, record)
+
+
+def _set_compute_modes(ctx: Context, st: dict[str, Any], api: Any) -> None:
+    saved = st.setdefault("compute_mode_saved", {})
+    for g in st["gpus"]:
+        try:
+            h = api.nvmlDeviceGetHandleByIndex(g["index"])
+            old = int(api.nvmlDeviceGetComputeMode(h))
+            saved[str(g["index"])] = old
+            jobstate.save(ctx.state_dir, st)
+            api.nvmlDeviceSetComputeMode(h, api.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        except api.NVMLError as e:
+            from ..errors import HardwareError
+            raise HardwareError(f"cannot set EXCLUSIVE_PROCESS compute mode: {e}",
+                                f"GPU {g['index']}") from None
+
+
+def _restore_compute_modes(ctx: Context, st: dict[str, Any], api: Any) -> None:
+    saved = st.get("compute_mode_saved") or {}
+    for idx, mode in list(saved.items()):
+        h = api.nvmlDeviceGetHandleByIndex(int(idx))
+        api.nvmlDeviceSetComputeMode(h, int(mode))
+        del saved[idx]
+        jobstate.save(ctx.state_dir, st)
+
+
+def _undo(ctx: Context, st: dict[str, Any], user: JobUser | None,
+          api: Callable[[], Any]) -> list[str]:
+    """Remove everything *st* records; raises on a failure that leaves something behind."""
+    from . import mps
+    notes = mps.stop(ctx.mps, st.get("mps"), st["jobid"], user, ctx.jobs.epilog_kill_wait)
+    st["mps"] = None
+    if st.get("compute_mode_saved"):
+        _restore_compute_modes(ctx, st, api())
+    if st.get("mig"):
+        from . import migjob
+        migjob.teardown(ctx, st, api())
+    jobstate.save(ctx.state_dir, st) if jobstate.path(ctx.state_dir, st["jobid"]).exists() \
+        else None
+    return notes
+
+
+# -- epilog ---------------------------------------------------------------
+
+def epilog(ctx: Context) -> int:
+    """Tear down whatever the job has on this node; idempotent."""
+    from . import mps
+    env = ctx.env
+    jobid = jobstate.check_jobid(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID", ""))
+    st = jobstate.load(ctx.state_dir, jobid)
+    has_dir = os.path.lexists(mps.job_dir(ctx.mps.base_dir, jobid))
+    if st is None and not has_dir:
+        return 0
+    user = job_user(env, st)
+    if st is None:
+        st = {"jobid": jobid, "mps": None, "mig": None}
+    api_box: list[Any] = []
+
+    def api() -> Any:
+        if not api_box:
+            api_box.append(ctx.open_api())
+        return api_box[0]
+
+    try:
+        for note in _undo(ctx, st, user, api):
+            ctx.log(f"slurm-gpu: epilog job {jobid}: {note}")
+    except Exception as e:  # noqa: BLE001
+        line = e.line() if isinstance(e, SlurmGpuError) else \
+            f"slurm-gpu: internal error: {type(e).__name__}: {e}"
+        ctx.log(f"{line} [epilog job {jobid}: cleanup incomplete, "
+                f"on_internal_error={ctx.jobs.on_internal_error}]")
+        return 1 if ctx.jobs.on_internal_error == "drain" else 0
+    jobstate.remove(ctx.state_dir, jobid)
+    return 0

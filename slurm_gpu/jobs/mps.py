@@ -1,0 +1,214 @@
+"""One MPS control daemon per job per node, run as the job user.
+
+Start (prolog): per-job ``<base>/<jobid>/{pipe,log}`` owned by the user,
+mode 0700, under a root-owned base; the daemon started through
+``nvidia-cuda-mps-control -d`` as the user (``runner.run(run_as=...)``),
+pinned to the GPUs' local CPUs with taskset, for the job's GPUs only
+(``CUDA_VISIBLE_DEVICES``); then we wait until it answers
+``get_server_list`` and apply the admin's defaults.
+
+Stop (epilog): ``quit`` through the control pipe with a bounded wait, then
+SIGKILL whatever is left among the processes bound to this job's pipe
+directory (found through ``/proc/<pid>/environ``, so a lost state file or a
+slurmd restart cannot hide a daemon), remove the directories, restore the
+compute mode.
+
+Everything talks to the daemon through the binary's client mode, exactly
+as an admin would (``echo quit | nvidia-cuda-mps-control``), so the code runs
+unchanged against the real binary or the stand-in
+(:mod:`slurm_gpu.sim.mps_control`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import runner
+from ..errors import CommandError, HardwareError, SlurmGpuError
+from ..runner import RunAs
+from .settings import MpsSettings
+
+
+@dataclass(frozen=True)
+class JobUser:
+    uid: int
+    gid: int
+    name: str
+    groups: tuple[int, ...] = ()
+
+    def run_as(self) -> RunAs:
+        return RunAs(self.uid, self.gid, self.groups)
+
+
+def job_dir(base: str, jobid: str) -> Path:
+    return Path(base) / str(jobid)
+
+
+def _ensure_base(base: Path) -> None:
+    """The base must be a real directory owned by root and not writable by others."""
+    base.mkdir(parents=True, exist_ok=True, mode=0o755)
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise HardwareError("MPS base directory must be a root-owned directory not writable "
+                            "by others", str(base))
+
+
+def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[Path, Path]:
+    """Create ``<base>/<jobid>/pipe`` and ``log`` for *user* (0700); root owns the job dir."""
+    base = Path(settings.base_dir)
+    _ensure_base(base)
+    jd = job_dir(settings.base_dir, jobid)
+    try:
+        os.mkdir(jd, 0o755)
+    except FileExistsError:
+        st = os.lstat(jd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise HardwareError("unexpected MPS job directory", str(jd)) from None
+    os.chmod(jd, 0o755)
+    out = []
+    for name in ("pipe", "log"):
+        d = jd / name
+        if os.path.lexists(d):
+            shutil.rmtree(d) if not os.path.islink(d) else os.unlink(d)
+        os.mkdir(d, 0o700)
+        os.chown(d, user.uid, user.gid)
+        os.chmod(d, 0o700)
+        out.append(d)
+    return out[0], out[1]
+
+
+def _env(pipe: Path, log: Path, devices: str | None) -> dict[str, str]:
+    env = {"PATH": runner.SAFE_PATH, "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+           "CUDA_MPS_LOG_DIRECTORY": str(log), "HOME": "/"}
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    return env
+
+
+def control(settings: MpsSettings, user: JobUser, pipe: Path, log: Path, command: str,
+            timeout: float = 5.0, check: bool = True) -> runner.Completed:
+    """Send one command through the control pipe as the job user."""
+    return runner.run([settings.control], timeout, input=command + "\n",
+                      env=_env(pipe, log, None), run_as=user.run_as(), check=check)
+
+
+def daemon_pids(pipe: Path, proc: str = "/proc") -> list[int]:
+    """PIDs of processes bound to this pipe directory (control daemon and servers)."""
+    want = f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode()
+    out = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if want in env:
+            out.append(int(name))
+    return sorted(out)
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    return ",".join(str(c) for c in sorted(set(cpus)))
+
+
+def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
+          cpus: list[int], percentage: int | None, record: Callable[[dict[str, Any]], None]
+          ) -> dict[str, Any]:
+    """Start the job's daemon; *record* is called with the state after each step."""
+    if user.uid == 0:
+        raise SlurmGpuError("refusing to run an MPS daemon as root", f"job {jobid}")
+    pipe, log = make_dirs(settings, jobid, user)
+    info: dict[str, Any] = {"pipe_dir": str(pipe), "log_dir": str(log),
+                            "job_dir": str(job_dir(settings.base_dir, jobid)),
+                            "control": settings.control, "devices": devices or "",
+                            "cpus": _cpu_list(cpus), "pids": [], "ready": False,
+                            "percentage": percentage}
+    record(info)
+    argv = [settings.control, "-d"]
+    online = os.sched_getaffinity(0)
+    use = [c for c in cpus if c in online]
+    if settings.bind_cpus and use:
+        argv = [settings.taskset, "-c", _cpu_list(use)] + argv
+    t0 = time.monotonic()
+    runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices), run_as=user.run_as())
+    deadline = t0 + settings.start_timeout
+    delay = 0.002
+    while True:
+        res = control(settings, user, pipe, log, "get_server_list", check=False,
+                      timeout=max(0.5, deadline - time.monotonic()))
+        if res.ok:
+            break
+        if time.monotonic() > deadline:
+            raise HardwareError(f"MPS control daemon did not answer within "
+                                f"{settings.start_timeout:g} s", str(pipe))
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    info["pids"] = daemon_pids(pipe)
+    info["start_s"] = round(time.monotonic() - t0, 4)
+    record(info)
+    pct = percentage or settings.default_active_thread_percentage or None
+    if pct:
+        control(settings, user, pipe, log, f"set_default_active_thread_percentage {pct}")
+    if settings.pinned_mem_limit:
+        ndev = len(devices.split(",")) if devices else 1
+        for d in range(ndev):
+            control(settings, user, pipe, log,
+                    f"set_default_device_pinned_mem_limit {d} {settings.pinned_mem_limit}")
+    info["ready"] = True
+    record(info)
+    return info
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: JobUser | None,
+         kill_wait: float = 2.0) -> list[str]:
+    """Stop the job's daemon and remove its directories; idempotent.  Returns notes."""
+    notes: list[str] = []
+    jd = Path(info["job_dir"]) if info and info.get("job_dir") else job_dir(settings.base_dir, jobid)
+    pipe = jd / "pipe"
+    log = jd / "log"
+    pids = set(daemon_pids(pipe)) if jd.exists() else set()
+    if info:
+        # Recorded PIDs count only while they still belong to this job's pipe
+        # directory: a recycled PID must never be killed.
+        pids |= {p for p in info.get("pids", []) if p in set(daemon_pids(pipe))}
+    if pids and user is not None and user.uid != 0 and pipe.is_dir():
+        try:
+            control(settings, user, pipe, log, "quit", timeout=settings.quit_timeout,
+                    check=False)
+        except CommandError as e:
+            notes.append(f"MPS quit: {e.what}")
+        deadline = time.monotonic() + settings.quit_timeout
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    left = [p for p in pids if _alive(p)]
+    if left:
+        notes.append(f"MPS: killed stragglers {','.join(map(str, sorted(left)))}")
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + kill_wait
+        while any(_alive(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    if os.path.lexists(jd):
+        shutil.rmtree(jd, ignore_errors=True)
+        if os.path.lexists(jd):
+            raise HardwareError("cannot remove MPS job directory", str(jd))
+    return notes
