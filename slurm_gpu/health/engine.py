@@ -276,18 +276,27 @@ def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, 
     return sort_findings(soften(findings, bad))
 
 
-def parent_slurmd() -> str | None:
-    """``pid:starttime`` of our parent when it is slurmd (HealthCheckProgram), else None."""
-    ppid = os.getppid()
-    try:
-        with open(f"/proc/{ppid}/comm") as f:
-            if f.read().strip() != "slurmd":
-                return None
-        with open(f"/proc/{ppid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return f"{ppid}:{fields[19]}"
-    except (OSError, IndexError):
-        return None
+def parent_slurmd(max_depth: int = 3) -> str | None:
+    """``pid:starttime`` of the slurmd that started us (HealthCheckProgram), else None.
+
+    Looks a few generations up, so a wrapper script that runs us as a child
+    instead of exec'ing still counts.
+    """
+    pid = os.getppid()
+    for _ in range(max_depth):
+        if pid <= 1:
+            return None
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+            comm = head.split("(", 1)[1]
+            fields = rest.split()
+            if comm == "slurmd":
+                return f"{pid}:{fields[19]}"
+            pid = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            return None
+    return None
 
 
 __all__ = ["ALL_CHECKS", "Options", "Report", "run", "select_checks", "expected_gpus", "parent_slurmd",

@@ -257,3 +257,19 @@ def test_xid_watch_events_are_read_once(tmp_path, slurm):
     assert r.action == "drain" and "Xid 48" in slurm.updates[-1][4]
     r = engine.run(opts(tmp_path, log))
     assert r.status == "ok"
+
+
+def test_parent_slurmd_is_found_through_a_wrapper(tmp_path):
+    import subprocess
+    import sys
+    import shutil
+    # A process named "slurmd" (a copy of sh) whose child shell runs us: found a level or two up.
+    fake = tmp_path / "slurmd"
+    shutil.copy("/bin/sh", fake)
+    code = "from slurm_gpu.health.engine import parent_slurmd; print(parent_slurmd())"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([str(fake), "-c", f"/bin/sh -c '{sys.executable} -c \"{code}\"'; true"],
+                         capture_output=True, text=True, cwd=str(root), timeout=30)
+    ident = out.stdout.strip()
+    assert re.fullmatch(r"\d+:\d+", ident), (out.stdout, out.stderr)
+    assert engine.parent_slurmd() is None          # pytest is not run by slurmd
