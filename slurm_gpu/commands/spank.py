@@ -36,7 +36,12 @@ def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool 
     spec = importlib.util.spec_from_file_location("_slurm_gpu_build_plugin", script)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    # no __pycache__ beside the build script (setup.cfg ships spank/* as data)
+    saved_flag, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = saved_flag
     import tempfile
     with tempfile.TemporaryDirectory(prefix="slurm-gpu-spank-") as tmp:
         try:
