@@ -113,6 +113,8 @@ def expected_gpus(path: str | None, node: str) -> ExpectedGpus | None:
             counted += n
     total = len(minors) + counted
     if total == 0 and not any(k[0] == "gpu" for k in mine.devices):
+        if mine.autodetect and mine.autodetect != "off":
+            return None  # AutoDetect=nvml: slurmd counts the GPUs itself, the file promises none
         return ExpectedGpus(0, source=path)
     return ExpectedGpus(total, tuple(sorted(minors)), tuple(types), source=path)
 

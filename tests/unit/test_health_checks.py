@@ -167,3 +167,17 @@ def test_os_checks_are_warnings_only_and_switchable():
     assert {f.check for f in fs} == {"os.swappiness", "os.governor", "os.persistenced"}
     assert worst(fs) == "warn"
     assert run_os_checks(info, s, sel, False) == [f for f in fs if f.check != "os.persistenced"]
+
+
+def test_expected_gpus_from_gres_conf(tmp_path):
+    from slurm_gpu.health.engine import expected_gpus
+    p = tmp_path / "gres.conf"
+    p.write_text("AutoDetect=off\nNodeName=n[1-2] Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-3\n"
+                 "NodeName=n3 Name=gpu File=/dev/nvidia[0-1]\nNodeName=n[1-3] Name=mps Count=200\n")
+    e = expected_gpus(str(p), "n2")
+    assert (e.count, e.minors, e.types) == (4, (0, 1, 2, 3), ("h100",) * 4)
+    assert expected_gpus(str(p), "n3").count == 2
+    assert expected_gpus(str(p), "cpu1").count == 0
+    p.write_text("AutoDetect=nvml\n")
+    assert expected_gpus(str(p), "n1") is None
+    assert expected_gpus(str(tmp_path / "missing"), "n1") is None
