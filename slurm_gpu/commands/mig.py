@@ -66,3 +66,58 @@ def profiles_cmd(model: str | None) -> None:
             click.echo(f"  {p.name:<12} id {p.id:>2}  max {p.instances}  "
                        f"placements {{{','.join(map(str, p.starts))}}}:{p.size}  "
                        f"{p.memory_mb} MiB  {p.sm_count} SMs")
+
+
+@mig.command("apply")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--select", "-c", default=None, help="Which entry of mig-configs to apply.")
+@click.option("--check", "check_only", is_flag=True,
+              help="Only report drift; exit 1 when the node differs from the config.")
+@click.option("--gres-conf", default=None,
+              help="Regenerate this gres.conf after a change (default: [mig] gres_conf).")
+def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str | None) -> None:
+    """Make this node's MIG layout match CONFIG (mig-parted format); acts only on drift."""
+    from ..errors import SlurmGpuError
+    from ..hw import live
+    from ..jobs import state as jobstate
+    from ..jobs.settings import load
+    from ..mig import baseline
+
+    _, _, mig_settings = load()
+    node = live.settings()
+    entries = baseline.load_config(config, select)
+    if node.sim_state:
+        from ..sim.mig import open_mig_sim
+        api = open_mig_sim(node.sim_state)
+    else:
+        api = live.open_nvml(node)
+    diffs = baseline.diff(api, entries, config)
+    drift = [d for d in diffs if d.drift]
+    for d in diffs:
+        state = "drift: " + "; ".join(d.actions) if d.drift else "ok"
+        click.echo(f"GPU {d.index} ({d.name}): {state}")
+    if check_only:
+        if drift:
+            raise SlurmGpuError(f"{len(drift)} GPU(s) differ from the MIG config", config)
+        return
+    if not drift:
+        click.echo("slurm-gpu: MIG layout already matches; nothing changed")
+        return
+    busy: dict[int, str] = {}
+    for jobid in jobstate.list_jobs(node.state_dir):
+        for g in (jobstate.load(node.state_dir, jobid) or {}).get("gpus", []):
+            busy[int(g["index"])] = jobid
+    for line in baseline.apply(api, diffs, busy, config):
+        click.echo(f"slurm-gpu: changed {line}")
+    out = gres_conf or mig_settings.gres_conf
+    if out:
+        from ..confgen.gres import render_gres_conf
+        from ..fsutil import atomic_write
+        text = render_gres_conf({node_name(): live.load_node(node)}, dev_dir=mig_settings.dev_dir)
+        atomic_write(out, text)
+        click.echo(f"slurm-gpu: wrote {out}; restart slurmd to pick up the new MIG GRES")
+
+
+def node_name() -> str:
+    from ..hw.live import node_name as nn
+    return nn()

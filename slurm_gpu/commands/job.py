@@ -1,0 +1,65 @@
+"""``slurm-gpu job``: what a job has on this node (GPUs, binding, MPS, MIG)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group()
+def job() -> None:
+    """Per-job GPU state on this node."""
+
+
+def _state_dir() -> str:
+    from ..hw import live
+    return live.settings().state_dir
+
+
+@job.command("show")
+@click.argument("jobid")
+@click.option("--json", "as_json", is_flag=True, help="Print the state file as JSON.")
+def show(jobid: str, as_json: bool) -> None:
+    """Show JOBID's GPUs, CPU binding, MPS daemon and MIG instances on this node."""
+    import os
+
+    from ..errors import SlurmGpuError
+    from ..jobs import state as jobstate
+    from ..jobs.mps import daemon_pids
+
+    sd = _state_dir()
+    st = jobstate.load(sd, jobid)
+    if st is None:
+        raise SlurmGpuError(f"job {jobid} has no GPU state on this node", sd)
+    if as_json:
+        click.echo(json.dumps(st, indent=2, sort_keys=True))
+        return
+    click.echo(f"job {st['jobid']}  user {st.get('user') or st.get('uid')}  phase {st['phase']}")
+    if st.get("error"):
+        click.echo(f"  error: {st['error']}")
+    for g in st.get("gpus", []):
+        cpus = ",".join(map(str, g.get("cpus") or [])) or "-"
+        click.echo(f"  GPU {g['index']}  {g.get('name') or ''}  {g.get('uuid') or ''}  "
+                   f"local CPUs {cpus}")
+    m = st.get("mps")
+    if m:
+        live_pids = daemon_pids(m["pipe_dir"]) if os.path.isdir(m["pipe_dir"]) else []
+        click.echo(f"  MPS: {'ready' if m.get('ready') else 'starting'}  pipe {m['pipe_dir']}  "
+                   f"log {m['log_dir']}  pids {','.join(map(str, live_pids)) or 'none'}  "
+                   f"CPUs {m.get('cpus') or '-'}  active threads "
+                   f"{m.get('percentage') or 'default'}")
+    mig = st.get("mig")
+    if mig:
+        click.echo(f"  MIG layout {mig['layout']} ({'ready' if mig.get('ready') else 'incomplete'})")
+        for g in mig.get("gpus", []):
+            for i in g.get("instances", []):
+                click.echo(f"    GPU {g['index']}  {i['profile']:<12} GI {i.get('gi_id')}  "
+                           f"CI {i.get('ci_id')}  at {i['start']}:{i['size']}  {i.get('uuid') or ''}")
+
+
+@job.command("list")
+def list_cmd() -> None:
+    """Job ids with GPU state on this node."""
+    from ..jobs import state as jobstate
+    for j in jobstate.list_jobs(_state_dir()):
+        click.echo(j)

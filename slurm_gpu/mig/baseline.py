@@ -1,0 +1,200 @@
+"""The node's MIG baseline: a declarative config, checked first, applied only on drift.
+
+The config uses mig-parted's format (NVIDIA/mig-parted ``config.yaml``), so
+sites can reuse what they have::
+
+    version: v1
+    mig-configs:
+      all-balanced:
+        - devices: all               # or a list of GPU indices
+          device-filter: ["0x233010DE"]   # optional: PCI device ids
+          mig-enabled: true
+          mig-devices:
+            "1g.10gb": 2
+            "2g.20gb": 1
+            "3g.40gb": 1
+
+:func:`diff` compares the wanted layout with NVML's answers (pure apart from
+reads); :func:`apply` changes only GPUs that drifted, so running it twice
+changes nothing the second time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError, SlurmGpuError, UsageError
+from . import blockers, instances
+from .instances import MigError
+from .planner import Request, plan_gpu
+from .profiles import find_model
+
+
+@dataclass(frozen=True)
+class Want:
+    """What one GPU should look like."""
+
+    index: int
+    mig_enabled: bool
+    devices: tuple[str, ...]          # profile names, sorted
+
+
+@dataclass
+class GpuDiff:
+    index: int
+    name: str
+    want: Want
+    mode: int | None
+    have: tuple[str, ...]
+    actions: list[str] = field(default_factory=list)
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.actions)
+
+
+def load_config(path: str, select: str | None) -> list[dict[str, Any]]:
+    """The selected entry list of a mig-parted style config file."""
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InputError("MIG config not found", path) from None
+    except (OSError, yaml.YAMLError) as e:
+        raise InputError(f"cannot read MIG config: {e}".splitlines()[0], path) from None
+    if not isinstance(data, dict) or not isinstance(data.get("mig-configs"), dict):
+        raise InputError("MIG config needs a 'mig-configs' mapping", path)
+    configs = data["mig-configs"]
+    if select is None:
+        if len(configs) != 1:
+            raise UsageError(f"MIG config has {len(configs)} configs; choose one with --select "
+                             f"({', '.join(sorted(configs))})", path)
+        select = next(iter(configs))
+    if select not in configs:
+        raise UsageError(f"no MIG config named {select!r} (have: {', '.join(sorted(configs))})",
+                         path)
+    entries = configs[select]
+    if not isinstance(entries, list):
+        raise InputError(f"mig-configs.{select} must be a list", path)
+    return entries
+
+
+def _wanted(entries: list[dict[str, Any]], gpus: list[tuple[int, int | None]],
+            where: str) -> dict[int, Want]:
+    """Per GPU index what the config asks for (later entries win)."""
+    out: dict[int, Want] = {}
+    for k, e in enumerate(entries):
+        if not isinstance(e, dict) or "devices" not in e or "mig-enabled" not in e:
+            raise InputError(f"entry {k} needs 'devices' and 'mig-enabled'", where)
+        devs = e["devices"]
+        filt = e.get("device-filter")
+        if isinstance(filt, str):
+            filt = [filt]
+        filt_ids = {int(str(f), 16) for f in filt} if filt else None
+        mig_devs = e.get("mig-devices") or {}
+        if not isinstance(mig_devs, dict):
+            raise InputError(f"entry {k}: mig-devices must be a mapping", where)
+        names: list[str] = []
+        for name, count in mig_devs.items():
+            if not isinstance(count, int) or count < 0:
+                raise InputError(f"entry {k}: count of {name} must be a whole number", where)
+            names += [str(name)] * count
+        for idx, pci in gpus:
+            if devs != "all" and (not isinstance(devs, list) or idx not in devs):
+                continue
+            if filt_ids is not None and pci not in filt_ids:
+                continue
+            out[idx] = Want(idx, bool(e["mig-enabled"]), tuple(sorted(names)))
+    return out
+
+
+def _name_of(model: Any, e: instances.Existing) -> str:
+    p = model.profile_by_id(e.profile_id)
+    if p is None:
+        return f"profile-{e.profile_id}"
+    if len(e.cis) == 1:
+        from .profiles import CIP_BY_SLICES
+        sizes = {v: k for k, v in CIP_BY_SLICES.items()}
+        ci = sizes.get(e.cis[0][1], p.slices)
+        return p.name if ci == p.slices else f"{ci}c.{p.name}"
+    return p.name
+
+
+def diff(api: Any, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]:
+    """Compare the config with the GPUs; each GpuDiff lists the actions needed."""
+    n = api.nvmlDeviceGetCount()
+    devs = [instances.device(api, i) for i in range(n)]
+    pcis: list[tuple[int, int | None]] = []
+    for i, d in enumerate(devs):
+        try:
+            pcis.append((i, int(api.nvmlDeviceGetPciInfo(d).pciDeviceId)))
+        except Exception:  # noqa: BLE001 - no PCI info: filters cannot match it
+            pcis.append((i, None))
+    wants = _wanted(entries, pcis, where)
+    out = []
+    for i, want in sorted(wants.items()):
+        d = devs[i]
+        name = api.nvmlDeviceGetName(d)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        mode = instances.mig_mode(api, d)
+        model = find_model(name)
+        if mode is None or model is None:
+            if want.mig_enabled:
+                raise UsageError(f"GPU {i} ({name}) does not support MIG", where)
+            continue
+        have = tuple(sorted(_name_of(model, e) for e in instances.list_instances(api, d))) \
+            if mode == 1 else ()
+        g = GpuDiff(i, name, want, mode, have)
+        if want.mig_enabled != bool(mode):
+            g.actions.append(f"set MIG mode {'on' if want.mig_enabled else 'off'}")
+        if want.mig_enabled:
+            # Check the layout fits before anything changes.
+            reqs = [Request(x.split("c.", 1)[1], int(x.split("c.", 1)[0]))
+                    if "c." in x else Request(x) for x in want.devices]
+            plan_gpu(reqs, model, where=where)
+            if have != want.devices:
+                if have:
+                    g.actions.append(f"destroy {', '.join(have)}")
+                if want.devices:
+                    g.actions.append(f"create {', '.join(want.devices)}")
+        elif have:
+            g.actions.append(f"destroy {', '.join(have)}")
+        out.append(g)
+    return out
+
+
+def apply(api: Any, diffs: list[GpuDiff], busy: dict[int, str], where: str) -> list[str]:
+    """Make every drifted GPU match; *busy* maps GPU index -> job using it."""
+    done = []
+    for g in diffs:
+        if not g.drift:
+            continue
+        if g.index in busy:
+            raise SlurmGpuError(f"GPU {g.index} is in use by job {busy[g.index]}; drain the node "
+                                "before changing its MIG baseline", where)
+        d = instances.device(api, g.index)
+        try:
+            if g.mode == 1:
+                for e in instances.list_instances(api, d):
+                    instances.destroy_gi(api, d, e.gi_id, f"GPU {g.index}")
+            if g.want.mig_enabled != bool(g.mode):
+                try:
+                    api.nvmlDeviceSetMigMode(d, 1 if g.want.mig_enabled else 0)
+                except api.NVMLError as e:
+                    raise MigError(f"cannot set MIG mode: {e}", f"GPU {g.index}",
+                                   getattr(e, "value", None)) from None
+            if g.want.mig_enabled and g.want.devices:
+                model = find_model(g.name)
+                assert model is not None
+                reqs = [Request(x.split("c.", 1)[1], int(x.split("c.", 1)[0]))
+                        if "c." in x else Request(x) for x in g.want.devices]
+                for p in plan_gpu(reqs, model, where=where):
+                    instances.create_placement(api, d, p, f"GPU {g.index}")
+        except MigError as e:
+            if e.code == 19:
+                raise MigError(f"{e.what}; blockers: {blockers.explain(blockers.find())}",
+                               e.where, e.code) from None
+            raise
+        done.append(f"GPU {g.index}: {'; '.join(g.actions)}")
+    return done
