@@ -23,15 +23,11 @@ def default_output() -> Path:
     return Path(sys.prefix) / "lib" / "slurm-gpu" / PLUGIN_FILE
 
 
-def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool = False) -> Path:
-    """Compile the plugin with this venv's cffi and interpreter."""
+def build_script():  # -> the spank/build_plugin.py module
+    """Load ``spank/build_plugin.py`` (checkout or installed copy), writing no bytecode."""
     import importlib.util
 
-    from ..errors import SlurmGpuError
     from ..paths import resource_dir
-    header = Path(include_dir or "/usr/include") / "slurm" / "spank.h"
-    if not header.is_file():
-        raise SlurmGpuError("slurm/spank.h not found: install libslurm-dev", str(header))
     script = resource_dir("spank") / "build_plugin.py"
     spec = importlib.util.spec_from_file_location("_slurm_gpu_build_plugin", script)
     assert spec and spec.loader
@@ -42,6 +38,16 @@ def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool 
         spec.loader.exec_module(mod)
     finally:
         sys.dont_write_bytecode = saved_flag
+    return mod
+
+
+def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool = False) -> Path:
+    """Compile the plugin with this venv's cffi and interpreter."""
+    from ..errors import SlurmGpuError
+    header = Path(include_dir or "/usr/include") / "slurm" / "spank.h"
+    if not header.is_file():
+        raise SlurmGpuError("slurm/spank.h not found: install libslurm-dev", str(header))
+    mod = build_script()
     import tempfile
     with tempfile.TemporaryDirectory(prefix="slurm-gpu-spank-") as tmp:
         try:

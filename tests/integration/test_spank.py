@@ -201,10 +201,8 @@ def test_python_failure_fails_step_but_not_slurm(cluster):
 
 
 def _build_plugin(out: Path, **kw) -> Path:
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_bp", REPO / "spank" / "build_plugin.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from slurm_gpu.commands.spank import build_script
+    mod = build_script()
     out.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(out.parent, 0o755)
     return mod.build(out, python="/opt/slurm-gpu/venv/bin/python", tmpdir=str(out.parent / "t"),

@@ -82,11 +82,8 @@ def test_each_bad_value_is_one_error_and_minus_one(host):
 
 
 def test_python_that_cannot_start_returns_an_error(host, tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "_bp", Path(__file__).resolve().parents[2] / "spank" / "build_plugin.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from slurm_gpu.commands.spank import build_script
+    mod = build_script()
     so = mod.build(tmp_path / "slurm_gpu_spank.so", tmpdir=str(tmp_path / "t"),
                    sys_path=["/nonexistent"])
     out = _run((host[0], so.with_name("slurm_gpu_spank_py.so")), ["strict", None, None, None])
