@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 
 from ..errors import InputError
 from . import hostlist
-from .slurmconf import Record, records
+from .slurmconf import change_line, records
 
 ALL_NODES = "*"
 _SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
@@ -141,14 +141,9 @@ def compare(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGres]) -> 
         if (a.autodetect or "off") != (b.autodetect or "off"):
             diffs.append(f"AutoDetect: {a.autodetect or 'unset'} -> {b.autodetect or 'unset'}")
         for key in sorted(set(a.devices) | set(b.devices), key=lambda k: (k[0], hostlist.natural_key(k[1]))):
-            da, db = a.devices.get(key), b.devices.get(key)
-            label = f"{key[0]} {key[1]}"
-            if da is None:
-                diffs.append(f"+ {label}: {_describe(db)}")  # type: ignore[arg-type]
-            elif db is None:
-                diffs.append(f"- {label}: {_describe(da)}")
-            elif da != db:
-                diffs.append(f"~ {label}: {_describe(da)} -> {_describe(db)}")
+            line = change_line(f"{key[0]} {key[1]}", a.devices.get(key), b.devices.get(key), _describe)
+            if line:
+                diffs.append(line)
         for key in sorted(set(a.counts) | set(b.counts)):
             ca, cb = a.counts.get(key), b.counts.get(key)
             if ca != cb:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from ..errors import InputError
 
@@ -27,6 +27,17 @@ class Record:
     @property
     def first_key(self) -> str:
         return self.fields[0][0]
+
+
+def change_line(label: str, old: Any, new: Any, describe: Callable[[Any], str]) -> str | None:
+    """``+ label: new``, ``- label: old``, ``~ label: old -> new`` or None when equal."""
+    if old is None:
+        return f"+ {label}: {describe(new)}"
+    if new is None:
+        return f"- {label}: {describe(old)}"
+    if old != new:
+        return f"~ {label}: {describe(old)} -> {describe(new)}"
+    return None
 
 
 def records(lines: Iterable[str], source: str) -> list[Record]:

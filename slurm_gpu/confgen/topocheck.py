@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from ..errors import InputError
 from . import hostlist
-from .slurmconf import records
+from .slurmconf import change_line, records
 
 
 @dataclass
@@ -85,13 +85,9 @@ def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
 def compare(current: TopoMeaning, wanted: TopoMeaning) -> list[str]:
     out: list[str] = []
     for name in sorted(set(current.switches) | set(wanted.switches), key=hostlist.natural_key):
-        a, b = current.switches.get(name), wanted.switches.get(name)
-        if a is None:
-            out.append(f"+ switch {name}: {_sw(b)}")  # type: ignore[arg-type]
-        elif b is None:
-            out.append(f"- switch {name}: {_sw(a)}")
-        elif a != b:
-            out.append(f"~ switch {name}: {_sw(a)} -> {_sw(b)}")
+        line = change_line(f"switch {name}", current.switches.get(name), wanted.switches.get(name), _sw)
+        if line:
+            out.append(line)
     if current.block_sizes != wanted.block_sizes:
         out.append(f"~ BlockSizes: {_ints(current.block_sizes)} -> {_ints(wanted.block_sizes)}")
     for i in range(max(len(current.blocks), len(wanted.blocks))):
