@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from .gres import _read, input_options, load_nodes
 
 

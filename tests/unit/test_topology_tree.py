@@ -1,7 +1,6 @@
 """topology/tree from the real ibnetdiscover dump; parser truncation handling."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
