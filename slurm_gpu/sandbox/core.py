@@ -259,9 +259,15 @@ class Sandbox:
             plug.append(install.spank_line(so, L, o.spank_args))
         self.state["hooks"] = {"prolog": has_prolog, "epilog": has_epilog, "health": bool(health),
                                "spank": bool(spank)}
+        gres_options = dict(o.gres_options)
+        if "pci_names" not in gres_options and any(not g.name for g in self.model.gpus):
+            # hwloc-only machines: GPU types come from the PCI id database, as in `gres render`.
+            from ..confgen.pciids import DEFAULT_PATH, load_nvidia_names
+            if os.path.exists(DEFAULT_PATH):
+                gres_options["pci_names"] = load_nvidia_names(DEFAULT_PATH)
         spec = conf.ClusterSpec(
             layout=L, machine=self.machine_label, model=self.model, ctld_host=host,
-            ctld_addr=ctld_addr, ctld_port=ctld_port, nodes=specs, gres_options=o.gres_options,
+            ctld_addr=ctld_addr, ctld_port=ctld_port, nodes=specs, gres_options=gres_options,
             prolog=has_prolog, epilog=has_epilog,
             health_interval=o.health_interval if health else None, cgroup=o.cgroup,
             extra=o.slurm_conf)
@@ -357,14 +363,14 @@ class Sandbox:
         # Children that die with their daemon (slurmscriptd) are not leftovers.
         others = [p for p in others if procs.alive(p)]
         report["swept"] += [p.pid for p in others]
-        report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(others, grace=1.0)]
+        report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(others, grace=0.5)]
         report["killed"] += [p.name for p in procs.stop(munge, grace=grace, reap=self._reap)]
         # A second sweep catches what was forked while the daemons shut down.
         late = procs.touching(self.layout.root) | procs.in_netns(ns_inodes)
         late = (late | procs.descendants(late)) - {os.getpid()}
         swept = procs.as_procs(late, "leftover")
         report["swept"] += [p.pid for p in swept]
-        report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(swept, grace=1.0)]
+        report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(swept, grace=0.5)]
         for n in nets:
             netns.destroy(n)
         if state.get("cgroup"):

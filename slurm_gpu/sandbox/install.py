@@ -50,7 +50,8 @@ def install_hook_dir(layout: Layout, kind: str, venv: Path) -> list[Path]:
     for s in src:
         argv: list[str] = [str(venv / "bin" / "python"), str(s)] if _is_python(s) else [str(s)]
         out = dst / s.name
-        atomic_write(out, wrapper_script(layout, argv, f"{kind}/{s.name}"), mode=0o755)
+        atomic_write(out, wrapper_script(layout, argv, f"{kind}/{s.name}",
+                                         python=str(venv / "bin" / "python")), mode=0o755)
         made.append(out)
     return made
 
@@ -69,7 +70,8 @@ def install_health(layout: Layout, venv: Path, args: Sequence[str] = ()) -> Path
                             str(exe))
     out = layout.etc / "healthcheck"
     atomic_write(out, wrapper_script(layout, [str(exe), "health", "--slurm", *args],
-                                     "HealthCheckProgram"), mode=0o755)
+                                     "HealthCheckProgram", python=str(venv / "bin" / "python")),
+                 mode=0o755)
     return out
 
 
