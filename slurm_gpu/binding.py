@@ -127,8 +127,15 @@ def locality(node: Node) -> list[dict[str, Any]]:
 
 def task_gpus(loc: Sequence[dict[str, Any]], env: Mapping[str, str], local_task: int,
               ntasks: int) -> list[dict[str, Any]]:
-    """The GPUs (locality entries) this task uses; empty when the step has none."""
+    """The GPUs (locality entries) this task uses; empty when the step has none.
+
+    Only Slurm's own ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` say that the step
+    holds GPUs: a ``CUDA_VISIBLE_DEVICES`` the user exported into a step
+    without GPUs binds nothing.
+    """
     step = _int_list(env.get("SLURM_STEP_GPUS")) or _int_list(env.get("SLURM_JOB_GPUS"))
+    if not step:
+        return []
     cvd_text = env.get("CUDA_VISIBLE_DEVICES", "")
     cvd = _int_list(cvd_text)
     if cvd is None and cvd_text and not cvd_text.startswith("MIG-"):
@@ -136,17 +143,17 @@ def task_gpus(loc: Sequence[dict[str, Any]], env: Mapping[str, str], local_task:
         found = [by_uuid[t] for t in cvd_text.split(",") if t in by_uuid]
         if found:
             return found
-    if cvd is not None and step:
-        if set(cvd) <= set(step):
-            ids = cvd                           # global indices (no device cgroup)
-        elif all(c < len(step) for c in cvd):
-            ids = [step[c] for c in cvd]        # indices local to the step (ConstrainDevices)
-        else:
-            ids = cvd
+        cvd = None
+    if cvd is None:
+        ids = step
+    elif set(cvd) <= set(step):
+        ids = cvd                               # global indices (no device cgroup)
+    elif all(c < len(step) for c in cvd):
+        ids = [step[c] for c in cvd]            # indices local to the step (ConstrainDevices)
     else:
-        ids = cvd if cvd is not None else (step or [])
+        ids = [c for c in cvd if c in step]
     ids = [i for i in ids if 0 <= i < len(loc)]
-    full = step is not None and sorted(ids) == sorted(step)
+    full = sorted(ids) == sorted(step)
     if full and ntasks > 1 and len(ids) > 1:
         per_task = _int_list(env.get("SLURM_GPUS_PER_TASK"))
         n = per_task[0] if per_task else max(1, len(ids) // ntasks)

@@ -254,9 +254,8 @@ static int sg_step_needs_python(spank_t sp, int ac, char **av)
     if (prof && strcmp(prof, "none") != 0)
         return 1;
     if (sg_numa_active(ac, av))
-        return sg_env_nonempty(sp, "SLURM_STEP_GPUS")
-            || sg_env_nonempty(sp, "SLURM_JOB_GPUS")
-            || sg_env_nonempty(sp, "CUDA_VISIBLE_DEVICES");
+        return sg_env_nonempty(sp, "SLURM_STEP_GPUS")   /* set by Slurm only */
+            || sg_env_nonempty(sp, "SLURM_JOB_GPUS");
     return 0;
 }
 

@@ -64,7 +64,7 @@ def _load_step(spank: Any) -> Step:
         mig=spank.option_value(MIG),
         hostname=hostname,
     )
-    bind = step.numa.mode != binding.OFF and any(spank.getenv(v) for v in _GPU_ENV[:3])
+    bind = step.numa.mode != binding.OFF and any(spank.getenv(v) for v in _GPU_ENV[:2])
     from . import nodecache
     step.facts = nodecache.get(os.environ.get("SLURM_GPU_CONFIG"), hostname, with_gpus=bind)
     if not bind:

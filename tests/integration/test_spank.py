@@ -73,6 +73,7 @@ def test_help_lists_every_option(cluster):
         for opt in OPTIONS:
             assert opt in text, f"{cmd} --help lacks {opt}"
         assert text.count("[slurm-gpu]") == len(OPTIONS)
+        assert "conflict" not in res.stderr.lower(), res.stderr
 
 
 def test_strict_binds_each_task_to_its_gpu(cluster):
@@ -142,6 +143,16 @@ def test_sbatch_options_reach_prolog_batch_step_and_steps(cluster, prolog_dump):
     assert [r[3] for r in rows] == ["0", "1"], text      # each task on its own GPU's CPU
     env = (prolog_dump / "env" / str(jobid)).read_text().split()
     assert sorted(env) == ["SPANK_SLURM_GPU_NUMA_BIND=strict", "SPANK_SLURM_GPU_PROFILE=training"]
+
+
+def test_step_without_gpus_is_not_bound(cluster):
+    # CUDA_VISIBLE_DEVICES exported by the user does not make a GPU step
+    res = cluster.run(["srun", "--gpu-numa-bind=strict,verbose", _venv_python(), "-c", PROBE],
+                      user="sgtest1", env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert res.returncode == 0, res.stderr
+    row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+    assert row[3] == "-" and row[6] == "0"         # no SLURM_GPU_BINDING, default policy
+    assert "gpu-numa-bind=strict -" not in res.stderr
 
 
 def test_no_python_without_options(cluster, tmp_path):

@@ -85,8 +85,17 @@ def test_gres_index_follows_device_minor():
 
 def test_batch_step_uses_job_gpus_and_uuid_lists_work():
     assert ids(task_gpus(LOC, {"SLURM_JOB_GPUS": "1"}, 0, 1)) == [1]
-    assert ids(task_gpus(LOC, {"CUDA_VISIBLE_DEVICES": "GPU-0001"}, 0, 1)) == [1]
+    assert ids(task_gpus(LOC, {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "GPU-0001"},
+                         0, 1)) == [1]
     assert task_gpus(LOC, {}, 0, 1) == []
+
+
+def test_user_exported_cuda_visible_devices_binds_nothing():
+    # a step without GPUs: CUDA_VISIBLE_DEVICES came from the user's shell
+    assert task_gpus(LOC, {"CUDA_VISIBLE_DEVICES": "1"}, 0, 1) == []
+    assert task_gpus(LOC, {"CUDA_VISIBLE_DEVICES": "GPU-0001"}, 0, 1) == []
+    assert not plan_task(LOC, {"CUDA_VISIBLE_DEVICES": "1"}, mode="strict", local_task=0,
+                         ntasks=1, allowed=range(4)).applied
 
 
 def test_strict_binds_to_gpu_local_cpus_within_allowed():
