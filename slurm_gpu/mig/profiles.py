@@ -196,7 +196,7 @@ def find_model(name: str) -> GpuModel | None:
              ("h100", "94gb", H100_94), ("h100", "80gb", H100_80), ("h100", "pcie", H100_80),
              ("h200", "", H200), ("b200", "", B200), ("a30", "", A30))
     for fam, extra, m in rules:
-        if fam in n and extra in n and not n.startswith("gh"):
+        if fam in n and extra in n and "gh200" not in n:
             return m
     return None
 
