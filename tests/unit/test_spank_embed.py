@@ -6,7 +6,6 @@ functions, so these tests need gcc and libslurm-dev but no cluster.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
