@@ -129,3 +129,13 @@ def test_stale_derived_model_falls_back_to_raw_answers(tmp_path: Path, monkeypat
     monkeypatch.setattr(snap, "replay", lambda data, path, **k: calls.append(path) or node)
     assert cmd.load_snapshot_node(str(stale)) is node
     assert calls == [str(stale)]
+
+
+def test_live_node_named_after_slurmd(monkeypatch, capsys) -> None:
+    from slurm_gpu.hw import load_node
+
+    node = load_node(hwloc_xml=XML, hostname="whatever")
+    monkeypatch.setattr("slurm_gpu.hw.load_node", lambda *a, **k: node)
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu042")
+    rc, out, _ = run(capsys, "gres", "render")
+    assert rc == 0 and "NodeName=gpu042 Name=gpu" in out and "# input: gpu042=live" in out

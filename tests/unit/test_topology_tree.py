@@ -113,3 +113,25 @@ def test_line_cut_mid_way() -> None:
 def test_garbage_line_named() -> None:
     with pytest.raises(InputError, match=r"unreadable line \(d:3\)"):
         ibnet.parse(LINES[:2] + ["what is this\n"] + LINES[2:], "d")
+
+
+def test_eight_hca_dgx_units_merge_into_one_leaf_each() -> None:
+    """DGX-style nodes with 8 HCAs, one per rail leaf: each scalable unit is one Slurm leaf."""
+    switches, hosts = [], {}
+    for su in (1, 2):
+        for rail in range(8):
+            sid = f"S-l{su}{rail}"
+            ports = []
+            for h in range(1, 5):
+                hid = f"H-{su}{h}{rail}"
+                ports.append((hid, 1))
+                hosts[hid] = (f"dgx{su}{h:02d} mlx5_{rail}", sid, len(ports))
+            ports += [("S-spine", (su - 1) * 8 + rail + 1)]
+            switches.append((sid, f"MF0;su{su}-rail{rail}:X", ports))
+    spine_ports = [(f"S-l{su}{rail}", 5) for su in (1, 2) for rail in range(8)]
+    text = _fabric_text(*switches, ("S-spine", "MF0;spine:X", spine_ports), hosts=hosts)
+    t = tree.build_tree([ibnet.parse(text.splitlines(True), "dgx.out")])
+    leaves = [(s.name, s.nodes) for s in t.switches if s.level == 0]
+    assert leaves == [("su1-rail0", ("dgx101", "dgx102", "dgx103", "dgx104")),
+                      ("su2-rail0", ("dgx201", "dgx202", "dgx203", "dgx204"))]
+    assert [(s.name, s.switches) for s in t.switches if s.level == 1] == [("spine", ("su1-rail0", "su2-rail0"))]
