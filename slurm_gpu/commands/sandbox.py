@@ -46,10 +46,12 @@ def sandbox() -> None:
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
               help="Directory for the whole sandbox (created if missing).")
 @click.option("--nodes", "-N", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Number of nodes (slurmd processes), named n1..nN.")
+              help="Number of nodes (slurmd processes), named n1..nN (see --node-prefix).")
 @click.option("--machine", "-m", default=None, metavar="NAME|PATH",
               help="Machine to model: a name in tests/data/machines/ or a directory/snapshot/"
                    "hwloc XML path.  [default: h100-sxm-8x]")
+@click.option("--node-prefix", default="n", show_default=True,
+              help="Node names are <prefix>1..<prefix>N.")
 @click.option("--netns", is_flag=True, help="Run each node in its own network + UTS namespace.")
 @click.option("--prolog/--no-prolog", default=None,
               help="Install the project's prolog.d/epilog.d.  [default: when present]")
@@ -71,7 +73,7 @@ def sandbox() -> None:
 @click.option("--cgroup", is_flag=True, help="Use proctrack/cgroup and task/cgroup.")
 @click.option("--timeout", type=click.FloatRange(1), default=30.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
-def up_cmd(directory: str, nodes: int, machine: str | None, netns: bool, prolog: bool | None,
+def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, netns: bool, prolog: bool | None,
            health: bool | None, health_interval: int, spank: bool | None,
            spank_arg: tuple[str, ...], settings: tuple[str, ...], slurm_conf: tuple[str, ...],
            type_map: tuple[str, ...], cgroup: bool, timeout: float) -> None:
@@ -90,7 +92,7 @@ def up_cmd(directory: str, nodes: int, machine: str | None, netns: bool, prolog:
         nodes=nodes, machine=machine, netns=netns, prolog=prolog, health=health,
         health_interval=health_interval, spank=spank, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
-        timeout=timeout,
+        timeout=timeout, node_prefix=node_prefix,
         gres_options={"type_map": dict(_pairs(type_map, "--type-map"))} if type_map else {})
     sb = Sandbox(directory, opts).up()
     hooks = [k for k, v in sb.state.get("hooks", {}).items() if v]

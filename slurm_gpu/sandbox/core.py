@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -165,6 +166,9 @@ class Sandbox:
         o = self.options
         if o.nodes < 1:
             raise UsageError("a sandbox needs at least one node", "--nodes")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,15}", o.node_prefix):
+            raise UsageError(f"node prefix must be a letter then up to 15 letters or digits, "
+                             f"got {o.node_prefix!r}", "--node-prefix")
         old = self._read_state()
         if old and any(procs.alive(procs.Proc.from_dict(d)) for d in old.get("daemons", [])):
             raise SlurmGpuError("a sandbox is already running here; run `slurm-gpu sandbox down` "
@@ -188,7 +192,7 @@ class Sandbox:
         names = [f"{o.node_prefix}{i}" for i in range(1, o.nodes + 1)]
         self.state = {"version": STATE_VERSION, "dir": str(L.root), "cluster": L.cluster_name,
                       "machine": self.machine_label, "daemons": [], "netns": [],
-                      "reservations": {"ports": [], "nets": []}, "cgroup": o.cgroup}
+                      "reservations": {"ports": [], "nets": [], "cgroup": []}, "cgroup": o.cgroup}
         self._save()
         try:
             self._up(names)
@@ -210,6 +214,9 @@ class Sandbox:
         ports = registry.reserve_ports(1 + len(names), L.root)
         self.state["reservations"]["ports"] = ports
         self._save()
+        if o.cgroup:
+            self.state["reservations"]["cgroup"] = registry.reserve_names("cgroup", names, L.root)
+            self._save()
         ctld_port, node_ports = ports[0], ports[1:]
         host = socket.gethostname().split(".")[0]
         nets: list[netns.NodeNet] = []
@@ -379,10 +386,11 @@ class Sandbox:
         res = state.get("reservations", {})
         registry.release("ports", res.get("ports", []), self.layout.root)
         registry.release("nets", res.get("nets", []), self.layout.root)
+        registry.release("cgroup", res.get("cgroup", []), self.layout.root)
         if state:
             state["daemons"] = []
             state["netns"] = []
-            state["reservations"] = {"ports": [], "nets": []}
+            state["reservations"] = {"ports": [], "nets": [], "cgroup": []}
             state["down"] = True
             if self.layout.run.is_dir():
                 self._save()

@@ -42,7 +42,7 @@ def _locked() -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _owner_holds(entry: Path, kind: str, value: int) -> bool:
+def _owner_holds(entry: Path, kind: str, value: int | str) -> bool:
     """True unless the entry is stale.
 
     Fresh entries always hold: their owner may not have written its state
@@ -119,7 +119,30 @@ def net_addrs(block: int) -> tuple[str, str]:
     return f"10.214.{third}.{fourth + 1}", f"10.214.{third}.{fourth + 2}"
 
 
-def release(kind: str, values: list[int], owner: Path) -> None:
+def reserve_names(kind: str, names: list[str], owner: Path) -> list[str]:
+    """Claim *names* for *owner*, or fail naming the sandbox that holds one.
+
+    Used for cgroup node names: Slurm's cgroup plugins put node ``n1``'s jobs
+    under ``/sys/fs/cgroup/<controller>/slurm_n1`` whichever cluster it
+    belongs to, so two cgroup sandboxes must not share a node name.
+    """
+    from ..errors import SlurmGpuError
+    d = REGISTRY / kind
+    with _locked():
+        d.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            entry = d / name
+            if entry.exists() and _owner_holds(entry, kind, name):
+                holder = entry.read_text().strip()
+                if Path(holder) != owner:
+                    raise SlurmGpuError(f"node name {name} is in use by another cgroup sandbox; "
+                                        "choose another node prefix", holder)
+        for name in names:
+            (d / name).write_text(str(owner) + "\n")
+    return names
+
+
+def release(kind: str, values: list[int] | list[str], owner: Path) -> None:
     """Drop reservations of *owner* (others' entries are left alone)."""
     d = REGISTRY / kind
     with _locked():

@@ -174,3 +174,31 @@ def test_down_sweeps_job_steps_when_slurmctld_is_gone(make_sandbox):
     finally:
         os.killpg(srun.pid, signal.SIGKILL)
         srun.wait()
+
+
+def test_cgroup_mode_isolates_gpus_and_cleans_its_cgroups(make_sandbox):
+    import random
+    import string
+
+    # Slurm names cgroups after the node (slurm_<node>), whatever the cluster:
+    # a random prefix keeps concurrent test runs apart.
+    prefix = "c" + "".join(random.choices(string.ascii_lowercase, k=5))
+    c = make_sandbox(nodes=1, cgroup=True, node_prefix=prefix)
+    node = f"{prefix}1"
+    probe = ("import errno\n"
+             "for i in range(4):\n"
+             "    try: open(f'{d}/nvidia{i}', 'rb')\n"
+             "    except OSError as e: print(i, errno.errorcode[e.errno])\n").replace("{d}", str(c.dir / "dev"))
+    res = c.srun("--gres=gpu:2", "/opt/slurm-gpu/venv/bin/python", "-c", probe)
+    assert res.returncode == 0, res.stderr
+    # Held GPUs reach the (absent) driver; the others are blocked by the device cgroup.
+    assert res.stdout.split("\n")[:4] == ["0 ENXIO", "1 ENXIO", "2 EPERM", "3 EPERM"]
+    assert list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}"))
+
+    # A second cgroup sandbox may not reuse the node name.
+    with pytest.raises(SlurmGpuError, match=f"node name {node} is in use"):
+        make_sandbox(nodes=1, cgroup=True, node_prefix=prefix)
+
+    c.sb.down()
+    assert list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}")) == []
+    assert not (registry.REGISTRY / "cgroup" / node).exists()
