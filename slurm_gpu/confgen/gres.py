@@ -45,9 +45,6 @@ class GresOptions:
     socket_mode: str = "auto"     # see nodeline.socket_layout
     autodetect: str = "off"       # global AutoDetect= line ("" for none)
 
-    def __hash__(self) -> int:  # options are compared by identity in caches
-        return id(self)
-
 
 @dataclass(frozen=True)
 class GresLine:
