@@ -54,8 +54,11 @@ def _load_step(spank: Any) -> Step:
         # the config reader and load_node() look here; this is slurmstepd's
         # own environment, never the task's
         os.environ["SLURM_GPU_CONFIG"] = args.config
-    hostname = spank.getenv("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    os.environ.setdefault("SLURMD_NODENAME", hostname)
+    # slurmstepd's own environment has slurmd's node name; the job's
+    # environment does not have it yet at user_init, so a SLURMD_NODENAME
+    # there came from the user and must not steer root's paths (%n)
+    hostname = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    os.environ["SLURMD_NODENAME"] = hostname
     profile = spank.option_value(PROFILE)
     step = Step(
         numa=options.effective_numa_bind(spank.option_value(NUMA_BIND), args),

@@ -145,6 +145,15 @@ def test_sbatch_options_reach_prolog_batch_step_and_steps(cluster, prolog_dump):
     assert sorted(env) == ["SPANK_SLURM_GPU_NUMA_BIND=strict", "SPANK_SLURM_GPU_PROFILE=training"]
 
 
+def test_user_cannot_steer_the_node_name(cluster):
+    res = cluster.run(["srun", "--gpus=1", "--gpu-numa-bind=strict,verbose", "true"],
+                      user="sgtest1", env={"SLURMD_NODENAME": "../../evil"})
+    assert res.returncode == 0, res.stderr
+    node = cluster.nodes[0]
+    assert f"gpu-numa-bind=strict - {node}, task  0" in res.stderr, res.stderr
+    assert "evil" not in res.stderr
+
+
 def test_step_without_gpus_is_not_bound(cluster):
     # CUDA_VISIBLE_DEVICES exported by the user does not make a GPU step
     res = cluster.run(["srun", "--gpu-numa-bind=strict,verbose", _venv_python(), "-c", PROBE],

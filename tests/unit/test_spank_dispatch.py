@@ -118,8 +118,9 @@ def applied(monkeypatch, tmp_path):
     config._load.cache_clear()
 
 
-def test_remote_binds_each_task_to_its_gpu(applied, capfd):
-    env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1", "SLURMD_NODENAME": "n1"}
+def test_remote_binds_each_task_to_its_gpu(applied, capfd, monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
     parent = FakeSpank("remote", {options.NUMA_BIND: "strict,verbose"}, env, ntasks=2)
     assert dispatch.run_hook(parent, "user_init") == 0
     task1 = FakeSpank("remote", parent.values, env, task=1, ntasks=2)
@@ -202,8 +203,9 @@ def test_mps_task_env_comes_from_job_state(applied, tmp_path, monkeypatch):
     monkeypatch.setattr(jobstate, "load", lambda d, jobid: {"d": d, "jobid": jobid})
     monkeypatch.setattr(jobstate, "task_env",
                         lambda st, t, n: {"CUDA_MPS_PIPE_DIRECTORY": f"{st['d']}/{st['jobid']}/{t}"})
-    monkeypatch.setenv("SLURMD_NODENAME", "n3")
-    sp = FakeSpank("remote", {options.MPS: "default"}, args=[f"config={cfg}"], task=1, ntasks=2)
+    monkeypatch.setenv("SLURMD_NODENAME", "n3")          # slurmstepd's own environment
+    sp = FakeSpank("remote", {options.MPS: "default"}, {"SLURMD_NODENAME": "../evil"},
+                   args=[f"config={cfg}"], task=1, ntasks=2)  # the job's: user-controlled
     dispatch.run_hook(sp, "user_init")
     assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert sp.env["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_path}/var/n3/7/1"
