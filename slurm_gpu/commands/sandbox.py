@@ -145,6 +145,8 @@ def status_cmd(directory: str, as_json: bool) -> None:
             click.echo(f"daemon   {d['name']:<12} pid {d['pid']:<8} {'running' if d['alive'] else 'gone'}")
         for n, s in st["nodes"].items():
             click.echo(f"node     {n:<12} {s}")
+        for ns in st["netns"]:
+            click.echo(f"netns    {ns}")
         if not st["daemons"]:
             click.echo("stopped")
     if not st["running"]:

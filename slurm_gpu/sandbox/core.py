@@ -173,6 +173,9 @@ class Sandbox:
         if old and any(procs.alive(procs.Proc.from_dict(d)) for d in old.get("daemons", [])):
             raise SlurmGpuError("a sandbox is already running here; run `slurm-gpu sandbox down` "
                                 "first", str(self.layout.root))
+        if old:
+            # A previous run that crashed may have left namespaces or reservations.
+            Sandbox.attach(self.layout.root).down()
         t0 = time.monotonic()
         if self.model is None:
             self.machine = resolve(o.machine)

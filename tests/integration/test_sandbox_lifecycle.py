@@ -202,3 +202,25 @@ def test_cgroup_mode_isolates_gpus_and_cleans_its_cgroups(make_sandbox):
     c.sb.down()
     assert list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}")) == []
     assert not (registry.REGISTRY / "cgroup" / node).exists()
+
+
+def test_up_again_over_a_crashed_sandbox(sandbox_dir, default_machine):
+    """Daemons killed hard, namespaces left: a new `up` in the same directory cleans and starts."""
+    import signal
+
+    d = sandbox_dir("crash")
+    first = Sandbox(d, SandboxOptions(nodes=1, machine=default_machine, netns=True)).up()
+    old_ns = first.state["netns"][0]["netns"]
+    for p in recorded(first):
+        os.kill(p.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(procs.alive(p) for p in recorded(first)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second = Sandbox(d, SandboxOptions(nodes=1, machine=default_machine))
+    try:
+        second.up()
+        assert not os.path.exists(f"/run/netns/{old_ns}")
+        assert second.status()["nodes"] == {"n1": "idle"}
+    finally:
+        second.down()
+    assert pids_mentioning(d) == []
