@@ -194,10 +194,12 @@ def prolog(ctx: Context) -> int:
         try:
             _undo(ctx, st, user, api)
         except Exception as e2:  # noqa: BLE001
-            ctx.log(f"slurm-gpu: prolog cleanup failed: {e2}")
+            # Something is left behind: keep the record so the epilog finishes the job.
+            ctx.log(f"slurm-gpu: prolog cleanup incomplete, the epilog retries: {e2}")
             st["error"] = line
+            st["phase"] = "failed"
             jobstate.save(ctx.state_dir, st)
-            return 1
+            return 1 if ctx.jobs.on_internal_error == "drain" else 0
         if ctx.jobs.on_internal_error == "drain":
             jobstate.remove(ctx.state_dir, jobid)   # requeued elsewhere; nothing left here
             return 1

@@ -1,0 +1,334 @@
+"""Prolog/epilog: MPS daemon and MIG layout per job, failure policy, idempotent epilog.
+
+These run the real code against the NVML simulator and the MPS stand-in
+(started as the job user through runner.run(run_as=...)), as root.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_gpu.errors import InputError
+from slurm_gpu.jobs import lifecycle, migjob
+from slurm_gpu.jobs import state as js
+from slurm_gpu.jobs.mps import _alive, daemon_pids
+from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
+from slurm_gpu.jobs.state import JobFailed
+from slurm_gpu.mig import blockers, instances
+from slurm_gpu.sim.mig import open_mig_sim, set_holder
+from slurm_gpu.sim.mps_control import write_wrapper
+from slurm_gpu.sim.state import init_state_for_machine
+
+ROOT = Path(__file__).resolve().parents[2]
+MACHINE = ROOT / "tests" / "data" / "machines" / "h100-mig"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="prolog/epilog run as root")
+
+
+def _uid(name: str) -> int:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        pytest.skip(f"user {name} missing")
+
+
+class Env:
+    """A node: simulator state, MPS stand-in, state dir, settings."""
+
+    def __init__(self) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="sg-jobs-test-"))
+        os.chmod(self.base, 0o755)
+        self.sim = str(self.base / "sim.json")
+        init_state_for_machine(str(MACHINE), self.sim)
+        st = json.loads(Path(self.sim).read_text())
+        # GPU 1: MIG on and empty; GPU 3's recorded 4g at 4:4 is not a real H100
+        # placement ({0}:4 only), so give it a real baseline: 3g at 4 + 2g at 0.
+        st["facts"]["gpus"][1]["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
+        st["facts"]["gpus"][3]["mig"]["instances"] = []
+        Path(self.sim).write_text(json.dumps(st))
+        api = self.api()
+        h3 = api.nvmlDeviceGetHandleByIndex(3)
+        from slurm_gpu.mig.planner import plan
+        from slurm_gpu.mig.profiles import find_model
+        for p in plan("3g.40gb,2g.20gb", find_model("h100-80gb"))[0]:
+            instances.create_placement(api, h3, p, "setup")
+        self.ctl = write_wrapper(self.base / "nvidia-cuda-mps-control")
+        self.jobs = JobsSettings(epilog_kill_wait=1.0)
+        self.mps = MpsSettings(control=str(self.ctl), base_dir=str(self.base / "mps"),
+                               start_timeout=10, quit_timeout=3)
+        self.mig = MigSettings()
+        self.state_dir = str(self.base / "state")
+        self.logs: list[str] = []
+
+    def api(self):
+        return open_mig_sim(self.sim)
+
+    def node(self):
+        cores = [SimpleNamespace(index=0, pus=(0,)), SimpleNamespace(index=1, pus=(1,))]
+        gpus = [SimpleNamespace(index=i, minor=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3",
+                                cores=(i % 2,)) for i in range(4)]
+        return SimpleNamespace(cores=cores, gpus=gpus)
+
+    def ctx(self, **env: str) -> lifecycle.Context:
+        e = {"SLURM_JOB_ID": "100", "SLURM_JOB_UID": str(_uid("sgtest1")),
+             "SLURM_JOB_GID": str(pwd.getpwnam("sgtest1").pw_gid), "SLURM_JOB_USER": "sgtest1"}
+        e.update(env)
+        return lifecycle.Context(e, self.jobs, self.mps, self.mig, self.state_dir, self.api,
+                                 self.node, self.logs.append)
+
+    def layout(self, gpu: int) -> list[tuple[int, int, tuple]]:
+        api = self.api()
+        h = api.nvmlDeviceGetHandleByIndex(gpu)
+        return sorted((e.profile_id, e.start, e.cis) for e in instances.list_instances(api, h))
+
+    def leftovers(self, jobid: str = "100") -> list[str]:
+        out = []
+        if js.load(self.state_dir, jobid) is not None:
+            out.append("state file")
+        if (Path(self.mps.base_dir) / jobid).exists():
+            out.append("mps dir")
+        pipe = Path(self.mps.base_dir) / jobid / "pipe"
+        if daemon_pids(pipe):
+            out.append("daemon")
+        return out
+
+    def close(self) -> None:
+        for d in Path(self.mps.base_dir).glob("*/pipe") if Path(self.mps.base_dir).exists() else []:
+            for p in daemon_pids(d):
+                os.kill(p, 9)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture()
+def node():
+    n = Env()
+    yield n
+    n.close()
+
+
+def test_no_options_is_a_no_op(node: Env) -> None:
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="0")) == 0
+    assert not Path(node.state_dir).exists()
+    assert lifecycle.epilog(node.ctx()) == 0
+
+
+def test_mps_job_lifecycle(node: Env) -> None:
+    ctx = node.ctx(SLURM_JOB_GPUS="0,1", SPANK_SLURM_GPU_MPS="40")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st["phase"] == "ready" and st["mps"]["ready"]
+    pipe = Path(st["mps"]["pipe_dir"])
+    for d in (pipe, Path(st["mps"]["log_dir"])):
+        s = os.lstat(d)
+        assert (s.st_uid, stat.S_IMODE(s.st_mode)) == (_uid("sgtest1"), 0o700)
+    assert os.lstat(node.mps.base_dir).st_uid == 0
+    pids = daemon_pids(pipe)
+    assert pids and st["mps"]["pids"] == pids
+    status = Path(f"/proc/{pids[0]}/status").read_text()
+    assert f"Uid:\t{_uid('sgtest1')}" in status          # never root
+    assert "Cpus_allowed_list:\t0-1" in status          # GPUs 0,1 are local to CPUs 0 and 1
+    env = js.task_env(st, 0, 2)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    # the percentage reached the daemon
+    r = subprocess.run([str(node.ctl)], input="get_default_active_thread_percentage\n",
+                       env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, capture_output=True,
+                       text=True, user="sgtest1")
+    assert r.stdout.strip() == "40.0"
+    assert lifecycle.epilog(ctx) == 0
+    assert node.leftovers() == [] and not any(_alive(p) for p in pids)
+    assert lifecycle.epilog(ctx) == 0                  # twice: still fine
+
+
+def test_mps_exclusive_process_set_and_restored(node: Env) -> None:
+    node.mps.exclusive_process = True
+    ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    api = node.api()
+    assert api.nvmlDeviceGetComputeMode(api.nvmlDeviceGetHandleByIndex(2)) == 3
+    assert lifecycle.epilog(ctx) == 0
+    assert api.nvmlDeviceGetComputeMode(api.nvmlDeviceGetHandleByIndex(2)) == 0
+
+
+def test_mig_job_distinct_uuids_and_baseline_restored(node: Env) -> None:
+    before = {g: node.layout(g) for g in (1, 2, 3)}
+    ctx = node.ctx(SLURM_JOB_GPUS="2,3", SPANK_SLURM_GPU_MIG="3g.40gb,2x2g.20gb")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    envs = [js.task_env(st, t, 6)["CUDA_VISIBLE_DEVICES"] for t in range(6)]
+    assert len(set(envs)) == 6 and all(e.startswith("MIG-") for e in envs)
+    assert sorted(p for p, _, _ in node.layout(2)) == [9, 14, 14]
+    assert lifecycle.epilog(ctx) == 0
+    assert {g: node.layout(g) for g in (1, 2, 3)} == before
+    assert node.leftovers() == []
+
+
+def test_bad_layout_fails_job_not_node_and_touches_nothing(node: Env) -> None:
+    before = node.layout(2)
+    ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MIG="4g.40gb,4g.40gb")
+    assert lifecycle.prolog(ctx) == 0
+    st = js.load(node.state_dir, "100")
+    assert st["error"].startswith("slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb")
+    with pytest.raises(JobFailed, match="2x4g.40gb"):
+        js.task_env(st, 0, 1)
+    assert node.layout(2) == before
+    assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
+
+
+@pytest.mark.parametrize("env,why", [
+    ({"SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MIG": "1g.10gb"}, "does not have MIG mode enabled"),
+    ({"CUDA_VISIBLE_DEVICES": "1", "SPANK_SLURM_GPU_MIG": "1g.10gb"}, "needs whole GPUs"),
+    ({"SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MPS": "150"}, "bad --gpu-mps value"),
+    ({"SPANK_SLURM_GPU_MPS": "default"}, "need GPUs"),
+])
+def test_user_errors_fail_the_job(node: Env, env: dict, why: str) -> None:
+    assert lifecycle.prolog(node.ctx(**env)) == 0
+    st = js.load(node.state_dir, "100")
+    assert why in st["error"] and st["phase"] == "failed"
+    assert (Path(node.mps.base_dir) / "100").exists() is False
+    assert lifecycle.epilog(node.ctx(**env)) == 0 and node.leftovers() == []
+
+
+@pytest.mark.parametrize("policy,rc", [("drain", 1), ("pass", 0)])
+def test_node_fault_policy_and_blocker_named(node: Env, policy: str, rc: int,
+                                             monkeypatch) -> None:
+    node.jobs.on_internal_error = policy
+    before = node.layout(2)
+    set_holder(node.sim, "dcgm", gpus=[2], blocks=("create",))
+    monkeypatch.setattr(blockers, "find", lambda *a, **k: [blockers.Blocker(
+        "DCGM host engine (nv-hostengine)", "pid 4242", "stop it (systemctl stop nvidia-dcgm)")])
+    ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MIG="7g.80gb", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == rc
+    assert any("nv-hostengine" in m and "systemctl stop nvidia-dcgm" in m for m in node.logs)
+    # the blocker also stops the baseline from coming back: the record stays for the epilog
+    st = js.load(node.state_dir, "100")
+    assert st is not None and "In use" in st["error"]
+    assert node.layout(2) != before
+    from slurm_gpu.sim.mig import clear_holder
+    clear_holder(node.sim, "dcgm")
+    assert lifecycle.epilog(ctx) == 0
+    assert node.layout(2) == before and node.leftovers() == []
+
+
+def test_node_fault_undone_in_prolog(node: Env, monkeypatch) -> None:
+    """A fault after some instances exist: the prolog itself puts the node back."""
+    before = node.layout(3)
+    real = instances.create_placement
+    calls = {"n": 0}
+
+    def failing(api, dev, p, where):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise instances.MigError("cannot create GPU instance: Unknown Error", where, 999)
+        return real(api, dev, p, where)
+
+    monkeypatch.setattr(migjob.instances, "create_placement", failing)
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="3g.40gb,2g.20gb")
+    assert lifecycle.prolog(ctx) == 1                  # drain: the node is at fault
+    assert node.layout(3) == before and node.leftovers() == []
+
+
+class Killed(BaseException):
+    """What SIGKILL looks like to the code: nothing after it runs."""
+
+
+def test_killed_mid_mig_prolog_before_id_recorded(node: Env, monkeypatch) -> None:
+    before = node.layout(3)
+    real = instances.create_placement
+    calls = {"n": 0}
+
+    def dying(api, dev, p, where):
+        calls["n"] += 1
+        ids = real(api, dev, p, where)
+        if calls["n"] == 2:
+            raise Killed()      # the instance exists; its id never reached the state file
+        return ids
+
+    monkeypatch.setattr(migjob.instances, "create_placement", dying)
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="4g.40gb,2g.20gb,1g.10gb")
+    with pytest.raises(Killed):
+        lifecycle.prolog(ctx)
+    assert node.layout(3) != before
+    monkeypatch.undo()
+    assert lifecycle.epilog(node.ctx()) == 0           # a fresh epilog (slurmd restarted)
+    assert node.layout(3) == before and node.leftovers() == []
+
+
+def test_killed_mid_mps_start_daemon_found_by_pipe(node: Env, monkeypatch) -> None:
+    from slurm_gpu.jobs import mps
+    real = mps.daemon_pids
+
+    def dying(pipe, proc="/proc"):
+        raise Killed()
+
+    monkeypatch.setattr(mps, "daemon_pids", dying)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    with pytest.raises(Killed):
+        lifecycle.prolog(ctx)
+    monkeypatch.setattr(mps, "daemon_pids", real)
+    assert daemon_pids(Path(node.mps.base_dir) / "100" / "pipe")   # it is running
+    js.remove(node.state_dir, "100")                 # even with the state file lost
+    assert lifecycle.epilog(node.ctx()) == 0
+    assert node.leftovers() == []
+
+
+def test_straggler_killed_by_pid(node: Env) -> None:
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0
+    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    # a server that ignores quit: stop the daemon, leave a user process bound to the pipe
+    straggler = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+                                 user="sgtest1")
+    assert lifecycle.epilog(ctx) == 0
+    assert straggler.wait(timeout=5) == -9
+    assert any("killed stragglers" in m for m in node.logs)
+    assert node.leftovers() == []
+
+
+def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
+    conf = node.base / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
+                    f'[mps]\ncontrol = "{node.ctl}"\nbase_dir = "{node.mps.base_dir}"\n')
+    py = node.base / "python"
+    py.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; sys.path.insert(0, "
+                  f"\"{ROOT}\"); sys.argv[0] = \"x\"; from slurm_gpu.jobs.__main__ import main; "
+                  "sys.exit(main(sys.argv[-1:]))' \"$@\"\n")
+    py.chmod(0o755)
+    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": "7",
+           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
+           "SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MIG": "2x3g.40gb"}
+    run = lambda script, e: subprocess.run(["/bin/sh", str(ROOT / script)], env=e,  # noqa: E731
+                                           capture_output=True, text=True, timeout=60)
+    r = run("prolog.d/50-slurm-gpu-jobs", env)
+    assert r.returncode == 0, r.stderr
+    assert len(node.layout(1)) == 2
+    # the epilog without SPANK_* still finds the job through its state file
+    e2 = {k: v for k, v in env.items() if not k.startswith("SPANK_")}
+    r = run("epilog.d/50-slurm-gpu-jobs", e2)
+    assert r.returncode == 0, r.stderr
+    assert node.layout(1) == [] and node.leftovers("7") == []
+    # fast path: nothing asked, nothing on record: no Python at all
+    e3 = dict(e2, SLURM_GPU_PYTHON="/nonexistent/python")
+    assert run("prolog.d/50-slurm-gpu-jobs", e3).returncode == 0
+    assert run("epilog.d/50-slurm-gpu-jobs", e3).returncode == 0
+
+
+def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
+    from slurm_gpu import config
+    from slurm_gpu.jobs.settings import load
+    p = tmp_path / "c.toml"
+    p.write_text('[jobs]\non_internal_error = "ignore"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(p))
+    config._load.cache_clear()
+    with pytest.raises(InputError, match="on_internal_error must be one of drain, pass"):
+        load()
+    config._load.cache_clear()
