@@ -185,10 +185,13 @@ class Sandbox:
         L = self.layout
         for d in (L.root, *L.dirs()):
             d.mkdir(parents=True, exist_ok=True)
-        # Fresh logs, so a start-up error shows this run's lines, not the last run's.
+        # Fresh logs, so a start-up error shows this run's lines, not the last run's;
+        # no hook wrappers of an earlier run (Prolog= is a glob over the directory).
         for f in L.log.iterdir():
             if f.is_file():
                 f.unlink()
+        for kind in ("prolog.d", "epilog.d"):
+            shutil.rmtree(L.etc / kind, ignore_errors=True)
         # Job users must reach slurm.conf and the munge socket.
         for d in (L.root, L.etc, L.munge, L.dev, L.lib, L.var):
             os.chmod(d, 0o755)
