@@ -135,3 +135,11 @@ def test_eight_hca_dgx_units_merge_into_one_leaf_each() -> None:
     assert leaves == [("su1-rail0", ("dgx101", "dgx102", "dgx103", "dgx104")),
                       ("su2-rail0", ("dgx201", "dgx202", "dgx203", "dgx204"))]
     assert [(s.name, s.switches) for s in t.switches if s.level == 1] == [("spine", ("su1-rail0", "su2-rail0"))]
+
+
+def test_fast_reader_equals_careful_reader() -> None:
+    fast = ibnet._parse_records("".join(LINES))
+    careful = ibnet._parse_lines(LINES, "d").nodes
+    assert fast is not None
+    assert {k: (v.kind, v.desc, v.line, v.ports) for k, v in fast.items()} == \
+        {k: (v.kind, v.desc, v.line, v.ports) for k, v in careful.items()}
