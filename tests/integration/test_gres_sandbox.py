@@ -100,3 +100,25 @@ def test_eight_numa_epyc_needs_and_gets_numa_sockets(epyc) -> None:
         assert ids(d["cpus"]) <= allowed, (d, gpu.cores)
     finally:
         epyc.run(["scancel", str(j)])
+
+
+@pytest.fixture(scope="module")
+def mig(make_sandbox):
+    return make_sandbox(nodes=1, machine="h100-mig")
+
+
+def test_mig_lines_and_file_ranges_accepted_by_slurmd(mig) -> None:
+    """MultipleFiles= MIG lines and File=/dev/nvidia[0-1] ranges, as slurmd parses them."""
+    text = (mig.dir / "etc" / "gres.conf").read_text()
+    assert "MultipleFiles=" in text and re.search(r"File=\S+/nvidia\[0-1\]", text)
+    info = mig.node("n1")
+    assert info["State"] == "IDLE", info
+    got = {}
+    for item in re.sub(r"\(S:[^)]*\)", "", info["Gres"]).split(","):
+        _, gtype, count = item.split(":")
+        got[gtype] = int(count)
+    assert got == {"nvidia_h100_80gb_hbm3": 2, "nvidia_h100_80gb_hbm3_4g.40gb": 2,
+                   "nvidia_h100_80gb_hbm3_1g.10gb": 6}
+    res = mig.srun("--gres=gpu:nvidia_h100_80gb_hbm3_1g.10gb:2", "sh", "-c", "echo $SLURM_STEP_GPUS")
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.strip().split(",")) == 2, res.stdout
