@@ -24,7 +24,7 @@ chmod 755 "$DIR"
 teardown() {
   local rc=$?
   trap - EXIT INT TERM
-  "$SG" sandbox down --dir "$DIR" || rc=1
+  if [ -f "$DIR/run/sandbox.json" ]; then "$SG" sandbox down --dir "$DIR" || rc=1; fi
   rm -rf "$DIR"
   exit $rc
 }
@@ -33,7 +33,9 @@ trap teardown EXIT INT TERM
 section() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 section "sandbox up: $NODES nodes modelled on $(basename "$MACHINE")"
-eval "$("$SG" sandbox up --dir "$DIR" --nodes "$NODES" --machine "$MACHINE")"
+# An assignment, not eval "$(...)": set -e must see up's failure.
+env_line=$("$SG" sandbox up --dir "$DIR" --nodes "$NODES" --machine "$MACHINE")
+eval "$env_line"
 cd "$DIR"
 sinfo -N -o '%N %T %c %m %G'
 

@@ -33,10 +33,15 @@ def search_dirs() -> list[Path]:
     dirs = []
     if os.environ.get(ENV_VAR):
         dirs += [Path(p) for p in os.environ[ENV_VAR].split(":") if p]
-    dirs += [SOURCE_ROOT / "tests" / "data" / "machines",
-             Path.cwd() / "tests" / "data" / "machines",
+    if (SOURCE_ROOT / "setup.cfg").is_file():  # running from a checkout, not site-packages
+        dirs.append(SOURCE_ROOT / "tests" / "data" / "machines")
+    dirs += [Path.cwd() / "tests" / "data" / "machines",
              Path(sys.prefix) / "share" / "slurm-gpu" / "machines"]
-    return dirs
+    out: list[Path] = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
 
 
 def resolve(name_or_path: str | os.PathLike[str] | None) -> Machine:
