@@ -53,6 +53,9 @@ void slurm_verbose(const char *format, ...);
 void slurm_debug(const char *format, ...);
 
 const char *sg_option_value(int which);
+int sg_set_mempolicy(int mode, const unsigned long *nodemask, unsigned long maxnode);
+int sg_get_mempolicy(int *mode, unsigned long *nodemask, unsigned long maxnode);
+int sg_thp_disable(void);
 """
 
 EMBEDDING_API = r"""

@@ -16,7 +16,11 @@
  */
 #include <slurm/spank.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <wchar.h>
 
 struct sg_outer_api {
@@ -36,6 +40,26 @@ static const char *sg_paths[] = SG_PATHS;
 const char *sg_option_value(int which)
 {
     return sg_outer ? sg_outer->option_value(which) : NULL;
+}
+
+/*
+ * System calls the task setup makes, for the Python side (cffi cdef): glibc
+ * wraps neither set_mempolicy nor get_mempolicy, and doing them here spares
+ * every bound task the import of ctypes.  They return 0 or an errno.
+ */
+int sg_set_mempolicy(int mode, const unsigned long *nodemask, unsigned long maxnode)
+{
+    return syscall(SYS_set_mempolicy, mode, nodemask, maxnode) == 0 ? 0 : errno;
+}
+
+int sg_get_mempolicy(int *mode, unsigned long *nodemask, unsigned long maxnode)
+{
+    return syscall(SYS_get_mempolicy, mode, nodemask, maxnode, 0UL, 0UL) == 0 ? 0 : errno;
+}
+
+int sg_thp_disable(void)
+{
+    return prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 ? 0 : errno;
 }
 
 /*

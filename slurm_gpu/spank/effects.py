@@ -1,75 +1,136 @@
 """System calls the plugin makes on the task's own process.
 
 Kept apart from the planner (pure) and the dispatcher (routing) so each is
-small; nothing here touches files.
+small; nothing here touches files.  Inside the plugin, set_mempolicy,
+get_mempolicy and prctl go through small C functions of the plugin itself
+(:func:`use_plugin`), which spares every bound task the import of ctypes;
+anywhere else (tests, tools) a ctypes fallback makes the same calls.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 
 from ..errors import SlurmGpuError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND = 0, 1, 2
 PR_SET_THP_DISABLE, PR_GET_THP_DISABLE = 41, 42
+_MASK_BITS = 1024                      # nodes get_mempolicy can report
 
-# set_mempolicy / get_mempolicy syscall numbers (not wrapped by glibc).
+# set_mempolicy / get_mempolicy numbers for the ctypes fallback (glibc has no
+# wrappers); the plugin's C side takes them from <sys/syscall.h>.
 _SYSCALLS = {
     "x86_64": (238, 239),
     "aarch64": (237, 236),
     "ppc64le": (261, 260),
 }
 
-_libc: ctypes.CDLL | None = None
+
+class _PluginCalls:
+    """The plugin's own C functions (sg_set_mempolicy...), through cffi."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi, self.lib = ffi, lib
+
+        self.bits = ffi.sizeof("unsigned long") * 8
+
+    def set_mempolicy(self, mode: int, nodes: tuple[int, ...]) -> int:
+        words, maxnode = _words(nodes, self.bits)
+        return int(self.lib.sg_set_mempolicy(mode, self.ffi.new("unsigned long[]", words),
+                                             maxnode))
+
+    def get_mempolicy(self) -> tuple[int, int, tuple[int, ...]]:
+        mode = self.ffi.new("int *")
+        mask = self.ffi.new("unsigned long[]", _MASK_BITS // self.bits)
+        err = int(self.lib.sg_get_mempolicy(mode, mask, _MASK_BITS + 1))
+        return err, int(mode[0]), _nodes(list(mask), self.bits)
+
+    def thp_disable(self) -> int:
+        return int(self.lib.sg_thp_disable())
 
 
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
+class _CtypesCalls:
+    """The same calls through ctypes, outside the plugin."""
+
+    def __init__(self) -> None:
+        import ctypes
+        self.ct = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.bits = ctypes.sizeof(ctypes.c_ulong) * 8
+        try:
+            self.nums = _SYSCALLS[os.uname().machine]
+        except KeyError:
+            raise SlurmGpuError(f"set_mempolicy: unsupported machine {os.uname().machine}") \
+                from None
+
+    def _errno(self, rc: int) -> int:
+        return self.ct.get_errno() if rc != 0 else 0
+
+    def set_mempolicy(self, mode: int, nodes: tuple[int, ...]) -> int:
+        words, maxnode = _words(nodes, self.bits)
+        arr = (self.ct.c_ulong * len(words))(*words)
+        return self._errno(self.libc.syscall(self.nums[0], mode, arr, self.ct.c_ulong(maxnode)))
+
+    def get_mempolicy(self) -> tuple[int, int, tuple[int, ...]]:
+        ct = self.ct
+        mode = ct.c_int()
+        arr = (ct.c_ulong * (_MASK_BITS // self.bits))()
+        rc = self.libc.syscall(self.nums[1], ct.byref(mode), arr, ct.c_ulong(_MASK_BITS + 1),
+                               ct.c_ulong(0), ct.c_ulong(0))
+        return self._errno(rc), mode.value, _nodes(list(arr), self.bits)
+
+    def thp_disable(self) -> int:
+        return self._errno(self.libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0))
 
 
-def _nums() -> tuple[int, int]:
-    try:
-        return _SYSCALLS[os.uname().machine]
-    except KeyError:
-        raise SlurmGpuError(f"set_mempolicy: unsupported machine {os.uname().machine}") from None
+_calls: Any = None
 
 
-def _mask(nodes: tuple[int, ...]) -> tuple[ctypes.Array[ctypes.c_ulong], int]:
-    bits = ctypes.sizeof(ctypes.c_ulong) * 8
-    words = max(nodes) // bits + 1
-    arr = (ctypes.c_ulong * words)()
+def use_plugin(ffi: Any, lib: Any) -> None:
+    """Make the calls through the plugin's C side (called by the dispatcher)."""
+    global _calls
+    _calls = _PluginCalls(ffi, lib)
+
+
+def _c() -> Any:
+    global _calls
+    if _calls is None:
+        _calls = _CtypesCalls()
+    return _calls
+
+
+def _words(nodes: tuple[int, ...], bits: int) -> tuple[list[int], int]:
+    """Node ids -> (unsigned long words of the mask, maxnode)."""
+    words = [0] * (max(nodes) // bits + 1)
     for n in nodes:
-        arr[n // bits] |= 1 << (n % bits)
-    return arr, words * bits + 1
+        words[n // bits] |= 1 << (n % bits)
+    return words, len(words) * bits + 1
+
+
+def _nodes(words: list[int], bits: int) -> tuple[int, ...]:
+    return tuple(i for i in range(len(words) * bits) if words[i // bits] >> (i % bits) & 1)
 
 
 def set_mempolicy(mode: int, nodes: tuple[int, ...]) -> None:
     """set_mempolicy(2) for the calling thread (inherited by exec'd tasks)."""
     if mode == MPOL_PREFERRED:
         nodes = nodes[:1]      # MPOL_PREFERRED honours a single node
-    mask, maxnode = _mask(nodes)
-    rc = _c().syscall(_nums()[0], mode, mask, ctypes.c_ulong(maxnode))
-    if rc != 0:
-        err = ctypes.get_errno()
+    err = _c().set_mempolicy(mode, nodes)
+    if err:
         raise SlurmGpuError(f"set_mempolicy to NUMA node(s) {','.join(map(str, nodes))} "
                             f"failed: {os.strerror(err)}")
 
 
 def get_mempolicy() -> tuple[int, tuple[int, ...]]:
     """The calling thread's policy mode and node list (used by tests)."""
-    mode = ctypes.c_int()
-    mask, maxnode = _mask((1023,))
-    rc = _c().syscall(_nums()[1], ctypes.byref(mode), mask, ctypes.c_ulong(maxnode),
-                      ctypes.c_ulong(0), ctypes.c_ulong(0))
-    if rc != 0:
-        raise OSError(ctypes.get_errno(), "get_mempolicy")
-    bits = ctypes.sizeof(ctypes.c_ulong) * 8
-    nodes = tuple(i for i in range(len(mask) * bits) if mask[i // bits] >> (i % bits) & 1)
-    return mode.value, nodes
+    err, mode, nodes = _c().get_mempolicy()
+    if err:
+        raise OSError(err, "get_mempolicy")
+    return mode, nodes
 
 
 def set_affinity(cpus: tuple[int, ...]) -> None:
@@ -85,8 +146,8 @@ def allowed_cpus() -> tuple[int, ...]:
 
 def disable_thp() -> None:
     """prctl(PR_SET_THP_DISABLE): no transparent huge pages for this task."""
-    if _c().prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
+    err = _c().thp_disable()
+    if err:
         raise SlurmGpuError(f"prctl(PR_SET_THP_DISABLE) failed: {os.strerror(err)}")
 
 

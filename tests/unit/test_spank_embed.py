@@ -89,3 +89,15 @@ def test_python_that_cannot_start_returns_an_error(host, tmp_path):
     assert "START -1" in out and "RC 3" in out, out
     assert any(l.startswith("ERROR slurm-gpu: cannot start Python") and "init_fs_encoding" in l
                for l in out), out
+
+
+def test_system_calls_go_through_the_plugins_c_side(host):
+    code = ("import sys; from slurm_gpu.spank import effects; "
+            "print('BACKEND', type(effects._c()).__name__); "
+            "effects.set_mempolicy(effects.MPOL_BIND, (0,)); print('POLICY', effects.get_mempolicy()); "
+            "effects.set_mempolicy(effects.MPOL_PREFERRED, (0,)); print('POLICY', effects.get_mempolicy()); "
+            "effects.disable_thp(); print('CTYPES', 'ctypes' in sys.modules); sys.stdout.flush()")
+    out = _run(host, ["prefer", None, None, None], code)
+    assert "BACKEND _PluginCalls" in out, out
+    assert "POLICY (2, (0,))" in out and "POLICY (1, (0,))" in out
+    assert "CTYPES False" in out
