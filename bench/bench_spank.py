@@ -1,6 +1,6 @@
 """What the SPANK plugin costs a job step, measured side by side on one sandbox.
 
-    /opt/slurm-gpu/venv/bin/python bench/bench_spank.py [--runs 20] [--machine mini-2numa]
+    /opt/slurm-gpu/venv/bin/python bench/bench_spank.py [--runs 30] [--machine mini-2numa]
 
 One sandbox (the plugin built and installed) runs, interleaved round by
 round so drift hits every variant alike:
@@ -64,7 +64,7 @@ def _slurmd_rss_kib(sb) -> int:  # type: ignore[no-untyped-def]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--machine", default="mini-2numa")
     a = ap.parse_args()
     if os.geteuid() != 0:
