@@ -48,6 +48,7 @@ class Context:
     open_api: Callable[[], Any]
     node: Callable[[], Any] | None = None       # -> slurm_gpu.hw.model.Node
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr))
+    locality_key: str = ""                       # what the cached GPU locality depends on
 
 
 def default_context(env: Mapping[str, str] | None = None) -> Context:
@@ -64,7 +65,8 @@ def default_context(env: Mapping[str, str] | None = None) -> Context:
             return open_mig_sim(node.sim_state)
         return live.open_nvml(node)
 
-    return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: live.load_node(node))
+    return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: live.load_node(node),
+                   locality_key=f"{node.nvml}|{node.snapshot}")
 
 
 # -- options --------------------------------------------------------------
@@ -117,23 +119,18 @@ def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
 
 
 def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
-    """UUID, name and local CPUs of each job GPU from the node model (best effort)."""
+    """UUID, name and local CPUs of each job GPU from the node model (best effort, cached)."""
+    from .locality import gpu_table
     facts = [{"index": i, "uuid": None, "name": None, "cpus": []} for i in indices]
     if ctx.node is None:
         return facts
     try:
-        node = ctx.node()
+        table = gpu_table(ctx.state_dir, ctx.locality_key, ctx.node)
     except SlurmGpuError as e:
         ctx.log(f"slurm-gpu: prolog: node model unavailable, no CPU pinning: {e.what}")
         return facts
-    pus_of = {c.index: c.pus for c in node.cores}
     for f in facts:
-        g = next((g for g in node.gpus if g.minor == f["index"]), None) or \
-            next((g for g in node.gpus if g.index == f["index"]), None)
-        if g is None:
-            continue
-        f["uuid"], f["name"] = g.uuid, g.name
-        f["cpus"] = sorted({pu for c in g.cores for pu in pus_of.get(c, ())})
+        f.update(table.get(f["index"], {}))
     return facts
 
 

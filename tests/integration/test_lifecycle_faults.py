@@ -174,6 +174,15 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> Non
                                                  where, 999)
                     return _r(api, dev, p, where)
                 monkeypatch.setattr(instances, "create_placement", failing)
+                from slurm_gpu.errors import CommandError
+                from slurm_gpu.jobs import mps
+                real_control = mps.control
+
+                def control(settings, user, pipe, log, command, _r=real_control, **kw):
+                    if command.startswith("set_default") and rng.random() < 0.7:
+                        raise CommandError("nvidia-cuda-mps-control failed: simulated")
+                    return _r(settings, user, pipe, log, command, **kw)
+                monkeypatch.setattr(mps, "control", control)
             try:
                 rc = lifecycle.prolog(lifecycle.default_context(env))
                 assert rc in (0, 1)

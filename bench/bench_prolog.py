@@ -1,0 +1,143 @@
+"""Prolog+epilog cost per job, side by side (run as root with the venv python).
+
+    /opt/slurm-gpu/venv/bin/python bench/bench_prolog.py [--runs 40]
+
+Measures the project's real entry points (prolog.d/ and epilog.d/ scripts,
+executed like slurmd does: /bin/sh, no PATH, slurmd's environment):
+
+1. a job without GPU options: prolog+epilog vs an empty prolog.d (nothing
+   run at all) and vs a trivial sh script, and what starting Python would
+   cost instead (goal: <= 15 ms added per job);
+2. a job with --gpu-mps: prolog+epilog total, the daemon's own start time
+   (launch of ``nvidia-cuda-mps-control -d`` until it first answers
+   ``get_server_list``) and the other control-client calls, so the project's own overhead is visible (goal:
+   <= 150 ms plus the daemon's start).  There is no GPU here: the daemon is
+   the stand-in (slurm_gpu/sim/mps_control.py), a Python program, so its
+   start and each client call cost a Python start-up that the real C
+   binary does not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _time(argv: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    r = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"bench: {argv[-1]} failed: {r.stderr.decode()[-300:]}")
+    return dt
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--python", default=sys.executable)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench_prolog: run as root (the prolog runs as root and starts daemons as users)")
+        return 2
+    from slurm_gpu.sim.mps_control import write_wrapper
+    user = pwd.getpwnam("sgtest1")
+    base = Path(tempfile.mkdtemp(prefix="sg-bench-prolog-"))
+    os.chmod(base, 0o755)
+    try:
+        ctl = write_wrapper(base / "nvidia-cuda-mps-control", python=a.python)
+        (base / "mps").mkdir(mode=0o755)
+        conf = base / "slurm-gpu.toml"
+        conf.write_text(f'[node]\nstate_dir = "{base}/var/%n"\n'
+                        f'[mps]\ncontrol = "{ctl}"\nbase_dir = "{base}/mps"\n')
+        empty = base / "empty.sh"
+        empty.write_text("#!/bin/sh\nexit 0\n")
+        pyhook = base / "py.sh"
+        pyhook.write_text(f"#!/bin/sh\nexec {a.python} -I -c 'pass'\n")
+        for p in (empty, pyhook):
+            p.chmod(0o755)
+        prolog = str(ROOT / "prolog.d" / "50-slurm-gpu-jobs")
+        epilog = str(ROOT / "epilog.d" / "50-slurm-gpu-jobs")
+        py = base / "python"   # the checkout's code with the venv interpreter
+        py.write_text(f"#!/bin/sh\nexec {a.python} -I -c 'import sys; sys.path.insert(0, "
+                      f"\"{ROOT}\"); from slurm_gpu.jobs.__main__ import main; "
+                      "sys.exit(main(sys.argv[-1:]))' \"$@\"\n")
+        py.chmod(0o755)
+        env = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": str(user.pw_uid),
+               "SLURM_JOB_GID": str(user.pw_gid), "SLURM_JOB_USER": "sgtest1",
+               "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0", "SLURMD_NODENAME": "n1",
+               "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURM_GPU_CONFIG": str(conf),
+               "SLURM_GPU_PYTHON": str(py)}
+        none_hook, none_ours, none_py = [], [], []
+        for i in range(a.runs):
+            e = dict(env, SLURM_JOB_ID=str(1000 + i))
+            none_hook.append(_time(["/bin/sh", str(empty)], e) + _time(["/bin/sh", str(empty)], e))
+            none_ours.append(_time(["/bin/sh", prolog], e) + _time(["/bin/sh", epilog], e))
+            none_py.append(_time(["/bin/sh", str(pyhook)], e) + _time(["/bin/sh", str(pyhook)], e))
+        mps_total, mps_start, client = [], [], []
+        for i in range(max(5, a.runs // 4)):
+            jid = str(5000 + i)
+            e = dict(env, SLURM_JOB_ID=jid, SPANK_SLURM_GPU_MPS="50")
+            t = time.perf_counter()
+            _time(["/bin/sh", prolog], e)
+            st = json.loads((base / "var" / "n1" / "jobs" / f"{jid}.json").read_text())
+            _time(["/bin/sh", epilog], e)
+            mps_total.append(time.perf_counter() - t)
+            mps_start.append(st["mps"]["start_s"])
+        # one stand-in client call (the prolog makes 2: get_server_list, the
+        # percentage; the epilog 1: quit), timed against a live stand-in daemon
+        pipe, log = base / "cpipe", base / "clog"
+        for d in (pipe, log):
+            d.mkdir(mode=0o700)
+            os.chown(d, user.pw_uid, user.pw_gid)
+        cenv = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log),
+                "PATH": "/usr/bin:/bin"}
+        subprocess.run([str(ctl), "-d"], env=cenv, user=user.pw_uid, check=True)
+        for _ in range(10):
+            t = time.perf_counter()
+            subprocess.run([str(ctl)], input=b"get_server_list\n", env=cenv, user=user.pw_uid,
+                           stdout=subprocess.DEVNULL, check=True)
+            client.append(time.perf_counter() - t)
+        subprocess.run([str(ctl)], input=b"quit\n", env=cenv, user=user.pw_uid)
+        empty_ms, ours_ms, py_ms = med(none_hook), med(none_ours), med(none_py)
+        print(f"job without GPU options (prolog+epilog, median of {a.runs}):")
+        print(f"  empty prolog.d (nothing run)        0.00 ms")
+        print(f"  trivial sh script pair            {empty_ms:6.2f} ms")
+        print(f"  slurm-gpu prolog.d+epilog.d       {ours_ms:6.2f} ms   added per job: "
+              f"{ours_ms:.2f} ms (goal <= 15 ms)  = {ours_ms / empty_ms:.2f}x trivial sh")
+        print(f"  same if Python started           {py_ms:6.2f} ms   = {py_ms / ours_ms:.1f}x ours")
+        tot, start, cl = med(mps_total), med(mps_start), med(client)
+        own = tot - start - 2 * cl   # start_s already holds the first get_server_list
+        print(f"job with --gpu-mps=50 (prolog+epilog, median of {len(mps_total)}):")
+        print(f"  total                             {tot:6.1f} ms")
+        print(f"  daemon start (-d until answering) {start:6.1f} ms   (stand-in daemon + 1st client call)")
+        print(f"  2 more control-client calls       {2 * cl:6.1f} ms   ({cl:.1f} ms each, stand-in; "
+              "percentage, quit)")
+        print(f"  slurm-gpu's own overhead          {own:6.1f} ms   (goal <= 150 ms) "
+              f"= {tot / start:.2f}x the daemon start")
+        return 0
+    finally:
+        from slurm_gpu.jobs.mps import daemon_pids
+        for d in list((base / "mps").glob("*/pipe")) + [base / "cpipe"]:
+            for p in daemon_pids(d):
+                os.kill(p, 9)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
