@@ -98,12 +98,24 @@ def _ints(ids: Iterable[int]) -> str:
 
 
 def _int_list(text: str | None) -> list[int] | None:
+    """``0,1,3`` or ``0-2,5`` -> ints in the given order; None if not such a list."""
     if not text:
         return None
-    toks = [t.strip() for t in text.split(",") if t.strip()]
-    if not toks or not all(t.isdigit() for t in toks):
+    out: list[int] = []
+    for tok in (t.strip() for t in text.split(",")):
+        lo, dash, hi = tok.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            return None
+        out.extend(range(int(lo), int(hi) + 1) if dash else (int(lo),))
+    return out or None
+
+
+def _per_task(text: str | None) -> int | None:
+    """``SLURM_GPUS_PER_TASK``: ``2`` or ``h100:2`` (typed) -> 2."""
+    if not text:
         return None
-    return [int(t) for t in toks]
+    last = text.split(",")[0].rsplit(":", 1)[-1].strip()
+    return int(last) if last.isdigit() and int(last) > 0 else None
 
 
 def locality(node: Node) -> list[dict[str, Any]]:
@@ -155,8 +167,7 @@ def task_gpus(loc: Sequence[dict[str, Any]], env: Mapping[str, str], local_task:
     ids = [i for i in ids if 0 <= i < len(loc)]
     full = sorted(ids) == sorted(step)
     if full and ntasks > 1 and len(ids) > 1:
-        per_task = _int_list(env.get("SLURM_GPUS_PER_TASK"))
-        n = per_task[0] if per_task else max(1, len(ids) // ntasks)
+        n = _per_task(env.get("SLURM_GPUS_PER_TASK")) or max(1, len(ids) // ntasks)
         ids = [ids[(local_task * n + k) % len(ids)] for k in range(min(n, len(ids)))]
     return [loc[i] for i in ids]
 

@@ -64,6 +64,15 @@ def test_gpus_per_task_env_sets_n():
     assert ids(task_gpus(locality(node), env, 1, 2)) == [2, 3]
 
 
+def test_typed_gpus_per_task_and_ranges():
+    node = make_node(numa=2, gpus_per_numa=2)
+    env = {"SLURM_STEP_GPUS": "0-3", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+           "SLURM_GPUS_PER_TASK": "h100:1"}
+    assert ids(task_gpus(locality(node), env, 1, 2)) == [1]    # not GPUs/tasks = 2
+    assert ids(task_gpus(locality(node), {"SLURM_STEP_GPUS": "1-2,0"}, 0, 1)) == [1, 2, 0]
+    assert task_gpus(locality(node), {"SLURM_STEP_GPUS": "x-1"}, 0, 1) == []
+
+
 def test_single_task_keeps_all_gpus():
     env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
     assert ids(task_gpus(LOC, env, 0, 1)) == [0, 1]
