@@ -127,3 +127,26 @@ def test_names_do_not_clash_with_slurm(cmd):
         assert ours not in theirs
         # getopt_long accepts unique prefixes: none of ours may be a prefix of theirs
         assert not any(t.startswith(ours) for t in theirs), ours
+
+
+def test_spank_settings_sizes_and_map():
+    import resource
+
+    from slurm_gpu.errors import InputError
+    from slurm_gpu.spank import settings
+    assert settings.parse_size("", "k") is None
+    assert settings.parse_size("unlimited", "k") == resource.RLIM_INFINITY
+    assert settings.parse_size("64G", "k") == 64 << 30
+    assert settings.parse_size("512mb", "k") == 512 << 20
+    assert settings.parse_size("4096", "k") == 4096
+    for bad in ("lots", "12Q", "-1"):
+        with pytest.raises(InputError, match="bad size"):
+            settings.parse_size(bad, "[spank] memlock_max")
+    s = settings.load({"spank": {"numa_node_map": {"1": 0, "3": 1}}})
+    assert s.numa_map() == {1: 0, 3: 1}
+    with pytest.raises(InputError, match="numa_node_map"):
+        settings.load({"spank": {"numa_node_map": {"x": 0}}})
+    with pytest.raises(InputError, match="unknown config key spank.memlock"):
+        settings.load({"spank": {"memlock": "1G"}})
+    with pytest.raises(InputError, match="allocator_env.MALLOC_CONF must be a string"):
+        settings.load({"spank": {"allocator_env": {"MALLOC_CONF": 1}}})
