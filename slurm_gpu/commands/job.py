@@ -53,8 +53,9 @@ def show(jobid: str, as_json: bool) -> None:
         click.echo(f"  MIG layout {mig['layout']} ({'ready' if mig.get('ready') else 'incomplete'})")
         for g in mig.get("gpus", []):
             for i in g.get("instances", []):
-                click.echo(f"    GPU {g['index']}  {i['profile']:<12} GI {i.get('gi_id')}  "
-                           f"CI {i.get('ci_id')}  at {i['start']}:{i['size']}  {i.get('uuid') or ''}")
+                click.echo(f"    GPU {g['index']}  {i.get('profile', '?'):<12} GI {i.get('gi_id')}  "
+                           f"CI {i.get('ci_id')}  at {i.get('start')}:{i.get('size')}  "
+                           f"{i.get('uuid') or ''}")
 
 
 @job.command("list")

@@ -65,7 +65,9 @@ def load_config(path: str, select: str | None) -> list[dict[str, Any]]:
         raise InputError(f"cannot read MIG config: {e}".splitlines()[0], path) from None
     if not isinstance(data, dict) or not isinstance(data.get("mig-configs"), dict):
         raise InputError("MIG config needs a 'mig-configs' mapping", path)
-    configs = data["mig-configs"]
+    # YAML 1.1 reads an unquoted name like `off` or `yes` as a boolean.
+    configs = {("on" if k is True else "off" if k is False else str(k)): v
+               for k, v in data["mig-configs"].items()}
     if select is None:
         if len(configs) != 1:
             raise UsageError(f"MIG config has {len(configs)} configs; choose one with --select "

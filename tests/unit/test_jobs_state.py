@@ -1,0 +1,167 @@
+"""Job state file, per-task environment, `job show`, blockers, `mig apply`."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.cli import main
+from slurm_gpu.errors import InputError
+from slurm_gpu.jobs import state as js
+from slurm_gpu.jobs.state import JobFailed, task_env, task_share
+from slurm_gpu.mig import blockers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_save_load_remove_atomic(tmp_path: Path) -> None:
+    st = js.new("12", uid=1001, gid=1001, user="sgtest1")
+    js.save(tmp_path, st)
+    assert js.load(tmp_path, "12") == st
+    assert js.list_jobs(tmp_path) == ["12"]
+    assert [p.name for p in (tmp_path / "jobs").iterdir()] == ["12.json"]   # no temp files
+    js.remove(tmp_path, "12")
+    js.remove(tmp_path, "12")
+    assert js.load(tmp_path, "12") is None
+
+
+@pytest.mark.parametrize("bad", ["../1", "1/2", "", "12a", "1" * 13])
+def test_job_ids_cannot_escape(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(InputError):
+        js.path(tmp_path, bad)
+
+
+def test_corrupt_state_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "5.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot read job state"):
+        js.load(tmp_path, "5")
+
+
+@pytest.mark.parametrize("n,ntasks,want", [
+    (4, 2, [[0, 1], [2, 3]]), (3, 3, [[0], [1], [2]]), (4, 3, [[0], [1], [2, 3]]),
+    (2, 4, [[0], [1], [0], [1]]), (1, 2, [[0], [0]]), (0, 2, [[], []])])
+def test_task_share(n: int, ntasks: int, want: list[list[int]]) -> None:
+    assert [task_share(n, t, ntasks) for t in range(ntasks)] == want
+
+
+def _state_with(mig: bool = True, mps: bool = True, ready: bool = True) -> dict:
+    st = js.new("9", uid=1, gid=1, user="u")
+    if mps:
+        st["mps"] = {"pipe_dir": "/run/x/9/pipe", "log_dir": "/run/x/9/log", "ready": ready}
+    if mig:
+        st["mig"] = {"ready": ready, "layout": "2x1g.10gb", "gpus": [
+            {"index": 0, "instances": [{"uuid": "MIG-a"}, {"uuid": "MIG-b"}]},
+            {"index": 1, "instances": [{"uuid": "MIG-c"}]}]}
+    return st
+
+
+def test_task_env_mps_and_mig() -> None:
+    st = _state_with()
+    e0, e1 = task_env(st, 0, 2), task_env(st, 1, 2)
+    assert e0["CUDA_MPS_PIPE_DIRECTORY"] == "/run/x/9/pipe"
+    assert e0["CUDA_MPS_LOG_DIRECTORY"] == "/run/x/9/log"
+    assert (e0["CUDA_VISIBLE_DEVICES"], e1["CUDA_VISIBLE_DEVICES"]) == ("MIG-a", "MIG-b,MIG-c")
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in e0   # Slurm's gres/mps owns that one
+
+
+def test_task_env_nothing_until_ready_and_error_fails() -> None:
+    assert task_env(_state_with(ready=False), 0, 1) == {}
+    assert task_env(None, 0, 1) == {}
+    st = _state_with()
+    st["error"] = "slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb (--gpu-mig)"
+    with pytest.raises(JobFailed) as ei:
+        task_env(st, 0, 1)
+    assert ei.value.line() == st["error"]
+
+
+def test_job_show(tmp_path: Path, monkeypatch, capsys) -> None:
+    from slurm_gpu import config
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[node]\nstate_dir = "{tmp_path}/var"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    config._load.cache_clear()
+    st = _state_with()
+    st["gpus"] = [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 NVL", "cpus": [0, 1]}]
+    st["mig"]["gpus"][0]["instances"] = [{"uuid": "MIG-a", "profile": "3g.47gb", "gi_id": 1,
+                                          "ci_id": 0, "start": 4, "size": 4}]
+    st["mps"]["cpus"] = "0,1"
+    js.save(tmp_path / "var", st)
+    assert main(["job", "show", "9"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU 0  NVIDIA H100 NVL  GPU-0  local CPUs 0,1" in out
+    assert "MPS: ready  pipe /run/x/9/pipe" in out and "pids none" in out
+    assert "3g.47gb" in out and "GI 1" in out and "MIG-a" in out
+    assert main(["job", "show", "9", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobid"] == "9"
+    assert main(["job", "show", "10"]) == 1
+    assert "job 10 has no GPU state on this node" in capsys.readouterr().err
+    assert main(["job", "list"]) == 0 and capsys.readouterr().out.split() == ["9"]
+    config._load.cache_clear()
+
+
+def test_blockers_found_in_proc_and_slurm_conf(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid, comm in ((11, "nv-hostengine"), (12, "bash"), (13, "nvidia-persiste")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# AcctGatherEnergyType=acct_gather_energy/gpu (comment)\n"
+                    "AcctGatherEnergyType=acct_gather_energy/gpu\n"
+                    "AccountingStorageTRES=gres/gpu,gres/gpumem,gres/gpuutil\n")
+    found = blockers.find(proc=str(proc), slurm_conf=str(conf))
+    names = [b.name for b in found]
+    assert names == ["DCGM host engine (nv-hostengine)", "nvidia-persistenced",
+                     "slurmd GPU energy accounting", "slurmstepd GPU accounting"]
+    text = blockers.explain(found)
+    assert "pid 11" in text and "acct_gather_energy/none" in text
+    conf.write_text("AcctGatherEnergyType=acct_gather_energy/ipmi\n")
+    assert blockers.find(proc=str(tmp_path / "none"), slurm_conf=str(conf)) == []
+    assert "no known blocker" in blockers.explain([])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="MIG changes need root (as NVML)")
+def test_mig_apply_acts_only_on_drift(tmp_path: Path, monkeypatch, capsys) -> None:
+    from slurm_gpu import config
+    from slurm_gpu.sim.state import init_state_for_machine
+    sim = tmp_path / "sim.json"
+    init_state_for_machine(str(ROOT / "tests/data/machines/mini-2numa"), str(sim))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{sim}"\nstate_dir = "{tmp_path}/var"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    config._load.cache_clear()
+    cfg = tmp_path / "mig.yaml"
+    cfg.write_text("version: v1\nmig-configs:\n  balanced:\n    - devices: [1]\n"
+                   "      mig-enabled: true\n      mig-devices:\n        \"3g.47gb\": 1\n"
+                   "        \"2g.24gb\": 1\n        \"1g.12gb\": 2\n"
+                   "  off:\n    - devices: all\n      mig-enabled: false\n")
+    assert main(["mig", "apply", str(cfg), "-c", "balanced", "--check"]) == 1
+    assert main(["mig", "apply", str(cfg), "-c", "balanced",
+                 "--gres-conf", str(tmp_path / "gres.conf")]) == 0
+    out = capsys.readouterr().out
+    assert "changed GPU 1" in out and "wrote" in out
+    gres = (tmp_path / "gres.conf").read_text()
+    assert "3g.47gb" in gres and "1g.12gb" in gres
+    before = sim.read_text()
+    assert main(["mig", "apply", str(cfg), "-c", "balanced"]) == 0
+    assert "nothing changed" in capsys.readouterr().out
+    assert json.loads(sim.read_text())["facts"] == json.loads(before)["facts"]
+    assert main(["mig", "apply", str(cfg), "-c", "balanced", "--check"]) == 0
+    # a GPU a job uses is not touched
+    from slurm_gpu.jobs import state as jobstate
+    st = jobstate.new("77", uid=1, gid=1, user="u")
+    st["gpus"] = [{"index": 1}]
+    jobstate.save(tmp_path / "var", st)
+    assert main(["mig", "apply", str(cfg), "-c", "off"]) == 1
+    assert "in use by job 77" in capsys.readouterr().err
+    config._load.cache_clear()
+
+
+def test_mig_apply_bad_config(tmp_path: Path, capsys) -> None:
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("version: v1\nmig-configs:\n  a: []\n  b: []\n")
+    assert main(["mig", "apply", str(cfg)]) == 2
+    assert "choose one with --select" in capsys.readouterr().err
+    assert main(["mig", "apply", str(tmp_path / "nope.yaml")]) == 1
