@@ -84,12 +84,14 @@ def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, A
     from .. import config
     from ..hw import live
     from . import settings as spank_settings
-    s = spank_settings.load()
-    n = live.settings()
-    # every place config.config_path() looks, so a config appearing later counts
+    # stamp before reading, so an edit racing with this build makes the
+    # entry stale instead of storing old values under the new stamp;
+    # every place config.config_path() looks counts (a config may appear)
     candidates = [config_path, str(config.config_path() or ""), "/etc/slurm-gpu/slurm-gpu.toml",
                   os.path.join(sys.prefix, "etc", "slurm-gpu", "slurm-gpu.toml")]
     stamps = [_stamp(p) for p in dict.fromkeys(candidates)]
+    s = spank_settings.load()
+    n = live.settings()
     stamps += [_stamp(n.snapshot or None), _stamp(n.sim_state)]
     data: dict[str, Any] = {
         "key": _key(config_path, node),
