@@ -13,7 +13,7 @@ VENV=${SLURM_GPU_VENV:-/opt/slurm-gpu/venv}
 PKGS=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
       hwloc libhwloc15 libhwloc-dev pci.ids
       python3 python3-venv python3-dev gcc libc6-dev
-      iproute2 procps util-linux passwd make ca-certificates debootstrap)
+      iproute2 procps util-linux passwd make ca-certificates debootstrap strace)
 
 if [ "$(id -u)" != 0 ]; then
   echo "slurm-gpu: install needs root (scripts/install.sh)" >&2; exit 1

@@ -67,16 +67,19 @@ def host_addresses() -> set[str]:
 
 def create(n: NodeNet) -> None:
     """Make the namespace and its veth pair, addresses, routes."""
+    # Inside the namespace through nsenter, not `ip -n`: like `ip netns exec`,
+    # `ip -n` remounts / and /sys, which fails where / is no mount point (chroot).
+    inside = ["nsenter", f"--net={os.path.join(NETNS_DIR, n.netns)}", "ip"]
     steps = [
         ["ip", "netns", "add", n.netns],
         ["ip", "link", "add", n.veth_host, "type", "veth", "peer", "name", n.veth_node,
          "netns", n.netns],
         ["ip", "addr", "add", f"{n.host_addr}/30", "dev", n.veth_host],
         ["ip", "link", "set", n.veth_host, "up"],
-        ["ip", "-n", n.netns, "addr", "add", f"{n.node_addr}/30", "dev", n.veth_node],
-        ["ip", "-n", n.netns, "link", "set", n.veth_node, "up"],
-        ["ip", "-n", n.netns, "link", "set", "lo", "up"],
-        ["ip", "-n", n.netns, "route", "add", "default", "via", n.host_addr],
+        [*inside, "addr", "add", f"{n.node_addr}/30", "dev", n.veth_node],
+        [*inside, "link", "set", n.veth_node, "up"],
+        [*inside, "link", "set", "lo", "up"],
+        [*inside, "route", "add", "default", "via", n.host_addr],
     ]
     for argv in steps:
         run(argv, timeout=10)
@@ -127,3 +130,5 @@ def enter(n: NodeNet) -> Callable[[], None]:
 def check_tools() -> None:
     if not os.path.exists("/usr/sbin/ip") and not os.path.exists("/sbin/ip"):
         raise SlurmGpuError("--netns needs iproute2's ip command (apt-get install iproute2)")
+    if not os.path.exists("/usr/bin/nsenter"):
+        raise SlurmGpuError("--netns needs util-linux's nsenter (apt-get install util-linux)")
