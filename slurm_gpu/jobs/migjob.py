@@ -22,7 +22,7 @@ from .state import JobFailed
 
 def _in_use_hint(e: MigError, ctx: Any) -> MigError:
     """Name what holds the GPU when NVML says IN_USE."""
-    if e.code != 19:   # NVML_ERROR_IN_USE
+    if e.code != 19 or not ctx.mig.check_blockers:   # 19: NVML_ERROR_IN_USE
         return e
     found = blockers.find()
     return MigError(f"{e.what}; blockers: {blockers.explain(found)}", e.where, e.code)

@@ -332,3 +332,36 @@ def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(InputError, match="on_internal_error must be one of drain, pass"):
         load()
     config._load.cache_clear()
+
+
+def test_user_error_cancel_policy(node: Env, monkeypatch) -> None:
+    from slurm_gpu import runner
+    calls = []
+    monkeypatch.setattr(runner, "run", lambda argv, timeout, **kw: calls.append(list(argv)))
+    node.jobs.user_error = "cancel"
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MIG="9g.1gb")) == 0
+    assert calls == [["/usr/bin/scancel", "100"]]
+    assert lifecycle.epilog(node.ctx()) == 0 and node.leftovers() == []
+
+
+def test_epilog_script_finds_state_with_node_name(node: Env) -> None:
+    """The sh fast path reads [node] state_dir with %n, skipping comments."""
+    conf = node.base / "c.toml"
+    conf.write_text('# state_dir = "/nowhere"\n[node]\nstate_dir = "' + str(node.base) +
+                    '/var/%n"\n[mps]\nbase_dir = "' + node.mps.base_dir + '"\n')
+    marker = node.base / "ran"
+    py = node.base / "fakepy"
+    py.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    py.chmod(0o755)
+    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": "31",
+           "SLURMD_NODENAME": "gpu-n7"}
+    script = str(ROOT / "epilog.d" / "50-slurm-gpu-jobs")
+    subprocess.run(["/bin/sh", script], env=env, check=True)
+    assert not marker.exists()
+    (node.base / "var" / "gpu-n7" / "jobs").mkdir(parents=True)
+    (node.base / "var" / "gpu-n7" / "jobs" / "31.json").write_text("{}")
+    subprocess.run(["/bin/sh", script], env=env, check=True)
+    assert marker.exists()
+    marker.unlink()
+    subprocess.run(["/bin/sh", script], env=dict(env, SLURM_JOB_ID="../31"), check=True)
+    assert not marker.exists()
