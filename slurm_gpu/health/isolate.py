@@ -69,11 +69,24 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
         raise SlurmGpuError("the bad GPU is not in this node's model: cannot isolate it")
     opts = cg.GresOptions(dev_dir=dev_dir)
     new_text = cg.render_gres_conf({node_name: kept}, options=opts)
-    backup = gres_path + ".slurm-gpu.orig"
-    if not os.path.exists(backup):
-        atomic_write(backup, text)
-    atomic_write(gres_path, new_text)
     gres = cg.node_gres_summary(kept, opts)
-    runner.run([scontrol, "update", f"nodename={node_name}", f"gres={gres}"], timeout)
-    runner.run([scontrol, "reconfigure"], timeout)
+    # Slurm first: if slurmctld refuses the new count, nothing has changed yet.
+    # (Slurm 22.05 refuses for File= GRES: "Attempt to change gres/gpu Count
+    # on node ... invalid with File configuration"; the caller then drains.)
+    try:
+        runner.run([scontrol, "update", f"nodename={node_name}", f"gres={gres}"], timeout)
+    except SlurmGpuError as e:
+        raise SlurmGpuError(f"slurmctld refused Gres={gres} ({e.what})") from None
+    backup = gres_path + ".slurm-gpu.orig"
+    try:
+        if not os.path.exists(backup):
+            atomic_write(backup, text)
+        atomic_write(gres_path, new_text)
+        runner.run([scontrol, "reconfigure"], timeout)
+    except SlurmGpuError:
+        # Put everything back as it was, then let the caller drain.
+        atomic_write(gres_path, text)
+        old = cg.node_gres_summary(node, opts)
+        runner.run([scontrol, "update", f"nodename={node_name}", f"gres={old}"], timeout, check=False)
+        raise
     return f"isolated {', '.join(sorted(bad))}: gres.conf rewritten ({backup} kept), Gres={gres}"

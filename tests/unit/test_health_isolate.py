@@ -94,3 +94,26 @@ def test_which_faults_may_be_isolated():
     assert bad_gpus([f("gpu.xid", gpus[0], 79)], gpus) is None                           # off the bus
     assert bad_gpus([f("gpu.nvlink", gpus[0])], gpus) is None                            # fabric-wide
     assert bad_gpus([f("gpu.count", None)], gpus) is None                                # node-level
+
+
+def test_slurm_refusing_the_new_count_changes_nothing_and_drains(tmp_path, node_env, monkeypatch):
+    # Real slurmctld 22.05 answer, seen on the sandbox: File= GRES counts cannot be changed by scontrol.
+    gres = gres_for(tmp_path, ["n1"])
+    before = gres.read_text()
+    text = re.sub(r"^NodeName=\S+", "NodeName=n1", (SC / "idle.txt").read_text())
+    calls = []
+
+    def refusing(argv, timeout, **kw):
+        calls.append(list(argv))
+        if list(argv)[1:3] == ["show", "node"]:
+            return runner.Completed(tuple(argv), 0, text, "")
+        if any(a.startswith("gres=") for a in argv):
+            from slurm_gpu.errors import CommandError
+            raise CommandError("scontrol failed: slurm_update error: Invalid generic resource (gres) specification")
+        return runner.Completed(tuple(argv), 0, "", "")
+    monkeypatch.setattr(runner, "run", refusing)
+    r = engine.run(opts(tmp_path, gres, PENDING))
+    assert r.status == "drain" and r.action == "drain"
+    assert gres.read_text() == before and not (tmp_path / "gres.conf.slurm-gpu.orig").exists()
+    assert not any(c[1] == "reconfigure" for c in calls)
+    assert any("refused" in n for n in r.notes)
