@@ -163,7 +163,12 @@ def parse_plugstack_args(args: list[str]) -> PluginArgs:
         seen[key] = val
     numa = NumaBind("off")
     if "numa_bind" in seen:
-        numa = parse_numa_bind(seen["numa_bind"], where="plugstack numa_bind")
+        value = seen["numa_bind"]
+        if not any(t in NUMA_MODES for t in value.split(",")):
+            # the admin's default needs a mode (the C shim checks the same)
+            raise UsageError(f"bad value {value!r} for plugstack numa_bind: expected strict, "
+                             "prefer or off, optionally with ',verbose'")
+        numa = parse_numa_bind(value, where="plugstack numa_bind")
     config = seen.get("config")
     if config is not None and not config.startswith("/"):
         raise UsageError(f"plugstack argument config={config} must be an absolute path")

@@ -258,6 +258,7 @@ def test_interpreter_that_cannot_start_is_an_error(cluster, breakage):
 @pytest.mark.parametrize("arg,msg", [
     ("bogus=1", "slurm-gpu: unknown plugstack argument 'bogus=1'"),
     ("numa_bind=always", "slurm-gpu: bad plugstack argument 'numa_bind=always'"),
+    ("numa_bind=verbose", "slurm-gpu: bad plugstack argument 'numa_bind=verbose'"),
 ])
 def test_bad_plugstack_arguments_are_fatal(cluster, arg, msg):
     plugstack = cluster.sb.layout.plugstack_conf

@@ -87,6 +87,7 @@ def test_plugstack_args():
     (["config"], "unknown plugstack argument 'config'"),
     (["config=rel/path"], "must be an absolute path"),
     (["numa_bind=always"], "for plugstack numa_bind"),
+    (["numa_bind=verbose"], "for plugstack numa_bind"),
     (["numa_bind=off", "numa_bind=strict"], "given twice"),
 ])
 def test_plugstack_args_bad(args, msg):
