@@ -131,3 +131,16 @@ def test_xid_watch_writes_events_health_reads(tmp_path, capsys):
     evs, direct = xid.events_from_nvml(recs)
     fs = xid.check_xid(evs) + direct
     assert {(f.check, f.severity) for f in fs} == {("gpu.xid", "drain"), ("gpu.ecc", "drain")}
+
+
+def test_xid_watch_stops_cleanly_on_sigterm(tmp_path):
+    import signal
+    import time
+    ev = tmp_path / "events.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "slurm_gpu", "xid-watch", "--snapshot", H100, "--events-file", str(ev)],
+                         cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert p.poll() is None                      # listening
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 0 and "stopped after 0 events" in err
