@@ -13,6 +13,7 @@ directory, no MIG instance and no state file left.
 from __future__ import annotations
 
 import json
+import re
 import os
 import random
 import shutil
@@ -241,3 +242,64 @@ def test_real_slurm_subset(cluster: Cluster, node_files) -> None:
     assert "MIG=MIG-" in out and "MPS=" in out
     bad = cluster.job(jobs[4][0])
     assert bad.get("JobState") == "FAILED"
+
+
+def _slurmd_pid(name: str, conf: Path) -> int | None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:1] == [b"/usr/sbin/slurmd"] and name.encode() in argv and \
+                str(conf).encode() in argv:
+            return int(pid)
+    return None
+
+
+def test_slurmd_restart_while_job_runs(cluster: Cluster, node_files) -> None:
+    """A real slurmd restart: the epilog run by the new slurmd still cleans everything."""
+    name = cluster.nodes[0]
+    conf = cluster.dir / "etc" / "slurm.conf"
+    state_dir = cluster.dir / "var" / name
+    d = cluster.user_dir("sgtest1")
+    script = d / "long.sh"
+    script.write_text("#!/bin/sh\nsleep 120\n")
+    script.chmod(0o755)
+    jid = cluster.sbatch("--gres=gpu:1", "--gpu-mps=30", "--gpu-mig=2x2g.24gb", "-o", "/dev/null",
+                         str(script), user="sgtest1", cwd=str(d))
+    cluster.wait_job(jid, states={"RUNNING"}, timeout=60)
+    sf = state_dir / "jobs" / f"{jid}.json"
+    deadline = time.monotonic() + 30      # RUNNING is reported while the prolog still runs
+    while time.monotonic() < deadline and not (
+            sf.exists() and json.loads(sf.read_text()).get("phase") == "ready"):
+        time.sleep(0.1)
+    assert json.loads(sf.read_text())["phase"] == "ready"
+    assert (node_files["mps"] / str(jid)).is_dir()
+    old = _slurmd_pid(name, conf)
+    assert old is not None
+    os.kill(old, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = open(cluster.dir / "log" / f"slurmd-{name}.restart.stdout", "ab")
+    new = subprocess.Popen(["/usr/sbin/slurmd", "-D", "-N", name, "-f", str(conf)],
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                           cwd=str(cluster.dir), env=dict(cluster.env), start_new_session=True)
+    try:
+        cluster.wait_node_state(name, re.compile("mixed|allocated|idle"), timeout=30)
+        assert cluster.job(jid).get("JobState") == "RUNNING"   # the job survived the restart
+        cluster.run(["scancel", str(jid)])
+        cluster.wait_job(jid, timeout=60)
+        deadline = time.monotonic() + 30
+        while _leftovers(node_files, state_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _leftovers(node_files, state_dir) == []
+    finally:
+        new.terminate()
+        try:
+            new.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            new.kill()
+        log.close()
