@@ -124,7 +124,9 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
           ) -> dict[str, Any]:
     """Start the job's daemon; *record* is called with the state after each step."""
     if user.uid == 0:
-        raise SlurmGpuError("refusing to run an MPS daemon as root", f"job {jobid}")
+        from .state import JobFailed
+        raise JobFailed("--gpu-mps is refused for root's jobs: the daemon never runs as root",
+                        f"job {jobid}")
     pipe, log = make_dirs(settings, jobid, user)
     info: dict[str, Any] = {"pipe_dir": str(pipe), "log_dir": str(log),
                             "job_dir": str(job_dir(settings.base_dir, jobid)),

@@ -48,7 +48,7 @@ def new(jobid: str, *, uid: int, gid: int, user: str) -> dict[str, Any]:
 
 
 def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
-    """Write *state* atomically, readable by root only (0600)."""
+    """Write *state* atomically (0644: tasks read it as the job user through SPANK)."""
     d = jobs_dir(state_dir)
     d.mkdir(parents=True, exist_ok=True, mode=0o755)
     atomic_write(d / f"{state['jobid']}.json", json.dumps(state, indent=1, sort_keys=True),

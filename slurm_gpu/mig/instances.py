@@ -153,7 +153,7 @@ def destroy_gi(api: Any, dev: Any, gi_id: int, where: str) -> bool:
             try:
                 ci = api.nvmlGpuInstanceGetComputeInstanceById(gi, cid)
             except api.NVMLError as e:
-                if e.value == api.NVML_ERROR_NOT_FOUND:
+                if e.value in (api.NVML_ERROR_NOT_FOUND, api.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
             api.nvmlComputeInstanceDestroy(ci)

@@ -189,6 +189,8 @@ def test_bad_layout_fails_job_not_node_and_touches_nothing(node: Env) -> None:
     ({"CUDA_VISIBLE_DEVICES": "1", "SPANK_SLURM_GPU_MIG": "1g.10gb"}, "needs whole GPUs"),
     ({"SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MPS": "150"}, "bad --gpu-mps value"),
     ({"SPANK_SLURM_GPU_MPS": "default"}, "need GPUs"),
+    ({"SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_GPUS": "0",
+      "SPANK_SLURM_GPU_MPS": "default"}, "refused for root"),
 ])
 def test_user_errors_fail_the_job(node: Env, env: dict, why: str) -> None:
     assert lifecycle.prolog(node.ctx(**env)) == 0
