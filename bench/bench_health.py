@@ -85,16 +85,16 @@ def main() -> int:
               "--prom-file", str(tdp / "h.prom")]),
         ]
         print(f"# full check of an 8-GPU recorded machine, {a.runs} runs each (median / min wall, peak RSS)")
-        res = {}
+        res, mem = {}, {}
         for name, argv in cases:
             med, mn, rss = measure(argv, env, a.runs)
-            res[name] = med
+            res[name], mem[name] = med, rss / 1024
             print(f"{name:62s} {med:7.1f} ms  (min {mn:6.1f})  {rss / 1024:5.1f} MB")
         base = res[cases[0][0]]
         full = res[cases[3][0]]
         print(f"ratio health/interpreter start: {full / base:.2f}x;  health/inventory: "
               f"{full / res[cases[2][0]]:.2f}x;  goal <= 150 ms wall and <= 40 MB: "
-              f"{'met' if full <= 150 else 'NOT met'} (wall)")
+              f"{'met' if full <= 150 and mem[cases[3][0]] <= 40 else 'NOT met'}")
         big = tdp / "big.log"
         make_log(big, a.log_mb)
         size = big.stat().st_size / (1024 * 1024)
