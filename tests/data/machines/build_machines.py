@@ -392,7 +392,7 @@ def dgx2() -> tuple[dict[str, Any], str]:
     for g in gpus:
         g["minor"] = g["index"]
         board = 0 if g["index"] < 8 else 1
-        sw = [f"0000:{0xe0 + board * 8 + k:02x}:00.0" for k in range(6)]
+        sw = [f"0000:{0xf0 + board * 8 + k:02x}:00.0" for k in range(6)]  # unused by the XML's PCI tree
         g["nvlink"] = {"count": 6, "version": 2, "peers": switch_peers(sw, [1] * 6)}
         g["health"] = {"persistence_mode": 1, "retired_pages": {"single_bit": [], "double_bit": [], "pending": 0},
                        "pcie": {"gen": 3, "max_gen": 3, "width": 16, "max_width": 16}}
