@@ -87,9 +87,16 @@ class _Reader:
             raise HardwareError(f"NVML {fn} failed: {self.err(e)}") from None
 
     def maybe(self, fn: str, *args: Any, default: Any = None) -> Any:
-        """An optional query: 'not supported' and its kind give *default*."""
+        """An optional query: 'not supported' and its kind give *default*.
+
+        A function this pynvml does not have at all (an old nvidia-ml-py on
+        an old node) is "not supported" too: the driver would not have it either.
+        """
+        call = getattr(self.api, fn, None)
+        if call is None:
+            return default
         try:
-            return getattr(self.api, fn)(*args)
+            return call(*args)
         except self.api.NVMLError as e:
             if e.value in self.optional:
                 return default
@@ -125,6 +132,8 @@ def read_view(api: Any, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[
     """
     r = _Reader(api)
     driver = r.maybe("nvmlSystemGetDriverVersion")
+    if driver is not None:
+        driver = _s(driver)  # pynvml before 11.515 returns bytes
     count = r.must("nvmlDeviceGetCount")
     notes: list[str] = []
     gpus: list[NvmlGpu] = []
@@ -178,6 +187,8 @@ def _read_gpu(r: _Reader, index: int, h: Any) -> NvmlGpu:
 
 
 def _s(v: Any) -> str:
+    # pynvml before 11.515 returns char arrays as bytes; structure fields
+    # (PciInfo.busId) are bytes in every version.
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
@@ -224,10 +235,19 @@ def _read_mig(r: _Reader, h: Any, g: NvmlGpu, minors: Callable[[], Mapping[str, 
             continue  # NOT_FOUND: no MIG device at this index
         gi_id = api.nvmlDeviceGetGpuInstanceId(mig)
         ci_id = api.nvmlDeviceGetComputeInstanceId(mig)
-        attrs = api.nvmlDeviceGetAttributes(mig)
+        # Attributes are optional like in Slurm's gpu_nvml.c: the profile
+        # comes from the name first, and a driver that refuses attributes on
+        # a MIG handle must not cost the whole GPU.
+        attrs = r.maybe("nvmlDeviceGetAttributes", mig)
         name = _s(r.maybe("nvmlDeviceGetName", mig, default="") or "")
+        try:
+            profile = mig_profile_name(name, attrs)
+        except ValueError:
+            notes.append(f"GPU {g.bus_id} MIG device {j}: neither profile name nor attributes readable; "
+                         "left out")
+            continue
         gi_profile = ci_profile = start = -1
-        size = int(attrs.gpuInstanceSliceCount)
+        size = int(attrs.gpuInstanceSliceCount) if attrs is not None else -1
         gi = r.maybe("nvmlDeviceGetGpuInstanceById", h, gi_id)
         if gi is not None:
             info = r.maybe("nvmlGpuInstanceGetInfo", gi)
@@ -243,24 +263,30 @@ def _read_mig(r: _Reader, h: Any, g: NvmlGpu, minors: Callable[[], Mapping[str, 
         gi_minor = caps.get(f"gpu{g.minor}/gi{gi_id}/access")
         ci_minor = caps.get(f"gpu{g.minor}/gi{gi_id}/ci{ci_id}/access")
         insts.append(MigInstance(
-            gi_id=int(gi_id), ci_id=int(ci_id), profile=mig_profile_name(name, attrs),
+            gi_id=int(gi_id), ci_id=int(ci_id), profile=profile,
             gi_profile_id=gi_profile, ci_profile_id=ci_profile, placement_start=start, placement_size=size,
-            memory_bytes=int(attrs.memorySizeMB) * MIB, sm_count=int(attrs.multiprocessorCount),
+            memory_bytes=int(attrs.memorySizeMB) * MIB if attrs is not None else 0,
+            sm_count=int(attrs.multiprocessorCount) if attrs is not None else 0,
             uuid=_s(api.nvmlDeviceGetUUID(mig)), gi_cap_minor=gi_minor, ci_cap_minor=ci_minor,
         ))
     insts.sort(key=lambda m: (m.gi_id, m.ci_id))
     return True, tuple(insts)
 
 
-def mig_profile_name(device_name: str, attrs: Any) -> str:
+def mig_profile_name(device_name: str, attrs: Any | None) -> str:
     """``3g.40gb`` (or ``1c.3g.40gb``) like Slurm's gpu/nvml plugin derives it.
 
-    The MIG device's name ends in ``MIG 3g.40gb``; when a driver leaves it
-    out, the profile is rebuilt from the attributes (memory rounded up to GB).
+    The MIG device's name ends in ``MIG 3g.40gb``.  Slurm lower-cases the
+    name, turns spaces into ``_`` and takes what follows ``mig_``, so we do
+    the same to get the same Type.  When a driver leaves the profile out of
+    the name, it is rebuilt from the attributes (memory rounded up to GB).
     """
-    marker = "MIG "
-    if marker in device_name:
-        return device_name.split(marker, 1)[1].strip()
+    slurm_name = device_name.lower().replace(" ", "_")
+    marker = "mig_"
+    if marker in slurm_name:
+        return slurm_name.split(marker, 1)[1]
+    if attrs is None:
+        raise ValueError(f"MIG profile of {device_name!r} unknown without attributes")
     gi = int(attrs.gpuInstanceSliceCount)
     ci = int(attrs.computeInstanceSliceCount)
     gb = (int(attrs.memorySizeMB) + 1023) // 1024
@@ -275,6 +301,11 @@ def format_fabric_uuid(raw: Any) -> str:
     return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
+def _version_mismatch(api: Any) -> int:
+    # pynvml versions before R525 lack the constant; the code is NVML's 25.
+    return int(getattr(api, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25))
+
+
 def _read_fabric(r: _Reader, h: Any) -> Fabric | None:
     api = r.api
     health = 0
@@ -283,7 +314,8 @@ def _read_fabric(r: _Reader, h: Any) -> Fabric | None:
         api.nvmlDeviceGetGpuFabricInfoV(h, byref(info))
         health = int(info.healthMask)
     except (api.NVMLError, AttributeError) as e:
-        if isinstance(e, api.NVMLError) and e.value not in r.optional:
+        # A driver older than the structure version answers ARGUMENT_VERSION_MISMATCH.
+        if isinstance(e, api.NVMLError) and e.value not in r.optional + (_version_mismatch(api),):
             raise
         try:  # drivers before the versioned call (R535 and older)
             info = api.c_nvmlGpuFabricInfo_t()

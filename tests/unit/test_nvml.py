@@ -199,3 +199,88 @@ def test_sim_faults_use_the_snapshot_overlay_format(tmp_path: Path) -> None:
         set_overlay(sim, {"gpus": {"0000:01:00.0": {"lost": True}}})
     set_overlay(sim, {})
     assert nvml.read_view(other).gpus[1].fabric.state == "completed"
+
+
+class _OldStackNvml:
+    """The simulator as an old nvidia-ml-py on an old driver answers.
+
+    * char arrays come back as ``bytes`` (pynvml before 11.515);
+    * ``nvmlDeviceGetNvLinkRemoteDeviceType`` does not exist in the module;
+    * the driver refuses the v2 fabric structure (ARGUMENT_VERSION_MISMATCH);
+    * MIG device handles refuse ``nvmlDeviceGetAttributes`` (NOT_SUPPORTED).
+    """
+
+    def __init__(self, sim: SimNvml) -> None:
+        self._sim = sim
+
+    def __getattr__(self, name: str):
+        if name == "nvmlDeviceGetNvLinkRemoteDeviceType":
+            raise AttributeError(name)
+        real = getattr(self._sim, name)
+        if name in ("nvmlSystemGetDriverVersion", "nvmlDeviceGetName", "nvmlDeviceGetUUID"):
+            return lambda *a: real(*a).encode()
+        if name == "nvmlDeviceGetGpuFabricInfoV":
+            def refuse(*a):
+                raise NVMLError(nvml_constants.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            return refuse
+        if name == "nvmlDeviceGetAttributes":
+            def attrs(h):
+                if "/mig" in h.key:
+                    raise NVMLError(nvml_constants.NVML_ERROR_NOT_SUPPORTED)
+                return real(h)
+            return attrs
+        return real
+
+
+@pytest.mark.parametrize("name", ["h100-sxm-8x", "gb200-nvl", "h100-mig", "dgx2"])
+def test_old_pynvml_and_old_driver_give_the_same_gpus(name: str) -> None:
+    minors = nvml.parse_mig_minors(mig_minors_text(16))
+    new = nvml.read_view(_sim(name), mig_minors=minors)
+    old = nvml.read_view(_OldStackNvml(_sim(name)), mig_minors=minors)
+    assert isinstance(old.driver_version, str) and old.driver_version == new.driver_version
+    assert len(old.gpus) == len(new.gpus) and old.notes == new.notes
+    for o, n in zip(old.gpus, new.gpus):
+        assert (o.uuid, o.name, o.bus_id, o.minor, o.nvlinks, o.mig_enabled) == (
+            n.uuid, n.name, n.bus_id, n.minor, n.nvlinks, n.mig_enabled)
+        assert isinstance(o.uuid, str) and isinstance(o.name, str)
+        # v1 fabric fallback: same clique, no health mask in the old structure.
+        assert (o.fabric and (o.fabric.cluster_uuid, o.fabric.clique_id)) == (
+            n.fabric and (n.fabric.cluster_uuid, n.fabric.clique_id))
+        # MIG devices without attributes: identity, profile, placement and caps all still known.
+        assert [(m.gi_id, m.ci_id, m.profile, m.uuid, m.placement_start, m.placement_size, m.gi_cap_minor,
+                 m.ci_cap_minor) for m in o.mig_instances] == [
+            (m.gi_id, m.ci_id, m.profile, m.uuid, m.placement_start, m.placement_size, m.gi_cap_minor,
+             m.ci_cap_minor) for m in n.mig_instances]
+    if name == "h100-mig":
+        assert sum(len(g.mig_instances) for g in old.gpus) == 8
+
+
+def test_gpu_lost_mid_read_is_left_out_with_a_note() -> None:
+    """GPU_IS_LOST after the identity reads (during NVLink) drops that GPU only, saying which."""
+    sim = _sim("h100-sxm-8x")
+
+    class Losing:
+        def __getattr__(self, name: str):
+            real = getattr(sim, name)
+            if name != "nvmlDeviceGetNvLinkState":
+                return real
+
+            def state(h, link):
+                if h.key == "gpu3" and link == 2:
+                    raise NVMLError(nvml_constants.NVML_ERROR_GPU_IS_LOST)
+                return real(h, link)
+            return state
+
+    full = nvml.read_view(sim, mig_minors={})
+    view = nvml.read_view(Losing(), mig_minors={})
+    lost = full.gpus[3].bus_id
+    assert [g.bus_id for g in view.gpus] == [g.bus_id for g in full.gpus if g.bus_id != lost]
+    assert view.notes == (f"GPU {lost} unreadable: GPU is lost (NVML_ERROR_GPU_IS_LOST)",)
+
+
+def test_mig_profile_follows_slurms_lowercase_rule() -> None:
+    """gpu_nvml.c lower-cases the MIG device name and takes what follows ``mig_``."""
+    assert nvml.mig_profile_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb+me", None) == "1g.5gb+me"
+    assert nvml.mig_profile_name("NVIDIA H100 80GB HBM3 MIG 1C.2G.20GB", None) == "1c.2g.20gb"
+    with pytest.raises(ValueError):
+        nvml.mig_profile_name("NVIDIA H100 80GB HBM3", None)
