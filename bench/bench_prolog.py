@@ -89,14 +89,14 @@ def main() -> int:
             none_hook.append(_time(["/bin/sh", str(empty)], e) + _time(["/bin/sh", str(empty)], e))
             none_ours.append(_time(["/bin/sh", prolog], e) + _time(["/bin/sh", epilog], e))
             none_py.append(_time(["/bin/sh", str(pyhook)], e) + _time(["/bin/sh", str(pyhook)], e))
-        mps_total, mps_start, client = [], [], []
+        mps_total, mps_start, client, mps_pro, mps_epi = [], [], [], [], []
         for i in range(max(5, a.runs // 4)):
             jid = str(5000 + i)
             e = dict(env, SLURM_JOB_ID=jid, SPANK_SLURM_GPU_MPS="50")
             t = time.perf_counter()
-            _time(["/bin/sh", prolog], e)
+            mps_pro.append(_time(["/bin/sh", prolog], e))
             st = json.loads((base / "var" / "n1" / "jobs" / f"{jid}.json").read_text())
-            _time(["/bin/sh", epilog], e)
+            mps_epi.append(_time(["/bin/sh", epilog], e))
             mps_total.append(time.perf_counter() - t)
             mps_start.append(st["mps"]["start_s"])
         # one stand-in client call (the prolog makes 2: get_server_list, the
@@ -124,7 +124,8 @@ def main() -> int:
         tot, start, cl = med(mps_total), med(mps_start), med(client)
         own = tot - start - 2 * cl   # start_s already holds the first get_server_list
         print(f"job with --gpu-mps=50 (prolog+epilog, median of {len(mps_total)}):")
-        print(f"  total                             {tot:6.1f} ms")
+        print(f"  total                             {tot:6.1f} ms   (prolog {med(mps_pro):.1f}, "
+              f"epilog {med(mps_epi):.1f}; fastest run {min(mps_total) * 1000:.1f})")
         print(f"  daemon start (-d until answering) {start:6.1f} ms   (stand-in daemon + 1st client call)")
         print(f"  2 more control-client calls       {2 * cl:6.1f} ms   ({cl:.1f} ms each, stand-in; "
               "percentage, quit)")
