@@ -162,7 +162,34 @@ def run(opts: Options) -> Report:
     return rep
 
 
+LOCK_FILE = "health.lock"
+
+
 def _run(opts: Options) -> Report:
+    if opts.no_drain or not opts.state_dir:
+        return _run_locked(opts)
+    # One acting run at a time per node (slurmd's and an admin's): the state
+    # file and the cursors are read-modify-write.
+    import fcntl
+    os.makedirs(opts.state_dir, mode=0o755, exist_ok=True)
+    fd = os.open(os.path.join(opts.state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        t_end = time.monotonic() + 2.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > t_end:
+                    return Report(opts.node, [], "ok", ["another health check holds the lock"],
+                                  broken="another health check is running on this node")
+                time.sleep(0.05)
+        return _run_locked(opts)
+    finally:
+        os.close(fd)
+
+
+def _run_locked(opts: Options) -> Report:
     s = opts.settings
     deadline = time.monotonic() + (s.watchdog_seconds or 3600.0)
     checks = select_checks(opts.only, s)

@@ -273,3 +273,20 @@ def test_parent_slurmd_is_found_through_a_wrapper(tmp_path):
     ident = out.stdout.strip()
     assert re.fullmatch(r"\d+:\d+", ident), (out.stdout, out.stderr)
     assert engine.parent_slurmd() is None          # pytest is not run by slurmd
+
+
+def test_one_acting_run_at_a_time(tmp_path, slurm):
+    import fcntl
+    import os as _os
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    (tmp_path / "state").mkdir()
+    fd = _os.open(tmp_path / "state" / engine.LOCK_FILE, _os.O_RDWR | _os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        r = engine.run(opts(tmp_path, log))
+        assert r.broken and "another health check" in r.broken and slurm.calls == []
+        assert engine.run(opts(tmp_path, log, no_drain=True)).status == "drain"   # reports need no lock
+    finally:
+        _os.close(fd)
+    assert engine.run(opts(tmp_path, log)).action == "drain"
