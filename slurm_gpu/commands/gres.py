@@ -253,6 +253,21 @@ def gres_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return input_options(f)
 
 
+def node_notes(nodes: Mapping[str, Any]) -> list[str]:
+    """The hardware layer's notes (a GPU NVML could not read, no NVML at all), nodes folded.
+
+    A GPU left out of the model is left out of gres.conf too; the admin
+    must hear about it before ``apply`` writes a file without it.
+    """
+    from ..confgen import hostlist
+
+    by_note: dict[str, list[str]] = {}
+    for name, node in nodes.items():
+        for note in node.notes:
+            by_note.setdefault(note, []).append(name)
+    return [f"{hostlist.fold(names)}: {note}" for note, names in by_note.items()]
+
+
 def _render(kw: Mapping[str, Any]) -> tuple[str, Any, Any]:
     from ..confgen.gres import build_gres_view
     from ..confgen.templating import render
@@ -263,7 +278,7 @@ def _render(kw: Mapping[str, Any]) -> tuple[str, Any, Any]:
     if len(where) > 20:
         inputs.append(f"... and {len(where) - 20} more")
     view = build_gres_view(nodes, opts, inputs=inputs, where=where)
-    for note in view.notes:
+    for note in node_notes(nodes) + list(view.notes):
         click.echo(f"slurm-gpu: note: {note}", err=True)
     return render("gres.conf.j2", view.as_template_vars()), view, nodes
 

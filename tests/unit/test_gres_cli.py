@@ -139,3 +139,16 @@ def test_live_node_named_after_slurmd(monkeypatch, capsys) -> None:
     monkeypatch.setenv("SLURMD_NODENAME", "gpu042")
     rc, out, _ = run(capsys, "gres", "render")
     assert rc == 0 and "NodeName=gpu042 Name=gpu" in out and "# input: gpu042=live" in out
+
+
+def test_gpus_the_hardware_layer_left_out_are_reported(capsys, tmp_path: Path) -> None:
+    """A lost GPU is missing from gres.conf: stderr must say so, per folded node set."""
+    data = json.loads((ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json").read_text())
+    lost = "GPU index 3 unreadable: GPU is lost (NVML_ERROR_GPU_IS_LOST)"
+    data["node"]["gpus"] = [g for g in data["node"]["gpus"] if g["index"] != 3]
+    data["node"]["notes"] = [lost]
+    for n in ("n1", "n2"):
+        (tmp_path / f"{n}.json").write_text(json.dumps(data))
+    rc, out, err = run(capsys, "gres", "render", "--snapshot", str(tmp_path))
+    assert rc == 0 and out.count("Name=gpu ") == 7
+    assert f"slurm-gpu: note: n[1-2]: {lost}\n" in err
