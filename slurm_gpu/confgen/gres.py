@@ -23,14 +23,6 @@ from .nodeline import SocketLayout, gres_counts, node_line, socket_layout
 
 GENERATOR = "slurm-gpu gres render"
 
-# /proc/driver/nvidia-caps/mig-minors, as the driver lays it out: "config 1",
-# "monitor 2", then per GPU minor 15 GPU instances x (1 GI access + 8 CI
-# access) = 135 minors starting at 3.  Checked against real slurmd output
-# (stackhpc: GPU 2 GI 2 -> cap291; deepops: GI 12 CI 0 -> cap111/cap112).
-_MIG_CAP_BASE = 3
-_MIG_CAPS_PER_GI = 9
-_MIG_GIS_PER_GPU = 15
-
 
 @dataclass(frozen=True)
 class GresOptions:
@@ -78,8 +70,8 @@ class GresLine:
 
 def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     """The nvidia-caps minors of a GI and CI when the model does not carry them."""
-    gi = _MIG_CAP_BASE + (gpu_minor * _MIG_GIS_PER_GPU + gi_id) * _MIG_CAPS_PER_GI
-    return gi, gi + 1 + ci_id
+    from ..hw.nvml import mig_cap_minor
+    return mig_cap_minor(gpu_minor, gi_id), mig_cap_minor(gpu_minor, gi_id, ci_id)
 
 
 def _links(gpus_by_bus: Sequence[Gpu], me: Gpu) -> tuple[int, ...]:

@@ -103,6 +103,21 @@ class _Reader:
             raise
 
 
+# /proc/driver/nvidia-caps/mig-minors as the driver lays it out: "config 1",
+# "monitor 2", then per GPU minor 15 GPU instances x (1 GI access + 8 CI
+# access) = 135 minors starting at 3.  Checked against real slurmd output
+# (stackhpc: GPU 2 GI 2 -> cap291; deepops: GI 12 CI 0 -> cap111/cap112).
+MIG_CAP_BASE = 3
+MIG_CAPS_PER_GI = 9
+MIG_GIS_PER_GPU = 15
+
+
+def mig_cap_minor(gpu_minor: int, gi_id: int, ci_id: int | None = None) -> int:
+    """The nvidia-caps minor of ``gpu<minor>/gi<id>[/ci<id>]/access`` in the driver's layout."""
+    gi = MIG_CAP_BASE + (gpu_minor * MIG_GIS_PER_GPU + gi_id) * MIG_CAPS_PER_GI
+    return gi if ci_id is None else gi + 1 + ci_id
+
+
 def parse_mig_minors(text: str) -> dict[str, int]:
     """``/proc/driver/nvidia-caps/mig-minors`` -> ``{"gpu0/gi1/access": 12, ...}``."""
     out: dict[str, int] = {}

@@ -29,10 +29,11 @@ from typing import Any, Iterator, Mapping
 
 from ..hw import nvml_constants as C
 from ..hw.model import normalize_bus_id
+from ..hw.nvml import MIG_CAPS_PER_GI, MIG_GIS_PER_GPU, mig_cap_minor
 from ..hw.nvml_replay import (Handle, NVMLError, NvmlStruct, NvmlSurface, error_code, fill_struct)
 from .state import MemoryState, StateFile, new_state
 
-MIG_MINORS_PER_GPU = 135      # 15 GIs x (1 GI access + 8 CI access entries)
+MIG_MINORS_PER_GPU = MIG_GIS_PER_GPU * MIG_CAPS_PER_GI   # 135: 15 GIs x (1 GI + 8 CI access entries)
 MIG_MAX_GPUS = 32
 
 
@@ -63,10 +64,8 @@ def mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:
     return f"MIG-{u}"
 
 
-def mig_minor(gpu_minor: int, gi_id: int, ci_id: int | None = None) -> int:
-    """The /dev/nvidia-caps minor for ``gpuN/giG[/ciC]/access`` (driver's numbering)."""
-    base = 3 + gpu_minor * MIG_MINORS_PER_GPU + gi_id * 9
-    return base if ci_id is None else base + 1 + ci_id
+# The /dev/nvidia-caps minor for ``gpuN/giG[/ciC]/access`` (driver's numbering).
+mig_minor = mig_cap_minor
 
 
 def mig_minors_text(gpu_count: int = MIG_MAX_GPUS) -> str:
