@@ -315,6 +315,28 @@ def _read(path: str) -> str:
         raise InputError(f"cannot read {Path(path).name}: {e.strerror}", path) from None
 
 
+def replace_config(config: str, text: str, old: str | None, *, backup: bool) -> str:
+    """Atomically replace a Slurm config file; return the path written.
+
+    Follows a symlink (``/etc/slurm/gres.conf`` -> a shared copy) instead of
+    replacing the link with a plain file, and keeps the file's mode and
+    owner (slurm.conf(5) files are often ``0640 root:slurm``).  The previous
+    text goes to ``<file>.bak`` beside the real file first.
+    """
+    from ..fsutil import atomic_write
+
+    target = os.path.realpath(config)
+    try:
+        st = os.stat(target)
+        mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
+    except FileNotFoundError:
+        mode, uid, gid = 0o644, None, None
+    if old is not None and backup:
+        atomic_write(target + ".bak", old, mode=mode, uid=uid, gid=gid)
+    atomic_write(target, text, mode=mode, uid=uid, gid=gid)
+    return target
+
+
 @gres.command()
 @gres_options
 @click.option("--config", "config", required=True, metavar="PATH", help="Existing gres.conf to check.")
@@ -342,7 +364,6 @@ def check(ctx: click.Context, config: str, **kw: Any) -> None:
 def apply(config: str, no_backup: bool, **kw: Any) -> None:
     """Write gres.conf when it changed (atomic, backup), then say what to restart."""
     from ..confgen.grescheck import parse_gres_conf, restart_advice
-    from ..fsutil import atomic_write
 
     text, _, _ = _render(kw)
     old = _read(config) if os.path.exists(config) else None
@@ -351,10 +372,8 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
         return
     wanted = parse_gres_conf(text.splitlines(True), "generated")
     current = parse_gres_conf(old.splitlines(True), config) if old is not None else {}
-    if old is not None and not no_backup:
-        atomic_write(config + ".bak", old, mode=0o644)
-    atomic_write(config, text, mode=0o644)
-    click.echo(f"slurm-gpu: wrote {config}" + (f" (previous kept as {config}.bak)" if old is not None
+    target = replace_config(config, text, old, backup=not no_backup)
+    click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
                                                and not no_backup else ""))
     for line in restart_advice(current, wanted):
         click.echo(line)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import click
 
 from ..errors import UsageError
-from .gres import _read, input_options, load_nodes
+from .gres import _read, input_options, load_nodes, replace_config
 
 
 def topo_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -137,7 +137,6 @@ def check(ctx: click.Context, config: str, **kw: Any) -> None:
 def apply(config: str, no_backup: bool, **kw: Any) -> None:
     """Write the topology file when it changed (atomic, backup), then say how to reload."""
     from ..confgen import topocheck
-    from ..fsutil import atomic_write
 
     kw["fmt"] = _fmt_of(config, kw["fmt"])
     text = _render(kw)
@@ -147,10 +146,9 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
         return
     same = old is not None and not topocheck.compare(_meaning(old, config, kw["fmt"]),
                                                       _meaning(text, "generated", kw["fmt"]))
-    if old is not None and not no_backup:
-        atomic_write(config + ".bak", old)
-    atomic_write(config, text)
-    click.echo(f"slurm-gpu: wrote {config}")
+    target = replace_config(config, text, old, backup=not no_backup)
+    click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
+                                               and not no_backup else ""))
     if same:
         click.echo("slurm-gpu: topology meaning unchanged (comments only): nothing to reload")
     else:

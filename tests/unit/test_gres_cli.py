@@ -152,3 +152,24 @@ def test_gpus_the_hardware_layer_left_out_are_reported(capsys, tmp_path: Path) -
     rc, out, err = run(capsys, "gres", "render", "--snapshot", str(tmp_path))
     assert rc == 0 and out.count("Name=gpu ") == 7
     assert f"slurm-gpu: note: n[1-2]: {lost}\n" in err
+
+
+@pytest.mark.parametrize("cmd", ["gres", "topology"])
+def test_apply_follows_symlink_and_keeps_mode(tmp_path: Path, capsys, cmd: str) -> None:
+    """/etc/slurm/gres.conf -> a shared copy stays a link; 0640 stays 0640."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    real = shared / f"{cmd}.conf"
+    real.write_text("# old\n")
+    os.chmod(real, 0o640)
+    link = tmp_path / f"{cmd}.conf"
+    link.symlink_to(real)
+    inputs = (["--hwloc-xml", XML, "--node", "d"] if cmd == "gres" else
+              ["--ibnetdiscover", str(ROOT / "tests" / "data" / "ibnetdiscover" / "topograph-example.out")])
+    rc, out, _ = run(capsys, cmd, "apply", "--config", str(link), *inputs)
+    assert rc == 0 and f"wrote {real} (previous kept as {real}.bak)" in out
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert "Name=gpu" in real.read_text() or "SwitchName=" in real.read_text()
+    assert (shared / f"{cmd}.conf.bak").read_text() == "# old\n"
+    assert os.stat(real).st_mode & 0o7777 == 0o640 and os.stat(f"{real}.bak").st_mode & 0o7777 == 0o640
+    assert not (tmp_path / f"{cmd}.conf.bak").exists()
