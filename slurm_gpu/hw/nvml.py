@@ -222,6 +222,8 @@ def _read_nvlinks(r: _Reader, h: Any, gpu_buses: set[str]) -> tuple[NvLink, ...]
         pci = r.maybe("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
         peer = normalize_bus_id(_s(pci.busId)) if pci is not None and _s(pci.busId) else ""
         kind_code = r.maybe("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+        if kind_code == getattr(api, "NVML_NVLINK_DEVICE_TYPE_UNKNOWN", 0xFF):
+            kind_code = None  # the driver could not tell: judge by the remote PCI address, as Slurm does
         if kind_code == api.NVML_NVLINK_DEVICE_TYPE_GPU or (kind_code is None and peer in gpu_buses):
             kind = PEER_GPU
         elif kind_code == api.NVML_NVLINK_DEVICE_TYPE_IBMNPU:

@@ -284,3 +284,21 @@ def test_mig_profile_follows_slurms_lowercase_rule() -> None:
     assert nvml.mig_profile_name("NVIDIA H100 80GB HBM3 MIG 1C.2G.20GB", None) == "1c.2g.20gb"
     with pytest.raises(ValueError):
         nvml.mig_profile_name("NVIDIA H100 80GB HBM3", None)
+
+
+@pytest.mark.parametrize("name", ["mini-2numa", "h100-sxm-8x"])
+def test_remote_type_unknown_is_judged_by_pci_address(name: str) -> None:
+    """A driver answering NVLINK_DEVICE_TYPE_UNKNOWN: a peer at a local GPU's address is a GPU, else a switch."""
+    sim = _sim(name)
+
+    class Unknown:
+        def __getattr__(self, attr: str):
+            if attr == "nvmlDeviceGetNvLinkRemoteDeviceType":
+                return lambda h, link: nvml_constants.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+            return getattr(sim, attr)
+
+    expected = nvml.read_view(sim, mig_minors={})
+    got = nvml.read_view(Unknown(), mig_minors={})
+    assert [g.nvlinks for g in got.gpus] == [g.nvlinks for g in expected.gpus]
+    kinds = {l.peer_kind for g in got.gpus for l in g.nvlinks}
+    assert kinds == ({"gpu"} if name == "mini-2numa" else {"nvswitch"})
