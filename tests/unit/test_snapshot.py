@@ -24,6 +24,18 @@ def test_every_constructed_machine_has_a_snapshot() -> None:
 
 
 @pytest.mark.parametrize("name", SNAPSHOT_MACHINES)
+def test_nvswitch_addresses_are_no_other_pci_device(name: str) -> None:
+    """A constructed NVSwitch must not sit at a GPU's (or any hwloc PCI device's) address:
+    the adapter tells GPU peers from switches by address when the driver cannot say."""
+    import re
+    node = snap.load_node(str(MACHINES_DIR / name / "snapshot.json"))
+    xml = snap.read_snapshot(str(MACHINES_DIR / name / "snapshot.json"))["hwloc_xml"]
+    taken = {g.pci_bus_id for g in node.gpus} | {b.lower() for b in re.findall(r'pci_busid="([^"]+)"', xml)}
+    switches = {l.peer for g in node.gpus for l in g.nvlinks if l.peer_kind == "nvswitch" and ":" in l.peer}
+    assert not switches & taken
+
+
+@pytest.mark.parametrize("name", SNAPSHOT_MACHINES)
 def test_replay_equals_recorded_model(name: str) -> None:
     path = str(MACHINES_DIR / name / "snapshot.json")
     fast = snap.load_node(path)
