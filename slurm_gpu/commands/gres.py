@@ -371,9 +371,18 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
         click.echo(f"slurm-gpu: {config} is up to date; nothing written")
         return
     wanted = parse_gres_conf(text.splitlines(True), "generated")
-    current = parse_gres_conf(old.splitlines(True), config) if old is not None else {}
+    understood = True
+    try:
+        current = parse_gres_conf(old.splitlines(True), config) if old is not None else {}
+    except InputError as e:
+        # Replacing a broken or hand-made file is what apply is for; only the
+        # advice gets coarser (treat every device as new).
+        click.echo(f"slurm-gpu: note: previous file not understood: {e.what} ({e.where})", err=True)
+        current, understood = {}, False
     target = replace_config(config, text, old, backup=not no_backup)
     click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
                                                and not no_backup else ""))
     for line in restart_advice(current, wanted):
         click.echo(line)
+    if not understood:
+        click.echo("slurm-gpu: the previous file could not be compared: restart slurmctld too")

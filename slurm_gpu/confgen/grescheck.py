@@ -50,6 +50,7 @@ def _count(text: str, where: str) -> int:
 def parse_gres_conf(lines: Iterable[str], source: str = "gres.conf") -> dict[str, NodeGres]:
     """Node name (or ``*`` for lines without NodeName) -> its GRES."""
     nodes: dict[str, NodeGres] = defaultdict(NodeGres)
+    first_seen: dict[tuple[str, str, str], str] = {}   # (node, name, files) -> where
     for rec in records(lines, source):
         where = f"{source}:{rec.line}"
         for k, _ in rec.fields:
@@ -93,6 +94,11 @@ def parse_gres_conf(lines: Iterable[str], source: str = "gres.conf") -> dict[str
             ng = nodes[n]
             if name in ("gpu", "nic") or (keys and count is None):
                 for k in keys:
+                    # Slurm would count the device twice; a later line must not silently win.
+                    seen = first_seen.setdefault((n, name, k), where)
+                    if seen != where:
+                        raise InputError(f"{name} device {k} of node {n} defined twice (first at {seen})",
+                                         where)
                     ng.devices[(name, k)] = Device(name, gtype, cores, links)
                 if not keys:
                     ng.counts[(name, gtype or "")] = ng.counts.get((name, gtype or ""), 0) + (count or 1)

@@ -173,3 +173,23 @@ def test_apply_follows_symlink_and_keeps_mode(tmp_path: Path, capsys, cmd: str) 
     assert (shared / f"{cmd}.conf.bak").read_text() == "# old\n"
     assert os.stat(real).st_mode & 0o7777 == 0o640 and os.stat(f"{real}.bak").st_mode & 0o7777 == 0o640
     assert not (tmp_path / f"{cmd}.conf.bak").exists()
+
+
+def test_check_flags_a_device_defined_twice(tmp_path: Path, capsys) -> None:
+    conf = tmp_path / "gres.conf"
+    conf.write_text("NodeName=d Name=gpu File=/dev/nvidia[0-1]\nNodeName=d Name=gpu Type=x File=/dev/nvidia1\n")
+    rc, out, err = run(capsys, "gres", "check", "--config", str(conf), "--hwloc-xml", XML, "--node", "d")
+    assert rc == 1 and out == ""
+    assert err.splitlines()[-1] == (f"slurm-gpu: gpu device /dev/nvidia1 of node d defined twice "
+                                    f"(first at {conf}:1) ({conf}:2)")
+
+
+def test_apply_replaces_a_file_it_cannot_parse(tmp_path: Path, capsys) -> None:
+    """A hand-made gres.conf with an Include (or a duplicate) is what apply should replace, not refuse."""
+    conf = tmp_path / "gres.conf"
+    conf.write_text("Include /etc/slurm/gres.d/site.conf\n")
+    rc, out, err = run(capsys, "gres", "apply", "--config", str(conf), "--hwloc-xml", XML, "--node", "d")
+    assert rc == 0 and f"wrote {conf}" in out and "restart slurmd" in out and "restart slurmctld too" in out
+    assert f"slurm-gpu: note: previous file not understood: expected key=value, got 'Include' ({conf}:1)" in err
+    assert "Name=gpu" in conf.read_text()
+    assert (tmp_path / "gres.conf.bak").read_text() == "Include /etc/slurm/gres.d/site.conf\n"
