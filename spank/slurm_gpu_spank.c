@@ -31,7 +31,6 @@ SPANK_PLUGIN(slurm_gpu, 1)
 
 /* Keep in sync with slurm_gpu/spank/dispatch.py (HOOKS). */
 #define SG_HOOK_INIT_POST_OPT 1
-#define SG_HOOK_USER_INIT     2
 #define SG_HOOK_TASK_PRIV     3
 #define SG_HOOK_TASK_INIT     4
 
@@ -324,6 +323,20 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
     spank_context_t ctx = spank_context();
+    if (ctx == S_CTX_REMOTE) {
+        /*
+         * The step's Python work starts here, not in user_init: slurmstepd
+         * calls init_post_opt as root in its own working directory, but
+         * user_init only after it has switched its effective uid to the job
+         * user and chdir()ed into the job's directory.  Reading the node's
+         * config and the root-only cache in /run needs root, and nothing
+         * of the job user's should be in play while the interpreter starts.
+         */
+        sg_py_wanted = sg_step_needs_python(sp, ac, av);
+        if (!sg_py_wanted)
+            return 0;
+        return sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av);
+    }
     if ((ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR) || !sg_any_option())
         return 0;
     return sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av);
@@ -331,14 +344,11 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
+    (void) ac;
+    (void) av;
     if (spank_context() != S_CTX_REMOTE)
         return 0;
-    if (sg_export_options(sp) != 0)
-        return -1;
-    sg_py_wanted = sg_step_needs_python(sp, ac, av);
-    if (!sg_py_wanted)
-        return 0;
-    return sg_forward("user_init", SG_HOOK_USER_INIT, sp, ac, av);
+    return sg_export_options(sp);
 }
 
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 # Hook ids shared with spank/slurm_gpu_spank.c (SG_HOOK_*).
-HOOKS = {1: "init_post_opt", 2: "user_init", 3: "task_init_privileged", 4: "task_init"}
+# (2 was user_init: the remote work moved to init_post_opt, which runs as root.)
+HOOKS = {1: "init_post_opt", 3: "task_init_privileged", 4: "task_init"}
 
 
 def _route(context: str) -> Any:

@@ -1,15 +1,16 @@
 """slurmstepd (S_CTX_REMOTE): per-task binding, tuning and environment.
 
 The C shim calls in here only for steps that need it (an option was given,
-or NUMA binding is on and the step holds GPUs).  ``user_init`` runs once per
-step in the slurmstepd parent (root) and gets the node's facts (settings,
-GPU locality) from :mod:`.nodecache`; the task children inherit them
-through fork, so ``task_init`` (as the job user) only plans and applies.
+or NUMA binding is on and the step holds GPUs).  ``init_post_opt`` runs once
+per step in the slurmstepd parent, as root and before slurmstepd switches its
+effective uid to the job user for ``user_init``, and gets the node's facts
+(settings, GPU locality) from :mod:`.nodecache`; the task children inherit
+them through fork, so ``task_init`` (as the job user) only plans and applies.
 ``task_init_privileged`` (root) raises the hard memlock limit, which the
 user cannot.
 
-Errors found in ``user_init`` are logged there and reported again by each
-task's ``task_init``: its stderr is the job's, so the user sees the
+Errors found in ``init_post_opt`` are logged there (slurmd's log: the step's
+output is not connected yet) and reported again by each task's ``task_init``: its stderr is the job's, so the user sees the
 ``slurm-gpu:`` line and the task fails.  This module is imported in every
 bound step: it imports only what that path needs.
 """
@@ -31,7 +32,7 @@ _GPU_ENV = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_
 
 
 class Step:
-    """What user_init found, inherited by every task of the step."""
+    """What init_post_opt found, inherited by every task of the step."""
 
     def __init__(self, numa: NumaBind, profile: str | None = None, mps: str | None = None,
                  mig: str | None = None, facts: dict[str, Any] | None = None,
@@ -55,7 +56,7 @@ def _load_step(spank: Any) -> Step:
         # own environment, never the task's
         os.environ["SLURM_GPU_CONFIG"] = args.config
     # slurmstepd's own environment has slurmd's node name; the job's
-    # environment does not have it yet at user_init, so a SLURMD_NODENAME
+    # environment does not have it yet at init_post_opt, so a SLURMD_NODENAME
     # there came from the user and must not steer root's paths (%n)
     hostname = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     os.environ["SLURMD_NODENAME"] = hostname
@@ -75,8 +76,12 @@ def _load_step(spank: Any) -> Step:
     return step
 
 
-def user_init(spank: Any) -> int:
-    """Once per step, in slurmstepd: settings and GPU locality."""
+def init_post_opt(spank: Any) -> int:
+    """Once per step, in slurmstepd as root: settings and GPU locality.
+
+    Never fails the hook: a -1 here would fail a batch step's launch, which
+    makes slurmctld drain the node.  Each task reports the error instead.
+    """
     global _step
     try:
         _step = _load_step(spank)
@@ -84,7 +89,7 @@ def user_init(spank: Any) -> int:
         _step = Step(NumaBind("off"), error=e)
         spank.error(e.line())
     except Exception as e:  # noqa: BLE001 - reported per task below
-        err = SlurmGpuError(f"internal error in user_init: {type(e).__name__}: {e}")
+        err = SlurmGpuError(f"internal error in init_post_opt: {type(e).__name__}: {e}")
         _step = Step(NumaBind("off"), error=err)
         spank.error(err.line())
     return 0
@@ -108,7 +113,7 @@ def task_init(spank: Any) -> int:
     """In the task's child, as the job user, just before exec."""
     step = _step
     if step is None:
-        raise SlurmGpuError("plugin state missing in task_init (user_init did not run)")
+        raise SlurmGpuError("plugin state missing in task_init (init_post_opt did not run)")
     if step.error is not None:
         raise step.error
     task = spank.item_int("S_TASK_ID")

@@ -296,3 +296,24 @@ def test_bad_values_fail_before_submission(cluster):
             assert "Traceback" not in res.stderr
     after = _next_jobid(cluster)
     assert after == before + 1, f"{after - before - 1} job(s) were submitted by bad options"
+
+
+def test_node_cache_serves_job_users(cluster):
+    """The per-node cache is read and written as root, also for a job user's step.
+
+    slurmstepd runs user_init with the job user's effective uid; work done
+    there could neither read nor write the root-only cache, so every step of
+    every non-root user paid for a TOML parse and a node-model load.
+    """
+    from slurm_gpu.spank import nodecache
+    cfg = str(cluster.dir / "etc" / "slurm-gpu.toml")
+    node = cluster.nodes[0]
+    cache = Path(nodecache.cache_file(cfg, node))
+    cache.unlink(missing_ok=True)
+    res = cluster.srun("--gpus=1", "--gpu-numa-bind=strict", "true", user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    assert cache.is_file(), "a job user's bound step did not build the node cache"
+    st = cache.stat()
+    assert st.st_uid == 0 and st.st_mode & 0o777 == 0o600
+    data = nodecache.load(cfg, node)
+    assert data is not None and data["gpus"], data

@@ -91,7 +91,7 @@ def test_unexpected_exception_is_caught_with_slurm_gpu_prefix(monkeypatch):
 
 def test_contexts_without_work_do_nothing():
     for ctx in ("slurmd", "job_script", "error"):
-        assert dispatch.run_hook(FakeSpank(ctx), "user_init") == 0
+        assert dispatch.run_hook(FakeSpank(ctx), "init_post_opt") == 0
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def test_remote_binds_each_task_to_its_gpu(applied, capfd, monkeypatch):
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
     parent = FakeSpank("remote", {options.NUMA_BIND: "strict,verbose"}, env, ntasks=2)
-    assert dispatch.run_hook(parent, "user_init") == 0
+    assert dispatch.run_hook(parent, "init_post_opt") == 0
     task1 = FakeSpank("remote", parent.values, env, task=1, ntasks=2)
     assert dispatch.run_hook(task1, "task_init") == 0, task1.errors
     assert applied["cpus"] == (2, 3)
@@ -135,7 +135,7 @@ def test_remote_binds_each_task_to_its_gpu(applied, capfd, monkeypatch):
 def test_remote_admin_default_prefer_applies_without_option(applied):
     env = {"SLURM_STEP_GPUS": "0"}
     sp = FakeSpank("remote", {}, env, args=["numa_bind=prefer"])
-    assert dispatch.run_hook(sp, "user_init") == 0
+    assert dispatch.run_hook(sp, "init_post_opt") == 0
     assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert applied["mempolicy"] == (effects.MPOL_PREFERRED, (0,))
 
@@ -144,7 +144,7 @@ def test_remote_strict_impossible_fails_task(applied, monkeypatch):
     monkeypatch.setattr(effects, "allowed_cpus", lambda: (0,))
     env = {"SLURM_STEP_GPUS": "1"}
     sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, env)
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     assert dispatch.run_hook(sp, "task_init") == -1
     assert sp.errors[0].startswith("slurm-gpu: gpu-numa-bind=strict impossible")
     assert "cpus" not in applied
@@ -155,7 +155,7 @@ def test_remote_config_error_reaches_every_task(applied, tmp_path, monkeypatch):
     bad.write_text("[spank]\nno_such_key = 1\n")
     sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, {"SLURM_STEP_GPUS": "0"},
                    args=[f"config={bad}"])
-    assert dispatch.run_hook(sp, "user_init") == 0      # logged, reported per task
+    assert dispatch.run_hook(sp, "init_post_opt") == 0      # logged, reported per task
     assert "unknown config key spank.no_such_key" in sp.errors[0]
     assert dispatch.run_hook(sp, "task_init") == -1
     assert sp.errors[-1] == sp.errors[0]
@@ -163,7 +163,7 @@ def test_remote_config_error_reaches_every_task(applied, tmp_path, monkeypatch):
 
 def test_remote_profiles(applied):
     sp = FakeSpank("remote", {options.PROFILE: "inference"}, {"SLURM_RLIMIT_MEMLOCK": "65536"})
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     assert dispatch.run_hook(sp, "task_init_privileged") == 0
     assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert applied["thp"] == "off"
@@ -173,7 +173,7 @@ def test_remote_profiles(applied):
 
     applied.clear()
     sp = FakeSpank("remote", {options.PROFILE: "training"})
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     assert dispatch.run_hook(sp, "task_init") == 0
     assert "thp" not in applied
 
@@ -184,13 +184,13 @@ def test_allocator_preload_only_when_library_exists(applied, tmp_path, monkeypat
     cfg.write_text(f'[spank]\nallocator_preload = "{lib}"\n'
                    '[spank.allocator_env]\nMALLOC_CONF = "background_thread:true"\n')
     sp = FakeSpank("remote", {options.PROFILE: "training"}, args=[f"config={cfg}"])
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     dispatch.run_hook(sp, "task_init")
     assert "LD_PRELOAD" not in sp.env and "MALLOC_CONF" not in sp.env
     lib.write_bytes(b"")
     sp = FakeSpank("remote", {options.PROFILE: "training"}, {"LD_PRELOAD": "/x.so"},
                    args=[f"config={cfg}"])
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     dispatch.run_hook(sp, "task_init")
     assert sp.env["LD_PRELOAD"] == f"{lib} /x.so"
     assert sp.env["MALLOC_CONF"] == "background_thread:true"
@@ -206,13 +206,13 @@ def test_mps_task_env_comes_from_job_state(applied, tmp_path, monkeypatch):
     monkeypatch.setenv("SLURMD_NODENAME", "n3")          # slurmstepd's own environment
     sp = FakeSpank("remote", {options.MPS: "default"}, {"SLURMD_NODENAME": "../evil"},
                    args=[f"config={cfg}"], task=1, ntasks=2)  # the job's: user-controlled
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert sp.env["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_path}/var/n3/7/1"
 
     monkeypatch.setattr(jobstate, "load", lambda d, jobid: None)
     sp = FakeSpank("remote", {options.MPS: "default"}, args=[f"config={cfg}"])
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     assert dispatch.run_hook(sp, "task_init") == -1
     assert "no GPU state for job 7" in sp.errors[0]
 
@@ -276,7 +276,7 @@ def test_node_facts_are_cached_until_the_config_changes(applied, tmp_path):
     env = {"SLURM_STEP_GPUS": "0"}
     for _ in range(3):
         sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, env)
-        assert dispatch.run_hook(sp, "user_init") == 0, sp.errors
+        assert dispatch.run_hook(sp, "init_post_opt") == 0, sp.errors
         assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert len(applied["loads"]) == 1
     assert len(list((tmp_path / "cache").iterdir())) == 1
@@ -284,12 +284,12 @@ def test_node_facts_are_cached_until_the_config_changes(applied, tmp_path):
     cfg.write_text(cfg.read_text() + "# touched\n")
     os.utime(cfg, ns=(1, 1))
     sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, env)
-    dispatch.run_hook(sp, "user_init")
+    dispatch.run_hook(sp, "init_post_opt")
     assert len(applied["loads"]) == 2
     # a step without GPUs or binding does not need (or load) the model
     sp = FakeSpank("remote", {options.PROFILE: "training"}, {})
     nodecache_files = set((tmp_path / "cache").iterdir())
-    assert dispatch.run_hook(sp, "user_init") == 0 and len(applied["loads"]) == 2
+    assert dispatch.run_hook(sp, "init_post_opt") == 0 and len(applied["loads"]) == 2
     assert set((tmp_path / "cache").iterdir()) == nodecache_files
 
 

@@ -107,7 +107,7 @@ def test_shim_agrees_with_python_ids_and_keys():
     assert re.findall(r'"(\w+)"', keys) == list(o.PLUGSTACK_KEYS)
     from slurm_gpu.spank import dispatch
     for hook_id, name in dispatch.HOOKS.items():
-        const = "SG_HOOK_" + {"init_post_opt": "INIT_POST_OPT", "user_init": "USER_INIT",
+        const = "SG_HOOK_" + {"init_post_opt": "INIT_POST_OPT",
                               "task_init_privileged": "TASK_PRIV", "task_init": "TASK_INIT"}[name]
         assert re.search(rf"#define {const}\s+{hook_id}\b", c)
 
