@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .gres import _read, input_options, load_nodes, replace_config
 
 
@@ -144,8 +144,13 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
     if old == text:
         click.echo(f"slurm-gpu: {config} is up to date; nothing written")
         return
-    same = old is not None and not topocheck.compare(_meaning(old, config, kw["fmt"]),
-                                                      _meaning(text, "generated", kw["fmt"]))
+    wanted = _meaning(text, "generated", kw["fmt"])
+    try:
+        same = old is not None and not topocheck.compare(_meaning(old, config, kw["fmt"]), wanted)
+    except InputError as e:
+        # A broken or hand-made previous file is what apply is for: replace it.
+        click.echo(f"slurm-gpu: note: previous file not understood: {e.what} ({e.where})", err=True)
+        same = False
     target = replace_config(config, text, old, backup=not no_backup)
     click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
                                                and not no_backup else ""))

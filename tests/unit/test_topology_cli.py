@@ -68,3 +68,13 @@ def test_usage_errors(capsys) -> None:
     assert rc == 2 and err.startswith("slurm-gpu: nothing to render")
     rc, _, err = run(capsys, "topology", "render", "--plugin", "block", "--ibnetdiscover", DUMP)
     assert rc == 2 and "snapshots" in err
+
+
+def test_apply_replaces_a_file_it_cannot_parse(tmp_path: Path, capsys) -> None:
+    conf = tmp_path / "topology.conf"
+    conf.write_text("SwitchName=s1 Nodes=n[1-\n")
+    rc, out, err = run(capsys, "topology", "apply", "--ibnetdiscover", DUMP, "--config", str(conf))
+    assert rc == 0 and f"wrote {conf}" in out and "scontrol reconfigure" in out
+    assert "slurm-gpu: note: previous file not understood: " in err and f"({conf}:1)" in err
+    assert "SwitchName=" in conf.read_text() and "n[1-" not in conf.read_text()
+    assert (tmp_path / "topology.conf.bak").read_text() == "SwitchName=s1 Nodes=n[1-\n"
