@@ -41,7 +41,8 @@ def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: 
         source = f"sim:{sim_state}"
         if xml is None:
             xml = api.state.get("hwloc_xml")
-    data = snap.record(api=api, hwloc_xml=xml, hostname=hostname, mig_minors=mig_minors, source=source)
+    data = snap.record(api=api, hwloc_xml=xml, hostname=hostname, mig_minors=mig_minors, source=source,
+                       hwloc_source=hwloc_xml)
     snap.write(output, data)
     node = data["node"]
     click.echo(f"slurm-gpu: recorded {len(node['gpus'])} GPU(s), {len(data['nvml']['calls'])} NVML answers "

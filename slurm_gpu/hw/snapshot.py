@@ -117,11 +117,16 @@ def replay_api(data: Mapping[str, Any], path: str, overlay: Mapping[str, Any] | 
 
 
 def replay(data: Mapping[str, Any], path: str, *, overlay: Mapping[str, Any] | None = None,
-           overlay_source: str = "overlay", sources: tuple[str, ...] | None = None) -> Node:
-    """Rebuild the node from the recorded answers through the real adapters."""
+           overlay_source: str = "overlay", sources: tuple[str, ...] | None = None,
+           xml_source: str | None = None) -> Node:
+    """Rebuild the node from the recorded answers through the real adapters.
+
+    *xml_source* names the XML in error messages when it came from a file of
+    its own (``snapshot record --hwloc-xml``) rather than from *path*.
+    """
     from . import hwloc
     cpu = hwloc.read_cpu_view(xml_text=data["hwloc_xml"], hostname=data["hostname"],
-                              source=f"{path}: hwloc_xml")
+                              source=xml_source or f"{path}: hwloc_xml")
     api = replay_api(data, path, overlay, overlay_source)
     minors = data["nvml"].get("mig_minors") or {}
     return derive_node(cpu, api, mig_minors=minors, sources=sources or (f"snapshot:{path}",), init=True)
@@ -151,12 +156,13 @@ def derive_node(cpu: Any, api: Any, *, mig_minors: Any, sources: tuple[str, ...]
 
 def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | None = None,
            mig_minors: Mapping[str, int] | None = None, source: str = "live",
-           init_error: int | None = None) -> dict[str, Any]:
+           init_error: int | None = None, hwloc_source: str | None = None) -> dict[str, Any]:
     """Record this machine (or *api*, e.g. the simulator) as snapshot data.
 
     *api* must already be initialised; with *api* None the real NVML is
     opened, and a machine without a usable driver is recorded as such
-    (``nvmlInit`` failing with its error code).
+    (``nvmlInit`` failing with its error code).  *hwloc_source* names the
+    file *hwloc_xml* was read from, for error messages.
     """
     from . import nvml
     from .nvml_record import RecordingNvml
@@ -199,7 +205,7 @@ def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | Non
         "nvml": {"calls": calls, "mig_minors": dict(sorted(used_minors.items()))},
         "hwloc_xml": hwloc_xml,
     }
-    node = replay(data, "<recording>")
+    node = replay(data, "<recording>", xml_source=hwloc_source)
     data["node"] = node.to_dict()
     return data
 

@@ -185,6 +185,20 @@ def test_cli_record_sim_and_show_overlay(tmp_path: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().err.startswith(f"slurm-gpu: bad overlay JSON: ")
 
 
+def test_cli_record_bad_hwloc_xml_names_that_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slurm_gpu.cli import main
+    from slurm_gpu.sim import init_state
+    state = tmp_path / "state.json"
+    init_state(str(MACHINES_DIR / "mini-2numa" / "facts.json"), str(state))
+    bad = tmp_path / "cut.xml"
+    bad.write_text('<?xml version="1.0"?>\n<topology version="2.0">\n<object type="Machine"')
+    out = tmp_path / "rec.json"
+    assert main(["snapshot", "record", "--sim", str(state), "--hwloc-xml", str(bad), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("slurm-gpu: malformed hwloc XML") and f"({bad} line " in err
+    assert not out.exists()
+
+
 def test_node_config_snapshot_and_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_gpu import config
     from slurm_gpu.hw import live
