@@ -15,6 +15,7 @@
 #include <slurm/spank.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -243,19 +244,38 @@ static int sg_env_nonempty(spank_t sp, const char *name)
     return (rc == ESPANK_SUCCESS && buf[0]) || rc == ESPANK_NOSPACE;
 }
 
+/* SLURM_BATCH_SCRIPT and SLURM_INTERACTIVE_STEP of <slurm/slurm.h>; keep in
+ * sync with slurm_gpu/spank/remote.py (JOB_GPU_STEPS). */
+#define SG_BATCH_STEP       0xfffffffbU
+#define SG_INTERACTIVE_STEP 0xfffffffaU
+
+/* The variable that holds this step's GPUs.  slurmstepd sets (or unsets)
+ * SLURM_JOB_GPUS in the batch and interactive steps and SLURM_STEP_GPUS in
+ * every other step; the other one is whatever the user exported. */
+static const char *sg_gpu_var(spank_t sp)
+{
+    uint32_t step = 0;
+    if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS)
+        return NULL;
+    return (step == SG_BATCH_STEP || step == SG_INTERACTIVE_STEP)
+        ? "SLURM_JOB_GPUS" : "SLURM_STEP_GPUS";
+}
+
 /* Only steps that asked for GPU work, or that hold GPUs while binding is
  * on, pay for the interpreter. */
 static int sg_step_needs_python(spank_t sp, int ac, char **av)
 {
     const char *prof = sg_values[SG_OPT_PROFILE];
+    const char *var;
     if (sg_values[SG_OPT_MPS] || sg_values[SG_OPT_MIG])
         return 1;
     if (prof && strcmp(prof, "none") != 0)
         return 1;
-    if (sg_numa_active(ac, av))
-        return sg_env_nonempty(sp, "SLURM_STEP_GPUS")   /* set by Slurm only */
-            || sg_env_nonempty(sp, "SLURM_JOB_GPUS");
-    return 0;
+    if (!sg_numa_active(ac, av))
+        return 0;
+    /* step id unknown: let Python decide (and report) rather than guess */
+    var = sg_gpu_var(sp);
+    return !var || sg_env_nonempty(sp, var);
 }
 
 /* Tasks see the options they were started with, without Python. */

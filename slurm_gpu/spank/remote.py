@@ -27,8 +27,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-# Job environment variables the planner reads.
-_GPU_ENV = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_GPUS_PER_TASK")
+# Job environment variables the planner reads besides the step's GPU list.
+_TASK_ENV = ("CUDA_VISIBLE_DEVICES", "SLURM_GPUS_PER_TASK")
+# SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP: slurmstepd sets (or unsets)
+# SLURM_JOB_GPUS in these steps and SLURM_STEP_GPUS in all others; the other
+# variable is whatever the user exported and says nothing about the step's
+# GPUs.  Keep in sync with spank/slurm_gpu_spank.c (sg_gpu_var).
+JOB_GPU_STEPS = (0xfffffffb, 0xfffffffa)
+
+
+def gpu_var(spank: Any) -> str:
+    """The job environment variable Slurm keeps for this step's GPUs."""
+    return ("SLURM_JOB_GPUS" if spank.item_u32("S_JOB_STEPID") in JOB_GPU_STEPS
+            else "SLURM_STEP_GPUS")
 
 
 class Step:
@@ -68,7 +79,7 @@ def _load_step(spank: Any) -> Step:
         mig=spank.option_value(MIG),
         hostname=hostname,
     )
-    bind = step.numa.mode != binding.OFF and any(spank.getenv(v) for v in _GPU_ENV[:2])
+    bind = step.numa.mode != binding.OFF and bool(spank.getenv(gpu_var(spank)))
     from . import nodecache
     step.facts = nodecache.get(os.environ.get("SLURM_GPU_CONFIG"), hostname, with_gpus=bind)
     if not bind:
@@ -119,7 +130,7 @@ def task_init(spank: Any) -> int:
     task = spank.item_int("S_TASK_ID")
     ntasks = spank.item_u32("S_JOB_LOCAL_TASK_COUNT")
     if step.facts.get("gpus") is not None:
-        env = {k: v for k in _GPU_ENV if (v := spank.getenv(k)) is not None}
+        env = {k: v for k in (gpu_var(spank), *_TASK_ENV) if (v := spank.getenv(k)) is not None}
         _bind(spank, step, env, task, ntasks)
     if step.profile:
         _profile(spank, step)

@@ -164,6 +164,17 @@ def test_step_without_gpus_is_not_bound(cluster):
     assert "gpu-numa-bind=strict -" not in res.stderr
 
 
+def test_exported_job_gpus_do_not_make_a_gpu_step(cluster):
+    # Slurm unsets a user's SLURM_STEP_GPUS in a step without GPUs, but
+    # leaves SLURM_JOB_GPUS alone: it must not be taken for the step's GPUs
+    res = cluster.run(["srun", "--gpu-numa-bind=strict,verbose", _venv_python(), "-c", PROBE],
+                      user="sgtest1", env={"SLURM_JOB_GPUS": "1"})
+    assert res.returncode == 0, res.stderr
+    row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+    assert row[3] == "-" and row[6] == "0", row     # no SLURM_GPU_BINDING, default policy
+    assert "gpu-numa-bind=strict -" not in res.stderr
+
+
 def test_no_python_without_options(cluster, tmp_path):
     """srun without our options never starts Python; with one it does."""
     def opened(*args: str) -> str:

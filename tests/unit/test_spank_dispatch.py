@@ -15,12 +15,13 @@ class FakeSpank:
 
     def __init__(self, context: str, values: dict[int, str] | None = None,
                  env: dict[str, str] | None = None, args: list[str] | None = None,
-                 task: int = 0, ntasks: int = 1, jobid: int = 7) -> None:
+                 task: int = 0, ntasks: int = 1, jobid: int = 7, stepid: int = 0) -> None:
         self.context = context
         self.values = values or {}
         self.env = dict(env or {})
         self.args = args or []
-        self.items = {"S_TASK_ID": task, "S_JOB_LOCAL_TASK_COUNT": ntasks, "S_JOB_ID": jobid}
+        self.items = {"S_TASK_ID": task, "S_JOB_LOCAL_TASK_COUNT": ntasks, "S_JOB_ID": jobid,
+                      "S_JOB_STEPID": stepid}
         self.job_control: dict[str, str] = {}
         self.errors: list[str] = []
 
@@ -138,6 +139,31 @@ def test_remote_admin_default_prefer_applies_without_option(applied):
     assert dispatch.run_hook(sp, "init_post_opt") == 0
     assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert applied["mempolicy"] == (effects.MPOL_PREFERRED, (0,))
+
+
+BATCH_STEP = 0xfffffffb          # SLURM_BATCH_SCRIPT
+
+
+@pytest.mark.parametrize("stepid,env", [
+    (0, {"SLURM_JOB_GPUS": "1"}),              # srun step without GPUs: Slurm unsets only STEP
+    (BATCH_STEP, {"SLURM_STEP_GPUS": "1"}),    # batch step without GPUs: Slurm unsets only JOB
+])
+def test_remote_gpu_list_the_user_exported_binds_nothing(applied, stepid, env):
+    """Slurm sets (and clears) SLURM_STEP_GPUS in a step and SLURM_JOB_GPUS in a
+    batch step; the other one is whatever the user exported."""
+    sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, env, stepid=stepid)
+    assert dispatch.run_hook(sp, "init_post_opt") == 0, sp.errors
+    assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
+    assert "cpus" not in applied and "mempolicy" not in applied
+    assert "SLURM_GPU_BINDING" not in sp.env and applied["loads"] == []
+
+
+def test_remote_batch_step_binds_to_the_jobs_gpus(applied):
+    sp = FakeSpank("remote", {options.NUMA_BIND: "strict"},
+                   {"SLURM_JOB_GPUS": "1", "SLURM_STEP_GPUS": "0"}, stepid=BATCH_STEP)
+    assert dispatch.run_hook(sp, "init_post_opt") == 0, sp.errors
+    assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
+    assert applied["cpus"] == (2, 3) and sp.env["SLURM_GPU_BINDING"].startswith("strict;gpus=1;")
 
 
 def test_remote_strict_impossible_fails_task(applied, monkeypatch):
