@@ -17,7 +17,9 @@ class Spank:
 
     def __init__(self, ffi: Any, lib: Any, sp: Any = None, ac: int = 0, av: Any = None) -> None:
         self._ffi, self._lib, self._sp = ffi, lib, sp
-        self.args = [ffi.string(av[i]).decode() for i in range(ac)] if ac else []
+        # plugstack arguments are paths and keys: keep any byte as the OS would
+        self.args = ([ffi.string(av[i]).decode(errors="surrogateescape") for i in range(ac)]
+                     if ac else [])
 
     def _c(self, s: str) -> Any:
         return self._ffi.new("char[]", s.encode())
@@ -28,9 +30,13 @@ class Spank:
         return CONTEXTS[ctx] if 0 <= ctx < len(CONTEXTS) else "error"
 
     def option_value(self, which: int) -> str | None:
-        """The value the C option callback stored (None: option not given)."""
+        """The value the C option callback stored (None: option not given).
+
+        Bytes that are not UTF-8 become U+FFFD, which no option accepts: the
+        user gets the option's own "bad value" line, not a traceback.
+        """
         p = self._lib.sg_option_value(which)
-        return None if p == self._ffi.NULL else self._ffi.string(p).decode()
+        return None if p == self._ffi.NULL else self._ffi.string(p).decode(errors="replace")
 
     def getenv(self, name: str) -> str | None:
         """A variable of the job's environment (None when unset)."""

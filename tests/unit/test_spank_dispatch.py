@@ -335,3 +335,39 @@ def test_cache_written_by_someone_else_is_ignored(tmp_path):
     assert nodecache.load("/x.toml", "n1", str(d)) == data
     os.chmod(f, 0o666)                       # writable by others: not trusted
     assert nodecache.load("/x.toml", "n1", str(d)) is None
+
+
+class _FakeLib:
+    """The few cffi ``lib`` functions :class:`slurm_gpu.spank.api.Spank` uses in srun."""
+
+    def __init__(self, ffi, values: dict[int, bytes]) -> None:
+        self.ffi = ffi
+        self.values = {k: ffi.new("char[]", v) for k, v in values.items()}
+        self.errors: list[str] = []
+
+    def spank_context(self) -> int:
+        return 1                                   # S_CTX_LOCAL
+
+    def sg_option_value(self, which: int):
+        return self.values.get(which, self.ffi.NULL)
+
+    def slurm_error(self, fmt: bytes, arg) -> None:
+        assert fmt == b"%s"
+        self.errors.append(self.ffi.string(arg).decode())
+
+
+@pytest.mark.parametrize("which,raw,needle", [
+    (options.MPS, b"5\xff", "--gpu-mps"),
+    (options.MIG, b"\xff", "--gpu-mig"),
+    (options.NUMA_BIND, b"strict\xfe", "--gpu-numa-bind"),
+    (options.PROFILE, b"\xc3", "--gpu-profile"),
+])
+def test_value_that_is_not_utf8_is_a_bad_value_not_a_traceback(which, raw, needle):
+    import cffi
+
+    from slurm_gpu.spank.api import Spank
+    ffi = cffi.FFI()
+    lib = _FakeLib(ffi, {which: raw})
+    assert dispatch.run_option(Spank(ffi, lib), which) == -1
+    assert len(lib.errors) == 1, lib.errors
+    assert lib.errors[0].startswith("slurm-gpu: bad value") and needle in lib.errors[0]
