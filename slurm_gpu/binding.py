@@ -97,6 +97,16 @@ def _ints(ids: Iterable[int]) -> str:
     return ",".join(str(i) for i in ids)
 
 
+# More GPU indices than any node has: a longer list is not a GPU list (and a
+# range like 0-99999999999 must not be expanded in the task's memory).
+_MAX_GPU_IDS = 4096
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (str.isdigit() also takes '²', which int() refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def _int_list(text: str | None) -> list[int] | None:
     """``0,1,3`` or ``0-2,5`` -> ints in the given order; None if not such a list."""
     if not text:
@@ -104,9 +114,12 @@ def _int_list(text: str | None) -> list[int] | None:
     out: list[int] = []
     for tok in (t.strip() for t in text.split(",")):
         lo, dash, hi = tok.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not _digits(lo) or (dash and not _digits(hi)):
             return None
-        out.extend(range(int(lo), int(hi) + 1) if dash else (int(lo),))
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last - first + len(out) >= _MAX_GPU_IDS:
+            return None
+        out.extend(range(first, last + 1))
     return out or None
 
 
@@ -115,7 +128,7 @@ def _per_task(text: str | None) -> int | None:
     if not text:
         return None
     last = text.split(",")[0].rsplit(":", 1)[-1].strip()
-    return int(last) if last.isdigit() and int(last) > 0 else None
+    return int(last) if _digits(last) and int(last) > 0 else None
 
 
 def locality(node: Node) -> list[dict[str, Any]]:

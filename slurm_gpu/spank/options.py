@@ -77,7 +77,8 @@ def parse_mps(value: str | None) -> str:
     if value is None or value == MPS_DEFAULT:
         return MPS_DEFAULT
     v = value.strip().rstrip("%")
-    if not v.isdigit() or not 1 <= int(v) <= 100:
+    # isascii: str.isdigit() also takes '²', which int() refuses
+    if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= 100:
         raise UsageError(f"bad value {value!r} for --gpu-mps: expected an active-thread "
                          "percentage from 1 to 100, or no value")
     return str(int(v))

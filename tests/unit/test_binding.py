@@ -188,3 +188,17 @@ def test_every_recorded_gpu_machine_binds_each_gpu_locally(gpu_machine_name):
         assert b.cpus and set(b.cpus) == local
         numa_os = {n.os_index for n in node.numa_nodes if n.index in gpu.numa_nodes}
         assert set(b.mems) == numa_os
+
+
+@pytest.mark.parametrize("cvd", ["\u00b2", "0-\u00b9", "\u0661"])
+def test_non_ascii_digits_are_not_gpu_indices(cvd):
+    # str.isdigit() accepts '²' and Arabic-Indic digits, int() refuses the first:
+    # a task's odd CUDA_VISIBLE_DEVICES must not become an internal error
+    env = {"SLURM_STEP_GPUS": "1", "CUDA_VISIBLE_DEVICES": cvd, "SLURM_GPUS_PER_TASK": "\u00b2"}
+    assert ids(task_gpus(LOC, env, 0, 1)) == [1]
+
+
+def test_gpu_ranges_are_bounded():
+    # a range list is expanded into a Python list: a silly one must not eat the task's memory
+    assert binding._int_list("0-100000") is None
+    assert binding._int_list("0-3,7") == [0, 1, 2, 3, 7]

@@ -151,3 +151,9 @@ def test_spank_settings_sizes_and_map():
         settings.load({"spank": {"memlock": "1G"}})
     with pytest.raises(InputError, match="allocator_env.MALLOC_CONF must be a string"):
         settings.load({"spank": {"allocator_env": {"MALLOC_CONF": 1}}})
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "5\u00b9", "\u0665"])
+def test_mps_percentage_takes_ascii_digits_only(value):
+    with pytest.raises(UsageError, match="bad value .* for --gpu-mps"):
+        o.parse_mps(value)
