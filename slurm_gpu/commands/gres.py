@@ -298,7 +298,7 @@ def render(output: str | None, node_lines: bool, **kw: Any) -> None:
 
     text, view, _ = _render(kw)
     if node_lines:
-        text = "".join(g.node_line + "\n" for g in view.groups)
+        text = "".join(nl + "\n" for g in view.groups for nl in g.node_lines)
         if view.slurmd_parameters:
             text = f"SlurmdParameters={','.join(view.slurmd_parameters)}\n" + text
     if output:

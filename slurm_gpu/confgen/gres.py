@@ -151,13 +151,16 @@ def node_gres_summary(node: Node, opts: GresOptions | None = None, *, where: str
 
 @dataclass(frozen=True)
 class GresGroup:
-    """Nodes with identical gres.conf records."""
+    """Nodes with identical gres.conf records.
+
+    gres.conf says nothing about memory or sockets, so nodes that differ
+    only there (real fleets: MemTotal varies by a few MiB between identical
+    boxes) share one gres.conf block and get one slurm.conf line per kind.
+    """
 
     nodes: str                     # folded hostlist
     lines: tuple[str, ...]         # finished "Name=gpu ..." strings
-    node_line: str                 # matching slurm.conf line (NodeName=<hostlist> ...)
-    notes: tuple[str, ...]
-    slurmd_parameters: str | None
+    node_lines: tuple[str, ...]    # matching slurm.conf lines (NodeName=<hostlist> ...), one per kind
 
 
 @dataclass(frozen=True)
@@ -211,33 +214,41 @@ def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, 
         else:
             lst.append(name)
     # Nodes whose records are equal but whose fingerprints differ (e.g. other
-    # UUIDs) still share lines; merge on the records themselves.
-    merged: dict[tuple[object, ...], tuple[list[str], tuple[GresLine, ...], Node, SocketLayout]] = {}
+    # UUIDs) still share lines; merge on the records themselves, and within
+    # one gres.conf block keep apart what changes the slurm.conf line.
+    merged: dict[tuple[GresLine, ...], dict[tuple[object, ...], tuple[list[str], Node, SocketLayout]]] = {}
     for fp, names in by_fp.items():
         node = first[fp]
         recs = gres_records(node, opts, where=where.get(names[0], names[0]))
         lay = socket_layout(node, opts.socket_mode)
-        key = (recs, lay.sockets, lay.cores_per_socket, lay.threads_per_core, lay.cpus,
-               lay.mode, node.memory_bytes)
-        if key in merged:
-            merged[key][0].extend(names)
+        kinds = merged.setdefault(recs, {})
+        kind = (lay.sockets, lay.cores_per_socket, lay.threads_per_core, lay.cpus, lay.mode, node.memory_bytes)
+        if kind in kinds:
+            kinds[kind][0].extend(names)
         else:
-            merged[key] = (list(names), recs, node, lay)
+            kinds[kind] = (list(names), node, lay)
     groups: list[GresGroup] = []
     params: list[str] = []
     notes: list[str] = []
-    for names, recs, node, lay in merged.values():
-        ns = hostlist.fold(names)
-        gres = node_gres_summary(node, opts, records=recs)
-        nl = node_line(ns, node, gres=gres, layout=lay)
-        groups.append(GresGroup(nodes=ns, lines=tuple(r.text() for r in recs), node_line=nl,
-                                notes=lay.notes, slurmd_parameters=lay.slurmd_parameters))
-        if lay.slurmd_parameters and lay.slurmd_parameters not in params:
-            params.append(lay.slurmd_parameters)
-        for n in lay.notes:
-            notes.append(f"{ns}: {n}")
+    plain_sockets = False      # some nodes need no SlurmdParameters
+    for recs, kinds in merged.items():
+        node_lines: list[tuple[str, str]] = []
+        for names, node, lay in kinds.values():
+            ns = hostlist.fold(names)
+            gres = node_gres_summary(node, opts, records=recs)
+            node_lines.append((ns, node_line(ns, node, gres=gres, layout=lay)))
+            if lay.slurmd_parameters is None:
+                plain_sockets = True
+            elif lay.slurmd_parameters not in params:
+                params.append(lay.slurmd_parameters)
+            for n in lay.notes:
+                notes.append(f"{ns}: {n}")
+        node_lines.sort(key=lambda x: hostlist.natural_key(x[0]))
+        all_names = [n for names, _, _ in kinds.values() for n in names]
+        groups.append(GresGroup(nodes=hostlist.fold(all_names), lines=tuple(r.text() for r in recs),
+                                node_lines=tuple(line for _, line in node_lines)))
     groups.sort(key=lambda g: hostlist.natural_key(g.nodes))
-    if len(params) > 1 or (params and any(g.slurmd_parameters is None for g in groups)):
+    if len(params) > 1 or (params and plain_sockets):
         notes.append("nodes need different SlurmdParameters: slurm.conf holds one value for all "
                      "slurmd; give each node group its own slurm.conf via configless includes or "
                      "choose --socket-mode explicitly")

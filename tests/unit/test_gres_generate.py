@@ -127,6 +127,18 @@ def test_identical_nodes_fold_into_hostlists() -> None:
            "RealMemory=131072 Gres=gpu:nvidia_h100_80gb_hbm3:4" in text
 
 
+def test_nodes_differing_only_in_memory_share_gres_lines() -> None:
+    """Identical boxes whose MemTotal differs by a few MiB: one gres.conf block, exact node lines."""
+    from dataclasses import replace
+    a = make_node()
+    b = replace(a, memory_bytes=a.memory_bytes - (3 << 20))
+    nodes = {f"gpu{i:03d}": a for i in (1, 2, 4)} | {"gpu003": b}
+    text = render_gres_conf(nodes)
+    assert {l.split()[0] for l in lines(text)} == {"NodeName=gpu[001-004]"}
+    assert "#   NodeName=gpu[001-002,004] CPUs=16 Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=131072 " in text
+    assert "#   NodeName=gpu003 CPUs=16 Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=131069 " in text
+
+
 def test_mig_lines_match_slurm_autodetect() -> None:
     text = render_gres_conf({"m": make_node(mig=True, nvswitch=False)})
     got = lines(text)
