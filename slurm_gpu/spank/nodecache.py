@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import stat
 
 from .. import __version__
 
@@ -46,6 +47,29 @@ def _private(st: os.stat_result) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
+def _open_dir(cache_dir: str, *, create: bool) -> int | None:
+    """An fd of the cache directory if only we can write it, else None.
+
+    The directory itself must not be a symlink (O_NOFOLLOW) and must be ours
+    and not group/other-writable: root writes and trusts what is in it.
+    Every later access is relative to this fd, so the checked directory is
+    the one used.
+    """
+    if create:
+        parent = os.path.dirname(cache_dir.rstrip("/"))
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        try:
+            os.mkdir(cache_dir, 0o700)
+        except FileExistsError:
+            pass
+    fd = os.open(cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not _private(st):
+        os.close(fd)
+        return None
+    return fd
+
+
 def _key(config_path: str | None, node: str) -> str:
     return f"{__version__}:{FORMAT}:{node}:{config_path or ''}"
 
@@ -56,17 +80,30 @@ def cache_file(config_path: str | None, node: str, cache_dir: str | None = None)
 
 
 def load(config_path: str | None, node: str, cache_dir: str | None = None) -> dict[str, Any] | None:
-    """The cached facts, or None when missing or stale."""
+    """The cached facts, or None when missing, stale or not trustworthy."""
     path = cache_file(config_path, node, cache_dir)
+    dfd = fd = None
     try:
-        with open(path, "rb") as f:
-            # only a file that we (root) wrote in a directory only we can
-            # write: marshal is not meant for data others could have planted
-            if not (_private(os.fstat(f.fileno())) and _private(os.stat(os.path.dirname(path)))):
-                return None
+        dfd = _open_dir(os.path.dirname(path), create=False)
+        if dfd is None:
+            return None
+        # O_NOFOLLOW: never a symlink; O_NONBLOCK: a FIFO must not hang
+        # slurmstepd.  Only a regular file that we (root) wrote: marshal is
+        # not meant for data others could have planted.
+        fd = os.open(os.path.basename(path),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) and _private(st)):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = None
             data = marshal.load(f)
     except (OSError, EOFError, ValueError, TypeError):
         return None
+    finally:
+        for d in (fd, dfd):
+            if d is not None:
+                os.close(d)
     if not isinstance(data, dict) or data.get("key") != _key(config_path, node):
         return None
     if data.get("boot_id") != _boot_id():
@@ -114,17 +151,29 @@ def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, A
 def store(data: dict[str, Any], config_path: str | None, node: str,
           cache_dir: str | None = None) -> None:
     """Write the cache atomically; failures only cost the next step time."""
+    path = cache_file(config_path, node, cache_dir)
+    name = os.path.basename(path)
+    tmp = f".{name}.{os.getpid()}.tmp"
+    dfd = None
     try:
-        os.makedirs(cache_dir or CACHE_DIR, mode=0o700, exist_ok=True)
-        path = cache_file(config_path, node, cache_dir)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        dfd = _open_dir(os.path.dirname(path), create=True)
+        if dfd is None:
+            return                          # not ours alone: never write there
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
         with os.fdopen(fd, "wb") as f:
             os.fchmod(fd, 0o600)
             marshal.dump(data, f)
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except (OSError, ValueError):
-        pass
+        if dfd is not None:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+    finally:
+        if dfd is not None:
+            os.close(dfd)
 
 
 def get(config_path: str | None, node: str, *, with_gpus: bool,

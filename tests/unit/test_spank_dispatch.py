@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 
 import pytest
 
@@ -371,3 +372,52 @@ def test_value_that_is_not_utf8_is_a_bad_value_not_a_traceback(which, raw, needl
     assert dispatch.run_option(Spank(ffi, lib), which) == -1
     assert len(lib.errors) == 1, lib.errors
     assert lib.errors[0].startswith("slurm-gpu: bad value") and needle in lib.errors[0]
+
+
+def _cache_entry() -> dict:
+    return {"key": nodecache._key("/x.toml", "n1"), "boot_id": nodecache._boot_id(),
+            "stamps": (), "gpus": None}
+
+
+def test_cache_dir_that_is_a_symlink_is_neither_read_nor_written(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    link = tmp_path / "cache"
+    link.symlink_to(elsewhere)
+    nodecache.store(_cache_entry(), "/x.toml", "n1", str(link))
+    assert list(elsewhere.iterdir()) == [], "root wrote through a symlinked cache dir"
+    nodecache.store(_cache_entry(), "/x.toml", "n1", str(elsewhere))
+    assert nodecache.load("/x.toml", "n1", str(elsewhere)) == _cache_entry()
+    assert nodecache.load("/x.toml", "n1", str(link)) is None
+
+
+def test_cache_dir_others_can_write_is_not_used(tmp_path):
+    d = tmp_path / "cache"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    nodecache.store(_cache_entry(), "/x.toml", "n1", str(d))
+    assert list(d.iterdir()) == []
+
+
+def test_cache_file_that_is_a_symlink_or_fifo_is_ignored_without_blocking(tmp_path):
+    import signal
+    d = tmp_path / "cache"
+    nodecache.store(_cache_entry(), "/x.toml", "n1", str(d))
+    f = Path(nodecache.cache_file("/x.toml", "n1", str(d)))
+    real = d / "real"
+    f.rename(real)
+    f.symlink_to(real)                      # root-owned target, private: still not followed
+    assert nodecache.load("/x.toml", "n1", str(d)) is None
+    f.unlink()
+    os.mkfifo(f, 0o600)
+
+    def hung(*_):
+        raise TimeoutError("nodecache.load blocked on a FIFO")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        assert nodecache.load("/x.toml", "n1", str(d)) is None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
