@@ -76,7 +76,10 @@ def _key(config_path: str | None, node: str) -> str:
 
 def cache_file(config_path: str | None, node: str, cache_dir: str | None = None) -> str:
     import zlib
-    return os.path.join(cache_dir or CACHE_DIR, f"{node}-{zlib.crc32(_key(config_path, node).encode()):08x}")
+    # the node name only makes the file recognisable; the crc tells nodes apart
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in node)
+    return os.path.join(cache_dir or CACHE_DIR,
+                        f"{safe}-{zlib.crc32(_key(config_path, node).encode()):08x}")
 
 
 def load(config_path: str | None, node: str, cache_dir: str | None = None) -> dict[str, Any] | None:

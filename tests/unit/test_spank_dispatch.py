@@ -421,3 +421,9 @@ def test_cache_file_that_is_a_symlink_or_fifo_is_ignored_without_blocking(tmp_pa
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
 
+
+def test_cache_file_stays_in_the_cache_dir(tmp_path):
+    for node in ("../../etc/evil", "/abs", "n1/x", ".."):
+        f = nodecache.cache_file("/x.toml", node, str(tmp_path))
+        assert os.path.dirname(f) == str(tmp_path), f
+    assert nodecache.cache_file("/x.toml", "a/b", "/c") != nodecache.cache_file("/x.toml", "a_b", "/c")
