@@ -186,8 +186,14 @@ def task_gpus(loc: Sequence[dict[str, Any]], env: Mapping[str, str], local_task:
 
 
 def plan_task(loc: Sequence[dict[str, Any]], env: Mapping[str, str], *, mode: str,
-              local_task: int, ntasks: int, allowed: Iterable[int]) -> TaskBinding:
-    """Plan the binding of one task.  Raises :class:`BindingError` (strict only)."""
+              local_task: int, ntasks: int, allowed: Iterable[int],
+              bound_mems: Iterable[int] | None = None) -> TaskBinding:
+    """Plan the binding of one task.  Raises :class:`BindingError` (strict only).
+
+    *bound_mems*: the NUMA nodes Slurm already bound the task's memory to
+    (``--mem-bind``: an MPOL_BIND policy is in place), None when it did not.
+    Like the CPUs, the memory nodes are only ever narrowed.
+    """
     if mode not in (STRICT, PREFER, OFF):
         raise ValueError(f"bad binding mode {mode!r}")
     gpus = task_gpus(loc, env, local_task, ntasks)
@@ -207,6 +213,14 @@ def plan_task(loc: Sequence[dict[str, Any]], env: Mapping[str, str], *, mode: st
         if not cpus:
             problem = (f"GPU {names} is local to CPUs {cpulist(local)} (NUMA {cpulist(mems)}) "
                        f"but task {local_task} may only use CPUs {cpulist(allowed_set) or 'none'}")
+        elif bound_mems is not None:
+            bound = set(bound_mems)
+            if not bound & set(mems):
+                problem = (f"GPU {names} is local to NUMA {cpulist(mems)} but Slurm bound the "
+                           f"memory of task {local_task} to NUMA {cpulist(bound) or 'none'}")
+                cpus = ()
+            else:
+                mems = tuple(m for m in mems if m in bound)
     if problem is None:
         return TaskBinding(mode, local_task, ids, cpus, mems)
     if mode == STRICT:

@@ -141,11 +141,12 @@ def task_init(spank: Any) -> int:
 
 def _bind(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -> None:
     from . import effects
+    nmap = step.facts.get("numa_map") or {}
     plan = binding.plan_task(step.facts["gpus"], env, mode=step.numa.mode, local_task=task,
-                             ntasks=ntasks, allowed=effects.allowed_cpus())
+                             ntasks=ntasks, allowed=effects.allowed_cpus(),
+                             bound_mems=_slurm_bound_mems(step, nmap))
     warning = plan.warning
     if plan.applied:
-        nmap = step.facts.get("numa_map") or {}
         mems = tuple(sorted({nmap.get(m, m) for m in plan.mems}))
         effects.set_affinity(plan.cpus)
         mode = effects.MPOL_BIND if plan.mode == binding.STRICT else effects.MPOL_PREFERRED
@@ -160,6 +161,23 @@ def _bind(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -
         _stderr(f"slurm-gpu: warning: {warning} (task {task})")
     if step.numa.verbose:
         _stderr(binding.verbose_line(plan, hostname=step.hostname, pid=os.getpid()))
+
+
+def _slurm_bound_mems(step: Step, nmap: dict[int, int]) -> tuple[int, ...] | None:
+    """The model NUMA nodes of an MPOL_BIND policy already in place, else None.
+
+    task/affinity applies ``--mem-bind`` before task_init: our policy may
+    narrow it, never replace it with other nodes.
+    """
+    from . import effects
+    try:
+        mode, host_nodes = effects.get_mempolicy()
+    except OSError:
+        return None
+    if mode & 0xff != effects.MPOL_BIND:        # high bits: MPOL_F_* mode flags
+        return None
+    model = {m for g in step.facts["gpus"] for m in g["mems"]}
+    return tuple(sorted(m for m in model if nmap.get(m, m) in host_nodes))
 
 
 def _profile(spank: Any, step: Step) -> None:

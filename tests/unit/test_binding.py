@@ -202,3 +202,17 @@ def test_gpu_ranges_are_bounded():
     # a range list is expanded into a Python list: a silly one must not eat the task's memory
     assert binding._int_list("0-100000") is None
     assert binding._int_list("0-3,7") == [0, 1, 2, 3, 7]
+
+
+def test_memory_nodes_slurm_bound_are_only_narrowed():
+    node = make_node(numa=2, gpus_per_numa=2)            # GPUs 0,1 on NUMA 0; 2,3 on NUMA 1
+    loc = locality(node)
+    env = {"SLURM_STEP_GPUS": "1,2"}                     # one GPU on each NUMA node
+    plan = plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=range(8),
+                     bound_mems=(1,))
+    assert plan.mems == (1,) and plan.cpus == (0, 1, 2, 3)
+    assert plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=range(8)).mems == (0, 1)
+    with pytest.raises(BindingError, match="Slurm bound the memory of task 0 to NUMA 3"):
+        plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=range(8), bound_mems=(3,))
+    p = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(8), bound_mems=())
+    assert not p.applied and "to NUMA none" in p.warning

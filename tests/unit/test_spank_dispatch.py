@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu import binding
 from slurm_gpu.spank import dispatch, effects, nodecache, options
 from test_binding import MINI
 
@@ -104,6 +105,7 @@ def applied(monkeypatch, tmp_path):
     monkeypatch.setattr(effects, "set_mempolicy",
                         lambda mode, nodes: calls.__setitem__("mempolicy", (mode, nodes)))
     monkeypatch.setattr(effects, "allowed_cpus", lambda: (0, 1, 2, 3))
+    monkeypatch.setattr(effects, "get_mempolicy", lambda: calls.get("policy", (0, ())))
     monkeypatch.setattr(effects, "disable_thp", lambda: calls.__setitem__("thp", "off"))
     monkeypatch.setattr(effects, "raise_memlock",
                         lambda limit, hard: calls.setdefault("memlock", []).append((limit, hard)))
@@ -165,6 +167,35 @@ def test_remote_batch_step_binds_to_the_jobs_gpus(applied):
     assert dispatch.run_hook(sp, "init_post_opt") == 0, sp.errors
     assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert applied["cpus"] == (2, 3) and sp.env["SLURM_GPU_BINDING"].startswith("strict;gpus=1;")
+
+
+@pytest.mark.parametrize("mode", ["strict", "prefer"])
+def test_slurm_mem_bind_is_narrowed_never_replaced(applied, mode, monkeypatch, capfd):
+    """task/affinity applied --mem-bind before task_init: an MPOL_BIND is in place."""
+    applied["policy"] = (effects.MPOL_BIND, (0,))       # host node 0 = model nodes 0 and 1 here
+    env = {"SLURM_STEP_GPUS": "1"}
+    sp = FakeSpank("remote", {options.NUMA_BIND: mode}, env)
+    dispatch.run_hook(sp, "init_post_opt")
+    assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
+    assert applied["cpus"] == (2, 3)
+
+    # Slurm bound memory to a node the GPU is not on (map 1 -> 1: host node 1)
+    for k in ("cpus", "mempolicy"):
+        applied.pop(k, None)
+    monkeypatch.setattr(nodecache, "get", lambda *a, **k: dict(
+        gpus=binding.locality(MINI), numa_map={}, memlock=None, state_dir="/x"))
+    applied["policy"] = (effects.MPOL_BIND | 1 << 15, (0,))  # MPOL_F_STATIC_NODES
+    sp = FakeSpank("remote", {options.NUMA_BIND: mode}, env)
+    dispatch.run_hook(sp, "init_post_opt")
+    rc = dispatch.run_hook(sp, "task_init")
+    assert "cpus" not in applied and "mempolicy" not in applied, applied
+    if mode == "strict":
+        assert rc == -1
+        assert sp.errors[0] == ("slurm-gpu: gpu-numa-bind=strict impossible: GPU 1 is local to "
+                                "NUMA 1 but Slurm bound the memory of task 0 to NUMA 0 (task 0)")
+    else:
+        assert rc == 0 and sp.env["SLURM_GPU_BINDING"] == "prefer;gpus=1;none"
+        assert "Slurm bound the memory of task 0 to NUMA 0" in capfd.readouterr().err
 
 
 def test_remote_strict_impossible_fails_task(applied, monkeypatch):
