@@ -209,9 +209,22 @@ static int sg_check_args(int ac, char **av)
                         av[i]);
             return -1;
         }
+        /* the same rules as slurm_gpu/spank/options.py, so that a mistake
+         * stops every context here instead of only the steps that start
+         * Python */
+        for (k = 0; k < i; k++)
+            if (strncmp(av[k], av[i], eq - av[i] + 1) == 0) {
+                slurm_error("slurm-gpu: plugstack argument %.*s given twice",
+                            (int) (eq - av[i]), av[i]);
+                return -1;
+            }
         if (strncmp(av[i], "numa_bind=", 10) == 0 && !sg_numa_value_ok(av[i] + 10)) {
             slurm_error("slurm-gpu: bad plugstack argument '%s' "
                         "(numa_bind=strict|prefer|off[,verbose])", av[i]);
+            return -1;
+        }
+        if (strncmp(av[i], "config=", 7) == 0 && av[i][7] != '/') {
+            slurm_error("slurm-gpu: plugstack argument %s must be an absolute path", av[i]);
             return -1;
         }
     }

@@ -270,11 +270,17 @@ def test_interpreter_that_cannot_start_is_an_error(cluster, breakage):
     ("bogus=1", "slurm-gpu: unknown plugstack argument 'bogus=1'"),
     ("numa_bind=always", "slurm-gpu: bad plugstack argument 'numa_bind=always'"),
     ("numa_bind=verbose", "slurm-gpu: bad plugstack argument 'numa_bind=verbose'"),
+    # the C shim must refuse what the Python side refuses, or only bound steps fail
+    ("numa_bind=prefer numa_bind=strict", "slurm-gpu: plugstack argument numa_bind given twice"),
+    ("config=etc/slurm-gpu.toml", "slurm-gpu: plugstack argument config=etc/slurm-gpu.toml "
+     "must be an absolute path"),
 ])
 def test_bad_plugstack_arguments_are_fatal(cluster, arg, msg):
     plugstack = cluster.sb.layout.plugstack_conf
     good = plugstack.read_text()
     line = next(l for l in good.splitlines() if l.startswith("required"))
+    keys = {a.split("=", 1)[0] for a in arg.split()}
+    line = " ".join(t for t in line.split() if t.split("=", 1)[0] not in keys)
     try:
         plugstack.write_text(f"{line} {arg}\n")
         res = cluster.srun("true", user="sgtest1")
