@@ -83,6 +83,10 @@ class Spank:
     def info(self, line: str) -> None:
         self._lib.slurm_info(b"%s", self._c(line))
 
+    def verbose(self, line: str) -> None:
+        """A line shown only at verbose level (``srun -v``, SlurmdDebug=verbose)."""
+        self._lib.slurm_verbose(b"%s", self._c(line))
+
     def _check(self, rc: int, what: str) -> None:
         if rc != self._lib.ESPANK_SUCCESS:
             from ..errors import SlurmGpuError

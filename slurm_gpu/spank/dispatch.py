@@ -62,9 +62,11 @@ def _guard(spank: Any, where: str, fn: Callable[[], int]) -> int:
         spank.error(e.line())
     except Exception as e:  # noqa: BLE001 - a plugin must never take srun/slurmstepd down
         spank.error(f"slurm-gpu: internal error in {where}: {type(e).__name__}: {e}")
+        # one line for the user; the traceback only at verbose level
+        # (srun -v, or SlurmdDebug=verbose for slurmstepd's log)
         import traceback
         for line in traceback.format_exc().rstrip().splitlines():
-            spank.error(f"slurm-gpu:   {line}")
+            spank.verbose(f"slurm-gpu:   {line}")
     return -1
 
 

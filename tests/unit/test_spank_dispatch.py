@@ -26,6 +26,7 @@ class FakeSpank:
                       "S_JOB_STEPID": stepid}
         self.job_control: dict[str, str] = {}
         self.errors: list[str] = []
+        self.verbose_lines: list[str] = []
 
     def option_value(self, which: int) -> str | None:
         return self.values.get(which)
@@ -52,6 +53,9 @@ class FakeSpank:
 
     def info(self, line: str) -> None:
         pass
+
+    def verbose(self, line: str) -> None:
+        self.verbose_lines.append(line)
 
 
 @pytest.mark.parametrize("context", ["local", "allocator"])
@@ -90,6 +94,10 @@ def test_unexpected_exception_is_caught_with_slurm_gpu_prefix(monkeypatch):
     assert dispatch.run_hook(sp, "init_post_opt") == -1
     assert sp.errors[0] == "slurm-gpu: internal error in init_post_opt: KeyError: 'x'"
     assert all(e.startswith("slurm-gpu:") for e in sp.errors)
+    # one line for the user; the traceback only at verbose level
+    assert len(sp.errors) == 1, sp.errors
+    assert any("Traceback" in l for l in sp.verbose_lines)
+    assert all(l.startswith("slurm-gpu:") for l in sp.verbose_lines)
 
 
 def test_contexts_without_work_do_nothing():
