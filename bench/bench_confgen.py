@@ -124,7 +124,7 @@ def main() -> int:
               f"({(work / 'fabric.out').stat().st_size / 1e6:.0f} MB), {setup:.1f} s (not timed)")
         rss0 = rss_mb()
 
-        from slurm_gpu.commands.gres import load_nodes
+        from slurm_gpu.commands.confgen_io import load_nodes
         from slurm_gpu.confgen import block, ibnet, render_gres_conf, topology, tree
 
         t = {}
@@ -156,7 +156,7 @@ def main() -> int:
               f"{sum(1 for l in topo_block.splitlines() if l.startswith('BlockName'))} blocks")
 
         # Side by side: the raw path (full JSON parse, as a generic reader would) vs the fast path.
-        from slurm_gpu.commands.gres import SnapshotLoader
+        from slurm_gpu.hw.snapshot_bulk import SnapshotLoader
         from slurm_gpu.hw.snapshot import load_node
         sample = sorted(snaps.iterdir())[:args.sample]
         t0 = time.perf_counter()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import click
 
 from ..errors import InputError, UsageError
-from .gres import _read, input_options, load_nodes, replace_config
+from .confgen_io import input_options, load_nodes, read_config, replace_config
 
 
 def topo_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -121,7 +121,7 @@ def check(ctx: click.Context, config: str, **kw: Any) -> None:
 
     kw["fmt"] = _fmt_of(config, kw["fmt"])
     text = _render(kw)
-    diff = topocheck.compare(_meaning(_read(config), config, kw["fmt"]), _meaning(text, "generated", kw["fmt"]))
+    diff = topocheck.compare(_meaning(read_config(config), config, kw["fmt"]), _meaning(text, "generated", kw["fmt"]))
     if diff:
         click.echo(f"slurm-gpu: {config} differs from the fabric (- {config}, + generated):")
         for line in diff:
@@ -140,7 +140,7 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
 
     kw["fmt"] = _fmt_of(config, kw["fmt"])
     text = _render(kw)
-    old = _read(config) if os.path.exists(config) else None
+    old = read_config(config) if os.path.exists(config) else None
     if old == text:
         click.echo(f"slurm-gpu: {config} is up to date; nothing written")
         return

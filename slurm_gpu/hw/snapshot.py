@@ -206,7 +206,7 @@ def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | Non
         "hwloc_xml": hwloc_xml,
     }
     node = replay(data, "<recording>", xml_source=hwloc_source)
-    data["node"] = node.to_dict()
+    data["node"] = node.to_dict()  # last key: snapshot_bulk reads it from the file's tail
     return data
 
 

@@ -103,7 +103,7 @@ def _snapshot(path: Path, node_dict: dict) -> None:
 
 def test_derived_model_fast_path(tmp_path: Path, monkeypatch) -> None:
     """Only the head and the tail of a snapshot are read; the raw answers are not replayed."""
-    from slurm_gpu.commands import gres as cmd
+    from slurm_gpu.hw import snapshot_bulk as cmd
     from slurm_gpu.hw import load_node, snapshot as snap
 
     node = load_node(hwloc_xml=XML, hostname="d")
@@ -117,7 +117,7 @@ def test_derived_model_fast_path(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_stale_derived_model_falls_back_to_raw_answers(tmp_path: Path, monkeypatch) -> None:
-    from slurm_gpu.commands import gres as cmd
+    from slurm_gpu.hw import snapshot_bulk as cmd
     from slurm_gpu.hw import load_node, snapshot as snap
 
     node = load_node(hwloc_xml=XML, hostname="d")
