@@ -38,6 +38,21 @@ def run_hook(spank: Any, name: str) -> int:
     return _guard(spank, name, lambda: _call(spank, name))
 
 
+def run_hook_id(spank: Any, hook_id: int) -> int:
+    """Run the hook the C shim numbered *hook_id*; an unknown id is an error.
+
+    An unknown id means the plugin was built from another slurm-gpu version
+    than the one installed in the venv: silently doing nothing would leave
+    steps unbound (or fail later with a puzzling line).
+    """
+    name = HOOKS.get(hook_id)
+    if name is None:
+        spank.error(f"slurm-gpu: the SPANK plugin does not match the installed slurm-gpu "
+                    f"(hook {hook_id}): rebuild it with slurm-gpu spank build")
+        return -1
+    return run_hook(spank, name)
+
+
 def _call(spank: Any, name: str) -> int:
     mod = _route(spank.context)
     fn = getattr(mod, name, None) if mod else None
@@ -81,7 +96,7 @@ def attach(ffi: Any, lib: Any) -> None:
 
     @ffi.def_extern(name="sg_py_hook", error=-1, onerror=onerror)
     def _hook(hook_id: int, sp: Any, ac: int, av: Any) -> int:
-        return run_hook(Spank(ffi, lib, sp, ac, av), HOOKS.get(hook_id, "?"))
+        return run_hook_id(Spank(ffi, lib, sp, ac, av), hook_id)
 
     @ffi.def_extern(name="sg_py_option", error=-1, onerror=onerror)
     def _option(which: int, remote: int) -> int:

@@ -124,7 +124,9 @@ def task_init(spank: Any) -> int:
     """In the task's child, as the job user, just before exec."""
     step = _step
     if step is None:
-        raise SlurmGpuError("plugin state missing in task_init (init_post_opt did not run)")
+        raise SlurmGpuError("plugin state missing in task_init (init_post_opt did not run: "
+                            "is the plugin older than slurm-gpu? rebuild it with "
+                            "slurm-gpu spank build)")
     if step.error is not None:
         raise step.error
     task = spank.item_int("S_TASK_ID")

@@ -100,6 +100,14 @@ def test_unexpected_exception_is_caught_with_slurm_gpu_prefix(monkeypatch):
     assert all(l.startswith("slurm-gpu:") for l in sp.verbose_lines)
 
 
+def test_hook_id_of_another_build_is_an_error():
+    """A plugin built by an older slurm-gpu (hook 2 was user_init) is not silently ignored."""
+    sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, {"SLURM_STEP_GPUS": "0"})
+    assert dispatch.run_hook_id(sp, 2) == -1
+    assert len(sp.errors) == 1 and "rebuild it with slurm-gpu spank build" in sp.errors[0]
+    assert dispatch.run_hook_id(FakeSpank("slurmd"), 1) == 0
+
+
 def test_contexts_without_work_do_nothing():
     for ctx in ("slurmd", "job_script", "error"):
         assert dispatch.run_hook(FakeSpank(ctx), "init_post_opt") == 0
