@@ -43,9 +43,14 @@ def _sandbox(base: Path, tag: str, machine: str, spank: bool):  # -> Sandbox
     return sb
 
 
-def _time(argv: list[str], env: dict[str, str]) -> float:
+def _time(argv: list[str], env: dict[str, str], user: str | None = None) -> float:
+    kw: dict = {}
+    if user:
+        import pwd
+        pw = pwd.getpwnam(user)
+        kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
     t0 = time.perf_counter()
-    res = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True)
+    res = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, **kw)
     dt = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"slurm-gpu: bench step failed: {' '.join(argv)}: {res.stderr.strip()}")
@@ -66,9 +71,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--machine", default="mini-2numa")
+    ap.add_argument("--user", default="sgtest1",
+                    help="job user the steps run as (not root: slurmstepd runs a root job's "
+                         "hooks with root's rights, a user's with the user's) [sgtest1]")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("slurm-gpu: bench_spank needs root (it starts Slurm)", file=sys.stderr)
+        return 2
+    import pwd
+    try:
+        pwd.getpwnam(a.user)
+    except KeyError:
+        print(f"slurm-gpu: no user {a.user} (create it, or pass --user)", file=sys.stderr)
         return 2
     base = Path("/tmp/slurm-gpu-bench")
     base.mkdir(exist_ok=True)
@@ -89,17 +103,17 @@ def main() -> int:
         times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
         for name, conf, argv in variants:           # warm-up: page cache, first-step costs
             plugstack.write_text(conf)
-            _time(argv, env)
+            _time(argv, env, a.user)
         for _ in range(a.runs):
             for name, conf, argv in variants:
                 plugstack.write_text(conf)
-                times[name].append(_time(argv, env))
+                times[name].append(_time(argv, env, a.user))
         plugstack.write_text(line)
         rss_on = _slurmd_rss_kib(with_plugin)
         without = _sandbox(base, "off", a.machine, spank=False)
         wenv = dict(without.env)
         for _ in range(len(variants) * (a.runs + 1)):
-            _time(["srun", "-N1", "true"], wenv)
+            _time(["srun", "-N1", "true"], wenv, a.user)
         rss_off = _slurmd_rss_kib(without)
     finally:
         for sb in (with_plugin, without):
@@ -109,7 +123,7 @@ def main() -> int:
 
     base_ms = statistics.median(times["no plugin"]) * 1000
     failed = False
-    print(f"bench_spank: medians of {a.runs} runs, machine {a.machine}, interleaved")
+    print(f"bench_spank: medians of {a.runs} runs, machine {a.machine}, as {a.user}, interleaved")
     for name, _, argv in variants:
         med = statistics.median(times[name]) * 1000
         ratio = med / base_ms
