@@ -27,6 +27,7 @@ def _type_map(items: Sequence[str]) -> dict[str, str]:
 
 
 def build_options(ctx_opts: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
+    """The :class:`~slurm_gpu.confgen.GresOptions` for the command line (pci.ids read only when needed)."""
     from ..confgen import GresOptions
     from ..confgen.pciids import load_nvidia_names
 
@@ -41,6 +42,7 @@ def build_options(ctx_opts: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
 
 
 def gres_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every gres subcommand takes (inputs plus naming, sharing, sockets)."""
     opts = [
         click.option("--dev-dir", default="/dev", show_default=True, help="Directory of nvidia device files."),
         click.option("--type-map", multiple=True, metavar="KEY=TYPE",

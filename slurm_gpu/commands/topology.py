@@ -16,6 +16,7 @@ from .confgen_io import input_options, load_nodes, read_config, replace_config
 
 
 def topo_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every topology subcommand takes (inputs plus tree/block choices)."""
     opts = [
         click.option("--ibnetdiscover", "dumps", multiple=True, metavar="FILE",
                      help="ibnetdiscover output, one file per fabric (tree)."),

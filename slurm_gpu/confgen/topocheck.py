@@ -16,12 +16,15 @@ from .slurmconf import change_line, records
 
 @dataclass
 class TopoMeaning:
+    """What a topology file means: switches (nodes, child switches), blocks as node sets, BlockSizes."""
+
     switches: dict[str, tuple[frozenset[str], frozenset[str]]] = field(default_factory=dict)
     blocks: list[frozenset[str]] = field(default_factory=list)
     block_sizes: tuple[int, ...] = ()
 
 
 def parse_conf(lines: Iterable[str], source: str = "topology.conf") -> TopoMeaning:
+    """Parse topology.conf (tree or block lines); InputError names ``source:line``."""
     m = TopoMeaning()
     for rec in records(lines, source):
         where = f"{source}:{rec.line}"
@@ -56,6 +59,7 @@ def _hl(v: Any, where: str) -> frozenset[str]:
 
 
 def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
+    """Parse topology.yaml (Slurm >= 25.05) into the same meaning as :func:`parse_conf`."""
     import yaml
 
     try:
@@ -83,6 +87,7 @@ def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
 
 
 def compare(current: TopoMeaning, wanted: TopoMeaning) -> list[str]:
+    """Readable ``+``/``-``/``~`` lines for every difference; [] when the meaning is equal."""
     out: list[str] = []
     for name in sorted(set(current.switches) | set(wanted.switches), key=hostlist.natural_key):
         line = change_line(f"switch {name}", current.switches.get(name), wanted.switches.get(name), _sw)

@@ -683,4 +683,5 @@ def set_overlay(sim: Any, overlay: Mapping[str, Any]) -> None:
 
 
 def iter_gpu_facts(sim: SimNvml) -> Iterator[dict[str, Any]]:
+    """The simulated GPUs' facts, in NVML index order (read-only use: edit under ``sim.edit()``)."""
     yield from sim.state["facts"]["gpus"]
