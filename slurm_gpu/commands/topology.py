@@ -59,7 +59,10 @@ def _render(kw: dict[str, Any]) -> str:
     t = b = None
     if want_tree:
         fabrics = [ibnet.parse_file(p) for p in kw["dumps"]]
-        allowed = hostlist.expand(kw["node_filter"]) if kw["node_filter"] else None
+        try:
+            allowed = hostlist.expand(kw["node_filter"]) if kw["node_filter"] else None
+        except InputError as e:  # a bad option value is a usage error (exit 2)
+            raise UsageError(f"--nodes: {e.what}") from None
         match = tree.host_matcher(kw["host_regex"], keep_domain=kw["keep_domain"], nodes=allowed)
         t = tree.build_tree(fabrics, match)
         inputs += [f"ibnetdiscover {p}" for p in kw["dumps"]]

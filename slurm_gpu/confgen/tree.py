@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from . import hostlist
 from .ibnet import IbFabric
 
@@ -68,7 +68,7 @@ def host_matcher(regex: str | None = None, *, keep_domain: bool = False,
     try:
         rx = re.compile(regex or DEFAULT_HOST_REGEX)
     except re.error as e:
-        raise InputError(f"bad --host-regex: {e}") from None
+        raise UsageError(f"bad --host-regex: {e}") from None
     allowed = set(nodes) if nodes is not None else None
 
     def match(desc: str) -> str | None:

@@ -78,3 +78,10 @@ def test_apply_replaces_a_file_it_cannot_parse(tmp_path: Path, capsys) -> None:
     assert "slurm-gpu: note: previous file not understood: " in err and f"({conf}:1)" in err
     assert "SwitchName=" in conf.read_text() and "n[1-" not in conf.read_text()
     assert (tmp_path / "topology.conf.bak").read_text() == "SwitchName=s1 Nodes=n[1-\n"
+
+
+def test_bad_option_values_are_usage_errors(capsys) -> None:
+    rc, out, err = run(capsys, "topology", "render", "--ibnetdiscover", DUMP, "--host-regex", "([")
+    assert rc == 2 and out == "" and err.startswith("slurm-gpu: bad --host-regex: ") and err.count("\n") == 1
+    rc, out, err = run(capsys, "topology", "render", "--ibnetdiscover", DUMP, "--nodes", "n[1-")
+    assert rc == 2 and out == "" and err.startswith("slurm-gpu: --nodes: bad hostlist 'n[1-'") and err.count("\n") == 1
