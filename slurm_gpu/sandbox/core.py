@@ -242,6 +242,7 @@ class Sandbox:
             ctld_addr = "127.0.0.1"
         self.state["nodes"] = [{"name": s.name, "addr": s.addr, "port": s.port} for s in specs]
         self.state["ctld_port"] = ctld_port
+        self.state["ctld_addr"] = ctld_addr
         self._save()
 
         devices.make_devices(L.dev, self.model)
@@ -408,8 +409,15 @@ class Sandbox:
         alive = {p.name for p in self._daemons() if procs.alive(p)}
         if "slurmctld" not in alive or "munged" not in alive:
             return
+        # A slurmctld that does not accept connections would make squeue retry for seconds.
         try:
-            res = run(["squeue", "-h", "-o", "%A"], timeout=5, env=self.env, check=False)
+            with socket.create_connection((self.state.get("ctld_addr", "127.0.0.1"),
+                                           int(self.state.get("ctld_port", 0))), timeout=0.5):
+                pass
+        except (OSError, ValueError):
+            return
+        try:
+            res = run(["squeue", "-h", "-o", "%A"], timeout=3, env=self.env, check=False)
             ids = res.stdout.split()
             if not ids:
                 return

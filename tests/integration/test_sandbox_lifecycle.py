@@ -163,6 +163,10 @@ def test_down_sweeps_job_steps_when_slurmctld_is_gone(make_sandbox):
         assert steps and tasks, "the step did not start"
         ctld = next(d for d in daemons if d.name == "slurmctld")
         os.kill(ctld.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while procs.alive(ctld) and time.monotonic() < deadline:
+            c.sb._reap()  # it is this process's child: collect the zombie
+            time.sleep(0.02)
 
         rep = c.sb.down()
 
