@@ -39,13 +39,8 @@ _CI_SLICES = {v: k for k, v in CIP_BY_SLICES.items()}
 
 
 def gi_id_for(model: GpuModel, start: int, size: int) -> int:
-    """The GI id the driver gives a placement (8-slice rule, scaled for A30's 4)."""
-    if model.memory_slices == 8:
-        return gi_id_for_placement(start, size)
-    # A30: whole GPU 0, halves 1-2, quarters 3-6.
-    if size >= model.memory_slices:
-        return 0
-    return 1 + start // 2 if size == 2 else 3 + start
+    """The GI id the simulator gives a new placement on this GPU model."""
+    return gi_id_for_placement(start, size, model.memory_slices)
 
 
 class c_nvmlGpuInstancePlacement_t(ctypes.Structure):

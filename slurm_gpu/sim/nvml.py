@@ -37,25 +37,22 @@ MIG_MINORS_PER_GPU = MIG_GIS_PER_GPU * MIG_CAPS_PER_GI   # 135: 15 GIs x (1 GI +
 MIG_MAX_GPUS = 32
 
 
-def gi_id_for_placement(start: int, size: int) -> int:
-    """The GPU instance id a driver gives a placement on an 8-memory-slice GPU.
+def gi_id_for_placement(start: int, size: int, slices: int = 8) -> int:
+    """The GPU instance id the simulator gives a new instance at *start*:*size*.
 
-    The id is the partition number: 0 = whole GPU, 1-2 halves, 3-6
-    quarters, 7-14 eighths, the upper half (slices 4-7) first.  This matches
-    real data: ``nvidia-smi mig -lgi`` on an A100 (3g at 4:4 is GI 1, at 0:4
-    GI 2; "-cgi 19,19,14,9" gives GIs 13, 11, 3 and then no room for 3g) and
-    stackhpc's H100 ``slurmd -G`` (4g.40gb GI 2 with 1g GIs 7,8,9; 4g.40gb
-    GI 1 with 1g GIs 11,12,13).
+    Ids number the partition tree of a GPU with *slices* memory slices: 0 is
+    the whole GPU, then the halves, quarters and eighths, left to right
+    (8 slices: 1-2, 3-6, 7-14; A30's 4 slices: 1-2, 3-6).  This is what the
+    real ``nvidia-smi mig -lgi`` listings in tests/data/mig show for
+    instances created on an empty GPU (A100: 1g at 0:1..6:1 are GIs 7..13,
+    2g at 2:2 is GI 4, 3g at 4:4 is GI 2; A30: 1g at 0:1..3:1 are GIs 3..6).
+    Real drivers also reuse ids by creation history (another A100 listing
+    has a 3g at 4:4 as GI 1), so recorded machines keep their recorded ids
+    and nothing in the project finds an instance by id alone.
     """
-    if size >= 8:
+    if size >= slices:
         return 0
-    # The upper half of the memory slices is numbered first, as real drivers do.
-    half = 0 if start >= 4 else 1
-    if size == 4:
-        return 1 + half
-    if size == 2:
-        return 3 + half * 2 + (start % 4) // 2
-    return 7 + half * 4 + start % 4
+    return slices // size - 1 + start // size
 
 
 def mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:

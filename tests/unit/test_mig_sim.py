@@ -90,9 +90,11 @@ def test_error_codes(sim) -> None:
         == C.NVML_ERROR_INSUFFICIENT_RESOURCES
     # GI with a CI -> IN_USE; after the CI goes, the GI goes
     assert _code(api, api.nvmlGpuInstanceDestroy, gi) == C.NVML_ERROR_IN_USE
+    gi_id = api.nvmlGpuInstanceGetInfo(gi).id
+    assert api.nvmlDeviceGetGpuInstanceById(h1, gi_id) is not None
     api.nvmlComputeInstanceDestroy(ci)
     api.nvmlGpuInstanceDestroy(gi)
-    assert _code(api, api.nvmlDeviceGetGpuInstanceById, h1, 1) == C.NVML_ERROR_NOT_FOUND
+    assert _code(api, api.nvmlDeviceGetGpuInstanceById, h1, gi_id) == C.NVML_ERROR_NOT_FOUND
     # MIG mode change with instances present -> IN_USE
     assert _code(api, api.nvmlDeviceSetMigMode, h1, 0) == C.NVML_ERROR_IN_USE
 

@@ -87,9 +87,36 @@ def test_mig_instances_and_cap_minors_match_real_slurmd() -> None:
 
 
 def test_gi_numbering_follows_real_drivers() -> None:
-    assert gi_id_for_placement(4, 4) == 1 and gi_id_for_placement(0, 4) == 2   # A100 -lgi
-    assert [gi_id_for_placement(s, 1) for s in (4, 5, 6, 0, 1, 2)] == [7, 8, 9, 11, 12, 13]
-    assert gi_id_for_placement(0, 8) == 0
+    # The real A100 `nvidia-smi mig -lgi` listing in tests/data/mig: 1g at 0:1..6:1
+    # are GIs 7..13, 2g at 2:2 is GI 4, 3g at 4:4 is GI 2; whole GPU is GI 0.
+    assert [gi_id_for_placement(s, 1) for s in range(7)] == [7, 8, 9, 10, 11, 12, 13]
+    assert gi_id_for_placement(2, 2) == 4 and gi_id_for_placement(4, 4) == 2
+    assert gi_id_for_placement(0, 4) == 1 and gi_id_for_placement(0, 8) == 0
+    # A30 (4 memory slices): 1g.6gb at 0:1..3:1 are GIs 3..6.
+    assert [gi_id_for_placement(s, 1, slices=4) for s in range(4)] == [3, 4, 5, 6]
+    assert gi_id_for_placement(0, 4, slices=4) == 0
+
+
+def test_h100_mig_machine_uses_only_valid_h100_placements() -> None:
+    """Every recorded instance sits where NVIDIA's H100 placement table allows."""
+    import json
+    from pathlib import Path
+
+    from slurm_gpu.mig.profiles import find_model
+    facts = json.loads((Path(__file__).resolve().parents[1] / "data" / "machines" / "h100-mig" / "facts.json").read_text())
+    seen = 0
+    for g in facts["gpus"]:
+        model = find_model(g["name"])
+        assert model is not None
+        used: set[int] = set()
+        for inst in g["mig"]["instances"]:
+            prof = model.profile(inst["profile"])
+            assert prof is not None and inst["start"] in prof.starts and inst["size"] == prof.size, inst
+            slices = set(range(inst["start"], inst["start"] + inst["size"]))
+            assert not slices & used, f"overlapping instances on GPU {g['bus_id']}"
+            used |= slices
+            seen += 1
+    assert seen == 8
 
 
 def test_profile_name_fallback_from_attributes() -> None:

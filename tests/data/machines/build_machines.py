@@ -317,8 +317,11 @@ def h100_mig() -> tuple[dict[str, Any], str]:
     # 4x H100 SXM5 modelled on the real `slurmd -G` of stackhpc's io-io-gpu-02:
     # GPUs 0,1 whole; GPU 2: 4g.40gb (GI 2) + 3x 1g.10gb (GI 7,8,9);
     # GPU 3: 4g.40gb (GI 1) + 3x 1g.10gb (GI 11,12,13).  Memory/SMs from that
-    # node's real `nvidia-smi mig -lgip`.
-    from slurm_gpu.sim.nvml import gi_id_for_placement, mig_uuid
+    # node's real `nvidia-smi mig -lgip`.  The GI ids are the recorded ones
+    # (they depend on the driver's creation history, not only on placement);
+    # H100 allows 4g.40gb only at {0}:4, so the 1g instances sit at 4, 5, 6.
+    from slurm_gpu.sim.nvml import mig_uuid
+    recorded_gi = {2: (2, (7, 8, 9)), 3: (1, (11, 12, 13))}
     buses = ["0000:06:00.0", "0000:0c:00.0", "0000:46:00.0", "0000:4c:00.0"]
     gpus = []
     for i, b in enumerate(buses):
@@ -327,12 +330,12 @@ def h100_mig() -> tuple[dict[str, Any], str]:
                  nvlink={"count": 18, "version": 4,
                          "peers": switch_peers([f"0000:{x:02x}:00.0" for x in (0xa5, 0xa6, 0xa7, 0xa8)], [5, 4, 4, 5])})
         if i >= 2:
-            big_start, small = (0, (4, 5, 6)) if i == 2 else (4, (0, 1, 2))
-            insts = [{"gi_id": gi_id_for_placement(big_start, 4), "gi_profile_id": 5, "profile": "4g.40gb",
-                      "start": big_start, "size": 4, "slices": 4, "memory_mb": 40448, "sm_count": 64,
+            big_gi, small_gis = recorded_gi[i]
+            insts = [{"gi_id": big_gi, "gi_profile_id": 5, "profile": "4g.40gb",
+                      "start": 0, "size": 4, "slices": 4, "memory_mb": 40448, "sm_count": 64,
                       "cis": [{"ci_id": 0, "ci_profile_id": 3, "start": 0, "slices": 4, "sm_count": 64}]}]
-            for s in small:
-                insts.append({"gi_id": gi_id_for_placement(s, 1), "gi_profile_id": 19, "profile": "1g.10gb",
+            for gi_id, s in zip(small_gis, (4, 5, 6)):
+                insts.append({"gi_id": gi_id, "gi_profile_id": 19, "profile": "1g.10gb",
                               "start": s, "size": 1, "slices": 1, "memory_mb": 9984, "sm_count": 16,
                               "cis": [{"ci_id": 0, "ci_profile_id": 0, "start": 0, "slices": 1, "sm_count": 16}]})
             for gi in insts:
