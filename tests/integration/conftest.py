@@ -262,10 +262,30 @@ def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
                           cwd="/", **kw)
 
 
-@pytest.fixture(scope="session")
-def sandbox_dir() -> Any:
-    """``sandbox_dir(tag)`` -> a fresh directory job users can reach (caller cleans up)."""
-    return new_sandbox_dir
+@pytest.fixture
+def sandbox_dir() -> Iterator[Any]:
+    """``sandbox_dir(tag)`` -> a fresh directory job users can reach.
+
+    After the test, whatever sandbox is recorded there is stopped and the
+    directory removed (kept with ``SLURM_GPU_KEEP_SANDBOX=1``).
+    """
+    from slurm_gpu.sandbox import Sandbox
+
+    made: list[Path] = []
+
+    def make(tag: str) -> Path:
+        d = new_sandbox_dir(tag)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        try:
+            if (d / "run" / "sandbox.json").exists():
+                Sandbox.attach(d).down()
+        finally:
+            if os.environ.get("SLURM_GPU_KEEP_SANDBOX") != "1":
+                shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
