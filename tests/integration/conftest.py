@@ -262,12 +262,13 @@ def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
                           cwd="/", **kw)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sandbox_dir() -> Iterator[Any]:
     """``sandbox_dir(tag)`` -> a fresh directory job users can reach.
 
-    After the test, whatever sandbox is recorded there is stopped and the
-    directory removed (kept with ``SLURM_GPU_KEEP_SANDBOX=1``).
+    At the end of the session, whatever sandbox is recorded there is stopped
+    and the directory removed (kept with ``SLURM_GPU_KEEP_SANDBOX=1``).
+    Session scope, so module fixtures can use it too.
     """
     from slurm_gpu.sandbox import Sandbox
 
