@@ -47,9 +47,20 @@ class NodeSettings:
         return self.nvml[len(SIM_PREFIX):] if self.nvml.startswith(SIM_PREFIX) else None
 
 
+# Set by use_node_name(); wins over the environment (see config.use_config).
+_node_name: str | None = None
+
+
+def use_node_name(name: str | None) -> None:
+    """Make *name* this process's Slurm node name (None: back to the lookup)."""
+    global _node_name
+    _node_name = name
+
+
 def node_name() -> str:
-    """Slurm's name for this node (``SLURMD_NODENAME``), else the short host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    """Slurm's name for this node: as set by :func:`use_node_name`, else
+    ``SLURMD_NODENAME``, else the short host name."""
+    return _node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def settings(raw: dict[str, Any] | None = None) -> NodeSettings:

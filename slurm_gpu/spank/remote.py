@@ -61,16 +61,17 @@ _step: Step | None = None
 
 
 def _load_step(spank: Any) -> Step:
+    from .. import config
+    from ..hw import live
     args = options.parse_plugstack_args(spank.args)
-    if args.config:
-        # the config reader and load_node() look here; this is slurmstepd's
-        # own environment, never the task's
-        os.environ["SLURM_GPU_CONFIG"] = args.config
+    # Tell the config reader and load_node() in-process: putenv() in
+    # slurmstepd, whose message thread may read environ, is not safe.
+    config.use_config(args.config or None)
     # slurmstepd's own environment has slurmd's node name; the job's
     # environment does not have it yet at init_post_opt, so a SLURMD_NODENAME
     # there came from the user and must not steer root's paths (%n)
     hostname = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    os.environ["SLURMD_NODENAME"] = hostname
+    live.use_node_name(hostname)
     profile = spank.option_value(PROFILE)
     step = Step(
         numa=options.effective_numa_bind(spank.option_value(NUMA_BIND), args),
@@ -81,7 +82,8 @@ def _load_step(spank: Any) -> Step:
     )
     bind = step.numa.mode != binding.OFF and bool(spank.getenv(gpu_var(spank)))
     from . import nodecache
-    step.facts = nodecache.get(os.environ.get("SLURM_GPU_CONFIG"), hostname, with_gpus=bind)
+    cfg = config.config_path()
+    step.facts = nodecache.get(str(cfg) if cfg else None, hostname, with_gpus=bind)
     if not bind:
         step.facts = dict(step.facts, gpus=None)
     return step

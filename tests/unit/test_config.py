@@ -52,3 +52,31 @@ def test_bad_toml_names_the_file(monkeypatch, tmp_path) -> None:
     with pytest.raises(InputError) as ei:
         config.load_raw()
     assert ei.value.line().startswith("slurm-gpu: bad config") and str(p) in ei.value.line()
+
+
+def test_use_config_wins_over_environment_without_putenv(monkeypatch, tmp_path) -> None:
+    env_file = tmp_path / "env.toml"
+    env_file.write_text("[demo]\nname = 'env'\n")
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[demo]\nname = 'mine'\n")
+    monkeypatch.setenv(config.ENV_VAR, str(env_file))
+    try:
+        config.use_config(str(mine))
+        assert config.config_path() == mine
+        assert config.section(Demo, "demo").name == "mine"
+        import os
+        assert os.environ[config.ENV_VAR] == str(env_file)   # the environment is untouched
+    finally:
+        config.use_config(None)
+    assert config.config_path() == env_file
+
+
+def test_use_node_name_wins_over_environment(monkeypatch) -> None:
+    from slurm_gpu.hw import live
+    monkeypatch.setenv("SLURMD_NODENAME", "from-env")
+    try:
+        live.use_node_name("n7")
+        assert live.node_name() == "n7"
+    finally:
+        live.use_node_name(None)
+    assert live.node_name() == "from-env"
