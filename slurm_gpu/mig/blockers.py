@@ -55,12 +55,11 @@ def find(proc: str = "/proc", slurm_conf: str | None = None) -> list[Blocker]:
     out: list[Blocker] = []
     seen: set[str] = set()
     try:
-        names = os.listdir(proc)
+        # numeric order: the report must not depend on the filesystem's listing order
+        names = sorted((n for n in os.listdir(proc) if n.isdigit()), key=int)
     except OSError:
         names = []
     for pid in names:
-        if not pid.isdigit():
-            continue
         try:
             with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
                 comm = f.read().strip()
