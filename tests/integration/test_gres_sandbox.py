@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import REPO
+from sandboxlib import REPO
 from slurm_gpu.confgen import GresOptions, render_gres_conf, socket_layout
 from slurm_gpu.confgen.gres import node_gres_summary
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Cluster, new_sandbox_dir
+from sandboxlib import REPO, Cluster, new_sandbox_dir
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 N_LIFECYCLES = int(os.environ.get("SLURM_GPU_LIFECYCLES", "500"))

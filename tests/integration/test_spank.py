@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Cluster
+from sandboxlib import REPO, Cluster
 
 MACHINE = os.environ.get("SLURM_GPU_SPANK_MACHINE", "mini-2numa")
 OPTIONS = ("--gpu-numa-bind", "--gpu-profile", "--gpu-mps", "--gpu-mig")
@@ -35,7 +35,7 @@ print("TASK", os.environ["SLURM_LOCALID"], os.environ.get("CUDA_VISIBLE_DEVICES"
 @pytest.fixture(scope="module")
 def prolog_dump(tmp_path_factory) -> Path:
     """A Prolog that records the SPANK_* variables it sees, one file per job."""
-    from conftest import new_sandbox_dir
+    from sandboxlib import new_sandbox_dir
     d = new_sandbox_dir("spank-prolog")
     (d / "env").mkdir()
     script = d / "prolog.sh"

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import REPO
+from sandboxlib import REPO
 from slurm_gpu.confgen import hostlist
 
 SCRIPT = REPO / "scripts" / "trixie-root.sh"

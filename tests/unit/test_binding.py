@@ -170,7 +170,7 @@ def test_verbose_line():
 
 
 def test_every_recorded_gpu_machine_binds_each_gpu_locally(gpu_machine_name):
-    from conftest import load_machine
+    from machinedata import load_machine
     node = load_machine(gpu_machine_name)
     allowed = [p for c in node.cores for p in c.pus]
     loc = locality(node)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, machine_xml
+from machinedata import ROOT, machine_xml
 from slurm_gpu.cli import main
 
 XML = str(machine_xml("dgx2"))

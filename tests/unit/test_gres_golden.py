@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, all_machines, hwloc_machines, machine_xml
+from machinedata import ROOT, all_machines, hwloc_machines, machine_xml
 
 sys.path.insert(0, str(ROOT / "tests" / "data" / "golden"))
 import regenerate  # noqa: E402  (the golden generator: same options the goldens were made with)

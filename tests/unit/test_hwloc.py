@@ -10,8 +10,8 @@ import os
 import subprocess
 
 import pytest
-from conftest import hwloc_calc as calc
-from conftest import hwloc_machines, machine_xml
+from machinedata import hwloc_calc as calc
+from machinedata import hwloc_machines, machine_xml
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.hw import hwloc

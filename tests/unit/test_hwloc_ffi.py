@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import machine_xml
+from machinedata import machine_xml
 
 from slurm_gpu.hw import hwloc_ffi as H
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, all_machines, hwloc_machines, machine_dir, machine_xml
-from conftest import hwloc_calc as calc
+from machinedata import ROOT, all_machines, hwloc_machines, machine_dir, machine_xml
+from machinedata import hwloc_calc as calc
 
 from slurm_gpu import cli
 from slurm_gpu.commands.inventory import ranges

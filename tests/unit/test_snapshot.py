@@ -12,7 +12,7 @@ from slurm_gpu.hw import snapshot as snap
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import MACHINES_DIR  # noqa: E402
+from machinedata import MACHINES_DIR  # noqa: E402
 
 SNAPSHOT_MACHINES = sorted(d.name for d in MACHINES_DIR.iterdir() if (d / "snapshot.json").is_file())
 H100 = str(MACHINES_DIR / "h100-sxm-8x" / "snapshot.json")

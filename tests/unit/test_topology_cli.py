@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import ROOT
+from machinedata import ROOT
 from slurm_gpu.cli import main
 from slurm_gpu.hw import snapshot as snap
 from slurm_gpu.hw.model import Fabric

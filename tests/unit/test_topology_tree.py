@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT
+from machinedata import ROOT
 from slurm_gpu.confgen import hostlist, ibnet, topocheck, topology, tree
 from slurm_gpu.errors import InputError
 

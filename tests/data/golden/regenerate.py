@@ -31,7 +31,7 @@ def machine_options(name: str):  # -> GresOptions
 
 
 def machine_source(name: str) -> str:
-    from conftest import machine_dir
+    from machinedata import machine_dir
 
     d = machine_dir(name)
     f = d / "snapshot.json" if (d / "snapshot.json").is_file() else d / "hwloc.xml"
@@ -40,7 +40,7 @@ def machine_source(name: str) -> str:
 
 def golden_outputs() -> dict[str, Callable[[], str]]:
     """File name -> function producing its text."""
-    from conftest import all_machines, load_machine
+    from machinedata import all_machines, load_machine
 
     from slurm_gpu.confgen import render_gres_conf
     from slurm_gpu.confgen import ibnet, topology, tree

@@ -1,0 +1,185 @@
+"""Helpers for the integration tests: sandboxes, job users, Slurm commands.
+
+Test modules import these from here (``from sandboxlib import Cluster``),
+never from ``conftest``: pytest loads every conftest.py under that one
+module name, so such imports pick up whichever was loaded last."""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pytest
+
+from slurm_gpu.runner import SAFE_PATH, Completed, RunAs, run
+
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+BASE = Path(os.environ.get("SLURM_GPU_TEST_BASE", "/tmp/slurm-gpu-tests"))
+JOB_USERS = ("sgtest1", "sgtest2")
+
+# The default machine of every integration test (a recorded 8-GPU server);
+# SLURM_GPU_TEST_MACHINE overrides it (name or path).  Until the recorded
+# H100 box is in the tree, the real DGX-2 hwloc XML stands in.
+DEFAULT_MACHINE = os.environ.get("SLURM_GPU_TEST_MACHINE") or (
+    "h100-sxm-8x" if (REPO / "tests" / "data" / "machines" / "h100-sxm-8x").is_dir() else "dgx2")
+
+REQUIRED = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun",
+            "/usr/bin/sbatch", "/usr/bin/scontrol", "/usr/bin/sinfo", "/usr/bin/squeue")
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+def _missing_prerequisite() -> str | None:
+    if os.geteuid() != 0:
+        return "integration tests need root (they start Slurm's daemons)"
+    missing = [p for p in REQUIRED if not os.access(p, os.X_OK)]
+    if missing:
+        return f"Slurm/munge not installed ({missing[0]} missing; run scripts/install.sh)"
+    return None
+
+# -- job users ---------------------------------------------------------------
+def ensure_user(name: str) -> pwd.struct_passwd:
+    """The passwd entry of *name*, creating the user (with a home) if missing."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    res = run(["useradd", "--create-home", "--shell", "/bin/bash", name], timeout=30, check=False)
+    if res.returncode not in (0, 9):  # 9: created concurrently by another test run
+        pytest.fail(f"useradd {name} failed: {res.stderr.strip()}")
+    return pwd.getpwnam(name)
+
+# -- a running sandbox plus helpers ------------------------------------------
+def parse_kv(text: str) -> dict[str, str]:
+    """``scontrol show ... -o`` output -> dict (values may contain spaces? no: -o keeps one token)."""
+    out: dict[str, str] = {}
+    for tok in text.split():
+        key, sep, val = tok.partition("=")
+        if sep:
+            out[key] = val
+    return out
+
+class Cluster:
+    """A started sandbox and the commands tests run against it."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self.sb = sandbox
+
+    @property
+    def dir(self) -> Path:
+        return self.sb.dir
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.sb.env
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.sb.node_names
+
+    def run(self, argv: Sequence[str], *, user: str | None = None, timeout: float = 60,
+            env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+            input: str | None = None) -> Completed:
+        """Run *argv* with this sandbox's SLURM_CONF, as root or as job *user*.
+
+        Never raises on a non-zero exit: tests assert on ``returncode``.
+        """
+        full = dict(self.env)
+        run_as = None
+        if user is not None:
+            pw = ensure_user(user)
+            run_as = RunAs(pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
+            full.update(HOME=pw.pw_dir, USER=user, LOGNAME=user)
+            cwd = cwd or pw.pw_dir
+        full.update(env or {})
+        return run(list(argv), timeout=timeout, env=full, check=False, run_as=run_as,
+                   cwd=str(cwd or self.dir), input=input)
+
+    def srun(self, *args: str, user: str | None = None, timeout: float = 60) -> Completed:
+        return self.run(["srun", *args], user=user, timeout=timeout)
+
+    def sbatch(self, *args: str, user: str | None = None, cwd: str | None = None) -> int:
+        """Submit with ``sbatch --parsable``; returns the job id."""
+        res = self.run(["sbatch", "--parsable", *args], user=user, cwd=cwd, timeout=30)
+        assert res.returncode == 0, f"sbatch failed: {res.stderr.strip()}"
+        return int(res.stdout.strip().split(";")[0])
+
+    def job(self, jobid: int) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict (empty once the job is forgotten)."""
+        res = self.run(["scontrol", "show", "job", "-o", str(jobid)], timeout=10)
+        return parse_kv(res.stdout) if res.returncode == 0 else {}
+
+    def wait_job(self, jobid: int, *, timeout: float = 60, states: set[str] = TERMINAL) -> dict[str, str]:
+        """Poll until the job reaches one of *states*; returns its scontrol record."""
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(jobid)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.1)
+        raise AssertionError(f"job {jobid} not in {sorted(states)} after {timeout} s: "
+                             f"{info.get('JobState')} {info.get('Reason')}")
+
+    def node(self, name: str) -> dict[str, str]:
+        res = self.run(["scontrol", "show", "node", "-o", name], timeout=10)
+        assert res.returncode == 0, res.stderr
+        return parse_kv(res.stdout)
+
+    def node_states(self) -> dict[str, str]:
+        res = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=10)
+        return dict(line.split() for line in res.stdout.splitlines() if line.strip())
+
+    def wait_node_state(self, name: str, want: str | re.Pattern[str], timeout: float = 30) -> str:
+        """Poll sinfo until node *name*'s long state matches *want*."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.node_states().get(name, "")
+            if (want.fullmatch(state) if isinstance(want, re.Pattern) else state == want):
+                return state
+            time.sleep(0.1)
+        raise AssertionError(f"node {name} not {want} after {timeout} s (state {state!r})")
+
+    def log(self, name: str) -> str:
+        """Text of a daemon log: ``slurmctld`` or a node name."""
+        p = self.sb.layout.slurmctld_log if name == "slurmctld" else self.sb.layout.slurmd_log(name)
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def user_dir(self, user: str) -> Path:
+        """A scratch directory under the sandbox owned by *user* (job output goes here)."""
+        pw = ensure_user(user)
+        d = self.dir / "users" / user
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir / "users", 0o755)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        os.chmod(d, 0o700)
+        return d
+
+def new_sandbox_dir(tag: str) -> Path:
+    BASE.mkdir(parents=True, exist_ok=True)
+    os.chmod(BASE, 0o755)
+    d = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=BASE))
+    os.chmod(d, 0o755)
+    return d
+
+def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
+                  env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run this checkout's ``slurm-gpu`` with the venv's interpreter."""
+    import sys
+    full = {"PATH": SAFE_PATH, "PYTHONPATH": str(REPO)}
+    full.update(env or {})
+    argv = [sys.executable, "-m", "slurm_gpu", *args]
+    kw: dict[str, Any] = {}
+    if user is not None:
+        pw = ensure_user(user)
+        kw.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full,
+                          cwd="/", **kw)
