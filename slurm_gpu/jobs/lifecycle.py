@@ -69,6 +69,18 @@ def default_context(env: Mapping[str, str] | None = None) -> Context:
                    locality_key=f"{node.nvml}|{node.snapshot}")
 
 
+def _lazy_api(ctx: Context) -> Callable[[], Any]:
+    """NVML opened on first use: a job that needs no NVML call never opens it."""
+    box: list[Any] = []
+
+    def api() -> Any:
+        if not box:
+            box.append(ctx.open_api())
+        return box[0]
+
+    return api
+
+
 # -- options --------------------------------------------------------------
 
 def parse_mps(value: str) -> int | None:
@@ -150,12 +162,7 @@ def prolog(ctx: Context) -> int:
     st = jobstate.new(jobid, uid=user.uid, gid=user.gid, user=user.name)
     st["options"] = {"mps": mps_opt or None, "mig": mig_opt or None}
     jobstate.save(ctx.state_dir, st)
-    api_box: list[Any] = []
-
-    def api() -> Any:
-        if not api_box:
-            api_box.append(ctx.open_api())
-        return api_box[0]
+    api = _lazy_api(ctx)
 
     try:
         percentage = parse_mps(mps_opt) if mps_opt else None
@@ -287,12 +294,7 @@ def epilog(ctx: Context) -> int:
     user = job_user(env, st)
     if st is None:
         st = {"jobid": jobid, "mps": None, "mig": None}
-    api_box: list[Any] = []
-
-    def api() -> Any:
-        if not api_box:
-            api_box.append(ctx.open_api())
-        return api_box[0]
+    api = _lazy_api(ctx)
 
     try:
         for note in _undo(ctx, st, user, api):
