@@ -183,3 +183,27 @@ def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
         kw.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full,
                           cwd="/", **kw)
+
+
+def mps_mig_node_files(tag: str, machine: Path) -> dict[str, Path]:
+    """A node's simulator state (MIG on, no instances) and an MPS control stand-in.
+
+    The stand-in runs the installed package, as the real prolog does.
+    Remove ``result["dir"]`` when done.
+    """
+    import json
+
+    from slurm_gpu.sim.mps_control import write_wrapper
+    from slurm_gpu.sim.state import init_state_for_machine
+    d = new_sandbox_dir(tag)
+    sim = d / "sim.json"
+    init_state_for_machine(str(machine), str(sim))
+    st = json.loads(sim.read_text())
+    for g in st["facts"]["gpus"]:
+        g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
+    sim.write_text(json.dumps(st))
+    site = str(next(Path("/opt/slurm-gpu/venv/lib").glob("python3*/site-packages")))
+    ctl = write_wrapper(d / "nvidia-cuda-mps-control", python="/opt/slurm-gpu/venv/bin/python",
+                        source_root=site)
+    (d / "mps").mkdir(mode=0o755)
+    return {"dir": d, "sim": sim, "ctl": ctl, "mps": d / "mps"}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxlib import REPO, Cluster, new_sandbox_dir
+from sandboxlib import REPO, Cluster, mps_mig_node_files
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 N_LIFECYCLES = int(os.environ.get("SLURM_GPU_LIFECYCLES", "500"))
@@ -39,21 +39,9 @@ class Killed(BaseException):
 
 @pytest.fixture(scope="module")
 def node_files():
-    from slurm_gpu.sim.mps_control import write_wrapper
-    from slurm_gpu.sim.state import init_state_for_machine
-    d = new_sandbox_dir("lifecycle-node")
-    sim = d / "sim.json"
-    init_state_for_machine(str(MACHINE), str(sim))
-    st = json.loads(sim.read_text())
-    for g in st["facts"]["gpus"]:
-        g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
-    sim.write_text(json.dumps(st))
-    site = str(next(Path("/opt/slurm-gpu/venv/lib").glob("python3*/site-packages")))
-    ctl = write_wrapper(d / "nvidia-cuda-mps-control", python="/opt/slurm-gpu/venv/bin/python",
-                        source_root=site)
-    (d / "mps").mkdir(mode=0o755)
-    yield {"dir": d, "sim": sim, "ctl": ctl, "mps": d / "mps"}
-    shutil.rmtree(d, ignore_errors=True)
+    files = mps_mig_node_files("lifecycle-node", MACHINE)
+    yield files
+    shutil.rmtree(files["dir"], ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
