@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass, field, replace
 
 PREFIX = "slurm-gpu:"
-_REASON_TAIL = re.compile(r"\s*\[[^\]\[]*@[^\]\[]*\]\s*$")
+_REASON_STAMP = re.compile(r"\s\[[^\]\[\s]*@[^\]\[\s]*\](?=\s|$)")
+_AFTER_REASON = re.compile(r"\s(?:Comment|Extra)=")
 _BOOTING = {"POWERING_UP", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWER_UP", "REBOOT_ISSUED",
             "REBOOT_REQUESTED", "REBOOT"}
 _NO_TOUCH_BASE = {"DOWN", "FUTURE", "UNKNOWN"}
@@ -52,7 +53,16 @@ def parse_show_node(text: str) -> NodeState | None:
     reason = None
     r = re.search(r"(?:^|\s)Reason=(.*)$", line)
     if r:
-        reason = _REASON_TAIL.sub("", r.group(1)).strip() or None
+        # 22.05 prints "Reason=<text> [user@time]" and then, when set, the
+        # node's Comment= and Extra= on the same -o line: cut at the
+        # "[user@time]" stamp, or failing that before those fields.
+        rest = r.group(1)
+        stamp = _REASON_STAMP.search(rest)
+        if stamp:
+            rest = rest[:stamp.start()]
+        else:
+            rest = _AFTER_REASON.split(rest, 1)[0]
+        reason = rest.strip() or None
     return NodeState(m.group(1), parts[0].upper(), frozenset(p.upper() for p in parts[1:]), reason)
 
 

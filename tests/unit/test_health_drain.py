@@ -95,6 +95,18 @@ def test_parse_recorded_states():
     assert parse_show_node("") is None
 
 
+def test_parse_reason_followed_by_comment_and_extra():
+    # 22.05's node_info.c prints Comment= and Extra= after "Reason=... [user@time]"
+    # on the same -o line (see the format strings in libslurmfull.so).
+    text = capture("draining_ours").rstrip("\n") + " Comment=rack 3 row 7 Extra=owner=ops\n"
+    node = parse_show_node(text)
+    assert node.reason == "slurm-gpu: gpu.remap: row remapping pending on 0000:19:00.0: reset the GPU"
+    admin = parse_show_node(capture("admin_drained").rstrip("\n") + " Comment=x\n")
+    assert admin.reason == "disk replacement ticket 42"
+    no_stamp = parse_show_node("NodeName=n1 State=IDLE+DRAIN Reason=bad fan Comment=c")
+    assert no_stamp.reason == "bad fan"
+
+
 # ------------------------------------------------------------------- decide
 
 R = "slurm-gpu: gpu.xid: Xid 79 on 0000:02:00.0: GPU has fallen off the bus"
