@@ -7,8 +7,10 @@ with its field bugs fixed):
 
 * drain with ``slurm-gpu: <check>: <detail>``; a node already drained or
   down for another reason is left alone (its reason is never overwritten);
-* resume only a node whose reason is ours, and only after N clean runs in
-  a row; an admin who changes our reason takes the drain over;
+* resume only a node whose reason is exactly the one we set (remembered in
+  the state file), and only after N clean runs in a row; an admin who
+  changes our reason takes the drain over, even to text that starts like
+  ours, and a lost state file never leads to a blind resume;
 * no action while the node boots, powers up/down or awaits a reboot, or
   sits in a maintenance reservation (admins are working on it); reserved
   and planned nodes are drained like any other (jobs must avoid them).
@@ -110,11 +112,15 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
         return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
     mem.pending_reason = None
     if node.drained:
-        if not node.ours:
-            # Someone else's drain (or they rewrote ours): theirs to lift, never ours.
+        if not node.ours or node.reason != mem.drained_reason:
+            # Someone else's drain (or they rewrote ours): theirs to lift, never
+            # ours.  The prefix alone proves nothing: an admin may write a reason
+            # that starts like ours, and after a lost or corrupt state file we no
+            # longer know what we set, so only the exact reason we remember counts.
+            note = (f"drained with a {PREFIX} reason this node's state does not record: left for an admin"
+                    if node.ours else f"drained by someone else ({node.reason or 'no reason'}): left alone")
             mem.drained_reason, mem.clean_runs = None, 0
-            return Plan("none", f"drained by someone else ({node.reason or 'no reason'}): left alone",
-                        memory=mem)
+            return Plan("none", note, memory=mem)
         mem.drained_reason = node.reason
         if want is not None:
             mem.clean_runs = 0

@@ -132,6 +132,43 @@ def test_admin_drain_is_never_overwritten_or_resumed():
     assert p.action == "none" and p.memory.drained_reason is None
 
 
+def test_admin_reason_that_starts_like_ours_is_never_resumed():
+    # The admin re-drains with text in our format (or our state file was lost):
+    # only the exact reason this node's state remembers is ours to lift.
+    node = parse_show_node(capture("draining_ours"))
+    admin = "slurm-gpu: gpu.remap: keep drained until the RMA, ticket 77"
+    node_admin = parse_show_node(capture("draining_ours").replace(node.reason, admin))
+    mem = Memory(drained_reason=node.reason)
+    for _ in range(5):
+        p = decide(node_admin, None, mem, 1)
+        assert p.action == "none" and p.memory.drained_reason is None
+        mem = p.memory
+    for _ in range(5):                                  # state file lost: nothing remembered
+        p = decide(node, None, Memory(), 1)
+        assert p.action == "none" and "state does not record" in p.note
+
+
+def test_admin_redrain_with_our_prefix_after_our_drain_is_not_resumed(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    assert engine.run(opts(tmp_path, log, resume=1)).action == "drain"
+    slurm.text = slurm.text.replace(R, "slurm-gpu: manual hold by ops")
+    for _ in range(3):
+        assert engine.run(opts(tmp_path, log, resume=1)).action == "none"
+    assert len(slurm.updates) == 1
+
+
+def test_lost_state_file_never_resumes_blindly(tmp_path, slurm):
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    assert engine.run(opts(tmp_path, log, resume=1)).action == "drain"
+    (tmp_path / "state" / engine.STATE_FILE).write_text("{corrupt")
+    for _ in range(3):
+        engine.run(opts(tmp_path, log, resume=1))
+    assert [u[-1] for u in slurm.updates] == [f"reason={R}"]   # drained once, never resumed
+    assert parse_show_node(slurm.text).drained
+
+
 def test_resume_only_after_n_clean_runs_in_a_row():
     node = parse_show_node(capture("draining_ours"))
     mem = Memory(drained_reason=node.reason)
