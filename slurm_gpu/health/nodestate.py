@@ -5,8 +5,9 @@
 drain reason and our remembered state into one action.  The rules (NHC's,
 with its field bugs fixed):
 
-* drain with ``slurm-gpu: <check>: <detail>``; a node already drained or
-  down for another reason is left alone (its reason is never overwritten);
+* drain with ``slurm-gpu: <check>: <detail>``; a node already drained,
+  failed (``FAIL``) or down for another reason is left alone (its reason is
+  never overwritten);
 * resume only a node whose reason is exactly the one we set (remembered in
   the state file), and only after N clean runs in a row; an admin who
   changes our reason takes the drain over, even to text that starts like
@@ -111,6 +112,12 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
         mem.pending_reason = want
         return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
     mem.pending_reason = None
+    if not node.drained and ("FAIL" in node.flags or (node.reason and not node.ours)):
+        # "scontrol update state=fail reason=..." sets FAIL without DRAIN; our
+        # drain would replace the admin's reason (and we would later resume it).
+        mem.drained_reason, mem.clean_runs = None, 0
+        return Plan("none", f"node is {'+'.join([node.base, *sorted(node.flags)])} for someone else's "
+                    f"reason ({node.reason or 'no reason'}): left alone", memory=mem)
     if node.drained:
         if not node.ours or node.reason != mem.drained_reason:
             # Someone else's drain (or they rewrote ours): theirs to lift, never

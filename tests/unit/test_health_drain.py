@@ -125,6 +125,15 @@ def test_no_action_while_booting_down_or_in_maintenance(state):
     assert p.action == "none" and p.memory.pending_reason == R   # owed for later
 
 
+@pytest.mark.parametrize("state", ["IDLE+FAIL", "MIXED+FAIL"])
+def test_failed_node_reason_is_never_overwritten(state):
+    # `scontrol update state=fail reason=...` sets FAIL without DRAIN in 22.05.
+    node = parse_show_node(capture("admin_drained", state=state))
+    assert not node.drained and node.reason == "disk replacement ticket 42"
+    p = decide(node, R, Memory(), 1)
+    assert p.action == "none" and p.memory.drained_reason is None
+
+
 def test_admin_drain_is_never_overwritten_or_resumed():
     node = parse_show_node(capture("admin_drained"))
     assert decide(node, R, Memory(), 1).action == "none"
