@@ -88,7 +88,9 @@ def parse_mps(value: str) -> int | None:
     v = value.strip().lower()
     if v == "default":
         return None
-    if v.isdigit() and 1 <= int(v) <= 100:
+    # ASCII digits only: str.isdigit() also takes "²" (int() then raises, which
+    # would count as a node fault and drain the node) and other scripts' digits.
+    if v and len(v) <= 3 and all("0" <= c <= "9" for c in v) and 1 <= int(v) <= 100:
         return int(v)
     raise UsageError(f"bad --gpu-mps value {value!r}: expected a percentage 1-100 or 'default'",
                      "--gpu-mps")

@@ -188,6 +188,9 @@ def test_bad_layout_fails_job_not_node_and_touches_nothing(node: Env) -> None:
     ({"SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MIG": "1g.10gb"}, "does not have MIG mode enabled"),
     ({"CUDA_VISIBLE_DEVICES": "1", "SPANK_SLURM_GPU_MIG": "1g.10gb"}, "needs whole GPUs"),
     ({"SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MPS": "150"}, "bad --gpu-mps value"),
+    # any value reaches the prolog through a user's own SPANK plugin: never a node fault
+    ({"SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MPS": "\u00b2"}, "bad --gpu-mps value"),
+    ({"SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MPS": "\u0665\u0660"}, "bad --gpu-mps value"),
     ({"SPANK_SLURM_GPU_MPS": "default"}, "need GPUs"),
     ({"SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_GPUS": "0",
       "SPANK_SLURM_GPU_MPS": "default"}, "refused for root"),
