@@ -110,10 +110,26 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
         no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener, nvml_closer=closer,
         gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
         expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None)
-    rep = engine.run(opts)
-    if prom_file:
-        from ..health.prom import write_prom
-        write_prom(prom_file, rep)
+    from ..errors import SlurmGpuError
+    try:
+        rep = engine.run(opts)
+        if prom_file:
+            from ..health.prom import write_prom
+            write_prom(prom_file, rep)
+    except SlurmGpuError as e:
+        if not slurm_mode:
+            raise           # bad input on the command line: the house line and exit 1
+        # HealthCheckProgram: the check itself broke (a configured source is
+        # unreadable): Nagios unknown, and nothing was drained or resumed.
+        click.echo(f"slurm-gpu: health check incomplete: {e}", err=True)
+        return EXIT_UNKNOWN
+    except Exception as e:  # noqa: BLE001 - a bug in a check is "unknown", never a drain
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None and (ctx.find_root().obj or {}).get("debug"):
+            raise           # --debug: cli.py prints the traceback
+        click.echo(f"slurm-gpu: health check broke: {type(e).__name__}: {e} "
+                   "(run with --debug for a traceback)", err=True)
+        return EXIT_UNKNOWN
     if as_json:
         click.echo(_json.dumps(rep.to_json(), indent=1))
     else:

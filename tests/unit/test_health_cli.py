@@ -144,3 +144,28 @@ def test_xid_watch_stops_cleanly_on_sigterm(tmp_path):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=10)
     assert p.returncode == 0 and "stopped after 0 events" in err
+
+
+def test_a_bug_in_a_check_is_unknown_and_never_drains(tmp_path, capsys, monkeypatch):
+    from slurm_gpu import runner
+    from slurm_gpu.health import xid
+    calls = []
+    monkeypatch.setattr(runner, "run", lambda argv, *a, **k: calls.append(argv))
+
+    def broken(events):
+        raise KeyError("oops")
+    monkeypatch.setattr(xid, "check_xid", broken)
+    log = tmp_path / "k.log"
+    log.write_text(XID79)
+    for mode in ([], ["--slurm"]):
+        rc, _, err = run(["health", "--only", "gpu.xid", "--kernel-log", str(log), *mode], capsys)
+        assert rc == 3 and err.startswith("slurm-gpu: health check broke: KeyError") and calls == []
+
+
+def test_slurm_mode_unreadable_configured_source_is_unknown(tmp_path, capsys):
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "{tmp_path}/gone.log"\n')
+    from slurm_gpu import config
+    config._load.cache_clear()
+    rc, _, err = run(["health", "--only", "gpu.xid", "--slurm"], capsys)
+    assert rc == 3 and "kernel log not found" in err
