@@ -148,8 +148,13 @@ def run(opts: Options) -> Report:
             raise WatchdogExpired()
         old = signal.signal(signal.SIGALRM, _expired)
         signal.setitimer(signal.ITIMER_REAL, s.watchdog_seconds)
+    deadline = t0 + (s.watchdog_seconds if s.watchdog_seconds > 0 else 3600.0)
+
+    def disarm() -> None:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     try:
-        rep = _run(opts)
+        rep = _run(opts, deadline, disarm)
     except WatchdogExpired:
         rep = Report(opts.node, [Finding("health.watchdog", WARN, f"health check did not finish in "
                                          f"{s.watchdog_seconds:g} s: nothing changed")], "warn",
@@ -165,9 +170,13 @@ def run(opts: Options) -> Report:
 LOCK_FILE = "health.lock"
 
 
-def _run(opts: Options) -> Report:
+# Acting needs time for two scontrol calls; with less left, act next run.
+ACT_MIN_SECONDS = 1.5
+
+
+def _run(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
     if opts.no_drain or not opts.state_dir:
-        return _run_locked(opts)
+        return _run_locked(opts, deadline, disarm)
     # One acting run at a time per node (slurmd's and an admin's): the state
     # file and the cursors are read-modify-write.
     import fcntl
@@ -184,14 +193,13 @@ def _run(opts: Options) -> Report:
                     return Report(opts.node, [], "ok", ["another health check holds the lock"],
                                   broken="another health check is running on this node")
                 time.sleep(0.05)
-        return _run_locked(opts)
+        return _run_locked(opts, deadline, disarm)
     finally:
         os.close(fd)
 
 
-def _run_locked(opts: Options) -> Report:
+def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
     s = opts.settings
-    deadline = time.monotonic() + (s.watchdog_seconds or 3600.0)
     checks = select_checks(opts.only, s)
     state_path = os.path.join(opts.state_dir, STATE_FILE)
     acting = not opts.no_drain
@@ -253,8 +261,15 @@ def _run_locked(opts: Options) -> Report:
     if not acting:
         return rep
 
-    # Act on Slurm.
+    # Act on Slurm.  From here on the watchdog's alarm is off: an alarm inside
+    # scontrol would orphan the child and lose the state of a drain just made
+    # (which we then could never resume).  Every call below has a timeout
+    # taken from the same deadline instead.
     first_run = bool(opts.slurm_mode and opts.parent_slurmd and mem.slurmd != opts.parent_slurmd)
+    if not first_run and deadline - time.monotonic() < ACT_MIN_SECONDS:
+        rep.broken = "watchdog: too little time left to call scontrol: nothing changed"
+        return rep
+    disarm()
     if s.isolate_bad_gpu and health is not None and not first_run:
         findings = _try_isolate(opts, findings, health, mem, deadline, notes)
         rep.findings, rep.status = findings, worst(findings)
@@ -269,7 +284,7 @@ def _run_locked(opts: Options) -> Report:
         rep.action = "deferred" if want else "none"
     else:
         # scontrol must finish before the watchdog: a child is never left behind.
-        timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic()) / 2 - 0.5))
+        timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic() - 0.5) / 2))
         out = actions.act(opts.node, want, mem, clean_runs_to_resume=max(1, s.clean_runs_to_resume),
                           timeout=timeout)
         mem = out.plan.memory

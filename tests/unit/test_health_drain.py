@@ -305,6 +305,40 @@ def test_watchdog_expiry_changes_nothing(tmp_path, slurm, monkeypatch):
     assert not (tmp_path / "state" / engine.STATE_FILE).exists()
 
 
+def test_watchdog_never_cuts_a_drain_off_from_its_state(tmp_path, slurm, monkeypatch):
+    # A slow gather leaves little of the watchdog; a slow but successful
+    # scontrol update must not be interrupted after slurmctld applied it,
+    # or the drain is made and never remembered (and never resumed).
+    import time as _t
+    from slurm_gpu.health import xid
+    real_check, real_run = xid.check_xid, slurm.run
+
+    def slow_check(events):
+        _t.sleep(0.6)
+        return real_check(events)
+
+    def slow_update(argv, timeout, **kw):
+        res = real_run(argv, timeout, **kw)
+        if argv[1] == "update":
+            _t.sleep(min(timeout, 0.45))
+        return res
+    monkeypatch.setattr(xid, "check_xid", slow_check)
+    monkeypatch.setattr(runner, "run", slow_update)
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    o = opts(tmp_path, log)
+    o.settings.watchdog_seconds = 1.0
+    r = engine.run(o)
+    drained = parse_show_node(slurm.text).drained
+    p = tmp_path / "state" / engine.STATE_FILE
+    remembered = p.exists() and json.loads(p.read_text())["memory"]["drained_reason"] == R
+    assert drained == remembered, (r.broken, drained, remembered)
+    assert r.broken   # too little time to act: unknown, retried next run
+    monkeypatch.setattr(xid, "check_xid", real_check)
+    o.settings.watchdog_seconds = 20
+    assert engine.run(o).action == "drain"
+
+
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text("")
