@@ -98,21 +98,93 @@ def control(settings: MpsSettings, user: JobUser, pipe: Path, log: Path, command
                       env=_env(pipe, log, None), run_as=user.run_as(), check=check)
 
 
-def daemon_pids(pipe: Path, proc: str = "/proc") -> list[int]:
-    """PIDs of processes bound to this pipe directory (control daemon and servers)."""
+def _ids(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] | None:
+    """(real, effective, saved, fs uid) and start time (clock ticks after boot) of *pid*.
+
+    Both read from files that do not take the target's memory lock, so a
+    process hung in the driver cannot hang this scan.  The start time tells
+    a process from a later one that got its recycled PID.
+    """
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b") ", 1)[1].split()
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            uids = next(line for line in f if line.startswith(b"Uid:")).split()[1:5]
+        return tuple(int(u) for u in uids), int(fields[19])
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def daemon_procs(pipe: Path | str, uid: int | None, proc: str = "/proc"
+                 ) -> dict[int, tuple[int, int]]:
+    """{pid: (start time, uid)} of *uid*'s processes bound to this pipe directory.
+
+    Only processes whose every uid is the job user's count: anyone can put
+    the pipe directory into a process's environment (a setuid program
+    started with it, another user's process), and root must signal only the
+    job user's own daemon, server and clients.  Root's processes never count;
+    *uid* None takes any one non-root user (the job user is unknown).
+    """
+    if uid == 0:
+        return {}
     want = f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode()
-    out = []
+    out: dict[int, tuple[int, int]] = {}
     for name in os.listdir(proc):
         if not name.isdigit():
+            continue
+        ids = _ids(name, proc)
+        if ids is None or len(set(ids[0])) != 1 or ids[0][0] == 0 or \
+                (uid is not None and ids[0][0] != uid):
             continue
         try:
             with open(f"{proc}/{name}/environ", "rb") as f:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if want in env:
-            out.append(int(name))
-    return sorted(out)
+        if want in env and _ids(name, proc) == ids:
+            out[int(name)] = (ids[1], ids[0][0])
+    return out
+
+
+def daemon_pids(pipe: Path | str, proc: str = "/proc", uid: int | None = None) -> list[int]:
+    """PIDs of processes bound to this pipe directory (control daemon and servers).
+
+    With *uid*, only that user's processes (see :func:`daemon_procs`); the
+    default takes the owner of the pipe directory (the job user) or, when
+    the directory is gone, any non-root user.
+    """
+    if uid is None:
+        try:
+            uid = os.lstat(pipe).st_uid
+        except OSError:
+            uid = None
+    return sorted(daemon_procs(pipe, uid, proc))
+
+
+def _same(pid: int, start: int, uid: int) -> bool:
+    """*pid* is still the process seen in the scan: same start time, same user, not a zombie."""
+    ids = _ids(pid)
+    if ids is None or ids[1] != start or set(ids[0]) != {uid}:
+        return False
+    return _alive(pid)
+
+
+def _kill(pid: int, start: int, uid: int) -> None:
+    """SIGKILL *pid* only if it is still the process seen in the scan (PID reuse)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return
+    try:
+        # Checked after the pidfd pins the process: if the PID was recycled
+        # before, the start time differs; if it dies after, the pidfd refers
+        # to the dead process and the signal goes nowhere.
+        if _same(pid, start, uid):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _cpu_list(cpus: list[int]) -> str:
@@ -184,30 +256,32 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     jd = Path(info["job_dir"]) if info and info.get("job_dir") else job_dir(settings.base_dir, jobid)
     pipe = jd / "pipe"
     log = jd / "log"
-    pids = set(daemon_pids(pipe)) if jd.exists() else set()
-    if info:
-        # Recorded PIDs count only while they still belong to this job's pipe
-        # directory: a recycled PID must never be killed.
-        pids |= {p for p in info.get("pids", []) if p in set(daemon_pids(pipe))}
-    if pids and user is not None and user.uid != 0 and pipe.is_dir():
+    # Whose processes may be signalled: the job user's (the pipe directory's
+    # owner when the environment and the state file lost it), never root's.
+    uid = user.uid if user is not None else None
+    if uid is None:
+        try:
+            uid = os.lstat(pipe).st_uid
+        except OSError:
+            uid = None
+    # Found by scan: the state's recorded PIDs may since have been recycled.
+    procs = daemon_procs(pipe, uid) if uid != 0 and jd.exists() else {}
+    if procs and user is not None and pipe.is_dir():
         try:
             control(settings, user, pipe, log, "quit", timeout=settings.quit_timeout,
                     check=False)
         except CommandError as e:
             notes.append(f"MPS quit: {e.what}")
         deadline = time.monotonic() + settings.quit_timeout
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(_same(p, *i) for p, i in procs.items()) and time.monotonic() < deadline:
             time.sleep(0.01)
-    left = [p for p in pids if _alive(p)]
+    left = {p: i for p, i in procs.items() if _same(p, *i)}
     if left:
         notes.append(f"MPS: killed stragglers {','.join(map(str, sorted(left)))}")
-        for p in left:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for p, i in left.items():
+            _kill(p, *i)
         deadline = time.monotonic() + kill_wait
-        while any(_alive(p) for p in left) and time.monotonic() < deadline:
+        while any(_same(p, *i) for p, i in left.items()) and time.monotonic() < deadline:
             time.sleep(0.01)
     if os.path.lexists(jd):
         shutil.rmtree(jd, ignore_errors=True)

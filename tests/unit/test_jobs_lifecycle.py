@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -370,3 +371,62 @@ def test_epilog_script_finds_state_with_node_name(node: Env) -> None:
     marker.unlink()
     subprocess.run(["/bin/sh", script], env=dict(env, SLURM_JOB_ID="../31"), check=True)
     assert not marker.exists()
+
+
+def test_epilog_signals_only_the_job_users_processes(node: Env) -> None:
+    """Anyone can put the pipe directory into an environment; root's and other users'
+    processes carrying it (a setuid program, a planted process) are never killed."""
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    pipe = js.load(node.state_dir, "100")["mps"]["pipe_dir"]
+    env = {"CUDA_MPS_PIPE_DIRECTORY": pipe}
+    as_root = subprocess.Popen(["/bin/sleep", "60"], env=env)
+    other = subprocess.Popen(["/bin/sleep", "60"], env=env, user=_uid("sgtest2"))
+    try:
+        assert as_root.pid not in daemon_pids(pipe) and other.pid not in daemon_pids(pipe)
+        assert lifecycle.epilog(ctx) == 0
+        assert as_root.poll() is None and other.poll() is None
+    finally:
+        as_root.kill()
+        other.kill()
+        as_root.wait()
+        other.wait()
+    assert node.leftovers() == []
+
+
+def test_epilog_never_kills_a_recycled_pid(node: Env, monkeypatch) -> None:
+    """The daemon's PID is reused by an unrelated process between the scan and the kill."""
+    from slurm_gpu.jobs import mps
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("cannot steer PID allocation here")
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    (daemon,) = daemon_pids(pipe)
+    intruder: list[subprocess.Popen] = []
+
+    def quit_then_reuse(*a, **k):
+        # The daemon dies without answering; the next process the node starts gets its PID.
+        os.kill(daemon, 9)
+        t = time.monotonic()
+        while os.path.exists(f"/proc/{daemon}"):      # until init has reaped it
+            if time.monotonic() - t > 5:
+                pytest.skip("nothing reaps orphans here")
+            time.sleep(0.001)
+        for _ in range(50):
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(daemon - 1))
+            p = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1")
+            if p.pid == daemon:
+                intruder.append(p)
+                return None
+            p.kill()
+            p.wait()
+        pytest.skip("the PID was taken by another process on this busy machine")
+
+    monkeypatch.setattr(mps, "control", quit_then_reuse)
+    try:
+        assert lifecycle.epilog(ctx) == 0
+        assert intruder and intruder[0].poll() is None      # same PID, same user, not ours
+    finally:
+        for p in intruder:
+            p.kill()
