@@ -207,6 +207,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     state = actions.load_state(state_path) if opts.state_dir else {}
     findings: list[Finding] = []
     notes: list[str] = []
+    incomplete: str | None = None          # a gather fell short: this run is no clean run
 
     # gres.conf: only when a check compares against it.
     expected = None
@@ -223,6 +224,8 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                                      total_timeout=budget, close_api=opts.nvml_closer,
                                      include_fabric="gpu.fabric" in checks)
         findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max, opts.expected_links)
+        if health.slow:
+            incomplete = f"NVML too slow: {health.hung}"
 
     # Kernel log + xid-watch events, each from its cursor.
     cursor = dict(state.get("cursor") or {})
@@ -257,7 +260,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         from .isolate import soften
         findings = soften(findings, set(mem.isolated))
     findings = sort_findings(findings)
-    rep = Report(opts.node, findings, worst(findings), notes)
+    rep = Report(opts.node, findings, worst(findings), notes, broken=incomplete)
     if not acting:
         return rep
 
@@ -274,6 +277,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         findings = _try_isolate(opts, findings, health, mem, deadline, notes)
         rep.findings, rep.status = findings, worst(findings)
     want = drain_reason(findings)
+    if incomplete and want is None:
+        # Nothing to drain, but the checks did not all run: counting this as a
+        # clean run could resume a node; change nothing, read events again next run.
+        return rep
     if first_run:
         # First run of this slurmd: it runs us before registering, and scontrol
         # can hang then.  Remember what we found; the next run applies it.
@@ -291,7 +298,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         notes.append(out.plan.note)
         rep.action = out.plan.action
         if out.error:
-            rep.broken = out.error
+            rep.broken = out.error if not incomplete else f"{incomplete}; {out.error}"
             notes.append(out.error)
     if opts.state_dir:
         actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor,

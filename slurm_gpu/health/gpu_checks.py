@@ -44,6 +44,10 @@ def check_nvml(h: NvmlHealth | None, expected: ExpectedGpus | None) -> list[Find
     """``gpu.nvml``: NVML must answer, promptly, where GPUs are promised."""
     if h is None:
         return []
+    if h.hung and h.slow:
+        # Slow overall is not a fault we can name (NHC's batch-drain bug): the
+        # run is "unknown" and neither drains nor counts as clean.
+        return [Finding("gpu.nvml", WARN, f"NVML too slow, GPU checks incomplete: {h.hung}", h.hung_gpu)]
     if h.hung:
         return [Finding("gpu.nvml", DRAIN, f"NVML hung: {h.hung}", h.hung_gpu)]
     if not h.available:

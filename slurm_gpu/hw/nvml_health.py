@@ -66,6 +66,10 @@ class NvmlHealth:
     count: int | None = None
     hung: str | None = None                 # "nvmlDeviceGetX gave no answer in 5 s (GPU ...)"
     hung_gpu: str | None = None             # bus id of the GPU being read when it hung
+    # The read ran out of its total budget with no single call past its own
+    # timeout (or still inside nvmlInit): slow, not hung.  nvmlInit without
+    # persistence mode, or a loaded node, does that; it is no proof of a fault.
+    slow: bool = False
 
 
 def _err_name(api: Any, code: Any) -> str:
@@ -250,7 +254,8 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
         if cur is not None and now - cur[2] > call_timeout:
             return _hung(partial, f"{cur[0]} gave no answer in {call_timeout:g} s")
         if now - start > total_timeout:
-            return _hung(partial, f"NVML reads took longer than {total_timeout:g} s")
+            where = "" if cur is not None else " (still in nvmlInit)"
+            return _hung(partial, f"NVML reads took longer than {total_timeout:g} s{where}", slow=True)
     if state.get("fatal") is not None:
         raise state["fatal"]
     if state["error"] is not None:
@@ -260,9 +265,9 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
     return state["result"]
 
 
-def _hung(partial: NvmlHealth, what: str) -> NvmlHealth:
+def _hung(partial: NvmlHealth, what: str, slow: bool = False) -> NvmlHealth:
     gpus = list(partial.gpus)
     gpu = gpus[-1] if gpus else None
     where = f" (GPU {gpu.bus_id or gpu.index})" if gpu is not None else ""
     return NvmlHealth(available=True, count=partial.count, gpus=gpus[:-1] if gpus else [],
-                      hung=f"{what}{where}", hung_gpu=gpu.bus_id if gpu is not None else None)
+                      hung=f"{what}{where}", hung_gpu=gpu.bus_id if gpu is not None else None, slow=slow)

@@ -129,6 +129,22 @@ def test_hung_nvml_call_is_cut_off():
     assert [(f.check, f.severity, f.gpu) for f in fs] == [("gpu.nvml", DRAIN, h.hung_gpu)]
 
 
+def test_slow_nvml_is_incomplete_not_a_drain():
+    # Every call answers within its own timeout, but together they exceed the
+    # budget (nvmlInit without persistence mode, a loaded node): no drain.
+    calls = [{"fn": "nvmlDeviceGetTotalEccErrors", "gpu": g, "hang": 0.15} for g in range(8)]
+    api = replay("h100-sxm-8x", {"calls": calls})
+    h = nvml_health.read_health_bounded(lambda: api, call_timeout=1.0, total_timeout=0.5)
+    assert h.hung and h.slow
+    assert [(f.check, f.severity) for f in gc.check_nvml(h, gc.ExpectedGpus(8))] == [("gpu.nvml", WARN)]
+
+    def slow_init():
+        time.sleep(0.8)
+        return api
+    h = nvml_health.read_health_bounded(slow_init, call_timeout=0.2, total_timeout=0.5)
+    assert h.slow and "nvmlInit" in h.hung
+
+
 def test_nvml_init_failure_becomes_unavailable():
     from slurm_gpu.errors import HardwareError
 

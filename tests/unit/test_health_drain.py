@@ -339,6 +339,26 @@ def test_watchdog_never_cuts_a_drain_off_from_its_state(tmp_path, slurm, monkeyp
     assert engine.run(o).action == "drain"
 
 
+def test_slow_nvml_neither_drains_nor_counts_as_clean(tmp_path, slurm, monkeypatch):
+    from slurm_gpu.hw import nvml_health
+    slow = nvml_health.NvmlHealth(available=True, hung="NVML reads took longer than 12 s (still in nvmlInit)",
+                                  slow=True)
+    monkeypatch.setattr(nvml_health, "read_health_bounded", lambda *a, **k: slow)
+    slurm.text = capture("draining_ours", node="n1")
+    reason = parse_show_node(slurm.text).reason
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / engine.STATE_FILE).write_text(json.dumps({"memory": {"drained_reason": reason, "clean_runs": 0}}))
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    for _ in range(3):
+        o = opts(tmp_path, log, resume=1, nvml_opener=lambda: None)
+        o.only = ["gpu.xid", "gpu.nvml", "gpu.ecc"]
+        r = engine.run(o)
+        assert r.broken and "too slow" in r.broken and r.status == "warn"
+    assert slurm.updates == []                 # our drain stays: no clean run was proven
+
+
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text("")
