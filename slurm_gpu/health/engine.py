@@ -277,9 +277,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         findings = _try_isolate(opts, findings, health, mem, deadline, notes)
         rep.findings, rep.status = findings, worst(findings)
     want = drain_reason(findings)
-    if incomplete and want is None:
+    if incomplete and want is None and not first_run:
         # Nothing to drain, but the checks did not all run: counting this as a
         # clean run could resume a node; change nothing, read events again next run.
+        # (A first run still records its slurmd, or every run would count as first.)
         return rep
     if first_run:
         # First run of this slurmd: it runs us before registering, and scontrol

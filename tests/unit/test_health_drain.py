@@ -359,6 +359,19 @@ def test_slow_nvml_neither_drains_nor_counts_as_clean(tmp_path, slurm, monkeypat
     assert slurm.updates == []                 # our drain stays: no clean run was proven
 
 
+def test_first_run_with_slow_nvml_still_records_its_slurmd(tmp_path, slurm, monkeypatch):
+    from slurm_gpu.hw import nvml_health
+    slow = nvml_health.NvmlHealth(available=True, hung="NVML reads took longer than 12 s", slow=True)
+    monkeypatch.setattr(nvml_health, "read_health_bounded", lambda *a, **k: slow)
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000", nvml_opener=lambda: None)
+    o.only = ["gpu.xid", "gpu.nvml"]
+    engine.run(o)
+    doc = json.loads((tmp_path / "state" / engine.STATE_FILE).read_text())
+    assert doc["memory"]["slurmd"] == "4242:1000" and slurm.calls == []
+
+
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text("")
