@@ -289,7 +289,10 @@ def epilog(ctx: Context) -> int:
     from . import mps
     env = ctx.env
     jobid = jobstate.check_jobid(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID", ""))
-    st = jobstate.load(ctx.state_dir, jobid)
+    try:
+        st = jobstate.load(ctx.state_dir, jobid)
+    except InputError as e:
+        return _epilog_untrusted_state(ctx, jobid, e)
     has_dir = os.path.lexists(mps.job_dir(ctx.mps.base_dir, jobid))
     if st is None and not has_dir:
         return 0
@@ -309,3 +312,21 @@ def epilog(ctx: Context) -> int:
         return 1 if ctx.jobs.on_internal_error == "drain" else 0
     jobstate.remove(ctx.state_dir, jobid)
     return 0
+
+
+def _epilog_untrusted_state(ctx: Context, jobid: str, e: InputError) -> int:
+    """A state file that is corrupt or not root's: act on nothing it says.
+
+    Only the MPS daemon is found without it (the deterministic pipe
+    directory and the job user from slurmd's environment); MIG instances and
+    the file itself are left for the admin, so this is a node fault.
+    """
+    from . import mps
+    ctx.log(f"{e.line()} [epilog job {jobid}: state file ignored, "
+            f"on_internal_error={ctx.jobs.on_internal_error}]")
+    try:
+        for note in mps.stop(ctx.mps, None, jobid, job_user(ctx.env), ctx.jobs.epilog_kill_wait):
+            ctx.log(f"slurm-gpu: epilog job {jobid}: {note}")
+    except Exception as e2:  # noqa: BLE001
+        ctx.log(f"slurm-gpu: epilog job {jobid}: MPS cleanup incomplete: {e2}")
+    return 1 if ctx.jobs.on_internal_error == "drain" else 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -47,22 +48,53 @@ def new(jobid: str, *, uid: int, gid: int, user: str) -> dict[str, Any]:
             "error": None}
 
 
+def _trusted(st: os.stat_result) -> bool:
+    """Written only by root (or by us, when not root): the epilog acts on what it says."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+
+
+def _check_dir(d: Path) -> None:
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode) or not _trusted(st):
+        raise InputError("job state directory must be a directory owned by root and "
+                         "not writable by others", str(d))
+
+
 def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Write *state* atomically (0644: tasks read it as the job user through SPANK)."""
     d = jobs_dir(state_dir)
     d.mkdir(parents=True, exist_ok=True, mode=0o755)
+    _check_dir(d)
     atomic_write(d / f"{state['jobid']}.json", json.dumps(state, indent=1, sort_keys=True),
                  mode=0o644)
 
 
 def load(state_dir: str | os.PathLike[str], jobid: str) -> dict[str, Any] | None:
-    """The job's state, or None when this node has none for it."""
+    """The job's state, or None when this node has none for it.
+
+    The epilog, running as root, destroys MIG instances and removes
+    directories that the file names, so a file (or directory) anyone but
+    root could have written, or a symlink, is refused, never followed.
+    """
     p = path(state_dir, jobid)
+    _check_dir(p.parent)
     try:
-        with open(p, encoding="utf-8") as f:
-            data = json.load(f)
+        # O_NONBLOCK: a planted FIFO must not hang the epilog; fstat refuses it below.
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        raise InputError(f"cannot read job state: {e.strerror}", str(p)) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or not _trusted(st):
+                raise InputError("job state file must be a regular file owned by root and "
+                                 "not writable by others", str(p))
+            data = json.loads(f.read())
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read job state: {e}", str(p)) from None
     if not isinstance(data, dict) or data.get("version") != VERSION:

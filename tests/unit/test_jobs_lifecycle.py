@@ -430,3 +430,24 @@ def test_epilog_never_kills_a_recycled_pid(node: Env, monkeypatch) -> None:
     finally:
         for p in intruder:
             p.kill()
+
+
+@pytest.mark.parametrize("policy,rc", [("drain", 1), ("pass", 0)])
+def test_epilog_believes_no_state_file_a_user_could_write(node: Env, policy: str, rc: int) -> None:
+    """A job user who could write the state file would steer root's cleanup: refused."""
+    node.jobs.on_internal_error = policy
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    victim = node.base / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    f = Path(node.state_dir) / "jobs" / "100.json"
+    st = json.loads(f.read_text())
+    st["mps"]["job_dir"] = str(victim)
+    f.write_text(json.dumps(st))
+    os.chown(f, _uid("sgtest1"), -1)
+    assert lifecycle.epilog(ctx) == rc                 # a node fault for the admin to see
+    assert (victim / "keep").exists() and f.exists()
+    assert any("state file ignored" in m for m in node.logs)
+    assert not (Path(node.mps.base_dir) / "100").exists()   # the daemon is stopped anyway
+    assert not daemon_pids(Path(node.mps.base_dir) / "100" / "pipe")

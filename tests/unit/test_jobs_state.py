@@ -165,3 +165,39 @@ def test_mig_apply_bad_config(tmp_path: Path, capsys) -> None:
     assert main(["mig", "apply", str(cfg)]) == 2
     assert "choose one with --select" in capsys.readouterr().err
     assert main(["mig", "apply", str(tmp_path / "nope.yaml")]) == 1
+
+
+def _other_uid() -> int:
+    import pwd
+    try:
+        return pwd.getpwnam("sgtest1").pw_uid
+    except KeyError:
+        pytest.skip("user sgtest1 missing")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant other users' files")
+@pytest.mark.parametrize("plant", ["user-owned", "group-writable", "symlink", "fifo", "dir-777"])
+def test_state_anyone_but_root_could_write_is_refused(tmp_path: Path, plant: str) -> None:
+    """The epilog acts on the state file as root: a planted one is never believed."""
+    st = js.new("12", uid=1001, gid=1001, user="sgtest1")
+    st["mps"] = {"job_dir": "/etc", "pids": [1]}
+    js.save(tmp_path, st)
+    f = tmp_path / "jobs" / "12.json"
+    if plant == "user-owned":
+        os.chown(f, _other_uid(), -1)
+    elif plant == "group-writable":
+        f.chmod(0o664)
+    elif plant == "symlink":
+        real = tmp_path / "elsewhere.json"
+        f.rename(real)
+        f.symlink_to(real)
+    elif plant == "fifo":
+        f.unlink()
+        os.mkfifo(f)
+    else:
+        (tmp_path / "jobs").chmod(0o777)
+    with pytest.raises(InputError, match="job state"):
+        js.load(tmp_path, "12")
+    if plant == "dir-777":
+        with pytest.raises(InputError, match="not writable by others"):
+            js.save(tmp_path, st)
