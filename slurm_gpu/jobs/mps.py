@@ -50,6 +50,15 @@ def job_dir(base: str, jobid: str) -> Path:
     return Path(base) / str(jobid)
 
 
+def _root_dir(d: Path) -> bool:
+    """*d* is a real directory (not a symlink) owned by root and not writable by others."""
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
+
+
 def _ensure_base(base: Path) -> None:
     """The base must be a real directory owned by root and not writable by others."""
     base.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -253,7 +262,15 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
          kill_wait: float = 2.0) -> list[str]:
     """Stop the job's daemon and remove its directories; idempotent.  Returns notes."""
     notes: list[str] = []
-    jd = Path(info["job_dir"]) if info and info.get("job_dir") else job_dir(settings.base_dir, jobid)
+    jd = job_dir(settings.base_dir, jobid)
+    recorded = Path(str(info["job_dir"])) if info and info.get("job_dir") else jd
+    if recorded != jd:
+        # Made under an earlier base_dir: removed as root only when it still
+        # has the shape make_dirs gives it (<root-owned base>/<jobid>).
+        if recorded.name == str(jobid) and recorded.is_absolute() and _root_dir(recorded.parent):
+            jd = recorded
+        else:
+            notes.append(f"MPS: ignored recorded directory {str(recorded)!r}")
     pipe = jd / "pipe"
     log = jd / "log"
     # Whose processes may be signalled: the job user's (the pipe directory's

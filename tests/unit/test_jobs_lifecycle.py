@@ -451,3 +451,19 @@ def test_epilog_believes_no_state_file_a_user_could_write(node: Env, policy: str
     assert any("state file ignored" in m for m in node.logs)
     assert not (Path(node.mps.base_dir) / "100").exists()   # the daemon is stopped anyway
     assert not daemon_pids(Path(node.mps.base_dir) / "100" / "pipe")
+
+
+def test_epilog_removes_only_a_job_directory(node: Env) -> None:
+    """Whatever directory the state names, root's rmtree reaches only <base>/<jobid>."""
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    victim = node.base / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    st = js.load(node.state_dir, "100")
+    st["mps"]["job_dir"] = str(victim)               # root's own file, wrong content
+    js.save(node.state_dir, st)
+    assert lifecycle.epilog(ctx) == 0
+    assert (victim / "keep").exists()
+    assert node.leftovers() == []
+    assert any("ignored recorded directory" in m for m in node.logs)
