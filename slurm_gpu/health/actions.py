@@ -74,12 +74,46 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
 # ----------------------------------------------------------------- state
 
 def load_state(path: str | os.PathLike[str]) -> dict:
+    """The state file, with any malformed part dropped (treated as lost, never fatal).
+
+    A part of the wrong shape (a hand edit, a torn disk) would otherwise break
+    every later run before the state could be rewritten.  Losing the memory
+    is safe: a drain we no longer remember is never resumed.
+    """
     try:
         with open(path) as f:
             d = json.load(f)
-        return d if isinstance(d, dict) else {}
     except (OSError, ValueError):
         return {}
+    if not isinstance(d, dict):
+        return {}
+    try:
+        Memory.from_json(d.get("memory") or {})
+    except (TypeError, ValueError, AttributeError):
+        d["memory"] = {}
+    d["cursor"] = _valid_cursor(d.get("cursor"))
+    return d
+
+
+def _int_fields(doc: object, *names: str) -> bool:
+    return isinstance(doc, dict) and all(isinstance(doc.get(n), int) and not isinstance(doc.get(n), bool)
+                                         for n in names)
+
+
+def _valid_cursor(c: object) -> dict:
+    """Keep only the cursor entries of the right shape (a dropped one rereads its source)."""
+    if not isinstance(c, dict):
+        return {}
+    out: dict = {}
+    k = c.get("kmsg")
+    if _int_fields(k, "seq") and isinstance(k.get("boot_id"), str):  # type: ignore[union-attr]
+        out["kmsg"] = k
+    files = c.get("files")
+    if isinstance(files, dict):
+        out["files"] = {p: v for p, v in files.items() if _int_fields(v, "inode", "offset")}
+    if _int_fields(c.get("events"), "inode", "offset"):
+        out["events"] = c["events"]
+    return out
 
 
 def save_state(path: str | os.PathLike[str], doc: dict) -> None:

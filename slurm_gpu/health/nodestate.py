@@ -85,8 +85,17 @@ class Memory:
 
     @classmethod
     def from_json(cls, d: dict) -> "Memory":
-        return cls(d.get("drained_reason"), int(d.get("clean_runs") or 0), d.get("pending_reason"),
-                   d.get("slurmd"), list(d.get("isolated") or []))
+        """From the state file; ValueError/TypeError when a field has the wrong type."""
+        def text(k: str) -> str | None:
+            v = d.get(k)
+            if v is not None and not isinstance(v, str):
+                raise TypeError(f"{k} is not a string")
+            return v
+        isolated = d.get("isolated") or []
+        if not isinstance(isolated, list) or not all(isinstance(g, str) for g in isolated):
+            raise TypeError("isolated is not a list of bus ids")
+        return cls(text("drained_reason"), int(d.get("clean_runs") or 0), text("pending_reason"),
+                   text("slurmd"), list(isolated))
 
 
 @dataclass

@@ -372,6 +372,22 @@ def test_first_run_with_slow_nvml_still_records_its_slurmd(tmp_path, slurm, monk
     assert doc["memory"]["slurmd"] == "4242:1000" and slurm.calls == []
 
 
+@pytest.mark.parametrize("doc", [[1, 2], {"memory": "x"}, {"memory": {"clean_runs": "many"}},
+                                 {"cursor": [1]}, {"cursor": {"files": {"LOG": {"offset": "x"}}}},
+                                 {"cursor": {"kmsg": {"seq": None}}}])
+def test_malformed_state_counts_as_lost_not_a_broken_check(tmp_path, slurm, doc):
+    # Valid JSON of the wrong shape (a hand edit, an old version) must not break
+    # every later run: it is treated like a lost state file (no blind resume).
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / engine.STATE_FILE).write_text(json.dumps(doc).replace("LOG", str(log)))
+    r = engine.run(opts(tmp_path, log))
+    assert r.broken is None and r.action == "drain"
+    assert json.loads((state / engine.STATE_FILE).read_text())["memory"]["drained_reason"] == R
+
+
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text("")
