@@ -93,13 +93,35 @@ class FileCursor:
     path: str
     inode: int = 0
     offset: int = 0
+    mark: str = ""     # hex of the last bytes before offset: proves the file was not truncated and refilled
+
+
+MARK_BYTES = 32
+
+
+def _mark(fd: int, offset: int) -> str:
+    n = min(MARK_BYTES, offset)
+    return os.pread(fd, n, offset - n).hex() if n else ""
+
+
+def _same_file(fd: int, cursor: FileCursor) -> bool:
+    """The bytes before the cursor are still the ones we read (copytruncate keeps the inode)."""
+    if not cursor.mark:
+        return True          # a cursor from before marks existed
+    try:
+        want = bytes.fromhex(cursor.mark)
+    except ValueError:
+        return False
+    return os.pread(fd, len(want), cursor.offset - len(want)) == want if len(want) <= cursor.offset else False
 
 
 def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) -> tuple[list[KernelLine], FileCursor]:
     """Scan a kernel log file from *cursor* (or the top) to its last full line.
 
-    Returns the lines and the new cursor.  A changed inode or a file shorter
-    than the cursor (rotated, truncated) is read from the top.
+    Returns the lines and the new cursor.  A changed inode, a file shorter
+    than the cursor, or one whose bytes before the cursor changed (rotated,
+    or truncated by ``copytruncate`` and written past the old offset again)
+    is read from the top.
     """
     p = str(path)
     try:
@@ -111,10 +133,11 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
     try:
         st = os.fstat(fd)
         start = 0
-        if cursor is not None and cursor.inode == st.st_ino and cursor.offset <= st.st_size:
+        if (cursor is not None and cursor.inode == st.st_ino and cursor.offset <= st.st_size
+                and _same_file(fd, cursor)):
             start = cursor.offset
         if st.st_size == 0 or start >= st.st_size:
-            return [], FileCursor(p, st.st_ino, start if st.st_size else 0)
+            return [], FileCursor(p, st.st_ino, start if st.st_size else 0, _mark(fd, start if st.st_size else 0))
         # Chunks keep memory flat however big the log is (a whole-file mmap
         # would show the file's size in RSS); only whole lines are scanned,
         # so a line being written now is read next time.
@@ -130,7 +153,8 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
             if cut:
                 out += scan_buffer(buf, 0, cut)
             carry = buf[cut:]
-        return out, FileCursor(p, st.st_ino, pos - len(carry))
+        end = pos - len(carry)
+        return out, FileCursor(p, st.st_ino, end, _mark(fd, end))
     finally:
         os.close(fd)
 
@@ -209,9 +233,9 @@ def read_source(source: str, doc: dict) -> tuple[list[KernelLine], dict]:
     else:
         files = doc.setdefault("files", {})
         c = files.get(source) or {}
-        lines, fcur = read_file(source, FileCursor(source, int(c.get("inode", 0)), int(c.get("offset", 0)))
-                                if c else None)
-        files[source] = {"inode": fcur.inode, "offset": fcur.offset}
+        lines, fcur = read_file(source, FileCursor(source, int(c.get("inode", 0)), int(c.get("offset", 0)),
+                                                   str(c.get("mark") or "")) if c else None)
+        files[source] = {"inode": fcur.inode, "offset": fcur.offset, "mark": fcur.mark}
     return lines, doc
 
 

@@ -137,6 +137,20 @@ def test_file_cursor_counts_each_event_once_and_survives_rotation(tmp_path):
     assert len(lines5) == 1 and "0000:05:00" in lines5[0].text
 
 
+def test_file_cursor_sees_copytruncate_refilled_past_the_old_offset(tmp_path):
+    # logrotate copytruncate keeps the inode; by the next run the new log may
+    # already be longer than the old offset.  Its first events must not be skipped.
+    log = tmp_path / "kern.log"
+    log.write_text("[1.0] NVRM: Xid (PCI:0000:02:00): 13, pid=1, name=a, Graphics Exception\n")
+    _, doc = kmsg.read_source(str(log), {})
+    with open(log, "r+") as f:
+        f.truncate(0)
+        f.write("[5.0] NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus.\n" + "[6.0] usb 1-1: x\n" * 20)
+    lines, doc2 = kmsg.read_source(str(log), doc)
+    assert [l.text for l in lines] == ["NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus."]
+    assert kmsg.read_source(str(log), doc2)[0] == []          # and then it is counted once
+
+
 def test_missing_kernel_log_is_one_clear_error(tmp_path):
     from slurm_gpu.errors import InputError
     with pytest.raises(InputError) as e:
