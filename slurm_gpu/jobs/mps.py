@@ -60,7 +60,13 @@ def _root_dir(d: Path) -> bool:
 
 
 def _ensure_base(base: Path) -> None:
-    """The base must be a real directory owned by root and not writable by others."""
+    """The base must be a real directory owned by root and not writable by others,
+    under directories only root can change (:mod:`slurm_gpu.jobs.trust`)."""
+    from .trust import untrusted_ancestor
+    bad = untrusted_ancestor(base)
+    if bad:
+        raise HardwareError("MPS base directory lies under a directory that users other "
+                            f"than root can change ({bad})", str(base))
     base.mkdir(parents=True, exist_ok=True, mode=0o755)
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:

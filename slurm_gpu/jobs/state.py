@@ -54,6 +54,11 @@ def _trusted(st: os.stat_result) -> bool:
 
 
 def _check_dir(d: Path) -> None:
+    from .trust import untrusted_ancestor
+    bad = untrusted_ancestor(d)
+    if bad:
+        raise InputError("job state directory lies under a directory that users other than "
+                         f"root can change ({bad})", str(d))
     try:
         st = os.lstat(d)
     except FileNotFoundError:

@@ -467,3 +467,15 @@ def test_epilog_removes_only_a_job_directory(node: Env) -> None:
     assert (victim / "keep").exists()
     assert node.leftovers() == []
     assert any("ignored recorded directory" in m for m in node.logs)
+
+
+def test_mps_base_under_a_user_writable_directory_is_a_node_fault(node: Env) -> None:
+    """A user who can rename entries above the base could redirect root's mkdir/chown."""
+    shared = node.base / "shared"
+    shared.mkdir()
+    os.chown(shared, _uid("sgtest1"), -1)
+    node.mps.base_dir = str(shared / "mps")
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 1                  # the admin's setup, not the job
+    assert any("users other than root can change" in m for m in node.logs)
+    assert list(shared.iterdir()) == []

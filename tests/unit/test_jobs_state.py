@@ -201,3 +201,14 @@ def test_state_anyone_but_root_could_write_is_refused(tmp_path: Path, plant: str
     if plant == "dir-777":
         with pytest.raises(InputError, match="not writable by others"):
             js.save(tmp_path, st)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant other users' files")
+def test_state_dir_under_a_user_writable_directory_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, _other_uid(), -1)
+    with pytest.raises(InputError, match="users other than root can change"):
+        js.save(shared / "state", js.new("12", uid=1001, gid=1001, user="sgtest1"))
+    with pytest.raises(InputError, match="users other than root can change"):
+        js.load(shared / "state", "12")
