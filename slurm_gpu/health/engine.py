@@ -234,13 +234,23 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         from ..hw import kmsg
         from . import xid
         if opts.kernel_log:
-            lines, _ = kmsg.read_source(opts.kernel_log, {})
+            lines, _ = kmsg.read_source(opts.kernel_log, {})   # a file named on the command line: bad input
         else:
-            lines, new_cursor = kmsg.read_source(_expand(s.kernel_log, opts.node), cursor)
+            # The configured source failing must not blind the NVML checks: the
+            # run goes on, is "unknown", and is no clean run (the cursor stays).
+            try:
+                lines, new_cursor = kmsg.read_source(_expand(s.kernel_log, opts.node), cursor)
+            except InputError as e:
+                lines = []
+                incomplete = "; ".join(filter(None, [incomplete, e.line().removeprefix("slurm-gpu: ")]))
         events = xid.parse_lines(lines)
         ev_path = _expand(s.events_file, opts.node) if s.events_file else os.path.join(opts.state_dir, EVENTS_FILE)
         if not opts.kernel_log and opts.state_dir:
-            records, new_cursor = kmsg.read_events(ev_path, new_cursor)
+            try:
+                records, new_cursor = kmsg.read_events(ev_path, new_cursor)
+            except InputError as e:
+                records = []
+                incomplete = "; ".join(filter(None, [incomplete, e.line().removeprefix("slurm-gpu: ")]))
             more, direct = xid.events_from_nvml(records)
             events += more
             findings += direct

@@ -388,6 +388,22 @@ def test_malformed_state_counts_as_lost_not_a_broken_check(tmp_path, slurm, doc)
     assert json.loads((state / engine.STATE_FILE).read_text())["memory"]["drained_reason"] == R
 
 
+def test_unreadable_kernel_log_does_not_blind_the_other_checks(tmp_path, slurm):
+    # [health] kernel_log names a file that is gone (journald-only node): the
+    # run is unknown, but a fault another source sees still drains.
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / engine.EVENTS_FILE).write_text(json.dumps({"time": 1, "event": "dbe", "gpu": "0000:07:00.0"}) + "\n")
+    r = engine.run(opts(tmp_path, tmp_path / "gone.log"))
+    assert r.broken and "kernel log not found" in r.broken
+    assert r.action == "drain" and "gpu.ecc" in slurm.updates[-1][4]
+    # and with nothing to drain, it is no clean run: our drain is not resumed
+    for _ in range(3):
+        r = engine.run(opts(tmp_path, tmp_path / "gone.log", resume=1))
+        assert r.broken and r.action == "none"
+    assert len(slurm.updates) == 1
+
+
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text("")
