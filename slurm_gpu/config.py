@@ -17,28 +17,26 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import hostctx
 from .errors import InputError
 
 T = TypeVar("T")
 
 ENV_VAR = "SLURM_GPU_CONFIG"
 
-# Set by use_config(); wins over the environment.  Code hosted inside another
-# program (the SPANK plugin in slurmstepd) names its config this way instead
-# of calling putenv() in a process whose other threads may read environ.
-_explicit: str | None = None
-
-
 def use_config(path: str | None) -> None:
-    """Make *path* the config file for this process (None: back to the lookup)."""
-    global _explicit
-    _explicit = path
+    """Make *path* the config file for this process (None: back to the lookup).
+
+    For code hosted inside another program (the SPANK plugin in slurmstepd),
+    which must not putenv(); see :mod:`slurm_gpu.hostctx`.
+    """
+    hostctx.config_file = path
 
 
 def config_path() -> Path | None:
     """The config file in effect, or None when only defaults apply."""
-    if _explicit:
-        return Path(_explicit)
+    if hostctx.config_file:
+        return Path(hostctx.config_file)
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env)

@@ -21,6 +21,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from .. import hostctx
 from ..errors import InputError
 from .model import Node
 
@@ -47,20 +48,18 @@ class NodeSettings:
         return self.nvml[len(SIM_PREFIX):] if self.nvml.startswith(SIM_PREFIX) else None
 
 
-# Set by use_node_name(); wins over the environment (see config.use_config).
-_node_name: str | None = None
-
-
 def use_node_name(name: str | None) -> None:
-    """Make *name* this process's Slurm node name (None: back to the lookup)."""
-    global _node_name
-    _node_name = name
+    """Make *name* this process's Slurm node name (None: back to the lookup).
+
+    See :mod:`slurm_gpu.hostctx` for why this is not an environment variable.
+    """
+    hostctx.node_name = name
 
 
 def node_name() -> str:
     """Slurm's name for this node: as set by :func:`use_node_name`, else
     ``SLURMD_NODENAME``, else the short host name."""
-    return _node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return hostctx.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def settings(raw: dict[str, Any] | None = None) -> NodeSettings:

@@ -61,17 +61,18 @@ _step: Step | None = None
 
 
 def _load_step(spank: Any) -> Step:
-    from .. import config
-    from ..hw import live
+    from .. import hostctx
     args = options.parse_plugstack_args(spank.args)
     # Tell the config reader and load_node() in-process: putenv() in
-    # slurmstepd, whose message thread may read environ, is not safe.
-    config.use_config(args.config or None)
+    # slurmstepd, whose message thread may read environ, is not safe.  Only
+    # hostctx is imported here: config and hw cost ~25 ms each to import,
+    # and a cached step needs neither.
+    hostctx.config_file = args.config or None
     # slurmstepd's own environment has slurmd's node name; the job's
     # environment does not have it yet at init_post_opt, so a SLURMD_NODENAME
     # there came from the user and must not steer root's paths (%n)
     hostname = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    live.use_node_name(hostname)
+    hostctx.node_name = hostname
     profile = spank.option_value(PROFILE)
     step = Step(
         numa=options.effective_numa_bind(spank.option_value(NUMA_BIND), args),
@@ -82,8 +83,7 @@ def _load_step(spank: Any) -> Step:
     )
     bind = step.numa.mode != binding.OFF and bool(spank.getenv(gpu_var(spank)))
     from . import nodecache
-    cfg = config.config_path()
-    step.facts = nodecache.get(str(cfg) if cfg else None, hostname, with_gpus=bind)
+    step.facts = nodecache.get(args.config or None, hostname, with_gpus=bind)
     if not bind:
         step.facts = dict(step.facts, gpus=None)
     return step

@@ -474,3 +474,35 @@ def test_cache_file_stays_in_the_cache_dir(tmp_path):
         f = nodecache.cache_file("/x.toml", node, str(tmp_path))
         assert os.path.dirname(f) == str(tmp_path), f
     assert nodecache.cache_file("/x.toml", "a/b", "/c") != nodecache.cache_file("/x.toml", "a_b", "/c")
+
+
+def test_cached_step_imports_neither_config_nor_hw() -> None:
+    """With a warm node cache a step pays only for hostctx: importing
+    slurm_gpu.config or slurm_gpu.hw costs ~25 ms each, which is the whole
+    budget of a bound step (issue 3: <= 2x a step without the plugin)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    # A fresh interpreter with only the plugin's own imports (this test module
+    # imports the model through test_binding).
+    code = f"""
+import sys
+sys.path.insert(0, {str(root)!r})
+from slurm_gpu.spank import nodecache, remote
+class Handle:
+    args = ["config=/etc/slurm-gpu/x.toml"]
+    def option_value(self, which): return None
+    def getenv(self, name): return None
+    def item_u32(self, item): return 0
+nodecache.get = lambda *a, **k: {{"memlock": None, "allocator_preload": "", "allocator_env": {{}},
+                                  "numa_map": {{}}, "state_dir": "/nonexistent", "gpus": None}}
+remote._load_step(Handle())
+from slurm_gpu import hostctx
+assert hostctx.config_file == "/etc/slurm-gpu/x.toml", hostctx.config_file
+heavy = sorted(m for m in sys.modules if m in ("slurm_gpu.config", "tomllib") or m.startswith("slurm_gpu.hw"))
+print("HEAVY", heavy)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout
