@@ -68,13 +68,14 @@ def setup(ctx: Any, st: dict[str, Any], api: Callable[[], Any], layout: str, who
                "instances": []}
         st["mig"]["gpus"].append(rec)
         rec["baseline"] = [e.to_dict() for e in instances.list_instances(a, dev)]
+        # Marked before the first destroy: a failure (or a kill) half-way
+        # must still have the epilog recreate what is gone.
+        rec["baseline_removed"] = bool(rec["baseline"])
         jobstate.save(ctx.state_dir, st)
         where = f"GPU {idx}"
         try:
             for e in rec["baseline"]:
                 instances.destroy_gi(a, dev, int(e["gi_id"]), where)
-            rec["baseline_removed"] = True
-            jobstate.save(ctx.state_dir, st)
             for p in placements:
                 inst = {"profile": p.name, "gi_profile_id": p.gi_profile_id, "start": p.start,
                         "size": p.size, "gi_id": None, "ci_id": None, "uuid": None}

@@ -175,11 +175,19 @@ def create_placement(api: Any, dev: Any, p: Placement, where: str) -> tuple[int,
 
 
 def recreate(api: Any, dev: Any, e: dict[str, Any], where: str) -> None:
-    """Recreate a recorded instance (:meth:`Existing.to_dict`) unless it exists."""
-    if find_gi(api, dev, int(e["profile_id"]), int(e["start"])) is not None:
-        return
+    """Recreate a recorded instance (:meth:`Existing.to_dict`) and whichever of its
+    compute instances are missing (a destroy that failed half-way leaves the GI
+    without some of them)."""
     from .profiles import CIP_BY_SLICES
     sizes = {v: k for k, v in CIP_BY_SLICES.items()}
-    gid = create_gi(api, dev, int(e["profile_id"]), int(e["start"]), int(e["size"]), where)
+    found = next((x for x in list_instances(api, dev)
+                  if x.profile_id == int(e["profile_id"]) and x.start == int(e["start"])), None)
+    if found is None:
+        gid = create_gi(api, dev, int(e["profile_id"]), int(e["start"]), int(e["size"]), where)
+        have: set[tuple[int, int]] = set()
+    else:
+        gid = found.gi_id
+        have = {(prof, start) for _cid, prof, start in found.cis}
     for _cid, prof, start in e.get("cis", []):
-        create_ci(api, dev, gid, int(prof), int(start), sizes[int(prof)], where)
+        if (int(prof), int(start)) not in have:
+            create_ci(api, dev, gid, int(prof), int(start), sizes[int(prof)], where)

@@ -479,3 +479,28 @@ def test_mps_base_under_a_user_writable_directory_is_a_node_fault(node: Env) -> 
     assert lifecycle.prolog(ctx) == 1                  # the admin's setup, not the job
     assert any("users other than root can change" in m for m in node.logs)
     assert list(shared.iterdir()) == []
+
+
+@pytest.mark.parametrize("fail_at", ["second gi", "gi after its cis"])
+def test_baseline_half_removed_is_restored(node: Env, monkeypatch, fail_at: str) -> None:
+    """NVML fails while the job's prolog clears the node's baseline instances."""
+    before = node.layout(3)
+    assert len(before) == 2 and all(cis for _, _, cis in before)
+    from slurm_gpu.sim.mig import MigSimNvml
+    real = MigSimNvml.nvmlGpuInstanceDestroy
+    calls = {"gi": 0}
+
+    def gi_destroy(self, gi):
+        # the second GI of the baseline, or the first one after its CIs went
+        calls["gi"] += 1
+        if calls["gi"] == (2 if fail_at == "second gi" else 1):
+            raise self.NVMLError(self.NVML_ERROR_UNKNOWN)
+        return real(self, gi)
+
+    monkeypatch.setattr(MigSimNvml, "nvmlGpuInstanceDestroy", gi_destroy)
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="7g.80gb")
+    assert lifecycle.prolog(ctx) == 1                  # an NVML failure: node fault
+    assert node.layout(3) == before                    # the prolog's own undo
+    monkeypatch.undo()
+    assert lifecycle.epilog(ctx) == 0
+    assert node.layout(3) == before and node.leftovers() == []
