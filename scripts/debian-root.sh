@@ -1,0 +1,87 @@
+#!/bin/bash
+# Build, once, a minimal Debian root of SUITE holding a newer Slurm than the
+# host's 22.05 (Debian 12), for the integration tests that need one:
+#   trixie (Debian 13): Slurm 24.11, topology/block in topology.conf;
+#   sid (unstable):     Slurm 26.05, topology.yaml (Slurm >= 25.05).
+# The daemons are run from it chrooted (see tests/integration/debianroot.py).
+# Cached under /var/cache/slurm-gpu/SUITE-root; a second run only prints the
+# path.  Needs root, debootstrap and a Debian mirror (DEBIAN_MIRROR, default
+# deb.debian.org); prints the root's path on stdout on success, and one
+# `slurm-gpu: ...` line on stderr otherwise (exit 1; 2 for bad usage).
+#
+#   scripts/debian-root.sh sid            # build if missing, print the path
+#   scripts/debian-root.sh sid --rebuild  # throw the cache away first
+set -euo pipefail
+
+SUITE=${1:-}
+case "$SUITE" in
+    ""|-*) echo "slurm-gpu: usage: debian-root.sh SUITE [--rebuild] (SUITE: trixie, sid, forky, ...)" >&2; exit 2 ;;
+esac
+case "$SUITE" in
+    *[!a-z0-9-]*) echo "slurm-gpu: debian-root.sh: bad suite name '$SUITE'" >&2; exit 2 ;;
+esac
+REBUILD=${2:-}
+if [ -n "$REBUILD" ] && [ "$REBUILD" != --rebuild ]; then
+    echo "slurm-gpu: debian-root.sh: unknown option '$REBUILD'" >&2; exit 2
+fi
+
+CACHE=${SLURM_GPU_CACHE:-/var/cache/slurm-gpu}
+ROOT=$CACHE/$SUITE-root
+if [ "$SUITE" = trixie ] && [ -n "${SLURM_GPU_TRIXIE_ROOT:-}" ]; then
+    ROOT=$SLURM_GPU_TRIXIE_ROOT   # the older, trixie-only override
+fi
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+PACKAGES=slurmd,slurmctld,slurm-client,munge,python3
+LOG=$CACHE/$SUITE-root.log
+
+if [ "$(id -u)" != 0 ]; then
+    echo "slurm-gpu: debian-root.sh needs root (debootstrap, chroot)" >&2
+    exit 2
+fi
+command -v debootstrap >/dev/null || { echo "slurm-gpu: debootstrap is not installed (apt-get install debootstrap)" >&2; exit 1; }
+
+mkdir -p "$CACHE"
+exec 9>"$CACHE/$SUITE-root.lock"
+flock 9   # several test runs may ask at once; one builds, the others wait
+
+if [ "$REBUILD" = --rebuild ]; then
+    rm -rf --one-file-system "$ROOT"
+fi
+if [ -f "$ROOT/.slurm-gpu-complete" ] && [ -x "$ROOT/usr/sbin/slurmctld" ]; then
+    echo "$ROOT"
+    exit 0
+fi
+
+# Ask the mirror first: without network debootstrap would spend minutes in
+# retries before failing with a page of log.
+release="$MIRROR/dists/$SUITE/InRelease"
+if command -v curl >/dev/null; then
+    probe=(curl -fsS -o /dev/null --connect-timeout 10 --max-time 20 "$release")
+else
+    probe=(wget -q -O /dev/null --timeout=10 --tries=1 "$release")
+fi
+if ! err=$("${probe[@]}" 2>&1); then
+    echo "slurm-gpu: Debian mirror unreachable, cannot build the $SUITE root ($release: ${err:-no answer})" >&2
+    exit 1
+fi
+
+tmp="$ROOT.partial"
+rm -rf --one-file-system "$tmp"
+# A half-built root never becomes $ROOT: build aside, mark complete, rename.
+if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$MIRROR" >"$LOG" 2>&1; then
+    echo "slurm-gpu: debootstrap $SUITE failed: $(grep -E '^E: ' "$LOG" | tail -1 || true) (see $LOG)" >&2
+    rm -rf --one-file-system "$tmp"
+    exit 1
+fi
+chroot "$tmp" /usr/sbin/slurmctld -V >"$tmp/.slurm-version"
+for plugin in topology_tree.so topology_block.so; do
+    if ! compgen -G "$tmp/usr/lib/*/slurm-wlm/$plugin" >/dev/null; then
+        echo "slurm-gpu: the $SUITE root has no $plugin ($(cat "$tmp/.slurm-version"))" >&2
+        rm -rf --one-file-system "$tmp"
+        exit 1
+    fi
+done
+touch "$tmp/.slurm-gpu-complete"
+rm -rf --one-file-system "$ROOT"
+mv "$tmp" "$ROOT"
+echo "$ROOT"
