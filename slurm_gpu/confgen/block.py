@@ -19,12 +19,14 @@ Slurm's rules and NVIDIA topograph's conventions (the expected outputs in
     ("block X hasn't got nodes").  A short last chunk joins the chunk
     before it; a domain smaller than ``sizes[0]`` is an error naming it,
     or, with ``drop_small``, is left out with a note.
-  - ``placeholders=True`` (topograph's layout): short chunks stay, every
+  - ``placeholders=True`` (topograph's layout, checked against a real Slurm
+    26.05, which accepts short and empty blocks): short chunks stay, every
     domain gets the same slot (the smallest ``sizes[0] * 2^n`` holding the
     largest domain) padded with bare ``BlockName=`` placeholder lines, and
     whole empty slots are added until the total is a multiple of the last
     size, so a missing rack does not shift later racks in Slurm's
-    positional aggregation.  Only for a Slurm that accepts empty blocks.
+    positional aggregation.  Only for a Slurm that accepts empty blocks
+    (26.05 does, in topology.conf and topology.yaml; 24.11 does not).
 """
 from __future__ import annotations
 
@@ -123,8 +125,8 @@ def build_blocks(nodes: Mapping[str, Node], sizes: Sequence[int] | None = None, 
         if small and not drop_small:
             ns, d = small[0]
             raise InputError(f"NVLink domain {d} has {len(ns)} nodes ({hostlist.fold(ns)}), fewer than "
-                             f"BlockSizes[0]={base}: Slurm refuses such a block; lower --block-sizes or "
-                             f"pass --drop-small-blocks")
+                             f"BlockSizes[0]={base}: Slurm 24.11 refuses such a block; lower --block-sizes, "
+                             f"pass --drop-small-blocks, or --placeholders (Slurm >= 26.05)")
         for ns, d in small:
             notes.append(f"left out domain {d} ({hostlist.fold(ns)}): {len(ns)} nodes < BlockSizes[0]={base}")
         for ns, d in ordered:

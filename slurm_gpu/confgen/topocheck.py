@@ -74,13 +74,20 @@ def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
     for topo in data:
         if not isinstance(topo, dict):
             raise InputError("topology entry is not a mapping", source)
-        if "tree" in topo:
-            for sw in (topo["tree"] or {}).get("switches", []) or []:
+        # Slurm's own dump (`scontrol show topoconf`, 26.05) gives every
+        # topology all five kinds, the unused ones as `{}`: only a non-empty
+        # section counts, or a later `block: {}` would erase BlockSizes.
+        tree = topo.get("tree")
+        if isinstance(tree, dict) and tree:
+            for sw in tree.get("switches", []) or []:
                 name = str(sw.get("switch"))
                 m.switches[name] = (_hl(sw.get("nodes"), source), _hl(sw.get("children"), source))
-        if "block" in topo:
-            blk = topo["block"] or {}
-            m.block_sizes = tuple(int(x) for x in blk.get("block_sizes", []) or [])
+        blk = topo.get("block")
+        if isinstance(blk, dict) and blk:
+            try:
+                m.block_sizes = tuple(int(x) for x in blk.get("block_sizes", []) or [])
+            except (TypeError, ValueError):
+                raise InputError(f"bad block_sizes in topology {topo.get('topology')!r}", source) from None
             for b in blk.get("blocks", []) or []:
                 m.blocks.append(_hl(b.get("nodes"), source))
     return m

@@ -32,6 +32,8 @@ from .ibnet import IbFabric
 DEFAULT_HOST_REGEX = (r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*)\s+"
                       r"(?:mlx\d+_\d+|HCA-\d+|hfi\d+_\d+|qib\d+|irdma\d*\S*|bnxt_re\d+|ib\d+|ibp\S+|rocep\S+)$")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# The SHARP aggregation node every Quantum switch carries is a Ca, but no host.
+_AGGREGATION = re.compile(r"aggregation node", re.I)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
     used: set[str] = set()
     host_leaves: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # host -> leaf key -> HCAs
     sw_links: dict[str, set[str]] = defaultdict(set)
+    edge: set[str] = set()         # switches cabled to an adapter (a leaf, whether or not its hosts are kept)
     skipped: list[str] = []
     seen_host_fabric: dict[str, int] = {}
     for fi, fab in enumerate(fabrics):
@@ -129,8 +132,11 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
             if n.kind == "Switch":
                 me = f"{fi}:{n.id}"
                 for peer, _pp, _l in n.ports.values():
-                    if fab.nodes[peer].kind == "Switch":
+                    pn = fab.nodes[peer]
+                    if pn.kind == "Switch":
                         sw_links[me].add(f"{fi}:{peer}")
+                    elif pn.kind == "Ca" and not _AGGREGATION.search(pn.desc):
+                        edge.add(me)
                 continue
             if n.kind != "Ca":
                 continue
@@ -199,14 +205,18 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
     if straddling:
         notes.append(f"{straddling} hosts have HCAs under several leaf groups; each is listed under the "
                      "group holding most of its HCAs")
-    # Levels above the leaves: BFS over switch links.
+    # Levels above the leaves: BFS over switch links.  A leaf whose hosts
+    # are all left out (--nodes, unnamed adapters) is two hops above the kept
+    # leaves, through the spines, exactly like a core switch: it is told
+    # apart by the adapters cabled to it, and dropped with the switches that
+    # reach no host (else it would be listed as a parent of the spines).
     level: dict[str, int] = {leaf: 0 for leaf in leaf_hosts}
     frontier = list(leaf_hosts)
     while frontier:
         nxt: list[str] = []
         for s in frontier:
             for p in sw_links.get(s, ()):
-                if p not in level:
+                if p not in level and not (p in edge and level[s] >= 1):
                     level[p] = level[s] + 1
                     nxt.append(p)
         frontier = nxt
@@ -215,7 +225,7 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
     orphans = [sname(k) for k in all_switches if k not in level]
     if orphans:
         orphans.sort(key=hostlist.natural_key)
-        notes.append(f"dropped {len(orphans)} switches that reach no host: "
+        notes.append(f"dropped {len(orphans)} switches that reach no (kept) host: "
                      f"{hostlist.fold(orphans)}")
     out: list[Switch] = []
     members_of: dict[str, list[str]] = defaultdict(list)

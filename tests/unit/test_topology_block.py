@@ -121,3 +121,45 @@ def test_yaml_holds_tree_and_block_conf_only_one() -> None:
     assert doc[1]["block"] == {"block_sizes": [2], "blocks": [{"block": "block001", "nodes": "a[1-2]"}]}
     with pytest.raises(UsageError):
         topology.render_topology(t, bt, fmt="conf")
+
+
+# The shape of `scontrol show topoconf` in a real Slurm 26.05.5 (captured in
+# tests/integration/test_topology_yaml_slurm2605.py's cluster): every topology
+# lists all five kinds, the unused ones as `{}`, and empty values as nulls.
+SLURM_TOPOCONF = """%YAML 1.1
+---
+- topology: nvl
+  cluster_default: true
+  block:
+    block_sizes:
+    - 2
+    - 4
+    blocks:
+    - block: block001
+      nodes: n[1-2]
+    - block: block002
+      nodes:
+  flat: {}
+  ring: {}
+  torus3d: {}
+  tree: {}
+- topology: ib
+  cluster_default: false
+  block: {}
+  flat: {}
+  ring: {}
+  torus3d: {}
+  tree:
+    switches:
+    - switch: leaf1
+      children:
+      nodes: n[1-2]
+...
+"""
+
+
+def test_slurm_topoconf_dump_parses_like_our_yaml() -> None:
+    m = topocheck.parse_yaml(SLURM_TOPOCONF, "topoconf")
+    assert m.block_sizes == (2, 4), "a later `block: {}` must not erase BlockSizes"
+    assert m.blocks == [frozenset({"n1", "n2"}), frozenset()]
+    assert m.switches == {"leaf1": (frozenset({"n1", "n2"}), frozenset())}

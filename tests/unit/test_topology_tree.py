@@ -50,6 +50,37 @@ def test_nodes_filter_drops_non_slurm_hosts(fabric: ibnet.IbFabric) -> None:
     assert "B11-P1-CUFM-02" not in names and "ubuntu" not in names and "a07-p1-dgx-03-c01" in names
 
 
+def test_nodes_subset_drops_leaves_of_left_out_hosts(fabric: ibnet.IbFabric) -> None:
+    # Two DGX of each of two scalable units: the other 6 leaf groups serve only
+    # left-out hosts.  They are two hops above the kept leaves (via the spines),
+    # like a core switch, and must be dropped, not listed as the spines' parents.
+    allowed = hostlist.expand("a07-p1-dgx-03-c[01-04],b05-p1-dgx-05-c[01-04]")
+    t = tree.build_tree([fabric], tree.host_matcher(nodes=allowed))
+    leaves = {s.name: s.nodes for s in t.switches if s.level == 0}
+    assert leaves == {"A09-P1-IBLEAF-01-03": tuple(hostlist.expand("a07-p1-dgx-03-c[01-04]")),
+                      "B09-P1-IBLEAF-01-05": tuple(hostlist.expand("b05-p1-dgx-05-c[01-04]"))}
+    assert {s.level for s in t.switches} == {0, 1}
+    assert all(set(s.switches) == set(leaves) for s in t.switches if s.level == 1)
+    dropped, = (hostlist.expand(n.split(": ", 1)[1]) for n in t.notes if n.startswith("dropped"))
+    assert len(dropped) == 23 and "A09-P1-IBLEAF-01-01" in dropped and "A09-P1-IBLEAF-02-03" not in dropped
+
+
+def test_core_switch_above_spines_is_kept() -> None:
+    # leaf - spine - core: the core has only a SHARP aggregation node (a Ca that is no host).
+    text = _fabric_text(
+        ("S-l1", "MF0;leaf1:X", [("H-1", 1), ("S-s1", 1)]),
+        ("S-l2", "MF0;leaf2:X", [("H-2", 1), ("S-s2", 1)]),
+        ("S-s1", "MF0;spine1:X", [("S-l1", 2), ("S-c", 1)]),
+        ("S-s2", "MF0;spine2:X", [("S-l2", 2), ("S-c", 2)]),
+        ("S-c", "MF0;core:X", [("S-s1", 2), ("S-s2", 2), ("H-agg", 1)]),
+        hosts={"H-1": ("n1 mlx5_0", "S-l1", 1), "H-2": ("n2 mlx5_0", "S-l2", 1),
+               "H-agg": ("Mellanox Technologies Aggregation Node", "S-c", 3)})
+    t = tree.build_tree([ibnet.parse(text.splitlines(True), "f")])
+    assert [(s.name, s.level, s.switches) for s in t.switches if s.level] == [
+        ("spine1", 1, ("leaf1",)), ("spine2", 1, ("leaf2",)), ("core", 2, ("spine1", "spine2"))]
+    assert t.fabrics == 1
+
+
 def test_golden_and_round_trip(fabric: ibnet.IbFabric) -> None:
     t = tree.build_tree([fabric])
     inputs = [f"ibnetdiscover {DUMP.relative_to(ROOT)}"]
