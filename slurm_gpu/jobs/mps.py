@@ -306,6 +306,12 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
         deadline = time.monotonic() + kill_wait
         while any(_same(p, *i) for p, i in left.items()) and time.monotonic() < deadline:
             time.sleep(0.01)
+        alive = sorted(p for p, i in left.items() if _same(p, *i))
+        if alive:
+            # Stuck in the kernel (a hung driver call): a node fault.  The
+            # directory and the state stay, so the next epilog tries again.
+            raise HardwareError(f"MPS processes {','.join(map(str, alive))} survive SIGKILL "
+                                f"for {kill_wait:g} s", str(pipe))
     if os.path.lexists(jd):
         shutil.rmtree(jd, ignore_errors=True)
         if os.path.lexists(jd):

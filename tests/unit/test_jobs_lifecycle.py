@@ -504,3 +504,21 @@ def test_baseline_half_removed_is_restored(node: Env, monkeypatch, fail_at: str)
     monkeypatch.undo()
     assert lifecycle.epilog(ctx) == 0
     assert node.layout(3) == before and node.leftovers() == []
+
+
+def test_daemon_that_survives_sigkill_is_a_node_fault(node: Env, monkeypatch) -> None:
+    """A daemon stuck in the driver ignores SIGKILL: nothing may be reported clean."""
+    import signal as signal_mod
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    from slurm_gpu.jobs import mps
+    monkeypatch.setattr(mps, "control", lambda *a, **k: None)     # quit is not heard
+    monkeypatch.setattr(os, "kill", lambda *a: None)              # nor is SIGKILL
+    monkeypatch.setattr(signal_mod, "pidfd_send_signal", lambda *a: None)
+    assert lifecycle.epilog(ctx) == 1
+    assert any("survive SIGKILL" in m for m in node.logs)
+    assert js.load(node.state_dir, "100") is not None and daemon_pids(pipe)
+    monkeypatch.undo()
+    assert lifecycle.epilog(ctx) == 0                  # once it can be killed, all goes
+    assert node.leftovers() == []
