@@ -28,7 +28,7 @@ class JobFailed(SlurmGpuError):
 def check_jobid(jobid: str) -> str:
     """A Slurm job id, refusing anything that could escape the state directory."""
     jobid = str(jobid)
-    if not _JOBID.match(jobid):
+    if not _JOBID.fullmatch(jobid):   # match() with $ would let "12\n" through
         raise InputError(f"bad job id {jobid!r}", "SLURM_JOB_ID")
     return jobid
 
@@ -120,7 +120,7 @@ def list_jobs(state_dir: str | os.PathLike[str]) -> list[str]:
         names = os.listdir(jobs_dir(state_dir))
     except FileNotFoundError:
         return []
-    return sorted((n[:-5] for n in names if n.endswith(".json") and _JOBID.match(n[:-5])),
+    return sorted((n[:-5] for n in names if n.endswith(".json") and _JOBID.fullmatch(n[:-5])),
                   key=int)
 
 

@@ -27,7 +27,7 @@ def test_save_load_remove_atomic(tmp_path: Path) -> None:
     assert js.load(tmp_path, "12") is None
 
 
-@pytest.mark.parametrize("bad", ["../1", "1/2", "", "12a", "1" * 13])
+@pytest.mark.parametrize("bad", ["../1", "1/2", "", "12a", "1" * 13, "12\n", "\u0661\u0662"])
 def test_job_ids_cannot_escape(tmp_path: Path, bad: str) -> None:
     with pytest.raises(InputError):
         js.path(tmp_path, bad)
