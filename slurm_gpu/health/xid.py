@@ -245,6 +245,12 @@ def classify(ev: XidEvent, decoded: dict[tuple[int, str | None], Verdict] | None
             name = m.group("name") or f"action {to}"
             return Verdict(INFO if to == 0 else DRAIN, "recovery", f"GPU recovery action changed to {name}",
                            base["immediate"])
+        if ev.source == "nvml":
+            # An NVML event carries only the code, not the new action, and the
+            # driver also reports 154 when the action goes back to None after a
+            # reset.  The kernel line and gpu.recovery (the action itself) decide.
+            return Verdict(WARN, "recovery", "GPU recovery action changed (NVML event; gpu.recovery reads "
+                           "the action)", base["immediate"])
     desc = base["description"]
     if desc == "Unused":
         desc = f"{base['mnemonic']} (unused code on current drivers)"

@@ -94,3 +94,13 @@ def test_recovery_154_to_none_is_info_else_drain():
     reset = xid.XidEvent(154, "0000:07:00.0", text="GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)")
     assert xid.classify(none).action == INFO
     assert xid.classify(reset).action == DRAIN
+
+
+def test_recovery_154_from_nvml_alone_does_not_drain_a_recovered_gpu():
+    # After a reset the driver reports 154 "... to 0x0 (None)"; xid-watch sees the
+    # same 154 as a bare NVML event.  It must not turn the recovery into a drain.
+    kernel = xid.XidEvent(154, "0000:07:00.0", text="GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)")
+    events, _ = xid.events_from_nvml([{"event": "xid", "xid": 154, "gpu": "0000:07:00.0"}])
+    fs = xid.check_xid([kernel, *events])
+    assert [(f.xid, f.severity) for f in fs] == [(154, WARN)]
+    assert xid.check_xid(events)[0].severity == WARN
