@@ -6,6 +6,7 @@ under ``[jobs] on_internal_error = "drain"``.  Nothing here may raise.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -14,6 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     if args not in (["prolog"], ["epilog"]):
         print("usage: python -m slurm_gpu.jobs prolog|epilog", file=sys.stderr)
         return 2
+    # slurmd's umask reaches us: with 002 our own state and MPS directories
+    # would come out group-writable (and then be refused as untrustworthy).
+    os.umask(0o022)
     try:
         from . import lifecycle
         ctx = lifecycle.default_context()

@@ -522,3 +522,22 @@ def test_daemon_that_survives_sigkill_is_a_node_fault(node: Env, monkeypatch) ->
     monkeypatch.undo()
     assert lifecycle.epilog(ctx) == 0                  # once it can be killed, all goes
     assert node.leftovers() == []
+
+
+def test_entry_point_sets_its_own_umask(node: Env) -> None:
+    """slurmd's umask (here 002) must not make root's directories group-writable."""
+    conf = node.base / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.base}/var/state"\n'
+                    f'[mps]\ncontrol = "{node.ctl}"\nbase_dir = "{node.base}/var/mps"\n')
+    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "8", "PYTHONPATH": str(ROOT),
+           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
+           "SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MPS": "default"}
+    run = lambda what: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "slurm_gpu.jobs", what], env=env, cwd="/", umask=0o002,
+        capture_output=True, text=True, timeout=60)
+    r = run("prolog")
+    assert r.returncode == 0, r.stderr
+    for d in ("var", "var/state", "var/state/jobs", "var/mps", "var/mps/8"):
+        assert stat.S_IMODE(os.lstat(node.base / d).st_mode) == 0o755, d
+    assert run("epilog").returncode == 0
+    assert not (node.base / "var" / "mps" / "8").exists()
