@@ -27,7 +27,7 @@ def topo_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--block-sizes", metavar="N[,N...]", help="Slurm BlockSizes (default: inferred)."),
         click.option("--placeholders", is_flag=True,
                      help="topograph layout: keep short blocks, pad with empty BlockName lines "
-                          "(only for a Slurm that accepts them; 24.11 does not)."),
+                          "(Slurm 26.05 accepts them; 24.11 refuses them)."),
         click.option("--drop-small-blocks", is_flag=True,
                      help="Leave out NVLink domains smaller than BlockSizes[0] instead of failing."),
         click.option("--host-regex", metavar="REGEX",
