@@ -161,6 +161,24 @@ def prolog(ctx: Context) -> int:
     user = job_user(env)
     if user is None:
         raise InputError("prolog environment lacks SLURM_JOB_UID", f"job {jobid}")
+    old = jobstate.load(ctx.state_dir, jobid)
+    if old is not None:
+        # An earlier run of this job here (requeued after a prolog whose undo
+        # failed, or whose epilog never ran) left a record: finish its cleanup
+        # first, or the new record would hide what it lists.
+        ctx.log(f"slurm-gpu: prolog job {jobid}: cleaning up an earlier run's state first")
+        try:
+            for note in _undo(ctx, old, job_user(env, old), _lazy_api(ctx)):
+                ctx.log(f"slurm-gpu: prolog job {jobid}: {note}")
+        except Exception as e:  # noqa: BLE001 - a node fault; the old record stays
+            line = e.line() if isinstance(e, SlurmGpuError) else \
+                f"slurm-gpu: internal error: {type(e).__name__}: {e}"
+            ctx.log(f"{line} [job {jobid}: earlier run not cleaned up, "
+                    f"on_internal_error={ctx.jobs.on_internal_error}]")
+            old["error"] = line
+            old["phase"] = "failed"
+            jobstate.save(ctx.state_dir, old)
+            return 1 if ctx.jobs.on_internal_error == "drain" else 0
     st = jobstate.new(jobid, uid=user.uid, gid=user.gid, user=user.name)
     st["options"] = {"mps": mps_opt or None, "mig": mig_opt or None}
     jobstate.save(ctx.state_dir, st)

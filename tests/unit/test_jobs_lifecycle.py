@@ -541,3 +541,44 @@ def test_entry_point_sets_its_own_umask(node: Env) -> None:
         assert stat.S_IMODE(os.lstat(node.base / d).st_mode) == 0o755, d
     assert run("epilog").returncode == 0
     assert not (node.base / "var" / "mps" / "8").exists()
+
+
+def test_prolog_rerun_first_cleans_what_an_earlier_run_left(node: Env, monkeypatch) -> None:
+    """Requeued onto the same node before an epilog cleaned up: the old record is not lost."""
+    before = node.layout(3)
+    real = instances.create_placement
+    calls = {"n": 0}
+
+    def dying(api, dev, p, where):
+        calls["n"] += 1
+        ids = real(api, dev, p, where)
+        if calls["n"] == 2:
+            raise Killed()
+        return ids
+
+    monkeypatch.setattr(migjob.instances, "create_placement", dying)
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="4g.40gb,2g.20gb,1g.10gb")
+    with pytest.raises(Killed):
+        lifecycle.prolog(ctx)
+    monkeypatch.undo()
+    ctx2 = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="7g.80gb")
+    assert lifecycle.prolog(ctx2) == 0, node.logs
+    assert [p for p, _, _ in node.layout(3)] == [0]    # 7g.80gb alone (profile id 0)
+    assert lifecycle.epilog(ctx2) == 0
+    assert node.layout(3) == before and node.leftovers() == []
+
+
+@pytest.mark.parametrize("policy,rc", [("drain", 1), ("pass", 0)])
+def test_prolog_rerun_that_cannot_clean_up_follows_the_policy(node: Env, policy: str, rc: int,
+                                                               monkeypatch) -> None:
+    node.jobs.on_internal_error = policy
+    old = js.new("100", uid=_uid("sgtest1"), gid=0, user="sgtest1")
+    old["mig"] = {"layout": "7g.80gb", "ready": True, "gpus": [{"index": 3, "instances": [
+        {"gi_id": 1, "gi_profile_id": 0, "start": 0, "size": 8}]}]}
+    js.save(node.state_dir, old)
+    monkeypatch.setattr(migjob, "teardown", lambda *a: (_ for _ in ()).throw(
+        instances.MigError("cannot destroy GPU instance 1: In use", "GPU 3", 19)))
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")) == rc
+    st = js.load(node.state_dir, "100")
+    assert st["mig"] == old["mig"] and "In use" in st["error"]     # the old record stays
+    assert not (Path(node.mps.base_dir) / "100").exists()        # nothing new was started
