@@ -18,6 +18,7 @@ drains a rack of nodes.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,22 @@ from .settings import HealthSettings
 
 XID_CHECK = "gpu.xid"
 ALL_CHECKS: tuple[str, ...] = (XID_CHECK,) + NVML_CHECKS + OS_CHECKS
-STATE_FILE = "health-state.json"
+STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
+
+
+def _node_tag(node: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_"
+
+
+def state_file(state_dir: str | os.PathLike[str], node: str) -> str:
+    """This node's state file.  Named per node: several slurmd on one host
+    (multiple-slurmd, the sandbox) may share a state_dir without ``%n``, and
+    one node's memory (our drain, its slurmd, its cursors) must not be another's."""
+    return os.path.join(state_dir, f"health-state.{_node_tag(node)}.json")
+
+
+def lock_file(state_dir: str | os.PathLike[str], node: str) -> str:
+    return os.path.join(state_dir, f"health.{_node_tag(node)}.lock")
 EVENTS_FILE = "xid-events.jsonl"
 
 
@@ -167,7 +183,6 @@ def run(opts: Options) -> Report:
     return rep
 
 
-LOCK_FILE = "health.lock"
 
 
 # Acting needs time for two scontrol calls; with less left, act next run.
@@ -181,7 +196,7 @@ def _run(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
     # file and the cursors are read-modify-write.
     import fcntl
     os.makedirs(opts.state_dir, mode=0o755, exist_ok=True)
-    fd = os.open(os.path.join(opts.state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(lock_file(opts.state_dir, opts.node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         t_end = time.monotonic() + 2.0
         while True:
@@ -201,10 +216,16 @@ def _run(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
 def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
     s = opts.settings
     checks = select_checks(opts.only, s)
-    state_path = os.path.join(opts.state_dir, STATE_FILE)
+    state_path = state_file(opts.state_dir, opts.node)
     acting = not opts.no_drain
     from . import actions
-    state = actions.load_state(state_path) if opts.state_dir else {}
+    state: dict = {}
+    if opts.state_dir:
+        legacy = os.path.join(opts.state_dir, STATE_FILE)
+        # Migrate the old shared name once (it held this node's state on a
+        # one-slurmd host); losing it would reread kmsg from boot and redrain.
+        state = actions.load_state(state_path if os.path.exists(state_path) or not os.path.exists(legacy)
+                                   else legacy)
     findings: list[Finding] = []
     notes: list[str] = []
     incomplete: str | None = None          # a gather fell short: this run is no clean run

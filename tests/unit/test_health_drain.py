@@ -171,7 +171,7 @@ def test_lost_state_file_never_resumes_blindly(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text(XID79)
     assert engine.run(opts(tmp_path, log, resume=1)).action == "drain"
-    (tmp_path / "state" / engine.STATE_FILE).write_text("{corrupt")
+    (Path(engine.state_file(tmp_path / "state", "n1"))).write_text("{corrupt")
     for _ in range(3):
         engine.run(opts(tmp_path, log, resume=1))
     assert [u[-1] for u in slurm.updates] == [f"reason={R}"]   # drained once, never resumed
@@ -280,7 +280,7 @@ def test_state_file_is_json_and_private(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text(XID79)
     engine.run(opts(tmp_path, log))
-    p = tmp_path / "state" / engine.STATE_FILE
+    p = Path(engine.state_file(tmp_path / "state", "n1"))
     doc = json.loads(p.read_text())
     assert doc["memory"]["drained_reason"] == R
     assert doc["cursor"]["files"][str(log)]["offset"] == len(XID79)
@@ -302,7 +302,7 @@ def test_watchdog_expiry_changes_nothing(tmp_path, slurm, monkeypatch):
     t = _t.monotonic()
     r = engine.run(o)
     assert _t.monotonic() - t < 2 and r.broken == "watchdog expired" and slurm.calls == []
-    assert not (tmp_path / "state" / engine.STATE_FILE).exists()
+    assert not (Path(engine.state_file(tmp_path / "state", "n1"))).exists()
 
 
 def test_watchdog_never_cuts_a_drain_off_from_its_state(tmp_path, slurm, monkeypatch):
@@ -330,7 +330,7 @@ def test_watchdog_never_cuts_a_drain_off_from_its_state(tmp_path, slurm, monkeyp
     o.settings.watchdog_seconds = 1.0
     r = engine.run(o)
     drained = parse_show_node(slurm.text).drained
-    p = tmp_path / "state" / engine.STATE_FILE
+    p = Path(engine.state_file(tmp_path / "state", "n1"))
     remembered = p.exists() and json.loads(p.read_text())["memory"]["drained_reason"] == R
     assert drained == remembered, (r.broken, drained, remembered)
     assert r.broken   # too little time to act: unknown, retried next run
@@ -348,7 +348,7 @@ def test_slow_nvml_neither_drains_nor_counts_as_clean(tmp_path, slurm, monkeypat
     reason = parse_show_node(slurm.text).reason
     state = tmp_path / "state"
     state.mkdir()
-    (state / engine.STATE_FILE).write_text(json.dumps({"memory": {"drained_reason": reason, "clean_runs": 0}}))
+    (Path(engine.state_file(state, "n1"))).write_text(json.dumps({"memory": {"drained_reason": reason, "clean_runs": 0}}))
     log = tmp_path / "kern.log"
     log.write_text("")
     for _ in range(3):
@@ -368,7 +368,7 @@ def test_first_run_with_slow_nvml_still_records_its_slurmd(tmp_path, slurm, monk
     o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000", nvml_opener=lambda: None)
     o.only = ["gpu.xid", "gpu.nvml"]
     engine.run(o)
-    doc = json.loads((tmp_path / "state" / engine.STATE_FILE).read_text())
+    doc = json.loads((Path(engine.state_file(tmp_path / "state", "n1"))).read_text())
     assert doc["memory"]["slurmd"] == "4242:1000" and slurm.calls == []
 
 
@@ -382,10 +382,10 @@ def test_malformed_state_counts_as_lost_not_a_broken_check(tmp_path, slurm, doc)
     log.write_text(XID79)
     state = tmp_path / "state"
     state.mkdir()
-    (state / engine.STATE_FILE).write_text(json.dumps(doc).replace("LOG", str(log)))
+    (Path(engine.state_file(state, "n1"))).write_text(json.dumps(doc).replace("LOG", str(log)))
     r = engine.run(opts(tmp_path, log))
     assert r.broken is None and r.action == "drain"
-    assert json.loads((state / engine.STATE_FILE).read_text())["memory"]["drained_reason"] == R
+    assert json.loads((Path(engine.state_file(state, "n1"))).read_text())["memory"]["drained_reason"] == R
 
 
 def test_unreadable_kernel_log_does_not_blind_the_other_checks(tmp_path, slurm):
@@ -402,6 +402,46 @@ def test_unreadable_kernel_log_does_not_blind_the_other_checks(tmp_path, slurm):
         r = engine.run(opts(tmp_path, tmp_path / "gone.log", resume=1))
         assert r.broken and r.action == "none"
     assert len(slurm.updates) == 1
+
+
+def test_nodes_sharing_a_state_dir_keep_their_own_memory(tmp_path, monkeypatch):
+    # Two slurmd on one host with one state_dir (no %n): n1's drain, slurmd and
+    # cursor must not become n2's (each run would look like a first run, or
+    # n2 would resume n1's drain bookkeeping).
+    texts = {"n1": capture("idle", node="n1"), "n2": capture("idle", node="n2")}
+    updates = []
+
+    def run(argv, timeout, **kw):
+        name = argv[-1] if argv[1] == "show" else argv[2].split("=", 1)[1]
+        if argv[1] == "update":
+            updates.append(argv)
+            reason = next(a for a in argv if a.startswith("reason="))[7:]
+            texts[name] = texts[name].rstrip("\n").replace("State=IDLE", "State=IDLE+DRAIN") + \
+                f" Reason={reason} [root@2026-11-22T05:20:00]\n"
+        return runner.Completed(tuple(argv), 0, texts[name] if argv[1] == "show" else "", "")
+    monkeypatch.setattr(runner, "run", run)
+    bad, good = tmp_path / "n1.log", tmp_path / "n2.log"
+    bad.write_text(XID79)
+    good.write_text(XID13)
+    for i in range(3):
+        for node, log, pid in (("n1", bad, "1:1"), ("n2", good, "2:2")):
+            o = opts(tmp_path, log, slurm_mode=True, parent_slurmd=pid)
+            o.node = node
+            engine.run(o)
+    assert [u[2] for u in updates] == ["nodename=n1"]       # n1 drained on its 2nd run, n2 never
+    assert json.loads(Path(engine.state_file(tmp_path / "state", "n1")).read_text())["memory"]["slurmd"] == "1:1"
+    assert json.loads(Path(engine.state_file(tmp_path / "state", "n2")).read_text())["memory"]["slurmd"] == "2:2"
+
+
+def test_legacy_state_file_is_migrated_not_lost(tmp_path, slurm):
+    state = tmp_path / "state"
+    state.mkdir()
+    reason = parse_show_node(capture("draining_ours")).reason
+    slurm.text = capture("draining_ours", node="n1")
+    (state / engine.STATE_FILE).write_text(json.dumps({"memory": {"drained_reason": reason}}))
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    assert engine.run(opts(tmp_path, log, resume=1)).action == "resume"
 
 
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
@@ -438,7 +478,7 @@ def test_one_acting_run_at_a_time(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text(XID79)
     (tmp_path / "state").mkdir()
-    fd = _os.open(tmp_path / "state" / engine.LOCK_FILE, _os.O_RDWR | _os.O_CREAT)
+    fd = _os.open(engine.lock_file(tmp_path / "state", "n1"), _os.O_RDWR | _os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         r = engine.run(opts(tmp_path, log))
