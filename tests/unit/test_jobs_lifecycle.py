@@ -582,3 +582,26 @@ def test_prolog_rerun_that_cannot_clean_up_follows_the_policy(node: Env, policy:
     st = js.load(node.state_dir, "100")
     assert st["mig"] == old["mig"] and "In use" in st["error"]     # the old record stays
     assert not (Path(node.mps.base_dir) / "100").exists()        # nothing new was started
+
+
+@pytest.mark.parametrize("conf", [
+    "[node]\n  # state_dir = \"/nowhere\"\nstate_dir = '{d}'\n",       # indented comment, literal
+    "[node]\n  state_dir=\"{d}\"  # here\n[mps]\nbase_dir = \"/x\"\n",  # indented key
+    "[health]\nstate_dir = \"/nowhere\"\n[node]\nsnapshot = \"/s\"\nstate_dir = \"{d}\"\n",
+])
+def test_epilog_script_reads_toml_like_python(node: Env, conf: str) -> None:
+    """The sh fast path must find the state where Python's TOML reader says it is."""
+    d = node.base / "var"
+    cfg = node.base / "c.toml"
+    cfg.write_text(conf.format(d=d))
+    import tomllib
+    assert tomllib.loads(cfg.read_text())["node"]["state_dir"] == str(d)
+    (d / "jobs").mkdir(parents=True)
+    (d / "jobs" / "31.json").write_text("{}")
+    marker = node.base / "ran"
+    py = node.base / "fakepy"
+    py.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    py.chmod(0o755)
+    env = {"SLURM_GPU_CONFIG": str(cfg), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": "31"}
+    subprocess.run(["/bin/sh", str(ROOT / "epilog.d" / "50-slurm-gpu-jobs")], env=env, check=True)
+    assert marker.exists()
