@@ -78,7 +78,7 @@ def test_xid79_drains_with_our_reason_jobs_avoid_it_and_it_resumes(hc):
     # The event counted once: clean runs follow and the node comes back.
     hc.wait_node_state("n1", "idle", timeout=4 * INTERVAL + 6)
     assert reason(hc, "n1") == ""
-    state = json.loads((hc.dir / "var" / "n1" / "health-state.json").read_text())
+    state = json.loads((hc.dir / "var" / "n1" / "health-state.n1.json").read_text())
     assert state["memory"]["drained_reason"] is None
 
 
