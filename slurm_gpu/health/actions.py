@@ -52,7 +52,8 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
     try:
         node = show_node(name, timeout)
     except CommandError as e:
-        keep = Memory(mem.drained_reason, mem.clean_runs, want or mem.pending_reason, mem.slurmd, mem.isolated)
+        keep = Memory(mem.drained_reason, mem.clean_runs, want or mem.pending_reason, mem.slurmd, mem.isolated,
+                      mem.boot_id)
         return Outcome(Plan("none", "could not read node state", memory=keep), None, e.what)
     plan = decide(node, want, mem, clean_runs_to_resume)
     if dry_run or plan.action == "none":
@@ -66,7 +67,8 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
     try:
         runner.run(argv, timeout)
     except CommandError as e:
-        keep = Memory(mem.drained_reason, mem.clean_runs, want or mem.pending_reason, mem.slurmd, mem.isolated)
+        keep = Memory(mem.drained_reason, mem.clean_runs, want or mem.pending_reason, mem.slurmd, mem.isolated,
+                      mem.boot_id)
         return Outcome(Plan("none", f"{plan.action} failed", memory=keep), node, e.what)
     return Outcome(plan, node)
 

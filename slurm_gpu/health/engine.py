@@ -286,7 +286,16 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         findings += run_os_checks(info, s, os_checks, gpus_expected)
 
     from .nodestate import Memory
+    from ..hw.kmsg import boot_id
     mem = Memory.from_json(state.get("memory") or {})
+    boot = boot_id() or None
+    if mem.pending_reason and mem.boot_id and boot and mem.boot_id != boot:
+        # A drain owed from before a reboot (found while the node was booting,
+        # powering down or in maintenance): the reboot is the repair for most
+        # of them, and what persists the NVML checks find again.
+        notes.append(f"dropped a drain owed from the previous boot: {mem.pending_reason}")
+        mem.pending_reason = None
+    mem.boot_id = boot
     if mem.isolated:
         from .isolate import soften
         findings = soften(findings, set(mem.isolated))

@@ -78,10 +78,12 @@ class Memory:
     pending_reason: str | None = None   # a drain we could not apply yet (first run, scontrol failure)
     slurmd: str | None = None           # the slurmd instance whose first run we have seen
     isolated: list[str] = field(default_factory=list)  # GPUs taken out of gres.conf (--isolate-bad-gpu)
+    boot_id: str | None = None          # the boot this memory was written in (a pending drain dies with it)
 
     def to_json(self) -> dict:
         return {"drained_reason": self.drained_reason, "clean_runs": self.clean_runs,
-                "pending_reason": self.pending_reason, "slurmd": self.slurmd, "isolated": list(self.isolated)}
+                "pending_reason": self.pending_reason, "slurmd": self.slurmd, "isolated": list(self.isolated),
+                "boot_id": self.boot_id}
 
     @classmethod
     def from_json(cls, d: dict) -> "Memory":
@@ -95,7 +97,7 @@ class Memory:
         if not isinstance(isolated, list) or not all(isinstance(g, str) for g in isolated):
             raise TypeError("isolated is not a list of bus ids")
         return cls(text("drained_reason"), int(d.get("clean_runs") or 0), text("pending_reason"),
-                   text("slurmd"), list(isolated))
+                   text("slurmd"), list(isolated), text("boot_id"))
 
 
 @dataclass

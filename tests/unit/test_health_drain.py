@@ -444,6 +444,22 @@ def test_legacy_state_file_is_migrated_not_lost(tmp_path, slurm):
     assert engine.run(opts(tmp_path, log, resume=1)).action == "resume"
 
 
+@pytest.mark.parametrize("boot,drains", [("boot-a", True), ("boot-b", False)])
+def test_drain_owed_from_a_previous_boot_is_dropped(tmp_path, slurm, monkeypatch, boot, drains):
+    # Owed while the node was REBOOT_REQUESTED/booting/in maintenance; after the
+    # reboot (a persistent state_dir) it must not drain the repaired node.
+    from slurm_gpu.hw import kmsg
+    monkeypatch.setattr(kmsg, "boot_id", lambda: boot)
+    state = tmp_path / "state"
+    state.mkdir()
+    Path(engine.state_file(state, "n1")).write_text(json.dumps(
+        {"memory": {"pending_reason": R, "boot_id": "boot-a"}}))
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    r = engine.run(opts(tmp_path, log))
+    assert (r.action == "drain") is drains
+
+
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text("")
