@@ -8,6 +8,35 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
+
+
+def _watchdog(seconds: float, what: str, rc: int, mark: Callable[[str], None]) -> None:
+    """End this process after *seconds*, even while it is stuck inside NVML.
+
+    Slurm waits for a prolog/epilog forever unless the admin set
+    PrologEpilogTimeout, and an NVML call on a sick GPU (or a simulator lock
+    someone holds) has no timeout of its own.  Ending half-way is safe: the
+    state file records every step and the epilog cleans up after a killed
+    prolog.  *mark* records the error for the job's tasks first when the
+    exit status will not drain the node (``on_internal_error = "pass"``).
+    """
+    import threading
+
+    def fire() -> None:
+        line = (f"slurm-gpu: {what} still running after {seconds:g} s, stopped by its "
+                "watchdog ([jobs] timeout)")
+        os.write(2, (line + "\n").encode())
+        if rc == 0:
+            try:
+                mark(line)
+            except Exception:  # noqa: BLE001 - exit regardless
+                pass
+        os._exit(rc)
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import lifecycle
         ctx = lifecycle.default_context()
+        if ctx.jobs.timeout > 0:
+            _watchdog(ctx.jobs.timeout, args[0],
+                      1 if ctx.jobs.on_internal_error == "drain" else 0,
+                      lambda line: lifecycle.mark_failed(ctx, line))
         return lifecycle.prolog(ctx) if args[0] == "prolog" else lifecycle.epilog(ctx)
     except Exception as e:  # noqa: BLE001 - settings unreadable, bad job id...: a node fault
         from ..errors import SlurmGpuError

@@ -233,6 +233,16 @@ def prolog(ctx: Context) -> int:
         return 0
 
 
+def mark_failed(ctx: Context, line: str) -> None:
+    """Record *line* as the job's error, so its tasks fail with it (prolog watchdog)."""
+    jobid = jobstate.check_jobid(ctx.env.get("SLURM_JOB_ID") or ctx.env.get("SLURM_JOBID", ""))
+    st = jobstate.load(ctx.state_dir, jobid)
+    if st is not None and st.get("phase") != "ready":
+        st["error"] = line
+        st["phase"] = "failed"
+        jobstate.save(ctx.state_dir, st)
+
+
 def _cancel(ctx: Context, jobid: str) -> None:
     from .. import runner
     try:

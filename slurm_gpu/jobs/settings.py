@@ -14,7 +14,8 @@ class JobsSettings:
     on_internal_error: str = "drain"      # drain: exit non-zero (Slurm drains+requeues); pass
     user_error: str = "fail_tasks"        # fail_tasks: tasks fail via the SPANK plugin; cancel
     scancel: str = "/usr/bin/scancel"
-    epilog_kill_wait: float = 2.0         # seconds to wait for SIGTERMed stragglers
+    epilog_kill_wait: float = 2.0         # seconds to wait for SIGKILLed stragglers
+    timeout: float = 120.0                # watchdog over one prolog/epilog run; 0 = none
 
 
 @dataclass

@@ -605,3 +605,29 @@ def test_epilog_script_reads_toml_like_python(node: Env, conf: str) -> None:
     env = {"SLURM_GPU_CONFIG": str(cfg), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": "31"}
     subprocess.run(["/bin/sh", str(ROOT / "epilog.d" / "50-slurm-gpu-jobs")], env=env, check=True)
     assert marker.exists()
+
+
+@pytest.mark.parametrize("policy,rc", [("drain", 1), ("pass", 0)])
+def test_watchdog_ends_a_prolog_stuck_in_nvml(node: Env, policy: str, rc: int) -> None:
+    """An NVML call that never returns (here: the simulator's lock held by someone else)."""
+    import fcntl
+    conf = node.base / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
+                    f'[jobs]\ntimeout = 2\non_internal_error = "{policy}"\n')
+    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "9", "PYTHONPATH": str(ROOT),
+           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
+           "SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MIG": "7g.80gb"}
+    fd = os.open(node.sim + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        r = subprocess.run([sys.executable, "-m", "slurm_gpu.jobs", "prolog"], env=env,
+                           cwd="/", capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(fd)
+    assert r.returncode == rc and "stopped by its watchdog" in r.stderr
+    st = js.load(node.state_dir, "9")
+    if policy == "pass":                              # the job fails, not silently without MIG
+        with pytest.raises(JobFailed, match="watchdog"):
+            js.task_env(st, 0, 1)
+    assert lifecycle.epilog(node.ctx(SLURM_JOB_ID="9")) == 0
+    assert node.layout(1) == [] and node.leftovers("9") == []
