@@ -22,13 +22,15 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import pytest
 
-from sandboxlib import (DEFAULT_MACHINE, HERE, JOB_USERS, Cluster, _missing_prerequisite, ensure_user,
-                        new_sandbox_dir, slurm_gpu_cli)
+from sandboxlib import (CREATED_DIRS, DEFAULT_MACHINE, HERE, JOB_USERS, Cluster, _missing_prerequisite,
+                        ensure_user, leftover_processes, new_sandbox_dir, process_ticks_now, slurm_gpu_cli)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m integration` filters on the marker added here
@@ -49,6 +51,28 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for key, value in item.user_properties:
         if key == "missing":
             pytest.fail(f"SLURM_GPU_REQUIRE_INTEGRATION=1 but {value}", pytrace=False)
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """After the last integration test, no process of ours may be left:
+    daemons, slurmstepd, MPS daemons or job tasks of any sandbox or Debian
+    root this run started.  Leftovers fail the run and are then killed."""
+    from debianroot import CACHE
+    since = process_ticks_now()
+    yield
+    left: list[str] = []
+    for _ in range(30):            # a stopping daemon may take a moment to exit
+        left = leftover_processes(since, CREATED_DIRS, [CACHE])
+        if not left:
+            return
+        time.sleep(0.2)
+    for entry in left:
+        try:
+            os.kill(int(entry.split()[1]), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    pytest.fail("processes left running after the integration tests:\n  " + "\n  ".join(left))
+
 
 @pytest.fixture(scope="session")
 def job_users() -> dict[str, pwd.struct_passwd]:

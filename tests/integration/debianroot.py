@@ -38,13 +38,16 @@ from sandboxlib import REPO, parse_kv
 SCRIPT = REPO / "scripts" / "debian-root.sh"
 
 
+CACHE = Path(os.environ.get("SLURM_GPU_CACHE", "/var/cache/slurm-gpu"))   # scripts/debian-root.sh's
+
+
 def debian_root(suite: str, what: str) -> Path:
     """The cached root of *suite* (built on first use); skips with the reason when it cannot be had.
 
     *what* names what the caller needs it for, e.g. ``"Slurm 26.05"``.
     """
     if shutil.which("debootstrap") is None and not (
-            Path(os.environ.get("SLURM_GPU_CACHE", "/var/cache/slurm-gpu")) / f"{suite}-root"
+            CACHE / f"{suite}-root"
             / ".slurm-gpu-complete").exists():
         pytest.skip(f"debootstrap not installed: cannot build the {what} root ({suite})")
     res = subprocess.run(["bash", str(SCRIPT), suite], capture_output=True, text=True, timeout=900)

@@ -163,12 +163,54 @@ class Cluster:
         os.chmod(d, 0o700)
         return d
 
+# Every directory a test run made for a cluster; the session's leak check
+# looks for processes that still use one of them.
+CREATED_DIRS: list[Path] = []
+
+
 def new_sandbox_dir(tag: str) -> Path:
     BASE.mkdir(parents=True, exist_ok=True)
     os.chmod(BASE, 0o755)
     d = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=BASE))
     os.chmod(d, 0o755)
+    CREATED_DIRS.append(d)
     return d
+
+
+def _start_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[19])
+
+
+def process_ticks_now() -> int:
+    """Clock ticks since boot, comparable with a process's start time."""
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def leftover_processes(since_ticks: int, dirs: Sequence[Path], roots: Sequence[Path]) -> list[str]:
+    """Processes started after *since_ticks* that still use one of *dirs*
+    (cwd, command line or SLURM_CONF) or run inside one of *roots*."""
+    marks = [str(d) for d in dirs]
+    root_marks = [str(r) for r in roots]
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        pid = int(name)
+        try:
+            if _start_ticks(pid) < since_ticks:
+                continue
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            where = [os.readlink(f"/proc/{pid}/cwd"), cmd]
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            where += [e.decode(errors="replace") for e in env if e.startswith(b"SLURM_CONF=")]
+            root = os.readlink(f"/proc/{pid}/root")
+        except (OSError, ValueError, IndexError):
+            continue                    # gone meanwhile, or a kernel thread
+        if any(m in w for m in marks for w in where) or any(root.startswith(r) for r in root_marks):
+            found.append(f"pid {pid} ({cmd.strip()[:80]}; root {root})")
+    return found
 
 def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
                   env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
