@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any, Callable
 
@@ -92,8 +93,15 @@ def watch(opener: Callable[[], Any], path: str, *, max_events: int = 0, run_for:
                     supported = wanted
                 api.nvmlDeviceRegisterEvents(h, wanted & supported, es)
             except api.NVMLError as e:
-                append(path, {"time": round(time.time(), 3), "event": "gpu_unavailable", "gpu": None,
-                              "data": int(e.value), "index": i})
+                # Only a lost GPU is a fault; NOT_SUPPORTED (no XID events on
+                # this GPU or platform) and the like are recorded, never drained.
+                # (Not written to the event file: a watcher restarted by systemd
+                # every few seconds would grow it without end.)
+                if e.value == api.NVML_ERROR_GPU_IS_LOST:
+                    append(path, {"time": round(time.time(), 3), "event": "gpu_unavailable", "gpu": None,
+                                  "data": int(e.value), "index": i})
+                else:
+                    print(f"slurm-gpu: xid-watch: GPU {i}: event registration refused ({e})", file=sys.stderr)
                 continue
             buses[getattr(h, "key", id(h))] = _bus(api, h)
             registered += 1

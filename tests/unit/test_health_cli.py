@@ -169,3 +169,29 @@ def test_slurm_mode_unreadable_configured_source_is_unknown(tmp_path, capsys):
     config._load.cache_clear()
     rc, _, err = run(["health", "--only", "gpu.xid", "--slurm"], capsys)
     assert rc == 3 and "kernel log not found" in err
+
+
+def test_xid_watch_gpu_without_event_support_is_not_a_lost_gpu(tmp_path):
+    # nvmlDeviceRegisterEvents answers NOT_SUPPORTED on GPUs/platforms without
+    # XID events: that is no fault, and must not become a "GPU unavailable" drain.
+    from slurm_gpu.health import watch, xid
+    from slurm_gpu.hw import snapshot as snap
+    base = snap.replay_api(snap.read_snapshot(H100), H100, None)
+
+    class NoEvents:
+        seen = 0
+
+        def __getattr__(self, name):
+            return getattr(base, name)
+
+        def nvmlDeviceRegisterEvents(self, h, types, es):
+            NoEvents.seen += 1
+            if NoEvents.seen == 3:                         # the third GPU has no event support
+                raise base.NVMLError(base.NVML_ERROR_NOT_SUPPORTED)
+            return base.nvmlDeviceRegisterEvents(h, types, es)
+    ev = tmp_path / "events.jsonl"
+    watch.watch(lambda: NoEvents(), str(ev), run_for=0.2)
+    recs = [json.loads(l) for l in ev.read_text().splitlines()] if ev.exists() else []
+    evs, direct = xid.events_from_nvml(recs)
+    assert [f for f in xid.check_xid(evs) + direct if f.severity == "drain"] == []
+
