@@ -41,6 +41,9 @@ def _kind(api: Any, etype: int) -> str:
     return "other"
 
 
+LOST_REPEAT_S = 60.0
+
+
 def event_record(api: Any, ev: Any, buses: dict[Any, str | None]) -> dict[str, Any]:
     """One NVML event as the JSON record health reads."""
     etype = int(ev.eventType)
@@ -109,6 +112,7 @@ def watch(opener: Callable[[], Any], path: str, *, max_events: int = 0, run_for:
             raise HardwareError("xid-watch: no GPU accepts NVML event registration")
         n = 0
         t0 = time.monotonic()
+        last_lost = -LOST_REPEAT_S
         while not stop["now"]:
             if run_for and time.monotonic() - t0 >= run_for:
                 break
@@ -118,9 +122,13 @@ def watch(opener: Callable[[], Any], path: str, *, max_events: int = 0, run_for:
                 if e.value == api.NVML_ERROR_TIMEOUT:
                     continue
                 if e.value == api.NVML_ERROR_GPU_IS_LOST:
-                    append(path, {"time": round(time.time(), 3), "event": "gpu_unavailable", "gpu": None,
-                                  "data": int(e.value)})
-                    n += 1
+                    # NVML answers this on every wait while the GPU stays lost:
+                    # one record a minute is enough to keep the node drained.
+                    if time.monotonic() - last_lost >= LOST_REPEAT_S:
+                        append(path, {"time": round(time.time(), 3), "event": "gpu_unavailable", "gpu": None,
+                                      "data": int(e.value)})
+                        n += 1
+                        last_lost = time.monotonic()
                     time.sleep(1.0)
                     continue
                 raise HardwareError(f"xid-watch: nvmlEventSetWait failed ({e})") from None

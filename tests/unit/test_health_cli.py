@@ -195,3 +195,19 @@ def test_xid_watch_gpu_without_event_support_is_not_a_lost_gpu(tmp_path):
     evs, direct = xid.events_from_nvml(recs)
     assert [f for f in xid.check_xid(evs) + direct if f.severity == "drain"] == []
 
+
+def test_xid_watch_lost_gpu_is_recorded_once_a_minute_not_every_second(tmp_path):
+    from slurm_gpu.health import watch
+    from slurm_gpu.hw import snapshot as snap
+    base = snap.replay_api(snap.read_snapshot(H100), H100, None)
+
+    class Lost:
+        def __getattr__(self, name):
+            return getattr(base, name)
+
+        def nvmlEventSetWait_v2(self, es, ms):
+            raise base.NVMLError(base.NVML_ERROR_GPU_IS_LOST)
+    ev = tmp_path / "events.jsonl"
+    watch.watch(lambda: Lost(), str(ev), run_for=2.5)
+    recs = [json.loads(l) for l in ev.read_text().splitlines()]
+    assert [r["event"] for r in recs] == ["gpu_unavailable"]
