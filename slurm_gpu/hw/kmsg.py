@@ -251,10 +251,13 @@ def read_events(path: str, doc: dict) -> tuple[list[dict], dict]:
         raise InputError(f"cannot read event file: {e.strerror}", path) from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        start = int(ev.get("offset", 0)) if ev.get("inode") == st.st_ino and int(ev.get("offset", 0)) <= st.st_size else 0
+        cur = FileCursor(path, int(ev.get("inode", 0)), int(ev.get("offset", 0)), str(ev.get("mark") or ""))
+        same = cur.inode == st.st_ino and cur.offset <= st.st_size and _same_file(f.fileno(), cur)
+        start = cur.offset if same else 0
         f.seek(start)
         data = f.read()
-    end = data.rfind(b"\n") + 1
+        end = data.rfind(b"\n") + 1
+        mark = _mark(f.fileno(), start + end)
     out = []
     for raw in data[:end].splitlines():
         try:
@@ -263,5 +266,5 @@ def read_events(path: str, doc: dict) -> tuple[list[dict], dict]:
             continue  # a torn or foreign line must not stop the check
         if isinstance(rec, dict):
             out.append(rec)
-    doc["events"] = {"inode": st.st_ino, "offset": start + end}
+    doc["events"] = {"inode": st.st_ino, "offset": start + end, "mark": mark}
     return out, doc

@@ -151,6 +151,20 @@ def test_file_cursor_sees_copytruncate_refilled_past_the_old_offset(tmp_path):
     assert kmsg.read_source(str(log), doc2)[0] == []          # and then it is counted once
 
 
+def test_event_file_cursor_sees_copytruncate_refilled_past_the_old_offset(tmp_path):
+    import json as _json
+    ev = tmp_path / "xid-events.jsonl"
+    ev.write_text(_json.dumps({"event": "xid", "xid": 13, "gpu": "0000:07:00.0", "time": 1}) + "\n")
+    _, doc = kmsg.read_events(str(ev), {})
+    with open(ev, "r+") as f:
+        f.truncate(0)
+        f.write(_json.dumps({"event": "xid", "xid": 79, "gpu": "0000:07:00.0", "time": 2}) + "\n" +
+                _json.dumps({"event": "other", "time": 3, "gpu": None}) + "\n")
+    recs, doc2 = kmsg.read_events(str(ev), doc)
+    assert [r.get("xid") for r in recs] == [79, None]
+    assert kmsg.read_events(str(ev), doc2)[0] == []
+
+
 def test_missing_kernel_log_is_one_clear_error(tmp_path):
     from slurm_gpu.errors import InputError
     with pytest.raises(InputError) as e:
