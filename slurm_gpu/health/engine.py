@@ -213,6 +213,19 @@ def _run(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
         os.close(fd)
 
 
+def _xid_memo(state: dict) -> dict:
+    """NVLink5 verdicts decoded in earlier runs of this boot (for "caused by previous Xid N")."""
+    from ..hw.kmsg import boot_id
+    doc = state.get("xid_memo")
+    if not isinstance(doc, dict) or doc.get("boot_id") != (boot_id() or None):
+        return {}
+    memo = doc.get("nvlink5")
+    if not isinstance(memo, dict):
+        return {}
+    return {k: v for k, v in memo.items() if isinstance(k, str) and re.fullmatch(r"1(4[4-9]|50)\|[0-9a-f:.]*", k)
+            and isinstance(v, dict) and v.get("action") in (INFO, WARN, DRAIN)}
+
+
 def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
     s = opts.settings
     checks = select_checks(opts.only, s)
@@ -251,6 +264,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     # Kernel log + xid-watch events, each from its cursor.
     cursor = dict(state.get("cursor") or {})
     new_cursor = cursor
+    xid_memo: dict | None = None
     if XID_CHECK in checks:
         from ..hw import kmsg
         from . import xid
@@ -275,7 +289,8 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             more, direct = xid.events_from_nvml(records)
             events += more
             findings += direct
-        findings += xid.check_xid(events)
+        xid_memo = _xid_memo(state)
+        findings += xid.check_xid(events, xid_memo)
 
     # OS audit.
     os_checks = [c for c in checks if c in OS_CHECKS]
@@ -342,7 +357,9 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             rep.broken = out.error if not incomplete else f"{incomplete}; {out.error}"
             notes.append(out.error)
     if opts.state_dir:
-        actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor,
+        doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
+                    else state.get("xid_memo"))
+        actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
                                         "last_run": time.time(), "last_status": rep.status})
     return rep
 

@@ -257,9 +257,17 @@ def classify(ev: XidEvent, decoded: dict[tuple[int, str | None], Verdict] | None
     return Verdict(base["action"], base["kind"], desc.split(" --")[0], base["immediate"])
 
 
-def check_xid(events: Iterable[XidEvent]) -> list[Finding]:
-    """``gpu.xid``: one finding per (code, GPU), carrying its worst action and count."""
+def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None = None) -> list[Finding]:
+    """``gpu.xid``: one finding per (code, GPU), carrying its worst action and count.
+
+    *memo* (updated in place) carries NVLink5 verdicts decoded from kernel
+    lines between runs, so that "45 ... caused by previous Xid 145" follows
+    the decoded 145 even when the cursor split the two lines across runs.
+    """
     decoded: dict[tuple[int, str | None], Verdict] = {}
+    for key, v in (memo or {}).items():
+        code, _, gpu = key.partition("|")
+        decoded[(int(code), gpu or None)] = Verdict(v["action"], v.get("kind", "nvlink5"), v.get("detail", ""))
     groups: dict[tuple[int, str | None], tuple[Verdict, XidEvent, int]] = {}
     rank = {INFO: 0, WARN: 1, DRAIN: 2}
     for ev in events:
@@ -268,6 +276,8 @@ def check_xid(events: Iterable[XidEvent]) -> list[Finding]:
         prev = decoded.get(key)
         if prev is None or rank[v.action] >= rank[prev.action]:
             decoded[key] = v
+        if memo is not None and 144 <= ev.code <= 150 and ev.source == "kernel":
+            memo[f"{ev.code}|{ev.gpu or ''}"] = {"action": v.action, "kind": v.kind, "detail": v.detail}
         if key in groups:
             gv, gev, n = groups[key]
             if rank[v.action] > rank[gv.action]:

@@ -152,7 +152,7 @@ def test_a_bug_in_a_check_is_unknown_and_never_drains(tmp_path, capsys, monkeypa
     calls = []
     monkeypatch.setattr(runner, "run", lambda argv, *a, **k: calls.append(argv))
 
-    def broken(events):
+    def broken(events, *memo):
         raise KeyError("oops")
     monkeypatch.setattr(xid, "check_xid", broken)
     log = tmp_path / "k.log"

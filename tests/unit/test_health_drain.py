@@ -293,7 +293,7 @@ def test_watchdog_expiry_changes_nothing(tmp_path, slurm, monkeypatch):
     log.write_text(XID79)
     from slurm_gpu.health import xid
 
-    def slow(events):
+    def slow(events, *memo):
         _t.sleep(5)
         return []
     monkeypatch.setattr(xid, "check_xid", slow)
@@ -313,9 +313,9 @@ def test_watchdog_never_cuts_a_drain_off_from_its_state(tmp_path, slurm, monkeyp
     from slurm_gpu.health import xid
     real_check, real_run = xid.check_xid, slurm.run
 
-    def slow_check(events):
+    def slow_check(events, *memo):
         _t.sleep(0.6)
-        return real_check(events)
+        return real_check(events, *memo)
 
     def slow_update(argv, timeout, **kw):
         res = real_run(argv, timeout, **kw)
@@ -458,6 +458,20 @@ def test_drain_owed_from_a_previous_boot_is_dropped(tmp_path, slurm, monkeypatch
     log.write_text("")
     r = engine.run(opts(tmp_path, log))
     assert (r.action == "drain") is drains
+
+
+def test_45_follows_a_nonfatal_145_decoded_in_the_previous_run(tmp_path, slurm):
+    # The cursor may split "145 ... Nonfatal" and the "45 ... caused by previous
+    # Xid 145" that follows it into two runs; the 45 must still follow the
+    # decoded 145 (IGNORE: no drain), not the catalog's generic NVLink5 drain.
+    log = tmp_path / "kern.log"
+    log.write_text("[1.0] NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 "
+                   "0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)\n")
+    assert engine.run(opts(tmp_path, log)).status == "ok"
+    with open(log, "a") as f:
+        f.write("[1.1] NVRM: Xid (PCI:0018:01:00): 45, pid=1, name=python3, Ch 00000001 caused by previous Xid 145\n")
+    r = engine.run(opts(tmp_path, log))
+    assert r.status == "ok" and slurm.updates == [], [f.message for f in r.findings]
 
 
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
