@@ -312,8 +312,36 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
             # directory and the state stay, so the next epilog tries again.
             raise HardwareError(f"MPS processes {','.join(map(str, alive))} survive SIGKILL "
                                 f"for {kill_wait:g} s", str(pipe))
-    if os.path.lexists(jd):
-        shutil.rmtree(jd, ignore_errors=True)
-        if os.path.lexists(jd):
-            raise HardwareError("cannot remove MPS job directory", str(jd))
+    _remove_job_dir(jd)
     return notes
+
+
+def _disown(jd: Path) -> None:
+    """Make every directory under *jd* root's, mode 0700, without following symlinks.
+
+    The user owns pipe/ and log/ and may have made directories below them;
+    a process of theirs that is not bound to the pipe (another job's) could
+    keep creating entries there, through a directory fd or its cwd, so that
+    removing the tree never finishes.  A directory root owns with mode 0700
+    takes no new entries from the user, whatever fds they hold.
+    """
+    try:
+        for _top, _dirs, _files, fd in os.fwalk(jd, follow_symlinks=False):
+            try:
+                os.fchown(fd, 0, 0)
+                os.fchmod(fd, 0o700)
+            except OSError:
+                pass
+    except OSError:
+        pass
+
+
+def _remove_job_dir(jd: Path) -> None:
+    """Remove the job's MPS directory; the user cannot keep it alive."""
+    for _ in range(3):
+        if not os.path.lexists(jd):
+            return
+        _disown(jd)
+        shutil.rmtree(jd, ignore_errors=True)   # fd-based: never follows a planted symlink
+    if os.path.lexists(jd):
+        raise HardwareError("cannot remove MPS job directory", str(jd))

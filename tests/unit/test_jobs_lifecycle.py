@@ -631,3 +631,47 @@ def test_watchdog_ends_a_prolog_stuck_in_nvml(node: Env, policy: str, rc: int) -
             js.task_env(st, 0, 1)
     assert lifecycle.epilog(node.ctx(SLURM_JOB_ID="9")) == 0
     assert node.layout(1) == [] and node.leftovers("9") == []
+
+
+def test_user_writing_into_the_mps_dirs_cannot_make_the_epilog_fail(node: Env) -> None:
+    """Another process of the job user (not bound to the pipe, say from another job)
+    keeps creating files in the job's log directory while the epilog removes it."""
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    log = Path(js.load(node.state_dir, "100")["mps"]["log_dir"])
+    writer = subprocess.Popen(
+        [sys.executable, "-I", "-c",
+         "import os\nos.mkdir('sub')\nos.chdir('sub')\nopen('../ready', 'w').close()\n"
+         "i = 0\nwhile True:\n"
+         "    i += 1\n"
+         "    try:\n        open(f'f{i}', 'w').close()\n        os.mkdir(f'd{i}')\n"
+         "    except OSError:\n        pass\n"],
+        cwd=str(log), env={}, user="sgtest1")
+    try:
+        t = time.monotonic()
+        while not (log / "ready").exists() and time.monotonic() - t < 10:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert node.leftovers() == []
+        assert writer.poll() is None                     # not ours to kill: it lives on
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_symlinks_the_user_plants_in_the_mps_dirs_are_not_followed(node: Env) -> None:
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    log = Path(js.load(node.state_dir, "100")["mps"]["log_dir"])
+    victim = node.base / "victim"
+    victim.mkdir()
+    os.chown(victim, _uid("sgtest2"), -1)
+    (victim / "keep").write_text("x")
+    subprocess.run(["/bin/ln", "-s", str(victim), str(log / "evil")], user="sgtest1", check=True)
+    subprocess.run(["/bin/ln", "-s", str(victim / "keep"), str(log / "evil2")], user="sgtest1",
+                   check=True)
+    assert lifecycle.epilog(ctx) == 0
+    assert (victim / "keep").read_text() == "x" and os.lstat(victim).st_uid == _uid("sgtest2")
+    assert os.lstat(victim).st_mode & 0o777 == 0o755
+    assert node.leftovers() == []
