@@ -183,8 +183,6 @@ def run(opts: Options) -> Report:
     return rep
 
 
-
-
 # Acting needs time for two scontrol calls; with less left, act next run.
 ACT_MIN_SECONDS = 1.5
 
