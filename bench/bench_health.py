@@ -21,18 +21,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = "/opt/slurm-gpu/venv/bin/python"
 SNAP = ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json"
 
 
-def measure(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, float, int]:
+def measure(argv: list[str], env: dict[str, str], runs: int, stdout: Any = subprocess.DEVNULL) -> tuple[float, float, int]:
     """(median wall ms, min wall ms, max peak RSS KiB) over *runs* runs of *argv*."""
     walls, rss = [], 0
     for _ in range(runs):
         t = time.perf_counter()
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT))
+        p = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT))
         _, status, ru = os.wait4(p.pid, 0)
         walls.append((time.perf_counter() - t) * 1000)
         rss = max(rss, ru.ru_maxrss)
@@ -99,7 +100,9 @@ def main() -> int:
         make_log(big, a.log_mb)
         size = big.stat().st_size / (1024 * 1024)
         print(f"\n# scanning a {size:.0f} MB kernel log (page cache warm), 3 runs each")
-        g_med, _, _ = measure(["/usr/bin/grep", "-c", "NVRM", str(big)], env, 3)
+        # Not to /dev/null: GNU grep then stops at the first match (as -q does).
+        with open(tdp / "grep.out", "w") as out:
+            g_med, _, _ = measure(["/usr/bin/grep", "-c", "NVRM", str(big)], env, 3, stdout=out)
         h_med, h_min, h_rss = measure([PY, "-m", "slurm_gpu", "health", "--only", "gpu.xid", "--kernel-log", str(big),
                                        "--no-drain"], env, 3)
         print(f"{'grep -c NVRM (baseline)':62s} {g_med:7.1f} ms")
