@@ -188,7 +188,16 @@ def _kill(pid: int, start: int, uid: int) -> None:
     """SIGKILL *pid* only if it is still the process seen in the scan (PID reuse)."""
     try:
         fd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
+    except ProcessLookupError:
+        return
+    except OSError:
+        # No pidfds before Linux 5.3 (RHEL 8's 4.18): check, then kill by PID;
+        # the window between the two is a few microseconds, not a quit wait.
+        if _same(pid, start, uid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         return
     try:
         # Checked after the pidfd pins the process: if the PID was recycled

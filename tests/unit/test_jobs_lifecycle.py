@@ -675,3 +675,21 @@ def test_symlinks_the_user_plants_in_the_mps_dirs_are_not_followed(node: Env) ->
     assert (victim / "keep").read_text() == "x" and os.lstat(victim).st_uid == _uid("sgtest2")
     assert os.lstat(victim).st_mode & 0o777 == 0o755
     assert node.leftovers() == []
+
+
+def test_straggler_killed_on_a_kernel_without_pidfd(node: Env, monkeypatch) -> None:
+    """RHEL 8 (Linux 4.18) has no pidfd_open: stragglers must still die."""
+    import errno
+
+    def enosys(pid, flags=0):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", enosys)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0
+    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    straggler = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+                                 user="sgtest1")
+    assert lifecycle.epilog(ctx) == 0
+    assert straggler.wait(timeout=5) == -9
+    assert node.leftovers() == []
