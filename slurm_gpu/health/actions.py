@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import runner
 from ..errors import CommandError
 from ..fsutil import atomic_write
-from .nodestate import Memory, NodeState, Plan, decide, parse_show_node
+from .nodestate import SAME, Memory, NodeState, Plan, decide, parse_show_node
 
 SCONTROL = "scontrol"
 
@@ -47,15 +47,19 @@ def show_node(name: str, timeout: float) -> NodeState | None:
 
 
 def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, timeout: float,
-        dry_run: bool = False) -> Outcome:
-    """Look at the node, decide, and (unless *dry_run*) drain or resume it."""
+        dry_run: bool = False, owe: object = SAME) -> Outcome:
+    """Look at the node, decide, and (unless *dry_run*) drain or resume it.
+
+    *owe*: the part of *want* to remember when scontrol fails (see :func:`decide`).
+    """
+    owed = (want if owe is SAME else owe) or mem.pending_reason
     try:
         node = show_node(name, timeout)
     except CommandError as e:
-        keep = Memory(mem.drained_reason, mem.clean_runs, want or mem.pending_reason, mem.slurmd, mem.isolated,
+        keep = Memory(mem.drained_reason, mem.clean_runs, owed, mem.slurmd, mem.isolated,
                       mem.boot_id)
         return Outcome(Plan("none", "could not read node state", memory=keep), None, e.what)
-    plan = decide(node, want, mem, clean_runs_to_resume)
+    plan = decide(node, want, mem, clean_runs_to_resume, owe)
     if dry_run or plan.action == "none":
         if dry_run:
             plan.memory = mem  # a dry run changes nothing, remembered state included
@@ -67,7 +71,7 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
     try:
         runner.run(argv, timeout)
     except CommandError as e:
-        keep = Memory(mem.drained_reason, mem.clean_runs, want or mem.pending_reason, mem.slurmd, mem.isolated,
+        keep = Memory(mem.drained_reason, mem.clean_runs, owed, mem.slurmd, mem.isolated,
                       mem.boot_id)
         return Outcome(Plan("none", f"{plan.action} failed", memory=keep), node, e.what)
     return Outcome(plan, node)

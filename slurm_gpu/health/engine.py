@@ -240,6 +240,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     findings: list[Finding] = []
     notes: list[str] = []
     incomplete: str | None = None          # a gather fell short: this run is no clean run
+    event_findings: list[Finding] = []     # from XIDs/xid-watch records: consumed by the cursors, so owed
 
     # gres.conf: only when a check compares against it.
     expected = None
@@ -286,9 +287,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                 incomplete = "; ".join(filter(None, [incomplete, e.line().removeprefix("slurm-gpu: ")]))
             more, direct = xid.events_from_nvml(records)
             events += more
-            findings += direct
+            event_findings += direct
         xid_memo = _xid_memo(state)
-        findings += xid.check_xid(events, xid_memo)
+        event_findings += xid.check_xid(events, xid_memo)
+        findings += event_findings
 
     # OS audit.
     os_checks = [c for c in checks if c in OS_CHECKS]
@@ -330,6 +332,11 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         findings = _try_isolate(opts, findings, health, mem, deadline, notes)
         rep.findings, rep.status = findings, worst(findings)
     want = drain_reason(findings)
+    # Only what the events found is owed to a later run; conditions are simply seen again.
+    if mem.isolated:
+        from .isolate import soften
+        event_findings = soften(event_findings, set(mem.isolated))
+    owe = drain_reason(event_findings)
     if incomplete and want is None and not first_run:
         # Nothing to drain, but the checks did not all run: counting this as a
         # clean run could resume a node; change nothing, read events again next run.
@@ -339,15 +346,15 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         # First run of this slurmd: it runs us before registering, and scontrol
         # can hang then.  Remember what we found; the next run applies it.
         mem.slurmd = opts.parent_slurmd
-        if want:
-            mem.pending_reason = want
+        if owe:
+            mem.pending_reason = owe
         notes.append("first run of this slurmd (before registration): scontrol not called")
         rep.action = "deferred" if want else "none"
     else:
         # scontrol must finish before the watchdog: a child is never left behind.
         timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic() - 0.5) / 2))
         out = actions.act(opts.node, want, mem, clean_runs_to_resume=max(1, s.clean_runs_to_resume),
-                          timeout=timeout)
+                          timeout=timeout, owe=owe)
         mem = out.plan.memory
         notes.append(out.plan.note)
         rep.action = out.plan.action

@@ -108,19 +108,31 @@ class Plan:
     memory: Memory = field(default_factory=Memory)
 
 
-def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_resume: int) -> Plan:
-    """The one action to take now, and what to remember afterwards."""
+SAME = object()   # decide(owe=SAME): what is owed is the whole wanted drain
+
+
+def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_resume: int,
+           owe: object = SAME) -> Plan:
+    """The one action to take now, and what to remember afterwards.
+
+    *owe* is the part of *want* that must be remembered when nothing can be
+    done now: the drain found from events (XIDs), which the cursors consume.
+    A condition (a pending remap, a fabric not yet started at boot) is seen
+    again by the next run if it persists, so it is not owed.
+    """
     mem = replace(mem)
+    owed: str | None = want if owe is SAME else owe  # type: ignore[assignment]
     if want is None and mem.pending_reason:
-        want = mem.pending_reason        # a drain found earlier that is still owed
+        want = owed = mem.pending_reason        # a drain found earlier that is still owed
+    owed = owed or mem.pending_reason
     if node is None:
-        mem.pending_reason = want
+        mem.pending_reason = owed
         return Plan("none", "node unknown to Slurm: no action", memory=mem)
     if node.flags & _BOOTING or node.base in _NO_TOUCH_BASE or "NOT_RESPONDING" in node.flags:
-        mem.pending_reason = want
+        mem.pending_reason = owed
         return Plan("none", f"node is {'+'.join([node.base, *sorted(node.flags)])}: no action", memory=mem)
     if "MAINTENANCE" in node.flags:
-        mem.pending_reason = want
+        mem.pending_reason = owed
         return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
     mem.pending_reason = None
     if not node.drained and ("FAIL" in node.flags or (node.reason and not node.ours)):

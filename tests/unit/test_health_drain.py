@@ -474,6 +474,50 @@ def test_45_follows_a_nonfatal_145_decoded_in_the_previous_run(tmp_path, slurm):
     assert r.status == "ok" and slurm.updates == [], [f.message for f in r.findings]
 
 
+def test_a_condition_seen_on_the_first_run_is_not_owed(tmp_path, slurm, monkeypatch):
+    # At boot slurmd's first run may see the NVLink fabric not started yet (the
+    # fabric manager comes up later). That condition is checked again next run;
+    # only events (which the cursor consumes) are owed. A clean second run must
+    # not drain the node for the boot-time state.
+    from slurm_gpu.health.findings import Finding
+    from slurm_gpu.hw import nvml_health
+    monkeypatch.setattr(nvml_health, "read_health_bounded", lambda *a, **k: nvml_health.NvmlHealth(available=True))
+    fabric = [Finding("gpu.fabric", "drain", "NVLink fabric not started on 0000:18:00.0", "0000:18:00.0")]
+    seen = iter([fabric, []])
+    monkeypatch.setattr(engine, "run_gpu_checks", lambda *a, **k: next(seen))
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    for expect in ("deferred", "none"):
+        o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000", nvml_opener=lambda: None)
+        o.only = ["gpu.xid", "gpu.fabric"]
+        assert engine.run(o).action == expect
+    assert slurm.updates == []
+
+
+def test_an_event_seen_on_the_first_run_is_still_owed_with_a_condition(tmp_path, slurm, monkeypatch):
+    from slurm_gpu.health.findings import Finding
+    from slurm_gpu.hw import nvml_health
+    monkeypatch.setattr(nvml_health, "read_health_bounded", lambda *a, **k: nvml_health.NvmlHealth(available=True))
+    fabric = [Finding("gpu.fabric", "drain", "NVLink fabric not started on 0000:18:00.0", "0000:18:00.0")]
+    seen = iter([fabric, []])
+    monkeypatch.setattr(engine, "run_gpu_checks", lambda *a, **k: next(seen))
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    for expect in ("deferred", "drain"):
+        o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000", nvml_opener=lambda: None)
+        o.only = ["gpu.xid", "gpu.fabric"]
+        assert engine.run(o).action == expect
+    assert slurm.updates[-1][4] == f"reason={R}"
+
+
+def test_condition_while_booting_is_not_owed_but_an_event_is():
+    booting = parse_show_node(capture("idle", state="IDLE+POWERING_UP"))
+    p = decide(booting, "slurm-gpu: gpu.fabric: not started", Memory(), 3, owe=None)
+    assert p.action == "none" and p.memory.pending_reason is None
+    p = decide(booting, "slurm-gpu: gpu.fabric: not started", Memory(), 3, owe=R)
+    assert p.memory.pending_reason == R
+
+
 def test_xid_watch_events_are_read_once(tmp_path, slurm):
     log = tmp_path / "kern.log"
     log.write_text("")
