@@ -48,6 +48,22 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         pass
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Collect a killed child without trusting its pipes to close.
+
+    A grandchild that left the process group (a daemon that called setsid)
+    survives killpg and may still hold our stdout: waiting for EOF would then
+    block forever, so the wait for output is bounded and the pipes are closed.
+    """
+    try:
+        proc.communicate(timeout=2)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+
+
 def run(
     argv: Sequence[str],
     timeout: float,
@@ -97,7 +113,7 @@ def run(
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        proc.communicate()
+        _reap(proc)
         raise CommandError(f"{os.path.basename(argv[0])} timed out after {timeout:g} s",
                            " ".join(argv[:3])) from None
     res = Completed(argv, proc.returncode, out, err)

@@ -64,3 +64,19 @@ def test_environment_is_not_inherited(monkeypatch) -> None:
 def test_run_as_drops_privileges() -> None:
     res = run(["/usr/bin/id", "-u"], timeout=5, run_as=RunAs(uid=65534, gid=65534))
     assert res.stdout.strip() == "65534"
+
+
+def test_timeout_returns_although_a_daemon_holds_the_pipes(tmp_path) -> None:
+    # The grandchild leaves the process group (setsid) and keeps stdout open:
+    # killpg cannot reach it, and waiting for EOF would hang for its lifetime.
+    pidfile = tmp_path / "daemon.pid"
+    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' & sleep 30"
+    t0 = time.monotonic()
+    with pytest.raises(CommandError, match="timed out after 0.5 s"):
+        run(["/bin/sh", "-c", script], timeout=0.5)
+    took = time.monotonic() - t0
+    try:
+        os.kill(int(pidfile.read_text()), 9)
+    except (OSError, ValueError):
+        pass
+    assert took < 5, f"run() waited {took:.1f} s for a daemon's pipes"
