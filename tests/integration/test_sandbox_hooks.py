@@ -50,7 +50,7 @@ def test_hook_wrappers_carry_the_sandbox_environment(cluster):
 def test_health_check_runs_as_slurmd_runs_it(cluster):
     # slurmd gives HealthCheckProgram only SLURMD_NODENAME: the wrapper supplies the rest,
     # so the check finds the sandbox's config and writes its state under [node] state_dir.
-    state = cluster.dir / "var" / "n2" / "health-state.json"
+    state = cluster.dir / "var" / "n2" / "health-state.n2.json"   # per node: docs/health.md
     deadline = time.monotonic() + 15
     while not state.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
