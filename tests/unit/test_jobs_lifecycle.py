@@ -247,19 +247,24 @@ class Killed(BaseException):
     """What SIGKILL looks like to the code: nothing after it runs."""
 
 
-def test_killed_mid_mig_prolog_before_id_recorded(node: Env, monkeypatch) -> None:
-    before = node.layout(3)
+def die_after_creating(monkeypatch, n: int) -> None:
+    """The process is SIGKILLed right after its *n*-th MIG instance is created."""
     real = instances.create_placement
     calls = {"n": 0}
 
     def dying(api, dev, p, where):
         calls["n"] += 1
         ids = real(api, dev, p, where)
-        if calls["n"] == 2:
-            raise Killed()      # the instance exists; its id never reached the state file
+        if calls["n"] == n:
+            raise Killed()
         return ids
 
     monkeypatch.setattr(migjob.instances, "create_placement", dying)
+
+
+def test_killed_mid_mig_prolog_before_id_recorded(node: Env, monkeypatch) -> None:
+    before = node.layout(3)
+    die_after_creating(monkeypatch, 2)   # the 2nd instance exists; its id never reached the state file
     ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="4g.40gb,2g.20gb,1g.10gb")
     with pytest.raises(Killed):
         lifecycle.prolog(ctx)
@@ -546,17 +551,7 @@ def test_entry_point_sets_its_own_umask(node: Env) -> None:
 def test_prolog_rerun_first_cleans_what_an_earlier_run_left(node: Env, monkeypatch) -> None:
     """Requeued onto the same node before an epilog cleaned up: the old record is not lost."""
     before = node.layout(3)
-    real = instances.create_placement
-    calls = {"n": 0}
-
-    def dying(api, dev, p, where):
-        calls["n"] += 1
-        ids = real(api, dev, p, where)
-        if calls["n"] == 2:
-            raise Killed()
-        return ids
-
-    monkeypatch.setattr(migjob.instances, "create_placement", dying)
+    die_after_creating(monkeypatch, 2)
     ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="4g.40gb,2g.20gb,1g.10gb")
     with pytest.raises(Killed):
         lifecycle.prolog(ctx)
