@@ -239,11 +239,22 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices), run_as=user.run_as())
     deadline = t0 + settings.start_timeout
     delay = 0.002
+    seen = False
     while True:
         res = control(settings, user, pipe, log, "get_server_list", check=False,
                       timeout=max(0.5, deadline - time.monotonic()))
         if res.ok:
             break
+        if daemon_procs(pipe, user.uid):
+            seen = True
+        elif seen or _log_says_started(log):
+            # It started and is gone before answering.  The control daemon
+            # touches no GPU before a client connects, and only its own user
+            # (or root) can signal it: a user's mistake, which must never
+            # drain the node.
+            from .state import JobFailed
+            raise JobFailed("MPS control daemon exited before it answered "
+                            "(stopped by a process of the job's user?)", f"job {jobid}")
         if time.monotonic() > deadline:
             raise HardwareError(f"MPS control daemon did not answer within "
                                 f"{settings.start_timeout:g} s", str(pipe))
@@ -263,6 +274,15 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     info["ready"] = True
     record(info)
     return info
+
+
+def _log_says_started(log: Path) -> bool:
+    """The daemon's control.log records its start (real binary and stand-in)."""
+    try:
+        with open(log / "control.log", "rb") as f:
+            return b"Startup" in f.read(65536)
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

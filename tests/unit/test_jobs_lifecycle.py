@@ -292,6 +292,42 @@ def test_killed_mid_mps_start_daemon_found_by_pipe(node: Env, monkeypatch) -> No
     assert node.leftovers() == []
 
 
+def test_user_killing_the_starting_daemon_fails_the_job_not_the_node(node: Env, monkeypatch) -> None:
+    """The daemon runs as the job user, so the user can kill it before it
+    answers: that is the user's doing and must not drain the node."""
+    from slurm_gpu.jobs import mps
+    real = mps.control
+
+    def user_kills_it_first(settings, user, pipe, log, cmd, **kw):
+        for pid in daemon_pids(pipe):
+            os.kill(pid, 9)
+        monkeypatch.setattr(mps, "control", real)
+        return real(settings, user, pipe, log, cmd, **kw)
+
+    monkeypatch.setattr(mps, "control", user_kills_it_first)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0                       # the node stays up
+    st = js.load(node.state_dir, "100")
+    assert st["phase"] == "failed" and "exited before it answered" in st["error"]
+    with pytest.raises(js.JobFailed):
+        js.task_env(st, 0, 1)                                # ... and the job's tasks fail
+    assert lifecycle.epilog(ctx) == 0
+    assert node.leftovers() == []
+
+
+def test_daemon_that_never_starts_is_a_node_fault(node: Env) -> None:
+    ctl = node.base / "broken-mps-control"
+    ctl.write_text('#!/bin/sh\n[ "$1" = -d ] && exit 0\nexit 1\n')   # starts nothing, never answers
+    ctl.chmod(0o755)
+    node.mps = MpsSettings(control=str(ctl), base_dir=node.mps.base_dir, start_timeout=0.5,
+                           quit_timeout=1)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 1                       # on_internal_error = drain
+    assert any("did not answer within 0.5 s" in m for m in node.logs)
+    assert lifecycle.epilog(ctx) == 0
+    assert node.leftovers() == []
+
+
 def test_straggler_killed_by_pid(node: Env) -> None:
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0
