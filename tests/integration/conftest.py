@@ -30,7 +30,8 @@ from typing import Any, Iterator, Mapping
 import pytest
 
 from sandboxlib import (CREATED_DIRS, DEFAULT_MACHINE, HERE, JOB_USERS, Cluster, _missing_prerequisite,
-                        ensure_user, leftover_processes, new_sandbox_dir, process_ticks_now, slurm_gpu_cli)
+                        ensure_user, leftover_processes, mps_mig_node_files, new_sandbox_dir,
+                        process_ticks_now, slurm_gpu_cli)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m integration` filters on the marker added here
@@ -72,6 +73,15 @@ def no_leftover_processes() -> Iterator[None]:
         except (OSError, ValueError):
             pass
     pytest.fail("processes left running after the integration tests:\n  " + "\n  ".join(left))
+
+
+@pytest.fixture(scope="module")
+def node_files(request: pytest.FixtureRequest) -> Iterator[dict[str, Path]]:
+    """Simulator state (MIG on, no instances) and an MPS control stand-in for
+    the test module's ``MACHINE`` (see ``sandboxlib.mps_mig_node_files``)."""
+    files = mps_mig_node_files(request.module.__name__.rsplit(".", 1)[-1], request.module.MACHINE)
+    yield files
+    shutil.rmtree(files["dir"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

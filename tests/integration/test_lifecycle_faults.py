@@ -16,7 +16,6 @@ import json
 import re
 import os
 import random
-import shutil
 import signal
 import subprocess
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxlib import REPO, Cluster, mps_mig_node_files
+from sandboxlib import REPO, Cluster
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 N_LIFECYCLES = int(os.environ.get("SLURM_GPU_LIFECYCLES", "500"))
@@ -35,13 +34,6 @@ BAD = ["4g.47gb,4g.47gb", "8x1g.12gb", "7g.80gb"]
 
 class Killed(BaseException):
     """A SIGKILL: nothing after it runs, no handler sees it."""
-
-
-@pytest.fixture(scope="module")
-def node_files():
-    files = mps_mig_node_files("lifecycle-node", MACHINE)
-    yield files
-    shutil.rmtree(files["dir"], ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

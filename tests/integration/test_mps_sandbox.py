@@ -10,22 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from sandboxlib import REPO, Cluster, mps_mig_node_files
+from sandboxlib import REPO, Cluster
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
-
-
-@pytest.fixture(scope="module")
-def node_files():
-    files = mps_mig_node_files("mps-node", MACHINE)
-    yield files
-    shutil.rmtree(files["dir"], ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
