@@ -311,12 +311,7 @@ class MigSimNvml(SimNvml):
         return self._create_ci(gpuInstance, profileId, placement)
 
     def nvmlComputeInstanceDestroy(self, computeInstance: Handle) -> int:
-        key = computeInstance.key
-        if "/ci" not in key:
-            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
-        gi_key, ci_part = key.rsplit("/", 1)
-        i, g, gi = self._gi(Handle(gi_key))
-        cid = int(ci_part[2:])
+        i, g, gi, _, cid = self._ci(computeInstance)
         self._root()
         with self.edit() as st:
             rec = next(x for x in self._gpu_of(st, i)["mig"]["instances"]

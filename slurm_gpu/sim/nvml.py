@@ -455,14 +455,18 @@ class SimNvml(NvmlSurface):
                 return Handle(f"{gpuInstance.key}/ci{int(computeInstanceId)}")
         raise NVMLError(C.NVML_ERROR_NOT_FOUND)
 
-    def nvmlComputeInstanceGetInfo(self, computeInstance: Handle) -> NvmlStruct:
-        key = computeInstance.key
-        if "/ci" not in key:
+    def _ci(self, h: Handle) -> tuple[int, dict[str, Any], dict[str, Any], str, int]:
+        """A compute-instance handle ``gpuN/giM/ciK`` -> (gpu index, gpu, GI, GI key, CI id)."""
+        if "/ci" not in h.key:
             raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
-        gi_key, ci_part = key.rsplit("/", 1)
+        gi_key, ci_part = h.key.rsplit("/", 1)
         i, g, gi = self._gi(Handle(gi_key))
+        return i, g, gi, gi_key, int(ci_part[2:])
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Handle) -> NvmlStruct:
+        i, g, gi, gi_key, cid = self._ci(computeInstance)
         for ci in gi.get("cis", ()):
-            if int(ci["ci_id"]) == int(ci_part[2:]):
+            if int(ci["ci_id"]) == cid:
                 return NvmlStruct({"device": Handle(f"gpu{i}"), "gpuInstance": Handle(gi_key), "id": int(ci["ci_id"]),
                                    "profileId": int(ci["ci_profile_id"]),
                                    "placement": NvmlStruct({"start": int(ci.get("start", 0)),
