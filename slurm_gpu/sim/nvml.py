@@ -30,7 +30,7 @@ from typing import Any, Iterator, Mapping
 from ..hw import nvml_constants as C
 from ..hw.model import normalize_bus_id
 from ..hw.nvml import MIG_CAPS_PER_GI, MIG_GIS_PER_GPU, mig_cap_minor
-from ..hw.nvml_replay import (Handle, NVMLError, NvmlStruct, NvmlSurface, error_code, fill_struct)
+from ..hw.nvml_replay import Handle, NVMLError, NvmlStruct, NvmlSurface, fill_struct
 from .state import MemoryState, StateFile, new_state
 
 MIG_MINORS_PER_GPU = MIG_GIS_PER_GPU * MIG_CAPS_PER_GI   # 135: 15 GIs x (1 GI + 8 CI access entries)
@@ -346,7 +346,7 @@ class SimNvml(NvmlSurface):
                 "npu": C.NVML_NVLINK_DEVICE_TYPE_IBMNPU}.get(peer["type"], C.NVML_NVLINK_DEVICE_TYPE_UNKNOWN)
 
     def nvmlDeviceGetNvLinkVersion(self, device: Handle, link: int) -> int:
-        peer = self._link(device, "nvmlDeviceGetNvLinkVersion", link)
+        self._link(device, "nvmlDeviceGetNvLinkVersion", link)   # raises for a link that is not there
         return int((self._gpu(device)[1].get("nvlink") or {}).get("version", 4))
 
     # -- MIG --------------------------------------------------------------
