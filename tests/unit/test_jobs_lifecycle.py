@@ -328,13 +328,18 @@ def test_daemon_that_never_starts_is_a_node_fault(node: Env) -> None:
     assert node.leftovers() == []
 
 
-def test_straggler_killed_by_pid(node: Env) -> None:
+def _mps_job_with_straggler(node: Env) -> tuple[lifecycle.Context, subprocess.Popen]:
+    """An MPS job plus a server that ignores quit: a user process bound to the pipe."""
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0
     pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
-    # a server that ignores quit: stop the daemon, leave a user process bound to the pipe
     straggler = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
                                  user="sgtest1")
+    return ctx, straggler
+
+
+def test_straggler_killed_by_pid(node: Env) -> None:
+    ctx, straggler = _mps_job_with_straggler(node)
     assert lifecycle.epilog(ctx) == 0
     assert straggler.wait(timeout=5) == -9
     assert any("killed stragglers" in m for m in node.logs)
@@ -716,11 +721,7 @@ def test_straggler_killed_on_a_kernel_without_pidfd(node: Env, monkeypatch) -> N
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(os, "pidfd_open", enosys)
-    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
-    assert lifecycle.prolog(ctx) == 0
-    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
-    straggler = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
-                                 user="sgtest1")
+    ctx, straggler = _mps_job_with_straggler(node)
     assert lifecycle.epilog(ctx) == 0
     assert straggler.wait(timeout=5) == -9
     assert node.leftovers() == []
