@@ -121,6 +121,16 @@ def node_notes(nodes: Mapping[str, Any]) -> list[str]:
     return [f"{hostlist.fold(names)}: {note}" for note, names in by_note.items()]
 
 
+def emit(text: str, output: str | None) -> None:
+    """Write a rendered file to *output* atomically, or to stdout."""
+    if output:
+        from ..fsutil import atomic_write
+        atomic_write(output, text)
+    else:
+        import sys
+        sys.stdout.write(text)
+
+
 def read_config(path: str) -> str:
     """A config file's text (InputError naming it when unreadable)."""
     try:

@@ -7,13 +7,12 @@ print or write atomically.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import click
 
 from ..errors import InputError, UsageError
-from .confgen_io import input_options, load_nodes, node_notes, read_config, replace_config
+from .confgen_io import emit, input_options, load_nodes, node_notes, read_config, replace_config
 
 
 def _type_map(items: Sequence[str]) -> dict[str, str]:
@@ -89,17 +88,12 @@ def gres() -> None:
 @click.option("--node-lines", is_flag=True, help="Print the matching slurm.conf NodeName= lines instead.")
 def render(output: str | None, node_lines: bool, **kw: Any) -> None:
     """Print gres.conf for the given nodes (default: this node)."""
-    from ..fsutil import atomic_write
-
     text, view, _ = _render(kw)
     if node_lines:
         text = "".join(nl + "\n" for g in view.groups for nl in g.node_lines)
         if view.slurmd_parameters:
             text = f"SlurmdParameters={','.join(view.slurmd_parameters)}\n" + text
-    if output:
-        atomic_write(output, text)
-    else:
-        sys.stdout.write(text)
+    emit(text, output)
 
 
 @gres.command()

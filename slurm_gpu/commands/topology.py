@@ -6,13 +6,12 @@ per fabric), blocks from the NVLink fabric cliques in node snapshots.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Callable
 
 import click
 
 from ..errors import InputError, UsageError
-from .confgen_io import input_options, load_nodes, read_config, replace_config
+from .confgen_io import emit, input_options, load_nodes, read_config, replace_config
 
 
 def topo_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,13 +105,8 @@ def topology() -> None:
 @click.option("-o", "--output", metavar="FILE", help="Write here (atomically) instead of stdout.")
 def render(output: str | None, **kw: Any) -> None:
     """Print the topology file."""
-    from ..fsutil import atomic_write
-
     text = _render(kw)
-    if output:
-        atomic_write(output, text)
-    else:
-        sys.stdout.write(text)
+    emit(text, output)
 
 
 @topology.command()
