@@ -116,7 +116,7 @@ def main() -> int:
         subprocess.run([str(ctl)], input=b"quit\n", env=cenv, user=user.pw_uid)
         empty_ms, ours_ms, py_ms = med(none_hook), med(none_ours), med(none_py)
         print(f"job without GPU options (prolog+epilog, median of {a.runs}):")
-        print(f"  empty prolog.d (nothing run)        0.00 ms")
+        print("  empty prolog.d (nothing run)        0.00 ms")
         print(f"  trivial sh script pair            {empty_ms:6.2f} ms")
         print(f"  slurm-gpu prolog.d+epilog.d       {ours_ms:6.2f} ms   added per job: "
               f"{ours_ms:.2f} ms (goal <= 15 ms)  = {ours_ms / empty_ms:.2f}x trivial sh")

@@ -33,7 +33,7 @@ def _read_snapshot(path: str) -> Any:
 
 def model_links(snapshot: str | None) -> dict[str, int] | None:
     """bus id -> NVLink count in the snapshot's derived (healthy) model, for gpu.nvlink."""
-    from ..hw import live, snapshot as snap
+    from ..hw import live
     if snapshot is None:
         ns = live.settings()
         if ns.sim_state or not ns.snapshot:

@@ -122,7 +122,6 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
         for n in fab.nodes.values():
             if n.kind != "Switch":
                 continue
-            key = f"{fi}:{n.id}"
             name = switch_name(n.desc, n.id)
             if name in used:
                 name = f"{name}-{n.id.split('-')[-1][-6:]}"

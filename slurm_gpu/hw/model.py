@@ -14,7 +14,7 @@ parsing hwloc XML again.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 # NVLink peer kinds.

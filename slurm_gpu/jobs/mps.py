@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import runner
-from ..errors import CommandError, HardwareError, SlurmGpuError
+from ..errors import CommandError, HardwareError
 from ..runner import RunAs
 from .settings import MpsSettings
 

@@ -11,11 +11,9 @@ Three nodes modelled on the recorded 8-GPU machine, HealthCheckInterval=2:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 

@@ -191,7 +191,6 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> Non
 
 def test_real_slurm_subset(cluster: Cluster, node_files) -> None:
     """Real jobs: normal MPS+MIG batch job, scancel while running, bad layout."""
-    from slurm_gpu.jobs import lifecycle  # noqa: F401  (import check)
     state_dir = cluster.dir / "var" / cluster.nodes[0]
     d = cluster.user_dir("sgtest1")
     script = d / "sleep.sh"

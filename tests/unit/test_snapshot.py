@@ -77,7 +77,6 @@ def test_overlay_lost_gpu() -> None:
 
 
 def test_overlay_changes_health_answers() -> None:
-    from slurm_gpu.hw import nvml_health  # noqa: F401 - health reads go through the same api
     data = snap.read_snapshot(H100)
     api = snap.replay_api(data, H100, {"calls": [
         {"fn": "nvmlDeviceGetTotalEccErrors", "gpu": "0000:9a:00.0", "args": [1, 0], "result": 3},
@@ -182,7 +181,7 @@ def test_cli_record_sim_and_show_overlay(tmp_path: Path, capsys: pytest.CaptureF
     assert [m["gi_cap_minor"] for m in inv["gpus"][2]["mig_instances"]] == [417, 507, 516, 525]
     ov.write_text("{")
     assert main(["snapshot", "show", str(out), "--overlay", str(ov)]) == 1
-    assert capsys.readouterr().err.startswith(f"slurm-gpu: bad overlay JSON: ")
+    assert capsys.readouterr().err.startswith("slurm-gpu: bad overlay JSON: ")
 
 
 def test_cli_record_bad_hwloc_xml_names_that_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
