@@ -5,7 +5,8 @@ against nodes modelled on recorded GPU servers.  See ``docs/sandbox.md``.
 """
 from __future__ import annotations
 
-from .core import Sandbox, SandboxOptions, require_root
+from .core import Sandbox
+from .options import SandboxOptions, require_root
 from .layout import Layout
 
 __all__ = ["Layout", "Sandbox", "SandboxOptions", "require_root"]

@@ -15,58 +15,19 @@ import shutil
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..errors import SlurmGpuError, UsageError
 from ..fsutil import atomic_write
 from ..hw.model import Node
-from . import conf, devices, install, netns, procs, registry
+from . import conf, devices, install, netns, procs, registry, teardown
 from .layout import Layout
 from .machine import Machine, load, resolve
+from .options import SandboxOptions, require_root, require_slurm
 
 STATE_VERSION = 1
-BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sinfo")
 SAFE_PATH = conf.SAFE_PATH
-
-
-@dataclass
-class SandboxOptions:
-    """What a sandbox is made of (every field has a usable default)."""
-
-    nodes: int = 1
-    machine: str | os.PathLike[str] | None = None        # name or path; default h100-sxm-8x
-    model: Node | None = None                             # use this model instead of a machine
-    netns: bool = False
-    prolog: bool | None = False                           # None: when the project has scripts
-    health: bool | None = False                           # None: when the venv has `health`
-    health_interval: int = 5
-    health_args: Sequence[str] = ()
-    spank: bool | None = False                            # None: when the venv has `spank`
-    spank_args: Mapping[str, str] = field(default_factory=dict)
-    extra_config: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # slurm-gpu.toml
-    slurm_conf: Mapping[str, str] = field(default_factory=dict)   # slurm.conf Key=Value overrides
-    etc_files: Mapping[str, str] = field(default_factory=dict)    # extra files in DIR/etc
-    gres_options: Mapping[str, Any] = field(default_factory=dict)  # confgen.GresOptions fields
-    node_prefix: str = "n"
-    cgroup: bool = False
-    timeout: float = 30.0
-    venv: Path = install.DEFAULT_VENV
-
-
-def require_root(what: str = "sandbox") -> None:
-    if os.geteuid() != 0:
-        raise SlurmGpuError(f"{what} needs root",
-                            "it makes device files and namespaces and runs Slurm's daemons; "
-                            "run it as root")
-
-
-def require_slurm() -> None:
-    missing = [b for b in BINARIES if not os.access(b, os.X_OK)]
-    if missing:
-        raise SlurmGpuError("Slurm or munge is not installed (apt-get install slurmctld slurmd "
-                            "slurm-client munge)", missing[0])
 
 
 class Sandbox:
@@ -359,7 +320,7 @@ class Sandbox:
         daemons = self._daemons()
         report: dict[str, Any] = {"stopped": [], "killed": [], "swept": []}
         if daemons:
-            self._cancel_jobs()
+            teardown.cancel_jobs(self._daemons(), self.state, self.env)
         nets = [netns.NodeNet.from_dict(d) for d in state.get("netns", [])]
         ns_inodes = {i for i in (netns.inode(n) for n in nets) if i is not None}
         slurm = [p for p in daemons if p.name != "munged"]
@@ -388,7 +349,7 @@ class Sandbox:
         for n in nets:
             netns.destroy(n)
         if state.get("cgroup"):
-            self._remove_cgroups()
+            teardown.remove_cgroups(self.node_names)
         self._reap()
         res = state.get("reservations", {})
         registry.release("ports", res.get("ports", []), self.layout.root)
@@ -402,50 +363,6 @@ class Sandbox:
             if self.layout.run.is_dir():
                 self._save()
         return report
-
-    def _cancel_jobs(self, timeout: float = 15.0) -> None:
-        """scancel every job and wait (bounded) until none is left running."""
-        from ..runner import run
-        alive = {p.name for p in self._daemons() if procs.alive(p)}
-        if "slurmctld" not in alive or "munged" not in alive:
-            return
-        # A slurmctld that does not accept connections would make squeue retry for seconds.
-        try:
-            with socket.create_connection((self.state.get("ctld_addr", "127.0.0.1"),
-                                           int(self.state.get("ctld_port", 0))), timeout=0.5):
-                pass
-        except (OSError, ValueError):
-            return
-        try:
-            res = run(["squeue", "-h", "-o", "%A"], timeout=3, env=self.env, check=False)
-            ids = res.stdout.split()
-            if not ids:
-                return
-            run(["scancel", *ids], timeout=5, env=self.env, check=False)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                res = run(["squeue", "-h", "-o", "%A"], timeout=5, env=self.env, check=False)
-                if res.returncode != 0 or not res.stdout.split():
-                    return
-                time.sleep(0.1)
-        except SlurmGpuError:
-            return  # slurmctld not answering: the daemons are stopped anyway
-
-    def _remove_cgroups(self) -> None:
-        """Remove the empty cgroup directories proctrack/cgroup made for our nodes."""
-        root = Path("/sys/fs/cgroup")
-        for name in self.node_names:
-            for d in root.glob(f"*/slurm_{name}"):
-                for sub in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-                    if sub.is_dir():
-                        try:
-                            sub.rmdir()
-                        except OSError:
-                            pass
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
 
     # -- status -----------------------------------------------------------------
     def status(self) -> dict[str, Any]:
