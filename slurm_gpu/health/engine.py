@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import InputError, SlurmGpuError
+from ..procfs import parent_slurmd
+from .expected import default_gres_conf, expected_gpus
 from .findings import DRAIN, INFO, WARN, Finding, drain_reason, sort_findings, worst
-from .gpu_checks import NVML_CHECKS, ExpectedGpus, run_gpu_checks
+from .gpu_checks import NVML_CHECKS, run_gpu_checks
 from .os_checks import OS_CHECKS, enabled_os_checks, run_os_checks
 from .settings import HealthSettings
 
@@ -96,55 +98,6 @@ def select_checks(only: list[str] | None, s: HealthSettings) -> list[str]:
         return list(dict.fromkeys(only))
     os_on = set(enabled_os_checks(s))
     return [c for c in ALL_CHECKS if c not in s.skip and (c not in OS_CHECKS or c in os_on)]
-
-
-# ------------------------------------------------------------------ gathers
-
-def expected_gpus(path: str | None, node: str) -> ExpectedGpus | None:
-    """What gres.conf promises *node* (None when there is no gres.conf)."""
-    if not path or not os.path.exists(path):
-        return None
-    from ..confgen import grescheck
-    try:
-        with open(path) as f:
-            conf = grescheck.parse_gres_conf(f, path)
-    except OSError as e:
-        raise InputError(f"cannot read gres.conf: {e.strerror}", path) from None
-    mine = grescheck._effective(conf, node)  # NodeName-less lines apply to every node
-    import re
-    minors: set[int] = set()
-    types: list[str] = []
-    counted = 0
-    for (name, files), dev in mine.devices.items():
-        if name != "gpu":
-            continue
-        m = re.search(r"/nvidia(\d+)$", files)
-        if m:
-            minors.add(int(m.group(1)))
-            types.append(dev.type or "")
-        elif "nvidia-cap" not in files:
-            counted += 1
-    for (name, _t), n in mine.counts.items():
-        if name == "gpu":
-            counted += n
-    total = len(minors) + counted
-    if total == 0 and not any(k[0] == "gpu" for k in mine.devices):
-        if mine.autodetect and mine.autodetect != "off":
-            return None  # AutoDetect=nvml: slurmd counts the GPUs itself, the file promises none
-        return ExpectedGpus(0, source=path)
-    return ExpectedGpus(total, tuple(sorted(minors)), tuple(types), source=path)
-
-
-def default_gres_conf(s: HealthSettings) -> str | None:
-    if s.gres_conf:
-        return s.gres_conf
-    conf = os.environ.get("SLURM_CONF")
-    if conf:
-        return os.path.join(os.path.dirname(conf), "gres.conf")
-    for p in ("/etc/slurm/gres.conf", "/etc/slurm-llnl/gres.conf"):
-        if os.path.exists(p):
-            return p
-    return None
 
 
 def _expand(path: str, node: str) -> str:
@@ -388,29 +341,6 @@ def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, 
         return findings
     mem.isolated = sorted(set(mem.isolated) | bad)
     return sort_findings(soften(findings, bad))
-
-
-def parent_slurmd(max_depth: int = 3) -> str | None:
-    """``pid:starttime`` of the slurmd that started us (HealthCheckProgram), else None.
-
-    Looks a few generations up, so a wrapper script that runs us as a child
-    instead of exec'ing still counts.
-    """
-    pid = os.getppid()
-    for _ in range(max_depth):
-        if pid <= 1:
-            return None
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                head, _, rest = f.read().rpartition(")")
-            comm = head.split("(", 1)[1]
-            fields = rest.split()
-            if comm == "slurmd":
-                return f"{pid}:{fields[19]}"
-            pid = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            return None
-    return None
 
 
 __all__ = ["ALL_CHECKS", "Options", "Report", "run", "select_checks", "expected_gpus", "parent_slurmd",
