@@ -6,10 +6,16 @@
 # plugin runs inside job users' processes).
 #   scripts/install.sh            -> packages + venv + project
 #   SLURM_GPU_SKIP_APT=1 ...      -> venv + project only
+#   SLURM_GPU_SKIP_VENV=1 ...     -> packages only
+# Nothing system-wide is left behind but the packages: the policy-rc.d that
+# keeps apt from starting the system's slurmctld/slurmd/munge exists only
+# while our own apt-get runs (a policy-rc.d left in place would block every
+# later service start on the machine).
 set -euo pipefail
 umask 022
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${SLURM_GPU_VENV:-/opt/slurm-gpu/venv}
+POLICY_RC=${SLURM_GPU_POLICY_RC:-/usr/sbin/policy-rc.d}   # overridable for the tests only
 PKGS=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
       hwloc libhwloc15 libhwloc-dev pci.ids
       python3 python3-venv python3-dev gcc libc6-dev
@@ -23,11 +29,34 @@ if [ -z "${SLURM_GPU_SKIP_APT:-}" ]; then
   for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
-    # policy-rc.d: never let the packages start the system's slurmctld/slurmd/munge
-    if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; fi
+    # Never let the packages start the system's slurmctld/slurmd/munge (the
+    # sandbox runs its own), but only during our apt-get: an admin's own
+    # policy-rc.d is used and kept; ours is removed on every way out.
+    own_policy= tmp_policy=
+    drop_policy() {
+      if [ -n "$tmp_policy" ]; then rm -f "$tmp_policy"; fi
+      if [ -n "$own_policy" ]; then rm -f "$POLICY_RC"; own_policy=; fi
+    }
+    trap drop_policy EXIT
+    trap 'drop_policy; exit 130' INT
+    trap 'drop_policy; exit 143' TERM
+    if [ ! -e "$POLICY_RC" ] && [ ! -L "$POLICY_RC" ]; then
+      tmp_policy="$POLICY_RC.slurm-gpu.$$"
+      printf '#!/bin/sh\n# slurm-gpu install.sh: no service starts during its apt-get (removed after)\nexit 101\n' >"$tmp_policy"
+      chmod 755 "$tmp_policy"
+      own_policy=1
+      mv "$tmp_policy" "$POLICY_RC"
+      tmp_policy=
+    fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    drop_policy
+    trap - EXIT INT TERM
   fi
+fi
+if [ -n "${SLURM_GPU_SKIP_VENV:-}" ]; then
+  echo "slurm-gpu: Debian packages installed (venv skipped)"
+  exit 0
 fi
 # Serialize concurrent installs (several test runs may share one venv).
 mkdir -p "$(dirname "$VENV")"

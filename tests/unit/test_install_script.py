@@ -1,0 +1,109 @@
+"""scripts/install.sh holds services down only around its own apt-get.
+
+The script runs for real, with fake ``apt-get``, ``dpkg-query`` and ``id``
+first on PATH and the policy-rc.d path pointed into a temp directory
+(``SLURM_GPU_POLICY_RC``), so nothing on this machine is touched.  The fake
+apt-get records what invoke-rc.d would have been told while it ran.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "install.sh"
+
+FAKE_APT = """#!/bin/sh
+# Record, per call, whether the policy exists and what it answers for a start.
+if [ -x "$FAKE_POLICY" ]; then "$FAKE_POLICY" slurmd start; echo "$1 policy=$?" >>"$FAKE_LOG"
+else echo "$1 policy=none" >>"$FAKE_LOG"; fi
+if [ "$1" = install ] && [ -n "$FAKE_APT_SLEEP" ]; then echo started >"$FAKE_LOG.started"; sleep "$FAKE_APT_SLEEP"; fi
+if [ "$1" = install ]; then exit "${FAKE_APT_RC:-0}"; fi
+exit 0
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> dict[str, object]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"apt-get": FAKE_APT,
+                       "dpkg-query": "#!/bin/sh\nexit 1\n",      # nothing installed
+                       "id": "#!/bin/sh\necho 0\n"}.items():     # "root"
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    policy = sbin / "policy-rc.d"
+    log = tmp_path / "apt.log"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_GPU_POLICY_RC": str(policy),
+           "SLURM_GPU_SKIP_VENV": "1", "FAKE_POLICY": str(policy), "FAKE_LOG": str(log),
+           "HOME": str(tmp_path), "SLURM_GPU_VENV": str(tmp_path / "venv")}
+    return {"env": env, "policy": policy, "log": log, "sbin": sbin}
+
+
+def _run(fake: dict[str, object], **extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(fake["env"], **extra)  # type: ignore[arg-type]
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_policy_only_during_apt_get_then_removed(fake) -> None:
+    res = _run(fake)
+    assert res.returncode == 0, res.stderr
+    # During both apt-get calls a start was refused (101: "action forbidden by policy").
+    assert fake["log"].read_text().split("\n")[:2] == ["update policy=101", "install policy=101"]
+    assert not fake["policy"].exists()
+    assert sorted(p.name for p in fake["sbin"].iterdir()) == []
+
+
+def test_failed_apt_get_removes_the_policy_too(fake) -> None:
+    res = _run(fake, FAKE_APT_RC="100")
+    assert res.returncode == 100
+    assert "install policy=101" in fake["log"].read_text()
+    assert sorted(p.name for p in fake["sbin"].iterdir()) == []
+
+
+def test_an_existing_policy_is_used_and_kept(fake) -> None:
+    mine = "#!/bin/sh\n# the admin's own\nexit 104\n"
+    fake["policy"].write_text(mine)
+    fake["policy"].chmod(0o755)
+    res = _run(fake)
+    assert res.returncode == 0, res.stderr
+    assert "install policy=104" in fake["log"].read_text()
+    assert fake["policy"].read_text() == mine
+
+
+def test_a_dangling_policy_link_is_not_replaced(fake) -> None:
+    fake["policy"].symlink_to(fake["sbin"] / "elsewhere")
+    res = _run(fake)
+    assert res.returncode == 0, res.stderr
+    assert fake["policy"].is_symlink()
+
+
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_interrupted_install_removes_the_policy(fake, sig: signal.Signals, rc: int) -> None:
+    env = dict(fake["env"], FAKE_APT_SLEEP="30")
+    proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = Path(str(fake["log"]) + ".started")
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "fake apt-get install never ran"
+    assert fake["policy"].exists()
+    os.killpg(proc.pid, sig)            # as a terminal's ^C reaches the whole group
+    assert proc.wait(timeout=30) == rc
+    assert sorted(p.name for p in fake["sbin"].iterdir()) == []
+
+
+def test_skip_apt_never_writes_a_policy(fake, tmp_path: Path) -> None:
+    res = _run(fake, SLURM_GPU_SKIP_APT="1")
+    assert res.returncode == 0, res.stderr
+    assert not fake["log"].exists()
+    assert sorted(p.name for p in fake["sbin"].iterdir()) == []
