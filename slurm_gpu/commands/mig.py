@@ -11,24 +11,40 @@ def mig() -> None:
     """Plan and apply MIG layouts."""
 
 
+def _or_dash(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+def _mib(v: int | None) -> str:
+    return "-" if v is None else f"{v}MiB"
+
+
+def _model_arg(text: str):  # type: ignore[no-untyped-def]
+    """--model: a short name, an NVML name or a PCI device id; refused if unknown."""
+    import re
+
+    from ..mig.profiles import find_model, model_by_pci, unknown_model
+
+    t = text.strip()
+    m = model_by_pci(t) if re.fullmatch(r"0x[0-9a-fA-F]{1,8}", t) else find_model(t)
+    if m is None:
+        raise unknown_model(text, "--model")
+    return m
+
+
 @mig.command("plan")
 @click.argument("layout")
 @click.option("--model", "-m", required=True,
-              help="GPU model: a100-40gb, a100-80gb, h100-80gb, h100-94gb, h100-nvl, h200, "
-                   "b200, a30, or an NVML product name such as 'NVIDIA H100 80GB HBM3'.")
+              help="GPU model: a short name (slurm-gpu mig profiles lists them), a PCI device "
+                   "id such as 0x2941, or an NVML product name such as 'NVIDIA H100 80GB HBM3'.")
 @click.option("--gpus", "ngpus", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Number of GPUs the layout is planned for.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_cmd(layout: str, model: str, ngpus: int, as_json: bool) -> None:
     """Print where each instance of LAYOUT goes, or why it cannot fit."""
-    from ..errors import UsageError
     from ..mig.planner import plan
-    from ..mig.profiles import find_model, model_names
 
-    m = find_model(model)
-    if m is None:
-        raise UsageError(f"unknown GPU model {model!r} (known: {', '.join(model_names())})",
-                         "--model")
+    m = _model_arg(model)
     gpus = plan(layout, m, ngpus)
     if as_json:
         click.echo(json.dumps({"model": m.key, "gpus": [[p.to_dict() for p in g] for g in gpus]},
@@ -39,9 +55,9 @@ def plan_cmd(layout: str, model: str, ngpus: int, as_json: bool) -> None:
                f"{'CI':>3} {'MEMORY':>9} {'SMS':>4}")
     for gi, g in enumerate(gpus):
         for p in g:
-            click.echo(f"{gi:>3}  {p.name:<14} {p.gi_profile_id:>10} "
-                       f"{f'{p.start}:{p.size}':>9}  {p.ci_slices:>2}c {p.memory_mb:>6}MiB "
-                       f"{p.sm_count:>4}")
+            click.echo(f"{gi:>3}  {p.name:<14} {_or_dash(p.gi_profile_id):>10} "
+                       f"{f'{p.start}:{p.size}':>9}  {p.ci_slices:>2}c "
+                       f"{_mib(p.memory_mb):>9} {_or_dash(p.sm_count):>4}")
         used = sorted(s for p in g for s in range(p.start, p.start + p.size))
         free = [s for s in range(m.memory_slices) if s not in used]
         click.echo(f"{gi:>3}  free memory slices: {','.join(map(str, free)) or 'none'}")
@@ -51,21 +67,18 @@ def plan_cmd(layout: str, model: str, ngpus: int, as_json: bool) -> None:
 @click.option("--model", "-m", default=None, help="Only this GPU model.")
 def profiles_cmd(model: str | None) -> None:
     """List the shipped MIG profile and placement tables."""
-    from ..errors import UsageError
-    from ..mig.profiles import MODELS, find_model
+    from ..mig.profiles import models as all_models
 
-    models = MODELS
-    if model:
-        m = find_model(model)
-        if m is None:
-            raise UsageError(f"unknown GPU model {model!r}", "--model")
-        models = (m,)
+    models = (_model_arg(model),) if model else all_models()
     for m in models:
-        click.echo(f"{m.key}: {m.title} ({', '.join(m.product_names)})")
+        pci = ", ".join(f"0x{x:04X}" for x in m.pci_device_ids) or "none published"
+        click.echo(f"{m.key}: {m.title} (PCI {pci}; {', '.join(m.product_names) or 'no NVML name'})")
         for p in m.profiles:
-            click.echo(f"  {p.name:<12} id {p.id:>2}  max {p.instances}  "
+            click.echo(f"  {p.name:<15} id {_or_dash(p.id):>2}  max {p.instances}  "
                        f"placements {{{','.join(map(str, p.starts))}}}:{p.size}  "
-                       f"{p.memory_mb} MiB  {p.sm_count} SMs")
+                       f"{_or_dash(p.memory_mb)} MiB  {_or_dash(p.sm_count)} SMs")
+        for what, source in m.provenance:
+            click.echo(f"  # {what}: {source}")
 
 
 @mig.command("apply")

@@ -15,7 +15,6 @@ from ..errors import HardwareError
 from ..mig import blockers, instances
 from ..mig.instances import MigError
 from ..mig.planner import plan_gpu, parse_layout
-from ..mig.profiles import find_model
 from . import state as jobstate
 from .state import JobFailed
 
@@ -50,12 +49,13 @@ def setup(ctx: Any, st: dict[str, Any], api: Callable[[], Any], layout: str, who
             raise JobFailed(f"GPU {idx} is also used by job {others[idx]}; --gpu-mig needs "
                             "GPUs the job holds exclusively", f"job {jobid}")
         dev = instances.device(a, idx)
-        name = a.nvmlDeviceGetName(dev)
-        name = name.decode() if isinstance(name, bytes) else str(name)
+        name, model = instances.identify(a, dev)
         mode = instances.mig_mode(a, dev)
-        model = find_model(name)
-        if mode is None or model is None:
+        if mode is None:
             raise JobFailed(f"GPU {idx} ({name}) does not support MIG", f"job {jobid}")
+        if model is None:
+            raise JobFailed(f"GPU {idx} ({name}) is a GPU model slurm-gpu has no MIG table "
+                            "for; tell the admin", f"job {jobid}")
         if mode != 1:
             raise JobFailed(f"GPU {idx} ({name}) does not have MIG mode enabled; the admin "
                             "enables it with slurm-gpu mig apply", f"job {jobid}")

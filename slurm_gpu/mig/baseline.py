@@ -27,7 +27,7 @@ from ..errors import InputError, SlurmGpuError, UsageError
 from . import blockers, instances
 from .instances import MigError
 from .planner import Request, plan_gpu
-from .profiles import find_model
+from .profiles import identify, unknown_model
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class GpuDiff:
     mode: int | None
     have: tuple[str, ...]
     actions: list[str] = field(default_factory=list)
+    model: Any = None                  # profiles.GpuModel of a MIG-capable GPU
 
     @property
     def drift(self) -> bool:
@@ -140,14 +141,19 @@ def diff(api: Any, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]:
         name = api.nvmlDeviceGetName(d)
         name = name.decode() if isinstance(name, bytes) else str(name)
         mode = instances.mig_mode(api, d)
-        model = find_model(name)
-        if mode is None or model is None:
+        model = identify(pcis[i][1], name)
+        if mode is None:
             if want.mig_enabled:
                 raise UsageError(f"GPU {i} ({name}) does not support MIG", where)
             continue
+        if model is None:
+            # MIG-capable, but we have no table for it: never guess one.
+            pci = pcis[i][1]
+            raise unknown_model(f"{name}" + (f", PCI 0x{pci:08X}" if pci else ""),
+                                f"GPU {i}")
         have = tuple(sorted(_name_of(model, e) for e in instances.list_instances(api, d))) \
             if mode == 1 else ()
-        g = GpuDiff(i, name, want, mode, have)
+        g = GpuDiff(i, name, want, mode, have, model=model)
         if want.mig_enabled != bool(mode):
             g.actions.append(f"set MIG mode {'on' if want.mig_enabled else 'off'}")
         if want.mig_enabled:
@@ -187,7 +193,7 @@ def apply(api: Any, diffs: list[GpuDiff], busy: dict[int, str], where: str) -> l
                     raise MigError(f"cannot set MIG mode: {e}", f"GPU {g.index}",
                                    getattr(e, "value", None)) from None
             if g.want.mig_enabled and g.want.devices:
-                model = find_model(g.name)
+                model = g.model
                 assert model is not None
                 reqs = [Request(x.split("c.", 1)[1], int(x.split("c.", 1)[0]))
                         if "c." in x else Request(x) for x in g.want.devices]

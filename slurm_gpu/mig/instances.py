@@ -63,6 +63,18 @@ def mig_mode(api: Any, dev: Any) -> int | None:
         raise _err(api, e, "cannot read MIG mode", "nvmlDeviceGetMigMode") from None
 
 
+def identify(api: Any, dev: Any) -> tuple[str, Any]:
+    """(NVML name, GpuModel or None): the model by PCI device id first, name second."""
+    from .profiles import identify as by_ids
+    name = api.nvmlDeviceGetName(dev)
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    try:
+        pci: int | None = int(api.nvmlDeviceGetPciInfo(dev).pciDeviceId)
+    except api.NVMLError:
+        pci = None
+    return name, by_ids(pci, name)
+
+
 def list_instances(api: Any, dev: Any) -> list[Existing]:
     """Every GPU instance on *dev* (probing ids: the simulator's handles are not ctypes)."""
     out = []
@@ -165,7 +177,14 @@ def destroy_gi(api: Any, dev: Any, gi_id: int, where: str) -> bool:
 
 def create_placement(api: Any, dev: Any, p: Placement, where: str) -> tuple[int, int]:
     """Create one planned instance (GI then CI); returns (gi_id, ci_id)."""
-    gid = create_gi(api, dev, p.gi_profile_id, p.start, p.size, where)
+    pid = p.gi_profile_id
+    if pid is None:
+        # NVIDIA publishes no -lgip id for this model's profile: the driver knows it.
+        try:
+            pid = int(api.nvmlDeviceGetGpuInstanceProfileInfo(dev, p.nvml_profile).id)
+        except api.NVMLError as e:
+            raise _err(api, e, f"the driver has no {p.profile} profile", where) from None
+    gid = create_gi(api, dev, pid, p.start, p.size, where)
     try:
         cid = create_ci(api, dev, gid, p.ci_profile, p.ci_start, p.ci_slices, where)
     except MigError:

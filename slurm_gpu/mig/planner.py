@@ -26,7 +26,9 @@ from .profiles import CI_PLACEMENTS, CIP_BY_SLICES, GiProfile, GpuModel
 
 MAX_ENTRIES = 64   # a GPU holds at most 7; this only bounds parsing work
 
-_ENTRY = re.compile(r"^(?:(\d+)x)?(?:(\d+)c\.)?(\d+g\.\d+gb(?:\+me)?)$")
+# Suffixes as NVIDIA names them: +me (media extensions), +me.all (all media
+# engines), -me (none), +gfx (graphics, RTX PRO Blackwell).
+_ENTRY = re.compile(r"^(?:(\d+)x)?(?:(\d+)c\.)?(\d+g\.\d+gb(?:\+me\.all|\+me|\+gfx|-me)?)$")
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,15 @@ class Placement:
     """One planned GPU instance with its single compute instance."""
 
     profile: str              # GI profile name
-    gi_profile_id: int        # NVML profile info id (-lgip "ID")
+    gi_profile_id: int | None  # NVML profile info id (-lgip "ID"); None: ask the driver
     nvml_profile: int         # NVML_GPU_INSTANCE_PROFILE_* constant
     start: int                # memory-slice placement
     size: int
     ci_slices: int            # compute slices of the CI
     ci_profile: int           # NVML_COMPUTE_INSTANCE_PROFILE_* constant
     ci_start: int
-    memory_mb: int
-    sm_count: int
+    memory_mb: int | None     # None: not published for this model
+    sm_count: int | None
 
     @property
     def name(self) -> str:
@@ -144,7 +146,7 @@ def plan_gpu(requests: list[Request], model: GpuModel, *,
         if n > p.instances:
             raise UsageError(f"MIG layout {text} asks for {n} x {name}; the {model.title} "
                              f"has room for at most {p.instances}", where)
-    me = [p.name for p in profs if p.name.endswith("+me")]
+    me = [p.name for p in profs if p.media]
     if len(me) > 1:
         raise UsageError(f"MIG layout {text} has {len(me)} media-extension (+me) instances; "
                          "a GPU has one", where)
@@ -189,7 +191,8 @@ def plan_gpu(requests: list[Request], model: GpuModel, *,
         ci = req.ci_slices or p.slices
         out.append(Placement(p.name, p.id, p.nvml_profile, chosen[i], p.size, ci,
                              CIP_BY_SLICES[ci], CI_PLACEMENTS[p.slices][ci][0],
-                             p.memory_mb, p.sm_count * ci // p.slices))
+                             p.memory_mb,
+                             None if p.sm_count is None else p.sm_count * ci // p.slices))
     return out
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..hw import nvml_constants as C
 from ..hw.nvml_replay import Handle, NVMLError, NvmlStruct
-from ..mig.profiles import CI_PLACEMENTS, CIP_BY_SLICES, GpuModel, find_model
+from ..mig.profiles import CI_PLACEMENTS, CIP_BY_SLICES, GpuModel, identify
 from .nvml import SimNvml, gi_id_for_placement, mig_instances, mig_uuid
 
 _CI_SLICES = {v: k for k, v in CIP_BY_SLICES.items()}
@@ -62,8 +62,9 @@ class MigSimNvml(SimNvml):
     # -- helpers ----------------------------------------------------------
     def _model(self, g: dict[str, Any]) -> GpuModel:
         self._mig_capable(g)
-        m = find_model(str(g.get("name", "")))
-        if m is None:
+        m = identify(g.get("pci_device_id"), str(g.get("name", "")))
+        # A model whose driver figures NVIDIA does not publish cannot be simulated faithfully.
+        if m is None or not m.complete:
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         return m
 

@@ -143,7 +143,7 @@ def test_plan_cli_unknown_model(capsys) -> None:
     ("NVIDIA A100 80GB PCIe", "a100-80gb"), ("NVIDIA H100 80GB HBM3", "h100-80gb"),
     ("NVIDIA H100 PCIe", "h100-80gb"), ("NVIDIA H100 NVL", "h100-nvl"),
     ("NVIDIA H200", "h200"), ("NVIDIA H200 141GB HBM3e", "h200"), ("NVIDIA B200", "b200"),
-    ("NVIDIA A30", "a30"), ("h100-94gb", "h100-94gb"), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA A30", "a30"), ("h100-94gb", "h100-94gb"), ("NVIDIA GH200 480GB", "gh200-96gb"),
     ("Tesla V100-SXM2-32GB", None)])
 def test_find_model(name: str, key: str | None) -> None:
     m = find_model(name)
