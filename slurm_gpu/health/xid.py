@@ -14,6 +14,16 @@ Pure code: kernel lines (and ``xid-watch`` event records) in, findings out.
   NVIDIA's decode table, whose resolution decides the action.
 * "GPU has fallen off the bus" without an Xid line (newer drivers print it
   on three lines) counts as Xid 79; a preceding PCIe AER report is named.
+
+Only the driver's own words count (issue 10).  The reader keeps kernel-written
+lines only (``hw/kmsg.py``); here an event must *start* the line in one of
+the driver's exact forms, and continuation lines of a multi-line record never
+start one.  The driver's version-mismatch message echoes a string the client
+chose, newlines included: every line of that record is dropped.  Inside an
+Xid line only the driver's fields are read (code, bus id, the trailing
+"caused by previous Xid N"), never the task name a job chose.  The finding's
+message holds only our words: XID number, bus id, catalog text, and names
+from fixed tables.
 """
 from __future__ import annotations
 
@@ -28,12 +38,25 @@ from .findings import DRAIN, INFO, WARN, Finding
 
 CHECK = "gpu.xid"
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[^)]*)\):\s*(?P<code>\d+)\s*,?\s*(?P<rest>.*)")
-_CAUSE = re.compile(r"caused by previous Xid (\d+)", re.I)
+_BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+# The driver's forms, matched from the start of the message: the Xid line
+# ("..." where a reporter redacted the bus), the one-line "fallen off the bus"
+# (NV_DEV_PRINTF prefixes "NVRM: GPU <bus>: "; older drivers "GPU at PCI:<bus>"),
+# and the three-line one (nv.c) whose first line names the GPU.
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>" + _BUS + r"|\.\.\.)\): (?P<code>\d{1,4})(?:,\s*(?P<rest>.*))?")
+_OFF_BUS_ONE = re.compile(r"NVRM: GPU (?:at PCI:)?(?P<bus>" + _BUS + r"): GPU has fallen off the bus\.?\s*")
+_OFF_BUS_3 = (re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + _BUS + r")\s*"),
+              re.compile(r"NVRM: \(PCI ID: [0-9a-fA-F]{4}:[0-9a-fA-F]{4}\) installed in this system has\s*"),
+              re.compile(r"NVRM: fallen off the bus and is not responding to commands\.\s*"))
+_ECHOES_CLIENT = ("NVRM: API mismatch:",)   # driver messages that print a client-chosen string
+ECHO_MAX_LINES = 12                          # a client string spans a few lines at most
+_AER = re.compile(r"(?P<dev>" + _BUS + r"): AER: Uncorrected")
+# Only at the end of the line: the task name (name=...) comes before it.
+_CAUSE = re.compile(r"\bcaused by previous Xid (\d{1,4})\s*$", re.I)
 _NVL5 = re.compile(r"^(?P<unit>[A-Z][A-Z0-9_/]*)\s+(?P<sev>Fatal|Non-?fatal)\b(?:.*?Link\s+(?P<link>-?\d+))?"
                    r"(?:\s*\((?P<words>0x[0-9a-fA-F]+(?:\s+0x[0-9a-fA-F]+)*))?", re.I)
-_BUS_IN_TEXT = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
-_RECOVERY_TO = re.compile(r"\bto\s+(0x[0-9a-fA-F]+|\d+)\s*(?:\((?P<name>[^)]*)\))?", re.I)
+_RECOVERY_TO = re.compile(r"^GPU recovery action changed from \S+(?: \([^)]*\))? to (0x[0-9a-fA-F]{1,8}|\d{1,9})\b",
+                          re.I)
 
 
 @lru_cache(maxsize=1)
@@ -41,6 +64,15 @@ def catalog() -> dict[str, Any]:
     """The shipped catalog (codes keyed by str(code), NVLink5 rules, provenance)."""
     with open(data_file("xid_catalog.json")) as f:
         return json.load(f)
+
+
+@lru_cache(maxsize=1)
+def known_units() -> frozenset[str]:
+    """NVLink5 unit names the decode table knows (each alias of "A/B" rows too)."""
+    names: set[str] = set()
+    for rule in catalog()["nvlink5_rules"]:
+        names.update(a for a in re.split(r"[/,() ]", rule["unit"]) if a)
+    return frozenset(names)
 
 
 def entry(code: int) -> dict[str, Any] | None:
@@ -87,49 +119,73 @@ class Verdict:
 # ------------------------------------------------------------------ parsing
 
 def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
-    """XID events in *lines* (objects with ``.text`` and ``.when``), in order."""
+    """XID events in *lines* (objects with ``.text``, ``.when`` and ``.cont``), in order."""
     events: list[XidEvent] = []
-    pending_bus: str | None = None      # "NVRM: The NVIDIA GPU <bus>" waiting for its 3rd line
-    pending_age = 0
+    off_bus: tuple[str | None, int, Any] | None = None  # three-line "fallen off the bus": bus, lines seen, time
     last_aer: str | None = None
+    echo: tuple[Any, int] | None = None              # (timestamp, lines left) of a client-echo record
     for ln in lines:
-        text = ln.text
-        pending_age += 1
-        if "AER: Uncorrected" in text:
-            last_aer = text.split(": AER:", 1)[0].strip() or "PCIe"
-            continue
-        m = _XID.search(text)
-        if m:
-            rest = m.group("rest").strip()
-            ev = XidEvent(code=int(m.group("code")), gpu=normalize_bus(m.group("bus")), text=rest,
-                          when=ln.when)
-            c = _CAUSE.search(rest)
-            if c:
-                ev.cause = int(c.group(1))
-            if 144 <= ev.code <= 150:
-                d = _NVL5.search(rest)
-                if d:
-                    ev.unit = d.group("unit").upper()
-                    ev.log_severity = d.group("sev").lower().replace("-", "")
-                    ev.link = int(d.group("link")) if d.group("link") else None
-                    ev.words = tuple(int(w, 16) for w in (d.group("words") or "").split())
-            if ev.code == 79 and last_aer:
-                ev.after_aer = last_aer
-            events.append(ev)
-            continue
-        low = text.lower()
-        if "nvrm: the nvidia gpu" in low:
-            b = _BUS_IN_TEXT.search(text)
-            pending_bus, pending_age = (normalize_bus(b.group(1)) if b else None), 0
-            if "fallen off the bus" not in low:
+        text: str = ln.text
+        cont = bool(getattr(ln, "cont", False))
+        if echo is not None:
+            if cont or (ln.when == echo[0] and echo[1] > 0):
+                echo = (echo[0], echo[1] - (0 if cont else 1))
                 continue
-        if "fallen off the bus" in low:
-            b = _BUS_IN_TEXT.search(text)
-            bus = normalize_bus(b.group(1)) if b else (pending_bus if pending_age <= 3 else None)
-            events.append(XidEvent(code=79, gpu=bus, text="GPU has fallen off the bus (no Xid line)",
-                                   when=ln.when, synthesized=True, after_aer=last_aer))
-            pending_bus = None
+            echo = None
+        if off_bus is not None:
+            bus, seen, first_when = off_bus
+            if (cont or ln.when == first_when) and _OFF_BUS_3[seen].fullmatch(text):
+                seen += 1
+                if seen == len(_OFF_BUS_3):
+                    events.append(XidEvent(code=79, gpu=bus, text="GPU has fallen off the bus (no Xid line)",
+                                           when=ln.when, synthesized=True, after_aer=last_aer))
+                    off_bus = None
+                else:
+                    off_bus = (bus, seen, first_when)
+                continue
+            off_bus = None
+        if cont:
+            continue                                 # a continuation never starts an event
+        if text.startswith(_ECHOES_CLIENT):
+            echo = (ln.when, ECHO_MAX_LINES)
+            continue
+        a = _AER.match(text)
+        if a:
+            last_aer = normalize_bus(a.group("dev"))
+            continue
+        m = _XID.fullmatch(text)
+        if m:
+            events.append(_xid_event(m, ln.when, last_aer))
+            continue
+        m = _OFF_BUS_ONE.fullmatch(text)
+        if m:
+            events.append(XidEvent(code=79, gpu=normalize_bus(m.group("bus")),
+                                   text="GPU has fallen off the bus (no Xid line)", when=ln.when,
+                                   synthesized=True, after_aer=last_aer))
+            continue
+        m = _OFF_BUS_3[0].fullmatch(text)
+        if m:
+            off_bus = (normalize_bus(m.group("bus")), 1, ln.when)
     return events
+
+
+def _xid_event(m: re.Match[str], when: str | None, last_aer: str | None) -> XidEvent:
+    rest = (m.group("rest") or "").strip()
+    ev = XidEvent(code=int(m.group("code")), gpu=normalize_bus(m.group("bus")), text=rest, when=when)
+    c = _CAUSE.search(rest)
+    if c:
+        ev.cause = int(c.group(1))
+    if 144 <= ev.code <= 150:
+        d = _NVL5.match(rest)
+        if d:
+            ev.unit = d.group("unit").upper()
+            ev.log_severity = d.group("sev").lower().replace("-", "")
+            link = d.group("link")
+            ev.link = int(link) if link and len(link) <= 4 else None
+            ev.words = tuple(int(w, 16) for w in (d.group("words") or "").split()[:6] if len(w) <= 10)
+    if ev.code == 79 and last_aer:
+        ev.after_aer = last_aer
+    return ev
 
 
 def events_from_nvml(records: Iterable[dict[str, Any]]) -> tuple[list[XidEvent], list[Finding]]:
@@ -138,15 +194,19 @@ def events_from_nvml(records: Iterable[dict[str, Any]]) -> tuple[list[XidEvent],
     direct: list[Finding] = []
     for r in records:
         kind = r.get("event")
-        gpu = r.get("gpu")
-        if kind == "xid" and isinstance(r.get("xid"), int):
+        raw_gpu = r.get("gpu")
+        gpu = normalize_bus(raw_gpu) if isinstance(raw_gpu, str) and len(raw_gpu) <= 16 else None
+        code = r.get("xid")
+        if kind == "xid" and isinstance(code, int) and not isinstance(code, bool) and 0 <= code < 10000:
             xids.append(XidEvent(code=r["xid"], gpu=gpu, when=r.get("time"), source="nvml"))
         elif kind == "dbe":
             direct.append(Finding("gpu.ecc", DRAIN, f"NVML double-bit ECC event on {gpu}", gpu))
         elif kind == "gpu_unavailable":
             direct.append(Finding("gpu.count", DRAIN, f"NVML reports GPU {gpu} unavailable", gpu))
         elif kind == "recovery_action":
-            action = int(r.get("data") or 0)
+            action = r.get("data") or 0
+            if not isinstance(action, int) or isinstance(action, bool) or not 0 <= action < 1 << 32:
+                continue
             if action:
                 from .gpu_checks import RECOVERY_NAMES
                 direct.append(Finding("gpu.recovery", DRAIN,
@@ -208,9 +268,11 @@ def _nvlink5_verdict(ev: XidEvent, base: dict[str, Any]) -> Verdict:
             detail += f" ({hint})"
         return Verdict(action, "nvlink5", detail, res)
     if ev.unit is not None:
-        # Not in the table: trust the driver's own Fatal/Nonfatal word.
+        # Not in the table: trust the driver's own Fatal/Nonfatal word.  The
+        # unit is named only when the catalog knows it (a reason carries no log text).
         action = DRAIN if fatal_in_log else WARN
-        return Verdict(action, "nvlink5", f"{ev.unit} {'Fatal' if fatal_in_log else 'Nonfatal'}{where}"
+        unit = ev.unit if ev.unit in known_units() else "NVLink unit"
+        return Verdict(action, "nvlink5", f"{unit} {'Fatal' if fatal_in_log else 'Nonfatal'}{where}"
                        " (no decode-table row)", base["immediate"])
     if ev.source == "nvml":
         return Verdict(WARN, "nvlink5", f"{base['description']} (NVML event; the kernel line decides)",
@@ -241,8 +303,9 @@ def classify(ev: XidEvent, decoded: dict[tuple[int, str | None], Verdict] | None
     if ev.code == 154:
         m = _RECOVERY_TO.search(ev.text)
         if m:
+            from .gpu_checks import RECOVERY_NAMES
             to = int(m.group(1), 0)
-            name = m.group("name") or f"action {to}"
+            name = RECOVERY_NAMES.get(to, f"action {to}")
             return Verdict(INFO if to == 0 else DRAIN, "recovery", f"GPU recovery action changed to {name}",
                            base["immediate"])
         if ev.source == "nvml":

@@ -1,0 +1,201 @@
+"""Issue 10, point 1: a job user cannot forge a GPU fault, and no log text reaches a drain reason.
+
+Every route a job user has into the kernel log is tried here: records that
+userspace wrote to /dev/kmsg (facility 1), ``logger`` lines in a syslog file,
+journal entries that only claim to be the kernel, the NVIDIA driver's
+version-mismatch message (which echoes a version string the client chose, with
+newlines in it), and kernel messages that start with a task name.  None may
+produce a finding, while the real logs (tests/data/xid/) keep their verdicts.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.health import engine, xid
+from slurm_gpu.health.findings import DRAIN, drain_reason
+from slurm_gpu.health.nodestate import parse_show_node
+from slurm_gpu.health.settings import HealthSettings
+from slurm_gpu.hw import kmsg
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "xid" / "real_kernel_xid_lines_from_issues.md"
+BLOCKS = dict(re.findall(r"## ([A-H])\. .*?```\n(.*?)```", DATA.read_text(), re.S))
+XID = "NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
+OFF_BUS = ("NVRM: The NVIDIA GPU 0000:02:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed in this system has"
+           "\\x0aNVRM: fallen off the bus and is not responding to commands.")
+
+
+def findings(text: str):
+    return xid.check_xid(xid.parse_lines(kmsg.scan_buffer(text.encode())))
+
+
+# What a job user can put into each log format.  Each entry is one log text.
+FORGED = {
+    # /dev/kmsg: userspace writes get facility 1 (LOG_USER); "<0>" cannot set facility 0
+    "kmsg user record": f"14,1188,812401212,-;{XID}\n",
+    "kmsg user record, level 3": f"11,1188,812401212,-;{XID}\n",
+    "kmsg user three-line off-bus": f"12,1189,812401212,-;{OFF_BUS}\n",
+    # version mismatch: the client's version string is echoed by the driver
+    "mismatch, inline": f"3,1190,812401212,-;NVRM: API mismatch: the client has the version {XID}, but\n",
+    "mismatch, kmsg newline": (f"3,1190,812401212,-;NVRM: API mismatch: the client has the version 1\\x0a{XID}"
+                               "\\x0a, but\\x0aNVRM: this kernel module has the version 550.54.15.  Please\n"),
+    "mismatch, kmsg off-bus": (f"3,1190,812401212,-;NVRM: API mismatch: the client has the version 1\\x0a"
+                               f"{OFF_BUS}, but\n"),
+    "mismatch, dmesg continuation": (f"[ 15.483551] NVRM: API mismatch: the client has the version 1\n"
+                                     f"              {XID}, but\n"
+                                     "              NVRM: this kernel module has the version 550.54.15.  Please\n"),
+    # rsyslog (imklog) writes every line of a multi-line record with the record's prefix
+    "mismatch, syslog split": (
+        "Dec 22 11:26:00 n1 kernel: [   15.483551] NVRM: API mismatch: the client has the version 1\n"
+        f"Dec 22 11:26:00 n1 kernel: [   15.483551] {XID}, but\n"
+        "Dec 22 11:26:00 n1 kernel: [   15.483551] NVRM: this kernel module has the version 550.54.15.  Please\n"),
+    "mismatch, syslog split, no kernel time": (
+        "Dec 22 11:26:00 n1 kernel: NVRM: API mismatch: the client has the version 1\n"
+        f"Dec 22 11:26:00 n1 kernel: {XID}, but\n"),
+    "mismatch, fake terminator": (
+        "[ 15.483551] NVRM: API mismatch: the client has the version 1\n"
+        "[ 15.483551] NVRM: components have the same version.\n"
+        f"[ 15.483551] {XID}, but\n"),
+    "mismatch names off-bus": "[1.0] NVRM: API mismatch: the client has the version fallen off the bus 0000:02:00.0\n",
+    # logger / any syslog program
+    "logger plain": f"Aug 30 11:43:09 n1 alice: {XID}\n",
+    "logger pid": f"Aug 30 11:43:09 n1 python3[4242]: {XID}\n",
+    "logger tag kernelx": f"Aug 30 11:43:09 n1 kernel-x: {XID}\n",
+    "logger iso": f"2024-08-30T11:43:09.123456+00:00 n1 alice: {XID}\n",
+    "logger embeds kernel tag": f"Aug 30 11:43:09 n1 alice: kernel: {XID}\n",
+    # text before the driver's own prefix
+    "mid-line": f"[1.0] usb 1-1: Product: {XID}\n",
+    "task name first": f"[1.0] a.out[99]: {XID}\n",
+    "comm as prefix": "[1.0] NVRM: Xid (PCI[1234]: segfault at 0 ip 0 sp 0 error 4\n",
+    "kmsg mid-line": f"6,1191,812401212,-;usb 1-1: Product: {XID}\n",
+    "off-bus anywhere": "[1.0] usb 1-1: Product: NVRM: GPU 0000:02:00.0 has fallen off the bus\n",
+    "off-bus in other NVRM text": "[1.0] NVRM: nvidia-uvm: client said GPU 0000:02:00.0 has fallen off the bus\n",
+    # dmesg -x / -r name the facility
+    "dmesg -x user": f"user  :warn  : [    1.000000] {XID}\n",
+    "dmesg -r user": f"<12>[    1.000000] {XID}\n",
+    # journal export: only journald's trusted fields (_TRANSPORT) prove the source
+    "journal syslog as kernel": json.dumps({"_TRANSPORT": "syslog", "SYSLOG_IDENTIFIER": "kernel",
+                                            "SYSLOG_FACILITY": "0", "MESSAGE": XID}) + "\n",
+    "journal stdout": json.dumps({"_TRANSPORT": "stdout", "MESSAGE": XID}) + "\n",
+    "journal kernel facility user": json.dumps({"_TRANSPORT": "kernel", "SYSLOG_FACILITY": "1",
+                                                "MESSAGE": XID}) + "\n",
+    "journal kernel, mismatch newline": json.dumps({
+        "_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0",
+        "MESSAGE": f"NVRM: API mismatch: the client has the version 1\n{XID}, but"}) + "\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGED))
+def test_forged_fault_gives_no_finding(name):
+    assert findings(FORGED[name]) == []
+
+
+@pytest.mark.parametrize("name", sorted(FORGED))
+def test_forged_fault_drains_nothing_through_the_health_run(tmp_path, name, monkeypatch):
+    log = tmp_path / "kern.log"
+    log.write_text(FORGED[name])
+    rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
+                                    only=["gpu.xid"], no_drain=True))
+    assert rep.status == "ok" and rep.findings == []
+
+
+TRUSTED = {
+    "kmsg kernel record": f"3,1187,812401212,-;{XID}\n",
+    "kmsg with caller": f"3,1187,812401212,-,caller=T1;{XID}\n",
+    "dmesg": f"[74889.644138] {XID}\n",
+    "dmesg -x kern": f"kern  :err   : [    1.000000] {XID}\n",
+    "dmesg -r kern": f"<3>[    1.000000] {XID}\n",
+    "syslog kernel": f"Aug 30 11:43:09 n1 kernel: {XID}\n",
+    "syslog kernel with kernel time": f"Aug 30 11:43:09 n1 kernel: [ 1843.308145] {XID}\n",
+    "journal short-precise": f"Sep 12 14:25:44.984246 n1 kernel: {XID}\n",
+    "rsyslog iso": f"2024-08-30T11:43:09.123456+00:00 n1 kernel: {XID}\n",
+    "journal json": json.dumps({"_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0", "MESSAGE": XID}) + "\n",
+    "kmsg three-line off-bus": f"3,1189,812401212,-;{OFF_BUS}\n",
+    "new driver off-bus": "[1.0] NVRM: GPU 0000:02:00.0: GPU has fallen off the bus.\n",
+    "old driver off-bus": "[1.0] NVRM: GPU at PCI:0000:02:00: GPU has fallen off the bus.\n",
+    "after a real mismatch": ("[ 15.483551] NVRM: API mismatch: the client has the version 550.1, but\n"
+                              "               NVRM: this kernel module has the version 550.54.15.  Please\n"
+                              f"[ 16.000000] {XID}\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRUSTED))
+def test_the_kernel_s_own_report_still_drains(name):
+    fs = findings(TRUSTED[name])
+    assert [(f.xid, f.gpu, f.severity) for f in fs] == [(79, "0000:02:00.0", DRAIN)], name
+
+
+def test_kmsg_device_drops_records_userspace_wrote(tmp_path, monkeypatch):
+    recs = [f"14,10,100,-;{XID}\n".encode(), b"3,11,200,-;NVRM: Xid (PCI:0000:03:00): 48, pid=1, DBE\n"]
+    it = iter(recs)
+
+    def fake_read(fd, n):
+        try:
+            return next(it)
+        except StopIteration:
+            raise BlockingIOError
+
+    dev = tmp_path / "kmsg"
+    dev.write_bytes(b"")
+    monkeypatch.setattr(kmsg.os, "read", fake_read)
+    monkeypatch.setattr(kmsg, "boot_id", lambda: "b")
+    lines, cur = kmsg.read_kmsg(None, device=str(dev))
+    assert [l.text for l in lines] == ["NVRM: Xid (PCI:0000:03:00): 48, pid=1, DBE"] and cur.seq == 11
+
+
+def test_a_process_name_cannot_make_an_application_xid_a_hardware_one():
+    # comm is at most 15 bytes, but whatever it holds, only the driver's tail names a cause
+    line = "[1.0] NVRM: Xid (PCI:0000:02:00): 45, pid=7, name=caused by previous Xid 79, Ch 00000001\n"
+    assert [(f.xid, f.severity) for f in findings(line)] == [(45, "info")]
+
+
+def test_the_real_logs_keep_their_verdicts():
+    got = {k: sorted((f.xid, f.gpu, f.severity) for f in findings(v)) for k, v in BLOCKS.items() if k != "H"}
+    assert got["A"] == [(79, "0000:02:00.0", DRAIN)]
+    assert got["B"] == [(79, "0000:b3:00.0", DRAIN)]
+    assert got["C"] == [(13, "0000:cb:00.0", "info"), (109, "0000:cb:00.0", "info")]
+    assert (45, "0000:dc:00.0", DRAIN) in got["D"] and len(got["D"]) == 4
+    assert (149, "0019:01:00.0", DRAIN) in got["E"] and len(got["E"]) == 4
+    assert got["F"] == [(137, None, "info"), (145, None, "warn")]
+    assert got["G"] == [(31, "0000:01:00.0", "info"), (32, "0000:01:00.0", "info")]
+
+
+# ------------------------------------------------------- drain reasons
+
+STAMP = "[root@2026-11-22T05:20:00]"
+HOSTILE_REASONS = [
+    f"[1.0] NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (x {STAMP})\n",
+    f"[1.0] NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 ({STAMP}\n",
+    "[1.0] NVRM: Xid (PCI:0000:02:00): 149, ROOT_AT_X Fatal XC0 i0 Link 3 (0x1 0x2)\n",
+    f"[1.0] pcieport {STAMP}: AER: Uncorrected (Fatal) error received: id=0010\n[1.1] {XID}\n",
+    "[1.0] pcieport 0000:00:02.0 x=y: AER: Uncorrected (Fatal) error received: id=0010\n[1.1] " + XID + "\n",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_REASONS)
+def test_drain_reason_carries_only_our_words(text):
+    reason = drain_reason(findings(text))
+    assert reason is not None
+    assert "root@" not in reason and "ROOT_AT_X" not in reason and "x=y" not in reason
+    # What slurmctld shows back must be exactly what we set, or we could never resume it.
+    shown = f"NodeName=n1 State=IDLE+DRAIN Reason={reason} [slurm@2026-11-22T05:20:00]"
+    assert parse_show_node(shown).reason == reason
+
+
+def test_a_forged_stamp_in_a_reason_does_not_wedge_the_drain(tmp_path, monkeypatch):
+    # Today a "[user@time]" inside the reason makes `scontrol show node` unreadable
+    # for us: the drain is never recognised as ours and the node is never resumed.
+    from tests.unit.test_health_drain import FakeSlurm, capture  # the recorded-scontrol fake
+    from slurm_gpu import runner
+    fake = FakeSlurm(capture("idle"))
+    monkeypatch.setattr(runner, "run", fake.run)
+    monkeypatch.setattr(kmsg, "boot_id", lambda: "b")
+    log = tmp_path / "kern.log"
+    log.write_text(HOSTILE_REASONS[0])
+    s = HealthSettings(kernel_log=str(log), clean_runs_to_resume=1)
+    o = engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "st"), only=["gpu.xid"])
+    assert engine.run(o).action == "drain"
+    assert engine.run(o).action == "resume"
