@@ -16,7 +16,7 @@ umask 022
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${SLURM_GPU_VENV:-/opt/slurm-gpu/venv}
 POLICY_RC=${SLURM_GPU_POLICY_RC:-/usr/sbin/policy-rc.d}   # overridable for the tests only
-PKGS=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev
+PKGS=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev slurmdbd mariadb-server mariadb-client
       hwloc libhwloc15 libhwloc-dev pci.ids
       python3 python3-venv python3-dev gcc libc6-dev
       iproute2 procps util-linux passwd make ca-certificates debootstrap strace)

@@ -71,12 +71,14 @@ def sandbox() -> None:
               help="GPU type for gres.conf, by NVML/pci.ids type, bus id or 0x<device id> "
                    "(repeatable; as in `slurm-gpu gres render`).")
 @click.option("--cgroup", is_flag=True, help="Use proctrack/cgroup and task/cgroup.")
+@click.option("--accounting", is_flag=True,
+              help="Start slurmdbd with a private MariaDB under DIR, so sacct works.")
 @click.option("--timeout", type=click.FloatRange(1), default=30.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
 def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, netns: bool, prolog: bool | None,
            health: bool | None, health_interval: int, spank: bool | None,
            spank_arg: tuple[str, ...], settings: tuple[str, ...], slurm_conf: tuple[str, ...],
-           type_map: tuple[str, ...], cgroup: bool, timeout: float) -> None:
+           type_map: tuple[str, ...], cgroup: bool, accounting: bool, timeout: float) -> None:
     """Start a sandbox and print `export SLURM_CONF=...`."""
     from ..errors import UsageError
     from ..sandbox import Sandbox, SandboxOptions, require_root
@@ -92,10 +94,13 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         nodes=nodes, machine=machine, netns=netns, prolog=prolog, health=health,
         health_interval=health_interval, spank=spank, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
+        accounting=accounting,
         timeout=timeout, node_prefix=node_prefix,
         gres_options={"type_map": dict(_pairs(type_map, "--type-map"))} if type_map else {})
     sb = Sandbox(directory, opts).up()
     hooks = [k for k, v in sb.state.get("hooks", {}).items() if v]
+    if accounting:
+        hooks.append("accounting")
     names = sb.node_names
     span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
     click.echo(f"slurm-gpu: sandbox up: {len(names)} node(s) {span} modelled on "

@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import SlurmGpuError, UsageError
 from ..fsutil import atomic_write
 from ..hw.model import Node
-from . import conf, devices, install, netns, procs, registry, teardown
+from . import accounting, conf, devices, install, netns, procs, registry, teardown
 from .layout import Layout
 from .machine import Machine, load, resolve
 from .options import SandboxOptions, require_root, require_slurm
@@ -125,6 +125,8 @@ class Sandbox:
         require_root()
         require_slurm()
         o = self.options
+        if o.accounting:
+            accounting.require()
         if o.nodes < 1:
             raise UsageError("a sandbox needs at least one node", "--nodes")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,15}", o.node_prefix):
@@ -178,8 +180,12 @@ class Sandbox:
 
     def _up(self, names: list[str]) -> None:
         o, L = self.options, self.layout
-        ports = registry.reserve_ports(1 + len(names), L.root)
+        extra_ports = 2 if o.accounting else 0       # MariaDB, slurmdbd
+        ports = registry.reserve_ports(1 + len(names) + extra_ports, L.root)
         self.state["reservations"]["ports"] = ports
+        if o.accounting:
+            self.state["accounting"] = {"db_port": ports[-2], "dbd_port": ports[-1]}
+            ports = ports[:-2]
         self._save()
         if o.cgroup:
             self.state["reservations"]["cgroup"] = registry.reserve_names("cgroup", names, L.root)
@@ -245,7 +251,7 @@ class Sandbox:
             ctld_addr=ctld_addr, ctld_port=ctld_port, nodes=specs, gres_options=gres_options,
             prolog=has_prolog, epilog=has_epilog,
             health_interval=o.health_interval if health else None, cgroup=o.cgroup,
-            extra=o.slurm_conf)
+            extra={**self._accounting_settings(), **o.slurm_conf})
         snapshot = self.machine.snapshot if self.machine else None
         toml_sections = conf.node_config(L, snapshot, o.extra_config)
         from .toml import dumps
@@ -279,6 +285,8 @@ class Sandbox:
         from .waiting import wait_path
         wait_path(L.munge_socket, 10.0, "munged", L.log / "munged.log", self._dead_daemon)
         os.chmod(L.munge_socket, 0o777)
+        if self.options.accounting:
+            self._start_accounting(env)
 
         proc, child = procs.spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-c", "-f", str(L.slurm_conf)],
                                   log=L.log / "slurmctld.stdout", cwd=L.run, env=env)
@@ -296,6 +304,34 @@ class Sandbox:
                                       preexec=pre)
             self._children.append(child)
             self._add_daemon(proc)
+
+    def _accounting_settings(self) -> dict[str, str]:
+        acct = self.state.get("accounting")
+        return dict(accounting.slurm_settings(self.layout, acct["dbd_port"])) if acct else {}
+
+    def _start_accounting(self, env: dict[str, str]) -> None:
+        """MariaDB, then slurmdbd, then the cluster's registration (before slurmctld)."""
+        from .waiting import wait_listening
+        L, acct = self.layout, self.state["accounting"]
+        db = accounting.Paths.of(L)
+        accounting.init_db(db)
+        proc, child = procs.spawn("mariadbd", accounting.mariadbd_argv(db, acct["db_port"]),
+                                  log=L.log / "mariadbd.stdout", cwd=db.root, env=env)
+        self._children.append(child)
+        self._add_daemon(proc)
+        accounting.wait_ready(db, 30.0, self._dead_daemon)
+        password = accounting.make_db_user(db)
+        atomic_write(L.etc / "slurmdbd.conf",
+                     accounting.slurmdbd_conf(L, acct["dbd_port"], acct["db_port"], password),
+                     mode=0o600)
+        proc, child = procs.spawn("slurmdbd", ["/usr/sbin/slurmdbd", "-D"],
+                                  log=L.log / "slurmdbd.stdout", cwd=L.run, env=env)
+        self._children.append(child)
+        self._add_daemon(proc)
+        wait_listening("127.0.0.1", acct["dbd_port"], 30.0, "slurmdbd", L.log / "slurmdbd.log",
+                       self._dead_daemon)
+        accounting.register(L.cluster_name, env,
+                            accounting.existing_users(list(self.options.accounting_users)))
 
     def _wait_idle(self) -> float:
         from .waiting import wait_idle
@@ -323,7 +359,12 @@ class Sandbox:
             teardown.cancel_jobs(self._daemons(), self.state, self.env)
         nets = [netns.NodeNet.from_dict(d) for d in state.get("netns", [])]
         ns_inodes = {i for i in (netns.inode(n) for n in nets) if i is not None}
-        slurm = [p for p in daemons if p.name != "munged"]
+        # slurmctld flushes its last job records to slurmdbd, which writes
+        # them to MariaDB: stop them in that order, munged last.
+        later = ("slurmdbd", "mariadbd", "munged")
+        slurm = [p for p in daemons if p.name not in later]
+        dbd = [p for p in daemons if p.name == "slurmdbd"]
+        mariadb = [p for p in daemons if p.name == "mariadbd"]
         munge = [p for p in daemons if p.name == "munged"]
         # slurmstepd is not slurmd's child (it is reparented to init), and
         # its tasks are its own children: take the whole tree now, before
@@ -339,6 +380,8 @@ class Sandbox:
         others = [p for p in others if procs.alive(p)]
         report["swept"] += [p.pid for p in others]
         report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(others, grace=0.5)]
+        report["killed"] += [p.name for p in procs.stop(dbd, grace=grace, reap=self._reap)]
+        report["killed"] += [p.name for p in procs.stop(mariadb, grace=30.0, reap=self._reap)]
         report["killed"] += [p.name for p in procs.stop(munge, grace=grace, reap=self._reap)]
         # A second sweep catches what was forked while the daemons shut down.
         late = procs.touching(self.layout.root) | procs.in_netns(ns_inodes)

@@ -33,6 +33,8 @@ class SandboxOptions:
     gres_options: Mapping[str, Any] = field(default_factory=dict)  # confgen.GresOptions fields
     node_prefix: str = "n"
     cgroup: bool = False
+    accounting: bool = False                              # slurmdbd + private MariaDB
+    accounting_users: Sequence[str] = ("root", "sgtest1", "sgtest2")  # added when they exist
     timeout: float = 30.0
     venv: Path = install.DEFAULT_VENV
 
