@@ -15,6 +15,7 @@ from pathlib import Path
 from .. import runner
 from ..errors import CommandError
 from ..fsutil import atomic_write
+from ..hw.kmsg import MARK_BYTES
 from .nodestate import SAME, Memory, NodeState, Plan, decide, parse_show_node
 
 SCONTROL = "scontrol"
@@ -79,46 +80,85 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
 
 # ----------------------------------------------------------------- state
 
-def load_state(path: str | os.PathLike[str]) -> dict:
+def load_state(path: str | os.PathLike[str], notes: list[str] | None = None) -> dict:
     """The state file, with any malformed part dropped (treated as lost, never fatal).
 
-    A part of the wrong shape (a hand edit, a torn disk) would otherwise break
-    every later run before the state could be rewritten.  Losing the memory
-    is safe: a drain we no longer remember is never resumed.
+    A part of the wrong shape or with absurd values (a hand edit, a torn
+    disk, an old version) would otherwise break every later run, or blind
+    the XID check, before the state could be rewritten.  Losing the memory
+    is safe: a drain we no longer remember is never resumed; a dropped
+    cursor rereads its source.  What was dropped goes into *notes*, once
+    (the next save rewrites the file).
     """
+    dropped: list[str] = []
     try:
         with open(path) as f:
             d = json.load(f)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError, RecursionError) as e:
+        dropped.append(f"the whole file ({type(e).__name__})")
+        d = {}
     if not isinstance(d, dict):
-        return {}
+        dropped.append("the whole file (not an object)")
+        d = {}
     try:
         Memory.from_json(d.get("memory") or {})
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, OverflowError) as e:
+        dropped.append(f"memory ({e})")
         d["memory"] = {}
-    d["cursor"] = _valid_cursor(d.get("cursor"))
+    d["cursor"] = _valid_cursor(d.get("cursor"), dropped)
+    if dropped and notes is not None:
+        notes.append(f"dropped corrupt parts of the health state {os.fspath(path)}: {'; '.join(dropped)}")
     return d
 
 
-def _int_fields(doc: object, *names: str) -> bool:
-    return isinstance(doc, dict) and all(isinstance(doc.get(n), int) and not isinstance(doc.get(n), bool)
-                                         for n in names)
+_MAX_OFFSET = 1 << 62          # no log or event file is this big
+_MAX_INODE = 1 << 64
 
 
-def _valid_cursor(c: object) -> dict:
+def _int_in(doc: dict, name: str, lo: int, hi: int) -> bool:
+    v = doc.get(name)
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v < hi
+
+
+def _file_cursor_ok(v: object) -> bool:
+    if not isinstance(v, dict) or not (_int_in(v, "inode", 0, _MAX_INODE) and _int_in(v, "offset", 0, _MAX_OFFSET)):
+        return False
+    mark = v.get("mark", "")
+    return isinstance(mark, str) and len(mark) <= 2 * MARK_BYTES and all(c in "0123456789abcdef" for c in mark)
+
+
+def _valid_cursor(c: object, dropped: list[str] | None = None) -> dict:
     """Keep only the cursor entries of the right shape (a dropped one rereads its source)."""
+    bad: list[str] = [] if dropped is None else dropped
+    if c is None:
+        return {}
     if not isinstance(c, dict):
+        bad.append("cursor")
         return {}
     out: dict = {}
     k = c.get("kmsg")
-    if _int_fields(k, "seq") and isinstance(k.get("boot_id"), str):  # type: ignore[union-attr]
-        out["kmsg"] = k
+    if k is not None:
+        if (isinstance(k, dict) and _int_in(k, "seq", -1, _MAX_OFFSET) and isinstance(k.get("boot_id"), str)
+                and len(k["boot_id"]) <= 64):
+            out["kmsg"] = k
+        else:
+            bad.append("kmsg cursor")
     files = c.get("files")
     if isinstance(files, dict):
-        out["files"] = {p: v for p, v in files.items() if _int_fields(v, "inode", "offset")}
-    if _int_fields(c.get("events"), "inode", "offset"):
-        out["events"] = c["events"]
+        good = {p: v for p, v in files.items() if isinstance(p, str) and _file_cursor_ok(v)}
+        if len(good) != len(files):
+            bad.append("kernel log cursor")
+        out["files"] = good
+    elif files is not None:
+        bad.append("kernel log cursor")
+    ev = c.get("events")
+    if ev is not None:
+        if _file_cursor_ok(ev):
+            out["events"] = ev
+        else:
+            bad.append("event file cursor")
     return out
 
 

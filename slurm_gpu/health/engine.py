@@ -184,14 +184,14 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     acting = not opts.no_drain
     from . import actions
     state: dict = {}
+    notes: list[str] = []
     if opts.state_dir:
         legacy = os.path.join(opts.state_dir, STATE_FILE)
         # Migrate the old shared name once (it held this node's state on a
         # one-slurmd host); losing it would reread kmsg from boot and redrain.
         state = actions.load_state(state_path if os.path.exists(state_path) or not os.path.exists(legacy)
-                                   else legacy)
+                                   else legacy, notes)
     findings: list[Finding] = []
-    notes: list[str] = []
     incomplete: str | None = None          # a gather fell short: this run is no clean run
     event_findings: list[Finding] = []     # from XIDs/xid-watch records: consumed by the cursors, so owed
 

@@ -27,6 +27,9 @@ _AFTER_REASON = re.compile(r"\s(?:Comment|Extra)=")
 _BOOTING = {"POWERING_UP", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWER_UP", "REBOOT_ISSUED",
             "REBOOT_REQUESTED", "REBOOT"}
 _NO_TOUCH_BASE = {"DOWN", "FUTURE", "UNKNOWN"}
+_BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+MAX_REASON = 1024        # drain_reason() writes at most 200 characters
+MAX_CLEAN_RUNS = 10_000
 
 
 @dataclass(frozen=True)
@@ -87,16 +90,32 @@ class Memory:
 
     @classmethod
     def from_json(cls, d: dict) -> "Memory":
-        """From the state file; ValueError/TypeError when a field has the wrong type."""
-        def text(k: str) -> str | None:
+        """From the state file; ValueError/TypeError when a field has the wrong type or an absurd value.
+
+        A reason we did not write (not ours, multi-line, overlong) would be
+        sent to scontrol as a drain or compared as ours: it is refused too.
+        """
+        if not isinstance(d, dict):
+            raise TypeError("memory is not an object")
+
+        def text(k: str, limit: int = 64) -> str | None:
             v = d.get(k)
-            if v is not None and not isinstance(v, str):
-                raise TypeError(f"{k} is not a string")
+            if v is not None and (not isinstance(v, str) or len(v) > limit or not v.isprintable()):
+                raise TypeError(f"{k} is not a short printable string")
             return v
+
+        def reason(k: str) -> str | None:
+            v = text(k, MAX_REASON)
+            if v is not None and not v.startswith(PREFIX):
+                raise ValueError(f"{k} is not a {PREFIX} reason")
+            return v
+        runs = d.get("clean_runs") or 0
+        if not isinstance(runs, int) or isinstance(runs, bool) or not 0 <= runs <= MAX_CLEAN_RUNS:
+            raise ValueError("clean_runs is not a small count")
         isolated = d.get("isolated") or []
-        if not isinstance(isolated, list) or not all(isinstance(g, str) for g in isolated):
+        if not isinstance(isolated, list) or not all(isinstance(g, str) and _BUS_ID.fullmatch(g) for g in isolated):
             raise TypeError("isolated is not a list of bus ids")
-        return cls(text("drained_reason"), int(d.get("clean_runs") or 0), text("pending_reason"),
+        return cls(reason("drained_reason"), runs, reason("pending_reason"),
                    text("slurmd"), list(isolated), text("boot_id"))
 
 

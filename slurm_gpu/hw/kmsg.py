@@ -259,7 +259,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
     try:
         st = os.fstat(fd)
         start = 0
-        if (cursor is not None and cursor.inode == st.st_ino and cursor.offset <= st.st_size
+        if (cursor is not None and cursor.inode == st.st_ino and 0 <= cursor.offset <= st.st_size
                 and _same_file(fd, cursor)):
             start = cursor.offset
         if st.st_size == 0 or start >= st.st_size:
@@ -309,8 +309,7 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
         fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise InputError(f"cannot read kernel log: {e.strerror}", device) from None
-    chunks: list[bytes] = []
-    seq = last
+    records: list[tuple[int, bytes]] = []
     try:
         while True:
             try:
@@ -327,18 +326,20 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
                 break
             head, _, _ = rec.partition(b";")
             try:
-                rseq = int(head.split(b",")[1])
+                rseq = int(head.split(b",")[1][:20])
             except (IndexError, ValueError):
                 continue
-            if rseq <= last:
-                continue
-            seq = max(seq, rseq)
             # Continuation lines (" KEY=value") carry device properties: drop them.
-            chunks.append(rec.split(b"\n", 1)[0] + b"\n")
+            records.append((rseq, rec.split(b"\n", 1)[0] + b"\n"))
     finally:
         os.close(fd)
-    buf = b"".join(chunks)
-    return scan_buffer(buf), KmsgCursor(bid, seq)
+    newest = max((r for r, _ in records), default=-1)
+    if records and newest < last:
+        # A cursor past every record of this boot (a corrupt state file):
+        # trusting it would skip every fault until the next reboot.
+        last = -1
+    buf = b"".join(rec for rseq, rec in records if rseq > last)
+    return scan_buffer(buf), KmsgCursor(bid, max(last, newest))
 
 
 # ------------------------------------------------------------------ cursors
@@ -378,7 +379,7 @@ def read_events(path: str, doc: dict) -> tuple[list[dict], dict]:
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         cur = FileCursor(path, int(ev.get("inode", 0)), int(ev.get("offset", 0)), str(ev.get("mark") or ""))
-        same = cur.inode == st.st_ino and cur.offset <= st.st_size and _same_file(f.fileno(), cur)
+        same = cur.inode == st.st_ino and 0 <= cur.offset <= st.st_size and _same_file(f.fileno(), cur)
         start = cur.offset if same else 0
         f.seek(start)
         data = f.read()

@@ -11,8 +11,9 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import InputError, SlurmGpuError
 from ..fsutil import atomic_write
@@ -77,8 +78,9 @@ def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
                  mode=0o644)
 
 
-def load(state_dir: str | os.PathLike[str], jobid: str) -> dict[str, Any] | None:
-    """The job's state, or None when this node has none for it.
+def load(state_dir: str | os.PathLike[str], jobid: str,
+         warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The job's state, or None when this node has none for it (or only a corrupt one).
 
     The epilog, running as root, destroys MIG instances and removes
     directories that the file names, so a file (or directory) anyone but
@@ -99,12 +101,67 @@ def load(state_dir: str | os.PathLike[str], jobid: str) -> dict[str, Any] | None
             if not stat.S_ISREG(st.st_mode) or not _trusted(st):
                 raise InputError("job state file must be a regular file owned by root and "
                                  "not writable by others", str(p))
-            data = json.loads(f.read())
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read job state: {e}", str(p)) from None
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        raise InputError("job state has an unknown format", str(p))
+            raw = f.read(MAX_STATE_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"cannot read job state: {e.strerror or e}", str(p)) from None
+    try:
+        data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
+    except (ValueError, RecursionError):
+        data = None
+    why = "not JSON or too big" if data is None else malformed(data, str(jobid))
+    if why:
+        # A torn or hand-broken record must not fail this job's epilog (a node
+        # drain) or every later prolog: it is set aside, with one warning, and
+        # the job counts as having no state (what it listed is cleaned up as
+        # an orphan).
+        _set_aside(p, why, warn)
+        return None
     return data
+
+
+MAX_STATE_BYTES = 1 << 20
+
+
+def malformed(data: Any, jobid: str) -> str | None:
+    """Why *data* is not a job state record this code wrote (None when it is)."""
+    if not isinstance(data, dict):
+        return "not an object"
+    if data.get("version") != VERSION:
+        return "unknown format"
+    if data.get("jobid") != jobid:
+        return "names another job"
+    for k in ("uid", "gid"):
+        v = data.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 32:
+            return f"{k} is not an id"
+    if not isinstance(data.get("user"), str) or not isinstance(data.get("phase"), str):
+        return "user or phase of the wrong type"
+    if not isinstance(data.get("error"), (str, type(None))):
+        return "error is not text"
+    gpus = data.get("gpus")
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+        return "gpus is not a list of records"
+    for k in ("mps", "mig", "options", "compute_mode_saved"):
+        if not isinstance(data.get(k), (dict, type(None))):
+            return f"{k} is not a record"
+    mig = data.get("mig") or {}
+    mgpus = mig.get("gpus", [])
+    if not isinstance(mgpus, list) or not all(isinstance(g, dict) and isinstance(g.get("instances", []), list)
+                                              and all(isinstance(i, dict) for i in g.get("instances", []))
+                                              for g in mgpus):
+        return "mig.gpus is not a list of records"
+    return None
+
+
+def _set_aside(p: Path, why: str, warn: Callable[[str], None] | None) -> None:
+    aside = p.with_name(p.name + ".corrupt")
+    try:
+        os.replace(p, aside)
+        where = f"moved to {aside.name}"
+    except OSError as e:
+        where = f"left in place: {e.strerror}"
+    line = f"slurm-gpu: warning: dropped a corrupt job state file ({why}; {where}) ({p})"
+    (warn or (lambda m: print(m, file=sys.stderr)))(line)
 
 
 def remove(state_dir: str | os.PathLike[str], jobid: str) -> None:

@@ -33,11 +33,33 @@ def test_job_ids_cannot_escape(tmp_path: Path, bad: str) -> None:
         js.path(tmp_path, bad)
 
 
-def test_corrupt_state_is_one_clear_error(tmp_path: Path) -> None:
+GOOD = {"version": 1, "jobid": "5", "uid": 1000, "gid": 1000, "user": "u", "phase": "ready", "gpus": [],
+        "mps": None, "mig": None, "error": None}
+
+
+@pytest.mark.parametrize("text", [
+    "{not json", "[1]", "9" * 5000, "[" * 100000, json.dumps({**GOOD, "version": 2}),
+    json.dumps({**GOOD, "jobid": "6"}), json.dumps({**GOOD, "uid": -1}), json.dumps({**GOOD, "uid": True}),
+    json.dumps({**GOOD, "gid": 1 << 40}), json.dumps({**GOOD, "gpus": [1, 2]}), json.dumps({**GOOD, "gpus": {}}),
+    json.dumps({**GOOD, "mps": "x"}), json.dumps({**GOOD, "mig": {"gpus": [{"instances": "x"}]}}),
+    json.dumps({**GOOD, "error": 3}), json.dumps({**GOOD, "phase": None}),
+])
+def test_corrupt_state_is_set_aside_with_one_warning(tmp_path: Path, text: str) -> None:
+    # Issue 10 point 6: a torn or broken record must not fail the epilog (a
+    # node drain) or every later prolog: it is dropped with one warning.
     (tmp_path / "jobs").mkdir()
-    (tmp_path / "jobs" / "5.json").write_text("{not json")
-    with pytest.raises(InputError, match="cannot read job state"):
-        js.load(tmp_path, "5")
+    (tmp_path / "jobs" / "5.json").write_text(text)
+    said: list[str] = []
+    assert js.load(tmp_path, "5", warn=said.append) is None
+    assert len(said) == 1 and said[0].startswith("slurm-gpu: warning: dropped a corrupt job state file")
+    assert (tmp_path / "jobs" / "5.json.corrupt").exists() and js.list_jobs(tmp_path) == []
+    assert js.load(tmp_path, "5", warn=said.append) is None and len(said) == 1
+
+
+def test_a_good_state_loads(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "5.json").write_text(json.dumps(GOOD))
+    assert js.load(tmp_path, "5") == GOOD
 
 
 @pytest.mark.parametrize("n,ntasks,want", [
