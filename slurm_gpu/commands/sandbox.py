@@ -48,8 +48,9 @@ def sandbox() -> None:
 @click.option("--nodes", "-N", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Number of nodes (slurmd processes), named n1..nN (see --node-prefix).")
 @click.option("--machine", "-m", default=None, metavar="NAME|PATH",
-              help="Machine to model: a name in tests/data/machines/ or a directory/snapshot/"
-                   "hwloc XML path.  [default: h100-sxm-8x]")
+              help="Machine to model: a recorded machine shipped with slurm-gpu (e.g. h100-mig, "
+                   "dgx-h100, mini-2numa) or a directory/snapshot/hwloc XML path.  "
+                   "[default: h100-sxm-8x]")
 @click.option("--node-prefix", default="n", show_default=True,
               help="Node names are <prefix>1..<prefix>N.")
 @click.option("--netns", is_flag=True, help="Run each node in its own network + UTS namespace.")
@@ -61,6 +62,14 @@ def sandbox() -> None:
               help="HealthCheckInterval in seconds.")
 @click.option("--spank/--no-spank", default=None,
               help="Build and load the SPANK plugin.  [default: when installed]")
+@click.option("--sim/--no-sim", "simulate", default=None,
+              help="Give each node the NVML simulator and the MPS control stand-in, so "
+                   "--gpu-mps/--gpu-mig jobs and health faults work without a GPU.  "
+                   "[default: when the machine has NVML facts]")
+@click.option("--mig-mode", type=click.Choice(["per-job", "recorded"]), default="per-job",
+              show_default=True,
+              help="per-job: MIG mode on (no instances) for MIG-capable GPUs recorded without "
+                   "instances, so --gpu-mig jobs can carve them; recorded: as recorded.")
 @click.option("--spank-arg", multiple=True, metavar="KEY=VALUE",
               help="Extra plugstack.conf argument for the SPANK plugin (repeatable).")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE",
@@ -77,8 +86,9 @@ def sandbox() -> None:
               help="Seconds to wait for every node to be idle.")
 def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, netns: bool, prolog: bool | None,
            health: bool | None, health_interval: int, spank: bool | None,
-           spank_arg: tuple[str, ...], settings: tuple[str, ...], slurm_conf: tuple[str, ...],
-           type_map: tuple[str, ...], cgroup: bool, accounting: bool, timeout: float) -> None:
+           simulate: bool | None, mig_mode: str, spank_arg: tuple[str, ...],
+           settings: tuple[str, ...], slurm_conf: tuple[str, ...], type_map: tuple[str, ...],
+           cgroup: bool, accounting: bool, timeout: float) -> None:
     """Start a sandbox and print `export SLURM_CONF=...`."""
     from ..errors import UsageError
     from ..sandbox import Sandbox, SandboxOptions, require_root
@@ -92,7 +102,7 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         extra.setdefault(sec, {})[name] = _toml_value(val)
     opts = SandboxOptions(
         nodes=nodes, machine=machine, netns=netns, prolog=prolog, health=health,
-        health_interval=health_interval, spank=spank, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
+        health_interval=health_interval, spank=spank, simulate=simulate, sim_mig=mig_mode, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
         accounting=accounting,
         timeout=timeout, node_prefix=node_prefix,

@@ -23,7 +23,7 @@ class MpsSettings:
     """``[mps]``: per-job MPS control daemons."""
 
     control: str = "/usr/bin/nvidia-cuda-mps-control"
-    base_dir: str = "/run/slurm-gpu/mps"  # root-owned; per-job <base>/<jobid>/{pipe,log}
+    base_dir: str = "/run/slurm-gpu/mps"  # root-owned; per-job <base>/<jobid>/{pipe,log}; %n: node
     start_timeout: float = 10.0
     quit_timeout: float = 5.0
     default_active_thread_percentage: int = 0   # 0: leave MPS's default (100)
@@ -55,6 +55,9 @@ def load() -> tuple[JobsSettings, MpsSettings, MigSettings]:
     jobs = config.section(JobsSettings, "jobs", raw)
     mps = config.section(MpsSettings, "mps", raw)
     mig = config.section(MigSettings, "mig", raw)
+    # Several slurmd on one host (the sandbox) keep their job directories apart.
+    from ..hw.live import node_name
+    mps.base_dir = mps.base_dir.replace("%n", node_name())
     _choice(jobs.on_internal_error, ("drain", "pass"), "jobs.on_internal_error")
     _choice(jobs.user_error, ("fail_tasks", "cancel"), "jobs.user_error")
     if not 0 <= mps.default_active_thread_percentage <= 100:

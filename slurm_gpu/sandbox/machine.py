@@ -1,9 +1,13 @@
 """Finding and loading the machine a sandbox models.
 
-A machine is a directory ``tests/data/machines/<name>/`` holding
-``snapshot.json`` (NVML answers + hwloc XML) and/or ``hwloc.xml``.  A name is
-looked up in the source tree, then under the current directory (an installed
-``slurm-gpu`` run from a checkout, as ``make demo`` does), then in
+A machine is a directory ``<name>/`` holding ``snapshot.json`` (NVML answers
++ hwloc XML), ``facts.json`` (what the NVML simulator answers from) and/or
+``hwloc.xml``.  The recorded machines ship inside the package
+(``slurm_gpu/data/machines/``, each with its PROVENANCE.md; a checkout's
+``tests/data/machines`` points there), so a name works from any directory
+and in an installed package.  A name is looked up in ``$SLURM_GPU_MACHINES``
+(colon-separated directories), then in the package, then under the current
+directory's ``tests/data/machines`` (a checkout's newer recordings), then in
 ``<venv>/share/slurm-gpu/machines``; a path is taken as is.
 """
 from __future__ import annotations
@@ -29,13 +33,11 @@ class Machine:
 
 
 def search_dirs() -> list[Path]:
-    from ..paths import SOURCE_ROOT
+    from ..paths import data_file
     dirs = []
     if os.environ.get(ENV_VAR):
         dirs += [Path(p) for p in os.environ[ENV_VAR].split(":") if p]
-    if (SOURCE_ROOT / "setup.cfg").is_file():  # running from a checkout, not site-packages
-        dirs.append(SOURCE_ROOT / "tests" / "data" / "machines")
-    dirs += [Path.cwd() / "tests" / "data" / "machines",
+    dirs += [data_file("machines"), Path.cwd() / "tests" / "data" / "machines",
              Path(sys.prefix) / "share" / "slurm-gpu" / "machines"]
     out: list[Path] = []
     for d in dirs:

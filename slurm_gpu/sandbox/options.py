@@ -27,6 +27,10 @@ class SandboxOptions:
     health_args: Sequence[str] = ()
     spank: bool | None = False                            # None: when the venv has `spank`
     spank_args: Mapping[str, str] = field(default_factory=dict)
+    simulate: bool | None = False                         # NVML simulator + MPS stand-in per node;
+                                                          # None: when the machine has facts.json and
+                                                          # extra_config sets no [node] nvml
+    sim_mig: str = "per-job"                              # nodesim.MIG_MODES
     extra_config: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # slurm-gpu.toml
     slurm_conf: Mapping[str, str] = field(default_factory=dict)   # slurm.conf Key=Value overrides
     etc_files: Mapping[str, str] = field(default_factory=dict)    # extra files in DIR/etc

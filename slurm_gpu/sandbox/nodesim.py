@@ -1,0 +1,96 @@
+"""The fake GPU hardware behind a sandbox's nodes: NVML simulator and MPS stand-in.
+
+On a real GPU node, the prolog, epilog, health check and SPANK plugin talk
+to NVML and run ``nvidia-cuda-mps-control``.  A sandbox host has neither, so
+``up`` gives every node what a GPU node has, unless the caller configured
+``[node] nvml`` itself:
+
+* its own simulator state, ``DIR/var/<node>/sim.json``, made from the
+  machine's ``facts.json`` (``[node] nvml = "sim:DIR/var/%n/sim.json"``):
+  MIG instances a job creates on n1 are n1's alone, as on separate hosts;
+* the MPS control stand-in (``slurm_gpu/sim/mps_control.py``) as
+  ``[mps] control``, run by the venv's installed package as the real
+  prolog is, with per-node job directories ``DIR/var/<node>/mps``.
+
+MIG mode (``mig``): ``"per-job"`` (the default) turns MIG mode on, with no
+instances, on every MIG-capable GPU that has no recorded instances, as an
+admin does for per-job MIG (``nvidia-smi -mig 1``): gres.conf still lists
+those GPUs whole and ``--gpu-mig`` jobs carve them.  GPUs recorded with
+instances keep them (static MIG, listed as MIG devices in gres.conf).
+``"recorded"`` keeps every GPU exactly as recorded.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import UsageError
+from ..fsutil import atomic_write
+from .layout import Layout
+
+MIG_MODES = ("per-job", "recorded")
+STATE_NAME = "sim.json"
+CONTROL_NAME = "nvidia-cuda-mps-control"
+
+
+def available(machine_dir: Path | None) -> bool:
+    """True when the machine has NVML facts to simulate (hwloc-only machines do not)."""
+    return machine_dir is not None and (machine_dir / "facts.json").is_file()
+
+
+def caller_configured(extra: Mapping[str, Mapping[str, Any]]) -> bool:
+    """True when the caller's slurm-gpu.toml sections already choose NVML."""
+    return "nvml" in extra.get("node", {})
+
+
+def per_job_mig(state: dict[str, Any]) -> int:
+    """Turn MIG mode on for MIG-capable GPUs without instances; returns how many."""
+    n = 0
+    for g in state["facts"]["gpus"]:
+        mig = g.get("mig")
+        if mig is None or mig.get("instances"):
+            continue
+        mig["mode"] = mig["pending"] = 1
+        n += 1
+    return n
+
+
+def site_packages(venv: Path) -> Path | None:
+    """The venv's site-packages holding slurm_gpu (what Slurm's hooks run)."""
+    for p in sorted(venv.glob("lib/python3*/site-packages")):
+        if (p / "slurm_gpu").is_dir():
+            return p
+    return None
+
+
+def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
+            mig: str = "per-job") -> dict[str, dict[str, Any]]:
+    """Write each node's simulator state and the MPS stand-in; returns the
+    ``[node]`` and ``[mps]`` keys for slurm-gpu.toml."""
+    from ..paths import SOURCE_ROOT
+    from ..sim.mps_control import write_wrapper
+    from ..sim.state import init_state_for_machine
+
+    if mig not in MIG_MODES:
+        raise UsageError(f"MIG mode must be one of {', '.join(MIG_MODES)}, not {mig!r}",
+                         "--mig-mode")
+    for i, name in enumerate(nodes):
+        node_dir = layout.var / name
+        node_dir.mkdir(mode=0o755, exist_ok=True)
+        (node_dir / "mps").mkdir(mode=0o755, exist_ok=True)
+        path = node_dir / STATE_NAME
+        if i == 0:
+            init_state_for_machine(str(machine_dir), str(path))
+            state = json.loads(path.read_text())
+            if mig == "per-job":
+                per_job_mig(state)
+            text = json.dumps(state, indent=1) + "\n"
+        # Read by job users' processes (the SPANK plugin in slurmstepd).
+        atomic_write(path, text, mode=0o644)
+    python = venv / "bin" / "python"
+    root = site_packages(venv) or SOURCE_ROOT
+    write_wrapper(layout.lib / CONTROL_NAME, python=str(python), source_root=str(root))
+    return {"node": {"nvml": f"sim:{layout.var}/%n/{STATE_NAME}"},
+            "mps": {"control": str(layout.lib / CONTROL_NAME),
+                    "base_dir": f"{layout.var}/%n/mps"}}

@@ -1,0 +1,108 @@
+"""The sandbox's per-node NVML simulator and MPS stand-in, and the shipped machines."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.errors import InputError, UsageError
+from slurm_gpu.paths import data_file
+from slurm_gpu.sandbox import nodesim
+from slurm_gpu.sandbox.layout import Layout
+from slurm_gpu.sandbox.machine import resolve
+
+MACHINES = data_file("machines")
+
+
+def test_recorded_machines_ship_in_the_package_with_provenance() -> None:
+    names = sorted(p.name for p in MACHINES.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert {"h100-mig", "h100-sxm-8x", "dgx-h100", "mini-2numa", "dgx2"} <= set(names)
+    for n in names:
+        assert (MACHINES / n / "PROVENANCE.md").is_file(), n
+    # The checkout's tests/data/machines is the same directory, not a copy.
+    tests_dir = Path(__file__).resolve().parents[1] / "data" / "machines"
+    assert tests_dir.resolve() == MACHINES.resolve()
+
+
+def test_a_machine_name_resolves_from_any_directory(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_GPU_MACHINES", raising=False)
+    m = resolve("h100-mig")
+    assert m.directory == (MACHINES / "h100-mig").resolve()
+    assert m.snapshot is not None and m.snapshot.name == "snapshot.json"
+    with pytest.raises(InputError, match="unknown machine 'no-such-box'"):
+        resolve("no-such-box")
+
+
+def _state(machine: str) -> dict:
+    from slurm_gpu.sim.state import new_state, load_facts
+    return new_state(load_facts(str(MACHINES / machine / "facts.json")))
+
+
+def test_per_job_mig_turns_on_free_gpus_and_keeps_recorded_instances() -> None:
+    st = _state("h100-mig")
+    assert nodesim.per_job_mig(st) == 2
+    assert [(g["mig"]["mode"], g["mig"]["pending"], len(g["mig"]["instances"]))
+            for g in st["facts"]["gpus"]] == [(1, 1, 0), (1, 1, 0), (1, 1, 4), (1, 1, 4)]
+
+
+def test_per_job_mig_leaves_gpus_without_mig_alone() -> None:
+    st = _state("dgx2")                # V100: no MIG at all
+    assert nodesim.per_job_mig(st) == 0
+    assert all("mig" not in g for g in st["facts"]["gpus"])
+
+
+def test_available_only_with_nvml_facts() -> None:
+    assert nodesim.available(MACHINES / "h100-mig")
+    assert not nodesim.available(MACHINES / "uv-24numa")     # hwloc XML only
+    assert not nodesim.available(None)
+    assert nodesim.caller_configured({"node": {"nvml": "sim:/x"}})
+    assert not nodesim.caller_configured({"node": {"state_dir": "/x"}, "mps": {}})
+
+
+def test_prepare_writes_one_state_per_node_and_the_stand_in(tmp_path: Path) -> None:
+    L = Layout.of(tmp_path / "sb")
+    for d in (L.root, *L.dirs()):
+        d.mkdir(parents=True)
+    keys = nodesim.prepare(L, MACHINES / "mini-2numa", ["n1", "n2"], tmp_path / "no-venv")
+    assert keys == {"node": {"nvml": f"sim:{L.var}/%n/sim.json"},
+                    "mps": {"control": f"{L.lib}/nvidia-cuda-mps-control",
+                            "base_dir": f"{L.var}/%n/mps"}}
+    a = json.loads((L.var / "n1" / "sim.json").read_text())
+    b = json.loads((L.var / "n2" / "sim.json").read_text())
+    assert a == b and [g["mig"]["mode"] for g in a["facts"]["gpus"]] == [1, 1]
+    assert a["hwloc_xml"]                               # the whole machine, CPUs included
+    for n in ("n1", "n2"):
+        assert stat.S_IMODE(os.stat(L.var / n / "sim.json").st_mode) == 0o644
+        assert stat.S_IMODE(os.stat(L.var / n / "mps").st_mode) == 0o755
+    assert os.access(L.lib / "nvidia-cuda-mps-control", os.X_OK)
+
+
+def test_prepare_recorded_keeps_mig_as_recorded(tmp_path: Path) -> None:
+    L = Layout.of(tmp_path / "sb")
+    for d in (L.root, *L.dirs()):
+        d.mkdir(parents=True)
+    nodesim.prepare(L, MACHINES / "h100-mig", ["n1"], tmp_path, mig="recorded")
+    st = json.loads((L.var / "n1" / "sim.json").read_text())
+    assert [g["mig"]["mode"] for g in st["facts"]["gpus"]] == [0, 0, 1, 1]
+    with pytest.raises(UsageError, match="MIG mode must be one of per-job, recorded"):
+        nodesim.prepare(L, MACHINES / "h100-mig", ["n1"], tmp_path, mig="all")
+
+
+def test_mps_base_dir_expands_the_node_name(tmp_path: Path, monkeypatch) -> None:
+    from slurm_gpu import config
+    from slurm_gpu.hw import live
+    from slurm_gpu.jobs.settings import load
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text('[mps]\nbase_dir = "/run/x/%n/mps"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    config._load.cache_clear()
+    live.use_node_name("n7")
+    try:
+        assert load()[1].base_dir == "/run/x/n7/mps"
+    finally:
+        live.use_node_name(None)
+        config._load.cache_clear()
