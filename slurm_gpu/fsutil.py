@@ -2,11 +2,16 @@
 
 A reader (slurmd, the epilog, an admin) sees either the old file or the new
 one.  The temporary file lives in the same directory so ``os.replace`` is a
-rename on one filesystem, and it is fsynced before the rename so a crash
-cannot leave an empty file behind.
+rename on one filesystem; it is fsynced before the rename so a crash cannot
+leave an empty file behind, and the directory is fsynced after it so the
+rename itself survives a crash.
+
+:func:`replace_config` is the one way to rewrite a Slurm config file
+(``gres``/``topology apply``, ``health --isolate-bad-gpu``, ``mig apply``).
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -32,6 +37,7 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
                 os.fchown(f.fileno(), -1 if uid is None else uid, -1 if gid is None else gid)
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException as e:
         try:
             os.unlink(tmp)
@@ -40,3 +46,48 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
         if isinstance(e, OSError):
             raise SlurmGpuError(f"cannot write {path.name}: {e.strerror}", str(path)) from None
         raise
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a rename in *d* durable (a crash after it must not bring the old file back)."""
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return                      # a directory we cannot open (no read permission): the rename stands
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # filesystems without directory fsync
+            raise
+    finally:
+        os.close(fd)
+
+
+def replace_config(path: str | os.PathLike[str], text: str, *, backup: str | None = ".bak",
+                   keep_first_backup: bool = False) -> str:
+    """Atomically replace a config file other programs read; return the path written.
+
+    * follows a symlink (``/etc/slurm/gres.conf`` -> a managed copy) and
+      writes its target, instead of replacing the link with a plain file;
+    * keeps the file's mode and owner (Slurm config files are often
+      ``0640 root:slurm``);
+    * first copies the previous content to ``<target><backup>`` with the same
+      mode and owner (with *keep_first_backup*, an existing backup is kept:
+      it holds the original, before any of our rewrites).
+    """
+    target = os.path.realpath(path)
+    try:
+        with open(target, "rb") as f:
+            st = os.fstat(f.fileno())
+            old: bytes | None = f.read()
+        mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
+    except FileNotFoundError:
+        old, mode, uid, gid = None, 0o644, None, None
+    except OSError as e:
+        raise SlurmGpuError(f"cannot read {Path(target).name}: {e.strerror}", target) from None
+    if old is not None and backup:
+        bpath = target + backup
+        if not (keep_first_backup and os.path.lexists(bpath)):
+            atomic_write(bpath, old, mode=mode, uid=uid, gid=gid)
+    atomic_write(target, text, mode=mode, uid=uid, gid=gid)
+    return target

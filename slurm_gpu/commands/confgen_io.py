@@ -138,25 +138,3 @@ def read_config(path: str) -> str:
             return f.read()
     except OSError as e:
         raise InputError(f"cannot read {Path(path).name}: {e.strerror}", path) from None
-
-
-def replace_config(config: str, text: str, old: str | None, *, backup: bool) -> str:
-    """Atomically replace a Slurm config file; return the path written.
-
-    Follows a symlink (``/etc/slurm/gres.conf`` -> a shared copy) instead of
-    replacing the link with a plain file, and keeps the file's mode and
-    owner (slurm.conf(5) files are often ``0640 root:slurm``).  The previous
-    text goes to ``<file>.bak`` beside the real file first.
-    """
-    from ..fsutil import atomic_write
-
-    target = os.path.realpath(config)
-    try:
-        st = os.stat(target)
-        mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
-    except FileNotFoundError:
-        mode, uid, gid = 0o644, None, None
-    if old is not None and backup:
-        atomic_write(target + ".bak", old, mode=mode, uid=uid, gid=gid)
-    atomic_write(target, text, mode=mode, uid=uid, gid=gid)
-    return target

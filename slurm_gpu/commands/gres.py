@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping, Sequence
 import click
 
 from ..errors import InputError, UsageError
-from .confgen_io import emit, input_options, load_nodes, node_notes, read_config, replace_config
+from ..fsutil import replace_config
+from .confgen_io import emit, input_options, load_nodes, node_notes, read_config
 
 
 def _type_map(items: Sequence[str]) -> dict[str, str]:
@@ -138,7 +139,7 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
         # advice gets coarser (treat every device as new).
         click.echo(f"slurm-gpu: note: previous file not understood: {e.what} ({e.where})", err=True)
         current, understood = {}, False
-    target = replace_config(config, text, old, backup=not no_backup)
+    target = replace_config(config, text, backup=None if no_backup else ".bak")
     click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
                                                and not no_backup else ""))
     for line in restart_advice(current, wanted):

@@ -116,19 +116,39 @@ def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str 
     if not drift:
         click.echo("slurm-gpu: MIG layout already matches; nothing changed")
         return
+    out = gres_conf or mig_settings.gres_conf
+    if out:
+        _refuse_shared_gres_conf(out)      # before anything changes: a shared file is never rewritten
     busy: dict[int, str] = {}
     for jobid in jobstate.list_jobs(node.state_dir):
         for g in (jobstate.load(node.state_dir, jobid) or {}).get("gpus", []):
             busy[int(g["index"])] = jobid
     for line in baseline.apply(api, diffs, busy, config):
         click.echo(f"slurm-gpu: changed {line}")
-    out = gres_conf or mig_settings.gres_conf
     if out:
         from ..confgen.gres import render_gres_conf
-        from ..fsutil import atomic_write
+        from ..fsutil import replace_config
         text = render_gres_conf({node_name(): live.load_node(node)}, dev_dir=mig_settings.dev_dir)
-        atomic_write(out, text)
-        click.echo(f"slurm-gpu: wrote {out}; restart slurmd to pick up the new MIG GRES")
+        target = replace_config(out, text)
+        click.echo(f"slurm-gpu: wrote {target} (previous kept as {target}.bak); "
+                   "restart slurmd to pick up the new MIG GRES")
+
+
+def _refuse_shared_gres_conf(path: str) -> None:
+    """Refuse a gres.conf that other nodes read too: mig apply writes only this node's lines."""
+    import os
+
+    from ..confgen import grescheck
+    from ..errors import SlurmGpuError
+    from .confgen_io import read_config
+    if not os.path.exists(path):
+        return
+    conf = grescheck.parse_gres_conf(read_config(path).splitlines(), path)
+    shared = grescheck.shared_with_other_nodes(conf, node_name())
+    if shared:
+        raise SlurmGpuError(f"{shared}: mig apply would rewrite it for this node alone; nothing changed "
+                            "(point --gres-conf / [mig] gres_conf at a per-node file, or use AutoDetect=nvml)",
+                            path)
 
 
 def node_name() -> str:

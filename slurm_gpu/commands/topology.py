@@ -11,7 +11,8 @@ from typing import Any, Callable
 import click
 
 from ..errors import InputError, UsageError
-from .confgen_io import emit, input_options, load_nodes, read_config, replace_config
+from ..fsutil import replace_config
+from .confgen_io import emit, input_options, load_nodes, read_config
 
 
 def topo_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -149,7 +150,7 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
         # A broken or hand-made previous file is what apply is for: replace it.
         click.echo(f"slurm-gpu: note: previous file not understood: {e.what} ({e.where})", err=True)
         same = False
-    target = replace_config(config, text, old, backup=not no_backup)
+    target = replace_config(config, text, backup=None if no_backup else ".bak")
     click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
                                                and not no_backup else ""))
     if same:

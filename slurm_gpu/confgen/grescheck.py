@@ -120,6 +120,22 @@ def _describe(d: Device) -> str:
     return s
 
 
+def shared_with_other_nodes(conf: Mapping[str, NodeGres], node: str) -> str | None:
+    """Why this parsed gres.conf is not *node*'s alone (None when only *node* is named).
+
+    A file with no ``NodeName=`` line, or naming any other node, is read by
+    other nodes too (a cluster-wide file, often on a shared filesystem):
+    rewriting it for one node would change theirs.
+    """
+    named = set(conf) - {ALL_NODES}
+    if not named:
+        return "gres.conf has no NodeName= lines: it is cluster-wide"
+    others = sorted(named - {node}, key=hostlist.natural_key)
+    if others:
+        return f"gres.conf also configures other nodes ({hostlist.fold(others)})"
+    return None
+
+
 def _effective(conf: Mapping[str, NodeGres], node: str) -> NodeGres:
     """A node's GRES with the file's NodeName-less lines applied."""
     mine = conf.get(node)

@@ -7,15 +7,15 @@ this node's gres.conf through the confgen API and tells Slurm.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Iterable
 
 from .. import runner
 from ..errors import SlurmGpuError
-from ..fsutil import atomic_write
+from ..fsutil import replace_config
 from .findings import DRAIN, WARN, Finding
 
+BACKUP = ".slurm-gpu.orig"      # beside the real file: gres.conf as it was before we isolated anything
 # Faults that hurt the other GPUs too (bus, fabric, the NVML library): never isolated.
 _NODE_WIDE = {"gpu.nvml", "gpu.nvlink", "gpu.fabric"}
 
@@ -57,9 +57,9 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
     with open(gres_path) as f:
         text = f.read()
     conf = grescheck.parse_gres_conf(text.splitlines(), gres_path)
-    others = {n for n in conf if n not in (grescheck.ALL_NODES, node_name)}
-    if others:
-        raise SlurmGpuError("gres.conf also configures other nodes: cannot isolate one GPU", gres_path)
+    shared = grescheck.shared_with_other_nodes(conf, node_name)
+    if shared:
+        raise SlurmGpuError(f"{shared}: cannot isolate one GPU", gres_path)
     files = [k for (name, k) in grescheck._effective(conf, node_name).devices if name == "gpu"]
     m = next((re.match(r"(.*)/nvidia\d+$", f) for f in files if re.match(r"(.*)/nvidia\d+$", f)), None)
     dev_dir = m.group(1) if m else "/dev"
@@ -77,16 +77,14 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
         runner.run([scontrol, "update", f"nodename={node_name}", f"gres={gres}"], timeout)
     except SlurmGpuError as e:
         raise SlurmGpuError(f"slurmctld refused Gres={gres} ({e.what})") from None
-    backup = gres_path + ".slurm-gpu.orig"
     try:
-        if not os.path.exists(backup):
-            atomic_write(backup, text)
-        atomic_write(gres_path, new_text)
+        # The original (before any isolation) is kept; a symlink's target is written.
+        target = replace_config(gres_path, new_text, backup=BACKUP, keep_first_backup=True)
         runner.run([scontrol, "reconfigure"], timeout)
     except SlurmGpuError:
         # Put everything back as it was, then let the caller drain.
-        atomic_write(gres_path, text)
+        replace_config(gres_path, text, backup=None)
         old = cg.node_gres_summary(node, opts)
         runner.run([scontrol, "update", f"nodename={node_name}", f"gres={old}"], timeout, check=False)
         raise
-    return f"isolated {', '.join(sorted(bad))}: gres.conf rewritten ({backup} kept), Gres={gres}"
+    return f"isolated {', '.join(sorted(bad))}: gres.conf rewritten ({target}{BACKUP} kept), Gres={gres}"
