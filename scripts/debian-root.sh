@@ -31,7 +31,12 @@ if [ "$SUITE" = trixie ] && [ -n "${SLURM_GPU_TRIXIE_ROOT:-}" ]; then
     ROOT=$SLURM_GPU_TRIXIE_ROOT   # the older, trixie-only override
 fi
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-PACKAGES=slurmd,slurmctld,slurm-client,munge,python3
+# What the whole product needs inside the root, not only the daemons: the
+# venv (python3-venv, ca-certificates for pip), the SPANK plugin build
+# (python3-dev, gcc, libc6-dev, libslurm-dev for slurm/spank.h), the hwloc
+# bindings (libhwloc15, pci.ids) and what prolog/epilog/health run
+# (procps, iproute2, util-linux).
+PACKAGES=slurmd,slurmctld,slurm-client,munge,libslurm-dev,python3,python3-venv,python3-dev,gcc,libc6-dev,libhwloc15,pci.ids,procps,iproute2,util-linux,ca-certificates
 LOG=$CACHE/$SUITE-root.log
 
 if [ "$(id -u)" != 0 ]; then

@@ -84,13 +84,17 @@ def sandbox() -> None:
               help="Start slurmdbd with a private MariaDB under DIR, so sacct works.")
 @click.option("--timeout", type=click.FloatRange(1), default=30.0, show_default=True,
               help="Seconds to wait for every node to be idle.")
+@click.option("--slurm", "slurm", default=None, metavar="VERSION",
+              help="Slurm release to run: 22.05 (Debian 12's), 24.11 (Debian 13 root) or 26.05 "
+                   "(sid root), built once under /var/cache/slurm-gpu.  [default: the host's]")
 def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, netns: bool, prolog: bool | None,
            health: bool | None, health_interval: int, spank: bool | None,
            simulate: bool | None, mig_mode: str, spank_arg: tuple[str, ...],
            settings: tuple[str, ...], slurm_conf: tuple[str, ...], type_map: tuple[str, ...],
-           cgroup: bool, accounting: bool, timeout: float) -> None:
+           cgroup: bool, accounting: bool, timeout: float, slurm: str | None) -> None:
     """Start a sandbox and print `export SLURM_CONF=...`."""
     from ..errors import UsageError
+    from ..runner import SAFE_PATH
     from ..sandbox import Sandbox, SandboxOptions, require_root
 
     require_root()
@@ -105,7 +109,7 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         health_interval=health_interval, spank=spank, simulate=simulate, sim_mig=mig_mode, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
         accounting=accounting,
-        timeout=timeout, node_prefix=node_prefix,
+        timeout=timeout, node_prefix=node_prefix, slurm=slurm,
         gres_options={"type_map": dict(_pairs(type_map, "--type-map"))} if type_map else {})
     sb = Sandbox(directory, opts).up()
     hooks = [k for k, v in sb.state.get("hooks", {}).items() if v]
@@ -113,10 +117,12 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         hooks.append("accounting")
     names = sb.node_names
     span = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
-    click.echo(f"slurm-gpu: sandbox up: {len(names)} node(s) {span} modelled on "
+    click.echo(f"slurm-gpu: sandbox up: Slurm {sb.slurm_version}, {len(names)} node(s) {span} modelled on "
                f"{sb.machine_label}, idle in {sb.state['up_seconds']:.2f} s"
                f"{' (' + ', '.join(hooks) + ')' if hooks else ''}", err=True)
     click.echo(f"export SLURM_CONF={sb.conf}")
+    if sb.env["PATH"] != SAFE_PATH:   # a Slurm from a Debian root: its clients are wrappers
+        click.echo(f"export PATH={sb.layout.bin}:$PATH")
 
 
 @sandbox.command("down")
@@ -155,6 +161,8 @@ def status_cmd(directory: str, as_json: bool) -> None:
         click.echo(json.dumps(st, indent=2))
     else:
         click.echo(f"sandbox  {st['dir']}  cluster {st['cluster']}  machine {st['machine']}")
+        root = f"  (chrooted from {st['slurm_root']})" if st.get("slurm_root") else ""
+        click.echo(f"slurm    {st.get('slurm') or '?'}{root}")
         click.echo(f"conf     {st['conf']}")
         for d in st["daemons"]:
             click.echo(f"daemon   {d['name']:<12} pid {d['pid']:<8} {'running' if d['alive'] else 'gone'}")

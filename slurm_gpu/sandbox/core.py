@@ -21,10 +21,12 @@ from typing import Any
 from ..errors import SlurmGpuError, UsageError
 from ..fsutil import atomic_write
 from ..hw.model import Node
-from . import accounting, conf, devices, install, netns, nodesim, procs, registry, teardown
+from ..runner import RunAs
+from . import accounting, chroot, conf, devices, install, netns, nodesim, procs, registry, teardown, versions
 from .layout import Layout
 from .machine import Machine, load, resolve
 from .options import SandboxOptions, require_root, require_slurm
+from .versions import SlurmRelease
 
 STATE_VERSION = 1
 SAFE_PATH = conf.SAFE_PATH
@@ -49,6 +51,7 @@ class Sandbox:
         self._children: list[subprocess.Popen[bytes]] = []
         self.model: Node | None = self.options.model
         self.machine: Machine | None = None
+        self.release: SlurmRelease | None = None
 
     # -- public read-only views -------------------------------------------------
     @property
@@ -61,8 +64,39 @@ class Sandbox:
 
     @property
     def env(self) -> dict[str, str]:
-        """Environment for Slurm clients (srun, sbatch, scontrol) of this sandbox."""
-        return {"SLURM_CONF": str(self.conf), "PATH": SAFE_PATH}
+        """Environment for Slurm clients (srun, sbatch, scontrol) of this sandbox.
+
+        A Slurm from a Debian root puts ``DIR/bin`` first: wrappers that run
+        that Slurm's clients inside the root (as root; see :meth:`client_argv`).
+        """
+        path = f"{self.layout.bin}:{SAFE_PATH}" if self._holder() else SAFE_PATH
+        return {"SLURM_CONF": str(self.conf), "PATH": path}
+
+    @property
+    def slurm_version(self) -> str:
+        """The Slurm this sandbox runs, e.g. ``24.11.5``."""
+        return str(self.state.get("slurm", {}).get("full") or versions.host_version() or "?")
+
+    def _holder(self) -> int | None:
+        ch = self.state.get("chroot")
+        return int(ch["holder"]) if ch and ch.get("holder") else None
+
+    def client_argv(self, argv: Sequence[str], run_as: "RunAs | None" = None,
+                    cwd: str = "/") -> tuple[list[str], "RunAs | None"]:
+        """(argv, identity to drop to) that run a client command of this sandbox.
+
+        On the host's Slurm that is *argv* itself.  On a Slurm from a Debian
+        root, root enters the sandbox's namespace and root first and only
+        then drops to the job user (a user cannot enter a namespace); the
+        command is looked up on the root's PATH.
+        """
+        holder = self._holder()
+        if holder is None:
+            return list(argv), run_as
+        return [*chroot.enter(holder, self._root(), cwd, run_as), *argv], None
+
+    def _root(self) -> Path:
+        return Path(self.state["slurm"]["root"])
 
     @property
     def node_names(self) -> list[str]:
@@ -123,7 +157,6 @@ class Sandbox:
     def up(self) -> "Sandbox":
         """Start the sandbox and wait until every node is idle; returns self."""
         require_root()
-        require_slurm()
         o = self.options
         if o.accounting:
             accounting.require()
@@ -140,6 +173,14 @@ class Sandbox:
             # A previous run that crashed may have left namespaces or reservations.
             Sandbox.attach(self.layout.root).down()
         t0 = time.monotonic()
+        self.release = versions.ensure_root(versions.resolve(o.slurm))
+        require_slurm(self.release.root)
+        if self.release.chrooted:
+            assert self.release.root is not None
+            if o.accounting:
+                raise UsageError(f"--accounting runs the host's slurmdbd (22.05), which Slurm "
+                                 f"{self.release.version} does not accept", "--slurm")
+            chroot.sync_venv(self.release.root, o.venv)
         if self.model is None:
             self.machine = resolve(o.machine)
             self.model = load(self.machine)
@@ -161,7 +202,9 @@ class Sandbox:
         names = [f"{o.node_prefix}{i}" for i in range(1, o.nodes + 1)]
         self.state = {"version": STATE_VERSION, "dir": str(L.root), "cluster": L.cluster_name,
                       "machine": self.machine_label, "daemons": [], "netns": [],
-                      "reservations": {"ports": [], "nets": [], "cgroup": []}, "cgroup": o.cgroup}
+                      "reservations": {"ports": [], "nets": [], "cgroup": []}, "cgroup": o.cgroup,
+                      "slurm": {"version": self.release.version, "full": self.release.full,
+                                "root": str(self.release.root) if self.release.root else None}}
         self._save()
         try:
             self._up(names)
@@ -213,11 +256,34 @@ class Sandbox:
         self._save()
 
         devices.make_devices(L.dev, self.model)
+        if self.release is not None and self.release.chrooted:
+            self._start_holder()
         self._write_configs(specs, host, ctld_addr, ctld_port)
         for n in specs:
             (L.spool / n.name).mkdir(exist_ok=True)
         self._start_daemons(nets, ctld_addr, ctld_port)
         self.state["idle_seconds"] = round(self._wait_idle(), 3)
+
+    def _start_holder(self) -> None:
+        """Start the process whose namespace the chrooted daemons, hooks and clients share."""
+        L = self.layout
+        assert self.release is not None and self.release.root is not None
+        (L.run / chroot.READY).unlink(missing_ok=True)
+        proc, child = procs.spawn("chroot", chroot.holder_argv(self.release.root, L),
+                                  log=L.log / "chroot.stdout", cwd=L.run,
+                                  env={"PATH": SAFE_PATH})
+        self._children.append(child)
+        self._add_daemon(proc)
+        chroot.wait_ready(L, lambda: procs.alive(proc))
+        atomic_write(L.run / "chroot.pid", f"{proc.pid}\n")
+        self.state["chroot"] = {"holder": proc.pid, "mntns": chroot.mntns_inode(proc.pid)}
+        self._save()
+        list(chroot.write_clients(L, self.release.root, self.release.version))
+
+    def _in_root(self, wd: str = "/") -> list[str]:
+        """argv prefix running a command in the chrooted sandbox (empty on the host's Slurm)."""
+        holder = self._holder()
+        return chroot.enter(holder, self._root(), wd) if holder else []
 
     def _write_configs(self, specs: tuple[conf.NodeSpec, ...], host: str, ctld_addr: str,
                        ctld_port: int) -> None:
@@ -226,9 +292,10 @@ class Sandbox:
         health = o.health if o.health is not None else install.health_available(o.venv)
         spank = o.spank if o.spank is not None else install.spank_available(o.venv)
         has_prolog = has_epilog = False
+        root = self.release.root if self.release is not None else None
         if prolog:
-            has_prolog = bool(install.install_hook_dir(L, "prolog.d", o.venv))
-            has_epilog = bool(install.install_hook_dir(L, "epilog.d", o.venv))
+            has_prolog = bool(install.install_hook_dir(L, "prolog.d", o.venv, root))
+            has_epilog = bool(install.install_hook_dir(L, "epilog.d", o.venv, root))
             if not has_prolog and not has_epilog:
                 raise SlurmGpuError("no prolog.d/epilog.d scripts in this slurm-gpu to install",
                                     "prolog=True")
@@ -236,7 +303,7 @@ class Sandbox:
             install.install_health(L, o.venv, o.health_args)
         plug: list[str] = []
         if spank:
-            so = install.build_spank(L, o.venv)
+            so = install.build_spank(L, o.venv, self._in_root())
             plug.append(install.spank_line(so, L, o.spank_args))
         self.state["hooks"] = {"prolog": has_prolog, "epilog": has_epilog, "health": bool(health),
                                "spank": bool(spank)}
@@ -253,6 +320,12 @@ class Sandbox:
             health_interval=o.health_interval if health else None, cgroup=o.cgroup,
             extra={**self._accounting_settings(), **o.slurm_conf})
         snapshot = self.machine.snapshot if self.machine else None
+        if snapshot is not None and root is not None:
+            # The machine's files are outside the root: its hooks read a copy.
+            copy = L.lib / "machine" / snapshot.name
+            copy.parent.mkdir(exist_ok=True)
+            shutil.copyfile(snapshot, copy)
+            snapshot = copy
         toml_sections = conf.node_config(L, snapshot, self._hardware_config(specs))
         from .toml import dumps
         atomic_write(L.config_toml, dumps(toml_sections, "slurm-gpu config of a sandbox "
@@ -294,8 +367,9 @@ class Sandbox:
         if not L.munge_key.exists():
             atomic_write(L.munge_key, os.urandom(1024), mode=0o400)
         L.munge_socket.unlink(missing_ok=True)
+        pre = self._in_root(str(L.run))
         proc, child = procs.spawn("munged", [
-            "/usr/sbin/munged", "--foreground", f"--socket={L.munge_socket}",
+            *pre, "/usr/sbin/munged", "--foreground", f"--socket={L.munge_socket}",
             f"--key-file={L.munge_key}", f"--pid-file={L.run}/munged.pid",
             f"--log-file={L.log}/munged.log", f"--seed-file={L.munge}/seed"],
             log=L.log / "munged.stdout", cwd=L.run, env=env)
@@ -307,7 +381,7 @@ class Sandbox:
         if self.options.accounting:
             self._start_accounting(env)
 
-        proc, child = procs.spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-c", "-f", str(L.slurm_conf)],
+        proc, child = procs.spawn("slurmctld", [*pre, "/usr/sbin/slurmctld", "-D", "-c", "-f", str(L.slurm_conf)],
                                   log=L.log / "slurmctld.stdout", cwd=L.run, env=env)
         self._children.append(child)
         self._add_daemon(proc)
@@ -316,11 +390,11 @@ class Sandbox:
                        self._dead_daemon)
         by_node = {n.node: n for n in nets}
         for name in self.node_names:
-            pre = netns.enter(by_node[name]) if name in by_node else None
+            enter_net = netns.enter(by_node[name]) if name in by_node else None
             proc, child = procs.spawn(f"slurmd:{name}",
-                                      ["/usr/sbin/slurmd", "-D", "-N", name, "-f", str(L.slurm_conf)],
+                                      [*pre, "/usr/sbin/slurmd", "-D", "-N", name, "-f", str(L.slurm_conf)],
                                       log=L.log / f"slurmd-{name}.stdout", cwd=L.run, env=env,
-                                      preexec=pre)
+                                      preexec=enter_net)
             self._children.append(child)
             self._add_daemon(proc)
 
@@ -380,15 +454,18 @@ class Sandbox:
         ns_inodes = {i for i in (netns.inode(n) for n in nets) if i is not None}
         # slurmctld flushes its last job records to slurmdbd, which writes
         # them to MariaDB: stop them in that order, munged last.
-        later = ("slurmdbd", "mariadbd", "munged")
+        later = ("slurmdbd", "mariadbd", "munged", "chroot")
         slurm = [p for p in daemons if p.name not in later]
         dbd = [p for p in daemons if p.name == "slurmdbd"]
         mariadb = [p for p in daemons if p.name == "mariadbd"]
         munge = [p for p in daemons if p.name == "munged"]
+        holder = [p for p in daemons if p.name == "chroot"]
+        # Every process of a chrooted sandbox lives in the holder's mount namespace.
+        mntns = state.get("chroot", {}).get("mntns") if any(procs.alive(p) for p in holder) else None
         # slurmstepd is not slurmd's child (it is reparented to init), and
         # its tasks are its own children: take the whole tree now, before
         # killing a parent loses the links.
-        found = procs.touching(self.layout.root) | procs.in_netns(ns_inodes)
+        found = procs.touching(self.layout.root) | procs.in_netns(ns_inodes) | chroot.in_mntns(mntns)
         roots = found | {p.pid for p in slurm if procs.alive(p)}
         before = found | procs.descendants(roots)
         before -= {p.pid for p in daemons} | {os.getpid()}
@@ -403,11 +480,14 @@ class Sandbox:
         report["killed"] += [p.name for p in procs.stop(mariadb, grace=30.0, reap=self._reap)]
         report["killed"] += [p.name for p in procs.stop(munge, grace=grace, reap=self._reap)]
         # A second sweep catches what was forked while the daemons shut down.
-        late = procs.touching(self.layout.root) | procs.in_netns(ns_inodes)
-        late = (late | procs.descendants(late)) - {os.getpid()}
+        late = procs.touching(self.layout.root) | procs.in_netns(ns_inodes) | chroot.in_mntns(mntns)
+        late = (late | procs.descendants(late)) - {os.getpid()} - {p.pid for p in holder}
         swept = procs.as_procs(late, "leftover")
         report["swept"] += [p.pid for p in swept]
         report["killed"] += [f"{p.name}:{p.pid}" for p in procs.stop(swept, grace=0.5)]
+        # Last: the namespace's holder (its mounts vanish with the last process in it).
+        report["killed"] += [p.name for p in procs.stop(holder, grace=grace, reap=self._reap)]
+        (self.layout.run / "chroot.pid").unlink(missing_ok=True)
         for n in nets:
             netns.destroy(n)
         if state.get("cgroup"):
@@ -421,6 +501,7 @@ class Sandbox:
             state["daemons"] = []
             state["netns"] = []
             state["reservations"] = {"ports": [], "nets": [], "cgroup": []}
+            state.pop("chroot", None)
             state["down"] = True
             if self.layout.run.is_dir():
                 self._save()
@@ -440,6 +521,8 @@ class Sandbox:
                 nodes = {}
         return {"dir": str(self.layout.root), "cluster": state.get("cluster"),
                 "machine": state.get("machine"), "conf": str(self.conf),
+                "slurm": state.get("slurm", {}).get("full") or versions.host_version(),
+                "slurm_root": state.get("slurm", {}).get("root"),
                 "running": any(d["alive"] for d in daemons), "daemons": daemons,
                 "nodes": nodes, "up_seconds": state.get("up_seconds"),
                 "netns": [n["netns"] for n in state.get("netns", [])]}

@@ -19,12 +19,17 @@ from .layout import Layout
 DEFAULT_VENV = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
 
 
-def scripts(kind: str) -> list[Path]:
-    """The project's ``prolog.d``/``epilog.d`` scripts, in name order."""
+def scripts(kind: str, directory: Path | None = None) -> list[Path]:
+    """The project's ``prolog.d``/``epilog.d`` scripts, in name order.
+
+    *directory*: look there instead of this installation's (a Debian root's venv).
+    """
     from ..paths import resource_dir
     try:
-        d = resource_dir(kind)
+        d = directory if directory is not None else resource_dir(kind)
     except FileNotFoundError:
+        return []
+    if not d.is_dir():
         return []
     return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
                   and not p.name.endswith((".md", ".txt", "~")))
@@ -41,14 +46,20 @@ def _is_python(script: Path) -> bool:
     return first.startswith(b"#!") and b"python" in first
 
 
-def install_hook_dir(layout: Layout, kind: str, venv: Path) -> list[Path]:
-    """Wrap every script of the project's *kind* (``prolog.d``) into ``DIR/etc/<kind>``."""
-    src = scripts(kind)
+def install_hook_dir(layout: Layout, kind: str, venv: Path, root: Path | None = None) -> list[Path]:
+    """Wrap every script of the project's *kind* (``prolog.d``) into ``DIR/etc/<kind>``.
+
+    With *root* (a Debian root the hooks run chrooted in), the scripts are
+    those of the root's venv at *venv*, named by their path inside the root.
+    """
+    src = scripts(kind, None if root is None else
+                  root / str(venv).lstrip("/") / "share" / "slurm-gpu" / kind)
     dst = layout.etc / kind
     dst.mkdir(parents=True, exist_ok=True)
     made = []
     for s in src:
-        argv: list[str] = [str(venv / "bin" / "python"), str(s)] if _is_python(s) else [str(s)]
+        inside = s if root is None else Path("/") / s.relative_to(root)
+        argv: list[str] = [str(venv / "bin" / "python"), str(inside)] if _is_python(s) else [str(inside)]
         out = dst / s.name
         atomic_write(out, wrapper_script(layout, argv, f"{kind}/{s.name}",
                                          python=str(venv / "bin" / "python")), mode=0o755)
@@ -79,12 +90,17 @@ def spank_available(venv: Path) -> bool:
     return any(venv.glob("lib/python3*/site-packages/slurm_gpu/commands/spank.py"))
 
 
-def build_spank(layout: Layout, venv: Path) -> Path:
-    """Build the SPANK plugin for this node's Slurm with the venv's slurm-gpu."""
+def build_spank(layout: Layout, venv: Path, prefix: Sequence[str] = ()) -> Path:
+    """Build the SPANK plugin for this node's Slurm with the venv's slurm-gpu.
+
+    *prefix* runs the build elsewhere (``nsenter ...``: inside a Debian root,
+    against that Slurm's spank.h and with that root's python).
+    """
     from ..runner import run
     out = layout.lib / "slurm_gpu_spank.so"
     exe = venv / "bin" / "slurm-gpu"
-    run([str(exe), "spank", "build", "-o", str(out)], timeout=300)
+    run([*prefix, str(exe), "spank", "build", "-o", str(out)], timeout=300,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"})
     if not out.is_file():
         raise SlurmGpuError("slurm-gpu spank build produced no plugin", str(out))
     return out

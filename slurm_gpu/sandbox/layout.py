@@ -58,6 +58,11 @@ class Layout:
         return self.root / "lib"
 
     @property
+    def bin(self) -> Path:
+        """Client wrappers of a sandbox whose Slurm runs from a Debian root."""
+        return self.root / "bin"
+
+    @property
     def slurm_conf(self) -> Path:
         return self.etc / "slurm.conf"
 

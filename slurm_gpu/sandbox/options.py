@@ -41,6 +41,7 @@ class SandboxOptions:
     accounting_users: Sequence[str] = ("root", "sgtest1", "sgtest2")  # added when they exist
     timeout: float = 30.0
     venv: Path = install.DEFAULT_VENV
+    slurm: str | None = None                              # "24.11", "26.05"; None: the host's
 
 
 def require_root(what: str = "sandbox") -> None:
@@ -50,8 +51,10 @@ def require_root(what: str = "sandbox") -> None:
                             "run it as root")
 
 
-def require_slurm() -> None:
-    missing = [b for b in BINARIES if not os.access(b, os.X_OK)]
+def require_slurm(root: Path | None = None) -> None:
+    """Slurm's daemons and munge installed (in *root*, a Debian root, when given)."""
+    base = str(root or "")
+    missing = [b for b in BINARIES if not os.access(base + b, os.X_OK)]
     if missing:
         raise SlurmGpuError("Slurm or munge is not installed (apt-get install slurmctld slurmd "
                             "slurm-client munge)", missing[0])

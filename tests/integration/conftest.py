@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 
 import pytest
 
-from sandboxlib import (CREATED_DIRS, DEFAULT_MACHINE, HERE, JOB_USERS, Cluster, _missing_prerequisite,
+from sandboxlib import (CREATED_DIRS, DEFAULT_MACHINE, HERE, JOB_USERS, TEST_SLURM, Cluster, _missing_prerequisite,
                         ensure_user, leftover_processes, mps_mig_node_files, new_sandbox_dir,
                         process_ticks_now, slurm_gpu_cli)
 
@@ -105,6 +105,7 @@ def make_sandbox(request: pytest.FixtureRequest) -> Iterator[Any]:
     def make(nodes: int = 1, machine: str | os.PathLike[str] | None = None, *,
              spank: bool = False, prolog: bool = False, health: bool = False,
              extra_config: Mapping[str, Mapping[str, Any]] | None = None, **kw: Any) -> Cluster:
+        kw.setdefault("slurm", TEST_SLURM)
         opts = SandboxOptions(nodes=nodes, machine=machine or (None if kw.get("model") else DEFAULT_MACHINE),
                               spank=spank, prolog=prolog, health=health,
                               extra_config=dict(extra_config or {}), **kw)

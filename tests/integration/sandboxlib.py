@@ -23,6 +23,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BASE = Path(os.environ.get("SLURM_GPU_TEST_BASE", "/tmp/slurm-gpu-tests"))
 JOB_USERS = ("sgtest1", "sgtest2")
+# The Slurm every make_sandbox() runs unless a test names one: "24.11" or
+# "26.05" run the whole suite on a Debian root's Slurm (scripts/test.sh).
+TEST_SLURM = os.environ.get("SLURM_GPU_TEST_SLURM") or None
+VERSIONS = ("22.05", "24.11", "26.05")
 
 # The default machine of every integration test (a recorded 8-GPU server);
 # SLURM_GPU_TEST_MACHINE overrides it (name or path).  Until the recorded
@@ -99,8 +103,27 @@ class Cluster:
             full.update(HOME=pw.pw_dir, USER=user, LOGNAME=user)
             cwd = cwd or pw.pw_dir
         full.update(env or {})
-        return run(list(argv), timeout=timeout, env=full, check=False, run_as=run_as,
-                   cwd=str(cwd or self.dir), input=input)
+        wd = str(cwd or self.dir)
+        wrapped, run_as = self.sb.client_argv(argv, run_as, wd)
+        if wrapped != list(argv):   # a Debian root's Slurm: the command runs inside the root
+            full["PATH"] = SAFE_PATH
+            wd = "/"
+        return run(wrapped, timeout=timeout, env=full, check=False, run_as=run_as,
+                   cwd=wd, input=input)
+
+    @property
+    def venv(self) -> Path:
+        """The venv the sandbox's hooks run (inside the root for a Debian root's Slurm)."""
+        return Path(self.sb.options.venv)
+
+    @property
+    def python(self) -> str:
+        """The venv's interpreter, as jobs and hooks of this sandbox name it."""
+        return str(self.venv / "bin" / "python")
+
+    @property
+    def slurm_version(self) -> str:
+        return self.sb.slurm_version
 
     def srun(self, *args: str, user: str | None = None, timeout: float = 60) -> Completed:
         return self.run(["srun", *args], user=user, timeout=timeout)
@@ -227,10 +250,12 @@ def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
                           cwd="/", **kw)
 
 
-def mps_mig_node_files(tag: str, machine: Path) -> dict[str, Path]:
+def mps_mig_node_files(tag: str, machine: Path, venv: str | os.PathLike[str] | None = None) -> dict[str, Path]:
     """A node's simulator state (MIG on, no instances) and an MPS control stand-in.
 
-    The stand-in runs the installed package, as the real prolog does.
+    The stand-in runs the installed package of *venv* (default: the suite's
+    ``$SLURM_GPU_VENV``, else /opt/slurm-gpu/venv), as the real prolog does;
+    the same path inside a Debian root names that root's venv.
     Remove ``result["dir"]`` when done.
     """
     import json
@@ -244,8 +269,10 @@ def mps_mig_node_files(tag: str, machine: Path) -> dict[str, Path]:
     for g in st["facts"]["gpus"]:
         g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
     sim.write_text(json.dumps(st))
-    site = str(next(Path("/opt/slurm-gpu/venv/lib").glob("python3*/site-packages")))
-    ctl = write_wrapper(d / "nvidia-cuda-mps-control", python="/opt/slurm-gpu/venv/bin/python",
-                        source_root=site)
+    venv = Path(venv or os.environ.get("SLURM_GPU_VENV") or "/opt/slurm-gpu/venv")
+    # The stand-in puts the venv's site-packages first; inside a root it is that root's,
+    # so name it by a glob the shell expands where it runs.
+    ctl = write_wrapper(d / "nvidia-cuda-mps-control", python=str(venv / "bin" / "python"),
+                        source_root=str(venv / "lib"))
     (d / "mps").mkdir(mode=0o755)
     return {"dir": d, "sim": sim, "ctl": ctl, "mps": d / "mps"}

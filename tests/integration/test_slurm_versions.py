@@ -1,0 +1,135 @@
+"""The whole product on every supported Slurm: 22.05 (host), 24.11, 26.05.
+
+One sandbox per version (``Sandbox(slurm=V)``, as ``slurm-gpu sandbox up
+--slurm V``), two nodes modelled on ``mini-2numa`` (one GPU per NUMA node,
+mapped on this host's two CPUs, so CPU binding is real), with the SPANK
+plugin built against that version's spank.h, prolog/epilog, the health
+check, the NVML simulator (MIG mode on) and the MPS stand-in.  Jobs run on
+n1; the health drain is shown on n2.  The 24.11 and 26.05 daemons, hooks,
+plugin and job tasks run chrooted in a Debian root (scripts/debian-root.sh):
+a missing root skips those cases with the reason (no network here).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxlib import REPO, VERSIONS, Cluster, mps_mig_node_files, new_sandbox_dir
+
+MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
+INTERVAL = 2
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:ad:00): 79, GPU has fallen off the bus.\n"
+
+# Run by the job's venv python: CPUs, memory policy (MPOL_PREFERRED is 1) and the GPU.
+PROBE = r"""
+import os, re
+from slurm_gpu.spank.effects import get_mempolicy
+cpus = re.search(r"Cpus_allowed_list:\s*(\S+)", open("/proc/self/status").read()).group(1)
+mode, nodes = get_mempolicy()
+print("TASK", os.environ.get("CUDA_VISIBLE_DEVICES", "-"), cpus, mode,
+      ",".join(map(str, nodes)) or "-", os.environ.get("SLURM_GPU_BINDING", "-"), flush=True)
+"""
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def cluster(request, make_sandbox, job_users, sandbox_dir):
+    from slurm_gpu.sandbox.install import DEFAULT_VENV
+    version = request.param
+    venv = DEFAULT_VENV
+    files = mps_mig_node_files(f"versions-{version}", MACHINE, venv)
+    side = sandbox_dir(f"versions-{version}-side")
+    for n in ("n1", "n2"):
+        (side / f"{n}.log").write_text("[    1.000000] Linux version 6.1.0\n")
+    try:
+        c = make_sandbox(
+            nodes=2, machine=str(MACHINE), spank=True, prolog=True, health=True,
+            health_interval=INTERVAL, slurm=version,
+            extra_config={"node": {"nvml": f"sim:{files['sim']}"},
+                          "mps": {"control": str(files["ctl"]), "base_dir": str(files["mps"])},
+                          "spank": {"numa_node_map": {"1": 0}},
+                          "health": {"kernel_log": f"{side}/%n.log", "clean_runs_to_resume": 2}})
+    except Exception as e:  # noqa: BLE001
+        shutil.rmtree(files["dir"], ignore_errors=True)
+        if "no Slurm" in str(e) and "root" in str(e):
+            pytest.skip(str(e))
+        raise
+    c.side = side
+    c.files = files
+    yield c
+    shutil.rmtree(files["dir"], ignore_errors=True)
+
+
+def test_runs_the_asked_version(cluster: Cluster, request) -> None:
+    want = request.node.callspec.params["cluster"]
+    res = cluster.run(["scontrol", "version"])
+    assert res.returncode == 0 and res.stdout.split()[-1].startswith(want + "."), res.stdout
+    assert cluster.slurm_version.startswith(want + ".")
+    assert cluster.sb.status()["slurm"].startswith(want + ".")
+
+
+def test_numa_bind_prefer_binds_cpus_and_memory_to_the_gpus_numa_node(cluster: Cluster) -> None:
+    from slurm_gpu.sandbox.machine import load, resolve
+    model = load(resolve(str(MACHINE)))
+    res = cluster.srun("-w", "n1", "--gres=gpu:1", "--gpu-numa-bind=prefer", cluster.python, "-c",
+                       PROBE, user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+    gpu = model.gpus[int(row[1])]
+    numa = [n for n in model.numa_nodes if n.index in gpu.numa_nodes]
+    want_cpus = ",".join(str(p) for n in numa for p in sorted(n.pus))
+    assert row[2] == want_cpus, (row, want_cpus)          # the GPU's NUMA node's CPUs
+    assert row[3] == "1", row                         # MPOL_PREFERRED
+    assert row[4] == "0", row                         # model node -> host node 0 (numa_node_map)
+    assert row[5].startswith(f"prefer;gpus={row[1]};cpus={row[2]}"), row
+
+
+def test_gpu_mps_50_job_gets_its_own_daemon(cluster: Cluster) -> None:
+    ctl = cluster.files["ctl"]
+    d = cluster.user_dir("sgtest1")
+    out = d / "mps.out"
+    jobid = cluster.sbatch("-w", "n1", "--gres=gpu:1", "--gpu-mps=50", "-o", str(out), "--wrap",
+                           "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; "
+                           f"echo get_server_list | {ctl} && echo OWN_OK",
+                           user="sgtest1", cwd=str(d))
+    info = cluster.wait_job(jobid, timeout=60)
+    text = out.read_text() if out.exists() else ""
+    assert info["JobState"] == "COMPLETED", (info, text)
+    m = re.search(r"PIPE=(\S+)", text)
+    assert m and m.group(1) == f"{cluster.files['mps']}/{jobid}/pipe" and "OWN_OK" in text, text
+    deadline = time.monotonic() + 20
+    while Path(m.group(1)).parent.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(m.group(1)).parent.exists()        # the epilog stopped and removed it
+
+
+def test_gpu_mig_job_gets_mig_devices_and_the_epilog_destroys_them(cluster: Cluster) -> None:
+    from slurm_gpu.mig import instances
+    from slurm_gpu.sim.mig import open_mig_sim
+    res = cluster.srun("-w", "n1", "--gres=gpu:1", "--gpu-mig=3g.47gb", "/bin/sh", "-c",
+                       "echo MIG=$CUDA_VISIBLE_DEVICES", user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"MIG=MIG-\S+", res.stdout), res.stdout
+    api = open_mig_sim(str(cluster.files["sim"]))
+    deadline = time.monotonic() + 15
+    counts: list[int] = []
+    while time.monotonic() < deadline:
+        counts = [len(instances.list_instances(api, api.nvmlDeviceGetHandleByIndex(i))) for i in (0, 1)]
+        if counts == [0, 0]:
+            break
+        time.sleep(0.1)
+    assert counts == [0, 0]
+
+
+def test_health_drains_on_xid79_and_resumes(cluster: Cluster) -> None:
+    with open(cluster.side / "n2.log", "a") as f:
+        f.write(XID79)
+    cluster.wait_node_state("n2", re.compile(r"drain(ed|ing)"), timeout=4 * INTERVAL + 10)
+    res = cluster.run(["scontrol", "show", "node", "-o", "n2"])
+    assert "Reason=slurm-gpu: gpu.xid: Xid 79" in res.stdout, res.stdout
+    # The fault is gone (the log rotated): two clean runs resume the node.
+    (cluster.side / "n2.log").write_text("[    1.000000] Linux version 6.1.0\n")
+    cluster.wait_node_state("n2", "idle", timeout=6 * INTERVAL + 10)
