@@ -403,9 +403,58 @@ def dgx2() -> tuple[dict[str, Any], str]:
     return facts, xml_path.read_text()
 
 
+def a100_sxm4_minors() -> tuple[dict[str, Any], str]:
+    # The four real A100-SXM4-80GB boards of thamada's A100SXMx4 dump, KEPT
+    # with their real minor numbers 3, 4, 5, 6 (NVML indices 0..3): a node
+    # where /dev/nvidiaN is not /dev/nvidia<index>.  MIG mode is enabled
+    # (the dump has it off) so the per-job MIG path runs on it.
+    facts = parse_smi_q(REAL / "nvidia-smi-q" / "thamada__A100SXMx4_nvidia-smi-q.txt")
+    for i, g in enumerate(facts["gpus"]):
+        g["index"] = i
+        g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
+    x = Xml(synthetic_xml(f"pack:2 [numa(memory={512 * GIB})] core:32 pu:2(indexes={pu_indexes(64, 2, 64)})"),
+            "a100-sxm4-minors")
+    for i, g in enumerate(facts["gpus"]):
+        x.add_pci(0 if i < 2 else 1, _hw_bus(g["bus_id"]), pci_type(g), gpu_osdevs(i, g),
+                  {"PCIDevice": "GA100 [A100 SXM4 80GB]"})
+    return facts, x.text()
+
+
+# Minor numbers in an order that is not the PCI (NVML index) order.  NVIDIA:
+# "[the minor number] is assigned at boot time ... It is *not* guaranteed"
+# to follow the index (NVIDIA/nvidia-docker#1432); NVIDIA/nvidia-installer#21
+# shows an A100 node whose minors differ from its GPU numbers; Slurm commit
+# 0ebfd37834 (bug 10933) stopped using minors for CUDA_VISIBLE_DEVICES
+# because they are "not guaranteed to be in order of PCI bus ID".
+DGX_A100_PERMUTED_MINORS = [2, 3, 0, 1, 6, 7, 4, 5]
+
+
+def dgx_a100_permuted() -> tuple[dict[str, Any], str]:
+    # DGX A100: the real index -> PCI bus table of NVIDIA's GDS guide
+    # (shared/realdata/topo-matrix/nvidia-gds-benchmarking-guide__dgx2_topo-mp.txt,
+    # section 5.2), GPUs two per odd NUMA node of 2x EPYC NPS4 like
+    # epyc-a100-8numa, minors permuted (DGX_A100_PERMUTED_MINORS), MIG on.
+    numa_of = [1, 1, 3, 3, 5, 5, 7, 7]
+    buses = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
+             "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
+    switches = [f"0000:{b:02x}:00.0" for b in (0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9)]
+    gpus = [_gpu("dgx-a100-permuted", i, b, "NVIDIA A100-SXM4-40GB", "0x20B010DE", "0x134F10DE", 40960,
+                 gen=4, max_gen=4, minor=DGX_A100_PERMUTED_MINORS[i],
+                 nvlink={"count": 12, "version": 3, "peers": switch_peers(switches, [2] * 6)},
+                 mig={"mode": 1, "pending": 1, "max_devices": 7, "instances": []})
+            for i, b in enumerate(buses)]
+    facts = {"driver_version": "535.104.05", "cuda_driver_version": 12020, "gpus": gpus}
+    x = Xml(synthetic_xml(f"pack:2 numa:4(memory={128 * GIB}) core:16 pu:2(indexes={pu_indexes(128, 2, 128)})"),
+            "dgx-a100-permuted")
+    for i, g in enumerate(gpus):
+        x.add_pci(numa_of[i], g["bus_id"], pci_type(g), gpu_osdevs(i, g), {"PCIDevice": "GA100 [A100 SXM4 40GB]"})
+    return facts, x.text()
+
+
 MACHINES: dict[str, Callable[[], tuple[dict[str, Any], str]]] = {
     "h100-sxm-8x": h100_sxm_8x, "dgx-h100": dgx_h100, "epyc-a100-8numa": epyc_a100_8numa,
     "gb200-nvl": gb200_nvl, "h100-mig": h100_mig, "mini-2numa": mini_2numa, "dgx2": dgx2,
+    "a100-sxm4-minors": a100_sxm4_minors, "dgx-a100-permuted": dgx_a100_permuted,
 }
 
 
