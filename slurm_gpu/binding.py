@@ -131,22 +131,29 @@ def _per_task(text: str | None) -> int | None:
     return int(last) if _digits(last) and int(last) > 0 else None
 
 
-def locality(node: Node) -> list[dict[str, Any]]:
+def locality(node: Node, slurm_minors: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Each GPU's local CPUs and NUMA nodes, in Slurm's GRES index order.
 
-    GRES order is gres.conf's device files sorted by minor number.  Local
-    CPUs are the GPU's cores' PUs, else its NUMA nodes' PUs.
+    *slurm_minors* is that order as device minors (from gres.conf, see
+    :mod:`slurm_gpu.confgen.gresorder`); without it, NVML's order, which is
+    what Slurm uses with AutoDetect.  Local CPUs are the GPU's cores' PUs,
+    else its NUMA nodes' PUs.
     """
     numa = {n.index: n for n in node.numa_nodes}
     out = []
-    for g in sorted(node.gpus, key=lambda g: (g.minor if g.minor is not None else g.index,
-                                              g.index)):
+    by_minor = {g.minor if g.minor is not None else g.index: g for g in node.gpus}
+    if slurm_minors is None:
+        ordered = sorted(node.gpus, key=lambda g: g.index)
+    else:
+        ordered = [by_minor[m] for m in slurm_minors if m in by_minor]
+    for g in ordered:
         if g.cores:
             cpus = node.pus_of_cores(g.cores)
         else:
             cpus = tuple(sorted({p for i in g.numa_nodes if i in numa for p in numa[i].pus}))
         mems = tuple(sorted({numa[i].os_index for i in g.numa_nodes if i in numa}))
-        out.append({"index": g.index, "uuid": g.uuid, "cpus": tuple(cpus), "mems": mems})
+        out.append({"index": g.index, "minor": g.minor, "uuid": g.uuid, "cpus": tuple(cpus),
+                    "mems": mems})
     return out
 
 

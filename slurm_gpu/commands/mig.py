@@ -119,10 +119,15 @@ def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str 
     out = gres_conf or mig_settings.gres_conf
     if out:
         _refuse_shared_gres_conf(out)      # before anything changes: a shared file is never rewritten
+    # Jobs record their GPUs by UUID (their "index" is Slurm's, not NVML's).
+    from ..hw.gpuid import nvml_index
     busy: dict[int, str] = {}
     for jobid in jobstate.list_jobs(node.state_dir):
         for g in (jobstate.load(node.state_dir, jobid) or {}).get("gpus", []):
-            busy[int(g["index"])] = jobid
+            if isinstance(g, dict) and (g.get("uuid") or g.get("minor") is not None):
+                busy[nvml_index(api, uuid=g.get("uuid"), minor=g.get("minor"))] = jobid
+            else:   # recorded by an older version: which GPU is unknown, so every one is busy
+                busy.update({d.index: jobid for d in diffs})
     for line in baseline.apply(api, diffs, busy, config):
         click.echo(f"slurm-gpu: changed {line}")
     if out:

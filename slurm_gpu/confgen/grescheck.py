@@ -136,7 +136,7 @@ def shared_with_other_nodes(conf: Mapping[str, NodeGres], node: str) -> str | No
     return None
 
 
-def _effective(conf: Mapping[str, NodeGres], node: str) -> NodeGres:
+def effective(conf: Mapping[str, NodeGres], node: str) -> NodeGres:
     """A node's GRES with the file's NodeName-less lines applied."""
     mine = conf.get(node)
     glob = conf.get(ALL_NODES)
@@ -158,7 +158,7 @@ def compare(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGres]) -> 
         names = [ALL_NODES]
     by_diff: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for n in names:
-        a, b = _effective(current, n), _effective(wanted, n)
+        a, b = effective(current, n), effective(wanted, n)
         diffs: list[str] = []
         if (a.autodetect or "off") != (b.autodetect or "off"):
             diffs.append(f"AutoDetect: {a.autodetect or 'unset'} -> {b.autodetect or 'unset'}")
@@ -187,7 +187,7 @@ def restart_advice(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGre
     drain: list[str] = []
     cores = False
     for n in names:
-        a, b = _effective(current, n), _effective(wanted, n)
+        a, b = effective(current, n), effective(wanted, n)
         if a.devices != b.devices or a.counts != b.counts or (a.autodetect or "off") != (b.autodetect or "off"):
             restart.append(n)
             if set(a.devices) != set(b.devices):
@@ -206,3 +206,6 @@ def restart_advice(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGre
     if cores:
         out.append("slurm-gpu: Cores= changed: restart slurmctld too")
     return out
+
+
+_effective = effective   # the name other modules used before it was public

@@ -49,10 +49,13 @@ class Context:
     node: Callable[[], Any] | None = None       # -> slurm_gpu.hw.model.Node
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr))
     locality_key: str = ""                       # what the cached GPU locality depends on
+    gres_conf: str | None = None                 # gres.conf: Slurm's GPU index -> device
+    node_name: str = ""
 
 
 def default_context(env: Mapping[str, str] | None = None) -> Context:
     """Settings from the config file, NVML and the node model from ``[node]``."""
+    from ..confgen.gresorder import gres_conf_path
     from ..hw import live
     from .settings import load
     env = os.environ if env is None else env
@@ -66,7 +69,8 @@ def default_context(env: Mapping[str, str] | None = None) -> Context:
         return live.open_nvml(node)
 
     return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: live.load_node(node),
-                   locality_key=f"{node.nvml}|{node.snapshot}")
+                   locality_key=f"{node.nvml}|{node.snapshot}", gres_conf=gres_conf_path(env),
+                   node_name=live.node_name())
 
 
 def _lazy_api(ctx: Context) -> Callable[[], Any]:
@@ -117,7 +121,11 @@ def job_user(env: Mapping[str, str], st: dict[str, Any] | None = None) -> JobUse
 
 
 def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
-    """The job's GPU indices on this node and whether it holds them whole.
+    """The job's Slurm GPU indices on this node and whether it holds them whole.
+
+    Slurm's indices: positions in slurmd's gres/gpu list, neither minors nor
+    NVML indices (:mod:`slurm_gpu.confgen.gresorder`); :func:`_gpu_facts`
+    turns them into GPUs named by UUID and minor.
 
     ``SLURM_JOB_GPUS`` lists whole GPUs (gres/gpu); with only
     ``CUDA_VISIBLE_DEVICES`` the job shares them (gres/shard, gres/mps).
@@ -133,18 +141,23 @@ def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
 
 
 def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
-    """UUID, name and local CPUs of each job GPU from the node model (best effort, cached)."""
+    """Minor, UUID, name and local CPUs of each job GPU (node model, cached).
+
+    Everything after this names the job's GPUs by UUID and minor: guessing
+    (an NVML index equal to Slurm's) would set up another job's GPU, so a
+    GPU that cannot be identified is a node fault.
+    """
+    from ..errors import HardwareError
     from .locality import gpu_table
-    facts = [{"index": i, "uuid": None, "name": None, "cpus": []} for i in indices]
     if ctx.node is None:
-        return facts
-    try:
-        table = gpu_table(ctx.state_dir, ctx.locality_key, ctx.node)
-    except SlurmGpuError as e:
-        ctx.log(f"slurm-gpu: prolog: node model unavailable, no CPU pinning: {e.what}")
-        return facts
-    for f in facts:
-        f.update(table.get(f["index"], {}))
+        raise HardwareError("no node model to tell which GPUs the job holds")
+    table = gpu_table(ctx.state_dir, ctx.locality_key, ctx.node, ctx.gres_conf, ctx.node_name)
+    facts = []
+    for i in indices:
+        if i not in table or not table[i].get("uuid"):
+            raise HardwareError(f"Slurm GPU index {i} names no GPU of this node "
+                                "(gres.conf and NVML disagree)", ctx.gres_conf or "gres.conf")
+        facts.append({"index": i, **table[i]})
     return facts
 
 
@@ -257,8 +270,7 @@ def _setup_mps(ctx: Context, st: dict[str, Any], user: JobUser, percentage: int 
     gpus = st["gpus"]
     if ctx.mps.exclusive_process and whole:
         _set_compute_modes(ctx, st, api())
-    uuids = [g["uuid"] for g in gpus]
-    devices = ",".join(uuids) if all(uuids) else ",".join(str(g["index"]) for g in gpus)
+    devices = ",".join(g["uuid"] for g in gpus)
     if jobstate.mig_uuids(st):
         devices = ",".join(jobstate.mig_uuids(st))   # MPS on MIG: one server per MIG device
     cpus = sorted({c for g in gpus for c in g["cpus"]})
@@ -271,26 +283,34 @@ def _setup_mps(ctx: Context, st: dict[str, Any], user: JobUser, percentage: int 
 
 
 def _set_compute_modes(ctx: Context, st: dict[str, Any], api: Any) -> None:
+    from ..hw.gpuid import open_gpu
     saved = st.setdefault("compute_mode_saved", {})
     for g in st["gpus"]:
+        h = open_gpu(api, uuid=g["uuid"], minor=g.get("minor"))
         try:
-            h = api.nvmlDeviceGetHandleByIndex(g["index"])
             old = int(api.nvmlDeviceGetComputeMode(h))
-            saved[str(g["index"])] = old
+            saved[g["uuid"]] = {"mode": old, "minor": g.get("minor")}
             jobstate.save(ctx.state_dir, st)
             api.nvmlDeviceSetComputeMode(h, api.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
         except api.NVMLError as e:
             from ..errors import HardwareError
             raise HardwareError(f"cannot set EXCLUSIVE_PROCESS compute mode: {e}",
-                                f"GPU {g['index']}") from None
+                                g["uuid"]) from None
 
 
 def _restore_compute_modes(ctx: Context, st: dict[str, Any], api: Any) -> None:
+    from ..errors import HardwareError
+    from ..hw.gpuid import open_gpu
     saved = st.get("compute_mode_saved") or {}
-    for idx, mode in list(saved.items()):
-        h = api.nvmlDeviceGetHandleByIndex(int(idx))
-        api.nvmlDeviceSetComputeMode(h, int(mode))
-        del saved[idx]
+    for uuid, rec in list(saved.items()):
+        if not isinstance(rec, dict) or not str(uuid).startswith("GPU-"):
+            # Written by a version that keyed GPUs by NVML index: which GPU
+            # that was is not knowable, so nothing is touched.
+            raise HardwareError(f"compute mode recorded for an unidentified GPU {uuid!r}; "
+                                "restore it by hand, then run slurm-gpu job cleanup", "state")
+        h = open_gpu(api, uuid=uuid, minor=rec.get("minor"))
+        api.nvmlDeviceSetComputeMode(h, int(rec["mode"]))
+        del saved[uuid]
         jobstate.save(ctx.state_dir, st)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import HardwareError
+from ..hw.gpuid import open_gpu
 from ..mig import blockers, instances
 from ..mig.instances import MigError
 from ..mig.planner import plan_gpu, parse_layout
@@ -45,10 +46,10 @@ def setup(ctx: Any, st: dict[str, Any], api: Callable[[], Any], layout: str, who
     plans = []
     for k, g in enumerate(gpus):
         idx = g["index"]
-        if idx in others:
-            raise JobFailed(f"GPU {idx} is also used by job {others[idx]}; --gpu-mig needs "
+        if g["uuid"] in others:
+            raise JobFailed(f"GPU {idx} is also used by job {others[g['uuid']]}; --gpu-mig needs "
                             "GPUs the job holds exclusively", f"job {jobid}")
-        dev = instances.device(a, idx)
+        dev = _open(a, g)
         name, model = instances.identify(a, dev)
         mode = instances.mig_mode(a, dev)
         if mode is None:
@@ -60,12 +61,13 @@ def setup(ctx: Any, st: dict[str, Any], api: Callable[[], Any], layout: str, who
             raise JobFailed(f"GPU {idx} ({name}) does not have MIG mode enabled; the admin "
                             "enables it with slurm-gpu mig apply", f"job {jobid}")
         reqs = requests[0] if len(requests) == 1 else requests[k]
-        plans.append((idx, dev, model, plan_gpu(reqs, model)))
+        plans.append((g, dev, model, plan_gpu(reqs, model)))
     # Planned for every GPU before anything is touched: a bad layout leaves nothing.
     st["mig"] = {"layout": layout, "ready": False, "gpus": []}
-    for idx, dev, model, placements in plans:
-        rec = {"index": idx, "model": model.key, "baseline": [], "baseline_removed": False,
-               "instances": []}
+    for g, dev, model, placements in plans:
+        idx = g["index"]
+        rec = {"index": idx, "uuid": g["uuid"], "minor": g.get("minor"), "model": model.key,
+               "baseline": [], "baseline_removed": False, "instances": []}
         st["mig"]["gpus"].append(rec)
         rec["baseline"] = [e.to_dict() for e in instances.list_instances(a, dev)]
         # Marked before the first destroy: a failure (or a kill) half-way
@@ -94,8 +96,17 @@ def setup(ctx: Any, st: dict[str, Any], api: Callable[[], Any], layout: str, who
     jobstate.save(ctx.state_dir, st)
 
 
-def _gpus_of_other_jobs(ctx: Any, jobid: str) -> dict[int, str]:
-    out: dict[int, str] = {}
+def _open(a: Any, g: dict[str, Any]) -> Any:
+    """The GPU a job record names, by UUID and minor (never by an index)."""
+    try:
+        return open_gpu(a, uuid=g.get("uuid"), minor=g.get("minor"))
+    except HardwareError as e:
+        raise MigError(e.what, f"GPU {g.get('index')}") from None
+
+
+def _gpus_of_other_jobs(ctx: Any, jobid: str) -> dict[str, str]:
+    """{GPU UUID: job id} of the GPUs other jobs on this node recorded."""
+    out: dict[str, str] = {}
     for other in jobstate.list_jobs(ctx.state_dir):
         if other == jobid:
             continue
@@ -104,7 +115,8 @@ def _gpus_of_other_jobs(ctx: Any, jobid: str) -> dict[int, str]:
         except Exception:  # noqa: BLE001 - a broken file of another job must not stop this one
             continue
         for g in (s or {}).get("gpus", []):
-            out[int(g["index"])] = other
+            if isinstance(g, dict) and g.get("uuid"):
+                out[str(g["uuid"])] = other
     return out
 
 
@@ -114,7 +126,7 @@ def teardown(ctx: Any, st: dict[str, Any], a: Any) -> None:
     for rec in mig.get("gpus", []):
         idx = rec["index"]
         where = f"GPU {idx}"
-        dev = instances.device(a, idx)
+        dev = _open(a, rec)
         try:
             for inst in list(rec.get("instances", [])):
                 gid = inst.get("gi_id")

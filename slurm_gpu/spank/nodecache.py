@@ -132,7 +132,9 @@ def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, A
     stamps = [_stamp(p) for p in dict.fromkeys(candidates)]
     s = spank_settings.load()
     n = live.settings()
-    stamps += [_stamp(n.snapshot or None), _stamp(n.sim_state)]
+    from ..confgen.gresorder import gres_conf_path
+    gres_conf = gres_conf_path(os.environ)
+    stamps += [_stamp(n.snapshot or None), _stamp(n.sim_state), _stamp(gres_conf)]
     data: dict[str, Any] = {
         "key": _key(config_path, node),
         "boot_id": _boot_id(),
@@ -146,8 +148,10 @@ def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, A
     }
     if with_gpus:
         from .. import binding
+        from ..confgen.gresorder import node_minors, read_conf
         from ..hw import load_node
-        data["gpus"] = binding.locality(load_node())
+        model = load_node()
+        data["gpus"] = binding.locality(model, node_minors(model.gpus, read_conf(gres_conf, node)))
     return data
 
 

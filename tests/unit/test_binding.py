@@ -85,11 +85,16 @@ def test_device_cgroup_local_indices_map_through_step_gpus():
     assert ids(task_gpus(locality(node), env, 0, 1)) == [3]
 
 
-def test_gres_index_follows_device_minor():
-    # NVML index order differs from /dev/nvidiaN order: gres index = minor order
+def test_gres_index_follows_gres_conf_order():
+    # NVML index order differs from /dev/nvidiaN order.  Slurm's index is the
+    # position in slurmd's device list: a gres.conf listing File=/dev/nvidia0
+    # first makes index 0 the GPU with minor 0 (NVML index 1); with AutoDetect
+    # (no order given) it is NVML's order.
     node = make_node(minors=[1, 0])
     env = {"SLURM_STEP_GPUS": "0"}
-    assert ids(task_gpus(locality(node), env, 0, 1)) == [1]
+    assert ids(task_gpus(locality(node, [0, 1]), env, 0, 1)) == [1]
+    assert ids(task_gpus(locality(node, [1, 0]), env, 0, 1)) == [0]
+    assert ids(task_gpus(locality(node), env, 0, 1)) == [0]
 
 
 def test_batch_step_uses_job_gpus_and_uuid_lists_work():

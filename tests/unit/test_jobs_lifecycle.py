@@ -75,9 +75,15 @@ class Env:
         return open_mig_sim(self.sim)
 
     def node(self):
+        """The simulated machine's GPUs (NVML index, minor, UUID) on a 2-core model."""
+        api = self.api()
         cores = [SimpleNamespace(index=0, pus=(0,)), SimpleNamespace(index=1, pus=(1,))]
-        gpus = [SimpleNamespace(index=i, minor=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3",
-                                cores=(i % 2,)) for i in range(4)]
+        gpus = []
+        for i in range(api.nvmlDeviceGetCount()):
+            h = api.nvmlDeviceGetHandleByIndex(i)
+            gpus.append(SimpleNamespace(index=i, minor=api.nvmlDeviceGetMinorNumber(h),
+                                        uuid=api.nvmlDeviceGetUUID(h), name=api.nvmlDeviceGetName(h),
+                                        cores=(i % 2,)))
         return SimpleNamespace(cores=cores, gpus=gpus)
 
     def ctx(self, **env: str) -> lifecycle.Context:
