@@ -125,7 +125,8 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> Non
         counts[f"{kind}/{event}"] = counts.get(f"{kind}/{event}", 0) + 1
         if event == "sigkill":
             full = dict(env, SLURM_GPU_CONFIG=str(conf), PATH="/usr/bin:/bin",
-                        SLURM_GPU_PYTHON="/opt/slurm-gpu/venv/bin/python")
+                        SLURM_GPU_PYTHON=os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv")
+                        + "/bin/python")
             p = subprocess.Popen(["/bin/sh", str(REPO / "prolog.d" / "50-slurm-gpu-jobs")],
                                  env=full, start_new_session=True)
             time.sleep(rng.uniform(0.0, 0.4))
