@@ -13,6 +13,16 @@ def _settings() -> Any:
     return config.section(HealthSettings, "health")
 
 
+def _repair_settings() -> Any:
+    from .. import config
+    from ..errors import InputError
+    from ..health.settings import RepairSettings
+    try:
+        return config.section(RepairSettings, "repair")
+    except ValueError as e:
+        raise InputError(f"bad [repair] setting: {e}", str(config.config_path() or "config")) from None
+
+
 def _state_dir(s: Any) -> str:
     from ..hw import live
     if s.state_dir:
@@ -109,7 +119,8 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
         node=name, settings=s, state_dir=_state_dir(s), only=only_list, kernel_log=kernel_log,
         no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener, nvml_closer=closer,
         gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
-        expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None)
+        expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None,
+        repair=_repair_settings(), job_state_dir=live.settings().state_dir)
     from ..errors import SlurmGpuError
     try:
         rep = engine.run(opts)

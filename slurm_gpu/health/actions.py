@@ -48,7 +48,7 @@ def show_node(name: str, timeout: float) -> NodeState | None:
 
 
 def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, timeout: float,
-        dry_run: bool = False, owe: object = SAME) -> Outcome:
+        dry_run: bool = False, owe: object = SAME, hold: bool = False) -> Outcome:
     """Look at the node, decide, and (unless *dry_run*) drain or resume it.
 
     *owe*: the part of *want* to remember when scontrol fails (see :func:`decide`).
@@ -60,7 +60,7 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
         keep = Memory(mem.drained_reason, mem.clean_runs, owed, mem.slurmd, mem.isolated,
                       mem.boot_id)
         return Outcome(Plan("none", "could not read node state", memory=keep), None, e.what)
-    plan = decide(node, want, mem, clean_runs_to_resume, owe)
+    plan = decide(node, want, mem, clean_runs_to_resume, owe, hold)
     if dry_run or plan.action == "none":
         if dry_run:
             plan.memory = mem  # a dry run changes nothing, remembered state included

@@ -72,6 +72,8 @@ class Options:
     os_root: str = "/"
     parent_slurmd: str | None = None       # identity of the slurmd that started us, if any
     expected_links: dict[str, int] | None = None  # bus id -> NVLinks the node model has
+    repair: Any = None                     # settings.RepairSettings: the repair ladder ([repair])
+    job_state_dir: str | None = None       # [node] state_dir: which job holds which GPU
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Report:
     broken: str | None = None              # the check itself failed (exit 3 / --slurm non-zero)
     action: str = "none"
     elapsed: float = 0.0
+    repair: Any = None                     # repair.RepairState after this run (metrics)
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "status": self.status, "findings": [f.to_json() for f in self.findings]}
@@ -306,14 +309,27 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     else:
         # scontrol must finish before the watchdog: a child is never left behind.
         timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic() - 0.5) / 2))
+        rstate = None
+        if opts.repair is not None and not opts.kernel_log:
+            from . import repair
+            rpath = repair.state_path(opts.repair, opts.node)
+            rstate = repair.load(rpath)
         out = actions.act(opts.node, want, mem, clean_runs_to_resume=max(1, s.clean_runs_to_resume),
-                          timeout=timeout, owe=owe)
+                          timeout=timeout, owe=owe, hold=bool(rstate and rstate.holding))
         mem = out.plan.memory
         notes.append(out.plan.note)
         rep.action = out.plan.action
         if out.error:
             rep.broken = out.error if not incomplete else f"{incomplete}; {out.error}"
             notes.append(out.error)
+        elif rstate is not None:
+            r = repair.after_act(node=opts.node, settings=opts.repair, st=rstate, path=rpath,
+                                 event_findings=event_findings, health=health, node_state=out.node,
+                                 mem=mem, boot_id=boot, job_state_dir=opts.job_state_dir,
+                                 nvml_opener=opts.nvml_opener, scontrol=actions.scontrol_path(),
+                                 deadline=deadline)
+            notes += r.notes
+            rep.repair = rstate
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))

@@ -131,13 +131,16 @@ SAME = object()   # decide(owe=SAME): what is owed is the whole wanted drain
 
 
 def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_resume: int,
-           owe: object = SAME) -> Plan:
+           owe: object = SAME, hold: bool = False) -> Plan:
     """The one action to take now, and what to remember afterwards.
 
     *owe* is the part of *want* that must be remembered when nothing can be
     done now: the drain found from events (XIDs), which the cursors consume.
     A condition (a pending remap, a fabric not yet started at boot) is seen
     again by the next run if it persists, so it is not owed.
+
+    *hold*: a repair of ours is under way (health/repair.py): our drain is
+    kept, clean runs are not counted; it never drains a node by itself.
     """
     mem = replace(mem)
     owed: str | None = want if owe is SAME else owe  # type: ignore[assignment]
@@ -174,6 +177,9 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
         if want is not None:
             mem.clean_runs = 0
             return Plan("none", "already drained by slurm-gpu", memory=mem)
+        if hold:
+            mem.clean_runs = 0
+            return Plan("none", "repair under way: stays drained", memory=mem)
         mem.clean_runs += 1
         if mem.clean_runs >= clean_runs_to_resume:
             mem.drained_reason, mem.clean_runs = None, 0

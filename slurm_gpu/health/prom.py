@@ -33,6 +33,8 @@ def render(rep: Any) -> str:
               "# TYPE slurm_gpu_health_xid gauge"]
     for (gpu, code, sev), n in sorted(xids.items()):
         lines.append(f'slurm_gpu_health_xid{{node="{node}",gpu="{_esc(gpu)}",xid="{code}",severity="{sev}"}} {n}')
+    if getattr(rep, "repair", None) is not None:
+        lines += _repair_lines(node, rep.repair)
     lines += ["# HELP slurm_gpu_health_last_run_seconds Unix time of the last run.",
               "# TYPE slurm_gpu_health_last_run_seconds gauge",
               f'slurm_gpu_health_last_run_seconds{{node="{node}"}} {time.time():.3f}',
@@ -40,6 +42,31 @@ def render(rep: Any) -> str:
               "# TYPE slurm_gpu_health_duration_seconds gauge",
               f'slurm_gpu_health_duration_seconds{{node="{node}"}} {rep.elapsed:.6f}']
     return "\n".join(lines) + "\n"
+
+
+def _repair_lines(node: str, st: Any) -> list[str]:
+    """The repair ladder's counters and per-GPU state (health/repair.py)."""
+    lines = ["# HELP slurm_gpu_repair_steps_total Repair ladder steps taken, by step and result.",
+             "# TYPE slurm_gpu_repair_steps_total counter"]
+    for key, n in sorted(st.counters.items()):
+        step, _, result = key.partition("/")
+        lines.append(f'slurm_gpu_repair_steps_total{{node="{node}",step="{_esc(step)}",result="{_esc(result)}"}} {n}')
+    bus_of = {v.get("uuid"): b for b, v in st.gpus.items()}
+    lines += ["# HELP slurm_gpu_repair_gpu_failures GPU failures remembered for the RMA count.",
+              "# TYPE slurm_gpu_repair_gpu_failures gauge"]
+    for key, times in sorted(st.failures.items()):
+        gpu = key[4:] if key.startswith("bus:") else bus_of.get(key, "")
+        lines.append(f'slurm_gpu_repair_gpu_failures{{node="{node}",gpu="{_esc(gpu)}",uuid="{_esc(key)}"}} {len(times)}')
+    lines += ["# HELP slurm_gpu_repair_open Open repairs by GPU and next step.",
+              "# TYPE slurm_gpu_repair_open gauge"]
+    for key, ep in sorted(st.episodes.items()):
+        lines.append(f'slurm_gpu_repair_open{{node="{node}",gpu="{_esc(str(ep.get("bus")))}",'
+                     f'step="{_esc(str(ep.get("step")))}"}} 1')
+    lines += ["# HELP slurm_gpu_repair_rma GPUs drained for RMA (never resumed automatically).",
+              "# TYPE slurm_gpu_repair_rma gauge"]
+    for key, r in sorted(st.rma.items()):
+        lines.append(f'slurm_gpu_repair_rma{{node="{node}",gpu="{_esc(str(r.get("bus")))}",uuid="{_esc(key)}"}} 1')
+    return lines
 
 
 def write_prom(path: str, rep: Any) -> None:

@@ -41,3 +41,39 @@ class HealthSettings:
     def __post_init__(self) -> None:
         if self.skip is None:
             self.skip = []
+
+
+@dataclass
+class RepairSettings:
+    """``[repair]``: the steps after a drain (docs/health.md, "Repair ladder").
+
+    Every step is off by default: the health check drains, an admin decides.
+    Failures are counted either way, so turning RMA on later sees the history.
+    """
+
+    # 1. reset an idle GPU (nvidia-smi -r) when its fault's resolution allows it.
+    reset: bool = False
+    # 2. reboot through Slurm (scontrol reboot ASAP nextstate=RESUME) when a
+    #    reset is impossible, off, or did not help.
+    reboot: bool = False
+    # 3. drain with "slurm-gpu: rma: ..." (never resumed automatically) after
+    #    rma_failures failures of the same GPU within rma_window_hours.
+    rma: bool = False
+    rma_failures: int = 3
+    rma_window_hours: float = 168.0
+    # Catalog resolution buckets whose faults the ladder repairs (others: drain only).
+    buckets: list = None  # type: ignore[assignment]
+    # Seconds nvidia-smi -r may take.
+    reset_timeout: float = 60.0
+    # Persistent across reboots (not /run): failure counts, open repairs, the step log.
+    state_dir: str = "/var/lib/slurm-gpu"
+    # Resume a node drained for a job's leftovers (user-problem) once clean.
+    user_problem: bool = True
+
+    def __post_init__(self) -> None:
+        if self.buckets is None:
+            self.buckets = ["RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48", "XID_154"]
+        if self.rma_failures < 1:
+            raise ValueError("rma_failures must be at least 1")
+        if self.rma_window_hours <= 0:
+            raise ValueError("rma_window_hours must be positive")

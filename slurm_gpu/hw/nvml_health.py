@@ -53,6 +53,10 @@ class GpuHealth:
     pcie_width: tuple[int, int] | None = None                # current, max
     clock_reasons: int | None = None
     persistence_mode: int | None = None
+    # Read only when asked (include_processes): the repair ladder and the
+    # user-problem check, never a clean routine run.
+    processes: tuple[tuple[int, int | None], ...] | None = None  # (pid, used GPU memory bytes or None)
+    memory_used: int | None = None                           # bytes
     errors: dict[str, str] = field(default_factory=dict)     # query -> NVML error name
 
 
@@ -100,7 +104,7 @@ class _Calls:
 
 
 def read_health(api: Any, gpu_indices: list[int] | None = None, *, include_fabric: bool = True,
-                out: NvmlHealth | None = None) -> NvmlHealth:
+                out: NvmlHealth | None = None, include_processes: bool = False) -> NvmlHealth:
     """Read every GPU's health through *api* (an initialised pynvml surface).
 
     *out*, when given, is filled as the read goes, so a caller that gives up
@@ -125,7 +129,24 @@ def read_health(api: Any, gpu_indices: list[int] | None = None, *, include_fabri
             g.lost = _err_name(api, e.value)
             continue
         _read_one(c, g, h, include_fabric)
+        if include_processes and g.lost is None:
+            _read_processes(c, g, h)
     return out
+
+
+def _read_processes(c: _Calls, g: GpuHealth, h: Any) -> None:
+    """Compute and graphics processes holding a context on the GPU, and its used memory."""
+    procs: dict[int, int | None] = {}
+    for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        got = c.opt(g, "processes", fn, h)
+        for p in got or ():
+            used = getattr(p, "usedGpuMemory", None)
+            procs[int(p.pid)] = int(used) if isinstance(used, int) else None
+    if "processes" not in g.errors:
+        g.processes = tuple(sorted(procs.items()))
+    mem = c.opt(g, "memory", "nvmlDeviceGetMemoryInfo", h)
+    if mem is not None:
+        g.memory_used = int(mem.used)
 
 
 def _read_one(c: _Calls, g: GpuHealth, h: Any, include_fabric: bool) -> None:
@@ -219,7 +240,8 @@ class _Watched:
 
 
 def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.0, total_timeout: float = 12.0,
-                        close_api: Callable[[Any], None] | None = None, include_fabric: bool = True) -> NvmlHealth:
+                        close_api: Callable[[Any], None] | None = None, include_fabric: bool = True,
+                        include_processes: bool = False) -> NvmlHealth:
     """:func:`read_health` with a deadline on every NVML call and on the whole read.
 
     ``open_api`` initialises NVML (HardwareError: NVML unavailable).  A call
@@ -235,7 +257,8 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
         try:
             api = open_api()
             state["api"] = api
-            state["result"] = read_health(_Watched(api, state), include_fabric=include_fabric, out=partial)
+            state["result"] = read_health(_Watched(api, state), include_fabric=include_fabric, out=partial,
+                                          include_processes=include_processes)
         except HardwareError as e:
             state["error"] = e.what
         except SlurmGpuError as e:          # bad input (overlay, config): the caller's error, not NVML's

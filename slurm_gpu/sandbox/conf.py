@@ -204,10 +204,13 @@ def node_config(layout: Layout, snapshot: Path | None,
     node: dict[str, Any] = {"state_dir": f"{layout.var}/%n"}
     if snapshot is not None:
         node["snapshot"] = str(snapshot)
-    out: dict[str, dict[str, Any]] = {"node": node}
+    # The repair ladder's persistent state stays inside the sandbox too.
+    out: dict[str, dict[str, Any]] = {"node": node, "repair": {"state_dir": f"{layout.var}/%n"}}
     for name, table in extra.items():
         if name == "node":
             node.update(table)
+        elif name == "repair":
+            out["repair"].update(table)
         else:
             out[name] = dict(table)
     return out

@@ -23,6 +23,7 @@ Hooks for other parts (documented in ``docs/snapshots.md``):
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid as uuidlib
 from typing import Any, Iterator, Mapping
@@ -281,11 +282,41 @@ class SimNvml(NvmlSurface):
         total = int(g["memory_mib"]) * 1024 * 1024
         reserved = int(g.get("memory_reserved_mib", 0)) * 1024 * 1024
         used = int(g.get("memory_used_mib", 0)) * 1024 * 1024
+        used += sum(p.get("used_memory_mib", 0) for p in self._live_processes(i)) * 1024 * 1024
         d = {"total": total, "free": total - used - reserved, "used": used}
         if version:
             d = {"version": version, "total": total, "reserved": reserved, "free": total - used - reserved,
                  "used": used}
         return NvmlStruct(d)
+
+    def _live_processes(self, index: int) -> list[dict[str, Any]]:
+        """The state's ``processes`` on GPU *index* whose pid still runs: as with a
+        real driver, a process that exited holds no context any more."""
+        out = []
+        for p in self.state.get("processes") or ():
+            if p.get("gpu") != index:
+                continue
+            try:
+                os.kill(int(p["pid"]), 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            out.append(p)
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[NvmlStruct]:
+        i, g = self._simple("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [NvmlStruct({"pid": int(p["pid"]),
+                            "usedGpuMemory": int(p.get("used_memory_mib", 0)) * 1024 * 1024,
+                            "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})
+                for p in self._live_processes(i)]
+
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[NvmlStruct]:
+        self._simple("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        return []
 
     def nvmlDeviceGetArchitecture(self, device: Handle) -> int:
         i, g = self._simple("nvmlDeviceGetArchitecture", device)
@@ -665,6 +696,14 @@ def inject_event(sim: Any, gpu: int | str, data: int, type: str = "xid") -> None
     """Queue an NVML event (e.g. XID 79 on a bus id) for the next nvmlEventSetWait."""
     with sim.edit() as st:
         st.setdefault("events", []).append({"gpu": gpu, "type": type, "data": int(data)})
+
+
+def add_process(sim: Any, gpu: int, pid: int, used_memory_mib: int = 0) -> None:
+    """Give process *pid* a context on GPU *gpu* (what a CUDA program's cuInit does);
+    NVML lists it while the pid runs."""
+    with sim.edit() as st:
+        st.setdefault("processes", []).append({"gpu": int(gpu), "pid": int(pid),
+                                               "used_memory_mib": int(used_memory_mib)})
 
 
 def set_overlay(sim: Any, overlay: Mapping[str, Any]) -> None:

@@ -1,0 +1,270 @@
+"""The repair ladder (health/repair.py) walked with a fault overlay, across simulated reboots.
+
+NVML is the recorded h100-sxm-8x snapshot, replayed with a fault overlay
+(the GPU falls off the bus); the kernel log carries the Xid 79; Slurm is a
+fake runner.run serving recorded ``scontrol show node -o`` text and applying
+``update``/``reboot`` the way slurmctld does; ``nvidia-smi -r`` is answered
+by the same fake.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu import runner
+from slurm_gpu.health import engine, repair
+from slurm_gpu.health.nodestate import parse_show_node
+from slurm_gpu.health.prom import render
+from slurm_gpu.health.settings import HealthSettings, RepairSettings
+from slurm_gpu.hw import kmsg
+from slurm_gpu.hw import snapshot as snap
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SNAP = str(DATA / "machines" / "h100-sxm-8x" / "snapshot.json")
+SC = DATA / "xid" / "scontrol"
+BUS = "0000:18:00.0"
+UUID = "GPU-b42dd28e-ffdd-8720-1df0-98bd8cdc05b1"
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"
+LOST = {"gpus": {BUS: {"lost": True}}, "comment": "GPU 0 fell off the bus (Xid 79)"}
+
+
+class Cluster:
+    """slurmctld for one node, nvidia-smi, and the machine's boot id."""
+
+    def __init__(self) -> None:
+        self.text = re.sub(r"^NodeName=\S+", "NodeName=n1", (SC / "idle.txt").read_text())
+        self.calls: list[list[str]] = []
+        self.boot = "boot-1"
+        self.overlay: dict | None = None
+        self.reset_rc = 0
+        self.reset_fixes = False        # whether nvidia-smi -r brings the GPU back
+
+    def set_state(self, state: str) -> None:
+        self.text = re.sub(r"State=\S+", f"State={state}", self.text)
+
+    @property
+    def node(self):
+        return parse_show_node(self.text)
+
+    def _reason(self, reason: str | None) -> None:
+        self.text = re.sub(r" Reason=.*$", "", self.text.rstrip("\n"))
+        self.text += (f" Reason={reason} [root@2026-11-22T05:20:00]" if reason else "") + "\n"
+
+    def run(self, argv, timeout, **kw):
+        argv = list(argv)
+        self.calls.append(argv)
+        if argv[0] == repair.NVIDIA_SMI:
+            if self.reset_rc == 0 and self.reset_fixes:
+                self.overlay = None
+            return runner.Completed(tuple(argv), self.reset_rc,
+                                    f"GPU {argv[-1]} was successfully reset.\n" if self.reset_rc == 0 else "",
+                                    "" if self.reset_rc == 0 else "Unable to reset GPU\n")
+        if argv[1:3] == ["show", "node"]:
+            return runner.Completed(tuple(argv), 0, self.text, "")
+        st = re.search(r"State=(\S+)", self.text).group(1)
+        parts = st.split("+")
+        if argv[1] == "update":
+            if "state=drain" in argv:
+                self.set_state("+".join(dict.fromkeys(parts + ["DRAIN"])))
+                self._reason(next(a for a in argv if a.startswith("reason="))[7:])
+            elif "state=resume" in argv:
+                self.set_state(parts[0])
+                self._reason(None)
+            return runner.Completed(tuple(argv), 0, "", "")
+        if argv[1] == "reboot":
+            self.set_state("+".join(dict.fromkeys(parts + ["DRAIN", "REBOOT_REQUESTED"])))
+            self._reason(next(a for a in argv if a.startswith("reason="))[7:])
+            return runner.Completed(tuple(argv), 0, "", "")
+        raise AssertionError(argv)
+
+    def reboot(self) -> None:
+        """The node reboots: nextstate=RESUME puts it back in service, with a new boot id."""
+        assert "REBOOT_REQUESTED" in self.node.flags
+        self.set_state("IDLE")
+        self._reason(None)
+        self.boot = self.boot[:-1] + str(int(self.boot[-1]) + 1)
+
+    def resets(self) -> list[list[str]]:
+        return [c for c in self.calls if c[0] == repair.NVIDIA_SMI]
+
+    def reboots(self) -> list[list[str]]:
+        return [c for c in self.calls if len(c) > 1 and c[1] == "reboot"]
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    c = Cluster()
+    monkeypatch.setattr(runner, "run", c.run)
+    monkeypatch.setattr(kmsg, "boot_id", lambda: c.boot)
+    return c
+
+
+def _opts(tmp_path: Path, c: Cluster, rs: RepairSettings) -> engine.Options:
+    s = HealthSettings(kernel_log=str(tmp_path / "kern.log"), clean_runs_to_resume=2)
+
+    def opener():
+        return snap.replay_api(snap.read_snapshot(SNAP), SNAP, c.overlay)
+
+    return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "run"),
+                          only=["gpu.xid", "gpu.recovery"], nvml_opener=opener, repair=rs,
+                          job_state_dir=str(tmp_path / "jobs"))
+
+
+def _xid(tmp_path: Path) -> None:
+    with open(tmp_path / "kern.log", "a") as f:
+        f.write(XID79)
+
+
+def _job_holds_gpu(tmp_path: Path, jobid: str) -> Path:
+    d = tmp_path / "jobs" / "jobs"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (tmp_path / "jobs").chmod(0o755)
+    p = d / f"{jobid}.json"
+    p.write_text(json.dumps({"jobid": jobid, "gpus": [{"index": 0, "uuid": UUID}]}))
+    p.chmod(0o600)
+    return p
+
+
+def _steps(tmp_path: Path) -> list[tuple[str, str]]:
+    log = Path(repair.log_path(RepairSettings(state_dir=str(tmp_path / "var")), "n1"))
+    return [(r["step"], r["result"]) for r in map(json.loads, log.read_text().splitlines())] \
+        if log.exists() else []
+
+
+def test_xid79_walks_reset_reboot_and_rma_across_reboots(tmp_path, cluster):
+    rs = RepairSettings(reset=True, reboot=True, rma=True, rma_failures=3, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    run = lambda: engine.run(_opts(tmp_path, cluster, rs))  # noqa: E731
+
+    # A healthy run first: the ladder learns which UUID sits at which bus id.
+    assert run().status == "ok" and _steps(tmp_path) == []
+
+    # 1. Xid 79 while a job holds the GPU: drained, reset refused.
+    cluster.set_state("ALLOCATED")
+    job = _job_holds_gpu(tmp_path, "4242")
+    cluster.overlay = LOST
+    _xid(tmp_path)
+    r = run()
+    assert r.action == "drain" and cluster.node.reason.startswith("slurm-gpu: gpu.xid: Xid 79")
+    assert _steps(tmp_path) == [("reset", "refused")]
+    assert cluster.resets() == []
+    assert any("refused: GPU busy: jobs run on the node (ALLOCATED)" in n for n in r.notes), r.notes
+
+    # ...and again while the job still runs: still refused, still drained.
+    run()
+    assert cluster.resets() == [] and _steps(tmp_path)[-1] == ("reset", "refused")
+
+    # 2. The job ends: the reset runs, a fresh NVML read still misses the GPU -> reboot.
+    job.unlink()
+    cluster.set_state("IDLE+DRAIN")
+    r = run()
+    assert cluster.resets() == [[repair.NVIDIA_SMI, "-r", "-i", BUS]]
+    assert _steps(tmp_path)[-2:] == [("reset", "failed"), ("reboot", "requested")], _steps(tmp_path)
+    (reboot,) = cluster.reboots()
+    assert reboot[2:4] == ["ASAP", "nextstate=RESUME"] and reboot[-1] == "n1"
+    assert reboot[4].startswith("reason=slurm-gpu: reboot: GPU 0000:18:00.0 Xid 79")
+    assert "REBOOT_REQUESTED" in cluster.node.flags
+
+    # Waiting for the reboot: nothing is touched, nothing asked twice.
+    run()
+    assert len(cluster.reboots()) == 1 and len(cluster.resets()) == 1
+
+    # The reboot happens (simulated): the GPU is back, Slurm resumed the node.
+    cluster.reboot()
+    cluster.overlay = None
+    r = run()
+    assert r.status == "ok" and _steps(tmp_path)[-1] == ("reboot", "done")
+    assert not cluster.node.drained
+
+    # 3. The fault repeats (2nd failure) on the idle node: reset at once, and it helps
+    #    this time; the node resumes after the clean runs, like any drain of ours.
+    cluster.overlay = LOST
+    cluster.reset_fixes = True
+    _xid(tmp_path)
+    run()
+    assert _steps(tmp_path)[-1] == ("reset", "ok") and len(cluster.resets()) == 2
+    assert cluster.node.drained
+    run()
+    assert cluster.node.drained
+    run()
+    assert not cluster.node.drained
+
+    # 4. The 3rd failure of the same GPU in the window: RMA, never resumed.
+    cluster.overlay = LOST
+    _xid(tmp_path)
+    r = run()
+    assert _steps(tmp_path)[-1] == ("rma", "drained")
+    assert cluster.node.reason.startswith(f"slurm-gpu: rma: GPU {BUS} ({UUID}) failed 3 times")
+    for _ in range(5):
+        r = run()
+    assert cluster.node.reason.startswith("slurm-gpu: rma:") and cluster.node.drained
+    assert len(cluster.resets()) == 2 and len(cluster.reboots()) == 1
+    text = render(r)
+    assert f'slurm_gpu_repair_rma{{node="n1",gpu="{BUS}",uuid="{UUID}"}} 1' in text
+    assert 'slurm_gpu_repair_steps_total{node="n1",step="reset",result="refused"} 2' in text
+    assert f'slurm_gpu_repair_gpu_failures{{node="n1",gpu="{BUS}",uuid="{UUID}"}} 3' in text
+
+
+def test_all_steps_off_by_default_only_counts(tmp_path, cluster):
+    rs = RepairSettings(state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    engine.run(_opts(tmp_path, cluster, rs))
+    cluster.overlay = LOST
+    for _ in range(4):
+        _xid(tmp_path)
+        engine.run(_opts(tmp_path, cluster, rs))
+    assert cluster.resets() == [] and cluster.reboots() == []
+    assert cluster.node.reason.startswith("slurm-gpu: gpu.xid:")
+    st = repair.load(repair.state_path(rs, "n1"))
+    # Off, the ladder learns no GPU identities (it writes nothing on a clean run):
+    # failures are counted by bus id.
+    assert len(st.failures[f"bus:{BUS}"]) == 4 and st.rma == {}
+    assert ("reset", "skipped") in _steps(tmp_path) and ("reboot", "skipped") in _steps(tmp_path)
+
+
+def test_admin_drain_and_other_reboots_are_never_touched(tmp_path, cluster):
+    rs = RepairSettings(reset=True, reboot=True, rma=True, rma_failures=1, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    engine.run(_opts(tmp_path, cluster, rs))
+    cluster.set_state("IDLE+DRAIN")
+    cluster._reason("disk swap ticket 7")
+    cluster.overlay = LOST
+    _xid(tmp_path)
+    engine.run(_opts(tmp_path, cluster, rs))
+    assert cluster.node.reason == "disk swap ticket 7"
+    assert [c for c in cluster.calls if c[0] == repair.NVIDIA_SMI or c[1] in ("update", "reboot")] == []
+    assert _steps(tmp_path)[-1] == ("rma", "recorded")
+
+
+def test_pending_reboot_of_someone_else_is_left_alone(tmp_path, cluster):
+    rs = RepairSettings(reboot=True, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    engine.run(_opts(tmp_path, cluster, rs))
+    cluster.overlay = LOST
+    _xid(tmp_path)
+    engine.run(_opts(tmp_path, cluster, rs))       # drained by us; reset off -> reboot step
+    assert len(cluster.reboots()) == 1
+    # Another run after someone else also queued a reboot (same flag): nothing more asked.
+    engine.run(_opts(tmp_path, cluster, rs))
+    assert len(cluster.reboots()) == 1
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"schema": 1, "failures": {"x": "y"}, "episodes": 3}',
+                                  '{"schema": 99}'])
+def test_corrupt_repair_state_is_dropped(tmp_path, text):
+    p = tmp_path / "repair-state.n1.json"
+    p.write_text(text)
+    st = repair.load(str(p))
+    assert not st.episodes and not st.holding
+
+
+def test_first_step_follows_bucket_and_recovery_action():
+    s = RepairSettings()
+    assert repair.first_step("RESET_GPU", None, s) == "reset"
+    assert repair.first_step("RESTART_BM", None, s) == "reset"
+    assert repair.first_step("RESTART_BM", 2, s) == "reboot"        # NODE_REBOOT
+    assert repair.first_step("CONTACT_SUPPORT", None, s) is None
+    assert repair.first_step("CONTACT_SUPPORT", 1, s) == "reset"    # the driver says GPU_RESET
