@@ -158,7 +158,7 @@ def test_xid79_walks_reset_reboot_and_rma_across_reboots(tmp_path, cluster):
     assert cluster.resets() == [] and _steps(tmp_path)[-1] == ("reset", "refused")
 
     # 2. The job ends: the reset runs, a fresh NVML read still misses the GPU -> reboot.
-    job.unlink()
+    job.unlink(missing_ok=True)
     cluster.set_state("IDLE+DRAIN")
     r = run()
     assert cluster.resets() == [[repair.NVIDIA_SMI, "-r", "-i", BUS]]
