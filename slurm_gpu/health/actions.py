@@ -48,10 +48,14 @@ def show_node(name: str, timeout: float) -> NodeState | None:
 
 
 def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, timeout: float,
-        dry_run: bool = False, owe: object = SAME, hold: bool = False) -> Outcome:
+        dry_run: bool = False, owe: object = SAME, hold: bool = False,
+        adopt: str | None = None) -> Outcome:
     """Look at the node, decide, and (unless *dry_run*) drain or resume it.
 
     *owe*: the part of *want* to remember when scontrol fails (see :func:`decide`).
+    *adopt*: a drain reason another part of slurm-gpu set (the epilog's
+    user-problem drain): when the node stands drained with exactly it, it is
+    ours to resume.
     """
     owed = (want if owe is SAME else owe) or mem.pending_reason
     try:
@@ -60,6 +64,8 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
         keep = Memory(mem.drained_reason, mem.clean_runs, owed, mem.slurmd, mem.isolated,
                       mem.boot_id)
         return Outcome(Plan("none", "could not read node state", memory=keep), None, e.what)
+    if adopt and node is not None and node.drained and node.reason == adopt and mem.drained_reason != adopt:
+        mem = Memory(adopt, 0, mem.pending_reason, mem.slurmd, mem.isolated, mem.boot_id)
     plan = decide(node, want, mem, clean_runs_to_resume, owe, hold)
     if dry_run or plan.action == "none":
         if dry_run:

@@ -309,20 +309,34 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     else:
         # scontrol must finish before the watchdog: a child is never left behind.
         timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic() - 0.5) / 2))
-        rstate = None
+        rstate = marker = None
+        dirty = False
         if opts.repair is not None and not opts.kernel_log:
             from . import repair
             rpath = repair.state_path(opts.repair, opts.node)
             rstate = repair.load(rpath)
-        out = actions.act(opts.node, want, mem, clean_runs_to_resume=max(1, s.clean_runs_to_resume),
-                          timeout=timeout, owe=owe, hold=bool(rstate and rstate.holding))
+            if opts.repair.user_problem and opts.state_dir:
+                from . import userproblem
+                mpath = userproblem.marker_path(opts.state_dir, opts.node)
+                marker = userproblem.load_marker(mpath)   # one failed open() on a clean node
+                if marker is not None:
+                    dirty = _still_left(opts, marker, deadline, notes)
+        out = actions.act(opts.node, want, mem,
+                          clean_runs_to_resume=1 if marker is not None and not dirty
+                          else max(1, s.clean_runs_to_resume),
+                          timeout=timeout, owe=owe, hold=bool(rstate and rstate.holding) or dirty,
+                          adopt=marker.reason if marker is not None else None)
         mem = out.plan.memory
         notes.append(out.plan.note)
         rep.action = out.plan.action
         if out.error:
             rep.broken = out.error if not incomplete else f"{incomplete}; {out.error}"
             notes.append(out.error)
-        elif rstate is not None:
+        elif marker is not None and (out.plan.action != "none" or out.node is None or not out.node.drained
+                                     or out.node.reason != marker.reason):
+            # Resumed, replaced by a node fault, or no longer ours: the marker is done.
+            userproblem.drop_marker(mpath)
+        if not out.error and rstate is not None:
             r = repair.after_act(node=opts.node, settings=opts.repair, st=rstate, path=rpath,
                                  event_findings=event_findings, health=health, node_state=out.node,
                                  mem=mem, boot_id=boot, job_state_dir=opts.job_state_dir,
@@ -336,6 +350,25 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
                                         "last_run": time.time(), "last_status": rep.status})
     return rep
+
+
+def _still_left(opts: Options, marker: Any, deadline: float, notes: list[str]) -> bool:
+    """Whether what a job left behind (health/userproblem.py) is still on its GPUs."""
+    from ..hw.nvml_health import read_health_bounded
+    from .userproblem import leftovers
+    if opts.nvml_opener is None:
+        return True
+    left = max(1.0, deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0)
+    h = read_health_bounded(opts.nvml_opener, call_timeout=min(opts.settings.nvml_call_timeout, left),
+                            total_timeout=left, close_api=opts.nvml_closer, include_fabric=False,
+                            include_processes=True)
+    if not h.available or h.hung:
+        notes.append(f"user-problem: GPUs not read ({h.error or h.hung}): stays drained")
+        return True
+    found = leftovers([g for g in h.gpus if g.bus_id in marker.gpus], marker.uid)
+    notes.append(f"user-problem: {'; '.join(found)}: stays drained" if found
+                 else f"user-problem: job {marker.jobid}'s GPUs are clean")
+    return bool(found)
 
 
 def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, deadline: float,

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 PREFIX = "slurm-gpu:"
+USER_PROBLEM = "slurm-gpu: user-problem:"     # health/userproblem.py
 _REASON_STAMP = re.compile(r"\s\[[^\]\[\s]*@[^\]\[\s]*\](?=\s|$)")
 _AFTER_REASON = re.compile(r"\s(?:Comment|Extra)=")
 _BOOTING = {"POWERING_UP", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWER_UP", "REBOOT_ISSUED",
@@ -176,6 +177,10 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
         mem.drained_reason = node.reason
         if want is not None:
             mem.clean_runs = 0
+            if node.reason.startswith(USER_PROBLEM) and not want.startswith(USER_PROBLEM):  # type: ignore[union-attr]
+                # A node fault outranks a job's leftovers: its reason, and its way back.
+                mem.drained_reason = want
+                return Plan("drain", "a node fault replaces the user-problem drain", reason=want, memory=mem)
             return Plan("none", "already drained by slurm-gpu", memory=mem)
         if hold:
             mem.clean_runs = 0

@@ -51,6 +51,9 @@ class Context:
     locality_key: str = ""                       # what the cached GPU locality depends on
     gres_conf: str | None = None                 # gres.conf: Slurm's GPU index -> device
     node_name: str = ""
+    # The health check's state directory: a user-problem drain leaves its marker
+    # there ("" = no user-problem check).  See slurm_gpu/health/userproblem.py.
+    health_state_dir: str = ""
 
 
 def default_context(env: Mapping[str, str] | None = None) -> Context:
@@ -70,7 +73,18 @@ def default_context(env: Mapping[str, str] | None = None) -> Context:
 
     return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: live.load_node(node),
                    locality_key=f"{node.nvml}|{node.snapshot}", gres_conf=gres_conf_path(env),
-                   node_name=live.node_name())
+                   node_name=live.node_name(), health_state_dir=_health_state_dir(node))
+
+
+def _health_state_dir(node: Any) -> str:
+    """Where the health check keeps its state, if the user-problem check is on."""
+    from .. import config
+    from ..health.settings import HealthSettings, RepairSettings
+    if not config.section(RepairSettings, "repair").user_problem:
+        return ""
+    from ..hw import live
+    hs = config.section(HealthSettings, "health")
+    return (hs.state_dir or node.state_dir).replace("%n", live.node_name())
 
 
 def _lazy_api(ctx: Context) -> Callable[[], Any]:
@@ -358,8 +372,45 @@ def epilog(ctx: Context) -> int:
         ctx.log(f"{line} [epilog job {jobid}: cleanup incomplete, "
                 f"on_internal_error={ctx.jobs.on_internal_error}]")
         return 1 if ctx.jobs.on_internal_error == "drain" else 0
+    _leftovers(ctx, st, user, api)
     jobstate.remove(ctx.state_dir, jobid)
     return 0
+
+
+def _leftovers(ctx: Context, st: dict[str, Any], user: JobUser | None, api: Callable[[], Any]) -> None:
+    """user-problem: what the job left on its GPUs drains the node with a reason
+    the health check resumes by itself once the GPUs are clean."""
+    from ..health import userproblem as up
+    gpus = [g for g in st.get("gpus") or () if isinstance(g, dict) and isinstance(g.get("index"), int)]
+    if not ctx.health_state_dir or not gpus:
+        return
+    jobid = st["jobid"]
+    from .migjob import _gpus_of_other_jobs
+    shared = _gpus_of_other_jobs(ctx, jobid)
+    indices = [g["index"] for g in gpus if g.get("uuid") not in shared]
+    if not indices:
+        return
+    from ..hw.nvml_health import read_health
+    try:
+        h = read_health(api(), indices, include_fabric=False, include_processes=True)
+    except Exception as e:  # noqa: BLE001 - not knowing is no reason to drain
+        ctx.log(f"slurm-gpu: epilog job {jobid}: leftovers not checked: {e}")
+        return
+    found = up.leftovers(h.gpus, user.uid if user else None)
+    if not found:
+        return
+    reason = up.reason_for(jobid, found)
+    path = up.marker_path(ctx.health_state_dir, ctx.node_name)
+    if up.load_marker(path) is not None:
+        ctx.log(f"{reason} [not drained: an earlier user-problem drain is still open]")
+        return
+    # The marker first: a drain we make must always be one the health check can lift.
+    up.save_marker(path, up.Marker(reason, jobid, user.uid if user else None,
+                                   tuple(g.bus_id for g in h.gpus if g.bus_id)))
+    note = up.drain(ctx.node_name, reason, timeout=10.0)
+    if note != "drained":
+        up.drop_marker(path)
+    ctx.log(f"{reason} [{note}]")
 
 
 def _epilog_untrusted_state(ctx: Context, jobid: str, e: InputError) -> int:

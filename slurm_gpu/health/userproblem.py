@@ -1,0 +1,131 @@
+"""A job's leftovers, kept apart from broken hardware.
+
+The epilog looks at the GPUs the job held once its own cleanup is done: a
+process of the job's user still has a context on one (it escaped the job's
+process tracking), or GPU memory is still held while no process is left.
+That is the user's problem, not the node's: the epilog drains with
+``slurm-gpu: user-problem: ...`` and leaves a marker (the reason, the GPUs)
+in the health check's state directory.  The health check then looks at
+those GPUs on every run (one extra NVML read, only while a marker exists)
+and resumes the node by itself on the first clean run; a node fault found
+meanwhile replaces the reason and is resumed only by the usual clean runs.
+
+A node someone else drained is never drained again, and a marker whose
+reason no longer stands (an admin resumed or re-drained the node) is
+dropped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..fsutil import atomic_write
+
+PREFIX = "slurm-gpu: user-problem:"
+MARKER = "user-problem.{}.json"
+# Used GPU memory with no process left that counts as held by the job (MiB):
+# an idle GPU reports a few MiB on current drivers (more on old ones).
+HELD_MIB = 1024
+
+
+def marker_path(state_dir: str, node: str) -> str:
+    return os.path.join(state_dir, MARKER.format(re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_"))
+
+
+@dataclass(frozen=True)
+class Marker:
+    reason: str
+    jobid: str
+    uid: int | None
+    gpus: tuple[str, ...]            # bus ids
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason, "jobid": self.jobid, "uid": self.uid, "gpus": list(self.gpus)}
+
+
+def load_marker(path: str) -> Marker | None:
+    """The marker, or None when missing or malformed (a malformed one is not acted on)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+        if not (isinstance(d, dict) and isinstance(d.get("reason"), str) and d["reason"].startswith(PREFIX)
+                and isinstance(d.get("gpus"), list) and all(isinstance(g, str) for g in d["gpus"])):
+            return None
+        uid = d.get("uid")
+        return Marker(d["reason"], str(d.get("jobid", "")), uid if isinstance(uid, int) else None,
+                      tuple(d["gpus"]))
+    except (OSError, ValueError):
+        return None
+
+
+def save_marker(path: str, m: Marker) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    atomic_write(path, json.dumps(m.to_json(), sort_keys=True) + "\n", mode=0o600)
+
+
+def drop_marker(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def process_uid(pid: int, proc: str = "/proc") -> int | None:
+    """The real uid of *pid*, or None when /proc does not show it (another pid namespace)."""
+    try:
+        with open(f"{proc}/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def leftovers(gpus: list[Any], uid: int | None, *, held_mib: int = HELD_MIB,
+              uid_of: Any = process_uid) -> list[str]:
+    """What is left on *gpus* (GpuHealth read with processes), one phrase per GPU.
+
+    A process counts when it is the job user's, or its owner cannot be seen
+    (it may be); root's and other users' processes are someone else's.
+    Without any process, used memory above *held_mib* counts as held.
+    """
+    out = []
+    for g in gpus:
+        if g.lost or g.processes is None:
+            continue
+        mine = [p for p, _ in g.processes if uid is None or uid_of(p) in (uid, None)]
+        if mine:
+            out.append(f"process{'es' if len(mine) > 1 else ''} {','.join(map(str, mine))} on GPU {g.bus_id}")
+        elif not g.processes and g.memory_used is not None and g.memory_used > held_mib * 1024 * 1024:
+            out.append(f"{g.memory_used // (1024 * 1024)} MiB held on GPU {g.bus_id} with no process left")
+    return out
+
+
+def reason_for(jobid: str, found: list[str]) -> str:
+    text = f"{PREFIX} job {jobid} left {'; '.join(found)}"
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def drain(node: str, reason: str, timeout: float) -> str:
+    """Drain *node* for a user problem unless someone (we included) already has; returns a note."""
+    from .. import runner
+    from ..errors import CommandError
+    from .actions import scontrol_path, show_node
+    try:
+        ns = show_node(node, timeout)
+    except CommandError as e:
+        return f"not drained: {e.what}"
+    if ns is None:
+        return "not drained: node unknown to Slurm"
+    if ns.drained or "FAIL" in ns.flags or ns.reason:
+        return f"not drained: node already {'drained' if ns.drained else 'flagged'} ({ns.reason or 'no reason'})"
+    try:
+        runner.run([scontrol_path(), "update", f"nodename={node}", "state=drain", f"reason={reason}"], timeout)
+    except CommandError as e:
+        return f"not drained: {e.what}"
+    return "drained"
