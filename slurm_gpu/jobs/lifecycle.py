@@ -357,6 +357,9 @@ def epilog(ctx: Context) -> int:
         return _epilog_untrusted_state(ctx, jobid, e)
     has_dir = os.path.lexists(mps.job_dir(ctx.mps.base_dir, jobid))
     if st is None and not has_dir:
+        # A job without --gpu-mps/--gpu-mig: nothing of ours to undo, but
+        # what it left on its GPUs (Slurm names them) is still looked at.
+        _leftovers_of_plain_job(ctx, jobid)
         return 0
     user = job_user(env, st)
     if st is None:
@@ -375,6 +378,20 @@ def epilog(ctx: Context) -> int:
     _leftovers(ctx, st, user, api)
     jobstate.remove(ctx.state_dir, jobid)
     return 0
+
+
+def _leftovers_of_plain_job(ctx: Context, jobid: str) -> None:
+    if not ctx.health_state_dir:
+        return
+    indices, _ = job_gpus(ctx.env)
+    if not indices:
+        return
+    try:
+        facts = _gpu_facts(ctx, indices)
+    except Exception as e:  # noqa: BLE001 - not knowing the GPUs is no reason to drain
+        ctx.log(f"slurm-gpu: epilog job {jobid}: leftovers not checked: {e}")
+        return
+    _leftovers(ctx, {"jobid": jobid, "gpus": facts}, job_user(ctx.env), _lazy_api(ctx))
 
 
 def _leftovers(ctx: Context, st: dict[str, Any], user: JobUser | None, api: Callable[[], Any]) -> None:
