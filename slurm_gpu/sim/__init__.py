@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..hw import backend as _backend
 from .nvml import SimNvml, inject_event, set_overlay
 from .state import init_state, init_state_for_machine, load_facts
 
@@ -28,3 +29,14 @@ def open_sim(state_path: str) -> Any:
     sim.state  # noqa: B018 - fail now, with the file named, if the state is unreadable
     sim.nvmlInit()
     return OverlayNvml(sim, lambda: sim.state.get("overlay") or {})
+
+
+def _open_backend(state_path: str) -> tuple[Any, None]:
+    """The ``sim:<state file>`` GPU backend: the MIG-capable simulator, faults applied."""
+    from .mig import open_mig_sim
+    return open_mig_sim(state_path), None
+
+
+# The hardware layer names this package for "sim:" sources and never imports
+# it; importing it makes the simulator a backend.
+_backend.register("sim", _open_backend)

@@ -1,0 +1,109 @@
+"""Which backend answers GPU calls: chosen here, and nowhere else.
+
+A backend is a function ``open(path) -> (api, closer)`` giving an object with
+pynvml's surface; :func:`open_gpus` wraps it in the one adapter
+(:class:`~slurm_gpu.hw.gpus_nvml.NvmlGpus`).  The backends:
+
+* ``live``: the driver through pynvml (:mod:`slurm_gpu.hw.nvml`);
+* ``snapshot:<file>``: recorded answers replayed, optionally with a fault
+  overlay (:mod:`slurm_gpu.hw.snapshot`);
+* ``sim:<state file>``: the simulator.  It lives outside hw/ and registers
+  itself (:func:`register`) when its package is imported; hw/ never imports
+  it, it only names the package to import in :data:`PLUGINS`.
+
+Recording (``snapshot record``) wraps whichever api is open; it is not a
+source of its own.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..errors import InputError
+
+Opener = Callable[[str], "tuple[Any, Callable[[Any], None] | None]"]
+
+_OPENERS: dict[str, Opener] = {}
+# Backends that live in another package and register themselves when imported.
+PLUGINS: dict[str, str] = {"sim": "slurm_gpu.sim"}
+
+
+def register(scheme: str, opener: Opener) -> None:
+    """Make *opener* answer sources of *scheme* (``sim`` registers itself this way)."""
+    _OPENERS[scheme] = opener
+
+
+@dataclass(frozen=True)
+class GpuSource:
+    """Where GPU answers come from: ``live``, ``snapshot`` or a registered scheme (``sim``)."""
+
+    scheme: str = "live"
+    path: str = ""
+    overlay_path: str | None = None              # snapshot: a fault overlay file, read when opened
+    data: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # snapshot, parsed
+
+    def __str__(self) -> str:
+        return self.scheme if not self.path else f"{self.scheme}:{self.path}"
+
+
+LIVE = GpuSource()
+
+
+def source_for(settings: Any, *, snapshot: str | None = None, overlay_path: str | None = None,
+               data: Mapping[str, Any] | None = None, writes: bool = False) -> GpuSource:
+    """The source for this node's ``[node]`` *settings*.
+
+    An explicit *snapshot* wins; then ``nvml = "sim:..."``; then ``[node]
+    snapshot``, unless the caller *writes* (MIG, compute mode): a recording
+    cannot change a GPU, so writes go to the driver.  *overlay_path* (faults
+    for a replay) and *data* (the snapshot, already parsed) only apply to a
+    snapshot.
+    """
+    if snapshot:
+        return GpuSource("snapshot", snapshot, overlay_path, data)
+    assert settings is not None, "no snapshot given: the [node] settings choose"
+    if settings.sim_state:
+        return GpuSource("sim", settings.sim_state)
+    if settings.snapshot and not writes:
+        return GpuSource("snapshot", settings.snapshot, overlay_path, data)
+    return LIVE
+
+
+def _open_live(path: str) -> tuple[Any, Callable[[Any], None] | None]:
+    from . import nvml
+    return nvml.open_api(), nvml.close_api
+
+
+def _open_snapshot(source: GpuSource) -> Any:
+    from . import snapshot as snap
+    data = source.data if source.data is not None else snap.read_snapshot(source.path)
+    ov = snap.load_overlay(source.overlay_path) if source.overlay_path else None
+    return snap.replay_api(data, source.path, ov, source.overlay_path or "overlay")
+
+
+def open_api(source: GpuSource = LIVE) -> tuple[Any, Callable[[Any], None] | None]:
+    """The raw api (pynvml's surface) for *source* and how to close it; for hw/ only."""
+    if source.scheme == "live":
+        return _open_live(source.path)
+    if source.scheme == "snapshot":
+        return _open_snapshot(source), None
+    opener = _OPENERS.get(source.scheme)
+    if opener is None and source.scheme in PLUGINS:
+        importlib.import_module(PLUGINS[source.scheme])   # registers itself
+        opener = _OPENERS.get(source.scheme)
+    if opener is None:
+        raise InputError(f"unknown GPU backend {source.scheme!r}", str(source))
+    return opener(source.path)
+
+
+def open_gpus(source: GpuSource = LIVE) -> Any:
+    """The :class:`~slurm_gpu.hw.gpus.Gpus` of *source* (initialised; ``close()`` when done)."""
+    from .gpus_nvml import NvmlGpus
+    api, closer = open_api(source)
+    return NvmlGpus(api, closer)
+
+
+def opener(source: GpuSource) -> Callable[[], Any]:
+    """A function opening :func:`open_gpus` of *source* later (in a worker thread, lazily)."""
+    return lambda: open_gpus(source)

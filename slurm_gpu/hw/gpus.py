@@ -1,0 +1,157 @@
+"""The narrow GPU interface: one typed :class:`Gpus` protocol, plain data in and out.
+
+Code outside ``slurm_gpu/hw/`` (and the simulator) never sees the vendor
+library: it gets a :class:`Gpus` from :func:`slurm_gpu.hw.backend.open_gpus`
+and speaks GPU indices, ints, strings and the small dataclasses below.
+Errors are :class:`GpuError` carrying the driver's numeric code and the call
+that failed.
+
+Every backend (the live driver, a snapshot replay, the simulator, a recorder
+around any of them) answers through the same adapter,
+:class:`slurm_gpu.hw.gpus_nvml.NvmlGpus`, so a method added here is written
+once, in that adapter (see docs/architecture.md, "Where to add...").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+from .views import NvmlView
+
+# Error codes the callers act on (the driver's numbers: the same for every backend).
+IN_USE = 19
+GPU_IS_LOST = 15
+
+# The call that looks a GPU instance up by id: its failure means "cannot find",
+# any later one "cannot destroy".
+INSTANCE_LOOKUP = "nvmlDeviceGetGpuInstanceById"
+
+# Compute modes (the driver's numbers).
+COMPUTE_MODE_DEFAULT = 0
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
+
+
+class GpuError(Exception):
+    """A GPU call failed.  ``str()`` is the driver's own message; ``code`` its
+    number, ``name`` its symbolic name and ``call`` the query that failed."""
+
+    def __init__(self, message: str, code: int | None, name: str, call: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name
+        self.call = call
+
+    @property
+    def lost(self) -> bool:
+        """The GPU fell off the bus (or its driver gave up on it)."""
+        return self.code == GPU_IS_LOST
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """A MIG GPU instance found on a GPU, with its compute instances."""
+
+    gi_id: int
+    profile_id: int
+    start: int
+    size: int
+    cis: tuple[tuple[int, int, int], ...]   # (ci_id, ci_profile_id, ci_start)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gi_id": self.gi_id, "profile_id": self.profile_id, "start": self.start,
+                "size": self.size, "cis": [list(c) for c in self.cis]}
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance as CUDA sees it)."""
+
+    gi_id: int
+    ci_id: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """One event from an :class:`EventListener`.
+
+    ``kind`` is ``xid``, ``dbe``, ``gpu_unavailable``, ``recovery_action`` or
+    ``other``; ``gpu`` the PCI bus id when known; ``data`` the event's data
+    (the XID number for ``xid``); ``type`` the driver's raw event type bits.
+    """
+
+    kind: str
+    gpu: str | None
+    data: int
+    type: int
+
+
+class EventListener(Protocol):
+    """Critical GPU events (XID, double-bit ECC, GPU unavailable, recovery action)."""
+
+    def register(self, index: int) -> None:
+        """Listen to GPU *index* (only the kinds it supports); GpuError when refused."""
+
+    def wait(self, timeout_ms: int) -> GpuEvent | None:
+        """The next event, or None after *timeout_ms*; GpuError on any other failure."""
+
+    def close(self) -> None:
+        """Free the listener (errors ignored: we are done with it)."""
+
+
+class Gpus(Protocol):
+    """The GPUs of one node, as the rest of slurm-gpu needs them."""
+
+    # -- reading -------------------------------------------------------------
+    def count(self) -> int:
+        """How many GPUs the driver shows."""
+
+    def name(self, index: int) -> str:
+        """The product name (``NVIDIA H100 80GB HBM3``)."""
+
+    def pci_device_id(self, index: int) -> int:
+        """The combined PCI device/vendor id (``0x233010de``)."""
+
+    def read_view(self, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None
+                  ) -> NvmlView:
+        """Every GPU's identity, NVLink peers, MIG instances and fabric (the node model's GPU half)."""
+
+    # -- compute mode --------------------------------------------------------
+    def compute_mode(self, index: int) -> int:
+        """The compute mode (:data:`COMPUTE_MODE_DEFAULT`, ...)."""
+
+    def set_compute_mode(self, index: int, mode: int) -> None:
+        """Set the compute mode (root)."""
+
+    # -- MIG -----------------------------------------------------------------
+    def check(self, index: int) -> None:
+        """GpuError unless GPU *index* can be opened."""
+
+    def mig_mode(self, index: int) -> int | None:
+        """The current MIG mode (0 off, 1 on), or None for a GPU without MIG."""
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """Turn MIG mode on or off (root; the GPU must be idle)."""
+
+    def gpu_instances(self, index: int) -> list[GpuInstance]:
+        """Every GPU instance on the GPU, with its compute instances."""
+
+    def mig_devices(self, index: int) -> list[MigDevice]:
+        """Every MIG device on the GPU."""
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        """Create a GPU instance at exactly this placement; returns its id."""
+
+    def create_compute_instance(self, index: int, gi_id: int, ci_profile: int, start: int, size: int) -> int:
+        """Create a compute instance in GI *gi_id* at this placement; returns its id."""
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> bool:
+        """Destroy GI *gi_id* and its compute instances; False when it does not exist."""
+
+    # -- events --------------------------------------------------------------
+    def listen(self) -> EventListener:
+        """A new listener for critical events (register GPUs on it, then wait)."""
+
+    # -- lifetime ------------------------------------------------------------
+    def close(self) -> None:
+        """Release the driver (errors ignored)."""
