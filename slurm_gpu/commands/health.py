@@ -53,26 +53,19 @@ def model_links(snapshot: str | None) -> dict[str, int] | None:
     return {g["pci_bus_id"]: sum(l["links"] for l in g.get("nvlinks", ())) for g in node.get("gpus", ())} or None
 
 
-def _openers(snapshot: str | None, overlay: str | None, s: Any) -> tuple[Any, Any]:
-    """(open, close) for the NVML api this node uses: replay, simulator or real pynvml."""
-    from ..hw import live, snapshot as snap
+def _opener(snapshot: str | None, overlay: str | None, s: Any) -> Any:
+    """Opens the GPUs this node uses (replay, simulator or the driver) when called."""
+    import dataclasses
+    from ..hw import backend, live
     ov_path = overlay or (s.nvml_overlay.replace("%n", live.node_name()) if s.nvml_overlay else None)
-    if snapshot is None:
-        ns = live.settings()
-        if ns.sim_state:
-            return (lambda: live.open_nvml(ns)), None
-        snapshot = ns.snapshot or None
-    if snapshot:
-        path = snapshot
+    source = backend.source_for(live.settings() if snapshot is None else None, snapshot=snapshot,
+                                overlay_path=ov_path)
 
-        def open_replay() -> Any:
-            data = _read_snapshot(path)
-            ov = snap.load_overlay(ov_path) if ov_path else None
-            return snap.replay_api(data, path, ov, ov_path or "overlay")
-
-        return open_replay, None
-    from ..hw import nvml
-    return nvml.open_api, nvml.close_api
+    def open_gpus() -> Any:
+        if source.scheme == "snapshot":   # parsed once per run: the model and the replay both need it
+            return backend.open_gpus(dataclasses.replace(source, data=_read_snapshot(source.path)))
+        return backend.open_gpus(source)
+    return open_gpus
 
 
 @click.command("health")
@@ -112,12 +105,12 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
     name = node or live.node_name()
     only_list = [c.strip() for c in only.split(",") if c.strip()] if only else None
     checks = engine.select_checks(only_list, s)
-    opener = closer = None
+    opener = None
     if set(checks) & set(engine.NVML_CHECKS):
-        opener, closer = _openers(snapshot, overlay, s)
+        opener = _opener(snapshot, overlay, s)
     opts = engine.Options(
         node=name, settings=s, state_dir=_state_dir(s), only=only_list, kernel_log=kernel_log,
-        no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener, nvml_closer=closer,
+        no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener,
         gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
         expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None,
         repair=_repair_settings(), job_state_dir=live.settings().state_dir)
@@ -177,8 +170,7 @@ def xid_watch(events_file: str | None, snapshot: str | None, overlay: str | None
     s = _settings()
     path = events_file or (s.events_file.replace("%n", _node()) if s.events_file else
                            os.path.join(_state_dir(s), "xid-events.jsonl"))
-    opener, closer = _openers(snapshot, overlay, s)
-    n = watch(opener, path, max_events=max_events, run_for=run_for, closer=closer)
+    n = watch(_opener(snapshot, overlay, s), path, max_events=max_events, run_for=run_for)
     click.echo(f"slurm-gpu: xid-watch stopped after {n} events ({path})", err=True)
     return 0
 

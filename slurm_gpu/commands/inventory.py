@@ -4,7 +4,7 @@ Reads the node only through :func:`slurm_gpu.hw.load_node` (live, snapshot
 or hwloc XML).  This module is on the benchmarked path (``inventory
 --snapshot F --json`` within 150 ms including interpreter start), so it
 imports nothing heavy at module level: the hardware layer is imported inside
-the command, and cffi/pynvml only when the chosen source needs them.
+the command, and cffi/NVML only when the chosen source needs them.
 """
 from __future__ import annotations
 

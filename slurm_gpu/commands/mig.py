@@ -99,12 +99,9 @@ def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str 
     _, _, mig_settings = load()
     node = live.settings()
     entries = baseline.load_config(config, select)
-    if node.sim_state:
-        from ..sim.mig import open_mig_sim
-        api = open_mig_sim(node.sim_state)
-    else:
-        api = live.open_nvml(node)
-    diffs = baseline.diff(api, entries, config)
+    from ..hw import backend
+    gpus = backend.open_gpus(backend.source_for(node, writes=True))
+    diffs = baseline.diff(gpus, entries, config)
     drift = [d for d in diffs if d.drift]
     for d in diffs:
         state = "drift: " + "; ".join(d.actions) if d.drift else "ok"
@@ -120,15 +117,14 @@ def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str 
     if out:
         _refuse_shared_gres_conf(out)      # before anything changes: a shared file is never rewritten
     # Jobs record their GPUs by UUID (their "index" is Slurm's, not NVML's).
-    from ..hw.gpuid import nvml_index
     busy: dict[int, str] = {}
     for jobid in jobstate.list_jobs(node.state_dir):
         for g in (jobstate.load(node.state_dir, jobid) or {}).get("gpus", []):
             if isinstance(g, dict) and (g.get("uuid") or g.get("minor") is not None):
-                busy[nvml_index(api, uuid=g.get("uuid"), minor=g.get("minor"))] = jobid
+                busy[gpus.find(uuid=g.get("uuid"), minor=g.get("minor"))] = jobid
             else:   # recorded by an older version: which GPU is unknown, so every one is busy
                 busy.update({d.index: jobid for d in diffs})
-    for line in baseline.apply(api, diffs, busy, config):
+    for line in baseline.apply(gpus, diffs, busy, config):
         click.echo(f"slurm-gpu: changed {line}")
     if out:
         from ..confgen.gres import render_gres_conf

@@ -35,8 +35,8 @@ def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: 
     mig_minors = None
     source = "live"
     if sim_state:
-        from ..sim import open_sim
-        api = open_sim(sim_state)
+        from ..hw import backend
+        api, _ = backend.open_api(backend.GpuSource("sim", sim_state))
         mig_minors = api.mig_minors()
         source = f"sim:{sim_state}"
         if xml is None:

@@ -1,6 +1,6 @@
 """GPU type names as Slurm's AutoDetect=nvml spells them.
 
-Slurm (``src/plugins/gpu/nvml/gpu_nvml.c``) takes ``nvmlDeviceGetName()``,
+Slurm (``src/plugins/gpu/nvml/gpu_nvml.c``) takes NVML's device name,
 lower-cases it and turns spaces into ``_`` (``gpu_common_underscorify_tolower``):
 ``NVIDIA H100 80GB HBM3`` -> ``nvidia_h100_80gb_hbm3``.  For a MIG device it
 cuts the parent's name at the first ``-`` and appends ``_<profile>``:

@@ -66,8 +66,7 @@ class Options:
     kernel_log: str | None = None          # CLI --kernel-log: read whole file, no cursor
     no_drain: bool = False
     slurm_mode: bool = False
-    nvml_opener: Callable[[], Any] | None = None
-    nvml_closer: Callable[[Any], None] | None = None
+    nvml_opener: Callable[[], Any] | None = None   # -> slurm_gpu.hw.gpus.Gpus (hw.backend.opener)
     gres_conf: str | None = None
     os_root: str = "/"
     parent_slurmd: str | None = None       # identity of the slurmd that started us, if any
@@ -210,8 +209,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         from ..hw.nvml_health import read_health_bounded
         budget = max(1.0, min(s.watchdog_seconds * 0.6, s.watchdog_seconds - 3.0)) if s.watchdog_seconds else 60.0
         health = read_health_bounded(opts.nvml_opener, call_timeout=min(s.nvml_call_timeout, budget),
-                                     total_timeout=budget, close_api=opts.nvml_closer,
-                                     include_fabric="gpu.fabric" in checks)
+                                     total_timeout=budget, include_fabric="gpu.fabric" in checks)
         findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max, opts.expected_links)
         if health.slow:
             incomplete = f"NVML too slow: {health.hung}"

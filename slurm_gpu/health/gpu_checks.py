@@ -12,11 +12,11 @@ from typing import Sequence
 from ..hw.nvml_health import GpuHealth, NvmlHealth
 from .findings import DRAIN, INFO, WARN, Finding
 
-# NVML_GPU_RECOVERY_ACTION_* (pynvml)
+# NVML_GPU_RECOVERY_ACTION_* (the driver's recovery action numbers)
 RECOVERY_NAMES = {0: "no action", 1: "a GPU reset", 2: "a node reboot", 3: "a P2P drain",
                   4: "a drain and reset", 5: "IMEX domain recovery", 6: "a bus reset", 7: "a system reboot"}
 
-# nvmlClocksEventReason* bits (pynvml)
+# The driver's clocks-event reason bits (NVML ClocksEventReason*)
 REASON_GPU_IDLE = 0x1
 REASON_SW_THERMAL = 0x20
 REASON_HW_SLOWDOWN = 0x8

@@ -106,6 +106,11 @@ class Gpus(Protocol):
     def count(self) -> int:
         """How many GPUs the driver shows."""
 
+    def find(self, *, uuid: str | None = None, minor: int | None = None) -> int:
+        """The index of the GPU with *uuid* (preferred) or device *minor*; with both,
+        they must agree (HardwareError otherwise).  Indices are positions in
+        this open session: records name GPUs by UUID and minor, never by index."""
+
     def name(self, index: int) -> str:
         """The product name (``NVIDIA H100 80GB HBM3``)."""
 
@@ -132,6 +137,9 @@ class Gpus(Protocol):
 
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         """Turn MIG mode on or off (root; the GPU must be idle)."""
+
+    def gpu_instance_profile_id(self, index: int, profile: int) -> int:
+        """The driver's id of GPU instance profile *profile* (a ``GPU_INSTANCE_PROFILE_*`` number)."""
 
     def gpu_instances(self, index: int) -> list[GpuInstance]:
         """Every GPU instance on the GPU, with its compute instances."""

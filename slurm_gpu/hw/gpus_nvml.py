@@ -77,6 +77,10 @@ class NvmlGpus:
     def count(self) -> int:
         return int(self._call("nvmlDeviceGetCount"))
 
+    def find(self, *, uuid: str | None = None, minor: int | None = None) -> int:
+        from .gpuid import nvml_index
+        return nvml_index(self.api, uuid=uuid, minor=minor)
+
     def name(self, index: int) -> str:
         return _s(self._call("nvmlDeviceGetName", self._dev(index)))
 
@@ -117,6 +121,9 @@ class NvmlGpus:
 
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         self._call("nvmlDeviceSetMigMode", self._dev(index), 1 if enabled else 0)
+
+    def gpu_instance_profile_id(self, index: int, profile: int) -> int:
+        return int(self._call("nvmlDeviceGetGpuInstanceProfileInfo", self._dev(index), profile).id)
 
     def gpu_instances(self, index: int) -> list[GpuInstance]:
         # Probing ids: the simulator's handles are not ctypes arrays.

@@ -73,18 +73,15 @@ def settings(raw: dict[str, Any] | None = None) -> NodeSettings:
 
 
 def open_nvml(s: NodeSettings | None = None) -> Any:
-    """The NVML api object for this node: the simulator or the real pynvml (initialised).
+    """The NVML api object for this node's GPU backend (the simulator or the driver), for hw/ only.
 
     Raises :class:`~slurm_gpu.hw.nvml.NvmlUnavailable` when the real NVML
-    cannot be used; health reads and the MIG code use this too, so all of
-    them see the same NVML as the inventory.
+    cannot be used.  Code outside hw/ opens :func:`slurm_gpu.hw.backend.open_gpus`.
     """
+    from . import backend
     s = s or settings()
-    if s.sim_state:
-        from ..sim import open_sim
-        return open_sim(s.sim_state)
-    from . import nvml
-    return nvml.open_api()
+    api, _ = backend.open_api(backend.source_for(s, writes=True))
+    return api
 
 
 def load_node(s: NodeSettings | None = None) -> Node:

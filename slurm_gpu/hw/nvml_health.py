@@ -239,12 +239,12 @@ class _Watched:
         return call
 
 
-def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.0, total_timeout: float = 12.0,
-                        close_api: Callable[[Any], None] | None = None, include_fabric: bool = True,
-                        include_processes: bool = False) -> NvmlHealth:
+def read_health_bounded(open_gpus: Callable[[], Any], *, call_timeout: float = 5.0, total_timeout: float = 12.0,
+                        include_fabric: bool = True, include_processes: bool = False) -> NvmlHealth:
     """:func:`read_health` with a deadline on every NVML call and on the whole read.
 
-    ``open_api`` initialises NVML (HardwareError: NVML unavailable).  A call
+    ``open_gpus`` opens the node's :class:`~slurm_gpu.hw.gpus_nvml.NvmlGpus`
+    (HardwareError: NVML unavailable), closed after a complete read.  A call
     that does not return within ``call_timeout`` seconds ends the read with
     ``hung`` set; the stuck worker thread is left behind as a daemon.
     """
@@ -255,9 +255,9 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
 
     def work() -> None:
         try:
-            api = open_api()
-            state["api"] = api
-            state["result"] = read_health(_Watched(api, state), include_fabric=include_fabric, out=partial,
+            gpus = open_gpus()
+            state["api"] = gpus
+            state["result"] = read_health(_Watched(gpus.api, state), include_fabric=include_fabric, out=partial,
                                           include_processes=include_processes)
         except HardwareError as e:
             state["error"] = e.what
@@ -283,8 +283,8 @@ def read_health_bounded(open_api: Callable[[], Any], *, call_timeout: float = 5.
         raise state["fatal"]
     if state["error"] is not None:
         return NvmlHealth(available=False, error=state["error"])
-    if close_api is not None and state["api"] is not None:
-        close_api(state["api"])
+    if state["api"] is not None:
+        state["api"].close()
     return state["result"]
 
 

@@ -24,13 +24,16 @@ import os
 import pwd
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..errors import InputError, SlurmGpuError, UsageError
 from . import state as jobstate
 from .mps import JobUser
 from .settings import JobsSettings, MigSettings, MpsSettings
 from .state import JobFailed
+
+if TYPE_CHECKING:
+    from ..hw.gpus import Gpus
 
 ENV_MPS = "SPANK_SLURM_GPU_MPS"
 ENV_MIG = "SPANK_SLURM_GPU_MIG"
@@ -45,7 +48,7 @@ class Context:
     mps: MpsSettings
     mig: MigSettings
     state_dir: str
-    open_api: Callable[[], Any]
+    open_api: Callable[[], Any]                  # -> slurm_gpu.hw.gpus.Gpus
     node: Callable[[], Any] | None = None       # -> slurm_gpu.hw.model.Node
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr))
     locality_key: str = ""                       # what the cached GPU locality depends on
@@ -66,10 +69,8 @@ def default_context(env: Mapping[str, str] | None = None) -> Context:
     node = live.settings()
 
     def open_api() -> Any:
-        if node.sim_state:
-            from ..sim.mig import open_mig_sim
-            return open_mig_sim(node.sim_state)
-        return live.open_nvml(node)
+        from ..hw import backend
+        return backend.open_gpus(backend.source_for(node, writes=True))
 
     return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: live.load_node(node),
                    locality_key=f"{node.nvml}|{node.snapshot}", gres_conf=gres_conf_path(env),
@@ -296,25 +297,24 @@ def _setup_mps(ctx: Context, st: dict[str, Any], user: JobUser, percentage: int 
     mps.start(ctx.mps, st["jobid"], user, devices, cpus, percentage, record)
 
 
-def _set_compute_modes(ctx: Context, st: dict[str, Any], api: Any) -> None:
-    from ..hw.gpuid import open_gpu
+def _set_compute_modes(ctx: Context, st: dict[str, Any], gpus: Gpus) -> None:
+    from ..hw.gpus import COMPUTE_MODE_EXCLUSIVE_PROCESS, GpuError
     saved = st.setdefault("compute_mode_saved", {})
     for g in st["gpus"]:
-        h = open_gpu(api, uuid=g["uuid"], minor=g.get("minor"))
+        index = gpus.find(uuid=g["uuid"], minor=g.get("minor"))
         try:
-            old = int(api.nvmlDeviceGetComputeMode(h))
+            old = gpus.compute_mode(index)
             saved[g["uuid"]] = {"mode": old, "minor": g.get("minor")}
             jobstate.save(ctx.state_dir, st)
-            api.nvmlDeviceSetComputeMode(h, api.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
-        except api.NVMLError as e:
+            gpus.set_compute_mode(index, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+        except GpuError as e:
             from ..errors import HardwareError
             raise HardwareError(f"cannot set EXCLUSIVE_PROCESS compute mode: {e}",
                                 g["uuid"]) from None
 
 
-def _restore_compute_modes(ctx: Context, st: dict[str, Any], api: Any) -> None:
+def _restore_compute_modes(ctx: Context, st: dict[str, Any], gpus: Gpus) -> None:
     from ..errors import HardwareError
-    from ..hw.gpuid import open_gpu
     saved = st.get("compute_mode_saved") or {}
     for uuid, rec in list(saved.items()):
         if not isinstance(rec, dict) or not str(uuid).startswith("GPU-"):
@@ -322,8 +322,7 @@ def _restore_compute_modes(ctx: Context, st: dict[str, Any], api: Any) -> None:
             # that was is not knowable, so nothing is touched.
             raise HardwareError(f"compute mode recorded for an unidentified GPU {uuid!r}; "
                                 "restore it by hand, then run slurm-gpu job cleanup", "state")
-        h = open_gpu(api, uuid=uuid, minor=rec.get("minor"))
-        api.nvmlDeviceSetComputeMode(h, int(rec["mode"]))
+        gpus.set_compute_mode(gpus.find(uuid=uuid, minor=rec.get("minor")), int(rec["mode"]))
         del saved[uuid]
         jobstate.save(ctx.state_dir, st)
 

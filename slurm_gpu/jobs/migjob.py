@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import HardwareError
-from ..hw.gpuid import open_gpu
 from ..mig import blockers, instances
 from ..mig.instances import MigError
 from ..mig.planner import plan_gpu, parse_layout
@@ -96,10 +95,10 @@ def setup(ctx: Any, st: dict[str, Any], api: Callable[[], Any], layout: str, who
     jobstate.save(ctx.state_dir, st)
 
 
-def _open(a: Any, g: dict[str, Any]) -> Any:
+def _open(a: Any, g: dict[str, Any]) -> int:
     """The GPU a job record names, by UUID and minor (never by an index)."""
     try:
-        return open_gpu(a, uuid=g.get("uuid"), minor=g.get("minor"))
+        return int(a.find(uuid=g.get("uuid"), minor=g.get("minor")))
     except HardwareError as e:
         raise MigError(e.what, f"GPU {g.get('index')}") from None
 

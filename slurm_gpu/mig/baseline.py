@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, SlurmGpuError, UsageError
+from ..hw.gpus import GpuError, Gpus
 from . import blockers, instances
 from .instances import MigError
 from .planner import Request, plan_gpu
@@ -124,23 +125,22 @@ def _name_of(model: Any, e: instances.Existing) -> str:
     return p.name
 
 
-def diff(api: Any, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]:
+def diff(gpus: Gpus, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]:
     """Compare the config with the GPUs; each GpuDiff lists the actions needed."""
-    n = api.nvmlDeviceGetCount()
-    devs = [instances.device(api, i) for i in range(n)]
+    n = gpus.count()
+    devs = [instances.device(gpus, i) for i in range(n)]
     pcis: list[tuple[int, int | None]] = []
     for i, d in enumerate(devs):
         try:
-            pcis.append((i, int(api.nvmlDeviceGetPciInfo(d).pciDeviceId)))
+            pcis.append((i, gpus.pci_device_id(d)))
         except Exception:  # noqa: BLE001 - no PCI info: filters cannot match it
             pcis.append((i, None))
     wants = _wanted(entries, pcis, where)
     out = []
     for i, want in sorted(wants.items()):
         d = devs[i]
-        name = api.nvmlDeviceGetName(d)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        mode = instances.mig_mode(api, d)
+        name = gpus.name(d)
+        mode = instances.mig_mode(gpus, d)
         model = identify(pcis[i][1], name)
         if mode is None:
             if want.mig_enabled:
@@ -151,7 +151,7 @@ def diff(api: Any, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]:
             pci = pcis[i][1]
             raise unknown_model(f"{name}" + (f", PCI 0x{pci:08X}" if pci else ""),
                                 f"GPU {i}")
-        have = tuple(sorted(_name_of(model, e) for e in instances.list_instances(api, d))) \
+        have = tuple(sorted(_name_of(model, e) for e in instances.list_instances(gpus, d))) \
             if mode == 1 else ()
         g = GpuDiff(i, name, want, mode, have, model=model)
         if want.mig_enabled != bool(mode):
@@ -172,7 +172,7 @@ def diff(api: Any, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]:
     return out
 
 
-def apply(api: Any, diffs: list[GpuDiff], busy: dict[int, str], where: str) -> list[str]:
+def apply(gpus: Gpus, diffs: list[GpuDiff], busy: dict[int, str], where: str) -> list[str]:
     """Make every drifted GPU match; *busy* maps GPU index -> job using it."""
     done = []
     for g in diffs:
@@ -181,24 +181,23 @@ def apply(api: Any, diffs: list[GpuDiff], busy: dict[int, str], where: str) -> l
         if g.index in busy:
             raise SlurmGpuError(f"GPU {g.index} is in use by job {busy[g.index]}; drain the node "
                                 "before changing its MIG baseline", where)
-        d = instances.device(api, g.index)
+        d = instances.device(gpus, g.index)
         try:
             if g.mode == 1:
-                for e in instances.list_instances(api, d):
-                    instances.destroy_gi(api, d, e.gi_id, f"GPU {g.index}")
+                for e in instances.list_instances(gpus, d):
+                    instances.destroy_gi(gpus, d, e.gi_id, f"GPU {g.index}")
             if g.want.mig_enabled != bool(g.mode):
                 try:
-                    api.nvmlDeviceSetMigMode(d, 1 if g.want.mig_enabled else 0)
-                except api.NVMLError as e:
-                    raise MigError(f"cannot set MIG mode: {e}", f"GPU {g.index}",
-                                   getattr(e, "value", None)) from None
+                    gpus.set_mig_mode(d, g.want.mig_enabled)
+                except GpuError as e:
+                    raise MigError(f"cannot set MIG mode: {e}", f"GPU {g.index}", e.code) from None
             if g.want.mig_enabled and g.want.devices:
                 model = g.model
                 assert model is not None
                 reqs = [Request(x.split("c.", 1)[1], int(x.split("c.", 1)[0]))
                         if "c." in x else Request(x) for x in g.want.devices]
                 for p in plan_gpu(reqs, model, where=where):
-                    instances.create_placement(api, d, p, f"GPU {g.index}")
+                    instances.create_placement(gpus, d, p, f"GPU {g.index}")
         except MigError as e:
             if e.code == 19:
                 raise MigError(f"{e.what}; blockers: {blockers.explain(blockers.find())}",

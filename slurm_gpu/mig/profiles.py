@@ -73,7 +73,7 @@ class GiProfile:
 class GpuModel:
     key: str                   # short name: a100-40gb
     title: str
-    product_names: tuple[str, ...]   # NVML nvmlDeviceGetName answers
+    product_names: tuple[str, ...]   # the driver's device name answers
     pci_device_ids: tuple[int, ...]  # PCI device ids (vendor 0x10DE)
     memory_slices: int
     compute_slices: int

@@ -49,7 +49,7 @@ def cluster(make_sandbox, job_users, node_files) -> Cluster:
 def _leftovers(node_files, state_dir: Path, jobid: str | None = None) -> list[str]:
     from slurm_gpu.jobs.mps import daemon_pids
     from slurm_gpu.mig import instances
-    from slurm_gpu.sim.mig import open_mig_sim
+    from slurm_gpu.hw import backend
     out = []
     jobs = state_dir / "jobs"
     files = sorted(p.name for p in jobs.glob("*.json")) if jobs.exists() else []
@@ -64,9 +64,9 @@ def _leftovers(node_files, state_dir: Path, jobid: str | None = None) -> list[st
     # any process anywhere bound to an MPS pipe under our base is an orphan
     for p in daemon_pids_under(node_files["mps"]):
         out.append(f"orphan process {p}")
-    api = open_mig_sim(str(node_files["sim"]))
+    gpus = backend.open_gpus(backend.GpuSource("sim", str(node_files["sim"])))
     for i in (0, 1):
-        n = len(instances.list_instances(api, api.nvmlDeviceGetHandleByIndex(i)))
+        n = len(instances.list_instances(gpus, i))
         if n:
             out.append(f"{n} MIG instance(s) on GPU {i}")
     return out

@@ -77,7 +77,7 @@ def job_users_uid(name: str) -> int:
 
 
 def test_mig_distinct_uuids_per_task(cluster: Cluster, node_files) -> None:
-    from slurm_gpu.sim.mig import open_mig_sim
+    from slurm_gpu.hw import backend
     res = cluster.srun("-O", "-n3", "--gres=gpu:2", "--gpu-mig=3g.47gb;3x2g.24gb", "/bin/sh", "-c",
                        "echo TASK $SLURM_LOCALID $CUDA_VISIBLE_DEVICES", user="sgtest1")
     assert res.returncode == 0, res.stderr
@@ -87,17 +87,16 @@ def test_mig_distinct_uuids_per_task(cluster: Cluster, node_files) -> None:
     flat = [u for us in uuids for u in us.split(",")]
     assert len(lines) == 3 and len(flat) == 4 and len(set(flat)) == 4
     assert all(u.startswith("MIG-") for u in flat)
-    api = open_mig_sim(str(node_files["sim"]))
+    gpus = backend.open_gpus(backend.GpuSource("sim", str(node_files["sim"])))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(
-            _mig_count(api, api.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)):
+    while time.monotonic() < deadline and any(_mig_count(gpus, i) for i in (0, 1)):
         time.sleep(0.1)
-    assert [_mig_count(api, api.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)] == [0, 0]
+    assert [_mig_count(gpus, i) for i in (0, 1)] == [0, 0]
 
 
-def _mig_count(api, h) -> int:
+def _mig_count(gpus, index: int) -> int:
     from slurm_gpu.mig import instances
-    return len(instances.list_instances(api, h))
+    return len(instances.list_instances(gpus, index))
 
 
 @pytest.mark.parametrize("layout,why", [("4g.47gb,4g.47gb", "at most 1"),
@@ -114,7 +113,6 @@ def test_bad_layout_one_clear_line_node_up(cluster: Cluster, node_files, layout:
     # the node is not drained: it goes back to idle once the epilog ran
     cluster.wait_node_state(cluster.nodes[0], re.compile("idle|mixed"), timeout=20)
     from slurm_gpu.mig import instances
-    from slurm_gpu.sim.mig import open_mig_sim
-    api = open_mig_sim(str(node_files["sim"]))
-    assert [len(instances.list_instances(api, api.nvmlDeviceGetHandleByIndex(i)))
-            for i in (0, 1)] == [0, 0]
+    from slurm_gpu.hw import backend
+    gpus = backend.open_gpus(backend.GpuSource("sim", str(node_files["sim"])))
+    assert [len(instances.list_instances(gpus, i)) for i in (0, 1)] == [0, 0]

@@ -108,16 +108,16 @@ def test_gpu_mps_50_job_gets_its_own_daemon(cluster: Cluster) -> None:
 
 def test_gpu_mig_job_gets_mig_devices_and_the_epilog_destroys_them(cluster: Cluster) -> None:
     from slurm_gpu.mig import instances
-    from slurm_gpu.sim.mig import open_mig_sim
+    from slurm_gpu.hw import backend
     res = cluster.srun("-w", "n1", "--gres=gpu:1", "--gpu-mig=3g.47gb", "/bin/sh", "-c",
                        "echo MIG=$CUDA_VISIBLE_DEVICES", user="sgtest1")
     assert res.returncode == 0, res.stderr
     assert re.search(r"MIG=MIG-\S+", res.stdout), res.stdout
-    api = open_mig_sim(str(cluster.files["sim"]))
+    gpus = backend.open_gpus(backend.GpuSource("sim", str(cluster.files["sim"])))
     deadline = time.monotonic() + 15
     counts: list[int] = []
     while time.monotonic() < deadline:
-        counts = [len(instances.list_instances(api, api.nvmlDeviceGetHandleByIndex(i))) for i in (0, 1)]
+        counts = [len(instances.list_instances(gpus, i)) for i in (0, 1)]
         if counts == [0, 0]:
             break
         time.sleep(0.1)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.health import gpu_checks as gc
 from slurm_gpu.health.findings import DRAIN, INFO, WARN, worst
 from slurm_gpu.health.os_checks import run_os_checks
@@ -121,7 +122,7 @@ def test_nvml_unavailable_drains_only_where_gpus_are_promised():
 def test_hung_nvml_call_is_cut_off():
     api = replay("h100-sxm-8x", {"calls": [{"fn": "nvmlDeviceGetRemappedRows", "gpu": 3, "hang": 30}]})
     t = time.monotonic()
-    h = nvml_health.read_health_bounded(lambda: api, call_timeout=0.3, total_timeout=5)
+    h = nvml_health.read_health_bounded(lambda: NvmlGpus(api), call_timeout=0.3, total_timeout=5)
     assert time.monotonic() - t < 2.0
     assert h.hung and "nvmlDeviceGetRemappedRows" in h.hung
     assert h.hung_gpu == bus("h100-sxm-8x", 3)
@@ -134,13 +135,13 @@ def test_slow_nvml_is_incomplete_not_a_drain():
     # budget (nvmlInit without persistence mode, a loaded node): no drain.
     calls = [{"fn": "nvmlDeviceGetTotalEccErrors", "gpu": g, "hang": 0.15} for g in range(8)]
     api = replay("h100-sxm-8x", {"calls": calls})
-    h = nvml_health.read_health_bounded(lambda: api, call_timeout=1.0, total_timeout=0.5)
+    h = nvml_health.read_health_bounded(lambda: NvmlGpus(api), call_timeout=1.0, total_timeout=0.5)
     assert h.hung and h.slow
     assert [(f.check, f.severity) for f in gc.check_nvml(h, gc.ExpectedGpus(8))] == [("gpu.nvml", WARN)]
 
     def slow_init():
         time.sleep(0.8)
-        return api
+        return NvmlGpus(api)
     h = nvml_health.read_health_bounded(slow_init, call_timeout=0.2, total_timeout=0.5)
     assert h.slow and "nvmlInit" in h.hung
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +191,7 @@ def test_xid_watch_gpu_without_event_support_is_not_a_lost_gpu(tmp_path):
                 raise base.NVMLError(base.NVML_ERROR_NOT_SUPPORTED)
             return base.nvmlDeviceRegisterEvents(h, types, es)
     ev = tmp_path / "events.jsonl"
-    watch.watch(lambda: NoEvents(), str(ev), run_for=0.2)
+    watch.watch(lambda: NvmlGpus(NoEvents()), str(ev), run_for=0.2)
     recs = [json.loads(l) for l in ev.read_text().splitlines()] if ev.exists() else []
     evs, direct = xid.events_from_nvml(recs)
     assert [f for f in xid.check_xid(evs) + direct if f.severity == "drain"] == []
@@ -208,6 +209,6 @@ def test_xid_watch_lost_gpu_is_recorded_once_a_minute_not_every_second(tmp_path)
         def nvmlEventSetWait_v2(self, es, ms):
             raise base.NVMLError(base.NVML_ERROR_GPU_IS_LOST)
     ev = tmp_path / "events.jsonl"
-    watch.watch(lambda: Lost(), str(ev), run_for=2.5)
+    watch.watch(lambda: NvmlGpus(Lost()), str(ev), run_for=2.5)
     recs = [json.loads(l) for l in ev.read_text().splitlines()]
     assert [r["event"] for r in recs] == ["gpu_unavailable"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu import config, runner
 from slurm_gpu.health import engine
 from slurm_gpu.health.findings import DRAIN, Finding
@@ -52,7 +53,7 @@ def opts(tmp_path, gres, overlay):
     (tmp_path / "k.log").write_text("")
     return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "state"), gres_conf=str(gres),
                           only=["gpu.count", "gpu.remap", "gpu.xid"],
-                          nvml_opener=lambda: snap.replay_api(data, H100, overlay))
+                          nvml_opener=lambda: NvmlGpus(snap.replay_api(data, H100, overlay)))
 
 
 PENDING = {"calls": [{"fn": "nvmlDeviceGetRemappedRows", "gpu": 2, "result": [0, 1, 1, 0]}]}

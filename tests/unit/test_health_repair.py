@@ -21,6 +21,7 @@ from slurm_gpu.health.prom import render
 from slurm_gpu.health.settings import HealthSettings, RepairSettings
 from slurm_gpu.hw import kmsg
 from slurm_gpu.hw import snapshot as snap
+from slurm_gpu.hw.gpus_nvml import NvmlGpus
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SNAP = str(DATA / "machines" / "h100-sxm-8x" / "snapshot.json")
@@ -106,7 +107,7 @@ def _opts(tmp_path: Path, c: Cluster, rs: RepairSettings) -> engine.Options:
     s = HealthSettings(kernel_log=str(tmp_path / "kern.log"), clean_runs_to_resume=2)
 
     def opener():
-        return snap.replay_api(snap.read_snapshot(SNAP), SNAP, c.overlay)
+        return NvmlGpus(snap.replay_api(snap.read_snapshot(SNAP), SNAP, c.overlay))
 
     return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "run"),
                           only=["gpu.xid", "gpu.recovery"], nvml_opener=opener, repair=rs,

@@ -24,6 +24,8 @@ from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.mps import daemon_pids
 from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.mig import instances
+from slurm_gpu.hw import backend
+from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.sim.mig import open_mig_sim
 from slurm_gpu.sim.mps_control import write_wrapper
 from slurm_gpu.sim.state import init_state_for_machine
@@ -95,7 +97,7 @@ class Node:
         self.logs: list[str] = []
 
     def api(self):
-        return open_mig_sim(self.sim)
+        return backend.open_gpus(backend.GpuSource("sim", self.sim))
 
     def mig(self, profile: str) -> str:
         """*profile* ("2x3g", "1g") with this machine's memory size: A100 80GB or 40GB."""
@@ -112,11 +114,12 @@ class Node:
 
     def by_uuid(self) -> dict[str, tuple[int, tuple]]:
         """{UUID: (compute mode, MIG instances)} of every GPU."""
-        api = self.api()
+        api = open_mig_sim(self.sim)
+        gpus = NvmlGpus(api)
         out = {}
         for i in range(api.nvmlDeviceGetCount()):
             h = api.nvmlDeviceGetHandleByIndex(i)
-            inst = tuple(sorted((e.profile_id, e.start) for e in instances.list_instances(api, h)))
+            inst = tuple(sorted((e.profile_id, e.start) for e in instances.list_instances(gpus, i)))
             out[api.nvmlDeviceGetUUID(h)] = (api.nvmlDeviceGetComputeMode(h), inst)
         return out
 

@@ -26,6 +26,7 @@ from slurm_gpu.jobs.mps import _alive, daemon_pids
 from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.jobs.state import JobFailed
 from slurm_gpu.mig import blockers, instances
+from slurm_gpu.hw import backend
 from slurm_gpu.sim.mig import open_mig_sim, set_holder
 from slurm_gpu.sim.mps_control import write_wrapper
 from slurm_gpu.sim.state import init_state_for_machine
@@ -57,12 +58,11 @@ class Env:
         st["facts"]["gpus"][1]["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
         st["facts"]["gpus"][3]["mig"]["instances"] = []
         Path(self.sim).write_text(json.dumps(st))
-        api = self.api()
-        h3 = api.nvmlDeviceGetHandleByIndex(3)
+        gpus = self.api()
         from slurm_gpu.mig.planner import plan
         from slurm_gpu.mig.profiles import find_model
         for p in plan("3g.40gb,2g.20gb", find_model("h100-80gb"))[0]:
-            instances.create_placement(api, h3, p, "setup")
+            instances.create_placement(gpus, 3, p, "setup")
         self.ctl = write_wrapper(self.base / "nvidia-cuda-mps-control")
         self.jobs = JobsSettings(epilog_kill_wait=1.0)
         self.mps = MpsSettings(control=str(self.ctl), base_dir=str(self.base / "mps"),
@@ -72,11 +72,11 @@ class Env:
         self.logs: list[str] = []
 
     def api(self):
-        return open_mig_sim(self.sim)
+        return backend.open_gpus(backend.GpuSource("sim", self.sim))
 
     def node(self):
         """The simulated machine's GPUs (NVML index, minor, UUID) on a 2-core model."""
-        api = self.api()
+        api = open_mig_sim(self.sim)
         cores = [SimpleNamespace(index=0, pus=(0,)), SimpleNamespace(index=1, pus=(1,))]
         gpus = []
         for i in range(api.nvmlDeviceGetCount()):
@@ -94,9 +94,7 @@ class Env:
                                  self.node, self.logs.append)
 
     def layout(self, gpu: int) -> list[tuple[int, int, tuple]]:
-        api = self.api()
-        h = api.nvmlDeviceGetHandleByIndex(gpu)
-        return sorted((e.profile_id, e.start, e.cis) for e in instances.list_instances(api, h))
+        return sorted((e.profile_id, e.start, e.cis) for e in instances.list_instances(self.api(), gpu))
 
     def leftovers(self, jobid: str = "100") -> list[str]:
         out = []
@@ -160,10 +158,10 @@ def test_mps_exclusive_process_set_and_restored(node: Env) -> None:
     node.mps.exclusive_process = True
     ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
-    api = node.api()
-    assert api.nvmlDeviceGetComputeMode(api.nvmlDeviceGetHandleByIndex(2)) == 3
+    gpus = node.api()
+    assert gpus.compute_mode(2) == 3
     assert lifecycle.epilog(ctx) == 0
-    assert api.nvmlDeviceGetComputeMode(api.nvmlDeviceGetHandleByIndex(2)) == 0
+    assert gpus.compute_mode(2) == 0
 
 
 def test_mig_job_distinct_uuids_and_baseline_restored(node: Env) -> None:

@@ -14,6 +14,7 @@ from slurm_gpu.hw import nvml_constants as C
 from slurm_gpu.mig import instances
 from slurm_gpu.mig.planner import plan
 from slurm_gpu.mig.profiles import find_model
+from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.sim.mig import MigSimNvml, clear_holder, open_mig_sim, set_holder
 from slurm_gpu.sim.state import init_state_for_machine
 
@@ -119,19 +120,19 @@ def test_state_shared_between_processes(sim) -> None:
             "a.nvmlGpuInstanceCreateComputeInstance(gi, 1)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
     h1 = api.nvmlDeviceGetHandleByIndex(1)
-    devs = list(instances.mig_devices(api, h1))
+    devs = list(instances.mig_devices(NvmlGpus(api), 1))
     assert len(devs) == 1 and devs[0][2].startswith("MIG-")
     assert api.nvmlDeviceGetName(api.nvmlDeviceGetMigDeviceHandleByIndex(h1, 0)).endswith("2g.20gb")
 
 
 def test_instances_module_creates_plan_and_reads_back(sim) -> None:
     _, api = sim
-    h1 = api.nvmlDeviceGetHandleByIndex(1)
+    gpus = NvmlGpus(api)
     for p in plan("3g.40gb,2g.20gb,1c.2g.20gb", find_model("h100-80gb"))[0]:
-        instances.create_placement(api, h1, p, "GPU 1")
-    got = sorted((e.profile_id, e.start, e.cis[0][1]) for e in instances.list_instances(api, h1))
+        instances.create_placement(gpus, 1, p, "GPU 1")
+    got = sorted((e.profile_id, e.start, e.cis[0][1]) for e in instances.list_instances(gpus, 1))
     assert got == [(9, 4, 2), (14, 0, 1), (14, 2, 0)]
-    assert len({u for _, _, u in instances.mig_devices(api, h1)}) == 3
+    assert len({u for _, _, u in instances.mig_devices(gpus, 1)}) == 3
 
 
 def test_non_root_gets_no_permission(sim, monkeypatch) -> None:
