@@ -14,8 +14,8 @@ Public API (stable, used by the sandbox):
 """
 from __future__ import annotations
 
-from .gres import GresOptions, gres_records, render_gres_conf
-from .nodeline import SocketLayout, node_line, socket_layout
+from .gres import GresOptions, gres_records, node_line, render_gres_conf
+from .nodeline import SocketLayout, socket_layout
 
 __all__ = ["GresOptions", "SocketLayout", "gres_records", "node_line", "render_gres_conf",
            "socket_layout"]

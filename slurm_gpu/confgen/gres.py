@@ -19,7 +19,8 @@ from .. import __version__
 from ..errors import InputError
 from ..hw.model import Gpu, Node
 from . import hostlist, naming
-from .nodeline import SocketLayout, gres_counts, node_line, socket_layout
+from . import nodeline
+from .nodeline import SocketLayout, gres_counts, socket_layout
 
 GENERATOR = "slurm-gpu gres render"
 
@@ -149,6 +150,17 @@ def node_gres_summary(node: Node, opts: GresOptions | None = None, *, where: str
     return gres_counts(types, mps_total=mps, shard_total=shard)
 
 
+def node_line(name: str, node: Node, *, gres: str | None = None, socket_mode: str = "auto",
+              options: GresOptions | None = None, extra: Mapping[str, str] | None = None,
+              layout: SocketLayout | None = None) -> str:
+    """The slurm.conf line for *node* (:func:`slurm_gpu.confgen.nodeline.node_line`); by
+    default ``Gres=`` is computed from the node's GPUs with the naming of
+    :func:`gres_records` (*options*)."""
+    if gres is None:
+        gres = node_gres_summary(node, options if options is not None else GresOptions(), where=name)
+    return nodeline.node_line(name, node, gres=gres, socket_mode=socket_mode, extra=extra, layout=layout)
+
+
 @dataclass(frozen=True)
 class GresGroup:
     """Nodes with identical gres.conf records.
@@ -236,7 +248,7 @@ def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, 
         for names, node, lay in kinds.values():
             ns = hostlist.fold(names)
             gres = node_gres_summary(node, opts, records=recs)
-            node_lines.append((ns, node_line(ns, node, gres=gres, layout=lay)))
+            node_lines.append((ns, nodeline.node_line(ns, node, gres=gres, layout=lay)))
             if lay.slurmd_parameters is None:
                 plain_sockets = True
             elif lay.slurmd_parameters not in params:

@@ -111,22 +111,16 @@ def gres_counts(types_in_order: Sequence[str], *, mps_total: int = 0, shard_tota
 
 
 def node_line(name: str, node: Node, *, gres: str | None = None, socket_mode: str = "auto",
-              options: "object | None" = None, extra: Mapping[str, str] | None = None,
-              layout: SocketLayout | None = None) -> str:
+              extra: Mapping[str, str] | None = None, layout: SocketLayout | None = None) -> str:
     """The slurm.conf line for *node*, like ``slurmd -C`` plus ``Gres=``.
 
     ``NodeName=<name> CPUs= Sockets= CoresPerSocket= ThreadsPerCore=
-    RealMemory=<MiB> Gres=gpu:<type>:<n>[,mps:<n>][,shard:<n>]``.  *gres*
-    overrides the Gres= value; by default it is computed from the node's
-    GPUs with the naming of :func:`slurm_gpu.confgen.gres.gres_records`
-    (*options* is a :class:`~slurm_gpu.confgen.gres.GresOptions`).  *extra*
-    appends keys such as ``NodeAddr``/``Port``.  *name* may be a hostlist.
+    RealMemory=<MiB> Gres=gpu:<type>:<n>[,mps:<n>][,shard:<n>]``.  *gres* is
+    the Gres= value (none when empty); :func:`slurm_gpu.confgen.gres.node_line`
+    computes it from the node's GPUs.  *extra* appends keys such as
+    ``NodeAddr``/``Port``.  *name* may be a hostlist.
     """
     lay = layout or socket_layout(node, socket_mode)
-    if gres is None:
-        from .gres import GresOptions, node_gres_summary
-        opts = options if options is not None else GresOptions()
-        gres = node_gres_summary(node, opts, where=name)  # type: ignore[arg-type]
     parts = [f"NodeName={name}", f"CPUs={lay.cpus}", f"Sockets={lay.sockets}",
              f"CoresPerSocket={lay.cores_per_socket}", f"ThreadsPerCore={lay.threads_per_core}",
              f"RealMemory={node.memory_bytes // MIB}"]
