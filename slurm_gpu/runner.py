@@ -64,6 +64,27 @@ def _reap(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+def _join_then_drop(procs_files: tuple[str, ...], run_as: RunAs | None):
+    """preexec_fn: write our pid into each ``cgroup.procs``, then become *run_as*.
+
+    Only async-signal-safe-ish calls (os.open/os.write/set*id): it runs in
+    the forked child of a process that may have other threads.
+    """
+    def child() -> None:
+        pid = str(os.getpid()).encode()
+        for p in procs_files:
+            fd = os.open(p, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        if run_as is not None:
+            os.setgroups(list(run_as.groups))
+            os.setregid(run_as.gid, run_as.gid)
+            os.setreuid(run_as.uid, run_as.uid)
+    return child
+
+
 def run(
     argv: Sequence[str],
     timeout: float,
@@ -73,6 +94,7 @@ def run(
     check: bool = True,
     run_as: RunAs | None = None,
     cwd: str | None = None,
+    join_cgroups: Sequence[str] = (),
 ) -> Completed:
     """Run *argv* (no shell) and return its output.
 
@@ -90,7 +112,13 @@ def run(
         if "SLURM_CONF" in os.environ:
             env["SLURM_CONF"] = os.environ["SLURM_CONF"]
     kwargs: dict = {}
-    if run_as is not None:
+    if join_cgroups:
+        # Join first, as root, then drop privileges, then exec: the child
+        # never runs the command outside those cgroups, and once it is the
+        # user it could not move itself.  subprocess applies user=/group=
+        # before preexec_fn, so the drop happens here instead.
+        kwargs["preexec_fn"] = _join_then_drop(tuple(join_cgroups), run_as)
+    elif run_as is not None:
         kwargs.update(user=run_as.uid, group=run_as.gid, extra_groups=list(run_as.groups))
     try:
         proc = subprocess.Popen(
@@ -109,6 +137,8 @@ def run(
         raise CommandError(f"command not found: {argv[0]}") from None
     except PermissionError as e:
         raise CommandError(f"cannot run {argv[0]}: {e.strerror}") from None
+    except subprocess.SubprocessError as e:     # join_cgroups or the drop failed in the child
+        raise CommandError(f"cannot start {argv[0]} in its cgroup: {e}") from None
     try:
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -294,7 +294,8 @@ def _setup_mps(ctx: Context, st: dict[str, Any], user: JobUser, percentage: int 
         st["mps"] = dict(info)
         jobstate.save(ctx.state_dir, st)
 
-    mps.start(ctx.mps, st["jobid"], user, devices, cpus, percentage, record)
+    mps.start(ctx.mps, st["jobid"], user, devices, cpus, percentage, record,
+              sluid=ctx.env.get("SLURM_JOB_SLUID"))
 
 
 def _set_compute_modes(ctx: Context, st: dict[str, Any], gpus: Gpus) -> None:

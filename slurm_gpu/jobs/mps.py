@@ -216,9 +216,14 @@ def _cpu_list(cpus: list[int]) -> str:
 
 
 def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
-          cpus: list[int], percentage: int | None, record: Callable[[dict[str, Any]], None]
-          ) -> dict[str, Any]:
-    """Start the job's daemon; *record* is called with the state after each step."""
+          cpus: list[int], percentage: int | None, record: Callable[[dict[str, Any]], None],
+          sluid: str | None = None) -> dict[str, Any]:
+    """Start the job's daemon; *record* is called with the state after each step.
+
+    The daemon execs inside ``<job cgroup>/slurm_gpu_mps`` when the job's
+    cgroup exists already (:mod:`.jobcgroup`); else the SPANK plugin moves
+    it there from the job's first step.
+    """
     if user.uid == 0:
         from .state import JobFailed
         raise JobFailed("--gpu-mps is refused for root's jobs: the daemon never runs as root",
@@ -229,6 +234,10 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
                             "control": settings.control, "devices": devices or "",
                             "cpus": _cpu_list(cpus), "pids": [], "ready": False,
                             "percentage": percentage}
+    from . import jobcgroup
+    dirs = jobcgroup.job_dirs(jobid, user.uid, sluid)
+    cgroups = jobcgroup.make(dirs) if dirs else []
+    info["cgroup"] = cgroups or None
     record(info)
     argv = [settings.control, "-d"]
     online = os.sched_getaffinity(0)
@@ -236,7 +245,8 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     if settings.bind_cpus and use:
         argv = [settings.taskset, "-c", _cpu_list(use)] + argv
     t0 = time.monotonic()
-    runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices), run_as=user.run_as())
+    runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices), run_as=user.run_as(),
+               join_cgroups=jobcgroup.procs_files(cgroups))
     deadline = t0 + settings.start_timeout
     delay = 0.002
     seen = False
@@ -317,7 +327,10 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
         except OSError:
             uid = None
     # Found by scan: the state's recorded PIDs may since have been recycled.
+    # The scan finds what still has the pipe directory in its environment;
+    # the process tree below it adds children that dropped it.
     procs = daemon_procs(pipe, uid) if uid != 0 and jd.exists() else {}
+    procs.update(_tree_of(procs, uid))
     if procs and user is not None and pipe.is_dir():
         try:
             control(settings, user, pipe, log, "quit", timeout=settings.quit_timeout,
@@ -341,8 +354,43 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
             # directory and the state stay, so the next epilog tries again.
             raise HardwareError(f"MPS processes {','.join(map(str, alive))} survive SIGKILL "
                                 f"for {kill_wait:g} s", str(pipe))
+    _end_cgroups(info, jobid, uid, kill_wait)
     _remove_job_dir(jd)
     return notes
+
+
+def _tree_of(procs: dict[int, tuple[int, int]], uid: int | None) -> dict[int, tuple[int, int]]:
+    """The job user's processes below *procs* in the process tree (never root's)."""
+    from .jobcgroup import descendants
+    if not procs or uid in (None, 0):
+        return {}
+    out = {}
+    for pid in descendants(procs) - set(procs):
+        ids = _ids(pid)
+        if ids is not None and set(ids[0]) == {uid}:
+            out[pid] = (ids[1], uid)
+    return out
+
+
+def _end_cgroups(info: dict[str, Any] | None, jobid: str, uid: int | None, wait: float) -> None:
+    """End every process in the daemon's cgroups, then remove them.
+
+    The recorded ones, and any ``slurm_gpu_mps`` under the job's cgroup (a
+    lost state file, a prolog killed before it recorded them).  Whatever is
+    in there is the daemon's tree, whoever it runs as now.
+    """
+    from . import jobcgroup
+    points = tuple(p.rstrip("/") + "/" for p, _v, _c in jobcgroup.mounts())
+    recorded = [str(c) for c in ((info or {}).get("cgroup") or [])
+                if os.path.basename(str(c)) == jobcgroup.NAME and str(c).startswith(points)]
+    dirs = sorted({c for c in recorded if os.path.isdir(c)} | set(jobcgroup.ours(jobid, uid)))
+    if not dirs:
+        return
+    left = jobcgroup.kill_all(dirs, wait)
+    if left:
+        raise HardwareError(f"processes {','.join(map(str, sorted(left)))} in the MPS cgroup "
+                            f"survive SIGKILL for {wait:g} s", dirs[0])
+    jobcgroup.remove(dirs)
 
 
 def _disown(jd: Path) -> None:

@@ -98,6 +98,8 @@ def init_post_opt(spank: Any) -> int:
     global _step
     try:
         _step = _load_step(spank)
+        if _step.mps:
+            _adopt_mps(spank, _step)
     except SlurmGpuError as e:
         _step = Step(NumaBind("off"), error=e)
         spank.error(e.line())
@@ -106,6 +108,24 @@ def init_post_opt(spank: Any) -> int:
         _step = Step(NumaBind("off"), error=err)
         spank.error(err.line())
     return 0
+
+
+def _adopt_mps(spank: Any, step: Step) -> None:
+    """Move the job's MPS daemon into the job's cgroup (root, before any task starts).
+
+    Slurm makes the job's cgroup only after the prolog that started the
+    daemon (:mod:`slurm_gpu.jobs.jobcgroup`).  A failure here costs the
+    daemon its containment, not the step: one line in slurmd's log.
+    """
+    from ..jobs import jobcgroup
+    state_dir = step.facts.get("state_dir")
+    if not state_dir:
+        return
+    try:
+        jobcgroup.adopt(state_dir, str(spank.item_u32("S_JOB_ID")),
+                        spank.getenv("SLURM_JOB_SLUID"))
+    except (OSError, SlurmGpuError) as e:
+        spank.error(f"slurm-gpu: MPS daemon left outside the job's cgroup: {e}")
 
 
 def task_init_privileged(spank: Any) -> int:

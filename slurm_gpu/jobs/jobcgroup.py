@@ -1,0 +1,267 @@
+"""The MPS daemon's cgroup: ``<job's cgroup>/slurm_gpu_mps``, so the job's limits hold it.
+
+Slurm's task/cgroup and proctrack/cgroup give each job a cgroup with its
+device, memory and CPU limits:
+
+* cgroup v1 (Slurm 22.05, 24.11): ``<controller>/slurm[_<node>]/uid_<uid>/job_<id>``
+  in every controller hierarchy Slurm uses (cpuset, memory, devices, freezer);
+* cgroup v2 (22.05 to 26.05): ``<mount>/system.slice/<node>_slurmstepd.scope/job_<id>``,
+  or ``.../<SLUID>`` in 26.05 unless ``CgroupJobIdPaths`` (``SLURM_JOB_SLUID``).
+
+The daemon and everything it starts (the MPS server, its children, even
+those that drop ``CUDA_MPS_PIPE_DIRECTORY``) live in a child cgroup of the
+job made for them, ``slurm_gpu_mps``: limits set on the job apply to its
+children, and the epilog ends exactly the processes in it.
+
+When the job's cgroup exists: with ``PrologFlags=RunInJob`` (24.11+) the
+prolog itself runs in the job, and the daemon joins before it execs
+(:func:`slurm_gpu.runner.run` ``join_cgroups``).  Without it, Slurm creates
+the job's cgroup only after the prolog (``_rpc_prolog`` runs the prolog,
+then spawns the extern step), so the SPANK plugin moves the daemon's
+processes in from the job's first step, as root, before any task starts
+(:func:`adopt`).  With no job cgroup at all (proctrack/linuxproc) the daemon
+stays where slurmd started it and the epilog finds it by its pipe
+directory and process tree (documented in docs/mps-mig.md).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import stat
+import time
+from typing import Any, Iterable
+
+NAME = "slurm_gpu_mps"
+# v1 hierarchies whose limits Slurm sets on a job (and freezer/pids, which it uses to track it).
+_V1 = ("cpuset", "memory", "devices", "freezer", "pids", "cpu", "cpuacct")
+
+
+def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, int, tuple[str, ...]]]:
+    """(mount point, cgroup version, v1 controllers) of every cgroup mount."""
+    out = []
+    try:
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        head, _, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if rest[0] == "cgroup2":
+            out.append((point, 2, ()))
+        elif rest[0] == "cgroup":
+            ctrls = tuple(o for o in rest[2].split(",") if o in _V1)
+            if ctrls:
+                out.append((point, 1, ctrls))
+    return out
+
+
+def _root_dir(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
+
+
+def job_dirs(jobid: str, uid: int | None, sluid: str | None = None,
+             mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The job's cgroup directory in each hierarchy where Slurm made one (empty: none)."""
+    out = []
+    names = [f"job_{jobid}"] + ([sluid] if sluid and sluid.replace("-", "").isalnum() else [])
+    for point, version, _ctrls in mounts(mountinfo):
+        if version == 1:
+            users = [f"uid_{uid}"] if uid is not None else ["uid_*"]
+            pats = [f"{point}/slurm*/{u}/{n}" for u in users for n in names]
+        else:
+            pats = [f"{point}/system.slice/*slurmstepd.scope/{n}" for n in names] + \
+                   [f"{point}/*slurmstepd*/{n}" for n in names]
+        found = sorted({p for pat in pats for p in glob.glob(pat) if _root_dir(p)})
+        if found:
+            out.append(found[0])
+    return out
+
+
+def _version(d: str) -> int:
+    return 2 if os.path.exists(os.path.join(os.path.dirname(d), "cgroup.subtree_control")) else 1
+
+
+def make(dirs: Iterable[str]) -> list[str]:
+    """Create ``slurm_gpu_mps`` under each job directory; returns the new directories."""
+    out = []
+    for d in dirs:
+        c = os.path.join(d, NAME)
+        try:
+            os.mkdir(c, 0o755)
+        except FileExistsError:
+            if not _root_dir(c):
+                raise
+        for key in ("cpuset.cpus", "cpuset.mems"):   # v1 cpuset: a new child starts empty
+            src = os.path.join(d, key)
+            if os.path.exists(src) and _version(c) == 1:
+                with open(src) as f:
+                    value = f.read().strip()
+                with open(os.path.join(c, key), "w") as f:
+                    f.write(value)
+        out.append(c)
+    return out
+
+
+def procs_files(dirs: Iterable[str]) -> list[str]:
+    return [os.path.join(d, "cgroup.procs") for d in dirs]
+
+
+def join(pid: int, dirs: Iterable[str]) -> None:
+    """Move *pid* (the whole process) into each cgroup of *dirs*."""
+    for p in procs_files(dirs):
+        with open(p, "w") as f:
+            f.write(str(pid))
+
+
+def members(dirs: Iterable[str]) -> set[int]:
+    """Every process in the cgroups of *dirs*."""
+    out: set[int] = set()
+    for p in procs_files(dirs):
+        try:
+            with open(p) as f:
+                out.update(int(x) for x in f.read().split() if x.isdigit())
+        except OSError:
+            pass
+    return out
+
+
+def _start(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def kill_all(dirs: list[str], wait: float) -> set[int]:
+    """SIGKILL every process in *dirs* until none is left or *wait* s pass; returns survivors.
+
+    Each pass signals what is in the cgroup now, so a process forked during
+    a pass is in the cgroup and caught by the next one.  v2's ``cgroup.kill``
+    does it in one atomic write where the kernel has it (5.14+).
+    """
+    for d in dirs:
+        kill = os.path.join(d, "cgroup.kill")
+        if os.path.exists(kill):
+            try:
+                with open(kill, "w") as f:
+                    f.write("1")
+            except OSError:
+                pass
+    deadline = time.monotonic() + wait
+    while True:
+        left = {p for p in members(dirs) if p != os.getpid()}
+        if not left or time.monotonic() > deadline:
+            return left
+        for pid in left:
+            _kill(pid)
+        time.sleep(0.01)
+
+
+def _kill(pid: int) -> None:
+    start = _start(pid)
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        try:
+            os.kill(pid, signal.SIGKILL)    # no pidfds (Linux < 5.3): it is in our cgroup
+        except ProcessLookupError:
+            pass
+        return
+    try:
+        if _start(pid) == start:            # still the process read from cgroup.procs
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove(dirs: Iterable[str]) -> None:
+    """Remove our cgroups, then the job's own directory if Slurm could not (ours was in it)."""
+    for c in dirs:
+        try:
+            os.rmdir(c)
+        except FileNotFoundError:
+            pass
+        parent = os.path.dirname(c)
+        if os.path.basename(c) == NAME:
+            try:
+                os.rmdir(parent)            # fails (EBUSY/ENOTEMPTY) while the job still runs
+            except OSError:
+                pass
+
+
+def ours(jobid: str, uid: int | None, sluid: str | None = None) -> list[str]:
+    """Our cgroups under the job's, where they exist (the epilog, without a state file too)."""
+    return [os.path.join(d, NAME) for d in job_dirs(jobid, uid, sluid)
+            if os.path.isdir(os.path.join(d, NAME))]
+
+
+def descendants(pids: Iterable[int], proc: str = "/proc") -> set[int]:
+    """*pids* and every process below them in the process tree."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out: set[int] = set()
+    todo = list(pids)
+    while todo:
+        p = todo.pop()
+        if p in out:
+            continue
+        out.add(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
+    """Move the job's MPS daemon tree into ``<job cgroup>/slurm_gpu_mps`` (SPANK, as root).
+
+    Called from each step of a ``--gpu-mps`` job in slurmstepd; the first one
+    that finds the job's cgroup does the work and records it, the others see
+    the record.  Returns the cgroups the daemon is in (empty: none).
+    """
+    from . import state as jobstate
+    from .mps import daemon_procs
+    st = jobstate.load(state_dir, jobid)
+    info: dict[str, Any] = (st or {}).get("mps") or {}
+    if not info.get("pipe_dir") or info.get("cgroup"):
+        return list(info.get("cgroup") or [])
+    uid = int(st["uid"])
+    dirs = job_dirs(jobid, uid, sluid)
+    if not dirs:
+        return []
+    cg = make(dirs)
+    moved: set[int] = set()
+    for _ in range(3):              # again for anything forked while we moved its parent
+        tree = descendants(daemon_procs(info["pipe_dir"], uid)) - moved
+        if not tree:
+            break
+        for pid in sorted(tree):
+            try:
+                join(pid, cg)
+            except ProcessLookupError:
+                pass
+            except OSError as e:
+                if e.errno != 3:    # ESRCH: it exited meanwhile
+                    raise
+        moved |= tree
+    info["cgroup"] = cg
+    jobstate.save(state_dir, st)
+    return cg

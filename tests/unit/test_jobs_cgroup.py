@@ -1,0 +1,115 @@
+"""The MPS daemon's cgroup under the job's: finding Slurm's layout, joining before exec, ending it.
+
+A fake cgroup tree (plain directories and a mountinfo naming them) stands in
+for /sys/fs/cgroup: the code only reads and writes ``cgroup.procs`` files
+and lists directories, so the same calls run on the real tree in the
+``--cgroup`` sandbox test (tests/integration/test_mps_cgroup.py).
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu import runner
+from slurm_gpu.jobs import jobcgroup
+
+V1 = ("36 25 0:31 / {root}/memory rw,nosuid - cgroup cgroup rw,memory\n"
+      "37 25 0:32 / {root}/freezer rw,nosuid - cgroup cgroup rw,freezer\n"
+      "38 25 0:33 / {root}/systemd rw - cgroup cgroup rw,xattr,name=systemd\n"
+      "39 25 0:34 / {root}/unified rw - cgroup2 cgroup2 rw\n")
+V2 = "30 25 0:26 / {root} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+
+
+def _tree(tmp: Path, text: str, dirs: list[str]) -> str:
+    for d in dirs:
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+        (tmp / d / "cgroup.procs").write_text("")
+    mi = tmp / "mountinfo"
+    mi.write_text(text.format(root=tmp))
+    return str(mi)
+
+
+def test_v1_layout_of_slurm_2205(tmp_path: Path) -> None:
+    # What the --cgroup sandbox shows: <ctrl>/slurm_<node>/uid_<uid>/job_<id>/step_*
+    mi = _tree(tmp_path, V1, ["memory/slurm_n1/uid_1001/job_7/step_extern",
+                              "freezer/slurm_n1/uid_1001/job_7/step_batch",
+                              "memory/slurm_n1/uid_1001/job_77"])
+    assert jobcgroup.job_dirs("7", 1001, mountinfo=mi) == [
+        f"{tmp_path}/memory/slurm_n1/uid_1001/job_7", f"{tmp_path}/freezer/slurm_n1/uid_1001/job_7"]
+    assert jobcgroup.job_dirs("7", 1002, mountinfo=mi) == []          # another user's job 7? no
+    assert jobcgroup.job_dirs("8", 1001, mountinfo=mi) == []
+
+
+def test_v2_layout_job_id_and_sluid(tmp_path: Path) -> None:
+    mi = _tree(tmp_path, V2, ["system.slice/n1_slurmstepd.scope/job_7/step_extern/user/task_special",
+                              "system.slice/n1_slurmstepd.scope/a1b2c3d4e5f60789"])
+    scope = f"{tmp_path}/system.slice/n1_slurmstepd.scope"
+    assert jobcgroup.job_dirs("7", 1001, mountinfo=mi) == [f"{scope}/job_7"]
+    # 26.05 names the job's cgroup by SLUID unless CgroupJobIdPaths is set
+    assert jobcgroup.job_dirs("9", 1001, "a1b2c3d4e5f60789", mountinfo=mi) == \
+        [f"{scope}/a1b2c3d4e5f60789"]
+    assert jobcgroup.job_dirs("9", 1001, "../../etc", mountinfo=mi) == []   # not a SLUID
+
+
+def test_no_job_cgroup_with_proctrack_linuxproc(tmp_path: Path) -> None:
+    mi = _tree(tmp_path, V1, ["memory/system.slice"])
+    assert jobcgroup.job_dirs("7", 1001, mountinfo=mi) == []
+
+
+def test_daemon_joins_before_exec_then_drops_to_the_user(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges")
+    try:
+        u = pwd.getpwnam("sgtest1")
+    except KeyError:
+        pytest.skip("user sgtest1 missing")
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("")
+    res = runner.run(["/bin/sh", "-c", "echo $$; id -u; id -g"], 10, join_cgroups=[str(procs)],
+                     run_as=runner.RunAs(u.pw_uid, u.pw_gid))
+    pid, uid, gid = res.stdout.split()
+    assert procs.read_text() == pid                 # the child's own pid, written before exec
+    assert (int(uid), int(gid)) == (u.pw_uid, u.pw_gid)
+
+
+def test_join_failure_runs_nothing(tmp_path: Path) -> None:
+    from slurm_gpu.errors import CommandError
+    marker = tmp_path / "ran"
+    with pytest.raises((CommandError, subprocess.SubprocessError, OSError)):
+        runner.run(["/bin/touch", str(marker)], 10, join_cgroups=[str(tmp_path / "absent" / "x")])
+    assert not marker.exists()
+
+
+def test_kill_all_ends_every_member_even_without_the_pipe_variable(tmp_path: Path) -> None:
+    d = tmp_path / "job_7" / jobcgroup.NAME
+    d.mkdir(parents=True)
+    p = subprocess.Popen(["/bin/sleep", "60"], env={})
+    (d / "cgroup.procs").write_text(f"{p.pid}\n")
+    left = jobcgroup.kill_all([str(d)], 2.0)
+    assert p.wait(timeout=5) == -9
+    # a fake cgroup keeps the dead pid listed; the kernel would drop it
+    assert left in (set(), {p.pid})
+    (d / "cgroup.procs").unlink()
+    jobcgroup.remove([str(d)])
+    assert not d.exists() and not d.parent.exists()
+
+
+def test_descendants_follow_the_process_tree() -> None:
+    p = subprocess.Popen(["/bin/sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(jobcgroup.descendants([p.pid])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(jobcgroup.descendants([p.pid])) == 3
+    finally:
+        for q in jobcgroup.descendants([p.pid]):
+            try:
+                os.kill(q, 9)
+            except ProcessLookupError:
+                pass
+        p.wait()
