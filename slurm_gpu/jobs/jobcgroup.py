@@ -19,7 +19,7 @@ prolog itself runs in the job, and the daemon joins before it execs
 the job's cgroup only after the prolog (``_rpc_prolog`` runs the prolog,
 then spawns the extern step), so the SPANK plugin moves the daemon's
 processes in from the job's first step, as root, before any task starts
-(:func:`adopt`).  With no job cgroup at all (proctrack/linuxproc) the daemon
+(:func:`slurm_gpu.jobs.mps.adopt`).  With no job cgroup at all (proctrack/linuxproc) the daemon
 stays where slurmd started it and the epilog finds it by its pipe
 directory and process tree (documented in docs/mps-mig.md).
 """
@@ -30,7 +30,7 @@ import os
 import signal
 import stat
 import time
-from typing import Any, Iterable
+from typing import Iterable
 
 NAME = "slurm_gpu_mps"
 # v1 hierarchies whose limits Slurm sets on a job (and freezer/pids, which it uses to track it).
@@ -228,40 +228,3 @@ def descendants(pids: Iterable[int], proc: str = "/proc") -> set[int]:
         out.add(p)
         todo.extend(children.get(p, ()))
     return out
-
-
-def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
-    """Move the job's MPS daemon tree into ``<job cgroup>/slurm_gpu_mps`` (SPANK, as root).
-
-    Called from each step of a ``--gpu-mps`` job in slurmstepd; the first one
-    that finds the job's cgroup does the work and records it, the others see
-    the record.  Returns the cgroups the daemon is in (empty: none).
-    """
-    from . import state as jobstate
-    from .mps import daemon_procs
-    st = jobstate.load(state_dir, jobid)
-    info: dict[str, Any] = (st or {}).get("mps") or {}
-    if not info.get("pipe_dir") or info.get("cgroup"):
-        return list(info.get("cgroup") or [])
-    uid = int(st["uid"])
-    dirs = job_dirs(jobid, uid, sluid)
-    if not dirs:
-        return []
-    cg = make(dirs)
-    moved: set[int] = set()
-    for _ in range(3):              # again for anything forked while we moved its parent
-        tree = descendants(daemon_procs(info["pipe_dir"], uid)) - moved
-        if not tree:
-            break
-        for pid in sorted(tree):
-            try:
-                join(pid, cg)
-            except ProcessLookupError:
-                pass
-            except OSError as e:
-                if e.errno != 3:    # ESRCH: it exited meanwhile
-                    raise
-        moved |= tree
-    info["cgroup"] = cg
-    jobstate.save(state_dir, st)
-    return cg

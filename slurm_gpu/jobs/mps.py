@@ -422,3 +422,40 @@ def _remove_job_dir(jd: Path) -> None:
         shutil.rmtree(jd, ignore_errors=True)   # fd-based: never follows a planted symlink
     if os.path.lexists(jd):
         raise HardwareError("cannot remove MPS job directory", str(jd))
+
+
+def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
+    """Move the job's MPS daemon tree into ``<job cgroup>/slurm_gpu_mps`` (SPANK, as root).
+
+    Called from each step of a ``--gpu-mps`` job in slurmstepd; the first one
+    that finds the job's cgroup does the work and records it, the others see
+    the record.  Returns the cgroups the daemon is in (empty: none).
+    """
+    from . import jobcgroup
+    from . import state as jobstate
+    st = jobstate.load(state_dir, jobid)
+    info: dict[str, Any] = (st or {}).get("mps") or {}
+    if not info.get("pipe_dir") or info.get("cgroup"):
+        return list(info.get("cgroup") or [])
+    uid = int(st["uid"])
+    dirs = jobcgroup.job_dirs(jobid, uid, sluid)
+    if not dirs:
+        return []
+    cg = jobcgroup.make(dirs)
+    moved: set[int] = set()
+    for _ in range(3):              # again for anything forked while we moved its parent
+        tree = jobcgroup.descendants(daemon_procs(info["pipe_dir"], uid)) - moved
+        if not tree:
+            break
+        for pid in sorted(tree):
+            try:
+                jobcgroup.join(pid, cg)
+            except ProcessLookupError:
+                pass
+            except OSError as e:
+                if e.errno != 3:    # ESRCH: it exited meanwhile
+                    raise
+        moved |= tree
+    info["cgroup"] = cg
+    jobstate.save(state_dir, st)
+    return cg

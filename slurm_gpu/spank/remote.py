@@ -117,12 +117,12 @@ def _adopt_mps(spank: Any, step: Step) -> None:
     daemon (:mod:`slurm_gpu.jobs.jobcgroup`).  A failure here costs the
     daemon its containment, not the step: one line in slurmd's log.
     """
-    from ..jobs import jobcgroup
+    from ..jobs import mps
     state_dir = step.facts.get("state_dir")
     if not state_dir:
         return
     try:
-        jobcgroup.adopt(state_dir, str(spank.item_u32("S_JOB_ID")),
+        mps.adopt(state_dir, str(spank.item_u32("S_JOB_ID")),
                         spank.getenv("SLURM_JOB_SLUID"))
     except (OSError, SlurmGpuError) as e:
         spank.error(f"slurm-gpu: MPS daemon left outside the job's cgroup: {e}")
