@@ -84,8 +84,10 @@ def _digest(files: Sequence[tuple[Path, Path]], reqs: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def _namespace_script(root: Path, binds: Sequence[str], then: Sequence[str]) -> str:
-    """sh text run in a fresh mount namespace: bind the host paths into *root*, exec *then*."""
+def _namespace_script(root: Path, binds: Sequence[str], then: Sequence[str], *,
+                      chroot: bool = True) -> str:
+    """sh text run in a fresh mount namespace: bind the host paths into *root*, then
+    exec *then* chrooted in it (with ``chroot=False``: the caller appends what runs)."""
     q = shlex.quote
     lines = ["set -e"]
     for p in RBINDS:
@@ -102,7 +104,8 @@ def _namespace_script(root: Path, binds: Sequence[str], then: Sequence[str]) -> 
         lines.append(f"[ -e {q(str(target))} ] || {{ {make}; }}")
         lines.append(f"mount --bind {q(p)} {q(str(target))}")
         done.append(p)
-    lines.append(f"exec chroot {q(str(root))} {' '.join(q(a) for a in then)}")
+    if chroot:
+        lines.append(f"exec chroot {q(str(root))} {' '.join(q(a) for a in then)}")
     return "\n".join(lines) + "\n"
 
 
@@ -206,8 +209,11 @@ def binds_for(layout: Layout, extra: Sequence[str] = ()) -> list[str]:
 def holder_argv(root: Path, layout: Layout, extra_binds: Sequence[str] = ()) -> list[str]:
     """argv of the idle process whose mount namespace the sandbox's processes share."""
     ready = layout.run / READY
-    script = _namespace_script(root, binds_for(layout, extra_binds),
-                               ["/bin/sh", "-c", f"touch {shlex.quote(str(ready))}; exec sleep infinity"])
+    # Not chrooted itself (enter() chroots each command), and its working
+    # directory is the sandbox's: whoever looks for the sandbox's processes
+    # by their paths finds it.
+    script = _namespace_script(root, binds_for(layout, extra_binds), [], chroot=False)
+    script += f"cd {shlex.quote(str(layout.run))} && touch {shlex.quote(str(ready))} && exec sleep infinity\n"
     return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script]
 
 

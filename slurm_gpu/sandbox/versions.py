@@ -101,7 +101,11 @@ def ensure_root(release: SlurmRelease, timeout: float = 1200) -> SlurmRelease:
     from ..runner import run
     if not release.chrooted:
         return release
-    script = debian_root_script()
+    try:
+        script = debian_root_script()
+    except FileNotFoundError:
+        raise SlurmGpuError(f"cannot build the Slurm {release.version} root: this slurm-gpu has no "
+                            "scripts/debian-root.sh (reinstall it)") from None
     res = run(["/bin/bash", str(script), str(release.suite)], timeout=timeout, check=False)
     if res.returncode != 0:
         lines = (res.stderr.strip() or res.stdout.strip()).splitlines()

@@ -58,12 +58,11 @@ def no_leftover_processes() -> Iterator[None]:
     """After the last integration test, no process of ours may be left:
     daemons, slurmstepd, MPS daemons or job tasks of any sandbox or Debian
     root this run started.  Leftovers fail the run and are then killed."""
-    from debianroot import CACHE
     since = process_ticks_now()
     yield
     left: list[str] = []
     for _ in range(30):            # a stopping daemon may take a moment to exit
-        left = leftover_processes(since, CREATED_DIRS, [CACHE])
+        left = leftover_processes(since, CREATED_DIRS)
         if not left:
             return
         time.sleep(0.2)

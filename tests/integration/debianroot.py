@@ -88,6 +88,8 @@ class ChrootSlurm:
         self.nodes = list(nodes)
         (root / "tmp").mkdir(exist_ok=True)
         self.rel = "/" + str(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root / "tmp")).relative_to(root))
+        from sandboxlib import CREATED_DIRS
+        CREATED_DIRS.append(Path(self.rel))   # the leak check knows its processes by this path
         self.proc: subprocess.Popen[bytes] | None = None
         r = self.host(self.rel)
         for sub in ("etc", "state", "log", "run", "munge", *[f"spool/{n}" for n in self.nodes]):

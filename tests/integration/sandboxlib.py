@@ -211,11 +211,18 @@ def process_ticks_now() -> int:
         return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
 
 
-def leftover_processes(since_ticks: int, dirs: Sequence[Path], roots: Sequence[Path]) -> list[str]:
+def leftover_processes(since_ticks: int, dirs: Sequence[Path]) -> list[str]:
     """Processes started after *since_ticks* that still use one of *dirs*
-    (cwd, command line or SLURM_CONF) or run inside one of *roots*."""
+    (cwd, command line or SLURM_CONF).
+
+    Only this run's directories count, never "anything chrooted in the Debian
+    roots": other test runs on the same machine share those roots, and their
+    daemons are not ours to report or kill.  A process chrooted in a root names
+    its directory by its path inside the root, which *dirs* hold too
+    (debianroot.ChrootSlurm registers it), or shows the host path with the
+    root's prefix, which contains it.
+    """
     marks = [str(d) for d in dirs]
-    root_marks = [str(r) for r in roots]
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -231,7 +238,7 @@ def leftover_processes(since_ticks: int, dirs: Sequence[Path], roots: Sequence[P
             root = os.readlink(f"/proc/{pid}/root")
         except (OSError, ValueError, IndexError):
             continue                    # gone meanwhile, or a kernel thread
-        if any(m in w for m in marks for w in where) or any(root.startswith(r) for r in root_marks):
+        if any(m in w for m in marks for w in where):
             found.append(f"pid {pid} ({cmd.strip()[:80]}; root {root})")
     return found
 
