@@ -10,6 +10,10 @@
  *     forwards each hook to ONE Python dispatcher (slurm_gpu.spank.dispatch).
  * Python (even libpython's mapping) never reaches slurmd, srun/sbatch/salloc
  * without our options, or steps that do not need it.
+ *
+ * sg_build.h is generated at build time by spank/build_plugin.py: the option
+ * table and SG_OPT_* ids from slurm_gpu/spank/options.py (declared once,
+ * there), and the Slurm this build is for.
  */
 #define _GNU_SOURCE
 #include <slurm/spank.h>
@@ -20,15 +24,56 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sg_build.h"
+
 /* exports plugin_name, plugin_type, plugin_version, spank_plugin_version */
 SPANK_PLUGIN(slurm_gpu, 1)
 
-/* Keep in sync with slurm_gpu/spank/options.py (OPTION_IDS). */
-#define SG_OPT_NUMA_BIND 0
-#define SG_OPT_PROFILE   1
-#define SG_OPT_MPS       2
-#define SG_OPT_MIG       3
-#define SG_NOPTS         4
+#ifdef SG_HAVE_INIT_FAILURE_MODE
+/* Slurm >= 25.05: a failing slurm_spank_init drains the node unless the
+ * plugin says otherwise.  Everything our init refuses is configuration the
+ * job ran into (a bad plugstack argument): fail the job, keep the node. */
+int slurm_spank_init_failure_mode = ESPANK_JOB_FAILURE;
+#endif
+
+/* What `slurm-gpu doctor` reads back from this file. */
+__attribute__((used)) static const char sg_marker[] = SG_MARKER SG_BUILT_FOR;
+
+/* libslurm's API number of the Slurm this process runs (0: unknown). */
+static int sg_running_api(void)
+{
+    long (*api)(void) = (long (*)(void)) dlsym(RTLD_DEFAULT, "slurm_api_version");
+    return api ? (int) ((api() >> 16) & 0xff) : 0;
+}
+
+static const char *sg_release_of(int api)
+{
+    static const struct { int api; const char *release; } known[] = SG_API_RELEASES;
+    int i;
+    for (i = 0; known[i].release; i++)
+        if (known[i].api == api)
+            return known[i].release;
+    return NULL;
+}
+
+/* Slurm refuses a plugin of another major.minor with a line that names only
+ * the plugin's version; this runs at dlopen, before that check, to say in
+ * one line which Slurm the plugin was built for and which one loads it. */
+__attribute__((constructor)) static void sg_check_slurm_version(void)
+{
+    int api = sg_running_api();
+    const char *rel;
+    if (api == 0 || api == SG_BUILT_API)
+        return;
+    rel = sg_release_of(api);
+    if (rel)
+        slurm_error("slurm-gpu: this plugin was built for Slurm " SG_BUILT_FOR
+                    " but runs under Slurm %s: rebuild it (slurm-gpu spank build)", rel);
+    else
+        slurm_error("slurm-gpu: this plugin was built for Slurm " SG_BUILT_FOR
+                    " but runs under another Slurm (libslurm API %d): rebuild it "
+                    "(slurm-gpu spank build)", api);
+}
 
 /* Keep in sync with slurm_gpu/spank/dispatch.py (HOOKS). */
 #define SG_HOOK_INIT_POST_OPT 1
@@ -36,7 +81,7 @@ SPANK_PLUGIN(slurm_gpu, 1)
 #define SG_HOOK_TASK_INIT     4
 
 /* Plugstack argument keys; anything else is a configuration error. */
-static const char *sg_arg_keys[] = { "config", "numa_bind", NULL };
+static const char *sg_arg_keys[] = SG_ARG_KEYS;
 
 #define SG_INNER "slurm_gpu_spank_py.so"
 
@@ -57,29 +102,11 @@ static sg_option_f sg_py_option;
 static char *sg_values[SG_NOPTS];   /* option values; NULL = not given */
 static int sg_py_state;             /* 0 = not started, 1 = ok, -1 = failed */
 static int sg_py_wanted;            /* remote: this step runs Python hooks */
+static int sg_bad_args;             /* remote: refused plugstack arguments, fail later */
 
 static int sg_opt_cb(int val, const char *optarg, int remote);
 
-static struct spank_option sg_options[SG_NOPTS] = {
-    { "gpu-numa-bind", "strict|prefer|off[,verbose]",
-      "[slurm-gpu] Bind each task's CPUs and memory to its GPU's NUMA node(s): "
-      "strict (MPOL_BIND, fail if impossible), prefer (MPOL_PREFERRED, warn if "
-      "impossible) or off; add ',verbose' to print the binding of each task.",
-      1, SG_OPT_NUMA_BIND, sg_opt_cb },
-    { "gpu-profile", "training|inference|none",
-      "[slurm-gpu] Per-task OS tuning for GPU work: inference turns transparent "
-      "huge pages off, training keeps them; both raise the locked-memory limit "
-      "for pinned host memory.",
-      1, SG_OPT_PROFILE, sg_opt_cb },
-    { "gpu-mps", "PERCENT",
-      "[slurm-gpu] Start a private CUDA MPS daemon for this job on each node, "
-      "optionally with a default active-thread percentage (1-100).",
-      2, SG_OPT_MPS, sg_opt_cb },
-    { "gpu-mig", "LAYOUT",
-      "[slurm-gpu] Partition each of the job's whole GPUs into MIG instances, "
-      "e.g. 3g.40gb,2g.20gb,2g.20gb; each task gets its own instance(s).",
-      1, SG_OPT_MIG, sg_opt_cb },
-};
+static struct spank_option sg_options[SG_NOPTS] = SG_OPTION_TABLE;
 
 /* ---- the inner half ---- */
 
@@ -173,7 +200,7 @@ static int sg_has_token(const char *list, const char *tok)
 /* Every token is a mode or "verbose", with exactly one mode. */
 static int sg_numa_value_ok(const char *v)
 {
-    static const char *modes[] = { "strict", "prefer", "off", NULL };
+    static const char *modes[] = SG_NUMA_MODES;
     const char *p = v;
     int nmodes = 0, k;
     while (p) {
@@ -205,8 +232,7 @@ static int sg_check_args(int ac, char **av)
                 ok = 1;
         if (!ok) {
             slurm_error("slurm-gpu: unknown plugstack argument '%s' "
-                        "(known: config=PATH numa_bind=strict|prefer|off)",
-                        av[i]);
+                        "(known: " SG_ARG_HELP ")", av[i]);
             return -1;
         }
         /* the same rules as slurm_gpu/spank/options.py, so that a mistake
@@ -294,8 +320,7 @@ static int sg_step_needs_python(spank_t sp, int ac, char **av)
 /* Tasks see the options they were started with, without Python. */
 static int sg_export_options(spank_t sp)
 {
-    static const char *names[SG_NOPTS] = {
-        "SLURM_GPU_NUMA_BIND", "SLURM_GPU_PROFILE", "SLURM_GPU_MPS", "SLURM_GPU_MIG" };
+    static const char *names[SG_NOPTS] = SG_ENV_NAMES;
     int i;
     for (i = 0; i < SG_NOPTS; i++)
         if (sg_values[i] && spank_setenv(sp, names[i], sg_values[i], 1) != ESPANK_SUCCESS) {
@@ -338,8 +363,22 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 {
     spank_context_t ctx = spank_context();
     int i;
-    if (sg_check_args(ac, av) != 0)
+    if (sg_check_args(ac, av) != 0) {
+        /* slurmd itself uses none of our options: refusing there would stop
+         * the daemon (a node fault) for a mistake that only the jobs which
+         * use the plugin must pay for; they fail in srun/sbatch/slurmstepd. */
+        if (ctx == S_CTX_SLURMD)
+            return 0;
+#ifndef SG_HAVE_INIT_FAILURE_MODE
+        /* Before Slurm 25.05 a failing init in slurmstepd drains the node
+         * ("batch job complete failure"), and so does any hook that fails
+         * before the tasks start: fail each task instead (task_init). */
+        if (ctx == S_CTX_REMOTE)
+            sg_bad_args = 1;
+        else
+#endif
         return -1;
+    }
     if (ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR && ctx != S_CTX_REMOTE)
         return 0;  /* slurmd, job script: nothing to do, no Python */
     for (i = 0; i < SG_NOPTS; i++) {
@@ -356,6 +395,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
     spank_context_t ctx = spank_context();
+    if (ctx == S_CTX_REMOTE && sg_bad_args)
+        return 0;                   /* no Python; the tasks fail in task_init */
     if (ctx == S_CTX_REMOTE) {
         /*
          * The step's Python work starts here, not in user_init: slurmstepd
@@ -393,6 +434,11 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
+    if (sg_bad_args && spank_context() == S_CTX_REMOTE) {
+        slurm_error("slurm-gpu: plugstack.conf has bad slurm-gpu arguments on this node "
+                    "(see the node's slurmd log): the step cannot run");
+        return -1;
+    }
     if (!sg_py_wanted || spank_context() != S_CTX_REMOTE)
         return 0;
     return sg_forward("task_init", SG_HOOK_TASK_INIT, sp, ac, av);

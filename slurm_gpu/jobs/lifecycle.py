@@ -32,11 +32,13 @@ from .mps import JobUser
 from .settings import JobsSettings, MigSettings, MpsSettings
 from .state import JobFailed
 
+from ..spank import options as _options  # the one declaration of the SPANK options
+
 if TYPE_CHECKING:
     from ..hw.gpus import Gpus
 
-ENV_MPS = "SPANK_SLURM_GPU_MPS"
-ENV_MIG = "SPANK_SLURM_GPU_MIG"
+ENV_MPS = _options.prolog_env(_options.ENV_NAMES[_options.MPS])
+ENV_MIG = _options.prolog_env(_options.ENV_NAMES[_options.MIG])
 
 
 @dataclass
@@ -103,16 +105,16 @@ def _lazy_api(ctx: Context) -> Callable[[], Any]:
 # -- options --------------------------------------------------------------
 
 def parse_mps(value: str) -> int | None:
-    """``default`` -> None; ``1``..``100`` -> the percentage; else a usage error."""
-    v = value.strip().lower()
-    if v == "default":
-        return None
-    # ASCII digits only: str.isdigit() also takes "²" (int() then raises, which
-    # would count as a node fault and drain the node) and other scripts' digits.
-    if v and len(v) <= 3 and all("0" <= c <= "9" for c in v) and 1 <= int(v) <= 100:
-        return int(v)
-    raise UsageError(f"bad --gpu-mps value {value!r}: expected a percentage 1-100 or 'default'",
-                     "--gpu-mps")
+    """``default`` -> None; ``1``..``100`` -> the percentage; else a usage error.
+
+    The SPANK option's own parser decides (one parser for srun and prolog).
+    """
+    try:
+        v = _options.parse_mps(value)
+    except UsageError:
+        raise UsageError(f"bad --gpu-mps value {value!r}: expected a percentage 1-100 or "
+                         "'default'", "--gpu-mps") from None
+    return None if v == _options.MPS_DEFAULT else int(v)
 
 
 def job_user(env: Mapping[str, str], st: dict[str, Any] | None = None) -> JobUser | None:

@@ -20,10 +20,15 @@ def option(spank: Any, which: int) -> int:
 
 
 def init_post_opt(spank: Any) -> int:
-    """Carry every given option to the prolog and epilog."""
-    for which, env in options.ENV_NAMES.items():
-        value = spank.option_value(which)
+    """Carry every given option to the prolog and epilog, and open the prolog's gate
+    when one of them gives the prolog work (see ``options.OPTIONS``)."""
+    gate = False
+    for opt in options.OPTIONS:
+        value = spank.option_value(opt.id)
         if value is None:
             continue
-        spank.job_control_setenv(env, options.validate_option(which, value))
+        spank.job_control_setenv(opt.env, options.validate_option(opt.id, value))
+        gate = gate or opt.prolog
+    if gate:
+        spank.job_control_setenv(options.PROLOG_GATE, "1")
     return 0

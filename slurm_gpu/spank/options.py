@@ -15,17 +15,70 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-# Option ids shared with spank/slurm_gpu_spank.c (SG_OPT_*).
+class Declared:
+    """One SPANK option, declared once.
+
+    spank/build_plugin.py generates the C shim's option table and ``SG_OPT_*``
+    ids from :data:`OPTIONS`; local.py hands the given ones to the prolog
+    (``SPANK_<env>``) and raises the prolog gate for those with ``prolog``.
+    """
+
+    __slots__ = ("id", "name", "arginfo", "help", "has_arg", "env", "prolog")
+
+    def __init__(self, id: int, name: str, arginfo: str, help: str, has_arg: int, env: str,
+                 prolog: bool) -> None:
+        self.id = id              # SG_OPT_<NAME> in C, the index of the option's value
+        self.name = name          # --<name>
+        self.arginfo = arginfo
+        self.help = help
+        self.has_arg = has_arg    # spank_option.has_arg: 1 required, 2 optional
+        self.env = env            # tasks see <env>, prolog/epilog SPANK_<env>
+        self.prolog = prolog      # the prolog has work for a job that gives it
+
+    @property
+    def c_name(self) -> str:
+        """``SG_OPT_NUMA_BIND`` for ``gpu-numa-bind``."""
+        return "SG_OPT_" + self.name.removeprefix("gpu-").replace("-", "_").upper()
+
+
 NUMA_BIND, PROFILE, MPS, MIG = 0, 1, 2, 3
-OPTION_NAMES = {NUMA_BIND: "gpu-numa-bind", PROFILE: "gpu-profile", MPS: "gpu-mps", MIG: "gpu-mig"}
+OPTIONS = (
+    Declared(NUMA_BIND, "gpu-numa-bind", "strict|prefer|off[,verbose]",
+             "[slurm-gpu] Bind each task's CPUs and memory to its GPU's NUMA node(s): "
+             "strict (MPOL_BIND, fail if impossible), prefer (MPOL_PREFERRED, warn if "
+             "impossible) or off; add ',verbose' to print the binding of each task.",
+             1, "SLURM_GPU_NUMA_BIND", False),
+    Declared(PROFILE, "gpu-profile", "training|inference|none",
+             "[slurm-gpu] Per-task OS tuning for GPU work: inference turns transparent "
+             "huge pages off, training keeps them; both raise the locked-memory limit "
+             "for pinned host memory.",
+             1, "SLURM_GPU_PROFILE", False),
+    Declared(MPS, "gpu-mps", "PERCENT",
+             "[slurm-gpu] Start a private CUDA MPS daemon for this job on each node, "
+             "optionally with a default active-thread percentage (1-100).",
+             2, "SLURM_GPU_MPS", True),
+    Declared(MIG, "gpu-mig", "LAYOUT",
+             "[slurm-gpu] Partition each of the job's whole GPUs into MIG instances, "
+             "e.g. 3g.40gb,2g.20gb,2g.20gb; each task gets its own instance(s).",
+             1, "SLURM_GPU_MIG", True),
+)
+OPTION_NAMES = {o.id: o.name for o in OPTIONS}
 # spank_job_control_setenv names: prolog/epilog see SPANK_<name>; tasks see <name>.
-ENV_NAMES = {NUMA_BIND: "SLURM_GPU_NUMA_BIND", PROFILE: "SLURM_GPU_PROFILE",
-             MPS: "SLURM_GPU_MPS", MIG: "SLURM_GPU_MIG"}
+ENV_NAMES = {o.id: o.env for o in OPTIONS}
+# Set (to 1) for the prolog/epilog when the job gave an option with `prolog`:
+# prolog.d's shell gate tests this one variable and starts Python only then.
+PROLOG_GATE = "SLURM_GPU_PROLOG"
 
 NUMA_MODES = ("strict", "prefer", "off")
 PROFILES = ("training", "inference", "none")
 MPS_DEFAULT = "default"
 PLUGSTACK_KEYS = ("config", "numa_bind")
+
+
+def prolog_env(name: str) -> str:
+    """What the prolog/epilog calls job-control variable *name*."""
+    return "SPANK_" + name
+
 
 # One MIG device profile as nvidia-smi names it: [<c>c.]<g>g.<mem>gb[+me|+gfx|...]
 _MIG_PROFILE = r"^(?:[1-7]c\.)?[1-7]g\.\d+gb(?:\+[a-z]+)*$"
@@ -74,7 +127,7 @@ def parse_profile(value: str) -> str:
 
 def parse_mps(value: str | None) -> str:
     """A percentage 1-100, or ``default`` when the option had no value."""
-    if value is None or value == MPS_DEFAULT:
+    if value is None or value.strip().lower() == MPS_DEFAULT:
         return MPS_DEFAULT
     v = value.strip().rstrip("%")
     # isascii: str.isdigit() also takes '²', which int() refuses

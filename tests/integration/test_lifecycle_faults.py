@@ -122,6 +122,8 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> Non
             env["SPANK_SLURM_GPU_MIG"] = rng.choice(BAD)
         if kind in ("mps", "both"):
             env["SPANK_SLURM_GPU_MPS"] = rng.choice(["default", "25", "100"])
+        if kind != "none":
+            env["SPANK_SLURM_GPU_PROLOG"] = "1"      # the SPANK plugin's prolog gate
         counts[f"{kind}/{event}"] = counts.get(f"{kind}/{event}", 0) + 1
         if event == "sigkill":
             full = dict(env, SLURM_GPU_CONFIG=str(conf), PATH="/usr/bin:/bin",

@@ -133,3 +133,68 @@ def test_health_drains_on_xid79_and_resumes(cluster: Cluster) -> None:
     # The fault is gone (the log rotated): two clean runs resume the node.
     (cluster.side / "n2.log").write_text("[    1.000000] Linux version 6.1.0\n")
     cluster.wait_node_state("n2", "idle", timeout=6 * INTERVAL + 10)
+
+
+def test_bad_plugstack_argument_on_the_node_fails_the_job_not_the_node(cluster: Cluster) -> None:
+    """The job was submitted with a good plugstack.conf; the node's is bad when it
+    starts.  26.05: slurm_spank_init_failure_mode makes init's refusal a job
+    failure; before 25.05 the plugin fails the tasks instead (an init or
+    pre-task hook failure there drains the node: "batch job complete failure")."""
+    d = cluster.user_dir("sgtest1")
+    out = d / "badarg.out"
+    plugstack = cluster.sb.layout.plugstack_conf
+    good = plugstack.read_text()
+    jobid = cluster.sbatch("-H", "-w", "n1", "-o", str(out), "--wrap", "echo RAN", user="sgtest1",
+                           cwd=str(d))
+    try:
+        plugstack.write_text(good.replace("config=", "bogus=1 config=", 1))
+        assert cluster.run(["scontrol", "release", str(jobid)]).returncode == 0
+        info = cluster.wait_job(jobid, timeout=30)
+    finally:
+        plugstack.write_text(good)
+    assert info["JobState"] == "FAILED", info
+    text = out.read_text() if out.exists() else ""
+    assert "RAN" not in text
+    log = cluster.log("n1")
+    assert "slurm-gpu: unknown plugstack argument 'bogus=1'" in log
+    res = cluster.run(["sinfo", "-h", "-n", "n1", "-o", "%T %E"])
+    assert res.stdout.split()[0] in ("idle", "mixed"), res.stdout   # never drained
+
+
+def _plugin_for(version: str, out_dir: Path) -> Path:
+    """A plugin built for *version* (host's Slurm, or inside that version's Debian root)."""
+    from slurm_gpu.runner import run
+    from slurm_gpu.sandbox import chroot, versions
+    from slurm_gpu.sandbox.install import DEFAULT_VENV
+    out = out_dir / f"plugin-{version}" / "slurm_gpu_spank.so"
+    rel = versions.resolve(version)
+    if not rel.chrooted:
+        run([str(DEFAULT_VENV / "bin" / "slurm-gpu"), "spank", "build", "-o", str(out)], timeout=300)
+        return out
+    try:
+        rel = versions.ensure_root(rel)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(str(e))
+    assert rel.root is not None
+    chroot.sync_venv(rel.root, DEFAULT_VENV)
+    chroot.run_in_root(rel.root, [str(DEFAULT_VENV / "bin" / "slurm-gpu"), "spank", "build", "-o",
+                                  str(out)], 300, binds=("/tmp",))
+    return out
+
+
+def test_plugin_built_for_another_slurm_says_both_versions(cluster: Cluster, request) -> None:
+    version = request.node.callspec.params["cluster"]
+    other = "24.11" if version == "22.05" else "22.05"
+    plugin = _plugin_for(other, Path(cluster.side))
+    plugstack = cluster.sb.layout.plugstack_conf
+    good = plugstack.read_text()
+    try:
+        plugstack.write_text(good.replace(str(cluster.sb.layout.lib / "slurm_gpu_spank.so"), str(plugin)))
+        res = cluster.srun("-w", "n1", "true", user="sgtest1")
+    finally:
+        plugstack.write_text(good)
+    assert res.returncode != 0
+    ours = [l for l in res.stderr.splitlines() if "slurm-gpu:" in l]
+    assert len(ours) == 1, res.stderr
+    assert f"built for Slurm {other}." in ours[0] and f"runs under Slurm {version}" in ours[0], ours
+    # and doctor says the same about the node

@@ -361,7 +361,7 @@ def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
     py.chmod(0o755)
     env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": "7",
            "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
-           "SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MIG": "2x3g.40gb"}
+           "SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MIG": "2x3g.40gb", "SPANK_SLURM_GPU_PROLOG": "1"}
     run = lambda script, e: subprocess.run(["/bin/sh", str(ROOT / script)], env=e,  # noqa: E731
                                            capture_output=True, text=True, timeout=60)
     r = run("prolog.d/50-slurm-gpu-jobs", env)

@@ -67,7 +67,8 @@ def test_submit_side_validates_and_carries_options(context):
     assert dispatch.run_hook(sp, "init_post_opt") == 0
     assert sp.job_control == {"SLURM_GPU_NUMA_BIND": "strict", "SLURM_GPU_MPS": "default",
                               "SLURM_GPU_MIG": "3g.40gb,2g.20gb",
-                              "SLURM_GPU_PROFILE": "inference"}
+                              "SLURM_GPU_PROFILE": "inference",
+                              options.PROLOG_GATE: "1"}     # MPS/MIG give the prolog work
     assert sp.errors == []
 
 

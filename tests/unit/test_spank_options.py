@@ -95,21 +95,77 @@ def test_plugstack_args_bad(args, msg):
         o.parse_plugstack_args(args)
 
 
-def test_shim_agrees_with_python_ids_and_keys():
-    """The C shim and the Python side share option ids, env names and keys."""
+def _build_script():
+    from slurm_gpu.commands.spank import build_script
+    return build_script()
+
+
+def test_c_option_table_is_generated_from_the_python_declaration(monkeypatch):
+    """SG_OPT_* ids, the spank_option table, env names and plugstack keys of the
+    C shim come from options.OPTIONS: the .c file spells none of them."""
     c = SHIM.read_text()
-    for which, name in o.OPTION_NAMES.items():
-        const = {0: "SG_OPT_NUMA_BIND", 1: "SG_OPT_PROFILE", 2: "SG_OPT_MPS", 3: "SG_OPT_MIG"}[which]
-        assert re.search(rf"#define {const}\s+{which}\b", c)
-        assert f'"{name}"' in c
-        assert f'"{o.ENV_NAMES[which]}"' in c
-    keys = re.search(r"sg_arg_keys\[\] = \{([^}]*)\}", c).group(1)
+    assert '#include "sg_build.h"' in c
+    for opt in o.OPTIONS:
+        assert f'"{opt.name}"' not in c and f'"{opt.env}"' not in c
+        assert not re.search(rf"#define {opt.c_name}\s", c)
+    assert "sg_arg_keys[] = SG_ARG_KEYS;" in c and "sg_options[SG_NOPTS] = SG_OPTION_TABLE;" in c
+    mod = _build_script()
+    h = mod.generate_header()
+    for opt in o.OPTIONS:
+        assert re.search(rf"#define {opt.c_name} {opt.id}\b", h)
+        row = re.search(rf'\{{ "{re.escape(opt.name)}", "([^"]*)", "((?:[^"\\]|\\.)*)", (\d), '
+                        rf'{opt.c_name}, sg_opt_cb \}}', h)
+        assert row and row.group(1) == opt.arginfo and int(row.group(3)) == opt.has_arg, opt.name
+    keys = re.search(r"#define SG_ARG_KEYS \{([^}]*)\}", h).group(1)
     assert re.findall(r'"(\w+)"', keys) == list(o.PLUGSTACK_KEYS)
+    envs = re.search(r"#define SG_ENV_NAMES \{([^}]*)\}", h).group(1)
+    assert re.findall(r'"(\w+)"', envs) == [opt.env for opt in sorted(o.OPTIONS, key=lambda x: x.id)]
+    # a new declaration reaches the C table with nothing else edited
+    extra = o.Declared(len(o.OPTIONS), "gpu-extra", "X", "[slurm-gpu] extra", 1, "SLURM_GPU_EXTRA", True)
+    monkeypatch.setattr(o, "OPTIONS", (*o.OPTIONS, extra))
+    h2 = mod.generate_header()
+    assert f"#define SG_OPT_EXTRA {extra.id}" in h2 and f"#define SG_NOPTS {len(o.OPTIONS)}" in h2
+    assert '{ "gpu-extra", "X", "[slurm-gpu] extra", 1, SG_OPT_EXTRA, sg_opt_cb }' in h2
     from slurm_gpu.spank import dispatch
     for hook_id, name in dispatch.HOOKS.items():
         const = "SG_HOOK_" + {"init_post_opt": "INIT_POST_OPT",
                               "task_init_privileged": "TASK_PRIV", "task_init": "TASK_INIT"}[name]
         assert re.search(rf"#define {const}\s+{hook_id}\b", c)
+
+
+def test_prolog_gate_reads_the_declaration():
+    """The prolog/epilog gate is the one variable local.py sets for options with
+    ``prolog``; the jobs code reads the option values under the declared names."""
+    from slurm_gpu.jobs import lifecycle
+    from slurm_gpu.spank import local
+    root = SHIM.parents[1]
+    gate = "${" + o.prolog_env(o.PROLOG_GATE) + "}"
+    for script in ("prolog.d/50-slurm-gpu-jobs", "epilog.d/50-slurm-gpu-jobs"):
+        text = (root / script).read_text()
+        assert f'[ -n "{gate}" ]' in text
+        assert not any(o.prolog_env(opt.env) in text for opt in o.OPTIONS), script
+    assert lifecycle.ENV_MPS == o.prolog_env(o.ENV_NAMES[o.MPS])
+    assert lifecycle.ENV_MIG == o.prolog_env(o.ENV_NAMES[o.MIG])
+
+    class Fake:
+        def __init__(self, values):
+            self.values, self.env = values, {}
+
+        def option_value(self, which):
+            return self.values.get(which)
+
+        def job_control_setenv(self, name, value):
+            self.env[name] = value
+    for values, gate_open in (({o.MPS: "50"}, True), ({o.MIG: "3g.40gb"}, True),
+                              ({o.NUMA_BIND: "strict", o.PROFILE: "training"}, False), ({}, False)):
+        f = Fake(values)
+        assert local.init_post_opt(f) == 0
+        assert (o.PROLOG_GATE in f.env) == gate_open, values
+        assert {k for k in f.env if k != o.PROLOG_GATE} == {o.ENV_NAMES[w] for w in values}
+    # one parser: the prolog takes what srun took, and refuses what srun refuses
+    assert lifecycle.parse_mps("50") == 50 and lifecycle.parse_mps("default") is None
+    with pytest.raises(UsageError, match="bad --gpu-mps value"):
+        lifecycle.parse_mps("150")
 
 
 def _slurm_long_options(cmd: str) -> set[str]:
