@@ -4,7 +4,7 @@
 VENV ?= /opt/slurm-gpu/venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test unit integration bench clean
+.PHONY: install demo test unit integration bench clean deb test-deb rpm
 
 install:
 	SLURM_GPU_VENV=$(VENV) bash scripts/install.sh
@@ -24,5 +24,15 @@ unit:
 bench:
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
 
+# Packages (docs/install.md): a .deb for Debian 12/13, an .rpm for EL8/9.
+deb:
+	SLURM_GPU_VENV=$(VENV) bash scripts/build-deb.sh
+
+test-deb:
+	SLURM_GPU_VENV=$(VENV) bash scripts/test-deb.sh
+
+rpm:
+	SLURM_GPU_VENV=$(VENV) bash scripts/build-rpm.sh
+
 clean:
-	rm -rf build *.egg-info .pytest_cache
+	rm -rf build dist *.egg-info .pytest_cache

@@ -19,7 +19,8 @@ POLICY_RC=${SLURM_GPU_POLICY_RC:-/usr/sbin/policy-rc.d}   # overridable for the 
 PKGS=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev slurmdbd mariadb-server mariadb-client
       hwloc libhwloc15 libhwloc-dev pci.ids
       python3 python3-venv python3-dev gcc libc6-dev
-      iproute2 procps util-linux passwd make ca-certificates debootstrap strace)
+      iproute2 procps util-linux passwd make ca-certificates debootstrap strace
+      rpm)
 
 if [ "$(id -u)" != 0 ]; then
   echo "slurm-gpu: install needs root (scripts/install.sh)" >&2; exit 1

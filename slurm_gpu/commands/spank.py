@@ -72,6 +72,9 @@ def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool 
             if log.exists():
                 errs = [l for l in log.read_text().splitlines() if "error" in l.lower()]
                 detail = f": {errs[0].strip()}" if errs else ""
+            if not detail and str(e).strip():
+                # e.g. cffi on Python >= 3.12 without setuptools says so only here
+                detail = f": {str(e).strip().splitlines()[0]}"
             raise SlurmGpuError(f"plugin build failed: {type(e).__name__}{detail}",
                                 str(output)) from None
 

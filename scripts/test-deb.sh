@@ -1,0 +1,152 @@
+#!/bin/bash
+# Install the .deb in fresh Debian roots, run it, purge it, and prove that the
+# purge leaves no file behind.  For each SUITE (default: bookworm trixie):
+#   1. a bare debootstrap minbase root, built once and cached as
+#      $CACHE/SUITE-pkgroot (never changed afterwards: every run works on a
+#      throw-away overlay over it);
+#   2. the package's dependencies are installed first (apt-get), then a list
+#      of every file (type, mode, owner, size, path) is taken;
+#   3. dpkg -i: postinst makes /opt/slurm-gpu/venv from the root's python3
+#      and builds the SPANK plugin (trixie: with gcc, python3-dev, setuptools and
+#      libslurm-dev installed, so it must build; bookworm: without, so
+#      postinst must say so in one line and still succeed);
+#   4. slurm-gpu --version (as root and as nobody), inventory over a shipped
+#      machine's hwloc XML (loads the root's libhwloc through cffi), gres
+#      render, and `slurm-gpu doctor` where this version has it;
+#   5. dpkg --purge, then the file list again: it must equal step 2's.
+# Needs root, debootstrap, overlayfs and a Debian mirror (DEBIAN_MIRROR).
+# Exit 0: all passed; 1: a check failed; 77: cannot run here (no mirror,
+# no debootstrap), with one `slurm-gpu:` line saying why.
+#   scripts/test-deb.sh [--deb FILE] [SUITE...]
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${SLURM_GPU_CACHE:-/var/cache/slurm-gpu}
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEB=
+if [ "${1:-}" = --deb ]; then DEB=$2; shift 2; fi
+SUITES=("$@")
+[ ${#SUITES[@]} -gt 0 ] || SUITES=(bookworm trixie)
+
+say() { echo "slurm-gpu: test-deb: $*" >&2; }
+[ "$(id -u)" = 0 ] || { say "needs root (debootstrap, chroot, mount)"; exit 77; }
+command -v debootstrap >/dev/null || { say "debootstrap is not installed (apt-get install debootstrap)"; exit 77; }
+for s in "${SUITES[@]}"; do
+    case "$s" in *[!a-z0-9-]*|"") say "bad suite name '$s'"; exit 2 ;; esac
+done
+if [ -z "$DEB" ]; then DEB=$(bash "$HERE/scripts/build-deb.sh"); fi
+[ -f "$DEB" ] || { say "no package at $DEB"; exit 1; }
+
+# The bare root of SUITE, built once (flock: concurrent runs wait for one build).
+bare_root() {
+    local suite=$1 root=$CACHE/$1-pkgroot
+    mkdir -p "$CACHE"
+    (
+        flock 9
+        if [ -f "$root/.slurm-gpu-complete" ]; then exit 0; fi
+        local probe=(wget -q -O /dev/null --timeout=10 --tries=1)
+        if command -v curl >/dev/null; then probe=(curl -fsS -o /dev/null --connect-timeout 10 --max-time 20); fi
+        if ! "${probe[@]}" "$MIRROR/dists/$suite/InRelease" 2>/dev/null; then
+            say "Debian mirror unreachable ($MIRROR/dists/$suite/InRelease)"; exit 77
+        fi
+        local log=$CACHE/$suite-pkgroot.log try
+        for try in 1 2; do   # a second try: a mirror sync or a flaky download fails the first
+            rm -rf --one-file-system "$root.partial"
+            if debootstrap --variant=minbase "$suite" "$root.partial" "$MIRROR" >"$log" 2>&1; then break; fi
+            cp "$root.partial/debootstrap/debootstrap.log" "$log.inner" 2>/dev/null || true
+            rm -rf --one-file-system "$root.partial"
+            if [ $try = 2 ]; then
+                say "debootstrap $suite failed: $(grep -E '^[EW]: ' "$log" | tail -1) (see $log, $log.inner)"
+                exit 1
+            fi
+        done
+        touch "$root.partial/.slurm-gpu-complete"
+        mv "$root.partial" "$root"
+    ) 9>"$CACHE/$suite-pkgroot.lock"
+}
+
+# Every file of the root but the ones apt/dpkg bookkeeping and the kernel own.
+file_list() {
+    (cd "$1" && find . -xdev \( -path ./proc -o -path ./sys -o -path ./dev -o -path ./run \
+        -o -path ./tmp -o -path ./var/cache/apt -o -path ./var/lib/apt -o -path ./var/log \
+        -o -path ./var/lib/dpkg -o -path ./var/cache/debconf -o -path ./var/cache/ldconfig \
+        -o -path ./etc/ld.so.cache \) -prune -o -printf '%y %m %u:%g %s %p\n' | LC_ALL=C sort)
+}
+
+MNT=()
+WORK=
+cleanup() {
+    local i
+    for ((i=${#MNT[@]}-1; i>=0; i--)); do umount -l "${MNT[$i]}" 2>/dev/null || true; done
+    MNT=()
+    if [ -n "$WORK" ]; then rm -rf --one-file-system "$WORK"; WORK=; fi
+}
+trap cleanup EXIT INT TERM
+
+in_root() { chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+    DEBIAN_FRONTEND=noninteractive "$@"; }
+fail() { say "$SUITE: $*"; exit 1; }
+
+for SUITE in "${SUITES[@]}"; do
+    t0=$(date +%s)
+    bare_root "$SUITE"
+    WORK=$(mktemp -d /tmp/slurm-gpu-pkgtest.XXXXXX)
+    mkdir "$WORK"/{upper,work,root}
+    R=$WORK/root
+    mount -t overlay overlay -o "lowerdir=$CACHE/$SUITE-pkgroot,upperdir=$WORK/upper,workdir=$WORK/work" "$R"
+    MNT+=("$R")
+    mount -t proc proc "$R/proc"; MNT+=("$R/proc")
+    mkdir -p "$CACHE/$SUITE-pkgroot-apt/partial"
+    mount --bind "$CACHE/$SUITE-pkgroot-apt" "$R/var/cache/apt/archives"; MNT+=("$R/var/cache/apt/archives")
+    cp /etc/resolv.conf "$R/etc/resolv.conf"
+    # Never start a service inside the test root (no init there anyway).
+    printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"; chmod 755 "$R/usr/sbin/policy-rc.d"
+
+    deps=$(dpkg-deb -f "$DEB" Depends | sed -e 's/([^)]*)//g' -e 's/,/ /g')
+    extra=()
+    spank_expect=missing
+    if [ "$SUITE" != bookworm ]; then extra=(gcc python3-dev python3-setuptools libslurm-dev); spank_expect=built; fi
+    in_root apt-get update -qq >/dev/null || fail "apt-get update failed"
+    # shellcheck disable=SC2086
+    in_root apt-get install -y -qq --no-install-recommends $deps "${extra[@]}" >"$WORK/apt.log" 2>&1 ||
+        fail "installing the dependencies failed: $(tail -3 "$WORK/apt.log")"
+    file_list "$R" >"$WORK/before"
+
+    cp "$DEB" "$R/tmp/slurm-gpu.deb"
+    in_root dpkg -i /tmp/slurm-gpu.deb >"$WORK/install.log" 2>&1 || fail "dpkg -i failed: $(cat "$WORK/install.log")"
+    rm -f "$R/tmp/slurm-gpu.deb"
+    sed 's/^/    /' "$WORK/install.log" >&2
+    py=$(in_root /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    vpy=$(in_root /opt/slurm-gpu/venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [ "$py" = "$vpy" ] || fail "venv runs Python $vpy, the root has $py"
+    ver=$(in_root /opt/slurm-gpu/venv/bin/slurm-gpu --version) || fail "slurm-gpu --version failed"
+    chroot --userspec=nobody:nogroup "$R" /opt/slurm-gpu/venv/bin/slurm-gpu --version >/dev/null ||
+        fail "slurm-gpu --version fails for an ordinary user (venv not readable by all)"
+    site=$(in_root /opt/slurm-gpu/venv/bin/python -c 'import slurm_gpu, os; print(os.path.dirname(slurm_gpu.__file__))')
+    in_root /opt/slurm-gpu/venv/bin/slurm-gpu inventory --hwloc-xml "$site/data/machines/h100-mig/hwloc.xml" >/dev/null ||
+        fail "inventory over a shipped machine failed (libhwloc through cffi)"
+    in_root /opt/slurm-gpu/venv/bin/slurm-gpu gres render --snapshot "n1=$site/data/machines/h100-mig/snapshot.json" |
+        grep -q '^NodeName=n1 Name=gpu' || fail "gres render over a shipped machine printed no gpu line"
+    case $spank_expect in
+        built) [ -f "$R/opt/slurm-gpu/venv/lib/slurm-gpu/slurm_gpu_spank.so" ] || fail "postinst built no SPANK plugin"
+               grep -q '^slurm-gpu: SPANK plugin built' "$WORK/install.log" || fail "postinst did not report the plugin" ;;
+        missing) [ "$(grep -c '^slurm-gpu: SPANK plugin not built' "$WORK/install.log")" = 1 ] ||
+               fail "postinst did not say in one line that the SPANK plugin was not built" ;;
+    esac
+    doctor="not in this version"
+    if in_root /opt/slurm-gpu/venv/bin/slurm-gpu doctor --help >/dev/null 2>&1; then
+        rc=0; in_root /opt/slurm-gpu/venv/bin/slurm-gpu doctor >"$WORK/doctor.log" 2>&1 || rc=$?
+        # A bare root is no configured node: findings are expected (Nagios 0-2), a broken check (3) or a traceback is not.
+        if [ "$rc" -gt 2 ] || grep -q Traceback "$WORK/doctor.log"; then fail "doctor broke (exit $rc): $(cat "$WORK/doctor.log")"; fi
+        doctor="exit $rc, $(grep -c . "$WORK/doctor.log") finding line(s)"
+    fi
+
+    in_root dpkg --purge slurm-gpu >"$WORK/purge.log" 2>&1 || fail "dpkg --purge failed: $(cat "$WORK/purge.log")"
+    file_list "$R" >"$WORK/after"
+    if ! diff -u "$WORK/before" "$WORK/after" >"$WORK/diff"; then
+        fail "purge left the root changed:
+$(grep '^[-+][^-+]' "$WORK/diff" | head -20)"
+    fi
+    in_root dpkg-query -W slurm-gpu >/dev/null 2>&1 && fail "dpkg still knows slurm-gpu after purge"
+    say "$SUITE: ok in $(( $(date +%s) - t0 )) s: $ver on Python $py, SPANK plugin $spank_expect, doctor $doctor; purge left $(wc -l <"$WORK/before") files as they were"
+    cleanup
+done

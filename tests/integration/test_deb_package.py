@@ -1,0 +1,70 @@
+"""`make deb` builds a package that installs, runs and purges cleanly in fresh
+Debian 12 and Debian 13 roots (``scripts/test-deb.sh``: a debootstrap minbase
+root per release, cached under /var/cache/slurm-gpu/<suite>-pkgroot, a
+throw-away overlay per run, and the root's file list compared before the
+install and after the purge).
+
+Skipped, with the script's reason, when there is no debootstrap or no
+Debian mirror (exit 77), unless SLURM_GPU_REQUIRE_INTEGRATION=1.
+"""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sandboxlib import REPO
+from slurm_gpu.sandbox.install import DEFAULT_VENV
+
+CANNOT_RUN = 77
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    res = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh")], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "SLURM_GPU_VENV": str(DEFAULT_VENV),
+                                           "SLURM_GPU_DIST": str(out)})
+    assert res.returncode == 0, res.stderr
+    path = Path(res.stdout.strip().splitlines()[-1])
+    assert path.parent == out and path.name.endswith("_all.deb")
+    return path
+
+
+def test_deb_contents(deb: Path) -> None:
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
+                             check=True).stdout
+    paths = {line.split()[-1] for line in listing.splitlines()}
+    for want in ("./usr/lib/slurm-gpu/prolog.d/50-slurm-gpu-jobs", "./usr/lib/slurm-gpu/epilog.d/50-slurm-gpu-jobs",
+                 "./usr/lib/slurm-gpu/healthcheck", "./usr/lib/systemd/system/slurm-gpu-xid-watch.service",
+                 "./usr/share/doc/slurm-gpu/copyright", "./usr/share/doc/slurm-gpu/install.md"):
+        assert want in paths, want
+    wheels = sorted(p for p in paths if p.startswith("./usr/share/slurm-gpu/wheels/"))
+    assert [Path(w).name.split("-")[0] for w in wheels if w.endswith(".whl")] == ["nvidia_ml_py", "slurm_gpu"]
+    # Nothing but the package's own tree: no venv, no byte code, no build leftovers.
+    assert not [p for p in paths if "__pycache__" in p or p.startswith("./opt/")]
+    wheel = next(w for w in wheels if "slurm_gpu" in w)
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+        member = tf.extractfile(wheel)
+        assert member is not None
+        inside = zipfile.ZipFile(io.BytesIO(member.read())).namelist()
+    assert "slurm_gpu/data/machines/h100-mig/facts.json" in inside
+    assert "slurm_gpu/data/machines/h100-mig/PROVENANCE.md" in inside
+    assert not [n for n in inside if "build_machines" in n or "__pycache__" in n]
+
+
+@pytest.mark.parametrize("suite", ["bookworm", "trixie"])
+def test_install_run_purge_leaves_nothing(deb: Path, suite: str) -> None:
+    res = subprocess.run(["bash", str(REPO / "scripts" / "test-deb.sh"), "--deb", str(deb), suite],
+                         capture_output=True, text=True, timeout=1200)
+    if res.returncode == CANNOT_RUN and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1":
+        pytest.skip(res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-4000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert f"test-deb: {suite}: ok" in last and "files as they were" in last, last

@@ -1,0 +1,64 @@
+"""`make rpm` builds packaging/rpm/slurm-gpu.spec here with rpmbuild.
+
+Only the build and the package's contents are checked: nothing of it runs on
+EL in this project (docs/install.md, "What was not tested on EL").  Skipped
+with the script's reason when rpmbuild is missing or the EL wheels cannot be
+fetched (exit 77), unless SLURM_GPU_REQUIRE_INTEGRATION=1.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandboxlib import REPO
+from slurm_gpu.sandbox.install import DEFAULT_VENV
+
+CANNOT_RUN = 77
+
+
+@pytest.fixture(scope="module")
+def rpm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    res = subprocess.run(["bash", str(REPO / "scripts" / "build-rpm.sh")], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "SLURM_GPU_VENV": str(DEFAULT_VENV),
+                                           "SLURM_GPU_DIST": str(out)})
+    if res.returncode == CANNOT_RUN and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1":
+        pytest.skip(res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    path = Path(res.stdout.strip().splitlines()[-1])
+    assert path.parent == out and path.name.endswith(".x86_64.rpm")
+    return path
+
+
+def _q(rpm: Path, *args: str) -> str:
+    return subprocess.run(["rpm", "-qp", *args, str(rpm)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_rpm_holds_every_wheel_for_python311_and_the_node_files(rpm: Path) -> None:
+    files = set(_q(rpm, "-l").split())
+    for want in ("/usr/lib/slurm-gpu/prolog.d/50-slurm-gpu-jobs", "/usr/lib/slurm-gpu/epilog.d/50-slurm-gpu-jobs",
+                 "/usr/lib/slurm-gpu/healthcheck", "/usr/lib/slurm-gpu/venv-setup.sh",
+                 "/usr/lib/systemd/system/slurm-gpu-xid-watch.service"):
+        assert want in files, want
+    wheels = sorted(Path(f).name.split("-")[0].lower() for f in files if f.endswith(".whl"))
+    assert wheels == ["cffi", "click", "clustershell", "jinja2", "markupsafe", "nvidia_ml_py",
+                      "pycparser", "pyyaml", "slurm_gpu"]
+    # The compiled ones are for CPython 3.11 on x86_64 with an EL8-compatible glibc.
+    for f in files:
+        if f.endswith(".whl") and "-cp" in f:
+            assert "-cp311-" in f and "manylinux2014_x86_64" in f, f
+    assert not [f for f in files if f.startswith("/opt/") or "__pycache__" in f]
+
+
+def test_rpm_metadata_and_scriptlets(rpm: Path) -> None:
+    assert _q(rpm, "--queryformat", "%{NAME} %{ARCH}") == "slurm-gpu x86_64"
+    requires = set(_q(rpm, "--requires").split("\n"))
+    assert {"python3.11", "hwloc-libs"} <= requires
+    assert {"gcc", "python3.11-devel", "slurm-devel"} <= set(_q(rpm, "--recommends").split("\n"))
+    scripts = _q(rpm, "--scripts")
+    assert "SLURM_GPU_PYTHON=/usr/bin/python3.11 SLURM_GPU_SYSTEM_SITE=0" in scripts
+    assert "rm -rf /opt/slurm-gpu/venv" in scripts          # erase removes what %post made
