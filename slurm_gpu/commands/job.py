@@ -64,3 +64,43 @@ def list_cmd() -> None:
     from ..jobs import state as jobstate
     for j in jobstate.list_jobs(_state_dir()):
         click.echo(j)
+
+
+@job.command("cleanup")
+@click.argument("jobid", required=False)
+@click.option("--stale", is_flag=True,
+              help="Clean up every job with state here that Slurm no longer runs here.")
+@click.option("--force", is_flag=True,
+              help="Clean up JOBID even if Slurm says it still runs here (or cannot say).")
+def cleanup(jobid: str | None, stale: bool, force: bool) -> None:
+    """Undo what JOBID's epilog should have: MPS daemon, MIG instances, compute mode, state.
+
+    Refused while Slurm still runs JOBID on this node (its epilog owns it),
+    unless --force.  Exit status 1 when something could not be removed.
+    """
+    import os
+
+    from ..errors import SlurmGpuError, UsageError
+    from ..jobs import lifecycle, sweep
+    from ..jobs import state as jobstate
+    if stale == bool(jobid):
+        raise UsageError("give either JOBID or --stale", "slurm-gpu job cleanup")
+    ctx = lifecycle.default_context({"SLURM_JOB_ID": jobid} if jobid else {})
+    if stale:
+        lines = sweep.sweep(ctx, lifecycle.teardown)
+        for line in lines:
+            click.echo(line)
+        if not lines:
+            click.echo("slurm-gpu: no stale job state on this node")
+        if any("cleanup incomplete" in line for line in lines):
+            raise SlurmGpuError("some stale job state could not be cleaned up", ctx.state_dir)
+        return
+    jobid = jobstate.check_jobid(jobid or "")
+    if not force:
+        squeue = os.path.join(os.path.dirname(ctx.jobs.scancel) or "/usr/bin", "squeue")
+        if jobid not in sweep.gone([jobid], ctx.node_name, squeue):
+            raise SlurmGpuError(f"job {jobid} still runs on {ctx.node_name} or Slurm cannot say; "
+                                "its epilog cleans up (use --force to clean up now)", "squeue")
+    notes = sweep.clean(ctx, jobid, lifecycle.teardown)
+    for note in notes or ["nothing of slurm-gpu's left on this node"]:
+        click.echo(f"slurm-gpu: job {jobid}: {note}")

@@ -191,6 +191,9 @@ def prolog(ctx: Context) -> int:
     user = job_user(env)
     if user is None:
         raise InputError("prolog environment lacks SLURM_JOB_UID", f"job {jobid}")
+    from .sweep import sweep
+    for line in sweep(ctx, teardown, exclude=jobid):   # what failed epilogs of ended jobs left
+        ctx.log(line)
     old = jobstate.load(ctx.state_dir, jobid)
     if old is not None:
         # An earlier run of this job here (requeued after a prolog whose undo
@@ -344,6 +347,11 @@ def _undo(ctx: Context, st: dict[str, Any], user: JobUser | None,
     jobstate.save(ctx.state_dir, st) if jobstate.path(ctx.state_dir, st["jobid"]).exists() \
         else None
     return notes
+
+
+def teardown(ctx: Context, st: dict[str, Any]) -> list[str]:
+    """The epilog's undo of a recorded job, without the job's environment (sweep, cleanup)."""
+    return _undo(ctx, st, job_user({}, st) if "uid" in st else None, _lazy_api(ctx))
 
 
 # -- epilog ---------------------------------------------------------------
