@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "mig": "slurm_gpu.commands.mig:mig",
     "health": "slurm_gpu.commands.health:health",
     "xid-watch": "slurm_gpu.commands.health:xid_watch",
+    "doctor": "slurm_gpu.commands.doctor:doctor",
 }
 
 HELP = {
@@ -42,6 +43,7 @@ HELP = {
     "mig": "Plan and apply MIG layouts.",
     "health": "GPU node health check (HealthCheckProgram).",
     "xid-watch": "Listen for NVML events for the health check.",
+    "doctor": "Check this node's Slurm setup for slurm-gpu (Nagios codes).",
 }
 
 

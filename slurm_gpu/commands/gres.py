@@ -117,6 +117,19 @@ def check(ctx: click.Context, config: str, **kw: Any) -> None:
     click.echo(f"slurm-gpu: {config} matches the hardware")
 
 
+def drift(config: str, node: str) -> list[str]:
+    """``gres check``'s differences for this node with the default options (for doctor)."""
+    from ..confgen.grescheck import compare, effective, parse_gres_conf
+
+    kw = {p.name: p.default for p in check.params if p.name and p.name != "config"}
+    kw.update(node=node, snapshots=(), hwloc_xmls=(), type_map=())
+    text, _, _ = _render(kw)
+    current = parse_gres_conf(read_config(config).splitlines(True), config)
+    wanted = parse_gres_conf(text.splitlines(True), "generated")
+    # gres.conf may describe the whole cluster: only this node's lines count here
+    return compare({node: effective(current, node)}, {node: effective(wanted, node)})
+
+
 @gres.command()
 @gres_options
 @click.option("--config", "config", required=True, metavar="PATH", help="gres.conf to write.")

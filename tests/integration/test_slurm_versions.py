@@ -188,13 +188,25 @@ def test_plugin_built_for_another_slurm_says_both_versions(cluster: Cluster, req
     plugin = _plugin_for(other, Path(cluster.side))
     plugstack = cluster.sb.layout.plugstack_conf
     good = plugstack.read_text()
+    doctor = [str(cluster.venv / "bin" / "slurm-gpu"), "doctor", "--json", "--no-gres",
+              "--slurm-conf", str(cluster.sb.conf)]
     try:
         plugstack.write_text(good.replace(str(cluster.sb.layout.lib / "slurm_gpu_spank.so"), str(plugin)))
         res = cluster.srun("-w", "n1", "true", user="sgtest1")
+        stale = cluster.run(doctor)
     finally:
         plugstack.write_text(good)
+    fresh = cluster.run(doctor)
+    # doctor, run where slurmd runs, says the same about the node
+    import json
+    assert stale.returncode == 2, stale.stdout + stale.stderr
+    found = {x["check"]: x for x in json.loads(stale.stdout)["findings"] if x["check"] == "spank.plugin"}
+    assert found["spank.plugin"]["status"] == "CRITICAL"
+    assert f"built for Slurm {other}." in found["spank.plugin"]["message"]
+    assert f"slurmd is {version}." in found["spank.plugin"]["message"]
+    found = [x for x in json.loads(fresh.stdout)["findings"] if x["check"] == "spank.plugin"]
+    assert found[0]["status"] == "OK" and f"built for Slurm {version}." in found[0]["message"], found
     assert res.returncode != 0
     ours = [l for l in res.stderr.splitlines() if "slurm-gpu:" in l]
     assert len(ours) == 1, res.stderr
     assert f"built for Slurm {other}." in ours[0] and f"runs under Slurm {version}" in ours[0], ours
-    # and doctor says the same about the node

@@ -1,0 +1,122 @@
+"""slurm-gpu doctor: each check over hand-made facts, the exit status, the CLI."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu import doctor as d
+
+
+def facts(tmp_path: Path, **kw) -> d.Facts:
+    so = tmp_path / "slurm_gpu_spank.so"
+    so.write_bytes(b"\x7fELF...slurm-gpu-spank built-for-slurm=24.11.5\0...")
+    (tmp_path / "slurm_gpu_spank_py.so").write_bytes(b"")
+    base = dict(slurm_conf_path="/etc/slurm/slurm.conf",
+                conf={"prolog": "/etc/slurm/prolog.d/*", "epilog": "/etc/slurm/epilog.d/*",
+                      "prologflags": "Alloc,Contain", "healthcheckprogram": "/usr/bin/hc",
+                      "healthcheckinterval": "300", "healthchecknodestate": "ANY"},
+                conf_readable=True, slurmd_version="24.11.5",
+                plugstack_lines=[("/etc/slurm/plugstack.conf", f"required {so} config=/etc/x.toml")],
+                plugin_built_for={str(so): d.plugin_built_for(str(so))},
+                gres_drift=[], venv=str(tmp_path))
+    base.update(kw)
+    return d.Facts(**base)
+
+
+def lines(f: d.Facts) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for x in d.run_checks(f):
+        out.setdefault(x.check, []).append(x.line())
+    return out
+
+
+def test_healthy_node_is_ok(tmp_path):
+    f = facts(tmp_path)
+    assert d.worst(d.run_checks(f)) == d.OK, d.run_checks(f)
+    assert lines(f)["spank.plugin"] == [f"OK spank.plugin: built for Slurm 24.11.5, slurmd is 24.11.5 "
+                                        f"({tmp_path}/slurm_gpu_spank.so)"]
+
+
+def test_plugin_built_for_another_slurm_is_critical(tmp_path):
+    f = facts(tmp_path, slurmd_version="26.05.5")
+    got = lines(f)["spank.plugin"]
+    assert got[0].startswith("CRITICAL spank.plugin: built for Slurm 24.11.5 but slurmd is 26.05.5")
+    assert d.worst(d.run_checks(f)) == d.CRITICAL
+    # a patch release is fine: Slurm checks major.minor
+    assert d.worst(d.run_checks(facts(tmp_path, slurmd_version="24.11.9"))) == d.OK
+
+
+@pytest.mark.parametrize("change,check,status", [
+    ({"plugstack_lines": []}, "spank.plugstack", "WARNING"),
+    ({"conf": {"prolog": "/p", "epilog": "/e", "healthcheckprogram": "/h",
+               "healthcheckinterval": "60"}}, "slurm.prologflags", "WARNING"),
+    ({"conf": {}}, "slurm.healthcheck", "WARNING"),
+    ({"gres_drift": ["~ n1 gpu 0: File=/dev/nvidia0 -> File=/dev/nvidia1"]}, "gres.conf", "CRITICAL"),
+    ({"gres_drift": None, "gres_error": "NVML unavailable"}, "gres.conf", "UNKNOWN"),
+    ({"venv_unreadable": "/opt/slurm-gpu/venv/lib"}, "venv", "CRITICAL"),
+    ({"gpus_present": True, "persistenced": False}, "nvidia.persistenced", "WARNING"),
+    ({"slurmd_version": None}, "slurm.version", "UNKNOWN"),
+    ({"conf_readable": False}, "slurm.conf", "CRITICAL"),
+])
+def test_each_problem_is_one_line(tmp_path, change, check, status):
+    f = facts(tmp_path, **change)
+    found = [x for x in d.run_checks(f) if x.check == check and x.status != d.OK]
+    assert found and d.NAMES[found[0].status] == status, d.run_checks(f)
+
+
+def test_bad_plugstack_argument_and_optional_line(tmp_path):
+    so = tmp_path / "slurm_gpu_spank.so"
+    f = facts(tmp_path, plugstack_lines=[("p", f"optional {so} bogus=1")])
+    got = "\n".join(lines(f)["spank.plugstack"])
+    assert "WARNING spank.plugstack: 'optional' plugin" in got
+    assert "CRITICAL spank.plugstack: unknown plugstack argument 'bogus=1'" in got
+
+
+def test_plugin_without_record_is_reported(tmp_path):
+    (tmp_path / "old").mkdir()
+    so = tmp_path / "old" / "slurm_gpu_spank.so"
+    so.write_bytes(b"\x7fELF old plugin")
+    (tmp_path / "old" / "slurm_gpu_spank_py.so").write_bytes(b"")
+    f = facts(tmp_path, plugstack_lines=[("p", f"required {so}")], plugin_built_for={str(so): None})
+    assert any("records no Slurm version" in l for l in lines(f)["spank.plugin"])
+
+
+def test_unreadable_venv_file_is_found(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "lib").mkdir(mode=0o755)
+    secret = tmp_path / "lib" / "x.py"
+    secret.write_text("")
+    os.chmod(secret, 0o600)
+    assert d.first_unreadable(tmp_path) == str(secret)
+    os.chmod(secret, 0o644)
+    assert d.first_unreadable(tmp_path) is None
+
+
+def test_slurm_conf_and_plugstack_parsing(tmp_path):
+    (tmp_path / "plugstack.conf.d").mkdir()
+    (tmp_path / "plugstack.conf.d" / "gpu.conf").write_text("required /x/slurm_gpu_spank.so\n")
+    (tmp_path / "plugstack.conf").write_text(f"# c\ninclude {tmp_path}/plugstack.conf.d/*.conf\n"
+                                             "optional /y/other.so a=b\n")
+    (tmp_path / "extra.conf").write_text("HealthCheckInterval=30\n")
+    conf = d.parse_slurm_conf("Prolog=/p/*  # x\nNodeName=n1 CPUs=2\nPrologFlags=Alloc\n"
+                              "include extra.conf\n", tmp_path)
+    assert conf == {"prolog": "/p/*", "prologflags": "Alloc", "healthcheckinterval": "30"}
+    got = [l for _, l in d.plugstack_lines(tmp_path / "plugstack.conf")]
+    assert got == ["required /x/slurm_gpu_spank.so", "optional /y/other.so a=b"]
+
+
+def test_cli_json_and_exit_code(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from slurm_gpu.commands.doctor import doctor
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"PlugStackConfig={tmp_path}/plugstack.conf\nPrologFlags=Alloc\n")
+    (tmp_path / "plugstack.conf").write_text("")
+    res = CliRunner().invoke(doctor, ["--json", "--no-gres", "--slurm-conf", str(conf)])
+    data = json.loads(res.output)
+    assert res.exit_code == 1 and data["status"] == "WARNING"   # no plugin, prolog, health check
+    assert {x["check"] for x in data["findings"]} >= {"spank.plugstack", "slurm.prolog",
+                                                       "slurm.healthcheck", "venv"}
