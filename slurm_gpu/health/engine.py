@@ -33,7 +33,8 @@ from .os_checks import OS_CHECKS, enabled_os_checks, run_os_checks
 from .settings import HealthSettings
 
 XID_CHECK = "gpu.xid"
-ALL_CHECKS: tuple[str, ...] = (XID_CHECK,) + NVML_CHECKS + OS_CHECKS
+DCGM_CHECK = "gpu.dcgm"                    # opt-in: [health] dcgm_level, or --only gpu.dcgm
+ALL_CHECKS: tuple[str, ...] = (XID_CHECK,) + NVML_CHECKS + OS_CHECKS + (DCGM_CHECK,)
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
 
 
@@ -99,7 +100,8 @@ def select_checks(only: list[str] | None, s: HealthSettings) -> list[str]:
             raise UsageError(f"unknown check {bad[0]!r}; known: {', '.join(ALL_CHECKS)}", "--only")
         return list(dict.fromkeys(only))
     os_on = set(enabled_os_checks(s))
-    return [c for c in ALL_CHECKS if c not in s.skip and (c not in OS_CHECKS or c in os_on)]
+    return [c for c in ALL_CHECKS if c not in s.skip and (c not in OS_CHECKS or c in os_on)
+            and (c != DCGM_CHECK or s.dcgm_level > 0)]
 
 
 def _expand(path: str, node: str) -> str:
@@ -254,6 +256,9 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         gpus_expected = bool(expected and expected.count) or bool(health and health.gpus)
         findings += run_os_checks(info, s, os_checks, gpus_expected)
 
+    if DCGM_CHECK in checks:
+        findings += _dcgm(opts, max(1, s.dcgm_level), deadline, health)
+
     from .nodestate import Memory
     from ..hw.kmsg import boot_id
     mem = Memory.from_json(state.get("memory") or {})
@@ -319,6 +324,12 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                 marker = userproblem.load_marker(mpath)   # one failed open() on a clean node
                 if marker is not None:
                     dirty = _still_left(opts, marker, deadline, notes)
+            if (opts.repair.dcgm_gate and want is None and marker is None and mem.drained_reason
+                    and mem.clean_runs + 1 >= max(1, s.clean_runs_to_resume)):
+                # This run would resume a node drained for a fault: DCGM must agree first.
+                gate = _dcgm(opts, opts.repair.dcgm_gate, deadline, health)
+                notes += [f"resume gate: {f.message}" for f in gate]
+                dirty = dirty or any(f.severity != INFO for f in gate)
         out = actions.act(opts.node, want, mem,
                           clean_runs_to_resume=1 if marker is not None and not dirty
                           else max(1, s.clean_runs_to_resume),
@@ -348,6 +359,17 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
                                         "last_run": time.time(), "last_status": rep.status})
     return rep
+
+
+def _dcgm(opts: Options, level: int, deadline: float, health: Any) -> list[Finding]:
+    """gpu.dcgm: dcgmi diag within what is left of this run."""
+    from . import dcgm
+    left = deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0
+    if left < 2.0:
+        return [Finding(DCGM_CHECK, WARN, "too little time left in this run for dcgmi diag")]
+    r = dcgm.run(level, min(opts.settings.dcgm_timeout, left))
+    bus_of = {g.index: g.bus_id for g in health.gpus if g.bus_id} if health is not None else {}
+    return dcgm.findings(r, bus_of)
 
 
 def _still_left(opts: Options, marker: Any, deadline: float, notes: list[str]) -> bool:

@@ -183,7 +183,7 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
                 return Plan("drain", "a node fault replaces the user-problem drain", reason=want, memory=mem)
             return Plan("none", "already drained by slurm-gpu", memory=mem)
         if hold:
-            mem.clean_runs = 0
+            # Not counted, not reset: a resume gate that fails is asked again next run.
             return Plan("none", "repair under way: stays drained", memory=mem)
         mem.clean_runs += 1
         if mem.clean_runs >= clean_runs_to_resume:

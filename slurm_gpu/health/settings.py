@@ -37,6 +37,10 @@ class HealthSettings:
     nvml_overlay: str = ""
     # Rewrite gres.conf without a bad GPU instead of draining the node (see docs/health.md).
     isolate_bad_gpu: bool = False
+    # gpu.dcgm: dcgmi diag -r <level> -j in every run (0: off; only level 1 fits a
+    # HealthCheckProgram run) and the most seconds it may take.
+    dcgm_level: int = 0
+    dcgm_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.skip is None:
@@ -69,6 +73,8 @@ class RepairSettings:
     state_dir: str = "/var/lib/slurm-gpu"
     # Resume a node drained for a job's leftovers (user-problem) once clean.
     user_problem: bool = True
+    # Before resuming a node drained for a fault, dcgmi diag -r <level> must pass (0: no gate).
+    dcgm_gate: int = 0
 
     def __post_init__(self) -> None:
         if self.buckets is None:
@@ -77,3 +83,5 @@ class RepairSettings:
             raise ValueError("rma_failures must be at least 1")
         if self.rma_window_hours <= 0:
             raise ValueError("rma_window_hours must be positive")
+        if self.dcgm_gate not in (0, 1, 2, 3):
+            raise ValueError("dcgm_gate must be 0 (off), 1, 2 or 3")

@@ -42,6 +42,7 @@ class Cluster:
         self.overlay: dict | None = None
         self.reset_rc = 0
         self.reset_fixes = False        # whether nvidia-smi -r brings the GPU back
+        self.dcgm = "dcgm4-r2-fail.json"   # what dcgmi diag -j prints
 
     def set_state(self, state: str) -> None:
         self.text = re.sub(r"State=\S+", f"State={state}", self.text)
@@ -65,6 +66,8 @@ class Cluster:
                                     "" if self.reset_rc == 0 else "Unable to reset GPU\n")
         if argv[1:3] == ["show", "node"]:
             return runner.Completed(tuple(argv), 0, self.text, "")
+        if argv[0].endswith("dcgmi"):
+            return runner.Completed(tuple(argv), 0, (DATA / "dcgm" / self.dcgm).read_text(), "")
         st = re.search(r"State=(\S+)", self.text).group(1)
         parts = st.split("+")
         if argv[1] == "update":
@@ -269,3 +272,24 @@ def test_first_step_follows_bucket_and_recovery_action():
     assert repair.first_step("RESTART_BM", 2, s) == "reboot"        # NODE_REBOOT
     assert repair.first_step("CONTACT_SUPPORT", None, s) is None
     assert repair.first_step("CONTACT_SUPPORT", 1, s) == "reset"    # the driver says GPU_RESET
+
+
+def test_dcgm_gate_holds_the_resume_until_the_diagnostic_passes(tmp_path, cluster, monkeypatch):
+    from slurm_gpu.health import dcgm
+    monkeypatch.setattr(dcgm, "dcgmi_path", lambda: "/usr/bin/dcgmi")
+    rs = RepairSettings(dcgm_gate=1, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    run = lambda: engine.run(_opts(tmp_path, cluster, rs))  # noqa: E731
+    run()
+    _xid(tmp_path)
+    run()
+    assert cluster.node.drained
+    notes = []
+    for _ in range(3):                    # clean runs, but DCGM fails GPU 1: no resume
+        notes += run().notes
+    assert cluster.node.drained and any("resume gate: dcgmi diag memory failed" in n for n in notes)
+    assert [c for c in cluster.calls if c[0].endswith("dcgmi")][0][1:] == ["diag", "-r", "1", "-j"]
+    cluster.dcgm = "dcgm4-r1-pass.json"
+    run()
+    run()
+    assert not cluster.node.drained
