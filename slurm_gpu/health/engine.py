@@ -380,7 +380,7 @@ def _still_left(opts: Options, marker: Any, deadline: float, notes: list[str]) -
         return True
     left = max(1.0, deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0)
     h = read_health_bounded(opts.nvml_opener, call_timeout=min(opts.settings.nvml_call_timeout, left),
-                            total_timeout=left, close_api=opts.nvml_closer, include_fabric=False,
+                            total_timeout=left, include_fabric=False,
                             include_processes=True)
     if not h.available or h.hung:
         notes.append(f"user-problem: GPUs not read ({h.error or h.hung}): stays drained")

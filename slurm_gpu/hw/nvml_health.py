@@ -134,6 +134,12 @@ def read_health(api: Any, gpu_indices: list[int] | None = None, *, include_fabri
     return out
 
 
+def read_processes(gpus: Any, indices: list[int]) -> NvmlHealth:
+    """The processes and used memory of GPUs *indices* of an open
+    :class:`~slurm_gpu.hw.gpus.Gpus` (the epilog's leftover check)."""
+    return read_health(gpus.api, indices, include_fabric=False, include_processes=True)
+
+
 def _read_processes(c: _Calls, g: GpuHealth, h: Any) -> None:
     """Compute and graphics processes holding a context on the GPU, and its used memory."""
     procs: dict[int, int | None] = {}

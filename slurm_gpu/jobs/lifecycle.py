@@ -417,9 +417,9 @@ def _leftovers(ctx: Context, st: dict[str, Any], user: JobUser | None, api: Call
     indices = [g["index"] for g in gpus if g.get("uuid") not in shared]
     if not indices:
         return
-    from ..hw.nvml_health import read_health
+    from ..hw.nvml_health import read_processes
     try:
-        h = read_health(api(), indices, include_fabric=False, include_processes=True)
+        h = read_processes(api(), indices)
     except Exception as e:  # noqa: BLE001 - not knowing is no reason to drain
         ctx.log(f"slurm-gpu: epilog job {jobid}: leftovers not checked: {e}")
         return

@@ -19,6 +19,7 @@ from slurm_gpu.health import engine, userproblem as up
 from slurm_gpu.health.nodestate import Memory, decide, parse_show_node
 from slurm_gpu.health.settings import HealthSettings, RepairSettings
 from slurm_gpu.hw import nvml_health
+from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.sim import open_sim
 from slurm_gpu.sim.nvml import add_process
 from slurm_gpu.sim.state import init_state_for_machine
@@ -103,7 +104,7 @@ def test_simulator_lists_only_live_processes(sim, proc):
 def _opts(tmp_path, sim):
     s = HealthSettings(kernel_log=str(tmp_path / "kern.log"), clean_runs_to_resume=3)
     return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "run"), only=["gpu.xid", "gpu.recovery"],
-                          nvml_opener=lambda: sim, repair=RepairSettings(state_dir=str(tmp_path / "var")))
+                          nvml_opener=lambda: NvmlGpus(sim), repair=RepairSettings(state_dir=str(tmp_path / "var")))
 
 
 def _marker(tmp_path, reason):
