@@ -23,6 +23,14 @@ def _repair_settings() -> Any:
         raise InputError(f"bad [repair] setting: {e}", str(config.config_path() or "config")) from None
 
 
+def _job_gpus(state_dir: str) -> Any:
+    """Which job holds which GPU, read only when the repair ladder asks."""
+    def read() -> dict[str, str]:
+        from ..jobs.state import gpus_held
+        return gpus_held(state_dir)
+    return read
+
+
 def _state_dir(s: Any) -> str:
     from ..hw import live
     if s.state_dir:
@@ -113,7 +121,7 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
         no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener,
         gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
         expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None,
-        repair=_repair_settings(), job_state_dir=live.settings().state_dir)
+        repair=_repair_settings(), job_gpus=_job_gpus(live.settings().state_dir))
     from ..errors import SlurmGpuError
     try:
         rep = engine.run(opts)

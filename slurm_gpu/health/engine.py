@@ -73,7 +73,7 @@ class Options:
     parent_slurmd: str | None = None       # identity of the slurmd that started us, if any
     expected_links: dict[str, int] | None = None  # bus id -> NVLinks the node model has
     repair: Any = None                     # settings.RepairSettings: the repair ladder ([repair])
-    job_state_dir: str | None = None       # [node] state_dir: which job holds which GPU
+    job_gpus: Callable[[], dict[str, str]] | None = None  # GPU uuid -> job id holding it (jobs.state.gpus_held)
 
 
 @dataclass
@@ -348,7 +348,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         if not out.error and rstate is not None:
             r = repair.after_act(node=opts.node, settings=opts.repair, st=rstate, path=rpath,
                                  event_findings=event_findings, health=health, node_state=out.node,
-                                 mem=mem, boot_id=boot, job_state_dir=opts.job_state_dir,
+                                 mem=mem, boot_id=boot, job_gpus=opts.job_gpus,
                                  nvml_opener=opts.nvml_opener, scontrol=actions.scontrol_path(),
                                  deadline=deadline)
             notes += r.notes

@@ -398,34 +398,9 @@ def append_log(path: str, steps: list[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------ engine glue
 
-def job_gpus(job_state_dir: str | None) -> dict[str, str]:
-    """GPU uuid (and "index:N") -> job id, from our per-job state files."""
-    if not job_state_dir:
-        return {}
-    from ..jobs import state as jobstate
-    out: dict[str, str] = {}
-    try:
-        jobs = jobstate.list_jobs(job_state_dir)
-    except OSError:
-        return {}
-    for jobid in jobs:
-        try:
-            st = jobstate.load(job_state_dir, jobid) or {}
-        except Exception:  # noqa: BLE001 - an unreadable job file: the GPU counts as held
-            out[f"job:{jobid}"] = jobid
-            continue
-        for g in st.get("gpus") or ():
-            if isinstance(g, dict):
-                if isinstance(g.get("uuid"), str):
-                    out[g["uuid"]] = jobid
-                if isinstance(g.get("index"), int):
-                    out[f"index:{g['index']}"] = jobid
-    return out
-
-
 def after_act(*, node: str, settings: RepairSettings, st: RepairState, path: str,
               event_findings: list[Finding], health: Any, node_state: Any, mem: Any,
-              boot_id: str | None, job_state_dir: str | None, nvml_opener: Callable[[], Any] | None,
+              boot_id: str | None, job_gpus: Callable[[], dict[str, str]] | None, nvml_opener: Callable[[], Any] | None,
               scontrol: str, deadline: float) -> Outcome:
     """Run the ladder after the drain/resume action; updates *mem* and the state file."""
     faults = faults_from(event_findings)
@@ -440,7 +415,7 @@ def after_act(*, node: str, settings: RepairSettings, st: RepairState, path: str
             left = max(1.0, deadline - time.monotonic() - 1.0)
             return read_health_bounded(nvml_opener, call_timeout=min(5.0, left), total_timeout=left,
                                        include_fabric=False, include_processes=True)
-    busy_map = job_gpus(job_state_dir) if (faults or st.episodes) else {}
+    busy_map = job_gpus() if job_gpus is not None and (faults or st.episodes) else {}
     ctx = Context(node=node, settings=settings, faults=faults,
                   gpus=list(health.gpus) if health is not None and health.available else [],
                   node_state=node_state, our_reason=mem.drained_reason, boot_id=boot_id,

@@ -229,3 +229,28 @@ def task_env(state: dict[str, Any] | None, local_task_id: int, ntasks: int) -> d
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
         env["SLURM_GPU_MIG_DEVICES"] = ",".join(mine)
     return env
+
+
+def gpus_held(job_state_dir: str | None) -> dict[str, str]:
+    """GPU uuid (and "index:N") -> job id, from our per-job state files; an
+    unreadable file shows as "job:<id>" (the repair ladder then counts every GPU as held)."""
+    if not job_state_dir:
+        return {}
+    out: dict[str, str] = {}
+    try:
+        jobs = list_jobs(job_state_dir)
+    except OSError:
+        return {}
+    for jobid in jobs:
+        try:
+            st = load(job_state_dir, jobid) or {}
+        except Exception:  # noqa: BLE001 - an unreadable job file: the GPU counts as held
+            out[f"job:{jobid}"] = jobid
+            continue
+        for g in st.get("gpus") or ():
+            if isinstance(g, dict):
+                if isinstance(g.get("uuid"), str):
+                    out[g["uuid"]] = jobid
+                if isinstance(g.get("index"), int):
+                    out[f"index:{g['index']}"] = jobid
+    return out

@@ -20,6 +20,7 @@ from slurm_gpu.health.nodestate import parse_show_node
 from slurm_gpu.health.prom import render
 from slurm_gpu.health.settings import HealthSettings, RepairSettings
 from slurm_gpu.hw import kmsg
+from slurm_gpu.jobs.state import gpus_held
 from slurm_gpu.hw import snapshot as snap
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
 
@@ -114,7 +115,7 @@ def _opts(tmp_path: Path, c: Cluster, rs: RepairSettings) -> engine.Options:
 
     return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "run"),
                           only=["gpu.xid", "gpu.recovery"], nvml_opener=opener, repair=rs,
-                          job_state_dir=str(tmp_path / "jobs"))
+                          job_gpus=lambda: gpus_held(str(tmp_path / "jobs")))
 
 
 def _xid(tmp_path: Path) -> None:
