@@ -181,7 +181,49 @@ def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
 # -- prolog ---------------------------------------------------------------
 
 def prolog(ctx: Context) -> int:
-    """Set up what the job asked for; returns the prolog's exit status."""
+    """Set up what the job asked for; returns the prolog's exit status.
+
+    Every way out honours ``on_internal_error``: whatever escapes the steps
+    below (no job uid in the environment, an untrusted old record, a full
+    disk under the state file, an undo that fails after a user error) is a
+    node fault; under ``pass`` the job is failed instead (recorded for its
+    tasks, or cancelled when even that cannot be written) and the exit is 0.
+    """
+    try:
+        return _prolog(ctx)
+    except Exception as e:  # noqa: BLE001 - the policy decides, never a traceback to slurmd
+        line = e.line() if isinstance(e, SlurmGpuError) else \
+            f"slurm-gpu: internal error: {type(e).__name__}: {e}"
+        ctx.log(f"{line} [prolog: node fault, on_internal_error={ctx.jobs.on_internal_error}]")
+        if ctx.jobs.on_internal_error == "drain":
+            return 1
+        _fail_job(ctx, line)
+        return 0
+
+
+def _fail_job(ctx: Context, line: str) -> None:
+    """Under ``pass``: the job must not run without what it asked for."""
+    jobid = ctx.env.get("SLURM_JOB_ID") or ctx.env.get("SLURM_JOBID", "")
+    try:
+        jobid = jobstate.check_jobid(jobid)
+    except SlurmGpuError:
+        return                          # no job to fail: nothing more we can do
+    try:
+        st = jobstate.load(ctx.state_dir, jobid)
+        if st is None:
+            user = job_user(ctx.env)
+            if user is None:
+                raise InputError("no job user to record the error for")
+            st = jobstate.new(jobid, uid=user.uid, gid=user.gid, user=user.name)
+        st["error"] = line
+        st["phase"] = "failed"
+        jobstate.save(ctx.state_dir, st)
+    except Exception as e:  # noqa: BLE001 - unrecordable (full disk, bad state dir): cancel it
+        ctx.log(f"slurm-gpu: cannot record the error for job {jobid} ({e}); cancelling it")
+        _cancel(ctx, jobid)
+
+
+def _prolog(ctx: Context) -> int:
     env = ctx.env
     mps_opt = env.get(ENV_MPS, "").strip()
     mig_opt = env.get(ENV_MIG, "").strip()
@@ -237,7 +279,15 @@ def prolog(ctx: Context) -> int:
     except (UsageError, JobFailed) as e:
         line = e.line()
         ctx.log(f"{line} [job {jobid}: user error, job fails, node stays up]")
-        _undo(ctx, st, user, api)
+        try:
+            _undo(ctx, st, user, api)
+        except Exception as e2:  # noqa: BLE001 - the undo failing is the node's fault
+            ctx.log(f"slurm-gpu: prolog cleanup incomplete, the epilog retries: {e2} "
+                    f"[job {jobid}: on_internal_error={ctx.jobs.on_internal_error}]")
+            st["error"] = line
+            st["phase"] = "failed"
+            jobstate.save(ctx.state_dir, st)
+            return 1 if ctx.jobs.on_internal_error == "drain" else 0
         st["error"] = line
         st["phase"] = "failed"
         jobstate.save(ctx.state_dir, st)

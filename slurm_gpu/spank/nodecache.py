@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 CACHE_DIR = "/run/slurm-gpu/spank-cache"
+NVML_DEADLINE = 10.0      # seconds a cache miss may spend reading NVML/hwloc in slurmstepd
 FORMAT = 1
 
 
@@ -150,7 +151,9 @@ def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, A
         from .. import binding
         from ..confgen.gresorder import node_minors, read_conf
         from ..hw import load_node
-        model = load_node()
+        from ..hw.deadline import bounded
+        # slurmstepd has no watchdog over us: a hung NVML read would hang the step.
+        model = bounded(load_node, NVML_DEADLINE, "reading the node model (NVML, hwloc)")
         data["gpus"] = binding.locality(model, node_minors(model.gpus, read_conf(gres_conf, node)))
     return data
 
