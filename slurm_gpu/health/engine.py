@@ -34,7 +34,8 @@ from .settings import HealthSettings
 
 XID_CHECK = "gpu.xid"
 DCGM_CHECK = "gpu.dcgm"                    # opt-in: [health] dcgm_level, or --only gpu.dcgm
-ALL_CHECKS: tuple[str, ...] = (XID_CHECK,) + NVML_CHECKS + OS_CHECKS + (DCGM_CHECK,)
+SXID_CHECK = "gpu.sxid"                    # NVSwitch SXids: the same kernel-log read as gpu.xid
+ALL_CHECKS: tuple[str, ...] = (XID_CHECK, SXID_CHECK) + NVML_CHECKS + OS_CHECKS + (DCGM_CHECK,)
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
 
 
@@ -220,7 +221,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     cursor = dict(state.get("cursor") or {})
     new_cursor = cursor
     xid_memo: dict | None = None
-    if XID_CHECK in checks:
+    if XID_CHECK in checks or SXID_CHECK in checks:
         from ..hw import kmsg
         from . import xid
         if opts.kernel_log:
@@ -245,7 +246,11 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             events += more
             event_findings += direct
         xid_memo = _xid_memo(state)
-        event_findings += xid.check_xid(events, xid_memo)
+        if XID_CHECK in checks:
+            event_findings += xid.check_xid(events, xid_memo)
+        if SXID_CHECK in checks:
+            from . import sxid
+            event_findings += sxid.check_sxid(sxid.parse_lines(lines))
         findings += event_findings
 
     # OS audit.

@@ -11,8 +11,9 @@ Two sources, one result (a list of :class:`KernelLine`):
   kmsg records (``6,1234,5678,-;NVRM: ...``).  The cursor is the byte offset
   plus the file's inode, so rotation or truncation restarts at the top.
 
-Only lines the checks can use are kept (``NVRM:`` driver messages and PCIe
-AER reports), and only when the kernel wrote them (issue 10): a job user
+Only lines the checks can use are kept (``NVRM:`` driver messages, the
+NVSwitch driver's ``nvidia-nvswitchN: SXid`` reports and PCIe AER reports),
+and only when the kernel wrote them (issue 10): a job user
 must not be able to drain a node by logging text that looks like a fault.
 
 * A kmsg record counts only with facility 0 (``kern``).  The kernel stamps
@@ -52,7 +53,10 @@ MAX_JSON_LINE = 64 << 10     # a journal export line longer than this is not our
 
 # Each pattern starts with a literal, which lets ``re`` skip through the
 # buffer with a fast substring search instead of trying every position.
-_PATTERNS = (re.compile(rb"NVRM: [^\n]*"), re.compile(rb"AER: Uncorrected[^\n]*"))
+_PATTERNS = (re.compile(rb"NVRM: [^\n]*"), re.compile(rb"AER: Uncorrected[^\n]*"),
+             re.compile(rb"nvidia-nvswitch\d{1,3}: SXid [^\n]*"))
+# The drivers' own prefixes: what a kept message (or its continuation) starts with.
+_DRIVER = re.compile(r"NVRM: |nvidia-nvswitch\d{1,3}: SXid ")
 _KTS = r"\[\s*(?P<kts>\d{1,10}\.\d{1,9})\]\s"          # the kernel's own "[  123.456789] "
 # Everything a trusted line may carry before the driver's text.  One
 # alternative per log format; the named groups say who wrote the line.
@@ -133,11 +137,11 @@ def _message_lines(msg: str, when: str | None, sep: str = "\n") -> list[KernelLi
     for i, part in enumerate(msg.split(sep)):
         part = part.rstrip("\r")
         if i:
-            if part.lstrip().startswith("NVRM: "):
+            if _DRIVER.match(part.lstrip()):
                 out.append(KernelLine(when, part.strip(), cont=True))
             continue
         dev = _AER_DEV.match(part)
-        if part.startswith("NVRM: "):
+        if _DRIVER.match(part):
             out.append(KernelLine(when, part))
         elif dev and part[dev.end():].startswith("AER: Uncorrected"):
             out.append(KernelLine(when, f"{dev.group('dev')}: {part[dev.end():]}"))
