@@ -43,6 +43,11 @@ def build_options(ctx_opts: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
 
 def gres_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options every gres subcommand takes (inputs plus naming, sharing, sockets)."""
+    return input_options(naming_options(f))
+
+
+def naming_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Naming, sharing and socket options (also taken by ``slurm-gpu cluster``)."""
     opts = [
         click.option("--dev-dir", default="/dev", show_default=True, help="Directory of nvidia device files."),
         click.option("--type-map", multiple=True, metavar="KEY=TYPE",
@@ -60,7 +65,7 @@ def gres_options(f: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for o in reversed(opts):
         f = o(f)
-    return input_options(f)
+    return f
 
 
 def _render(kw: Mapping[str, Any]) -> tuple[str, Any, Any]:

@@ -142,6 +142,7 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
         click.echo(f"slurm-gpu: health check broke: {type(e).__name__}: {e} "
                    "(run with --debug for a traceback)", err=True)
         return EXIT_UNKNOWN
+    _publish(name, snapshot)
     if as_json:
         click.echo(_json.dumps(rep.to_json(), indent=1))
     else:
@@ -157,6 +158,33 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
     if slurm_mode:
         return 0
     return exit_code(rep.status)
+
+
+def _publish(name: str, snapshot: str | None) -> None:
+    """``[cluster] publish_dir``: publish this node's model when it changed (docs/cluster.md).
+
+    A shared directory that cannot be written is a note, never a health
+    finding: the node is fine, the collector is not.
+    """
+    from .. import config
+    if not (config.load_raw().get("cluster") or {}).get("publish_dir"):
+        return
+    from ..cluster.modelfile import publish_from_health
+    from ..errors import SlurmGpuError
+    from ..hw import live
+    path = snapshot or (None if live.settings().sim_state else live.settings().snapshot or None)
+    try:
+        model = None
+        if path:  # the replayed snapshot's derived model, already parsed for this run
+            model = _read_snapshot(path).get("node")
+            if not isinstance(model, dict):
+                from ..hw import load_node
+                model = load_node(snapshot=path).to_dict()
+        note = publish_from_health(name, model)
+    except SlurmGpuError as e:
+        note = f"model not published: {e}"
+    if note:
+        click.echo(f"slurm-gpu: note: {note}", err=True)
 
 
 @click.command("xid-watch")

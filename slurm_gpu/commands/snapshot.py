@@ -12,17 +12,24 @@ def snapshot() -> None:
 
 
 @snapshot.command("record")
-@click.option("-o", "--output", "output", required=True, metavar="FILE", help="Snapshot file to write.")
+@click.option("-o", "--output", "output", required=True, metavar="FILE",
+              help="Snapshot file to write (atomically); '-' for stdout; %n is the Slurm node name.")
 @click.option("--hwloc-xml", metavar="FILE", help="Use this lstopo XML instead of the live topology.")
 @click.option("--sim", "sim_state", metavar="STATE", help="Record the NVML simulator's state file, not the driver.")
 @click.option("--hostname", metavar="NAME", help="Host name to record (default: this host's).")
-def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: str | None) -> None:
+@click.option("--live", is_flag=True, help="Record the live NVML and hwloc even when [node] points elsewhere.")
+def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: str | None, live: bool) -> None:
     """Record this node's NVML answers and hwloc topology into FILE.
 
-    Without a usable NVML (no driver, no GPU) the snapshot records that, and
-    replays as a node with zero GPUs and a note saying why.
+    "This node" is what every component sees: the [node] config section's
+    simulator or snapshot when one is set (the sandbox), else the live
+    machine.  Without a usable NVML (no driver, no GPU) the snapshot records
+    that, and replays as a node with zero GPUs and a note saying why.
     """
+    import sys
+
     from ..errors import InputError
+    from ..hw import live as hwlive
     from ..hw import snapshot as snap
     xml = None
     if hwloc_xml:
@@ -31,22 +38,34 @@ def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: 
                 xml = f.read()
         except OSError as e:
             raise InputError(f"cannot read hwloc XML: {e.strerror}", hwloc_xml) from None
-    api = None
-    mig_minors = None
-    source = "live"
-    if sim_state:
-        from ..hw import backend
-        api, _ = backend.open_api(backend.GpuSource("sim", sim_state))
-        mig_minors = api.mig_minors()
-        source = f"sim:{sim_state}"
-        if xml is None:
-            xml = api.state.get("hwloc_xml")
-    data = snap.record(api=api, hwloc_xml=xml, hostname=hostname, mig_minors=mig_minors, source=source,
-                       hwloc_source=hwloc_xml)
-    snap.write(output, data)
+    configured = None if (live or sim_state or hwloc_xml) else hwlive.settings()
+    if configured is not None and configured.sim_state:
+        sim_state = configured.sim_state
+    if configured is not None and not sim_state and configured.snapshot:
+        data = snap.rerecord(configured.snapshot, hostname=hostname or hwlive.node_name())
+    else:
+        api = None
+        mig_minors = None
+        source = "live"
+        if sim_state:
+            from ..hw import backend
+            api, _ = backend.open_api(backend.GpuSource("sim", sim_state))
+            mig_minors = api.mig_minors()
+            source = f"sim:{sim_state}"
+            if xml is None:
+                xml = api.state.get("hwloc_xml")
+        data = snap.record(api=api, hwloc_xml=xml, hostname=hostname, mig_minors=mig_minors, source=source,
+                           hwloc_source=hwloc_xml)
     node = data["node"]
+    if output != "-":
+        output = output.replace("%n", hwlive.node_name())
+        snap.write(output, data)
+    else:
+        import json as _json
+        sys.stdout.write(_json.dumps(data) + "\n")
+        sys.stdout.flush()
     click.echo(f"slurm-gpu: recorded {len(node['gpus'])} GPU(s), {len(data['nvml']['calls'])} NVML answers "
-               f"to {output}")
+               f"to {output if output != '-' else 'stdout'}", err=output == "-")
 
 
 @snapshot.command("show")

@@ -151,6 +151,23 @@ def effective(conf: Mapping[str, NodeGres], node: str) -> NodeGres:
     return out
 
 
+def node_differences(a: NodeGres, b: NodeGres) -> list[str]:
+    """``+``/``-``/``~`` lines from one node's GRES *a* (deployed) to *b* (wanted); [] when equal."""
+    diffs: list[str] = []
+    if (a.autodetect or "off") != (b.autodetect or "off"):
+        diffs.append(f"AutoDetect: {a.autodetect or 'unset'} -> {b.autodetect or 'unset'}")
+    for key in sorted(set(a.devices) | set(b.devices), key=lambda k: (k[0], hostlist.natural_key(k[1]))):
+        line = change_line(f"{key[0]} {key[1]}", a.devices.get(key), b.devices.get(key), _describe)
+        if line:
+            diffs.append(line)
+    for key in sorted(set(a.counts) | set(b.counts)):
+        ca, cb = a.counts.get(key), b.counts.get(key)
+        if ca != cb:
+            diffs.append(f"~ {key[0]} {key[1] or '(any)'}: Count {ca if ca is not None else 'unset'} -> "
+                         f"{cb if cb is not None else 'unset'}")
+    return diffs
+
+
 def compare(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGres]) -> list[str]:
     """Readable differences, nodes with identical differences folded; [] when equal."""
     names = sorted((set(current) | set(wanted)) - {ALL_NODES}, key=hostlist.natural_key)
@@ -158,19 +175,7 @@ def compare(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGres]) -> 
         names = [ALL_NODES]
     by_diff: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for n in names:
-        a, b = effective(current, n), effective(wanted, n)
-        diffs: list[str] = []
-        if (a.autodetect or "off") != (b.autodetect or "off"):
-            diffs.append(f"AutoDetect: {a.autodetect or 'unset'} -> {b.autodetect or 'unset'}")
-        for key in sorted(set(a.devices) | set(b.devices), key=lambda k: (k[0], hostlist.natural_key(k[1]))):
-            line = change_line(f"{key[0]} {key[1]}", a.devices.get(key), b.devices.get(key), _describe)
-            if line:
-                diffs.append(line)
-        for key in sorted(set(a.counts) | set(b.counts)):
-            ca, cb = a.counts.get(key), b.counts.get(key)
-            if ca != cb:
-                diffs.append(f"~ {key[0]} {key[1] or '(any)'}: Count {ca if ca is not None else 'unset'} -> "
-                             f"{cb if cb is not None else 'unset'}")
+        diffs = node_differences(effective(current, n), effective(wanted, n))
         if diffs:
             by_diff[tuple(diffs)].append(n)
     out: list[str] = []

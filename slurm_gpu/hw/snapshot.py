@@ -226,3 +226,25 @@ def write(path: str, data: Mapping[str, Any]) -> None:
     """Write snapshot *data* to *path* atomically."""
     from ..fsutil import atomic_write
     atomic_write(path, json.dumps(data, indent=1) + "\n")
+
+
+def rerecord(path: str, *, hostname: str, overlay: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Record again the machine a snapshot models, through the same recorder.
+
+    For a node whose ``[node] snapshot`` stands in for its hardware (the
+    sandbox): the recorded answers are replayed through
+    :class:`~.nvml_record.RecordingNvml` exactly as live answers would be,
+    so the result is what ``snapshot record`` gives on the real machine,
+    under this node's name.  With a fault *overlay* (a lost GPU...), the
+    result is a recording of the machine with that fault.
+    """
+    data = read_snapshot(path)
+    api = replay_api(data, path, overlay)
+    init_error = None
+    try:
+        api.nvmlInit()
+    except api.NVMLError as e:  # recorded on a machine without a usable NVML
+        init_error = e.value
+    return record(api=None if init_error is not None else api, hwloc_xml=data["hwloc_xml"], hostname=hostname,
+                  mig_minors=data["nvml"].get("mig_minors") or {}, source=f"snapshot:{path}",
+                  init_error=init_error, hwloc_source=f"{path}: hwloc_xml")

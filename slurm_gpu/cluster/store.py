@@ -1,0 +1,123 @@
+"""A directory of collected nodes: one file per node, read fast, bad entries one line each.
+
+An entry ``DIR/<node>.json`` is either a full snapshot (``snapshot record``,
+what ``cluster collect`` gathers) or a model file (``slurm-gpu.model/1``,
+what the health check publishes).  Snapshots go through the bulk loader
+(head + tail of the file, CPU parts shared between identical nodes), model
+files through the same sharing.  Whatever cannot be read (garbage, an old
+schema, a half-written file, a model this code cannot load) becomes one
+:class:`BadEntry` line; it never stops the others from loading.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError, SlurmGpuError
+from . import modelfile
+
+_SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]{0,100})"')
+
+
+@dataclass(frozen=True)
+class BadEntry:
+    node: str
+    path: str
+    reason: str
+
+
+@dataclass
+class Collected:
+    """Node name -> model, and the entries that could not be read."""
+
+    nodes: dict[str, Any]
+    where: dict[str, str]
+    bad: dict[str, BadEntry]
+
+
+def entries(directory: str) -> list[tuple[str, str]]:
+    """``(node name, path)`` for every ``*.json`` in *directory*, sorted; dot files (temporaries) skipped."""
+    try:
+        found = [(e.name[:-5], e.path) for e in os.scandir(directory)
+                 if e.name.endswith(".json") and not e.name.startswith(".") and e.is_file()]
+    except FileNotFoundError:
+        raise InputError("collection directory not found", directory) from None
+    except NotADirectoryError:
+        raise InputError("not a directory", directory) from None
+    except OSError as e:
+        raise InputError(f"cannot list collection directory: {e.strerror}", directory) from None
+    from ..confgen.hostlist import natural_key
+    return sorted(found, key=lambda x: natural_key(x[0]))
+
+
+def load_entry(path: str, loader: Any) -> Any:
+    """The model in one entry (InputError with the reason when unusable)."""
+    from ..hw import snapshot as snap
+    from ..hw.snapshot_bulk import load_snapshot_node
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", path) from None
+    m = _SCHEMA_RE.search(head)
+    schema = m.group(1).decode("utf-8", "replace") if m else None
+    if schema == modelfile.SCHEMA:
+        return _model_file_node(path, loader)
+    if schema is None:
+        if not head.strip():
+            raise InputError("empty file", path)
+        if not head.lstrip().startswith(b"{"):
+            raise InputError("not a snapshot or model file (not JSON)", path)
+    elif schema != snap.SCHEMA:
+        raise InputError(f"unsupported schema {schema!r} (want {snap.SCHEMA!r} or {modelfile.SCHEMA!r})", path)
+    return load_snapshot_node(path, loader)
+
+
+def _model_file_node(path: str, loader: Any) -> Any:
+    import dataclasses
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", path) from None
+    text = raw.decode("utf-8", "replace")
+    key = '"node":'
+    at = text.rfind(key)
+    body = text[at + len(key):].rstrip()
+    if at < 0 or not body.endswith("}}"):
+        raise InputError("truncated model file (no complete \"node\")", path)
+    try:
+        node = loader.node_from_text(body[:-1])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"bad model: {type(e).__name__}: {e}", path) from None
+    return dataclasses.replace(node, sources=(f"model:{path}",))
+
+
+def load_dir(directory: str, only: set[str] | None = None) -> Collected:
+    """Every entry of *directory* (or only the nodes in *only*), bad ones listed, never raised."""
+    from ..hw.snapshot_bulk import SnapshotLoader
+    loader = SnapshotLoader()
+    out = Collected({}, {}, {})
+    gc_was = gc.isenabled()
+    gc.disable()  # thousands of models stay alive: cyclic GC passes only cost time (see confgen_io)
+    try:
+        for name, path in entries(directory):
+            if only is not None and name not in only:
+                continue
+            try:
+                out.nodes[name] = load_entry(path, loader)
+                out.where[name] = path
+            except SlurmGpuError as e:
+                out.bad[name] = BadEntry(name, path, e.what)
+            except (UnicodeDecodeError, RecursionError, MemoryError) as e:
+                out.bad[name] = BadEntry(name, path, f"unreadable: {type(e).__name__}")
+    finally:
+        if gc_was:
+            gc.enable()
+    if len(out.nodes) > 100:
+        gc.freeze()
+    return out

@@ -1,0 +1,221 @@
+"""slurm-gpu cluster: the collected directory, Slurm's view, drift and the folded report."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.cli import main
+from slurm_gpu.cluster import drift, modelfile, slurmview, store
+from slurm_gpu.hw import snapshot as snap
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from machinedata import MACHINES_DIR  # noqa: E402
+
+H100 = str(MACHINES_DIR / "h100-sxm-8x" / "snapshot.json")
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, dict]:
+    """One healthy recording and one with GPU 3 (bus 0000:3a:00.0 ... whichever is index 3) lost."""
+    healthy = snap.rerecord(H100, hostname="x")
+    bus3 = next(g["pci_bus_id"] for g in healthy["node"]["gpus"] if g["minor"] == 3)
+    lost = snap.rerecord(H100, hostname="x", overlay={"gpus": {bus3: {"lost": True}}})
+    return {"healthy": healthy, "lost": lost}
+
+
+def _write(d: Path, name: str, data: dict) -> None:
+    snap.write(str(d / f"{name}.json"), dict(data, hostname=name))
+
+
+def _gres_conf(tmp: Path, names: list[str]) -> Path:
+    from slurm_gpu.confgen import render_gres_conf
+    node = snap.load_node(H100)
+    p = tmp / "gres.conf"
+    p.write_text(render_gres_conf({n: node for n in names}))
+    return p
+
+
+def _scontrol(tmp: Path, names: list[str], **over: str) -> Path:
+    lines = []
+    for n in names:
+        fields = {"NodeName": n, "Arch": "x86_64", "CoresPerSocket": "48", "CPUAlloc": "0", "CPUEfctv": "192",
+                  "CPUTot": "192", "CPULoad": "0.00", "AvailableFeatures": "(null)", "Gres": "gpu:nvidia_h100_80gb_hbm3:8(S:0-1)",
+                  "NodeAddr": n, "RealMemory": "2000000", "Sockets": "2", "Boards": "1",
+                  "State": "IDLE", "ThreadsPerCore": "2", "Partitions": "gpu"}
+        fields.update({k.split("__")[1]: v for k, v in over.items() if k.split("__")[0] == n})
+        lines.append(" ".join(f"{k}={v}" for k, v in fields.items())
+                     + " OS=Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01)"
+                     + (" Reason=" + over[f"{n}__Reason"] if f"{n}__Reason" in over else ""))
+    p = tmp / "show-node.txt"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def _hw_layout() -> tuple[int, int, int, int]:
+    from slurm_gpu.confgen.nodeline import socket_layout
+    lay = socket_layout(snap.load_node(H100))
+    return lay.cpus, lay.sockets, lay.cores_per_socket, lay.threads_per_core
+
+
+def test_parse_show_node_oneliner_with_free_text() -> None:
+    line = ("NodeName=gpu001 Arch=x86_64 CoresPerSocket=48 CPUAlloc=0 CPUTot=192 Gres=gpu:h100:8(S:0-1),mps:800 "
+            "RealMemory=2000000 Sockets=2 State=IDLE+DRAIN ThreadsPerCore=2 Partitions=gpu,debug "
+            "Reason=admin says CPUTot=1 Gres=gpu:9 [root@2026-01-01T00:00:00] Comment=Sockets=9")
+    n = slurmview.parse_node_line(line)
+    assert n is not None
+    assert (n.cpus, n.sockets, n.cores_per_socket, n.threads_per_core, n.real_memory) == (192, 2, 48, 2, 2000000)
+    assert slurmview.gpu_counts(n.gres) == {"h100": 8}
+    assert n.unusable == "drained" and n.reason == "admin says CPUTot=1 Gres=gpu:9"
+    assert n.partitions == ("gpu", "debug")
+    down = slurmview.parse_node_line("NodeName=g2 CPUTot=4 State=DOWN* Gres=(null)")
+    assert down is not None and down.unusable == "down" and down.gres == "" and "NOT_RESPONDING" in down.flags
+    idle = slurmview.parse_node_line("NodeName=g3 State=IDLE*")
+    assert idle is not None and idle.unusable == "not responding"
+    assert slurmview.parse_node_line("garbage") is None
+
+
+def test_gpu_counts_forms() -> None:
+    assert slurmview.gpu_counts("gpu:4") == {"": 4}
+    assert slurmview.gpu_counts("gpu:a100:2(S:0),gpu:h100:4(S:0-1),shard:8") == {"a100": 2, "h100": 4}
+    assert slurmview.gpu_counts("") == {}
+
+
+def test_store_reads_snapshots_and_models_and_lists_every_bad_entry(tmp_path: Path, recorded: dict) -> None:
+    _write(tmp_path, "n1", recorded["healthy"])
+    modelfile.publish(str(tmp_path), "n2", recorded["healthy"]["node"])
+    (tmp_path / "n3.json").write_bytes(b"\x00\x01garbage")
+    old = dict(recorded["healthy"], schema="slurm-gpu.snapshot/0")
+    (tmp_path / "n4.json").write_text(json.dumps(old))
+    full = (tmp_path / "n1.json").read_text()
+    (tmp_path / "n5.json").write_text(full[: len(full) // 2])           # half-written
+    (tmp_path / "n6.json").write_text("")
+    text = (tmp_path / "n2.json").read_text()
+    (tmp_path / "n7.json").write_text(text[:-200])                     # truncated model file
+    (tmp_path / ".n8.json.abc.tmp").write_text("{")                    # an atomic write in progress
+    col = store.load_dir(str(tmp_path))
+    assert sorted(col.nodes) == ["n1", "n2"]
+    assert col.nodes["n1"].gpus == col.nodes["n2"].gpus
+    assert sorted(col.bad) == ["n3", "n4", "n5", "n6", "n7"]
+    assert "not JSON" in col.bad["n3"].reason
+    assert "unsupported schema 'slurm-gpu.snapshot/0'" in col.bad["n4"].reason
+    assert "JSON" in col.bad["n5"].reason
+    assert col.bad["n6"].reason == "empty file"
+    assert "truncated" in col.bad["n7"].reason
+
+
+def test_publish_writes_only_when_the_model_changed(tmp_path: Path, recorded: dict) -> None:
+    node = recorded["healthy"]["node"]
+    assert modelfile.publish(str(tmp_path), "n1", node) is True
+    p = tmp_path / "n1.json"
+    st = p.stat()
+    assert modelfile.publish(str(tmp_path), "n1", json.loads(json.dumps(node))) is False
+    assert p.stat().st_ino == st.st_ino and p.stat().st_mtime_ns == st.st_mtime_ns
+    assert modelfile.publish(str(tmp_path), "n1", recorded["lost"]["node"]) is True
+    assert p.stat().st_ino != st.st_ino
+    doc = json.loads(p.read_text())
+    assert doc["schema"] == modelfile.SCHEMA and doc["hash"] == modelfile.model_hash(recorded["lost"]["node"])
+    assert list(doc)[:2] == ["schema", "hash"]
+
+
+def test_check_reports_the_node_lacking_a_gpu_and_folds_the_rest(tmp_path: Path, recorded: dict,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    names = [f"gpu{i:03d}" for i in range(1, 9)]
+    d = tmp_path / "col"
+    d.mkdir()
+    for n in names:
+        _write(d, n, recorded["lost" if n in ("gpu003", "gpu004") else "healthy"])
+    cpus, sockets, cps, tpc = _hw_layout()
+    over = {f"{n}__{k}": str(v) for n in names for k, v in
+            (("CPUTot", cpus), ("Sockets", sockets), ("CoresPerSocket", cps), ("ThreadsPerCore", tpc))}
+    over["gpu007__RealMemory"] = "99999999"
+    sc = _scontrol(tmp_path, names, **over)
+    gres = _gres_conf(tmp_path, names)
+    rc = main(["cluster", "check", "--from", str(d), "--slurm-nodes-from", str(sc), "--gres-conf", str(gres),
+               "--topology-conf", str(tmp_path / "none.conf")])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "8 node(s): 5 match, 3 differ" in out
+    assert "gpu[003-004]: GPU 3 missing (gres.conf has /dev/nvidia3, the node does not)" in out
+    assert "gpu[003-004]: Gres: Slurm gpu:nvidia_h100_80gb_hbm3:8, hardware gpu:nvidia_h100_80gb_hbm3:7" in out
+    assert "gpu007: RealMemory: Slurm 99999999 MiB" in out
+    assert "gpu001" not in out and "gpu008" not in out
+    rc = main(["cluster", "check", "--from", str(d), "--slurm-nodes-from", str(sc), "--gres-conf", str(gres),
+               "--nodes", "gpu[001-002,005-006]", "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0 and rep["drift"] is False and rep["summary"] == {"nodes": 4, "match": 4, "differ": 0}
+
+
+def test_check_lists_unreadable_uncollected_and_unknown_nodes(tmp_path: Path, recorded: dict,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "col"
+    d.mkdir()
+    _write(d, "n1", recorded["healthy"])
+    _write(d, "stray", recorded["healthy"])
+    (d / "n2.json").write_text("{\"schema\": \"slurm-gpu.snapshot/1\", \"hostn")
+    sc = _scontrol(tmp_path, ["n1", "n2", "n3"], n3__State="IDLE+DRAIN")
+    rc = main(["cluster", "check", "--from", str(d), "--slurm-nodes-from", str(sc), "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert rep["nodes"]["n2"][0].startswith("unreadable entry: bad snapshot JSON")
+    assert rep["nodes"]["n3"] == ["no model collected (node drained)"]
+    assert rep["nodes"]["stray"] == ["collected, but Slurm does not know this node"]
+
+
+def test_render_gives_gres_topology_and_node_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gb = str(MACHINES_DIR / "gb200-nvl" / "snapshot.json")
+    d = tmp_path / "col"
+    d.mkdir()
+    for i in range(1, 5):
+        snap.write(str(d / f"nvl{i}.json"), snap.rerecord(gb, hostname=f"nvl{i}"))
+    out = tmp_path / "out"
+    assert main(["cluster", "render", "--from", str(d), "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["gres.conf", "nodes.conf", "topology.conf"]
+    assert "NodeName=nvl[1-4]" in (out / "gres.conf").read_text()
+    topo = (out / "topology.conf").read_text()
+    assert "BlockName=block001 Nodes=nvl[1-4]" in topo
+    assert (out / "nodes.conf").read_text().startswith("NodeName=nvl[1-4] CPUs=")
+    (d / "nvl5.json").write_text("not json")
+    capsys.readouterr()
+    assert main(["cluster", "render", "--from", str(d)]) == 1
+    assert "nvl5: unreadable entry" in capsys.readouterr().err
+    # the same directory passes the topology check; a moved node is drift
+    sc = _scontrol(tmp_path, [f"nvl{i}" for i in range(1, 5)])
+    (tmp_path / "topo.conf").write_text("BlockName=b1 Nodes=nvl[1-3]\nBlockName=b2 Nodes=nvl4\nBlockSizes=2\n")
+    (d / "nvl5.json").unlink()
+    rc = main(["cluster", "check", "--from", str(d), "--slurm-nodes-from", str(sc),
+               "--topology-conf", str(tmp_path / "topo.conf"), "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 1 and rep["topology"], rep
+
+
+def test_health_check_publishes_only_a_changed_model(tmp_path: Path, recorded: dict,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    lost = tmp_path / "lost.json"
+    snap.write(str(lost), recorded["lost"])
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "/dev/null"\n'
+                   f'skip = ["os.thp", "os.swappiness", "os.governor", "os.memlock", "os.persistenced"]\n'
+                   f'[cluster]\npublish_dir = "{pub}"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+
+    def run(node: str, snapshot: str) -> None:
+        assert main(["health", "--no-drain", "--node", node, "--snapshot", snapshot]) in (0, 1, 2)
+
+    for n in ("n1", "n2"):
+        run(n, H100)
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in pub.iterdir()}
+    assert sorted(before) == ["n1.json", "n2.json"]
+    run("n1", H100)
+    run("n2", str(lost))
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in pub.iterdir()}
+    assert after["n1.json"] == before["n1.json"]             # unchanged: not rewritten
+    assert after["n2.json"] != before["n2.json"]             # changed: republished
+    col = store.load_dir(str(pub))
+    assert len(col.nodes["n1"].gpus) == 8 and len(col.nodes["n2"].gpus) == 7
