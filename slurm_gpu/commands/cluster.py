@@ -182,3 +182,97 @@ def render(source: str, output: str | None, fmt: str, block_sizes: str | None, p
     for name, text in files.items():
         click.echo(f"# ---- {name} ----")
         click.echo(text, nl=False)
+
+
+@cluster.command()
+@click.option("-o", "--output", "directory", required=True, metavar="DIR",
+              help="Where the snapshots go, one DIR/<node>.json per node (created; must be visible from "
+                   "the nodes with --via slurm).")
+@click.option("--nodes", metavar="HOSTLIST", help="Nodes to collect (default: every node, or the partition's).")
+@click.option("--partition", metavar="P", help="Collect this partition's nodes, in a job in this partition.")
+@click.option("--reservation", metavar="R", help="Run the collection job in this reservation.")
+@click.option("--account", metavar="A", help="Charge the collection job to this account.")
+@click.option("--qos", metavar="Q", help="QOS of the collection job.")
+@click.option("--time", "time_limit", metavar="T", help="Time limit of the collection job (srun --time).")
+@click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG",
+              help="Any further srun option, e.g. --srun-arg=--mem=1G (repeatable).")
+@click.option("--via", type=click.Choice(["slurm", "clush"]), default="slurm", show_default=True,
+              help="slurm: one srun task per node; clush: ClusterShell, for nodes Slurm cannot reach.")
+@click.option("--clush-worker", type=click.Choice(["ssh", "exec"]), default="ssh", show_default=True,
+              help="ClusterShell worker for --via clush (exec: run locally per node, like clush -R exec).")
+@click.option("--include-unavailable", is_flag=True,
+              help="With --via clush: also try nodes Slurm reports down or drained.")
+@click.option("--command", "command", metavar="PATH",
+              help="slurm-gpu on the nodes (default: this venv's, the same path on every node).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds until nodes that have not answered are reported failed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the per-node report as JSON.")
+@click.pass_context
+def collect(ctx: click.Context, directory: str, nodes: str | None, partition: str | None,
+            reservation: str | None, account: str | None, qos: str | None, time_limit: str | None,
+            srun_args: tuple[str, ...], via: str, clush_worker: str, include_unavailable: bool,
+            command: str | None, timeout: float, as_json: bool) -> None:
+    """Run `slurm-gpu snapshot record` on every node and gather the snapshots into DIR.
+
+    Each node is reported collected, failed (with the reason) or skipped
+    (down or drained in Slurm); exit 1 unless every node was collected.
+    """
+    from ..cluster import collect as col
+    from ..cluster import slurmview
+    from ..confgen import hostlist
+    from ..errors import SlurmGpuError
+    if timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    slurm = None
+    try:
+        slurm = slurmview.show_nodes()
+    except SlurmGpuError as e:
+        if via == "slurm" or not nodes:
+            raise
+        click.echo(f"slurm-gpu: note: no node states from Slurm ({e.what}): trying every node", err=True)
+    targets = _scope(nodes, partition, slurm) or sorted(slurm or {}, key=hostlist.natural_key)
+    if not targets:
+        raise UsageError("no nodes to collect")
+    run_on, early = col.plan(targets, slurm if not (via == "clush" and include_unavailable) else None)
+    os.makedirs(directory, exist_ok=True)
+
+    def report(o: Any, done: int, total: int) -> None:
+        click.echo(f"slurm-gpu: [{done}/{total}] {o.node}: {o.status}"
+                   + (f": {o.detail}" if o.detail else ""), err=True)
+
+    done_before = 0
+    for o in early.values():
+        done_before += 1
+        report(o, done_before, len(targets))
+    result = col.Collection()
+    if run_on:
+        def shifted(o: Any, done: int, total: int) -> None:
+            report(o, done + done_before, len(targets))
+        cmd = command or col.default_command()
+        if via == "slurm":
+            passthrough = [f"--{k}={v}" for k, v in (("partition", partition), ("reservation", reservation),
+                                                      ("account", account), ("qos", qos), ("time", time_limit))
+                           if v] + list(srun_args)
+            result = col.via_slurm(directory, run_on, passthrough=passthrough, command=cmd, timeout=timeout,
+                                   report=shifted)
+        else:
+            result = col.via_clush(directory, run_on, command=cmd, timeout=timeout, report=shifted,
+                                   worker=clush_worker)
+    outcomes = {**early, **result.outcomes}
+    final = col.Collection(outcomes={n: outcomes[n] for n in targets}, elapsed=result.elapsed)
+    if as_json:
+        click.echo(json.dumps(final.to_json(), indent=1))
+    else:
+        by: dict[tuple[str, str], list[str]] = {}
+        for o in final.outcomes.values():
+            if o.status != col.COLLECTED:
+                by.setdefault((o.status, o.detail), []).append(o.node)
+        for (status, detail), ns in by.items():
+            stale = [n for n in ns if os.path.exists(os.path.join(directory, f"{n}.json"))]
+            click.echo(f"{hostlist.fold(ns)}: {status}: {detail}"
+                       + (f" (previous model kept for {hostlist.fold(stale)})" if stale else ""))
+        click.echo(f"slurm-gpu: cluster collect: {final.count(col.COLLECTED)} collected, "
+                   f"{final.count(col.FAILED)} failed, {final.count(col.SKIPPED)} skipped, of {len(targets)} "
+                   f"node(s) in {final.elapsed:.1f} s into {directory}")
+    if final.count(col.COLLECTED) != len(targets):
+        ctx.exit(1)

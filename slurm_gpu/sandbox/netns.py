@@ -3,7 +3,8 @@
 Each node gets a veth pair: the host side carries 10.214.x.1/30, the node
 side (inside the namespace) 10.214.x.2/30 with a default route back to the
 host, so every node reaches slurmctld on the first node's host-side address
-(all host-side addresses are local to the root namespace).
+(all host-side addresses are local to the root namespace), and forwarding on
+the host-side veths lets nodes reach each other through the host.
 
 slurmd enters its namespace with ``setns(2)`` in the child before exec, like
 ``nsenter --net`` does, and unshares a UTS namespace to carry the node's own
@@ -83,6 +84,26 @@ def create(n: NodeNet) -> None:
     ]
     for argv in steps:
         run(argv, timeout=10)
+    allow_node_to_node(n)
+
+
+def allow_node_to_node(n: NodeNet) -> None:
+    """Route packets that arrive on this node's host-side veth on to the other nodes.
+
+    Slurm talks node to node: a multi-node step's slurmstepds report
+    completion up a tree of their peers, and slurmd forwards messages along
+    ``TreeWidth``.  Without routing, a 32-node step leaves its tree parents
+    waiting on children they cannot hear, until Slurm drains them with
+    "Kill task failed".  IPv4 forwarding is switched on for this interface
+    only (``conf/<veth>/forwarding``; the global ``ip_forward`` stays as
+    it is), so nothing outlives ``down``, which deletes the veth.
+    """
+    path = f"/proc/sys/net/ipv4/conf/{n.veth_host}/forwarding"
+    try:
+        with open(path, "w") as f:
+            f.write("1\n")
+    except OSError as e:
+        raise SlurmGpuError(f"cannot enable forwarding on {n.veth_host}: {e.strerror}", path) from None
 
 
 def destroy(n: NodeNet) -> None:
