@@ -35,7 +35,8 @@ from .settings import HealthSettings
 XID_CHECK = "gpu.xid"
 DCGM_CHECK = "gpu.dcgm"                    # opt-in: [health] dcgm_level, or --only gpu.dcgm
 SXID_CHECK = "gpu.sxid"                    # NVSwitch SXids: the same kernel-log read as gpu.xid
-ALL_CHECKS: tuple[str, ...] = (XID_CHECK, SXID_CHECK) + NVML_CHECKS + OS_CHECKS + (DCGM_CHECK,)
+IMEX_CHECK = "gpu.imex"                    # a no-op unless slurm.conf has SwitchType=switch/nvidia_imex
+ALL_CHECKS: tuple[str, ...] = (XID_CHECK, SXID_CHECK) + NVML_CHECKS + (IMEX_CHECK,) + OS_CHECKS + (DCGM_CHECK,)
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
 
 
@@ -261,6 +262,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         gpus_expected = bool(expected and expected.count) or bool(health and health.gpus)
         findings += run_os_checks(info, s, os_checks, gpus_expected)
 
+    if IMEX_CHECK in checks:
+        from .imex import run_check
+        findings += run_check(max(0.5, min(5.0, deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0)),
+                              root=opts.os_root)
     if DCGM_CHECK in checks:
         findings += _dcgm(opts, max(1, s.dcgm_level), deadline, health)
 
