@@ -74,8 +74,14 @@ def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
     d = jobs_dir(state_dir)
     d.mkdir(parents=True, exist_ok=True, mode=0o755)
     _check_dir(d)
-    atomic_write(d / f"{state['jobid']}.json", json.dumps(state, indent=1, sort_keys=True),
-                 mode=0o644)
+    text = json.dumps(state, indent=1, sort_keys=True)
+    # The copy first: whichever file a crash or a bad sector leaves broken,
+    # the other holds this or the previous record (see load()).
+    atomic_write(d / f"{state['jobid']}.json{COPY}", text, mode=0o644)
+    atomic_write(d / f"{state['jobid']}.json", text, mode=0o644)
+
+
+COPY = ".copy"
 
 
 def load(state_dir: str | os.PathLike[str], jobid: str,
@@ -88,11 +94,36 @@ def load(state_dir: str | os.PathLike[str], jobid: str,
     """
     p = path(state_dir, jobid)
     _check_dir(p.parent)
+    data, why = _read(p, str(jobid))
+    if data is not None or why is None and not os.path.lexists(_copy(p)):
+        return data
+    # The record is missing or broken: its copy, written just before it,
+    # still says what the job made (MIG instances, the daemon), so nothing
+    # it lists is orphaned.
+    copy, why_copy = _read(_copy(p), str(jobid))
+    if why:
+        _set_aside(p, why, warn)
+    if copy is not None:
+        if why:
+            (warn or (lambda m: print(m, file=sys.stderr)))(
+                f"slurm-gpu: warning: job {jobid}: using the copy of its state file ({_copy(p)})")
+        return copy
+    if why_copy:
+        _set_aside(_copy(p), why_copy, warn)
+    return None
+
+
+def _copy(p: Path) -> Path:
+    return p.with_name(p.name + COPY)
+
+
+def _read(p: Path, jobid: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(record, None), (None, why it is corrupt), or (None, None) when there is no file."""
     try:
         # O_NONBLOCK: a planted FIFO must not hang the epilog; fstat refuses it below.
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        return None
+        return None, None
     except OSError as e:
         raise InputError(f"cannot read job state: {e.strerror}", str(p)) from None
     try:
@@ -108,15 +139,14 @@ def load(state_dir: str | os.PathLike[str], jobid: str,
         data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
     except (ValueError, RecursionError):
         data = None
-    why = "not JSON or too big" if data is None else malformed(data, str(jobid))
+    why = "not JSON or too big" if data is None else malformed(data, jobid)
     if why:
         # A torn or hand-broken record must not fail this job's epilog (a node
         # drain) or every later prolog: it is set aside, with one warning, and
         # the job counts as having no state (what it listed is cleaned up as
-        # an orphan).
-        _set_aside(p, why, warn)
-        return None
-    return data
+        # an orphan) unless its copy is sound.
+        return None, why
+    return data, None
 
 
 MAX_STATE_BYTES = 1 << 20
@@ -165,10 +195,12 @@ def _set_aside(p: Path, why: str, warn: Callable[[str], None] | None) -> None:
 
 
 def remove(state_dir: str | os.PathLike[str], jobid: str) -> None:
-    try:
-        os.unlink(path(state_dir, jobid))
-    except FileNotFoundError:
-        pass
+    p = path(state_dir, jobid)
+    for f in (_copy(p), p):       # the copy first: a crash between leaves the record
+        try:
+            os.unlink(f)
+        except FileNotFoundError:
+            pass
 
 
 def list_jobs(state_dir: str | os.PathLike[str]) -> list[str]:

@@ -21,7 +21,7 @@ def test_save_load_remove_atomic(tmp_path: Path) -> None:
     js.save(tmp_path, st)
     assert js.load(tmp_path, "12") == st
     assert js.list_jobs(tmp_path) == ["12"]
-    assert [p.name for p in (tmp_path / "jobs").iterdir()] == ["12.json"]   # no temp files
+    assert sorted(p.name for p in (tmp_path / "jobs").iterdir()) == ["12.json", "12.json.copy"]
     js.remove(tmp_path, "12")
     js.remove(tmp_path, "12")
     assert js.load(tmp_path, "12") is None
@@ -234,3 +234,25 @@ def test_state_dir_under_a_user_writable_directory_is_refused(tmp_path: Path) ->
         js.save(shared / "state", js.new("12", uid=1001, gid=1001, user="sgtest1"))
     with pytest.raises(InputError, match="users other than root can change"):
         js.load(shared / "state", "12")
+
+
+def test_a_corrupt_record_falls_back_to_its_copy(tmp_path) -> None:
+    """A damaged state file must not orphan what it listed: its copy still says it."""
+    st = js.new("12", uid=1001, gid=1001, user="u")
+    st["mig"] = {"layout": "3g.40gb", "ready": True, "gpus": [{"index": 0, "instances": []}]}
+    js.save(tmp_path, st)
+    main = tmp_path / "jobs" / "12.json"
+    main.write_text('{"version": 1, "jobid": "12", "uid": "ro')      # torn
+    warnings: list[str] = []
+    assert js.load(tmp_path, "12", warn=warnings.append) == st
+    assert any("using the copy" in w for w in warnings)
+    assert (tmp_path / "jobs" / "12.json.corrupt").exists()
+    # both broken: no record, both set aside, nothing fails
+    js.save(tmp_path, st)
+    main.write_text("garbage")
+    (tmp_path / "jobs" / "12.json.copy").write_text("[]")
+    assert js.load(tmp_path, "12", warn=warnings.append) is None
+    assert js.list_jobs(tmp_path) == []
+    js.save(tmp_path, st)
+    js.remove(tmp_path, "12")
+    assert sorted(p.name for p in (tmp_path / "jobs").iterdir() if ".corrupt" not in p.name) == []
