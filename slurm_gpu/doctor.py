@@ -218,7 +218,7 @@ def check_plugin(f: Facts) -> list[Finding]:
         out.append(Finding(WARNING, "spank.plugstack", f"'{words[0]}' plugin: a failure to load it "
                            f"is ignored and the options silently vanish; use required ({src})"))
     from .errors import SlurmGpuError
-    from .spank import options
+    from . import joboptions as options
     try:
         options.parse_plugstack_args(words[2:])
         out.append(Finding(OK, "spank.plugstack", f"{' '.join(words)} ({src})"))

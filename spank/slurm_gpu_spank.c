@@ -12,7 +12,7 @@
  * without our options, or steps that do not need it.
  *
  * sg_build.h is generated at build time by spank/build_plugin.py: the option
- * table and SG_OPT_* ids from slurm_gpu/spank/options.py (declared once,
+ * table and SG_OPT_* ids from slurm_gpu/joboptions.py (declared once,
  * there), and the Slurm this build is for.
  */
 #define _GNU_SOURCE
@@ -235,7 +235,7 @@ static int sg_check_args(int ac, char **av)
                         "(known: " SG_ARG_HELP ")", av[i]);
             return -1;
         }
-        /* the same rules as slurm_gpu/spank/options.py, so that a mistake
+        /* the same rules as slurm_gpu/joboptions.py, so that a mistake
          * stops every context here instead of only the steps that start
          * Python */
         for (k = 0; k < i; k++)

@@ -82,7 +82,7 @@ def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool 
 def plugstack_line(plugin: Path, keyvals: tuple[str, ...]) -> str:
     """``required <so> key=value...``, after checking every key and value."""
     from .. import errors
-    from ..spank import options
+    from .. import joboptions as options
     try:
         options.parse_plugstack_args(list(keyvals))
     except errors.UsageError as e:

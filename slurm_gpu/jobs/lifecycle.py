@@ -32,7 +32,7 @@ from .mps import JobUser
 from .settings import JobsSettings, MigSettings, MpsSettings
 from .state import JobFailed
 
-from ..spank import options as _options  # the one declaration of the SPANK options
+from .. import joboptions as _options  # the one declaration of the SPANK options
 
 if TYPE_CHECKING:
     from ..hw.gpus import Gpus

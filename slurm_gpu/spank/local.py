@@ -6,7 +6,7 @@ prolog/epilog with ``spank_job_control_setenv`` (they see ``SPANK_<NAME>``).
 """
 from __future__ import annotations
 
-from . import options
+from .. import joboptions as options
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

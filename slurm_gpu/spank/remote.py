@@ -20,8 +20,8 @@ import os
 
 from .. import binding
 from ..errors import SlurmGpuError
-from . import options
-from .options import MIG, MPS, NUMA_BIND, PROFILE, NumaBind
+from .. import joboptions as options
+from ..joboptions import MIG, MPS, NUMA_BIND, PROFILE, NumaBind
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

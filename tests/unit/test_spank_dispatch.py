@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu import binding
-from slurm_gpu.spank import dispatch, effects, nodecache, options
+from slurm_gpu import joboptions as options
+from slurm_gpu.spank import dispatch, effects, nodecache
 from test_binding import MINI
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.errors import UsageError
-from slurm_gpu.spank import options as o
+from slurm_gpu import joboptions as o
 
 SHIM = Path(__file__).resolve().parents[2] / "spank" / "slurm_gpu_spank.c"
 

@@ -1,4 +1,4 @@
-"""The plugin's options and plugstack arguments: parsing and validation (pure).
+"""The job options slurm-gpu adds (`--gpu-*`) and the plugstack arguments: declared once, parsed here (pure).
 
 Everything a user or an admin types is checked here, in srun/sbatch/salloc
 (local and allocator context) before a job is submitted, and by
@@ -7,7 +7,7 @@ raises :class:`~slurm_gpu.errors.UsageError` whose one line names the option.
 """
 from __future__ import annotations
 
-from ..errors import SlurmGpuError, UsageError
+from .errors import SlurmGpuError, UsageError
 
 # Imported by srun/sbatch and slurmstepd on every use of the plugin: keep the
 # import graph to builtins (no dataclasses, typing or re at import time).
