@@ -227,7 +227,7 @@ class Ladder:
             if self.c.boot_id and ep.get("boot_id") and ep["boot_id"] != self.c.boot_id:
                 del self.st.episodes[key]
                 self.step(key, "reboot", "done", f"node rebooted for {ep.get('what')}; a repeat counts again")
-            elif not self._reboot_pending():
+            elif self.c.node_state is not None and not self._reboot_pending():
                 del self.st.episodes[key]
                 self.step(key, "reboot", "cancelled", "reboot no longer pending and the node did not "
                           "reboot (cancelled by someone): left for an admin")
@@ -264,8 +264,9 @@ class Ladder:
                   f"last {f.what}")
         self.st.rma[key] = {"bus": f.bus, "time": round(self.c.now, 3), "failures": n, "reason": reason}
         ns = self.c.node_state
-        if ns is not None and ns.drained and not self.c.our_reason:
-            self.step(key, "rma", "recorded", f"node drained by someone else ({ns.reason}): reason left alone")
+        if ns is None or (ns.reason and not ns.ours) or (ns.drained and not self.c.our_reason):
+            why = "node state unknown" if ns is None else f"node held by someone else ({ns.reason or 'no reason'})"
+            self.step(key, "rma", "recorded", f"{why}: reason left alone")
             return
         err = self.scontrol(["update", f"nodename={self.c.node}", "state=drain", f"reason={reason}"])
         if err:
@@ -288,7 +289,7 @@ class Ladder:
         if ep.get("step") == "reboot":
             self._reboot(key, ep)
 
-    def _busy(self, ep: dict[str, Any], before: Any) -> str | None:
+    def _busy(self, ep: dict[str, Any]) -> str | None:
         ns = self.c.node_state
         if ns is not None and (ns.base in _BUSY_BASES or "COMPLETING" in ns.flags):
             uuid = self.st.gpus.get(ep["bus"], {}).get("uuid")
@@ -300,6 +301,8 @@ class Ladder:
         unreadable = sorted(v for k, v in self.c.job_gpus.items() if k.startswith("job:"))
         if unreadable:
             return f"job {unreadable[0]}'s state cannot be read: every GPU counts as held"
+        # Slurm and our job state say idle: only now the (slower) fresh NVML read.
+        before = self.c.fresh_read() if self.c.fresh_read else None
         g = _gpu(before, ep["bus"])
         if g is not None and g.processes:
             return f"process(es) {', '.join(str(p) for p, _ in g.processes)} use it"
@@ -311,8 +314,7 @@ class Ladder:
             ep["step"] = "reboot"
             self.step(key, "reset", "skipped", "[repair] reset is off")
             return
-        before = self.c.fresh_read() if self.c.fresh_read else None
-        why = self._busy(ep, before)
+        why = self._busy(ep)
         if why:
             self.step(key, "reset", "refused", f"GPU busy: {why}; retried next run")
             return

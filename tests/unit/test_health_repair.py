@@ -294,3 +294,22 @@ def test_dcgm_gate_holds_the_resume_until_the_diagnostic_passes(tmp_path, cluste
     run()
     run()
     assert not cluster.node.drained
+
+
+def test_a_cancelled_reboot_is_left_to_whoever_cancelled_it(tmp_path, cluster):
+    rs = RepairSettings(reboot=True, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    run = lambda: engine.run(_opts(tmp_path, cluster, rs))  # noqa: E731
+    run()
+    cluster.overlay = LOST
+    _xid(tmp_path)
+    run()
+    assert _steps(tmp_path)[-1] == ("reboot", "requested")
+    cluster.set_state("IDLE+DRAIN")            # scontrol cancel_reboot: drained, same boot
+    cluster.overlay = None
+    run()
+    assert _steps(tmp_path)[-1] == ("reboot", "cancelled")
+    for _ in range(4):
+        run()
+    assert cluster.node.drained and cluster.node.reason.startswith("slurm-gpu: reboot:")
+    assert len(cluster.reboots()) == 1
