@@ -57,30 +57,9 @@ class Facts:
 
 
 # -- reading ------------------------------------------------------------------
-def parse_slurm_conf(text: str, base: Path, depth: int = 0) -> dict[str, str]:
-    """Top-level ``Key=Value`` settings of slurm.conf (lower-case keys), with Include."""
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if line.lower().startswith("include ") and depth < 5:
-            for inc in sorted(base.glob(line.split(None, 1)[1].strip())) if not \
-                    line.split(None, 1)[1].strip().startswith("/") else \
-                    sorted(Path("/").glob(line.split(None, 1)[1].strip().lstrip("/"))):
-                try:
-                    out.update(parse_slurm_conf(inc.read_text(), inc.parent, depth + 1))
-                except OSError:
-                    pass
-            continue
-        key, eq, value = line.partition("=")
-        if not eq or " " in key.strip():
-            continue
-        key = key.strip().lower()
-        if key in ("nodename", "partitionname", "nodeset", "frontendname", "downnodes"):
-            continue
-        out[key] = value.strip().split()[0] if value.strip() else ""
-    return out
+def parse_slurm_conf(text: str, base: Path) -> dict[str, str]:
+    from .slurmconfig import parse
+    return parse(text, base)
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[tuple[str, str]]:

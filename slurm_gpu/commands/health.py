@@ -110,6 +110,18 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
     s = _settings()
     if isolate_bad_gpu is not None:
         s.isolate_bad_gpu = isolate_bad_gpu
+    healthy = None
+    if slurm_mode:
+        import os
+
+        from ..slurmconfig import health_check_timeout, read
+        # Slurm >= 26.05 kills us after HealthCheckTimeout (60 s before, and by
+        # default): the watchdog must fire first, with time to spare.
+        limit = health_check_timeout(read())
+        if limit is not None and s.watchdog_seconds > 0:
+            s.watchdog_seconds = min(s.watchdog_seconds, max(1.0, limit * 0.75))
+        healthy = os.environ.get("SLURM_NODE_IS_HEALTHY")
+        healthy = healthy if healthy in ("yes", "no") else None
     name = node or live.node_name()
     only_list = [c.strip() for c in only.split(",") if c.strip()] if only else None
     checks = engine.select_checks(only_list, s)
@@ -121,7 +133,8 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
         no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener,
         gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
         expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None,
-        repair=_repair_settings(), job_gpus=_job_gpus(live.settings().state_dir))
+        repair=_repair_settings(), job_gpus=_job_gpus(live.settings().state_dir),
+        slurm_healthy=healthy)
     from ..errors import SlurmGpuError
     try:
         rep = engine.run(opts)

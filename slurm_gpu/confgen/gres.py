@@ -13,7 +13,7 @@ strings for ``templates/gres.conf.j2``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .. import __version__
 from ..errors import InputError
@@ -266,9 +266,30 @@ def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, 
         notes.append("nodes need different SlurmdParameters: slurm.conf holds one value for all "
                      "slurmd; give each node group its own slurm.conf via configless includes or "
                      "choose --socket-mode explicitly")
+    notes += autodetect_notes(opts.autodetect, nodes.values())
     return GresView(generator=GENERATOR, version=__version__, inputs=tuple(inputs),
                     autodetect=opts.autodetect, groups=tuple(groups), notes=tuple(notes),
                     slurmd_parameters=tuple(params))
+
+
+def autodetect_notes(autodetect: str, nodes: Iterable[Node]) -> list[str]:
+    """What an AutoDetect= line cannot do on these nodes, per Slurm version (gres.conf(5))."""
+    out = []
+    if autodetect == "nvml":
+        out.append("AutoDetect=nvml needs a Slurm built with gpu_nvml.so; Debian's, OpenHPC's and "
+                   "Slinky's are not, and their slurmd then ignores it: keep the explicit lines")
+    elif autodetect == "nvidia":
+        ns = list(nodes)
+        if any(g.mig_instances for n in ns for g in n.gpus):
+            out.append("AutoDetect=nvidia (Slurm >= 24.11) does not detect MIG instances: "
+                       "the MultipleFiles= lines below stay explicit")
+        if any(g.nvlinks for n in ns for g in n.gpus):
+            out.append("AutoDetect=nvidia (Slurm >= 24.11) does not detect NVLinks: the Links= "
+                       "values below are what binds GPU pairs")
+    elif autodetect == "full":
+        out.append("AutoDetect=full needs Slurm >= 26.05 (tries NVML, then the NVIDIA, RSMI, "
+                   "oneAPI and NRT plugins, until one finds GPUs)")
+    return out
 
 
 def render_gres_conf(nodes: Mapping[str, Node], *, dev_dir: str = "/dev",

@@ -49,7 +49,7 @@ def show_node(name: str, timeout: float) -> NodeState | None:
 
 def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, timeout: float,
         dry_run: bool = False, owe: object = SAME, hold: bool = False,
-        adopt: str | None = None) -> Outcome:
+        adopt: str | None = None, slurm_healthy: str | None = None) -> Outcome:
     """Look at the node, decide, and (unless *dry_run*) drain or resume it.
 
     *owe*: the part of *want* to remember when scontrol fails (see :func:`decide`).
@@ -58,6 +58,12 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
     ours to resume.
     """
     owed = (want if owe is SAME else owe) or mem.pending_reason
+    if slurm_healthy == "yes" and not want and not owed and not adopt and mem.drained_reason is None:
+        # slurmctld says the node is in service (SLURM_NODE_IS_HEALTHY=yes), we
+        # found nothing and drained nothing: no scontrol call at all, which on
+        # a big cluster is one RPC per node per interval spared to slurmctld.
+        return Outcome(Plan("none", "in service per SLURM_NODE_IS_HEALTHY; scontrol not called",
+                            memory=mem), None)
     try:
         node = show_node(name, timeout)
     except CommandError as e:

@@ -76,6 +76,10 @@ class Options:
     expected_links: dict[str, int] | None = None  # bus id -> NVLinks the node model has
     repair: Any = None                     # settings.RepairSettings: the repair ladder ([repair])
     job_gpus: Callable[[], dict[str, str]] | None = None  # GPU uuid -> job id holding it (jobs.state.gpus_held)
+    # SLURM_NODE_IS_HEALTHY ("yes"/"no"): slurmctld's verdict, which slurmd
+    # passes from Slurm 26.05.2 with SlurmctldParameters=health_check_report
+    # (by default from 26.11).  Unset at slurmd's start-up run, before it registers.
+    slurm_healthy: str | None = None
 
 
 @dataclass
@@ -292,7 +296,12 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     # scontrol would orphan the child and lose the state of a drain just made
     # (which we then could never resume).  Every call below has a timeout
     # taken from the same deadline instead.
-    first_run = bool(opts.slurm_mode and opts.parent_slurmd and mem.slurmd != opts.parent_slurmd)
+    # Slurm passes SLURM_NODE_IS_HEALTHY only once slurmd has registered: with
+    # it, a run is never the start-up one (older Slurm: our record of slurmd).
+    first_run = bool(opts.slurm_mode and opts.parent_slurmd and mem.slurmd != opts.parent_slurmd
+                     and opts.slurm_healthy is None)
+    if opts.slurm_healthy is not None and opts.parent_slurmd:
+        mem.slurmd = opts.parent_slurmd
     if not first_run and deadline - time.monotonic() < ACT_MIN_SECONDS:
         rep.broken = "watchdog: too little time left to call scontrol: nothing changed"
         return rep
@@ -344,7 +353,8 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                           clean_runs_to_resume=1 if marker is not None and not dirty
                           else max(1, s.clean_runs_to_resume),
                           timeout=timeout, owe=owe, hold=bool(rstate and rstate.holding) or dirty,
-                          adopt=marker.reason if marker is not None else None)
+                          adopt=marker.reason if marker is not None else None,
+                          slurm_healthy=opts.slurm_healthy)
         mem = out.plan.memory
         notes.append(out.plan.note)
         rep.action = out.plan.action

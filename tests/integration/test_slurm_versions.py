@@ -44,10 +44,12 @@ def cluster(request, make_sandbox, job_users, sandbox_dir):
     side = sandbox_dir(f"versions-{version}-side")
     for n in ("n1", "n2"):
         (side / f"{n}.log").write_text("[    1.000000] Linux version 6.1.0\n")
+    # 26.05: slurmctld's verdict reaches the health check (SLURM_NODE_IS_HEALTHY)
+    extra_conf = {"SlurmctldParameters": "health_check_report"} if version == "26.05" else {}
     try:
         c = make_sandbox(
             nodes=2, machine=str(MACHINE), spank=True, prolog=True, health=True,
-            health_interval=INTERVAL, slurm=version,
+            health_interval=INTERVAL, slurm=version, slurm_conf=extra_conf,
             extra_config={"node": {"nvml": f"sim:{files['sim']}"},
                           "mps": {"control": str(files["ctl"]), "base_dir": str(files["mps"])},
                           "spank": {"numa_node_map": {"1": 0}},
@@ -85,6 +87,38 @@ def test_numa_bind_prefer_binds_cpus_and_memory_to_the_gpus_numa_node(cluster: C
     assert row[3] == "1", row                         # MPOL_PREFERRED
     assert row[4] == "0", row                         # model node -> host node 0 (numa_node_map)
     assert row[5].startswith(f"prefer;gpus={row[1]};cpus={row[2]}"), row
+
+
+def test_every_option_reaches_the_tasks(cluster: Cluster) -> None:
+    """--gpu-numa-bind=strict and --gpu-profile=inference act in the task (MPOL_BIND is 2;
+    inference turns transparent huge pages off: THP_enabled 0)."""
+    res = cluster.srun("-w", "n1", "--gres=gpu:1", "--gpu-numa-bind=strict", "--gpu-profile=inference",
+                       "/bin/sh", "-c", "echo OPTS $SLURM_GPU_NUMA_BIND $SLURM_GPU_PROFILE; "
+                       "grep THP_enabled /proc/self/status; " + cluster.python + " -c '" +
+                       PROBE.replace("'", '"') + "'", user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    assert "OPTS strict inference" in res.stdout
+    assert re.search(r"THP_enabled:\s+0", res.stdout), res.stdout
+    row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+    assert row[3] == "2" and row[5].startswith("strict;"), row
+    # a bad value fails in srun, before submission, in one line naming the option
+    bad = cluster.srun("--gpu-mps=101", "true", user="sgtest1")
+    ours = [l for l in bad.stderr.splitlines() if "slurm-gpu:" in l]
+    assert bad.returncode != 0 and len(ours) == 1 and "--gpu-mps" in ours[0], bad.stderr
+
+
+def test_gres_from_the_generator_is_what_slurm_schedules(cluster: Cluster) -> None:
+    node = cluster.node("n1")
+    assert re.match(r"gpu:[\w-]+:2\b", node.get("Gres", "")), node.get("Gres")
+    res = cluster.srun("-w", "n1", "--gres=gpu:2", "/bin/sh", "-c", "echo GPUS $CUDA_VISIBLE_DEVICES",
+                       user="sgtest1")
+    assert res.returncode == 0 and "GPUS 0,1" in res.stdout, res.stdout + res.stderr
+    jobid = cluster.sbatch("-w", "n1", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 20",
+                           user="sgtest1", cwd="/tmp")
+    cluster.wait_job(jobid, states={"RUNNING"})
+    detail = cluster.run(["scontrol", "show", "job", "-d", str(jobid)]).stdout
+    cluster.run(["scancel", str(jobid)])
+    assert re.search(r"GRES=gpu(:[\w-]+)?:1\(IDX:[01]\)", detail), detail
 
 
 def test_gpu_mps_50_job_gets_its_own_daemon(cluster: Cluster) -> None:
