@@ -71,8 +71,10 @@ class RepairSettings:
     reset_timeout: float = 60.0
     # Persistent across reboots (not /run): failure counts, open repairs, the step log.
     state_dir: str = "/var/lib/slurm-gpu"
-    # Resume a node drained for a job's leftovers (user-problem) once clean.
-    user_problem: bool = True
+    # The epilog drains a node whose job left processes or memory on its GPUs
+    # (user-problem) and the health check resumes it once clean.  Off by default:
+    # it starts Python in the epilog of every GPU job (bench/bench_prolog.py).
+    user_problem: bool = False
     # Before resuming a node drained for a fault, dcgmi diag -r <level> must pass (0: no gate).
     dcgm_gate: int = 0
 

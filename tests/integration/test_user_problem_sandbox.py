@@ -31,7 +31,8 @@ def cluster(make_sandbox, job_users, node_files) -> Cluster:
                         extra_config={"node": {"nvml": f"sim:{node_files['sim']}"},
                                       "mps": {"control": str(node_files["ctl"]),
                                               "base_dir": str(node_files["mps"])},
-                                      "health": {"kernel_log": str(log), "clean_runs_to_resume": 3}})
+                                      "health": {"kernel_log": str(log), "clean_runs_to_resume": 3},
+                                      "repair": {"user_problem": True}})
 
 
 def _reason(cluster: Cluster) -> str:

@@ -372,15 +372,15 @@ def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
     r = run("epilog.d/50-slurm-gpu-jobs", e2)
     assert r.returncode == 0, r.stderr
     assert node.layout(1) == [] and node.leftovers("7") == []
-    # fast path: nothing asked, nothing on record: no Python at all (the
-    # epilog of a GPU job starts it to look for leftovers, unless that is off)
+    # fast path: nothing asked, nothing on record: no Python at all
     e3 = dict(e2, SLURM_GPU_PYTHON="/nonexistent/python")
     assert run("prolog.d/50-slurm-gpu-jobs", e3).returncode == 0
+    assert run("epilog.d/50-slurm-gpu-jobs", e3).returncode == 0
+    # [repair] user_problem = true: the epilog of a GPU job starts Python to look for leftovers
+    conf.write_text(conf.read_text() + "[repair]\nuser_problem = true\n")
+    assert run("epilog.d/50-slurm-gpu-jobs", e3).returncode != 0        # Python was started
     e4 = {k: v for k, v in e3.items() if k != "SLURM_JOB_GPUS"}
     assert run("epilog.d/50-slurm-gpu-jobs", e4).returncode == 0
-    assert run("epilog.d/50-slurm-gpu-jobs", e3).returncode != 0        # Python was started
-    conf.write_text(conf.read_text() + "[repair]\nuser_problem = false\n")
-    assert run("epilog.d/50-slurm-gpu-jobs", e3).returncode == 0
 
 
 def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:

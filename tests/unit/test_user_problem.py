@@ -104,7 +104,8 @@ def test_simulator_lists_only_live_processes(sim, proc):
 def _opts(tmp_path, sim):
     s = HealthSettings(kernel_log=str(tmp_path / "kern.log"), clean_runs_to_resume=3)
     return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "run"), only=["gpu.xid", "gpu.recovery"],
-                          nvml_opener=lambda: NvmlGpus(sim), repair=RepairSettings(state_dir=str(tmp_path / "var")))
+                          nvml_opener=lambda: NvmlGpus(sim),
+                          repair=RepairSettings(state_dir=str(tmp_path / "var"), user_problem=True))
 
 
 def _marker(tmp_path, reason):
