@@ -168,7 +168,7 @@ def parse_mig(value: str) -> str:
 def _mig_planner_parser() -> Callable[[str], object] | None:
     """The mps/mig area's layout parser, if that area is installed."""
     try:
-        from ..mig.planner import parse_layout
+        from .mig.planner import parse_layout
     except ImportError:
         return None
     return parse_layout

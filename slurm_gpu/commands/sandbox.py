@@ -19,9 +19,18 @@ def _pairs(values: tuple[str, ...], opt: str) -> list[tuple[str, str]]:
 
 
 def _toml_value(text: str) -> object:
-    """``5`` -> 5, ``true`` -> True, anything else stays a string."""
+    """``5`` -> 5, ``true`` -> True, ``{"1" = 0}`` or ``[1, 2]`` -> a TOML inline
+    table or array, anything else stays a string."""
     if text in ("true", "false"):
         return text == "true"
+    if text[:1] in ("{", "["):
+        import tomllib
+
+        from ..errors import UsageError
+        try:
+            return tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError as e:
+            raise UsageError(f"bad TOML value {text!r}: {e}", "--set") from None
     try:
         return int(text)
     except ValueError:
@@ -73,7 +82,8 @@ def sandbox() -> None:
 @click.option("--spank-arg", multiple=True, metavar="KEY=VALUE",
               help="Extra plugstack.conf argument for the SPANK plugin (repeatable).")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE",
-              help="Add a key to DIR/etc/slurm-gpu.toml, e.g. health.kernel_log=/tmp/k.log.")
+              help="Add a key to DIR/etc/slurm-gpu.toml, e.g. health.kernel_log=/tmp/k.log "
+                   "or 'spank.numa_node_map={\"1\" = 0}' (TOML inline table).")
 @click.option("--slurm-conf", "slurm_conf", multiple=True, metavar="KEY=VALUE",
               help="Set or override a slurm.conf parameter (repeatable).")
 @click.option("--type-map", multiple=True, metavar="KEY=TYPE",
@@ -142,6 +152,78 @@ def down_cmd(directory: str) -> None:
     killed = f", {len(rep['killed'])} needed KILL" if rep["killed"] else ""
     click.echo(f"slurm-gpu: sandbox down: stopped {len(rep['stopped'])} daemon(s){killed} "
                f"in {time.monotonic() - t0:.2f} s", err=True)
+
+
+@sandbox.command("fault")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="The sandbox directory given to `up`.")
+@click.option("--node", "node", required=True, help="The node whose GPUs get the fault, e.g. n2.")
+@click.argument("overlay", required=False, type=click.Path(dir_okay=False))
+@click.option("--clear", is_flag=True, help="Remove the node's injected faults.")
+def fault_cmd(directory: str, node: str, overlay: str | None, clear: bool) -> None:
+    """Inject a fault overlay (docs/snapshots.md) into a node's NVML simulator.
+
+    The node's health check, prolog and SPANK plugin see it at their next NVML
+    call, as on a GPU node whose hardware broke; `--clear` repairs it.
+    """
+    from ..errors import UsageError
+    from ..sandbox import nodesim
+    from ..sandbox.layout import Layout
+
+    if clear == (overlay is not None):
+        raise UsageError("give an overlay file or --clear", "sandbox fault")
+    data: dict[str, object] = {}
+    if overlay is not None:
+        from ..hw.snapshot import load_overlay
+        data = load_overlay(overlay)
+    nodesim.set_fault(Layout.of(directory), node, data)
+    what = "cleared" if clear else f"injected {overlay}"
+    click.echo(f"slurm-gpu: sandbox fault: {what} on {node}", err=True)
+
+
+@sandbox.command("run", context_settings={"ignore_unknown_options": True,
+                                          "allow_interspersed_args": False})
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="The sandbox directory given to `up`.")
+@click.option("--user", "user", default=None, metavar="NAME",
+              help="Run as this job user (root enters a Debian root first, then drops).")
+@click.option("--timeout", type=click.FloatRange(1), default=300.0, show_default=True,
+              help="Seconds before the command is killed.")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_cmd(directory: str, user: str | None, timeout: float, argv: tuple[str, ...]) -> None:
+    """Run a Slurm client command (srun, sbatch, sinfo...) against the sandbox.
+
+    The same on every --slurm: on the host's Slurm it is the command itself,
+    on a Debian root's Slurm it runs inside that root.  Prints the command's
+    output and exits with its status.
+    """
+    import os
+    import pwd
+
+    from ..errors import SlurmGpuError, UsageError
+    from ..runner import SAFE_PATH, RunAs, run
+    from ..sandbox import Sandbox, require_root
+    from ..sandbox.layout import Layout
+
+    require_root()
+    if not Layout.of(directory).state_file.exists():
+        raise SlurmGpuError("no sandbox recorded here", str(Layout.of(directory).state_file))
+    sb = Sandbox.attach(directory)
+    run_as = None
+    if user is not None:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise UsageError(f"no such user {user!r}", "--user") from None
+        run_as = RunAs(pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
+    full, drop = sb.client_argv(list(argv), run_as, cwd=str(sb.dir))
+    # The system PATH: inside a Debian root that finds the root's own clients
+    # (DIR/bin's wrappers are for root on the host).
+    env = {**sb.env, "PATH": SAFE_PATH}
+    res = run(full, timeout, env=env, check=False, run_as=drop, cwd=str(sb.dir))
+    click.echo(res.stdout, nl=False)
+    click.echo(res.stderr, nl=False, err=True)
+    raise click.exceptions.Exit(res.returncode)
 
 
 @sandbox.command("status")

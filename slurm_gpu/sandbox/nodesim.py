@@ -94,3 +94,16 @@ def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
     return {"node": {"nvml": f"sim:{layout.var}/%n/{STATE_NAME}"},
             "mps": {"control": str(layout.lib / CONTROL_NAME),
                     "base_dir": f"{layout.var}/%n/mps"}}
+
+
+def set_fault(layout: Layout, node: str, overlay: Mapping[str, Any]) -> None:
+    """Put a fault overlay ({} clears) into *node*'s simulator state."""
+    from ..errors import SlurmGpuError
+    from ..sim import open_sim, set_overlay
+    if not node or "/" in node or node.startswith("."):
+        raise UsageError(f"bad node name {node!r}", "--node")
+    path = layout.var / node / STATE_NAME
+    if not path.is_file():
+        raise SlurmGpuError(f"node {node} has no NVML simulator (a sandbox started with --sim?)",
+                            str(path))
+    set_overlay(open_sim(str(path)), overlay)

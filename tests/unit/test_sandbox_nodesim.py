@@ -106,3 +106,34 @@ def test_mps_base_dir_expands_the_node_name(tmp_path: Path, monkeypatch) -> None
     finally:
         live.use_node_name(None)
         config._load.cache_clear()
+
+
+def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
+    from slurm_gpu.errors import SlurmGpuError
+    from slurm_gpu.sim import open_sim
+    L = Layout.of(tmp_path / "sb")
+    for d in (L.root, *L.dirs()):
+        d.mkdir(parents=True)
+    nodesim.prepare(L, MACHINES / "mini-2numa", ["n1", "n2"], tmp_path)
+    ecc = {"calls": [{"fn": "nvmlDeviceGetTotalEccErrors", "gpu": 0, "args": [1, 0], "result": 3}]}
+    nodesim.set_fault(L, "n2", ecc)
+    n1, n2 = (open_sim(str(L.var / n / "sim.json")) for n in ("n1", "n2"))
+    assert n2.nvmlDeviceGetTotalEccErrors(n2.nvmlDeviceGetHandleByIndex(0), 1, 0) == 3
+    assert n1.nvmlDeviceGetTotalEccErrors(n1.nvmlDeviceGetHandleByIndex(0), 1, 0) == 0
+    nodesim.set_fault(L, "n2", {})
+    assert n2.nvmlDeviceGetTotalEccErrors(n2.nvmlDeviceGetHandleByIndex(0), 1, 0) == 0
+    with pytest.raises(InputError, match="bad overlay"):
+        nodesim.set_fault(L, "n2", {"gpu": {}})
+    with pytest.raises(SlurmGpuError, match="node n3 has no NVML simulator"):
+        nodesim.set_fault(L, "n3", {})
+    with pytest.raises(UsageError, match="bad node name"):
+        nodesim.set_fault(L, "../n1", {})
+
+
+def test_set_values_parse_toml_inline_tables() -> None:
+    from slurm_gpu.commands.sandbox import _toml_value
+    assert _toml_value('{"1" = 0}') == {"1": 0}
+    assert _toml_value("[1, 2]") == [1, 2]
+    assert _toml_value("5") == 5 and _toml_value("true") is True and _toml_value("/x") == "/x"
+    with pytest.raises(UsageError, match="bad TOML value"):
+        _toml_value("{oops")

@@ -61,6 +61,13 @@ def test_mig_syntax():
             o.parse_mig(bad)
 
 
+def test_mig_syntax_uses_the_planner():
+    # The planner is installed with the package: counts and per-GPU groups are accepted.
+    assert o._mig_planner_parser() is not None
+    assert o.parse_mig("3g.47gb,2x1g.12gb") == "3g.47gb,2x1g.12gb"
+    assert o.parse_mig("3g.40gb;7g.80gb") == "3g.40gb;7g.80gb"
+
+
 def test_mig_syntax_without_the_planner(monkeypatch):
     monkeypatch.setattr(o, "_mig_planner_parser", lambda: None)
     assert o.parse_mig("3g.40gb, 1c.3g.40gb,1g.10gb+me") == "3g.40gb,1c.3g.40gb,1g.10gb+me"
