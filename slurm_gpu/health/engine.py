@@ -271,7 +271,8 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         findings += run_check(max(0.5, min(5.0, deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0)),
                               root=opts.os_root)
     if DCGM_CHECK in checks:
-        findings += _dcgm(opts, max(1, s.dcgm_level), deadline, health)
+        from .recovery import dcgm_findings
+        findings += dcgm_findings(opts, max(1, s.dcgm_level), deadline, health)
 
     from .nodestate import Memory
     from ..hw.kmsg import boot_id
@@ -331,84 +332,30 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     else:
         # scontrol must finish before the watchdog: a child is never left behind.
         timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic() - 0.5) / 2))
-        rstate = marker = None
-        dirty = False
+        rec = None
         if opts.repair is not None and not opts.kernel_log:
-            from . import repair
-            rpath = repair.state_path(opts.repair, opts.node)
-            rstate = repair.load(rpath)
-            if opts.repair.user_problem and opts.state_dir:
-                from . import userproblem
-                mpath = userproblem.marker_path(opts.state_dir, opts.node)
-                marker = userproblem.load_marker(mpath)   # one failed open() on a clean node
-                if marker is not None:
-                    dirty = _still_left(opts, marker, deadline, notes)
-            if (opts.repair.dcgm_gate and want is None and marker is None and mem.drained_reason
-                    and mem.clean_runs + 1 >= max(1, s.clean_runs_to_resume)):
-                # This run would resume a node drained for a fault: DCGM must agree first.
-                gate = _dcgm(opts, opts.repair.dcgm_gate, deadline, health)
-                notes += [f"resume gate: {f.message}" for f in gate]
-                dirty = dirty or any(f.severity != INFO for f in gate)
+            from .recovery import Recovery
+            rec = Recovery(opts, deadline, health, notes)
+            rec.prepare(want, mem, s.clean_runs_to_resume)
         out = actions.act(opts.node, want, mem,
-                          clean_runs_to_resume=1 if marker is not None and not dirty
+                          clean_runs_to_resume=rec.clean_runs_to_resume(s.clean_runs_to_resume) if rec
                           else max(1, s.clean_runs_to_resume),
-                          timeout=timeout, owe=owe, hold=bool(rstate and rstate.holding) or dirty,
-                          adopt=marker.reason if marker is not None else None,
-                          slurm_healthy=opts.slurm_healthy)
+                          timeout=timeout, owe=owe, hold=bool(rec and rec.hold),
+                          adopt=rec.adopt if rec else None, slurm_healthy=opts.slurm_healthy)
         mem = out.plan.memory
         notes.append(out.plan.note)
         rep.action = out.plan.action
         if out.error:
             rep.broken = out.error if not incomplete else f"{incomplete}; {out.error}"
             notes.append(out.error)
-        elif marker is not None and (out.plan.action != "none" or out.node is None or not out.node.drained
-                                     or out.node.reason != marker.reason):
-            # Resumed, replaced by a node fault, or no longer ours: the marker is done.
-            userproblem.drop_marker(mpath)
-        if not out.error and rstate is not None:
-            r = repair.after_act(node=opts.node, settings=opts.repair, st=rstate, path=rpath,
-                                 event_findings=event_findings, health=health, node_state=out.node,
-                                 mem=mem, boot_id=boot, job_gpus=opts.job_gpus,
-                                 nvml_opener=opts.nvml_opener, scontrol=actions.scontrol_path(),
-                                 deadline=deadline)
-            notes += r.notes
-            rep.repair = rstate
+        elif rec is not None:
+            rep.repair = rec.finish(out, mem, event_findings, boot)
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))
         actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
                                         "last_run": time.time(), "last_status": rep.status})
     return rep
-
-
-def _dcgm(opts: Options, level: int, deadline: float, health: Any) -> list[Finding]:
-    """gpu.dcgm: dcgmi diag within what is left of this run."""
-    from . import dcgm
-    left = deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0
-    if left < 2.0:
-        return [Finding(DCGM_CHECK, WARN, "too little time left in this run for dcgmi diag")]
-    r = dcgm.run(level, min(opts.settings.dcgm_timeout, left))
-    bus_of = {g.index: g.bus_id for g in health.gpus if g.bus_id} if health is not None else {}
-    return dcgm.findings(r, bus_of)
-
-
-def _still_left(opts: Options, marker: Any, deadline: float, notes: list[str]) -> bool:
-    """Whether what a job left behind (health/userproblem.py) is still on its GPUs."""
-    from ..hw.nvml_health import read_health_bounded
-    from .userproblem import leftovers
-    if opts.nvml_opener is None:
-        return True
-    left = max(1.0, deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0)
-    h = read_health_bounded(opts.nvml_opener, call_timeout=min(opts.settings.nvml_call_timeout, left),
-                            total_timeout=left, include_fabric=False,
-                            include_processes=True)
-    if not h.available or h.hung:
-        notes.append(f"user-problem: GPUs not read ({h.error or h.hung}): stays drained")
-        return True
-    found = leftovers([g for g in h.gpus if g.bus_id in marker.gpus], marker.uid)
-    notes.append(f"user-problem: {'; '.join(found)}: stays drained" if found
-                 else f"user-problem: job {marker.jobid}'s GPUs are clean")
-    return bool(found)
 
 
 def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, deadline: float,

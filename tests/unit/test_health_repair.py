@@ -244,7 +244,7 @@ def test_admin_drain_and_other_reboots_are_never_touched(tmp_path, cluster):
     assert _steps(tmp_path)[-1] == ("rma", "recorded")
 
 
-def test_pending_reboot_of_someone_else_is_left_alone(tmp_path, cluster):
+def test_our_reboot_is_asked_once(tmp_path, cluster):
     rs = RepairSettings(reboot=True, state_dir=str(tmp_path / "var"))
     (tmp_path / "kern.log").write_text("")
     engine.run(_opts(tmp_path, cluster, rs))
@@ -252,9 +252,23 @@ def test_pending_reboot_of_someone_else_is_left_alone(tmp_path, cluster):
     _xid(tmp_path)
     engine.run(_opts(tmp_path, cluster, rs))       # drained by us; reset off -> reboot step
     assert len(cluster.reboots()) == 1
-    # Another run after someone else also queued a reboot (same flag): nothing more asked.
+    # Runs while it is pending: nothing more asked.
     engine.run(_opts(tmp_path, cluster, rs))
     assert len(cluster.reboots()) == 1
+
+
+def test_someone_elses_pending_reboot_is_left_alone(tmp_path, cluster):
+    rs = RepairSettings(reset=True, reboot=True, rma=True, rma_failures=1, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    engine.run(_opts(tmp_path, cluster, rs))
+    cluster.set_state("IDLE+DRAIN+REBOOT_REQUESTED")
+    cluster._reason("firmware update, reboot queued by the admin")
+    cluster.overlay = LOST
+    _xid(tmp_path)
+    for _ in range(3):
+        engine.run(_opts(tmp_path, cluster, rs))
+    assert cluster.node.reason == "firmware update, reboot queued by the admin"
+    assert [c for c in cluster.calls if c[0] == repair.NVIDIA_SMI or c[1] in ("update", "reboot")] == []
 
 
 @pytest.mark.parametrize("text", ["{", "[]", '{"schema": 1, "failures": {"x": "y"}, "episodes": 3}',
