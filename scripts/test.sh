@@ -15,6 +15,16 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if [ "$(id -u)" = 0 ]; then export SLURM_GPU_REQUIRE_INTEGRATION=${SLURM_GPU_REQUIRE_INTEGRATION:-1}; fi
 start=$(date +%s)
+# The Slurm 24.11 and 26.05 tests need Debian roots (debootstrap, minutes the
+# first time): build both while the unit tests run; a test that needs one
+# waits on the script's lock, and a build that cannot happen (no network)
+# makes those tests say why.  Only for the whole suite (no arguments), which
+# always reaches those tests, so nothing is left running when it ends.
+if [ $# = 0 ] && [ "$(id -u)" = 0 ] && command -v debootstrap >/dev/null; then
+  for suite in trixie sid; do
+    bash scripts/debian-root.sh "$suite" >/dev/null 2>&1 &
+  done
+fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=10 "$@" tests
 rc=$?
 echo "slurm-gpu: test suite took $(( $(date +%s) - start )) s (rc $rc)" >&2
