@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from ..confgen import hostlist
 from ..confgen.gres import GresLine, GresOptions, gres_records, node_gres_summary
-from ..confgen.grescheck import NodeGres, node_differences, parse_gres_conf
+from ..confgen.grescheck import NodeGres, effective, node_differences, parse_gres_conf
 from ..confgen.nodeline import MIB, socket_layout
 from .slurmview import SlurmNode, gpu_counts
 
@@ -97,15 +97,16 @@ class _Memo:
         return wanted, self.counts[recs]
 
 
-def node_drift(name: str, node: Any, slurm: SlurmNode | None, gres_conf: Mapping[str, NodeGres] | None,
+def node_drift(name: str, node: Any, slurm: SlurmNode | None, current: NodeGres | None,
                memo: _Memo) -> list[str]:
-    """The differences of one collected node ([] when everything matches)."""
+    """The differences of one collected node ([] when everything matches).
+
+    *current* is the deployed gres.conf's meaning for this node (None: no
+    gres.conf to check).
+    """
     out: list[str] = []
     wanted, counts = memo.gres(name, node)
-    current = None
-    if gres_conf is not None:
-        from ..confgen.grescheck import effective
-        current = effective(gres_conf, name)
+    if current is not None:
         have = {int(m.group(1)) for (n, f) in current.devices if n == "gpu" for m in [_MINOR.search(f)] if m}
         minors = {g.minor for g in node.gpus if g.minor is not None}
         for minor in sorted(have - minors):
@@ -133,6 +134,16 @@ def node_drift(name: str, node: Any, slurm: SlurmNode | None, gres_conf: Mapping
     return out
 
 
+def _gres_key(g: NodeGres | None) -> Any:
+    if g is None:
+        return None
+    return (g.autodetect, tuple(sorted(g.devices.items())), tuple(sorted(g.counts.items())))
+
+
+def _slurm_key(s: SlurmNode) -> Any:
+    return (s.cpus, s.sockets, s.cores_per_socket, s.threads_per_core, s.real_memory, s.gres)
+
+
 def compare(nodes: Mapping[str, Any], slurm: Mapping[str, SlurmNode], *,
             gres_conf: Mapping[str, NodeGres] | None, opts: GresOptions | None = None,
             unreadable: Mapping[str, str] | None = None, scope: Sequence[str] | None = None,
@@ -142,6 +153,7 @@ def compare(nodes: Mapping[str, Any], slurm: Mapping[str, SlurmNode], *,
     unreadable = unreadable or {}
     names = list(scope) if scope is not None else list(dict.fromkeys([*slurm, *nodes, *unreadable]))
     per: dict[str, list[str]] = {}
+    seen: dict[Any, list[str]] = {}
     for name in names:
         node = nodes.get(name)
         s = slurm.get(name)
@@ -153,7 +165,16 @@ def compare(nodes: Mapping[str, Any], slurm: Mapping[str, SlurmNode], *,
         elif s is None:
             per[name] = ["collected, but Slurm does not know this node"]
         else:
-            per[name] = node_drift(name, node, s, gres_conf, memo)
+            current = effective(gres_conf, name) if gres_conf is not None else None
+            # Nodes of one kind share their model's parts (store.load_dir): the
+            # same hardware against the same Slurm line and gres.conf is worked
+            # out once, whatever the number of nodes.
+            key = (id(node.gpus), id(node.packages), id(node.notes), node.memory_bytes, _slurm_key(s),
+                   _gres_key(current))
+            diffs = seen.get(key)
+            if diffs is None:
+                diffs = seen[key] = node_drift(name, node, s, current, memo)
+            per[name] = list(diffs)
     by: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for name, diffs in per.items():
         if diffs:

@@ -18,9 +18,7 @@ from typing import Iterable
 from .. import runner
 from ..errors import CommandError
 
-_FIELD = {k: re.compile(rf"(?:^|\s){k}=(\S*)") for k in (
-    "NodeName", "CPUTot", "Sockets", "CoresPerSocket", "ThreadsPerCore", "RealMemory", "Gres", "State",
-    "Partitions")}
+_TOKEN = re.compile(r"(?:^|(?<=\s))([A-Za-z]+)=(\S*)")
 _REASON = re.compile(r"(?:^|\s)Reason=(.*?)(?:\s\[[^\]\s]*@[^\]\s]*\]|\s(?:Comment|Extra)=|$)")
 # Base states and flags that mean "no job step will start here now" (sinfo/scontrol spellings).
 _UNUSABLE_BASE = {"DOWN", "FUTURE", "UNKNOWN", "DRAINED", "DRAINING", "FAIL", "FAILING", "POWERED_DOWN"}
@@ -62,36 +60,41 @@ class SlurmNode:
         return bad[0].lower().replace("_", " ") if bad else None
 
 
-def _int(line: str, key: str) -> int | None:
-    m = _FIELD[key].search(line)
-    if not m:
-        return None
+def _fields(line: str) -> dict[str, str]:
+    """``Key=Value`` tokens of one line, the first of each name winning (see the module docstring)."""
+    out: dict[str, str] = {}
+    for k, v in _TOKEN.findall(line):
+        out.setdefault(k, v)
+    return out
+
+
+def _int(f: dict[str, str], key: str) -> int | None:
     try:
-        return int(m.group(1))
-    except ValueError:
+        return int(f[key])
+    except (KeyError, ValueError):
         return None
 
 
 def parse_node_line(line: str) -> SlurmNode | None:
     """One ``scontrol show node -o`` line (None for a line that is not a node)."""
-    m = _FIELD["NodeName"].search(line)
-    if not m or not line.startswith("NodeName="):
+    if not line.startswith("NodeName="):
         return None
-    st = _FIELD["State"].search(line)
-    raw = st.group(1) if st else "UNKNOWN"
+    f = _fields(line)
+    name = f.get("NodeName")
+    if not name:
+        return None
+    raw = f.get("State") or "UNKNOWN"
     extra = {_STATE_SUFFIX[c] for c in raw if c in _STATE_SUFFIX}
     parts = raw.rstrip("".join(_STATE_SUFFIX)).split("+")
-    g = _FIELD["Gres"].search(line)
-    gres = g.group(1) if g else ""
-    r = _REASON.search(line)
-    p = _FIELD["Partitions"].search(line)
+    gres = f.get("Gres", "")
+    r = _REASON.search(line) if "Reason=" in line else None
     return SlurmNode(
-        name=m.group(1), cpus=_int(line, "CPUTot"), sockets=_int(line, "Sockets"),
-        cores_per_socket=_int(line, "CoresPerSocket"), threads_per_core=_int(line, "ThreadsPerCore"),
-        real_memory=_int(line, "RealMemory"), gres="" if gres in ("(null)", "N/A") else gres,
+        name=name, cpus=_int(f, "CPUTot"), sockets=_int(f, "Sockets"),
+        cores_per_socket=_int(f, "CoresPerSocket"), threads_per_core=_int(f, "ThreadsPerCore"),
+        real_memory=_int(f, "RealMemory"), gres="" if gres in ("(null)", "N/A") else gres,
         base=parts[0].upper(), flags=frozenset(x.upper() for x in parts[1:] if x) | extra,
         reason=(r.group(1).strip() or None) if r else None,
-        partitions=tuple(x for x in p.group(1).split(",") if x) if p else ())
+        partitions=tuple(x for x in f.get("Partitions", "").split(",") if x))
 
 
 def parse_show_nodes(text: str) -> dict[str, SlurmNode]:

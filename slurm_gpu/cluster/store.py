@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError, SlurmGpuError
+from ..hw.snapshot_bulk import SnapshotLoader
 from . import modelfile
 
 _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]{0,100})"')
+# What tells one box from another of the same kind, but never what Slurm is told.
+_IDENTITY = re.compile(r'"(uuid|serial|hostname)":(\s*)"[^"\\]*"')
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,34 @@ class Collected:
     nodes: dict[str, Any]
     where: dict[str, str]
     bad: dict[str, BadEntry]
+
+
+class SharedHardwareLoader(SnapshotLoader):
+    """For comparisons: nodes whose models differ only in identity share one model.
+
+    GPU UUIDs, serials and host names are blanked before decoding, so a
+    10,000-node cluster of a few kinds of box (and NVLink cliques) is decoded
+    a few hundred times, not 10,000; equal hardware is then the same object,
+    which lets :func:`slurm_gpu.cluster.drift.compare` work out each kind once.
+    The models it returns have no UUIDs: use it only where they do not matter.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.models: dict[str, Any] = {}
+
+    def node_from_text(self, text: str) -> Any:
+        # The CPU part (most of the text, never an identity) is left unscanned.
+        a = text.find('"packages": ')
+        b = text.find('"gpus": ', a) if a >= 0 else -1
+        if b < 0:
+            key = _IDENTITY.sub(r'"\1":\2""', text)
+        else:
+            key = _IDENTITY.sub(r'"\1":\2""', text[:a]) + text[a:b] + _IDENTITY.sub(r'"\1":\2""', text[b:])
+        node = self.models.get(key)
+        if node is None:
+            node = self.models[key] = super().node_from_text(key)
+        return node
 
 
 def entries(directory: str) -> list[tuple[str, str]]:
@@ -97,10 +128,13 @@ def _model_file_node(path: str, loader: Any) -> Any:
     return dataclasses.replace(node, sources=(f"model:{path}",))
 
 
-def load_dir(directory: str, only: set[str] | None = None) -> Collected:
-    """Every entry of *directory* (or only the nodes in *only*), bad ones listed, never raised."""
-    from ..hw.snapshot_bulk import SnapshotLoader
-    loader = SnapshotLoader()
+def load_dir(directory: str, only: set[str] | None = None, *, identity: bool = True) -> Collected:
+    """Every entry of *directory* (or only the nodes in *only*), bad ones listed, never raised.
+
+    ``identity=False``: models without GPU UUIDs and serials, equal hardware
+    shared (:class:`SharedHardwareLoader`), for ``cluster check``.
+    """
+    loader: Any = SnapshotLoader() if identity else SharedHardwareLoader()
     out = Collected({}, {}, {})
     gc_was = gc.isenabled()
     gc.disable()  # thousands of models stay alive: cyclic GC passes only cost time (see confgen_io)

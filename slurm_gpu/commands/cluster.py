@@ -81,7 +81,7 @@ def check(ctx: click.Context, source: str, nodes: str | None, partition: str | N
     from .confgen_io import read_config
     slurm = _slurm_nodes(slurm_file)
     scope = _scope(nodes, partition, slurm)
-    col = store.load_dir(source, set(scope) if scope is not None else None)
+    col = store.load_dir(source, set(scope) if scope is not None else None, identity=False)
     opts = build_options(kw, col.nodes)
     notes: list[str] = []
     gres_path = gres_conf or _beside_slurm_conf("gres.conf")
