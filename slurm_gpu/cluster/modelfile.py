@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -56,11 +57,20 @@ def model_text(name: str, node: Mapping[str, Any], digest: str | None = None, *,
 
 def published_hash(path: str) -> str | None:
     """The hash in the head of an existing model file (None: no file, or none readable)."""
+    # Never follow a symlink or block on a FIFO someone left there: either is
+    # "no hash", and the atomic rename then replaces it with a plain file.
     try:
-        with open(path, "rb") as f:
-            head = f.read(_HEAD)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, _HEAD)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     m = _HASH_RE.search(head)
     return m.group(1).decode("ascii", "replace") if m else None
 

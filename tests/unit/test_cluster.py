@@ -219,3 +219,92 @@ def test_health_check_publishes_only_a_changed_model(tmp_path: Path, recorded: d
     assert after["n2.json"] != before["n2.json"]             # changed: republished
     col = store.load_dir(str(pub))
     assert len(col.nodes["n1"].gpus) == 8 and len(col.nodes["n2"].gpus) == 7
+
+
+def test_publish_replaces_a_fifo_or_symlink_without_blocking_or_following(tmp_path: Path, recorded: dict) -> None:
+    import os
+    node = recorded["healthy"]["node"]
+    os.mkfifo(tmp_path / "n1.json")
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "n2.json").symlink_to(victim)
+    assert modelfile.publish(str(tmp_path), "n1", node) is True      # would block forever on open(FIFO)
+    assert modelfile.publish(str(tmp_path), "n2", node) is True
+    assert victim.read_text() == "keep me"
+    assert (tmp_path / "n1.json").is_file() and not (tmp_path / "n2.json").is_symlink()
+    with pytest.raises(Exception):
+        modelfile.node_file(str(tmp_path), "../etc")
+
+
+def test_srun_reasons_per_node_and_general() -> None:
+    from slurm_gpu.cluster.collect import srun_reasons
+    per, general = srun_reasons(
+        "srun: error: n5: task 4: Exited with exit code 1\n"
+        "srun: error: n7: task 6: Killed\n"
+        "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+        "srun: error: Task launch for StepId=12.0 failed on node n9: Invalid node name specified\n"
+        "srun: error: Unable to allocate resources: Invalid partition name specified\n")
+    assert per == {"n5": "Exited with exit code 1", "n7": "Killed", "n9": "Invalid node name specified"}
+    assert general == ["Unable to allocate resources: Invalid partition name specified"]
+
+
+def test_srun_argv_one_task_per_node_and_passthrough() -> None:
+    from slurm_gpu.cluster.collect import srun_argv
+    argv = srun_argv(["n1", "n2", "n3"], "/d/.incoming-x", "/opt/v/bin/slurm-gpu", "abcd",
+                     passthrough=["--reservation=hw"])
+    assert argv[1:9] == ["--job-name=slurm-gpu-collect-abcd", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1",
+                         "--nodelist=n[1-3]", "--no-kill", "--kill-on-bad-exit=0", "--output=/d/.incoming-x/%N.out"]
+    assert "--reservation=hw" in argv
+    assert argv[-5:] == ["/opt/v/bin/slurm-gpu", "snapshot", "record", "-o", "/d/.incoming-x/%n.json"]
+
+
+def test_plan_skips_unusable_and_fails_unknown_nodes() -> None:
+    from slurm_gpu.cluster.collect import plan
+    slurm = slurmview.parse_show_nodes("NodeName=n1 State=IDLE\nNodeName=n2 State=DOWN* Reason=dead [root@x]\n"
+                                       "NodeName=n3 State=MIXED+DRAIN Reason=maint [root@x]\n")
+    run, early = plan(["n1", "n2", "n3", "n4"], slurm)
+    assert run == ["n1"]
+    assert {n: (o.status, o.detail) for n, o in early.items()} == {
+        "n2": ("skipped", "node down: dead"), "n3": ("skipped", "node drained: maint"),
+        "n4": ("failed", "unknown to Slurm")}
+
+
+def test_collect_via_clush_exec_gathers_atomically_and_reports_bad_nodes(tmp_path: Path, recorded: dict) -> None:
+    """ClusterShell's exec worker runs the real `snapshot record` once per node on this host.
+
+    n2's machine file is half-written (record fails), n3's command prints
+    garbage and exits 0, n4 hangs past the timeout; n1 and n5 are collected.
+    """
+    import os
+    import stat
+    from slurm_gpu.cluster.collect import via_clush
+    machines = tmp_path / "machines"
+    machines.mkdir()
+    for n in ("n1", "n4", "n5"):
+        (machines / f"{n}.json").symlink_to(H100)
+    (machines / "n2.json").write_text(Path(H100).read_text()[:5000])
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'[node]\nsnapshot = "{machines}/%n.json"\n')
+    wrapper = tmp_path / "slurm-gpu"
+    wrapper.write_text(f"""#!/bin/sh
+case "$SLURMD_NODENAME" in
+  n3) echo '{{"schema": "slurm-gpu.snapshot/1", "garbage'; exit 0 ;;
+  n4) sleep 30 ;;
+esac
+SLURM_GPU_CONFIG={cfg} PYTHONPATH={ROOT} exec {sys.executable} -m slurm_gpu "$@"
+""")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "col"
+    out.mkdir()
+    seen: list[str] = []
+    res = via_clush(str(out), ["n1", "n2", "n3", "n4", "n5"], command=str(wrapper), timeout=5,
+                    report=lambda o, done, total: seen.append(f"{done}/{total} {o.node} {o.status}"),
+                    worker="exec")
+    st = {n: (o.status, o.detail) for n, o in res.outcomes.items()}
+    assert st["n1"] == ("collected", "8 GPU(s)") and st["n5"] == ("collected", "8 GPU(s)")
+    assert st["n2"][0] == "failed" and "bad snapshot JSON" in st["n2"][1]
+    assert st["n3"][0] == "failed" and st["n3"][1].startswith("bad snapshot:")
+    assert st["n4"] == ("failed", "no answer within 5 s")
+    assert len(seen) == 5 and seen[-1].startswith("5/5")
+    assert sorted(os.listdir(out)) == ["n1.json", "n5.json"]          # no stage dir, no partial entry
+    assert json.loads((out / "n1.json").read_text())["hostname"] == "n1"
