@@ -1,4 +1,4 @@
-"""500 randomised job lifecycles leave nothing behind.
+"""500 randomised job lifecycles leave nothing behind (SLURM_GPU_LIFECYCLES=N for more).
 
 Most lifecycles drive the prolog/epilog entry points directly, in the real
 sandbox environment (its slurm-gpu.toml, node name, NVML simulator state and
@@ -7,8 +7,11 @@ real Slurm jobs.  Faults: scancel, a prolog killed at a random step (every
 state-file write is a possible kill point, as SIGKILL can land anywhere), a
 prolog killed for real with SIGKILL, a node restart (the epilog runs in a
 fresh process/context with only the files on disk), the epilog run twice, a
-node fault half-way.  After each lifecycle there must be no daemon, no MPS
-directory, no MIG instance and no state file left.
+node fault half-way, the epilog killed (simulated at each state write, and
+for real), the state directory's disk full (a 256 KiB tmpfs), a corrupted
+state file, an NVML call that hangs.  After each lifecycle there must be no
+daemon, no MPS directory, no MIG instance and no state file left, no drain
+without a node fault and none caused by a user.
 """
 from __future__ import annotations
 
@@ -52,9 +55,10 @@ def _leftovers(node_files, state_dir: Path, jobid: str | None = None) -> list[st
     from slurm_gpu.hw import backend
     out = []
     jobs = state_dir / "jobs"
-    files = sorted(p.name for p in jobs.glob("*.json")) if jobs.exists() else []
+    files = sorted(p.name for p in jobs.glob("*.json*") if not p.name.endswith(".corrupt")) \
+        if jobs.exists() else []
     if jobid is not None:
-        files = [f for f in files if f == f"{jobid}.json"]
+        files = [f for f in files if f.startswith(f"{jobid}.json")]
     out += [f"state file {f}" for f in files]
     dirs = sorted(p.name for p in node_files["mps"].iterdir())
     out += [f"mps dir {d}" for d in dirs if jobid is None or d == jobid]
@@ -88,30 +92,112 @@ def daemon_pids_under(base: Path) -> list[int]:
     return out
 
 
-def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> None:
+# Faults that are the node's (or Slurm's): a drain (exit 1) is right for these only.
+NODE_FAULTS = {"fault", "killed", "sigkill", "full_disk", "nvml_hang", "epilog_killed",
+               "epilog_sigkill"}
+
+
+def _fill(d: Path) -> Path:
+    """Fill the small tmpfs under the job state directory: the next write gets ENOSPC."""
+    filler = d / ".filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.fixture(scope="module")
+def small_jobs_fs(cluster: Cluster):
+    """The node's job state directory on a 256 KiB tmpfs (a full disk is a real ENOSPC)."""
+    jobs = cluster.dir / "var" / cluster.nodes[0] / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "sg-jobs", str(jobs)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.strip()}")
+    yield jobs
+    subprocess.run(["umount", "-l", str(jobs)], capture_output=True)
+
+
+def _run_killed(script: str, env: dict[str, str], delay: float) -> int:
+    """Run prolog.d/epilog.d's script for real and SIGKILL its process group after *delay* s."""
+    p = subprocess.Popen(["/bin/sh", str(REPO / script)], env=env, start_new_session=True)
+    time.sleep(delay)
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return p.wait()
+
+
+def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monkeypatch) -> None:
+    """N lifecycles (SLURM_GPU_LIFECYCLES, default 500), faults from every side.
+
+    Prolog or epilog killed at every state write (and for real, SIGKILL),
+    the node restarted between prolog and epilog (the epilog knows only the
+    job id and the disk), the state file's disk full at a random write (a
+    real ENOSPC from a small tmpfs), the state file corrupted, an NVML call
+    that hangs (the simulator's lock held: the prolog's watchdog ends it),
+    MIG creation and MPS control failing.  A killed epilog is what Slurm
+    answers with a drain; what it left is cleaned by the next prolog's
+    sweep.  Afterwards nothing may be left, no user error may have drained
+    the node, and no drain may have come without a node fault.
+    """
     import pwd
 
     from slurm_gpu import config
-    from slurm_gpu.jobs import lifecycle
+    from slurm_gpu.jobs import lifecycle, sweep
     from slurm_gpu.jobs import state as js
     conf = cluster.dir / "etc" / "slurm-gpu.toml"
     node = cluster.nodes[0]
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
     monkeypatch.setenv("SLURMD_NODENAME", node)
+    monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "etc" / "slurm.conf"))   # squeue in the sweep
     config._load.cache_clear()
     state_dir = Path(lifecycle.default_context({}).state_dir)
+    # The real prolog/epilog processes: this venv, and a short watchdog for the hung-NVML case.
+    python = os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv") + "/bin/python"
+    quick = cluster.dir / "etc" / "slurm-gpu-quick.toml"
+    text = conf.read_text()
+    quick.write_text(text.replace("[jobs]\n", "[jobs]\ntimeout = 1.5\n", 1) if "[jobs]\n" in text
+                     else text + "\n[jobs]\ntimeout = 1.5\n")
     rng = random.Random(int(os.environ.get("SLURM_GPU_LIFECYCLE_SEED", "4")))
     users = [pwd.getpwnam(u) for u in ("sgtest1", "sgtest2")]
-    real_save = js.save
+    real_save, real_remove = js.save, js.remove
     counts: dict[str, int] = {}
+    drains = {"node fault": 0, "wrong": 0, "user": 0}
     t0 = time.monotonic()
+
+    def ctx_of(env: dict[str, str]) -> lifecycle.Context:
+        return lifecycle.default_context(env)
+
+    def dying_after(k: int, real):
+        calls = {"n": 0}
+
+        def f(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == k:
+                raise Killed()
+            return real(*a, **kw)
+        return f
+
     for i in range(N_LIFECYCLES):
         jobid = str(900000 + i)
         u = rng.choice(users)
         kind = rng.choices(["mig", "mps", "both", "none", "bad"], [45, 20, 10, 10, 15])[0]
-        event = rng.choice(["normal", "scancel", "killed", "restart", "twice", "fault"])
+        event = rng.choice(["normal", "scancel", "killed", "restart", "twice", "fault",
+                            "full_disk", "corrupt", "epilog_killed"])
         if i % 50 == 7:
             event = "sigkill"          # a real SIGKILL of a real prolog process
+        elif i % 50 == 27:
+            event = "epilog_sigkill"   # ... and of a real epilog process
+        elif i % 50 == 17:
+            event, kind = "nvml_hang", "mig"
         env = {"SLURM_JOB_ID": jobid, "SLURM_JOB_UID": str(u.pw_uid),
                "SLURM_JOB_GID": str(u.pw_gid), "SLURM_JOB_USER": u.pw_name,
                "SLURMD_NODENAME": node,
@@ -122,32 +208,47 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> Non
             env["SPANK_SLURM_GPU_MIG"] = rng.choice(BAD)
         if kind in ("mps", "both"):
             env["SPANK_SLURM_GPU_MPS"] = rng.choice(["default", "25", "100"])
-        if kind != "none":
-            env["SPANK_SLURM_GPU_PROLOG"] = "1"      # the SPANK plugin's prolog gate
         counts[f"{kind}/{event}"] = counts.get(f"{kind}/{event}", 0) + 1
+        # The SPANK plugin's gate for prolog.d/epilog.d: without it sh exits before Python.
+        gate = {"SPANK_SLURM_GPU_PROLOG": "1"} if kind != "none" else {}
+        full = dict(env, SLURM_GPU_CONFIG=str(conf), PATH="/usr/bin:/bin", SLURM_GPU_PYTHON=python,
+                    SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"), **gate)
+        rc: int | None = None
+        filler: Path | None = None
         if event == "sigkill":
-            full = dict(env, SLURM_GPU_CONFIG=str(conf), PATH="/usr/bin:/bin",
-                        SLURM_GPU_PYTHON=os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv")
-                        + "/bin/python")
-            p = subprocess.Popen(["/bin/sh", str(REPO / "prolog.d" / "50-slurm-gpu-jobs")],
-                                 env=full, start_new_session=True)
-            time.sleep(rng.uniform(0.0, 0.4))
+            _run_killed("prolog.d/50-slurm-gpu-jobs", full, rng.uniform(0.0, 0.4))
+        elif event == "nvml_hang":
+            # Every MIG-mode read hangs for a minute (the simulator's fault overlay,
+            # as a sick GPU would): the prolog's watchdog must end it as a node fault.
+            from slurm_gpu.sim.state import StateFile
+            sim = StateFile(str(node_files["sim"]))
+            with sim.edit() as st:
+                st["overlay"] = {"calls": [{"fn": fn, "hang": 60} for fn in
+                                           ("nvmlDeviceGetMigMode", "nvmlDeviceGetName")]}
             try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+                res = subprocess.run(["/bin/sh", str(REPO / "prolog.d" / "50-slurm-gpu-jobs")],
+                                     env=dict(full, SLURM_GPU_CONFIG=str(quick)), timeout=30,
+                                     capture_output=True, text=True)
+            finally:
+                with sim.edit() as st:
+                    st.pop("overlay", None)
+            rc = res.returncode
+            assert rc == 1 and "watchdog" in res.stderr, (res.stderr, sorted(
+                (f.name, f.stat().st_size) for f in small_jobs_fs.iterdir()))
         else:
             if event == "killed":
-                k = rng.randint(1, 8)
+                monkeypatch.setattr(js, "save", dying_after(rng.randint(1, 8), real_save))
+            if event == "full_disk":
+                k = rng.randint(1, 6)
                 calls = {"n": 0}
 
-                def dying(sd, st, _k=k, _c=calls):
+                def filling(sd, st, _k=k, _c=calls):
+                    nonlocal filler
                     _c["n"] += 1
                     if _c["n"] == _k:
-                        raise Killed()
+                        filler = _fill(small_jobs_fs)
                     real_save(sd, st)
-                monkeypatch.setattr(js, "save", dying)
+                monkeypatch.setattr(js, "save", filling)
             if event == "fault":
                 from slurm_gpu.mig import instances
                 real_create = instances.create_placement
@@ -168,7 +269,7 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> Non
                     return _r(settings, user, pipe, log, command, **kw)
                 monkeypatch.setattr(mps, "control", control)
             try:
-                rc = lifecycle.prolog(lifecycle.default_context(env))
+                rc = lifecycle.prolog(ctx_of(env))
                 assert rc in (0, 1)
             except Killed:
                 pass
@@ -176,20 +277,57 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, monkeypatch) -> Non
             monkeypatch.undo() if event == "fault" else None
             monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
             monkeypatch.setenv("SLURMD_NODENAME", node)
+            monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "etc" / "slurm.conf"))
+            if filler is not None:
+                filler.unlink()                       # the admin frees the disk
+        if rc == 1:
+            drains["node fault" if event in NODE_FAULTS else "wrong"] += 1
+            if kind == "bad" and event not in NODE_FAULTS:
+                drains["user"] += 1
+        if event == "corrupt":
+            sf = state_dir / "jobs" / f"{jobid}.json"
+            if sf.exists():
+                sf.write_bytes(sf.read_bytes()[: rng.randint(0, 40)] + b"\xff{garbage")
         epilog_env = dict(env)
         if event in ("restart", "sigkill"):
             # slurmd restarted: the epilog knows only the job id and what is on disk
             epilog_env = {"SLURM_JOB_ID": jobid, "SLURMD_NODENAME": node}
         if event == "scancel":
             epilog_env["SLURM_JOB_EXIT_CODE"] = "15"
-        assert lifecycle.epilog(lifecycle.default_context(epilog_env)) == 0, jobid
-        if event == "twice":
-            assert lifecycle.epilog(lifecycle.default_context(epilog_env)) == 0
+        if event in ("epilog_killed", "epilog_sigkill"):
+            if event == "epilog_killed":
+                k = rng.randint(1, 4)
+                monkeypatch.setattr(js, "save", dying_after(k, real_save))
+                monkeypatch.setattr(js, "remove", dying_after(k, real_remove))
+                try:
+                    lifecycle.epilog(ctx_of(epilog_env))
+                except Killed:
+                    drains["node fault"] += 1         # slurmd drains on a killed epilog
+                monkeypatch.setattr(js, "save", real_save)
+                monkeypatch.setattr(js, "remove", real_remove)
+            else:
+                _run_killed("epilog.d/50-slurm-gpu-jobs", full, rng.uniform(0.0, 0.3))
+                drains["node fault"] += 1
+            # The job is gone; the next prolog on the node sweeps what it left.
+            for line in sweep.sweep(ctx_of({"SLURM_JOB_ID": "1", "SLURMD_NODENAME": node}),
+                                    lifecycle.teardown, exclude="1"):
+                assert "incomplete" not in line, line
+        else:
+            erc = lifecycle.epilog(ctx_of(epilog_env))
+            assert erc == 0, (jobid, event)
+            if event == "twice":
+                assert lifecycle.epilog(ctx_of(epilog_env)) == 0
         left = _leftovers(node_files, state_dir, jobid)
         assert left == [], f"lifecycle {i} ({kind}/{event}, job {jobid}): {left}"
     elapsed = time.monotonic() - t0
     assert _leftovers(node_files, state_dir) == []
-    print(f"\n{N_LIFECYCLES} lifecycles in {elapsed:.1f} s; {sorted(counts.items())}")
+    assert drains["wrong"] == 0 and drains["user"] == 0, drains
+    aside = sorted(p.name for p in small_jobs_fs.glob("*.corrupt"))
+    # Only damaged records are set aside (for the admin), one per corrupted lifecycle at most.
+    assert len(aside) <= sum(n for k, n in counts.items() if k.endswith("/corrupt"))
+    print(f"\n{N_LIFECYCLES} lifecycles in {elapsed:.1f} s: 0 orphaned daemons, directories, MIG "
+          f"instances or state files ({len(aside)} corrupt records set aside for the admin); "
+          f"drains {drains}; {sorted(counts.items())}")
 
 
 def test_real_slurm_subset(cluster: Cluster, node_files) -> None:
