@@ -156,11 +156,11 @@ def main() -> int:
 
         # Side by side: the raw path (full JSON parse, as a generic reader would) vs the fast path.
         from slurm_gpu.hw.snapshot_bulk import SnapshotLoader
-        from slurm_gpu.hw.snapshot import load_node
+        from slurm_gpu.hw.snapshot import node_from_file
         sample = sorted(snaps.iterdir())[:args.sample]
         t0 = time.perf_counter()
         for p in sample:
-            load_node(str(p))
+            node_from_file(str(p))
         full = (time.perf_counter() - t0) / len(sample)
         loader = SnapshotLoader()
         t0 = time.perf_counter()

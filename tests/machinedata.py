@@ -53,20 +53,20 @@ def machine_xml(name: str) -> Path:
 @functools.lru_cache(maxsize=None)
 def load_machine(name: str):  # -> slurm_gpu.hw.model.Node (frozen, safe to share)
     """The machine's Node: from snapshot.json when present, else from hwloc.xml."""
-    from slurm_gpu.hw import load_node
+    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
 
     d = MACHINES_DIR / name
     if (d / "snapshot.json").is_file():
-        return load_node(snapshot=str(d / "snapshot.json"))
-    return load_node(hwloc_xml=str(d / "hwloc.xml"), hostname=name)
+        return load_node(Snapshot(str(d / "snapshot.json")))
+    return load_node(HwlocXml(str(d / "hwloc.xml"), hostname=name))
 
 
 @functools.lru_cache(maxsize=None)
 def load_machine_from_xml(name: str):
     """The machine's Node from its hwloc.xml alone (no NVML answers)."""
-    from slurm_gpu.hw import load_node
+    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
 
-    return load_node(hwloc_xml=str(machine_xml(name)), hostname=name)
+    return load_node(HwlocXml(str(machine_xml(name)), hostname=name))
 
 
 def hwloc_calc(xml: str, *args: str) -> list[int]:

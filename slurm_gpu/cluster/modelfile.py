@@ -104,7 +104,7 @@ def publish_from_health(name: str, snapshot_node: Mapping[str, Any] | None) -> s
 
     *snapshot_node* is the derived model of the snapshot the run replayed
     (already parsed), else this node is read as configured
-    (:func:`slurm_gpu.hw.live.load_node`).  Returns a line for the run's
+    (:func:`slurm_gpu.hw.load_node`).  Returns a line for the run's
     notes when something was written, None otherwise.
     """
     s = settings()
@@ -112,8 +112,8 @@ def publish_from_health(name: str, snapshot_node: Mapping[str, Any] | None) -> s
         return None
     directory = s.publish_dir.replace("%n", name)
     if snapshot_node is None:
-        from ..hw import live
-        snapshot_node = live.load_node().to_dict()
+        from ..hw import load_node
+        snapshot_node = load_node().to_dict()
     if publish(directory, name, snapshot_node):
         return f"model published to {node_file(directory, name)}"
     return None

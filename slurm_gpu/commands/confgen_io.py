@@ -65,7 +65,7 @@ def load_nodes(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | 
 
 def _load_inputs(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | None, single: bool,
                  add: Callable[[str, str, Callable[[], Any]], None], loader: Any) -> None:
-    from ..hw import load_node
+    from ..hw import HwlocXml, load_node
     from ..hw.snapshot_bulk import load_snapshot_node
 
     for value in snapshots:
@@ -92,7 +92,7 @@ def _load_inputs(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str 
             name = node
         if not os.path.isfile(path):
             raise InputError("cannot read hwloc XML: no such file", path)
-        add(name, path, lambda path=path, name=name: load_node(hwloc_xml=path, hostname=name))
+        add(name, path, lambda path=path, name=name: load_node(HwlocXml(path, hostname=name)))
 
 
 def input_options(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -191,8 +191,8 @@ def _publish(name: str, snapshot: str | None) -> None:
         if path:  # the replayed snapshot's derived model, already parsed for this run
             model = _read_snapshot(path).get("node")
             if not isinstance(model, dict):
-                from ..hw import load_node
-                model = load_node(snapshot=path).to_dict()
+                from ..hw import Snapshot, load_node
+                model = load_node(Snapshot(path)).to_dict()
         note = publish_from_health(name, model)
     except SlurmGpuError as e:
         note = f"model not published: {e}"

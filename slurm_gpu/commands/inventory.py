@@ -34,7 +34,7 @@ def inventory(hwloc_xml: str | None, snapshot: str | None, overlay: str | None,
     named by the node config's [node] snapshot key).
     """
     from ..errors import UsageError
-    from ..hw import load_node
+    from ..hw import HwlocXml, Snapshot, ThisNode, load_node
 
     if hwloc_xml is not None and snapshot is not None:
         raise UsageError("give either --hwloc-xml or --snapshot, not both", "inventory")
@@ -44,7 +44,9 @@ def inventory(hwloc_xml: str | None, snapshot: str | None, overlay: str | None,
     if overlay is not None:
         from ..hw.snapshot import load_overlay
         faults = load_overlay(overlay)
-    node = load_node(hwloc_xml=hwloc_xml, snapshot=snapshot, overlay=faults)
+    source = Snapshot(snapshot, faults) if snapshot is not None else \
+        HwlocXml(hwloc_xml) if hwloc_xml is not None else ThisNode()
+    node = load_node(source)
     node = _explain_no_gpus(node)
     if as_json:
         import json

@@ -129,7 +129,8 @@ def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str 
     if out:
         from ..confgen.gres import render_gres_conf
         from ..fsutil import replace_config
-        text = render_gres_conf({node_name(): live.load_node(node)}, dev_dir=mig_settings.dev_dir)
+        from ..hw import ThisNode, load_node
+        text = render_gres_conf({node_name(): load_node(ThisNode(node))}, dev_dir=mig_settings.dev_dir)
         target = replace_config(out, text)
         click.echo(f"slurm-gpu: wrote {target} (previous kept as {target}.bak); "
                    "restart slurmd to pick up the new MIG GRES")

@@ -76,6 +76,7 @@ def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: 
 @click.option("--json", "as_json", is_flag=True, help="Print the inventory JSON.")
 def show(file: str, overlay: str | None, force_replay: bool, as_json: bool) -> None:
     """Replay snapshot FILE (optionally with a fault overlay) and print the node."""
+    from ..hw import Snapshot, load_node
     from ..hw import snapshot as snap
     from ..hw.model import inventory_json
     ov = snap.load_overlay(overlay) if overlay else None
@@ -83,7 +84,7 @@ def show(file: str, overlay: str | None, force_replay: bool, as_json: bool) -> N
         data = snap.read_snapshot(file)
         node = snap.replay(data, file)
     else:
-        node = snap.load_node(file, ov, overlay_source=overlay or "overlay")
+        node = load_node(Snapshot(file, ov, overlay_source=overlay or "overlay"))
     if as_json:
         click.echo(json.dumps(inventory_json(node), indent=2))
         return

@@ -53,7 +53,7 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
     """
     from ..confgen import gres as cg
     from ..confgen import grescheck
-    from ..hw import live
+    from ..hw import load_node
     with open(gres_path) as f:
         text = f.read()
     conf = grescheck.parse_gres_conf(text.splitlines(), gres_path)
@@ -63,7 +63,7 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
     files = [k for (name, k) in grescheck._effective(conf, node_name).devices if name == "gpu"]
     m = next((re.match(r"(.*)/nvidia\d+$", f) for f in files if re.match(r"(.*)/nvidia\d+$", f)), None)
     dev_dir = m.group(1) if m else "/dev"
-    node = live.load_node()
+    node = load_node()
     kept = dataclasses.replace(node, gpus=tuple(g for g in node.gpus if g.pci_bus_id not in bad))
     if len(kept.gpus) == len(node.gpus):
         raise SlurmGpuError("the bad GPU is not in this node's model: cannot isolate it")

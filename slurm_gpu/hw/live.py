@@ -72,28 +72,17 @@ def settings(raw: dict[str, Any] | None = None) -> NodeSettings:
     return s
 
 
-def open_nvml(s: NodeSettings | None = None) -> Any:
-    """The NVML api object for this node's GPU backend (the simulator or the driver), for hw/ only.
-
-    Raises :class:`~slurm_gpu.hw.nvml.NvmlUnavailable` when the real NVML
-    cannot be used.  Code outside hw/ opens :func:`slurm_gpu.hw.backend.open_gpus`.
-    """
-    from . import backend
-    s = s or settings()
-    api, _ = backend.open_api(backend.source_for(s, writes=True))
-    return api
-
-
-def load_node(s: NodeSettings | None = None) -> Node:
-    """This node's model, as every component should see it."""
+def this_node(s: NodeSettings | None = None) -> Node:
+    """This node's model, as every component should see it
+    (use :func:`slurm_gpu.hw.load_node`, whose default source this is)."""
+    from . import backend, hwloc
+    from .merge import build_node, derive_node
     s = s or settings()
     if s.snapshot and not s.sim_state:
         from . import snapshot
-        return snapshot.load_node(s.snapshot)
-    from . import hwloc, nvml
-    from .snapshot import derive_node
+        return snapshot.node_from_file(s.snapshot)
     if s.sim_state:
-        sim = open_nvml(s)
+        sim, _ = backend.open_api(backend.GpuSource("sim", s.sim_state))
         xml = sim.state.get("hwloc_xml")
         if xml:
             cpu = hwloc.read_cpu_view(xml_text=xml, source=f"{s.sim_state}: hwloc_xml")
@@ -106,13 +95,14 @@ def load_node(s: NodeSettings | None = None) -> Node:
             cpu = hwloc.read_cpu_view()
         return derive_node(cpu, sim, mig_minors=sim.mig_minors, sources=("hwloc", s.nvml))
     cpu = hwloc.read_cpu_view()
+    from .nvml import NvmlUnavailable
     try:
-        api = nvml.open_api()
-    except nvml.NvmlUnavailable as e:
-        from .merge import build_node
+        api, close = backend.open_api(backend.LIVE)
+    except NvmlUnavailable as e:
         from .views import NvmlView
         return build_node(cpu, NvmlView(None, ()), sources=("hwloc:live",), notes=(e.what,))
     try:
         return derive_node(cpu, api, mig_minors=None, sources=("hwloc:live", "nvml:live"))
     finally:
-        nvml.close_api(api)
+        if close is not None:
+            close(api)

@@ -1,6 +1,9 @@
 """Join hwloc's CPU/PCI view and NVML's GPU view into one :class:`Node`."""
 from __future__ import annotations
 
+from typing import Any
+
+from ..errors import HardwareError
 from .model import Gpu, Node
 from .views import CpuView, NvmlView
 
@@ -44,3 +47,23 @@ def build_node(cpu: CpuView, nvml: NvmlView | None, *, sources: tuple[str, ...] 
         gpus=tuple(gpus), memory_bytes=cpu.memory_bytes, gpu_memory_nodes=cpu.gpu_memory_nodes,
         nics=cpu.nics, sources=sources, notes=tuple(notes_l),
     )
+
+
+def derive_node(cpu: Any, api: Any, *, mig_minors: Any, sources: tuple[str, ...], init: bool = False) -> Node:
+    """Merge hwloc's view with what NVML (*api*, already opened) answers.
+
+    An NVML that fails as a whole (``nvmlInit`` recorded as failing, the
+    device count unreadable) gives a node with zero GPUs and a note saying
+    why, like the live inventory on a machine without a driver.
+    """
+    from . import nvml
+    try:
+        if init:  # a replay answers nvmlInit as recorded (a GPU-less machine: an error)
+            api.nvmlInit()
+        view = nvml.read_view(api, mig_minors=mig_minors)
+    except api.NVMLError as e:
+        note = f"NVML unavailable: {e} ({nvml._err_name(api, e.value)})"
+        return build_node(cpu, NvmlView(None, ()), sources=sources, notes=(note,))
+    except HardwareError as e:
+        return build_node(cpu, NvmlView(None, ()), sources=sources, notes=(e.what,))
+    return build_node(cpu, view, sources=sources, notes=view.notes)

@@ -1,7 +1,7 @@
 """Fault overlays: patch the answers of any pynvml-surface api object.
 
 One implementation serves both places faults are injected: a snapshot replay
-(``load_node(snapshot, overlay=...)``) and the simulator's state file
+(``load_node(Snapshot(path, overlay))``) and the simulator's state file
 (``slurm_gpu.sim.set_overlay``).  :class:`OverlayNvml` wraps the api (replay,
 simulator, even the real pynvml) and, per call:
 

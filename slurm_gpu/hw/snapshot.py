@@ -26,7 +26,7 @@ import socket
 import time
 from typing import Any, Mapping
 
-from ..errors import HardwareError, InputError
+from ..errors import InputError
 from .model import Node
 
 SCHEMA = "slurm-gpu.snapshot/1"
@@ -78,8 +78,10 @@ def load_overlay(path: str) -> dict[str, Any]:
     return data
 
 
-def load_node(path: str, overlay: Mapping[str, Any] | None = None, *, overlay_source: str = "overlay") -> Node:
-    """The node recorded in snapshot *path*, optionally with a fault overlay."""
+def node_from_file(path: str, overlay: Mapping[str, Any] | None = None, *,
+                   overlay_source: str = "overlay") -> Node:
+    """The node recorded in snapshot *path*, optionally with a fault overlay
+    (use :func:`slurm_gpu.hw.load_node` with :class:`~slurm_gpu.hw.sources.Snapshot`)."""
     path = os.fspath(path)
     data = read_snapshot(path)
     sources = (f"snapshot:{path}",)
@@ -129,29 +131,8 @@ def replay(data: Mapping[str, Any], path: str, *, overlay: Mapping[str, Any] | N
                               source=xml_source or f"{path}: hwloc_xml")
     api = replay_api(data, path, overlay, overlay_source)
     minors = data["nvml"].get("mig_minors") or {}
+    from .merge import derive_node
     return derive_node(cpu, api, mig_minors=minors, sources=sources or (f"snapshot:{path}",), init=True)
-
-
-def derive_node(cpu: Any, api: Any, *, mig_minors: Any, sources: tuple[str, ...], init: bool = False) -> Node:
-    """Merge hwloc's view with what NVML (*api*, already opened) answers.
-
-    An NVML that fails as a whole (``nvmlInit`` recorded as failing, the
-    device count unreadable) gives a node with zero GPUs and a note saying
-    why, like the live inventory on a machine without a driver.
-    """
-    from . import nvml
-    from .merge import build_node
-    from .views import NvmlView
-    try:
-        if init:  # a replay answers nvmlInit as recorded (a GPU-less machine: an error)
-            api.nvmlInit()
-        view = nvml.read_view(api, mig_minors=mig_minors)
-    except api.NVMLError as e:
-        note = f"NVML unavailable: {e} ({nvml._err_name(api, e.value)})"
-        return build_node(cpu, NvmlView(None, ()), sources=sources, notes=(note,))
-    except HardwareError as e:
-        return build_node(cpu, NvmlView(None, ()), sources=sources, notes=(e.what,))
-    return build_node(cpu, view, sources=sources, notes=view.notes)
 
 
 def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | None = None,

@@ -2,7 +2,7 @@
 
 ``slurm-gpu gres``/``topology`` over a whole cluster load one snapshot per
 node.  :func:`load_snapshot_node` reads only what it needs and falls back to
-:func:`slurm_gpu.hw.snapshot.load_node` (and a replay of the raw answers)
+:func:`slurm_gpu.hw.snapshot.node_from_file` (and a replay of the raw answers)
 whenever the fast path does not apply, so the result is always the model a
 full load gives.
 """
@@ -111,7 +111,7 @@ def load_snapshot_node(path: str, loader: SnapshotLoader | None = None) -> Any:
         return node
     data = snap.read_snapshot(path)  # InputError naming file and place for bad files
     try:
-        return snap.load_node(path)
+        return snap.node_from_file(path)
     except InputError:
         # The derived model does not load with this code (schema drift): rebuild it from the raw data.
         return snap.replay(data, path)

@@ -64,7 +64,8 @@ class Context:
 def default_context(env: Mapping[str, str] | None = None) -> Context:
     """Settings from the config file, NVML and the node model from ``[node]``."""
     from ..confgen.gresorder import gres_conf_path
-    from ..hw import live
+    from ..hw import ThisNode, live
+    from ..hw import load_node as hw_load_node
     from .settings import load
     env = os.environ if env is None else env
     jobs, mps, mig = load()
@@ -74,7 +75,7 @@ def default_context(env: Mapping[str, str] | None = None) -> Context:
         from ..hw import backend
         return backend.open_gpus(backend.source_for(node, writes=True))
 
-    return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: live.load_node(node),
+    return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: hw_load_node(ThisNode(node)),
                    locality_key=f"{node.nvml}|{node.snapshot}", gres_conf=gres_conf_path(env),
                    node_name=live.node_name(), health_state_dir=_health_state_dir(node))
 

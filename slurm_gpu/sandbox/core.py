@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import SlurmGpuError, UsageError
 from ..fsutil import atomic_write

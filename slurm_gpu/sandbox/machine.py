@@ -72,5 +72,5 @@ def load(machine: Machine) -> Node:
     """The machine's node model (snapshot preferred: it carries NVML's view)."""
     from .. import hw
     if machine.snapshot is not None:
-        return hw.load_node(snapshot=str(machine.snapshot))
-    return hw.load_node(hwloc_xml=str(machine.hwloc_xml))
+        return hw.load_node(hw.Snapshot(str(machine.snapshot)))
+    return hw.load_node(hw.HwlocXml(str(machine.hwloc_xml)))

@@ -20,11 +20,11 @@ def _api():
 def test_record_live_then_replay_equal(tmp_path: Path) -> None:
     from slurm_gpu.hw import live, snapshot as snap
     nvml.close_api(_api())
-    node = live.load_node(live.NodeSettings())
+    node = live.this_node(live.NodeSettings())
     out = tmp_path / "live.json"
     snap.write(str(out), snap.record())
     assert len(node.gpus) > 0
-    for replayed in (snap.load_node(str(out)), snap.replay(snap.read_snapshot(str(out)), str(out))):
+    for replayed in (snap.node_from_file(str(out)), snap.replay(snap.read_snapshot(str(out)), str(out))):
         assert replayed.gpus == node.gpus
         assert replayed.cores == node.cores and replayed.numa_nodes == node.numa_nodes
 

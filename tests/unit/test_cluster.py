@@ -33,7 +33,7 @@ def _write(d: Path, name: str, data: dict) -> None:
 
 def _gres_conf(tmp: Path, names: list[str]) -> Path:
     from slurm_gpu.confgen import render_gres_conf
-    node = snap.load_node(H100)
+    node = snap.node_from_file(H100)
     p = tmp / "gres.conf"
     p.write_text(render_gres_conf({n: node for n in names}))
     return p
@@ -57,7 +57,7 @@ def _scontrol(tmp: Path, names: list[str], **over: str) -> Path:
 
 def _hw_layout() -> tuple[int, int, int, int]:
     from slurm_gpu.confgen.nodeline import socket_layout
-    lay = socket_layout(snap.load_node(H100))
+    lay = socket_layout(snap.node_from_file(H100))
     return lay.cpus, lay.sockets, lay.cores_per_socket, lay.threads_per_core
 
 

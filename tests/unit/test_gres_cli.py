@@ -104,9 +104,9 @@ def _snapshot(path: Path, node_dict: dict) -> None:
 def test_derived_model_fast_path(tmp_path: Path, monkeypatch) -> None:
     """Only the head and the tail of a snapshot are read; the raw answers are not replayed."""
     from slurm_gpu.hw import snapshot_bulk as cmd
-    from slurm_gpu.hw import load_node, snapshot as snap
+    from slurm_gpu.hw import HwlocXml, load_node, snapshot as snap
 
-    node = load_node(hwloc_xml=XML, hostname="d")
+    node = load_node(HwlocXml(XML, hostname="d"))
     good = tmp_path / "good.json"
     _snapshot(good, node.to_dict())
     monkeypatch.setattr(snap, "replay", lambda *a, **k: pytest.fail("replayed"))
@@ -118,9 +118,9 @@ def test_derived_model_fast_path(tmp_path: Path, monkeypatch) -> None:
 
 def test_stale_derived_model_falls_back_to_raw_answers(tmp_path: Path, monkeypatch) -> None:
     from slurm_gpu.hw import snapshot_bulk as cmd
-    from slurm_gpu.hw import load_node, snapshot as snap
+    from slurm_gpu.hw import HwlocXml, load_node, snapshot as snap
 
-    node = load_node(hwloc_xml=XML, hostname="d")
+    node = load_node(HwlocXml(XML, hostname="d"))
     stale = tmp_path / "stale.json"
     d = node.to_dict()
     d["gpus"][0]["nvlinks"] = [{"peer_kind": "gpu", "peer": "x", "links": 1, "renamed_field": 2}]
@@ -132,9 +132,9 @@ def test_stale_derived_model_falls_back_to_raw_answers(tmp_path: Path, monkeypat
 
 
 def test_live_node_named_after_slurmd(monkeypatch, capsys) -> None:
-    from slurm_gpu.hw import load_node
+    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
 
-    node = load_node(hwloc_xml=XML, hostname="whatever")
+    node = load_node(HwlocXml(XML, hostname="whatever"))
     monkeypatch.setattr("slurm_gpu.hw.load_node", lambda *a, **k: node)
     monkeypatch.setenv("SLURMD_NODENAME", "gpu042")
     rc, out, _ = run(capsys, "gres", "render")

@@ -80,9 +80,9 @@ def _calc(xml: str, bus: str) -> list[int]:
 @pytest.mark.parametrize("name", hwloc_machines())
 def test_cores_equal_hwloc_calc(name: str) -> None:
     """Cores= of /dev/nvidiaN (GPUs in PCI bus order) == hwloc-calc --li --intersect core pci=<bus>."""
-    from slurm_gpu.hw import load_node
+    from slurm_gpu.hw import HwlocXml, load_node
 
-    node = load_node(hwloc_xml=str(machine_xml(name)), hostname=name)
+    node = load_node(HwlocXml(str(machine_xml(name)), hostname=name))
     text = render_gres_conf({name: node}, options=regenerate.machine_options(name))
     from slurm_gpu.confgen.grescheck import NodeGres
     conf = parse_gres_conf(text.splitlines(True), name).get(name, NodeGres())

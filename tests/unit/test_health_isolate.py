@@ -41,7 +41,7 @@ def node_env(tmp_path, monkeypatch):
 
 def gres_for(tmp_path, names) -> Path:
     from slurm_gpu.confgen.gres import render_gres_conf
-    node = snap.load_node(H100)
+    node = snap.node_from_file(H100)
     p = tmp_path / "gres.conf"
     p.write_text(render_gres_conf({n: node for n in names}, dev_dir=str(tmp_path / "dev")))
     return p
@@ -63,7 +63,7 @@ def test_one_bad_gpu_leaves_gres_conf_and_the_node_stays_up(tmp_path, node_env):
     gres = gres_for(tmp_path, ["n1"])
     before = gres.read_text()
     r = engine.run(opts(tmp_path, gres, PENDING))
-    bad = snap.load_node(H100).gpus[2]
+    bad = snap.node_from_file(H100).gpus[2]
     assert r.status == "warn" and r.action == "none", r
     after = gres.read_text()
     assert f"{tmp_path}/dev/nvidia2" in before and f"{tmp_path}/dev/nvidia2" not in after

@@ -70,12 +70,12 @@ class Node:
 
     def __init__(self, machine: str, gres_style: str) -> None:
         from slurm_gpu.confgen import render_gres_conf
-        from slurm_gpu.hw import load_node
+        from slurm_gpu.hw import HwlocXml, Snapshot, load_node
         self.base = Path(tempfile.mkdtemp(prefix="sg-gpuid-"))
         os.chmod(self.base, 0o755)
         self.sim = str(self.base / "sim.json")
         init_state_for_machine(str(MACHINES / machine), self.sim)
-        self.model = load_node(snapshot=str(MACHINES / machine / "snapshot.json"))
+        self.model = load_node(Snapshot(str(MACHINES / machine / "snapshot.json")))
         self.gres = self.base / "gres.conf"
         if gres_style == "generated":
             self.gres.write_text(render_gres_conf({"n1": self.model}))
@@ -141,9 +141,9 @@ def skewed(request):
 
 
 def test_the_machines_really_are_skewed() -> None:
-    from slurm_gpu.hw import load_node
+    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
     for m in SKEWED:
-        node = load_node(snapshot=str(MACHINES / m / "snapshot.json"))
+        node = load_node(Snapshot(str(MACHINES / m / "snapshot.json")))
         assert any(g.index != g.minor for g in node.gpus), m
 
 

@@ -55,7 +55,7 @@ def test_live_node_without_nvml_has_zero_gpus_and_says_why(monkeypatch: pytest.M
     from slurm_gpu.hw import live
     monkeypatch.setattr(nvml, "open_api", lambda: (_ for _ in ()).throw(
         nvml.NvmlUnavailable("NVML unavailable: NVML Shared Library Not Found (NVML_ERROR_LIBRARY_NOT_FOUND)", 12)))
-    node = live.load_node(live.NodeSettings())
+    node = live.this_node(live.NodeSettings())
     assert node.gpus == ()
     assert node.notes == ("NVML unavailable: NVML Shared Library Not Found (NVML_ERROR_LIBRARY_NOT_FOUND)",)
     assert node.cores
@@ -199,8 +199,8 @@ def test_sim_state_for_machine_models_whole_node(tmp_path: Path) -> None:
     from slurm_gpu.sim import init_state_for_machine
     state = tmp_path / "dgx2.state"
     init_state_for_machine(str(MACHINES / "dgx2"), str(state))
-    node = live.load_node(live.NodeSettings(nvml=f"sim:{state}"))
-    recorded = snapshot.load_node(str(MACHINES / "dgx2" / "snapshot.json"))
+    node = live.this_node(live.NodeSettings(nvml=f"sim:{state}"))
+    recorded = snapshot.node_from_file(str(MACHINES / "dgx2" / "snapshot.json"))
     assert node.gpus == recorded.gpus and node.cores == recorded.cores and len(node.gpus) == 16
 
 

@@ -28,7 +28,7 @@ def test_nvswitch_addresses_are_no_other_pci_device(name: str) -> None:
     """A constructed NVSwitch must not sit at a GPU's (or any hwloc PCI device's) address:
     the adapter tells GPU peers from switches by address when the driver cannot say."""
     import re
-    node = snap.load_node(str(MACHINES_DIR / name / "snapshot.json"))
+    node = snap.node_from_file(str(MACHINES_DIR / name / "snapshot.json"))
     xml = snap.read_snapshot(str(MACHINES_DIR / name / "snapshot.json"))["hwloc_xml"]
     taken = {g.pci_bus_id for g in node.gpus} | {b.lower() for b in re.findall(r'pci_busid="([^"]+)"', xml)}
     switches = {l.peer for g in node.gpus for l in g.nvlinks if l.peer_kind == "nvswitch" and ":" in l.peer}
@@ -38,7 +38,7 @@ def test_nvswitch_addresses_are_no_other_pci_device(name: str) -> None:
 @pytest.mark.parametrize("name", SNAPSHOT_MACHINES)
 def test_replay_equals_recorded_model(name: str) -> None:
     path = str(MACHINES_DIR / name / "snapshot.json")
-    fast = snap.load_node(path)
+    fast = snap.node_from_file(path)
     data = snap.read_snapshot(path)
     replayed = snap.replay(data, path)
     assert replayed == fast
@@ -48,7 +48,7 @@ def test_replay_equals_recorded_model(name: str) -> None:
 @pytest.mark.parametrize("name", [n for n in SNAPSHOT_MACHINES if (MACHINES_DIR / n / "facts.json").is_file()])
 def test_record_then_replay_round_trip(name: str, tmp_path: Path) -> None:
     """Record the simulator through the real adapter, write, load: same node as live."""
-    from slurm_gpu.hw import hwloc
+    from slurm_gpu.hw import hwloc, merge
     from slurm_gpu.sim import SimNvml
     d = MACHINES_DIR / name
     facts = json.loads((d / "facts.json").read_text())
@@ -58,9 +58,9 @@ def test_record_then_replay_round_trip(name: str, tmp_path: Path) -> None:
     data = snap.record(api=sim, hwloc_xml=xml, hostname="h", mig_minors=sim.mig_minors(), source="sim")
     out = tmp_path / "s.json"
     snap.write(str(out), data)
-    live = snap.derive_node(hwloc.read_cpu_view(xml_text=xml, hostname="h"), sim, mig_minors=sim.mig_minors,
-                            sources=(f"snapshot:{out}",))
-    assert snap.load_node(str(out)) == live
+    live = merge.derive_node(hwloc.read_cpu_view(xml_text=xml, hostname="h"), sim, mig_minors=sim.mig_minors,
+                             sources=(f"snapshot:{out}",))
+    assert snap.node_from_file(str(out)) == live
     assert snap.replay(snap.read_snapshot(str(out)), str(out)) == live
 
 
@@ -70,7 +70,7 @@ def test_snapshot_carries_health_reads() -> None:
 
 
 def test_overlay_lost_gpu() -> None:
-    node = snap.load_node(H100, {"gpus": {"0000:3a:00.0": {"lost": True}}})
+    node = snap.node_from_file(H100, {"gpus": {"0000:3a:00.0": {"lost": True}}})
     assert [g.pci_bus_id for g in node.gpus].count("0000:3a:00.0") == 0 and len(node.gpus) == 7
     assert "GPU index 2 unreadable: GPU is lost (NVML_ERROR_GPU_IS_LOST)" in node.notes
     assert node.sources[-1] == "overlay:overlay"
@@ -89,9 +89,9 @@ def test_overlay_changes_health_answers() -> None:
 
 def test_overlay_patches_structures_and_errors() -> None:
     gb = str(MACHINES_DIR / "gb200-nvl" / "snapshot.json")
-    node = snap.load_node(gb, {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 1, "out": {"state": 2}}]})
+    node = snap.node_from_file(gb, {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 1, "out": {"state": 2}}]})
     assert [g.fabric.state for g in node.gpus] == ["completed", "in_progress", "completed", "completed"]
-    node = snap.load_node(H100, {"calls": [{"fn": "nvmlDeviceGetNvLinkState", "gpu": "0000:18:00.0",
+    node = snap.node_from_file(H100, {"calls": [{"fn": "nvmlDeviceGetNvLinkState", "gpu": "0000:18:00.0",
                                             "args": [0], "result": 0}]})
     assert [l.links for l in node.gpus[0].nvlinks] == [4, 4, 4, 5]
 
@@ -117,7 +117,7 @@ def test_overlay_events_and_hang() -> None:
 ])
 def test_bad_overlay_is_one_line(overlay: dict, msg: str) -> None:
     with pytest.raises(InputError, match=msg) as ei:
-        snap.load_node(H100, overlay, overlay_source="o.json")
+        snap.node_from_file(H100, overlay, overlay_source="o.json")
     assert ei.value.line().endswith("(o.json)")
 
 
@@ -134,17 +134,17 @@ def test_corrupt_snapshot_names_file_and_place(tmp_path: Path, content: str, whe
     p = tmp_path / "s.json"
     p.write_text(content)
     with pytest.raises(InputError) as ei:
-        snap.load_node(str(p))
+        snap.node_from_file(str(p))
     assert ei.value.where is not None and ei.value.where.endswith(where)
     with pytest.raises(InputError):
-        snap.load_node(str(tmp_path / "missing.json"))
+        snap.node_from_file(str(tmp_path / "missing.json"))
 
 
 def test_truncated_snapshot(tmp_path: Path) -> None:
     p = tmp_path / "t.json"
     p.write_text(Path(H100).read_text()[:5000])
     with pytest.raises(InputError, match="bad snapshot JSON"):
-        snap.load_node(str(p))
+        snap.node_from_file(str(p))
 
 
 def test_record_this_gpu_less_machine(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_record_this_gpu_less_machine(tmp_path: Path) -> None:
     assert data["nvml"]["calls"] == [{"fn": "nvmlInit", "dev": "", "args": [], "error": 12}]
     out = tmp_path / "me.json"
     snap.write(str(out), data)
-    for node in (snap.load_node(str(out)), snap.replay(snap.read_snapshot(str(out)), str(out))):
+    for node in (snap.node_from_file(str(out)), snap.replay(snap.read_snapshot(str(out)), str(out))):
         assert node.gpus == ()
         assert node.notes == ("NVML unavailable: NVML Shared Library Not Found (NVML_ERROR_LIBRARY_NOT_FOUND)",)
 
@@ -209,15 +209,35 @@ def test_node_config_snapshot_and_sim(tmp_path: Path, monkeypatch: pytest.Monkey
         live.settings({"node": {"nvml": "fake"}})
     with pytest.raises(InputError, match="unknown config key node.snapshots"):
         live.settings({"node": {"snapshots": ""}})
-    assert live.load_node(live.NodeSettings(snapshot=H100)) == snap.load_node(H100)
+    assert live.this_node(live.NodeSettings(snapshot=H100)) == snap.node_from_file(H100)
     state = tmp_path / "n7.state"
     d = MACHINES_DIR / "h100-mig"
     init_state(str(d / "facts.json"), str(state), hwloc_xml_path=str(d / "hwloc.xml"))
-    node = live.load_node(live.settings({"node": {"nvml": f"sim:{tmp_path}/%n.state"}}))
-    recorded = snap.load_node(str(d / "snapshot.json"))
+    node = live.this_node(live.settings({"node": {"nvml": f"sim:{tmp_path}/%n.state"}}))
+    recorded = snap.node_from_file(str(d / "snapshot.json"))
     assert node.gpus == recorded.gpus
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[node]\nsnapshot = "{H100}"\n')
     monkeypatch.setenv(config.ENV_VAR, str(cfg))
-    from slurm_gpu.hw import load_node
+    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
     assert len(load_node().gpus) == 8
+
+
+def test_load_node_is_the_one_way_in_for_every_source(tmp_path):
+    """hw.load_node(source): this node, a snapshot (with faults), an hwloc XML, many snapshots."""
+    from slurm_gpu import hw
+    from slurm_gpu.hw import live
+    gb = str(MACHINES_DIR / "gb200-nvl" / "snapshot.json")
+    one = hw.load_node(hw.Snapshot(H100))
+    assert one == snap.node_from_file(H100) and len(one.gpus) == 8
+    assert hw.load_node(hw.ThisNode(live.NodeSettings(snapshot=H100))) == one
+    lost = hw.load_node(hw.Snapshot(H100, {"gpus": {"0000:3a:00.0": {"lost": True}}}))
+    assert len(lost.gpus) == 7
+    many = hw.load_node(hw.Snapshots((H100, gb)))
+    assert many == [one, hw.load_node(hw.Snapshot(gb))]
+    xml = tmp_path / "h.xml"
+    xml.write_text(snap.read_snapshot(H100)["hwloc_xml"])
+    bare = hw.load_node(hw.HwlocXml(str(xml), hostname="h"))
+    assert [g.pci_bus_id for g in bare.gpus] == [g.pci_bus_id for g in one.gpus] and bare.gpus[0].uuid is None
+    with pytest.raises(TypeError):
+        hw.load_node(H100)    # a bare path is no source: say which kind it is
