@@ -33,6 +33,10 @@ from .layout import Layout
 # Host paths visible inside the root at the same path (beside the sandbox dir).
 RBINDS = ("/dev", "/proc", "/sys")            # with their submounts
 BINDS = ("/tmp", "/home", "/etc/passwd", "/etc/group", "/etc/hosts")
+# Writable places of the root that would otherwise be the shared cache's: each
+# sandbox gets its own, empty, gone with its namespace (a job's leftovers there
+# must not reach the next sandbox, nor the node cache and MPS pipes under /run).
+PRIVATE = (("/run", "0755"), ("/var/tmp", "1777"))
 CLIENTS = ("srun", "sbatch", "salloc", "sattach", "scontrol", "squeue", "sinfo", "scancel",
            "sacct", "sstat", "sbcast", "sprio", "sdiag")
 READY = "chroot.ready"
@@ -85,13 +89,15 @@ def _digest(files: Sequence[tuple[Path, Path]], reqs: Sequence[str]) -> str:
 
 
 def _namespace_script(root: Path, binds: Sequence[str], then: Sequence[str], *,
-                      chroot: bool = True) -> str:
+                      chroot: bool = True, private: bool = False) -> str:
     """sh text run in a fresh mount namespace: bind the host paths into *root*, then
     exec *then* chrooted in it (with ``chroot=False``: the caller appends what runs)."""
     q = shlex.quote
     lines = ["set -e"]
     for p in RBINDS:
         lines.append(f"mount --rbind {q(p)} {q(str(in_root(root, p)))}")
+    for p, mode in (PRIVATE if private else ()):
+        lines.append(f"mount -t tmpfs -o mode={mode},size=256m slurm-gpu {q(str(in_root(root, p)))}")
     done: list[str] = []
     for p in sorted(dict.fromkeys(binds), key=len):
         if any(p == d or p.startswith(d.rstrip("/") + "/") for d in done):
@@ -212,7 +218,7 @@ def holder_argv(root: Path, layout: Layout, extra_binds: Sequence[str] = ()) -> 
     # Not chrooted itself (enter() chroots each command), and its working
     # directory is the sandbox's: whoever looks for the sandbox's processes
     # by their paths finds it.
-    script = _namespace_script(root, binds_for(layout, extra_binds), [], chroot=False)
+    script = _namespace_script(root, binds_for(layout, extra_binds), [], chroot=False, private=True)
     script += f"cd {shlex.quote(str(layout.run))} && touch {shlex.quote(str(ready))} && exec sleep infinity\n"
     return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script]
 
