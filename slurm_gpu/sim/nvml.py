@@ -33,6 +33,7 @@ from ..hw.model import normalize_bus_id
 from ..hw.nvml import MIG_CAPS_PER_GI, MIG_GIS_PER_GPU, mig_cap_minor
 from ..hw.nvml_replay import Handle, NVMLError, NvmlStruct, NvmlSurface, fill_struct
 from .state import MemoryState, StateFile, new_state
+from .usage import UsageMixin
 
 MIG_MINORS_PER_GPU = MIG_GIS_PER_GPU * MIG_CAPS_PER_GI   # 135: 15 GIs x (1 GI + 8 CI access entries)
 MIG_MAX_GPUS = 32
@@ -122,8 +123,12 @@ def _int(v: Any) -> int:
     return int(v, 0) if isinstance(v, str) else int(v)
 
 
-class SimNvml(NvmlSurface):
-    """pynvml's surface over a simulated machine (see module docstring)."""
+class SimNvml(UsageMixin, NvmlSurface):
+    """pynvml's surface over a simulated machine (see module docstring).
+
+    Usage queries (utilisation, power, energy, processes, GPM, accounting)
+    answer from the scripted load: :mod:`slurm_gpu.sim.usage`.
+    """
 
     def __init__(self, store: StateFile | MemoryState) -> None:
         self._store = store
@@ -283,6 +288,9 @@ class SimNvml(NvmlSurface):
         reserved = int(g.get("memory_reserved_mib", 0)) * 1024 * 1024
         used = int(g.get("memory_used_mib", 0)) * 1024 * 1024
         used += sum(p.get("used_memory_mib", 0) for p in self._live_processes(i)) * 1024 * 1024
+        scripted = self.scripted_memory_used(handle)
+        if scripted is not None:
+            used, total = used + scripted[0], scripted[1]
         d = {"total": total, "free": total - used - reserved, "used": used}
         if version:
             d = {"version": version, "total": total, "reserved": reserved, "free": total - used - reserved,
@@ -310,7 +318,7 @@ class SimNvml(NvmlSurface):
         return [NvmlStruct({"pid": int(p["pid"]),
                             "usedGpuMemory": int(p.get("used_memory_mib", 0)) * 1024 * 1024,
                             "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})
-                for p in self._live_processes(i)]
+                for p in self._live_processes(i)] + self.scripted_processes(handle)
 
     nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 

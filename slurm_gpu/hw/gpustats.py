@@ -1,0 +1,237 @@
+"""Usage reads: what each GPU and MIG instance is doing now (for ``slurm-gpu monitor``).
+
+Plain data out (:class:`DeviceStats`), an *api* with pynvml's surface in
+(the real pynvml, the simulator, a replay), so the same code runs on a GPU
+node and in the sandbox.  This is the sampling half of the narrow GPU
+interface; it takes no job or Slurm knowledge.
+
+What NVML offers, and so what is read:
+
+* a whole GPU: ``nvmlDeviceGetUtilizationRates`` (SM busy %, over the
+  driver's last sample period), ``nvmlDeviceGetMemoryInfo`` (used bytes),
+  ``nvmlDeviceGetPowerUsage`` (mW), ``nvmlDeviceGetTotalEnergyConsumption``
+  (mJ, a counter since the driver loaded: energy over a job is a
+  difference, exact whatever the sampling interval) and
+  ``nvmlDeviceGetComputeRunningProcesses`` (PIDs, memory, and the MIG
+  GPU/compute instance of each);
+* a MIG instance: utilisation, power and energy are not supported on MIG
+  device handles.  On Hopper and later, GPM gives the SM utilisation of each
+  GPU instance between two samples (``nvmlGpmMigSampleGet`` +
+  ``nvmlGpmMetricsGet``, ``NVML_GPM_METRIC_SM_UTIL``); the reader keeps the
+  previous sample, so the first read of an instance has no utilisation yet.
+  Without GPM (A100, A30) and with accounting mode on, the busiest
+  process's ``nvmlDeviceGetAccountingStats().gpuUtilization`` stands in.
+  Otherwise utilisation is None (unknown, never reported as idle).
+  Memory comes from ``nvmlDeviceGetMemoryInfo`` on the MIG device handle.
+
+Errors: a GPU that cannot be read this time (lost, busy) is left out and
+named in :attr:`StatsReader.errors`; a query that is not supported leaves
+its field None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+NO_INSTANCE = 0xFFFFFFFF
+_OPTIONAL = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
+             "NVML_ERROR_NOT_FOUND", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_NO_DATA")
+
+
+@dataclass(frozen=True)
+class ProcUse:
+    """A process using a GPU (or one of its MIG instances)."""
+
+    pid: int
+    mem_bytes: int | None
+    gi: int | None = None         # GPU instance id; None without MIG
+    ci: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """One GPU (``gi`` None) or one MIG GPU instance, now."""
+
+    index: int                    # the GPU's NVML index
+    gi: int | None
+    uuid: str
+    sm: float | None              # SM busy %, None when NVML cannot say
+    mem_used: int | None          # bytes
+    mem_total: int | None
+    power_mw: int | None          # whole GPUs only
+    energy_mj: int | None         # counter; whole GPUs only
+    procs: tuple[ProcUse, ...] = ()
+    sm_source: str = ""           # "util", "gpm", "accounting" or ""
+
+    @property
+    def key(self) -> str:
+        """``"2"`` for GPU 2, ``"2/gi1"`` for its GPU instance 1 (the load and state key)."""
+        return str(self.index) if self.gi is None else f"{self.index}/gi{self.gi}"
+
+
+class _PlainMetric:
+    def __init__(self) -> None:
+        self.metricId = 0
+        self.nvmlReturn = 0
+        self.value = 0.0
+
+
+class _PlainMetricsGet:
+    """``c_nvmlGpmMetricsGet_t``'s fields, for an api without the ctypes type."""
+
+    def __init__(self) -> None:
+        self.version = 1
+        self.numMetrics = 0
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [_PlainMetric() for _ in range(4)]
+
+
+@dataclass
+class StatsReader:
+    """Reads every GPU and MIG instance; keeps GPM samples between reads."""
+
+    api: Any
+    errors: list[str] = field(default_factory=list)
+    _gpm: dict[str, Any] = field(default_factory=dict)
+    _gpm_ok: dict[int, bool] = field(default_factory=dict)
+
+    def _optional(self) -> tuple[int, ...]:
+        return tuple(getattr(self.api, n) for n in _OPTIONAL if hasattr(self.api, n))
+
+    def _maybe(self, fn: str, *args: Any) -> Any:
+        call = getattr(self.api, fn, None)
+        if call is None:
+            return None
+        try:
+            return call(*args)
+        except self.api.NVMLError as e:
+            if e.value in self._optional():
+                return None
+            raise
+
+    def read(self) -> list[DeviceStats]:
+        """Every device's stats now (GPUs in index order, each followed by its MIG instances)."""
+        api = self.api
+        self.errors = []
+        out: list[DeviceStats] = []
+        for i in range(int(api.nvmlDeviceGetCount())):
+            try:
+                out.extend(self._gpu(i))
+            except api.NVMLError as e:
+                self.errors.append(f"GPU {i}: {e}")
+        return out
+
+    def _gpu(self, i: int) -> list[DeviceStats]:
+        api = self.api
+        h = api.nvmlDeviceGetHandleByIndex(i)
+        uuid = api.nvmlDeviceGetUUID(h)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        procs = tuple(_procs(self._maybe("nvmlDeviceGetComputeRunningProcesses", h) or ()))
+        mig_on = (self._maybe("nvmlDeviceGetMigMode", h) or [0])[0] == 1
+        mem = self._maybe("nvmlDeviceGetMemoryInfo", h)
+        util = None if mig_on else self._maybe("nvmlDeviceGetUtilizationRates", h)
+        gpu = DeviceStats(
+            index=i, gi=None, uuid=uuid, sm=float(util.gpu) if util is not None else None,
+            mem_used=int(mem.used) if mem is not None else None,
+            mem_total=int(mem.total) if mem is not None else None,
+            power_mw=_int(self._maybe("nvmlDeviceGetPowerUsage", h)),
+            energy_mj=_int(self._maybe("nvmlDeviceGetTotalEnergyConsumption", h)),
+            procs=procs, sm_source="util" if util is not None else "")
+        out = [gpu]
+        if mig_on:
+            out.extend(self._mig(i, h, procs))
+        return out
+
+    def _mig(self, i: int, h: Any, procs: tuple[ProcUse, ...]) -> list[DeviceStats]:
+        api = self.api
+        count = self._maybe("nvmlDeviceGetMaxMigDeviceCount", h) or 0
+        seen: dict[int, DeviceStats] = {}
+        for j in range(int(count)):
+            mh = self._maybe("nvmlDeviceGetMigDeviceHandleByIndex", h, j)
+            if mh is None:
+                continue
+            gi = int(api.nvmlDeviceGetGpuInstanceId(mh))
+            if gi in seen:          # one entry per GPU instance (its first compute instance's UUID)
+                continue
+            uuid = api.nvmlDeviceGetUUID(mh)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            mem = self._maybe("nvmlDeviceGetMemoryInfo", mh)
+            mine = tuple(p for p in procs if p.gi == gi)
+            sm, source = self._gpm_util(i, h, gi)
+            if sm is None:
+                sm, source = self._accounting_util(h, mine)
+            seen[gi] = DeviceStats(index=i, gi=gi, uuid=uuid, sm=sm,
+                                   mem_used=int(mem.used) if mem is not None else None,
+                                   mem_total=int(mem.total) if mem is not None else None,
+                                   power_mw=None, energy_mj=None, procs=mine, sm_source=source)
+        return list(seen.values())
+
+    def _gpm_util(self, i: int, h: Any, gi: int) -> tuple[float | None, str]:
+        api = self.api
+        if i not in self._gpm_ok:
+            sup = self._maybe("nvmlGpmQueryDeviceSupport", h)
+            self._gpm_ok[i] = bool(sup is not None and getattr(sup, "isSupportedDevice", 0))
+        if not self._gpm_ok[i]:
+            return None, ""
+        key = f"{i}/gi{gi}"
+        sample = api.nvmlGpmSampleAlloc()
+        try:
+            api.nvmlGpmMigSampleGet(h, gi, sample)
+        except api.NVMLError:
+            api.nvmlGpmSampleFree(sample)
+            return None, ""
+        prev = self._gpm.pop(key, None)
+        self._gpm[key] = sample
+        if prev is None:
+            return None, ""
+        try:
+            mg = getattr(api, "c_nvmlGpmMetricsGet_t", _PlainMetricsGet)()
+            mg.version = getattr(api, "NVML_GPM_METRICS_GET_VERSION", 1)
+            mg.numMetrics = 1
+            mg.sample1, mg.sample2 = prev, sample
+            mg.metrics[0].metricId = api.NVML_GPM_METRIC_SM_UTIL
+            api.nvmlGpmMetricsGet(mg)
+            if mg.metrics[0].nvmlReturn != 0:
+                return None, ""
+            return float(mg.metrics[0].value), "gpm"
+        except api.NVMLError:
+            return None, ""
+        finally:
+            api.nvmlGpmSampleFree(prev)
+
+    def _accounting_util(self, h: Any, procs: tuple[ProcUse, ...]) -> tuple[float | None, str]:
+        if not procs or self._maybe("nvmlDeviceGetAccountingMode", h) != 1:
+            return None, ""
+        best = None
+        for p in procs:
+            st = self._maybe("nvmlDeviceGetAccountingStats", h, p.pid)
+            if st is not None:
+                best = max(best or 0.0, float(st.gpuUtilization))
+        return (best, "accounting") if best is not None else (None, "")
+
+    def forget(self, keys: set[str]) -> None:
+        """Drop GPM samples of instances that no longer exist (bounded memory)."""
+        for k in [k for k in self._gpm if k not in keys]:
+            try:
+                self.api.nvmlGpmSampleFree(self._gpm.pop(k))
+            except self.api.NVMLError:
+                pass
+
+    def close(self) -> None:
+        self.forget(set())
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if v is not None else None
+
+
+def _procs(raw: Any) -> list[ProcUse]:
+    out = []
+    for p in raw:
+        gi = int(getattr(p, "gpuInstanceId", NO_INSTANCE))
+        ci = int(getattr(p, "computeInstanceId", NO_INSTANCE))
+        mem = getattr(p, "usedGpuMemory", None)
+        out.append(ProcUse(pid=int(p.pid), mem_bytes=int(mem) if mem is not None else None,
+                           gi=None if gi == NO_INSTANCE else gi, ci=None if ci == NO_INSTANCE else ci))
+    return out
