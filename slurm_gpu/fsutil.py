@@ -20,8 +20,14 @@ from .errors import SlurmGpuError
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int = 0o644,
-                 uid: int | None = None, gid: int | None = None) -> None:
-    """Write *data* to *path* atomically with permissions *mode*."""
+                 uid: int | None = None, gid: int | None = None, durable: bool = True) -> None:
+    """Write *data* to *path* atomically with permissions *mode*.
+
+    ``durable=False`` skips the fsync: readers still never see half a file,
+    but a crash may leave the old content.  For files rewritten every few
+    seconds (the sampler's aggregates, metrics), where one lost rewrite
+    costs nothing and an fsync each time costs disk flushes.
+    """
     path = Path(path)
     raw = data.encode() if isinstance(data, str) else data
     try:
@@ -35,7 +41,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
             os.fchmod(f.fileno(), mode)
             if uid is not None or gid is not None:
                 os.fchown(f.fileno(), -1 if uid is None else uid, -1 if gid is None else gid)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException as e:

@@ -88,7 +88,10 @@ def write_load(path: str, load: Mapping[str, Any]) -> None:
 def state_load(state: Mapping[str, Any]) -> dict[str, Any] | None:
     """The load of a simulator state (inline or from its file), or None."""
     if state.get("load"):
-        return check_load(state["load"], "simulator state: load")
+        load = state["load"]
+        if _tl_cache[0] is not load:
+            check_load(load, "simulator state: load")
+        return load
     if state.get("load_file"):
         return read_load_file(str(state["load_file"]))
     return None
@@ -132,12 +135,19 @@ class Timeline:
         return total
 
 
+_tl_cache: list[Any] = [None, None]    # [the load object, its timelines]: one NVML call after another
+
+
 def timelines(state: Mapping[str, Any]) -> tuple[dict[str, Timeline], float]:
     """Every scripted device's timeline, and the load's idle power."""
     load = state_load(state) or {}
+    if _tl_cache[0] is load:     # the same object (held here, so its id cannot be reused)
+        return _tl_cache[1]
     idle = float(load.get("idle_power_w", DEFAULT_IDLE_POWER_W))
     t0 = float(load.get("t0", 0.0))
-    return ({k: Timeline(v, t0, idle) for k, v in (load.get("devices") or {}).items()}, idle)
+    out = ({k: Timeline(v, t0, idle) for k, v in (load.get("devices") or {}).items()}, idle)
+    _tl_cache[0], _tl_cache[1] = load, out
+    return out
 
 
 def pid_list(value: Any) -> list[tuple[int, int]]:

@@ -1,0 +1,81 @@
+"""Which job each sample belongs to (pure, but for reading a PID's cgroup).
+
+First by the devices each job holds (the prolog's registration): a GPU, or
+a MIG GPU instance, or the MIG instances on a GPU the job holds whole.
+Then by process: every PID NVML lists on a device is looked up in its
+cgroup, which the kernel keeps and no user can forge (Slurm puts each job's
+processes in ``.../job_<id>/...``).  A job whose process runs on a device
+it does not hold gets that device as a *leak*: its own processes' memory,
+the device's utilisation, no energy.  Job environment variables are never
+read: a user can set them to anything.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+from ..hw.gpustats import DeviceStats
+
+_JOB_CGROUP = re.compile(r"/job_([0-9]{1,12})(?:/|$)")
+
+
+def job_of_pid(proc_root: str, pid: int) -> str | None:
+    """The Slurm job id in *pid*'s cgroup path, or None (not a job's process, or gone)."""
+    try:
+        with open(f"{proc_root}/{int(pid)}/cgroup", "rb") as f:
+            text = f.read(65536).decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        m = _JOB_CGROUP.search(line.split(":", 2)[-1])
+        if m:
+            return m.group(1)
+    return None
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one job gets of one device's sample."""
+
+    jobid: str
+    key: str
+    held: bool
+    sm: float | None
+    mem: int | None
+    energy_mj: int | None
+    busy: bool               # its processes are on the device
+
+
+def holders(registrations: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """device key -> job id, from each job's registered device keys."""
+    out: dict[str, str] = {}
+    for jobid, keys in registrations.items():
+        for k in keys:
+            out[k] = jobid
+    return out
+
+
+def attribute(stats: Iterable[DeviceStats], held_by: Mapping[str, str],
+              pid_job: Callable[[int], str | None]) -> list[Share]:
+    """Every (job, device) share of this sample."""
+    stats = list(stats)
+    mig_gpus = {s.index for s in stats if s.gi is not None}
+    out: list[Share] = []
+    for s in stats:
+        if s.gi is None and s.index in mig_gpus:
+            continue            # a MIG-enabled GPU is accounted per instance (below)
+        holder = held_by.get(s.key)
+        if holder is None and s.gi is not None:
+            holder = held_by.get(str(s.index))     # the job holds the whole GPU (--gpu-mig)
+        by_job: dict[str, int] = {}
+        for p in s.procs:
+            j = pid_job(p.pid)
+            if j is not None:
+                by_job[j] = by_job.get(j, 0) + int(p.mem_bytes or 0)
+        if holder is not None:
+            out.append(Share(holder, s.key, True, s.sm, s.mem_used, s.energy_mj, holder in by_job))
+        for j, mem in sorted(by_job.items()):
+            if j != holder:
+                out.append(Share(j, s.key, False, s.sm, mem, None, True))
+    return out

@@ -1,0 +1,121 @@
+"""The job summary in slurmdbd: the ``slurm-gpu:`` part of the job's AdminComment.
+
+Why ``sacctmgr modify job`` (tested on Slurm 22.05, docs/accounting.md):
+the epilog runs after the job ended in slurmctld (state COMPLETING), and
+``scontrol update job AdminComment=`` then answers "Job has already
+finished"; so does it from EpilogSlurmctld.  ``sacctmgr -i modify job where
+jobid=ID set AdminComment=...`` writes the stored record directly and works
+from any host where sacctmgr can reach slurmdbd as root (or a Slurm
+operator).  sacctmgr stores the value lower-cased with every quote turned
+into a backtick, so:
+
+* our part is written in a form that survives that: ``slurm-gpu:`` followed
+  by a JSON object whose quotes are backticks (all keys and values are lower
+  case); :func:`parse` turns the backticks back;
+* another tool's text is kept as it is, our part appended after a space;
+  text that sacctmgr would alter (upper case or quotes) is never rewritten:
+  the summary is then kept on the node and the job report says why.
+
+Each node of a job writes its own key of the object (read, merge, write,
+read back).  Two nodes racing lose one write; the read-back sees it and the
+summary stays pending on that node until a later retry confirms it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import SlurmGpuError
+from ..runner import run
+
+KEY = "slurm-gpu:"
+_DECODER = json.JSONDecoder()
+
+
+def sacctmgr_form(text: str) -> str:
+    """What sacctmgr stores when asked to store *text*."""
+    return text.lower().replace('"', "`").replace("'", "`")
+
+
+def encode(parts: Mapping[str, Any]) -> str:
+    return KEY + sacctmgr_form(json.dumps(dict(parts), separators=(",", ":"), sort_keys=True))
+
+
+def split(comment: str) -> tuple[str, dict[str, Any] | None]:
+    """(the other tools' text, our object or None) of an AdminComment."""
+    i = comment.find(KEY)
+    while i >= 0:
+        rest = comment[i + len(KEY):]
+        try:
+            obj, end = _DECODER.raw_decode(rest.replace("`", '"'))
+        except ValueError:
+            i = comment.find(KEY, i + 1)
+            continue
+        if isinstance(obj, dict):
+            other = (comment[:i].rstrip() + " " + rest[end:].lstrip()).strip()
+            return other, obj
+        i = comment.find(KEY, i + 1)
+    return comment.strip(), None
+
+
+def parse(comment: str) -> dict[str, Any] | None:
+    """Our object (node -> summary part) in an AdminComment, or None."""
+    return split(comment)[1]
+
+
+def merged(comment: str, node: str, part: Mapping[str, Any]) -> str | None:
+    """The AdminComment with this node's part set, or None when writing it
+    through sacctmgr would alter another tool's text."""
+    other, ours = split(comment)
+    if other and sacctmgr_form(other) != other:
+        return None
+    ours = dict(ours or {})
+    ours[node.lower()] = part
+    return (other + " " if other else "") + encode(ours)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    stored: bool
+    why: str = ""             # when not stored
+    final: bool = False       # not worth retrying (another tool's text would be altered)
+
+
+def read_comment(sacct: str, jobid: str, timeout: float, env: Mapping[str, str] | None = None) -> str | None:
+    """The job's AdminComment as slurmdbd has it; None when the job is not (yet) there."""
+    res = run([sacct, "-n", "-P", "-X", "-j", jobid, "-o", "JobIDRaw,AdminComment"], timeout,
+              check=False, env=env)
+    if res.returncode != 0:
+        raise SlurmGpuError(f"sacct failed: {(res.stderr or res.stdout).strip()[:200]}", "slurmdbd")
+    last = None
+    for line in res.stdout.splitlines():
+        jid, _, comment = line.partition("|")
+        if jid == jobid:
+            last = comment        # a requeued job has several records: the newest is last
+    return last
+
+
+def store(settings: Any, jobid: str, node: str, part: Mapping[str, Any],
+          env: Mapping[str, str] | None = None) -> Outcome:
+    """Merge this node's *part* into the job's AdminComment; read back to confirm."""
+    t = settings.dbd_timeout
+    try:
+        current = read_comment(settings.sacct, jobid, t, env)
+        if current is None:
+            return Outcome(False, "job not in slurmdbd yet")
+        value = merged(current, node, part)
+        if value is None:
+            return Outcome(False, "AdminComment holds text that sacctmgr would alter", final=True)
+        want = (parse(value) or {}).get(node.lower())
+        if (parse(current) or {}).get(node.lower()) != want:
+            res = run([settings.sacctmgr, "-i", "modify", "job", "where", f"jobid={jobid}", "set",
+                       f"AdminComment={value}"], t, check=False, env=env)
+            if res.returncode != 0:
+                return Outcome(False, f"sacctmgr: {(res.stderr or res.stdout).strip()[:200]}")
+            back = read_comment(settings.sacct, jobid, t, env)
+            if (parse(back or "") or {}).get(node.lower()) != want:
+                return Outcome(False, "not confirmed on read-back (a concurrent write?)")
+        return Outcome(True)
+    except SlurmGpuError as e:
+        return Outcome(False, e.what)

@@ -1,0 +1,116 @@
+"""The node's accounting records, under ``[acct] dir`` (root-owned, 0755).
+
+* ``jobs/<id>.json``: the prolog's registration (user, devices held, start);
+  the epilog removes it.  dcgm-exporter's mapping files are derived from
+  these and nothing else (:mod:`.metrics`), so a registration gone means
+  its mapping gone.
+* ``agg/<id>.json``: the job's rolling aggregates, rewritten by the sampler.
+* ``pending/<id>.json``: a summary slurmdbd has not confirmed yet (retried
+  by the next epilog and by the sampler).
+* ``ended/<id>``: the epilog ran; the sampler must not start the job's
+  aggregates again from a process that lingers.  Expires after a day.
+
+Every file is written atomically; every reader refuses a file that is not
+root's or is writable by others (a user must not plant a registration that
+points us at another job's GPU), and ignores what it cannot parse.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from ..fsutil import atomic_write
+from ..jobs.state import check_jobid
+
+KINDS = ("jobs", "agg", "pending", "ended")
+ENDED_TTL_S = 86400.0
+
+
+class Store:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.root = Path(directory)
+        self._ready: set[str] = set()
+
+    def path(self, kind: str, jobid: str) -> Path:
+        suffix = "" if kind == "ended" else ".json"
+        return self.root / kind / f"{check_jobid(jobid)}{suffix}"
+
+    def ensure(self) -> None:
+        for kind in KINDS:
+            d = self.root / kind
+            d.mkdir(parents=True, exist_ok=True, mode=0o755)
+            st = os.lstat(d)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                from ..errors import InputError
+                raise InputError("accounting directory must be root's and not writable by others", str(d))
+
+    def write(self, kind: str, jobid: str, data: dict[str, Any]) -> None:
+        # Aggregates are rewritten every tick: no fsync (a crash loses one tick at most).
+        if kind not in self._ready:
+            self.ensure()
+            self._ready.add(kind)
+        atomic_write(self.path(kind, jobid), json.dumps(data, separators=(",", ":"), sort_keys=True),
+                     mode=0o644, durable=kind != "agg")
+
+    def read(self, kind: str, jobid: str) -> dict[str, Any] | None:
+        p = self.path(kind, jobid)
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                return None
+            try:
+                data = json.loads(f.read(1 << 20))
+            except ValueError:
+                return None
+        return data if isinstance(data, dict) else None
+
+    def remove(self, kind: str, jobid: str) -> None:
+        try:
+            os.unlink(self.path(kind, jobid))
+        except FileNotFoundError:
+            pass
+
+    def ids(self, kind: str) -> list[str]:
+        try:
+            names = os.listdir(self.root / kind)
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            base = n[:-5] if n.endswith(".json") else n
+            if base.isdigit() and len(base) <= 12 and (kind == "ended") == (not n.endswith(".json")):
+                out.append(base)
+        return sorted(out, key=int)
+
+    def mark_ended(self, jobid: str) -> None:
+        # A tombstone needs no fsync: after a crash the sweep finds the job gone anyway.
+        self.ensure()
+        atomic_write(self.path("ended", jobid), f"{time.time():.0f}\n", mode=0o644, durable=False)
+
+    def ended(self, jobid: str) -> bool:
+        return self.path("ended", jobid).exists()
+
+    def expire_ended(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        for j in self.ids("ended"):
+            try:
+                if now - os.stat(self.path("ended", j)).st_mtime > ENDED_TTL_S:
+                    self.remove("ended", j)
+            except OSError:
+                pass
+
+    def registrations(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for j in self.ids("jobs"):
+            r = self.read("jobs", j)
+            if r is not None and r.get("jobid") == j:
+                out[j] = r
+        return out

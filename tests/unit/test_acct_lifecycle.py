@@ -1,0 +1,178 @@
+"""The accounting step driven without Slurm: sampler, prolog and epilog logic
+over the simulator, 200 random job lifecycles with requeues and failed epilogs."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.acct import dbd, hooks
+from slurm_gpu.acct.monitor import Monitor
+from slurm_gpu.acct.settings import AcctSettings
+from slurm_gpu.acct.store import Store
+from slurm_gpu.hw.gpustats import StatsReader
+from slurm_gpu.sim import SimNvml, load_facts
+from slurm_gpu.sim.load import LOAD_SCHEMA
+
+MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
+T0 = 1_700_000_000.0
+# h100-mig: GPUs 0-1 whole, GPUs 2-3 with MIG instances (GPU instance ids below).
+DEVICES = ["0", "1", "2/gi2", "2/gi7", "2/gi8", "2/gi9", "3/gi2", "3/gi7"]
+
+
+class Node:
+    """A node: simulator, fake /proc, the set of jobs Slurm runs here, a fake slurmdbd."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.sim = SimNvml.from_facts(load_facts(str(MACHINES / "h100-mig" / "facts.json")))
+        self.sim.nvmlInit()
+        self.clock = T0
+        self.devices: dict[str, list] = {}
+        self.proc = tmp / "proc"
+        self.proc.mkdir()
+        self.running: set[str] = set()
+        self.db: dict[str, str] = {}
+        self.s = AcctSettings(enabled=True, interval=10.0, dir=str(tmp / "acct"), proc_root=str(self.proc),
+                              dcgm_mapping_dir=str(tmp / "map"), metrics_file=str(tmp / "gpu.prom"))
+        self.store = Store(self.s.dir)
+        self.mon = Monitor(self.s, self.store, StatsReader(self.sim), "n1", lambda: set(self.running),
+                           now=lambda: self.clock, log=lambda m: None)
+        self.mon.start()
+        self._sync()
+
+    def _sync(self) -> None:
+        with self.sim.edit() as st:
+            st["load"] = {"schema": LOAD_SCHEMA, "t0": T0, "devices": self.devices}
+            st["clock"] = self.clock
+
+    def script(self, key: str, sm: float, pids: list[int], mem_mib: int = 1000) -> None:
+        self.devices[key] = [{"t": self.clock - T0, "sm": sm, "mem_mib": mem_mib,
+                              "pids": [{"pid": p, "mem_mib": mem_mib} for p in pids]}]
+        self._sync()
+
+    def process(self, pid: int, jobid: str) -> None:
+        (self.proc / str(pid)).mkdir(exist_ok=True)
+        (self.proc / str(pid) / "cgroup").write_text(
+            f"0::/system.slice/slurmstepd.scope/job_{jobid}/step_0/user/task_0\n")
+
+    def advance(self, seconds: float = 10.0) -> None:
+        self.clock += seconds
+        self._sync()
+        self.mon.tick()
+
+    def prolog(self, jobid: str, keys: list[str]) -> None:
+        self.running.add(jobid)
+        order = DEVICES
+        env = {"SLURM_JOB_ID": jobid, "SLURM_JOB_GPUS": ",".join(str(order.index(k)) for k in keys),
+               "SLURM_JOB_USER": "u"}
+        hooks.register(self.s, self.store, env, "n1", lambda: order, None, now=self.clock)
+
+    def epilog(self, jobid: str) -> None:
+        self.running.discard(jobid)
+        hooks.finish(self.s, self.store, jobid, "n1")
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    n = Node(tmp_path)
+
+    def fake_store(settings, jobid, node_name, part, env=None):
+        cur = n.db.get(jobid)
+        if cur is None:
+            return dbd.Outcome(False, "job not in slurmdbd yet")
+        new = dbd.merged(cur, node_name, part)
+        if new is None:
+            return dbd.Outcome(False, "would alter", final=True)
+        n.db[jobid] = new
+        return dbd.Outcome(True)
+
+    monkeypatch.setattr(dbd, "store", fake_store)
+    return n
+
+
+def test_loaded_gpus_busy_and_held_idle_gpu_idle(node):
+    node.db["7"] = ""
+    node.prolog("7", ["0", "1"])
+    node.process(100, "7")
+    node.script("0", 90, [100])
+    node.script("1", 60, [100])
+    # GPU 1 is the job's too, but job 8 holds "2/gi2" idle and leaks onto GPU 1.
+    node.db["8"] = "nhc: fine"
+    node.prolog("8", ["2/gi2"])
+    node.process(200, "8")
+    node.script("1", 60, [100, 200])
+    for _ in range(6):
+        node.advance()
+    node.epilog("7")
+    node.epilog("8")
+    s7 = dbd.parse(node.db["7"])["n1"]
+    assert s7["dev"]["0"]["sm"] == 90.0 and s7["dev"]["1"]["sm"] == 60.0
+    assert s7["dev"]["0"]["idle"] == 0.0 and s7["held"] == ["0", "1"]
+    other, s8 = dbd.split(node.db["8"])
+    assert other == "nhc: fine"                            # another tool's text kept
+    assert s8["n1"]["dev"]["2/gi2"]["idle"] == 1.0 or s8["n1"]["dev"]["2/gi2"]["sm"] is None
+    assert s8["n1"]["dev"]["1"]["leak"] == 1               # seen through its process's cgroup
+    assert "leak" not in s7["dev"]["1"]
+
+
+def test_unreachable_dbd_keeps_the_summary_and_a_later_tick_stores_it(node):
+    node.prolog("9", ["0"])
+    node.script("0", 50, [])
+    node.advance()
+    node.advance()
+    node.epilog("9")                                       # job not in the db yet
+    assert node.store.ids("pending") == ["9"]
+    node.db["9"] = ""
+    for _ in range(7):
+        node.advance()
+    assert node.store.ids("pending") == []
+    assert dbd.parse(node.db["9"])["n1"]["dev"]["0"]["sm"] == 50.0
+
+
+def test_two_hundred_random_lifecycles_leave_nothing_behind(node):
+    rng = random.Random(14)
+    free = list(DEVICES)
+    live: dict[str, list[str]] = {}
+    next_id, pid = 1000, 5000
+    ended: set[str] = set()
+    started = 0
+    while started < 200 or live:
+        op = rng.random()
+        if started < 200 and free and op < 0.4:
+            jid = str(next_id)
+            next_id += 1
+            started += 1
+            keys = rng.sample(free, rng.randint(1, min(3, len(free))))
+            for k in keys:
+                free.remove(k)
+            node.db[jid] = ""
+            node.prolog(jid, keys)
+            live[jid] = keys
+            pid += 1
+            node.process(pid, jid)
+            node.script(keys[0], rng.choice([0, 30, 95]), [pid])
+        elif live and op < 0.7:
+            jid = rng.choice(sorted(live))
+            kind = rng.random()
+            if kind < 0.2:                                 # requeue: epilog fails, prolog runs again
+                node.running.discard(jid)
+                node.prolog(jid, live[jid])
+                continue
+            keys = live.pop(jid)
+            free.extend(keys)
+            for k in keys:
+                node.devices.pop(k, None)
+            if kind < 0.5:                                 # failed epilog: Slurm forgets the job
+                node.running.discard(jid)
+            else:
+                node.epilog(jid)
+            ended.add(jid)
+        node.advance(rng.choice([5, 10, 10, 20]))
+    for _ in range(12):                                    # the sampler's sweeps
+        node.advance()
+    assert node.store.ids("jobs") == [] and node.store.ids("agg") == []
+    left = [p.name for p in Path(node.s.dcgm_mapping_dir).iterdir() if not p.name.startswith(".")]
+    assert left == []
+    assert node.store.ids("pending") == []
+    assert all(j in node.db for j in ended)
