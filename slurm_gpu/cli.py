@@ -31,6 +31,8 @@ COMMANDS: dict[str, str] = {
     "health": "slurm_gpu.commands.health:health",
     "xid-watch": "slurm_gpu.commands.health:xid_watch",
     "doctor": "slurm_gpu.commands.doctor:doctor",
+    "monitor": "slurm_gpu.commands.monitor:monitor",
+    "report": "slurm_gpu.commands.report:report",
 }
 
 HELP = {
@@ -46,6 +48,8 @@ HELP = {
     "health": "GPU node health check (HealthCheckProgram).",
     "xid-watch": "Listen for NVML events for the health check.",
     "doctor": "Check this node's Slurm setup for slurm-gpu (Nagios codes).",
+    "monitor": "Sample GPU use per job (node service).",
+    "report": "Cluster GPU usage from slurmdbd.",
 }
 
 

@@ -76,6 +76,10 @@ def device_summary(agg: Mapping[str, Any]) -> dict[str, Any]:
         out["s"] = int(round(agg["t_last"] - agg["t_first"]))
     if agg["xids"]:
         out["xid"] = list(agg["xids"])
+    if agg.get("mt"):
+        out["mt"] = int(agg["mt"] // (1024 * 1024))
+    if agg.get("fr", 1.0) != 1.0:
+        out["fr"] = agg["fr"]            # a MIG instance: its fraction of a whole GPU
     if not agg["held"]:
         out["leak"] = 1                  # used by the job's processes but not allocated to it
     return out
@@ -118,7 +122,7 @@ def _drop_xids(part: dict[str, Any]) -> None:
 def _drop_counts(part: dict[str, Any]) -> None:
     for v in part["dev"].values():
         v.pop("n", None)
-        v.pop("s", None)
+        v.pop("mt", None)
 
 
 def encode_part(node: str, part: Mapping[str, Any]) -> str:

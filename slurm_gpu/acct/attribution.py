@@ -45,6 +45,8 @@ class Share:
     mem: int | None
     energy_mj: int | None
     busy: bool               # its processes are on the device
+    mem_total: int | None = None
+    fraction: float = 1.0    # of a whole GPU
 
 
 def holders(registrations: Mapping[str, Iterable[str]]) -> dict[str, str]:
@@ -74,8 +76,9 @@ def attribute(stats: Iterable[DeviceStats], held_by: Mapping[str, str],
             if j is not None:
                 by_job[j] = by_job.get(j, 0) + int(p.mem_bytes or 0)
         if holder is not None:
-            out.append(Share(holder, s.key, True, s.sm, s.mem_used, s.energy_mj, holder in by_job))
+            out.append(Share(holder, s.key, True, s.sm, s.mem_used, s.energy_mj, holder in by_job,
+                             s.mem_total, s.fraction))
         for j, mem in sorted(by_job.items()):
             if j != holder:
-                out.append(Share(j, s.key, False, s.sm, mem, None, True))
+                out.append(Share(j, s.key, False, s.sm, mem, None, True, s.mem_total, s.fraction))
     return out

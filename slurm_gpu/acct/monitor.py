@@ -87,6 +87,7 @@ class Monitor:
             d = a["devices"].get(sh.key)
             if d is None:
                 d = a["devices"][sh.key] = aggregate.new_device(sh.held)
+                d["mt"], d["fr"] = sh.mem_total, sh.fraction
             aggregate.add_sample(d, t, sm=sh.sm, mem=sh.mem, energy_mj=sh.energy_mj,
                                  idle_threshold=s.idle_threshold, busy=sh.busy and sh.sm is None)
             a["updated"] = t

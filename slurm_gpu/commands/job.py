@@ -104,3 +104,16 @@ def cleanup(jobid: str | None, stale: bool, force: bool) -> None:
     notes = sweep.clean(ctx, jobid, lifecycle.teardown)
     for note in notes or ["nothing of slurm-gpu's left on this node"]:
         click.echo(f"slurm-gpu: job {jobid}: {note}")
+
+
+@job.command("report")
+@click.argument("jobid")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def report_cmd(jobid: str, as_json: bool) -> None:
+    """What JOBID did with each GPU: utilisation, memory, energy, idle time, verdicts.
+
+    Reads the summary stored in slurmdbd (works wherever sacct does); on the
+    node of a running job, this node's live figures are merged in.
+    """
+    from .report import job_report
+    job_report(jobid, as_json)

@@ -62,6 +62,7 @@ class DeviceStats:
     energy_mj: int | None         # counter; whole GPUs only
     procs: tuple[ProcUse, ...] = ()
     sm_source: str = ""           # "util", "gpm", "accounting" or ""
+    fraction: float = 1.0         # of a whole GPU: compute slices / the GPU's (MIG), else 1
 
     @property
     def key(self) -> str:
@@ -146,6 +147,7 @@ class StatsReader:
     def _mig(self, i: int, h: Any, procs: tuple[ProcUse, ...]) -> list[DeviceStats]:
         api = self.api
         count = self._maybe("nvmlDeviceGetMaxMigDeviceCount", h) or 0
+        # A GPU has as many compute slices as MIG devices at most (7 on A100/H100, 4 on A30).
         seen: dict[int, DeviceStats] = {}
         for j in range(int(count)):
             mh = self._maybe("nvmlDeviceGetMigDeviceHandleByIndex", h, j)
@@ -161,10 +163,14 @@ class StatsReader:
             sm, source = self._gpm_util(i, h, gi)
             if sm is None:
                 sm, source = self._accounting_util(h, mine)
+            attrs = self._maybe("nvmlDeviceGetAttributes", mh)
+            slices = int(getattr(attrs, "gpuInstanceSliceCount", 0) or 0) if attrs is not None else 0
+            frac = min(slices / int(count), 1.0) if slices and count else 1.0
             seen[gi] = DeviceStats(index=i, gi=gi, uuid=uuid, sm=sm,
                                    mem_used=int(mem.used) if mem is not None else None,
                                    mem_total=int(mem.total) if mem is not None else None,
-                                   power_mw=None, energy_mj=None, procs=mine, sm_source=source)
+                                   power_mw=None, energy_mj=None, procs=mine, sm_source=source,
+                                   fraction=round(frac, 4))
         return list(seen.values())
 
     def _gpm_util(self, i: int, h: Any, gi: int) -> tuple[float | None, str]:

@@ -171,8 +171,10 @@ def test_uninitialised_sim_answers_like_pynvml() -> None:
     sim.nvmlInit()
     with pytest.raises(sim.NVMLError_InvalidArgument):
         sim.nvmlDeviceGetHandleByIndex(2)
-    with pytest.raises(sim.NVMLError_NotSupported):
-        sim.nvmlDeviceGetPowerUsage(sim.nvmlDeviceGetHandleByIndex(0))
+    with pytest.raises(sim.NVMLError_NotSupported):     # a query the simulator does not model
+        sim.nvmlDeviceGetFanSpeed(sim.nvmlDeviceGetHandleByIndex(0))
+    # Power is modelled (the scripted load; idle power without one).
+    assert sim.nvmlDeviceGetPowerUsage(sim.nvmlDeviceGetHandleByIndex(0)) == 60_000
 
 
 def test_sim_state_file_is_shared_between_processes(tmp_path: Path) -> None:

@@ -1,0 +1,232 @@
+"""Per-job GPU accounting on a real Slurm with slurmdbd: the sampler, the
+prolog/epilog step, the summary in sacct, `job report`, `report usage`,
+metrics and dcgm-exporter mapping files.
+
+The simulator's scripted load drives the GPUs; the project's own monitor
+(`slurm-gpu monitor`, the installed venv) samples them every 0.3 s.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxlib import REPO, new_sandbox_dir
+from slurm_gpu.acct import dbd
+from slurm_gpu.sandbox.accounting import BINARIES
+from slurm_gpu.sim.load import LOAD_SCHEMA, write_load
+from slurm_gpu.sim.state import init_state_for_machine
+
+pytestmark = pytest.mark.skipif(
+    any(not os.access(b, os.X_OK) for b in BINARIES) and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1",
+    reason="slurmdbd or mariadb-server not installed")
+
+MACHINES = REPO / "tests" / "data" / "machines"
+INTERVAL = 0.3
+
+
+class AcctNode:
+    """A sandbox with accounting, one node, the simulator and a running monitor."""
+
+    def __init__(self, make_sandbox, machine: str, tag: str) -> None:
+        self.files = new_sandbox_dir(f"acct-{tag}")
+        self.sim = self.files / "sim.json"
+        self.load = self.files / "load.json"
+        self.map = self.files / "map"
+        self.prom = self.files / "gpu.prom"
+        init_state_for_machine(str(MACHINES / machine), str(self.sim))
+        st = json.loads(self.sim.read_text())
+        st["load_file"] = str(self.load)
+        self.sim.write_text(json.dumps(st))
+        self.script({})
+        for p in (self.files, self.sim, self.load):
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        self.c = make_sandbox(1, MACHINES / machine, prolog=True, accounting=True, extra_config={
+            "node": {"nvml": f"sim:{self.sim}"},
+            "acct": {"enabled": True, "interval": INTERVAL, "dcgm_mapping_dir": str(self.map),
+                     "metrics_file": str(self.prom), "job_labels": True}})
+        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
+               "SLURMD_NODENAME": "n1"}
+        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
+        self.monitor = subprocess.Popen([str(venv / "bin" / "slurm-gpu"), "monitor"], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=open(self.files / "monitor.log", "wb"),
+                                        start_new_session=True)
+        self.acct = self.c.dir / "var" / "n1" / "acct"
+
+    def script(self, devices: dict, t0: float | None = None) -> None:
+        write_load(str(self.load), {"schema": LOAD_SCHEMA, "t0": t0 or time.time(), "devices": devices})
+
+    def stop(self) -> None:
+        if self.monitor.poll() is None:
+            os.killpg(self.monitor.pid, signal.SIGTERM)
+            try:
+                self.monitor.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.monitor.pid, signal.SIGKILL)
+                self.monitor.wait()
+
+    def comment(self, jobid: int, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.c.run(["sacct", "-n", "-P", "-X", "-j", str(jobid), "-o", "AdminComment"]).stdout.strip()
+            if dbd.KEY in out or time.monotonic() > deadline:
+                return out
+            time.sleep(0.3)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
+        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
+               "SLURMD_NODENAME": "n1"}
+        return subprocess.run([str(venv / "bin" / "slurm-gpu"), *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    def left(self) -> dict[str, list[str]]:
+        out = {k: sorted(p.name for p in (self.acct / k).glob("*.json")) for k in ("jobs", "agg")}
+        out["map"] = sorted(p.name for p in self.map.iterdir() if not p.name.startswith(".")) \
+            if self.map.exists() else []
+        return out
+
+
+@pytest.fixture(scope="module")
+def whole(make_sandbox, job_users):
+    n = AcctNode(make_sandbox, "h100-sxm-8x", "whole")
+    yield n
+    n.stop()
+
+
+def wait_for(pred, timeout: float = 20.0, step: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(step)
+
+
+def test_loaded_gpus_busy_idle_gpu_idle_in_sacct_and_job_report(whole):
+    whole.script({"0": [{"t": 0, "sm": 80, "mem_mib": 20000, "power_w": 500}],
+                  "1": [{"t": 0, "sm": 40, "mem_mib": 10000, "power_w": 300}]})
+    jid = whole.c.sbatch("--gres=gpu:3", "--wrap", "sleep 3", user="sgtest1")
+    # While it runs: mapping files name the job, metrics carry its id on its GPUs only.
+    assert wait_for(lambda: whole.left()["map"] == ["0", "1", "2"]), whole.left()
+    assert wait_for(lambda: whole.prom.exists() and f'jobid="{jid}"' in whole.prom.read_text())
+    for line in whole.prom.read_text().splitlines():
+        if 'jobid="' in line:
+            assert f'jobid="{jid}"' in line and any(f'gpu="{g}"' in line for g in "012"), line
+    live = whole.cli("job", "report", str(jid), "--json")
+    assert live.returncode == 0, live.stderr
+    assert any("live" in n for n in json.loads(live.stdout)["notes"])
+    whole.c.wait_job(jid)
+    comment = whole.comment(jid)
+    part = dbd.parse(comment)["n1"]
+    assert part["held"] == ["0", "1", "2"]
+    rep = whole.cli("job", "report", str(jid), "--json")
+    assert rep.returncode == 0, rep.stderr
+    devs = {d["device"]: d for d in json.loads(rep.stdout)["devices"]}
+    assert devs["0"]["sm"] == pytest.approx(80, abs=0.5) and devs["0"]["idle"] == 0
+    assert devs["1"]["sm"] == pytest.approx(40, abs=0.5) and devs["1"]["idle"] == 0
+    assert devs["2"]["sm"] == 0 and devs["2"]["idle"] == 1.0
+    assert devs["0"]["mem"] == 20000 and devs["0"]["j"] > 0
+    verdicts = json.loads(rep.stdout)["verdicts"]
+    assert any(v.startswith("GPU 2 on n1: idle") for v in verdicts), verdicts
+    assert not any(v.startswith("GPU 0 on n1: idle") for v in verdicts)
+    text = whole.cli("job", "report", str(jid))
+    assert "GPU 2 on n1: idle" in text.stdout
+    assert wait_for(lambda: whole.left() == {"jobs": [], "agg": [], "map": []}), whole.left()
+
+
+def test_unknown_job_is_one_line(whole):
+    res = whole.cli("job", "report", "99999")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == ["slurm-gpu: job 99999 is unknown to slurmdbd (sacct)"]
+
+
+def test_another_tools_admin_comment_is_kept(whole):
+    whole.script({"0": [{"t": 0, "sm": 50}]})
+    jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
+    wait_for(lambda: whole.c.job(jid).get("JobState") == "RUNNING")
+    res = whole.c.run(["scontrol", "update", f"jobid={jid}", "AdminComment=nhc:ok"])
+    assert res.returncode == 0, res.stderr
+    whole.c.wait_job(jid)
+    comment = wait_for(lambda: (lambda c: c if dbd.KEY in c and "nhc:ok" in c else None)(whole.comment(jid)))
+    assert comment and comment.startswith("nhc:ok slurm-gpu:"), comment
+
+
+def test_report_usage_ratios_match_the_scripted_load(whole):
+    whole.script({"0": [{"t": 0, "sm": 90}], "1": [{"t": 0, "sm": 30}]})
+    a = whole.c.sbatch("--gres=gpu:2", "--wrap", "sleep 3", user="sgtest1")
+    b = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 3", user="sgtest2")
+    for j in (a, b):
+        whole.c.wait_job(j)
+        whole.comment(j)
+    rows = {}
+    for j in (a, b):
+        out = whole.c.run(["sacct", "-n", "-P", "-X", "-j", str(j), "-o", "Start,End,ElapsedRaw,AdminComment"])
+        start, end, elapsed, comment = out.stdout.strip().split("|", 3)
+        rows[j] = (start, end, int(elapsed), dbd.parse(comment)["n1"])
+    since = min(r[0] for r in rows.values())
+    until = max(r[1] for r in rows.values())
+    # By hand: job a held GPUs 0 (90 %) and 1 (30 %); job b held one other GPU, idle.
+    ea, eb = rows[a][2], rows[b][2]
+    assert set(rows[a][3]["held"]) == {"0", "1"}
+    assert len(rows[b][3]["held"]) == 1 and rows[b][3]["held"][0] not in ("0", "1")
+    used = ea * (0.90 + 0.30)
+    alloc = 2 * ea + eb
+    from datetime import datetime
+    span = (datetime.fromisoformat(until) - datetime.fromisoformat(since)).total_seconds()
+    res = whole.cli("report", "usage", "--since", since, "--until", until, "--json")
+    assert res.returncode == 0, res.stderr
+    v = json.loads(res.stdout)
+    assert v["capacity_gpus"] == 8
+    assert v["job_efficiency"] == pytest.approx(used / alloc, rel=0.01)
+    assert v["cluster_utilisation"] == pytest.approx(used / (8 * span), rel=0.01)
+    assert v["idle_gpu_hours"] == pytest.approx(eb / 3600, rel=0.01)
+    assert v["top_idle"][0]["user"] == "sgtest2"
+
+
+def test_requeues_and_cancels_leave_no_mapping_or_aggregate(whole):
+    import random
+    rng = random.Random(5)
+    whole.script({str(g): [{"t": 0, "sm": 20}] for g in range(8)})
+    ids = []
+    for i in range(8):
+        ids.append(whole.c.sbatch(f"--gres=gpu:{rng.randint(1, 2)}", "--requeue", "--wrap", "sleep 2"))
+    for j in ids[:3]:
+        wait_for(lambda: whole.c.job(j).get("JobState") == "RUNNING", timeout=15)
+        whole.c.run(["scontrol", "requeue", str(j)])
+        # A requeued job waits for a BeginTime about two minutes away: bring it forward.
+        wait_for(lambda: whole.c.job(j).get("JobState") == "PENDING", timeout=15)
+        whole.c.run(["scontrol", "update", f"jobid={j}", "StartTime=now"])
+    whole.c.run(["scancel", str(ids[-1])])
+    for j in ids:
+        whole.c.wait_job(j, timeout=90)
+    assert wait_for(lambda: whole.left() == {"jobs": [], "agg": [], "map": []}, timeout=30), whole.left()
+
+
+def test_two_mig_jobs_on_one_gpu_get_separate_figures(make_sandbox, job_users):
+    n = AcctNode(make_sandbox, "h100-mig", "mig")
+    try:
+        # Slurm's indices 4 and 5 are GPU 2's 1g.10gb instances: GPU instances 7 and 8.
+        n.script({"2/gi7": [{"t": 0, "sm": 70, "mem_mib": 3000}], "2/gi8": [{"t": 0, "sm": 10, "mem_mib": 500}]})
+        a = n.c.sbatch("--gres=gpu:nvidia_h100_80gb_hbm3_1g.10gb:1", "--wrap", "sleep 3")
+        b = n.c.sbatch("--gres=gpu:nvidia_h100_80gb_hbm3_1g.10gb:1", "--wrap", "sleep 3")
+        assert wait_for(lambda: n.left()["map"] == ["2.7", "2.8"]), n.left()
+        assert (n.map / "2.7").read_text().split() != (n.map / "2.8").read_text().split()
+        for j in (a, b):
+            n.c.wait_job(j)
+        pa, pb = (dbd.parse(n.comment(j))["n1"] for j in (a, b))
+        (ka, da), = pa["dev"].items()
+        (kb, db), = pb["dev"].items()
+        assert {ka, kb} == {"2/gi7", "2/gi8"}
+        figures = {ka: da, kb: db}
+        assert figures["2/gi7"]["sm"] == pytest.approx(70, abs=1) and figures["2/gi7"]["mem"] == 3000
+        assert figures["2/gi8"]["sm"] == pytest.approx(10, abs=1) and figures["2/gi8"]["mem"] == 500
+        assert figures["2/gi7"]["fr"] == pytest.approx(1 / 7, abs=0.01)
+        assert wait_for(lambda: n.left() == {"jobs": [], "agg": [], "map": []}), n.left()
+    finally:
+        n.stop()
