@@ -15,15 +15,21 @@
 #      render, and `slurm-gpu doctor` where this version has it;
 #   5. dpkg --purge, then the file list again: it must equal step 2's.
 # Needs root, debootstrap, overlayfs and a Debian mirror (DEBIAN_MIRROR).
+# With --rpm FILE the EL package goes through the same steps in a Debian 12
+# root instead (rpm --root: its %post makes the venv from python3.11, which
+# Debian 12 also has, with every shipped wheel and nothing from the system;
+# %postun removes it): the closest this project gets to EL, see docs/install.md.
 # Exit 0: all passed; 1: a check failed; 77: cannot run here (no mirror,
-# no debootstrap), with one `slurm-gpu:` line saying why.
+# no debootstrap, no rpm), with one `slurm-gpu:` line saying why.
 #   scripts/test-deb.sh [--deb FILE] [SUITE...]
+#   scripts/test-deb.sh --rpm FILE [bookworm]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${SLURM_GPU_CACHE:-/var/cache/slurm-gpu}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-DEB=
+DEB= RPM=
 if [ "${1:-}" = --deb ]; then DEB=$2; shift 2; fi
+if [ "${1:-}" = --rpm ]; then RPM=$2; shift 2; fi
 SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(bookworm trixie)
 
@@ -33,8 +39,14 @@ command -v debootstrap >/dev/null || { say "debootstrap is not installed (apt-ge
 for s in "${SUITES[@]}"; do
     case "$s" in *[!a-z0-9-]*|"") say "bad suite name '$s'"; exit 2 ;; esac
 done
-if [ -z "$DEB" ]; then DEB=$(bash "$HERE/scripts/build-deb.sh"); fi
-[ -f "$DEB" ] || { say "no package at $DEB"; exit 1; }
+if [ -n "$RPM" ]; then
+    command -v rpm >/dev/null || { say "rpm is not installed (apt-get install rpm)"; exit 77; }
+    [ -f "$RPM" ] || { say "no package at $RPM"; exit 1; }
+    [ ${#SUITES[@]} = 1 ] && [ "${SUITES[0]}" = bookworm ] || SUITES=(bookworm)
+else
+    if [ -z "$DEB" ]; then DEB=$(bash "$HERE/scripts/build-deb.sh"); fi
+    [ -f "$DEB" ] || { say "no package at $DEB"; exit 1; }
+fi
 
 # The bare root of SUITE, built once (flock: concurrent runs wait for one build).
 bare_root() {
@@ -69,6 +81,7 @@ file_list() {
     (cd "$1" && find . -xdev \( -path ./proc -o -path ./sys -o -path ./dev -o -path ./run \
         -o -path ./tmp -o -path ./var/cache/apt -o -path ./var/lib/apt -o -path ./var/log \
         -o -path ./var/lib/dpkg -o -path ./var/cache/debconf -o -path ./var/cache/ldconfig \
+        -o -path ./var/lib/rpm -o -path ./root/.rpmdb -o -path ./usr/lib/sysimage/rpm \
         -o -path ./etc/ld.so.cache \) -prune -o -printf '%y %m %u:%g %s %p\n' | LC_ALL=C sort)
 }
 
@@ -101,21 +114,37 @@ for SUITE in "${SUITES[@]}"; do
     # Never start a service inside the test root (no init there anyway).
     printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"; chmod 755 "$R/usr/sbin/policy-rc.d"
 
-    deps=$(dpkg-deb -f "$DEB" Depends | sed -e 's/([^)]*)//g' -e 's/,/ /g')
     extra=()
     spank_expect=missing
-    if [ "$SUITE" != bookworm ]; then extra=(gcc python3-dev python3-setuptools libslurm-dev); spank_expect=built; fi
+    if [ -n "$RPM" ]; then
+        # What the spec Requires, by its Debian names (python3.11's ensurepip for the venv).
+        deps="python3.11 python3.11-venv libhwloc15"
+    else
+        deps=$(dpkg-deb -f "$DEB" Depends | sed -e 's/([^)]*)//g' -e 's/,/ /g')
+        if [ "$SUITE" != bookworm ]; then extra=(gcc python3-dev python3-setuptools libslurm-dev); spank_expect=built; fi
+    fi
     in_root apt-get update -qq >/dev/null || fail "apt-get update failed"
     # shellcheck disable=SC2086
     in_root apt-get install -y -qq --no-install-recommends $deps "${extra[@]}" >"$WORK/apt.log" 2>&1 ||
         fail "installing the dependencies failed: $(tail -3 "$WORK/apt.log")"
+    # EL's filesystem package owns /usr/share/licenses; a Debian root lacks it.
+    if [ -n "$RPM" ]; then mkdir -p "$R/usr/share/licenses"; fi
     file_list "$R" >"$WORK/before"
 
-    cp "$DEB" "$R/tmp/slurm-gpu.deb"
-    in_root dpkg -i /tmp/slurm-gpu.deb >"$WORK/install.log" 2>&1 || fail "dpkg -i failed: $(cat "$WORK/install.log")"
-    rm -f "$R/tmp/slurm-gpu.deb"
+    if [ -n "$RPM" ]; then
+        # --nodeps: the root has the Requires under Debian's names, not EL's.
+        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root rpm --root "$R" --initdb
+        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+            rpm --root "$R" --nodeps -i "$RPM" >"$WORK/install.log" 2>&1 || fail "rpm -i failed: $(cat "$WORK/install.log")"
+        python=/usr/bin/python3.11
+    else
+        cp "$DEB" "$R/tmp/slurm-gpu.deb"
+        in_root dpkg -i /tmp/slurm-gpu.deb >"$WORK/install.log" 2>&1 || fail "dpkg -i failed: $(cat "$WORK/install.log")"
+        rm -f "$R/tmp/slurm-gpu.deb"
+        python=/usr/bin/python3
+    fi
     sed 's/^/    /' "$WORK/install.log" >&2
-    py=$(in_root /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    py=$(in_root "$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     vpy=$(in_root /opt/slurm-gpu/venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     [ "$py" = "$vpy" ] || fail "venv runs Python $vpy, the root has $py"
     ver=$(in_root /opt/slurm-gpu/venv/bin/slurm-gpu --version) || fail "slurm-gpu --version failed"
@@ -138,15 +167,25 @@ for SUITE in "${SUITES[@]}"; do
         # A bare root is no configured node: findings are expected (Nagios 0-2), a broken check (3) or a traceback is not.
         if [ "$rc" -gt 2 ] || grep -q Traceback "$WORK/doctor.log"; then fail "doctor broke (exit $rc): $(cat "$WORK/doctor.log")"; fi
         doctor="exit $rc, $(grep -c . "$WORK/doctor.log") finding line(s)"
+        sed 's/^/    doctor: /' "$WORK/doctor.log" >&2
     fi
 
-    in_root dpkg --purge slurm-gpu >"$WORK/purge.log" 2>&1 || fail "dpkg --purge failed: $(cat "$WORK/purge.log")"
+    if [ -n "$RPM" ]; then
+        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+            rpm --root "$R" -e slurm-gpu >"$WORK/purge.log" 2>&1 || fail "rpm -e failed: $(cat "$WORK/purge.log")"
+    else
+        in_root dpkg --purge slurm-gpu >"$WORK/purge.log" 2>&1 || fail "dpkg --purge failed: $(cat "$WORK/purge.log")"
+    fi
     file_list "$R" >"$WORK/after"
     if ! diff -u "$WORK/before" "$WORK/after" >"$WORK/diff"; then
         fail "purge left the root changed:
 $(grep '^[-+][^-+]' "$WORK/diff" | head -20)"
     fi
-    in_root dpkg-query -W slurm-gpu >/dev/null 2>&1 && fail "dpkg still knows slurm-gpu after purge"
-    say "$SUITE: ok in $(( $(date +%s) - t0 )) s: $ver on Python $py, SPANK plugin $spank_expect, doctor $doctor; purge left $(wc -l <"$WORK/before") files as they were"
+    if [ -n "$RPM" ]; then
+        rpm --root "$R" -q slurm-gpu >/dev/null 2>&1 && fail "rpm still knows slurm-gpu after erase"
+    else
+        in_root dpkg-query -W slurm-gpu >/dev/null 2>&1 && fail "dpkg still knows slurm-gpu after purge"
+    fi
+    say "$SUITE${RPM:+ (rpm)}: ok in $(( $(date +%s) - t0 )) s: $ver on Python $py, SPANK plugin $spank_expect, doctor $doctor; purge left $(wc -l <"$WORK/before") files as they were"
     cleanup
 done

@@ -23,7 +23,10 @@ if [ "${SLURM_GPU_SYSTEM_SITE:-1}" = 1 ]; then
 else
     "$PYTHON" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --no-index --no-cache-dir --disable-pip-version-check \
+# Only the shipped wheels: no pip config or PIP_* variable of the admin's
+# (or of the package manager's environment) takes part.
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/nonexistent PIP_CONFIG_FILE=/dev/null \
+    "$VENV/bin/python" -m pip install -q --no-index --no-cache-dir --disable-pip-version-check \
     --find-links "$WHEELS" slurm-gpu
 # Slurm runs our code as root and inside every job user's processes.
 chmod -R a+rX "$BASE"

@@ -62,3 +62,16 @@ def test_rpm_metadata_and_scriptlets(rpm: Path) -> None:
     scripts = _q(rpm, "--scripts")
     assert "SLURM_GPU_PYTHON=/usr/bin/python3.11 SLURM_GPU_SYSTEM_SITE=0" in scripts
     assert "rm -rf /opt/slurm-gpu/venv" in scripts          # erase removes what %post made
+
+
+def test_rpm_post_and_erase_in_a_debian12_root(rpm: Path) -> None:
+    """The closest to EL here: %post makes the venv from python3.11 (which Debian 12
+    has too) with only the shipped wheels, and erasing leaves the root as it was."""
+    res = subprocess.run(["bash", str(REPO / "scripts" / "test-deb.sh"), "--rpm", str(rpm)],
+                         capture_output=True, text=True, timeout=1200)
+    if res.returncode == CANNOT_RUN and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1":
+        pytest.skip(res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-4000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert "test-deb: bookworm (rpm): ok" in last and "on Python 3.11" in last, last
+    assert "files as they were" in last, last
