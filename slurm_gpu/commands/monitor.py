@@ -28,7 +28,6 @@ def build(interval: float | None = None) -> Any:
     from ..acct.store import Store
     from ..health.settings import HealthSettings
     from ..hw import live
-    from ..hw.gpustats import StatsReader
     from .. import config
     s = settings.load()
     if interval is not None:
@@ -39,11 +38,12 @@ def build(interval: float | None = None) -> Any:
     xid = hs.events_file.replace("%n", node) if hs.events_file else os.path.join(node_s.state_dir,
                                                                                   "xid-events.jsonl")
     try:
-        model = live.load_node(node_s)
+        model = live.this_node(node_s)
         buses = {g.bus_id.lower(): g.index for g in model.gpus if g.bus_id}
     except Exception:  # noqa: BLE001 - XIDs are then not attributed; sampling still works
         buses = {}
-    reader = StatsReader(live.open_nvml(node_s))
+    from ..hw import backend
+    reader = backend.open_gpus(backend.source_for(node_s)).stats_reader()
     return s, Monitor(s, Store(settings.acct_dir(s, node_s.state_dir)), reader, node,
                       lambda: _running_jobs(node, s.dbd_timeout), xid_file=xid, bus_index=buses)
 

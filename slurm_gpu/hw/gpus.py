@@ -160,6 +160,11 @@ class Gpus(Protocol):
     def listen(self) -> EventListener:
         """A new listener for critical events (register GPUs on it, then wait)."""
 
+    # -- usage (slurm-gpu monitor) -----------------------------------------
+    def stats_reader(self) -> Any:
+        """A :class:`~slurm_gpu.hw.gpustats.StatsReader`: utilisation, memory, power,
+        energy and processes of every GPU and MIG instance, read again at each ``read()``."""
+
     # -- lifetime ------------------------------------------------------------
     def close(self) -> None:
         """Release the driver (errors ignored)."""

@@ -206,6 +206,11 @@ class NvmlGpus:
     def listen(self) -> "NvmlEvents":
         return NvmlEvents(self)
 
+    # -- usage ---------------------------------------------------------------
+    def stats_reader(self) -> Any:
+        from .gpustats import StatsReader
+        return StatsReader(self.api)
+
     # -- lifetime ------------------------------------------------------------
     def close(self) -> None:
         if self._closer is not None:
