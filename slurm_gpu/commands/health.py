@@ -156,6 +156,8 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
                    "(run with --debug for a traceback)", err=True)
         return EXIT_UNKNOWN
     _publish(name, snapshot)
+    if slurm_mode:
+        _sweep_stale_jobs()
     if as_json:
         click.echo(_json.dumps(rep.to_json(), indent=1))
     else:
@@ -227,3 +229,21 @@ def xid_watch(events_file: str | None, snapshot: str | None, overlay: str | None
 def _node() -> str:
     from ..hw import live
     return live.node_name()
+
+
+def _sweep_stale_jobs() -> None:
+    """Clean up what failed epilogs left for jobs Slurm no longer runs here (docs/mps-mig.md).
+
+    The prolog does the same; this run catches it on a node no new
+    ``--gpu-mps``/``--gpu-mig`` job comes to.  A clean node pays one listdir.
+    """
+    from ..hw import live
+    from ..jobs import state as jobstate
+    try:
+        if not jobstate.list_jobs(live.settings().state_dir):
+            return
+        from ..jobs import lifecycle, sweep
+        for line in sweep.sweep(lifecycle.default_context({}), lifecycle.teardown):
+            click.echo(line, err=True)
+    except Exception as e:  # noqa: BLE001 - never the health verdict's business
+        click.echo(f"slurm-gpu: stale job sweep skipped: {type(e).__name__}: {e}", err=True)

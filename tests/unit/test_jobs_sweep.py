@@ -115,3 +115,20 @@ def test_job_cleanup_cli(node: Env, monkeypatch, capsys) -> None:
     assert main(["job", "cleanup", "--stale"]) == 0
     assert "no stale job state" in capsys.readouterr().out
     assert os.path.isdir(node.state_dir)
+
+
+def test_the_health_run_sweeps_too(node: Env, monkeypatch, capsys) -> None:
+    """A node no new MPS/MIG job comes to is cleaned by its HealthCheckProgram run."""
+    from types import SimpleNamespace
+
+    from slurm_gpu.commands import health
+    from slurm_gpu.hw import live
+    assert lifecycle.prolog(_ctx(node, "100", SLURM_JOB_GPUS="2",
+                                 SPANK_SLURM_GPU_MIG="3g.40gb")) == 0, node.logs
+    _fail_epilog(node, "100", monkeypatch)
+    _squeue(node, stdout="100|COMPLETED|n1\n")
+    monkeypatch.setattr(live, "settings", lambda: SimpleNamespace(state_dir=node.state_dir))
+    monkeypatch.setattr(lifecycle, "default_context", lambda env=None: _ctx(node, "1"))
+    health._sweep_stale_jobs()
+    assert "stale job 100: cleaned up" in capsys.readouterr().err
+    assert node.leftovers("100") == []
