@@ -253,14 +253,14 @@ def capacity_gpus(sinfo_gres: str) -> float:
 def usage_view(u: Usage, since: float, until: float, capacity: float, by: str, top: int = 5) -> dict[str, Any]:
     span = max(until - since, 0.0)
     cap_s = capacity * span
-    groups = [{by: k, "jobs": int(v["jobs"]), "allocated_gpu_hours": round(v["allocated"] / 3600, 4),
-               "used_gpu_hours": round(v["used"] / 3600, 4), "idle_gpu_hours": round(v["idle"] / 3600, 4),
+    groups = [{by: k, "jobs": int(v["jobs"]), "allocated_gpu_hours": round(v["allocated"] / 3600, 6),
+               "used_gpu_hours": round(v["used"] / 3600, 6), "idle_gpu_hours": round(v["idle"] / 3600, 6),
                "efficiency": round(v["used"] / v["allocated"], 4) if v["allocated"] else None}
               for k, v in sorted(u.by.items())]
     idle_top = sorted((g for g in groups if g["idle_gpu_hours"] > 0), key=lambda g: -g["idle_gpu_hours"])[:top]
     return {"since": since, "until": until, "by": by, "jobs": u.jobs, "capacity_gpus": round(capacity, 4),
-            "allocated_gpu_hours": round(u.allocated / 3600, 4), "used_gpu_hours": round(u.used / 3600, 4),
-            "idle_gpu_hours": round(u.idle / 3600, 4),
+            "allocated_gpu_hours": round(u.allocated / 3600, 6), "used_gpu_hours": round(u.used / 3600, 6),
+            "idle_gpu_hours": round(u.idle / 3600, 6),
             "job_efficiency": round(u.used / u.allocated, 4) if u.allocated else None,
             "cluster_utilisation": round(u.used / cap_s, 4) if cap_s else None,
             "groups": groups, "top_idle": idle_top}
