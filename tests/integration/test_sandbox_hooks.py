@@ -17,7 +17,8 @@ def conf_value(cluster, key: str) -> str:
     assert res.returncode == 0, res.stderr
     for line in res.stdout.splitlines():
         k, _, v = line.partition("=")
-        if k.strip() == key:
+        # Slurm >= 24.11 lists Prolog/Epilog as Prolog[0], Prolog[1]...
+        if k.strip() in (key, f"{key}[0]"):
             return v.strip()
     raise AssertionError(f"{key} not in scontrol show config")
 
