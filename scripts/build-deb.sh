@@ -29,18 +29,8 @@ root=$stage/root
 mkdir -p "$root/DEBIAN" "$root/usr/share/slurm-gpu/wheels" "$root/usr/lib/slurm-gpu" \
          "$root/usr/lib/systemd/system" "$root/usr/share/doc/slurm-gpu"
 
-# Wheels: ours and nvidia-ml-py (not in Debian).  Ours is built from a clean
-# copy of the tree (tracked and new files, not ignored ones): setuptools'
-# build/ directory keeps files deleted from the tree and would ship them.
-mkdir -p "$stage/src"
-if git -C "$HERE" rev-parse --git-dir >/dev/null 2>&1; then
-    (cd "$HERE" && git ls-files -z --cached --others --exclude-standard |
-        xargs -0 -I{} sh -c '[ -e "{}" ] || [ -L "{}" ] && printf "%s\0" "{}"' |
-        tar --null -T - -cf -) | tar -xf - -C "$stage/src"
-else
-    tar -C "$HERE" --exclude=./build --exclude=./dist --exclude='*.egg-info' -cf - . | tar -xf - -C "$stage/src"
-fi
-"$PY" -m pip wheel -q --no-deps --disable-pip-version-check -w "$stage/wheels" "$stage/src" >/dev/null
+# Wheels: ours (scripts/build-wheel.sh) and nvidia-ml-py (not in Debian).
+bash "$HERE/scripts/build-wheel.sh" "$stage/wheels" >/dev/null
 "$PY" -m pip download -q --no-deps --only-binary=:all: --disable-pip-version-check \
     -d "$stage/wheels" "nvidia-ml-py==$nvml" >/dev/null
 cp "$stage"/wheels/slurm_gpu-"$version"-py3-none-any.whl "$stage"/wheels/nvidia_ml_py-*.whl \

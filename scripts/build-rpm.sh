@@ -23,12 +23,7 @@ trap 'rm -rf "$stage"' EXIT
 src=$stage/slurm-gpu-$version
 mkdir -p "$src/wheels" "$src/packaging" "$src/docs"
 
-# Our wheel from a clean copy of the tree (see build-deb.sh for why).
-mkdir -p "$stage/tree"
-(cd "$HERE" && git ls-files -z --cached --others --exclude-standard |
-    while IFS= read -r -d '' f; do if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\0' "$f"; fi; done |
-    tar --null -T - -cf -) | tar -xf - -C "$stage/tree"
-"$PY" -m pip wheel -q --no-deps --disable-pip-version-check -w "$src/wheels" "$stage/tree" >/dev/null
+bash "$HERE/scripts/build-wheel.sh" "$src/wheels" >/dev/null
 
 # Its dependencies, pinned to what the project's venv runs, for EL's python3.11.
 pins=$("$PY" - <<'PIN'
