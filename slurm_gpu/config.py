@@ -10,6 +10,7 @@ be an error, not a silently ignored setting.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import tomllib
@@ -23,6 +24,7 @@ from .errors import InputError
 T = TypeVar("T")
 
 ENV_VAR = "SLURM_GPU_CONFIG"
+MAX_NUMBER = 10 ** 9        # no timeout, count or percentage is bigger
 
 def use_config(path: str | None) -> None:
     """Make *path* the config file for this process (None: back to the lookup).
@@ -58,6 +60,10 @@ def _load(path: str | None) -> dict[str, Any]:
         raise InputError("config file not found", path) from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"bad config: {e}", path) from None
+    except UnicodeDecodeError:
+        raise InputError("bad config: not UTF-8 text", path) from None
+    except RecursionError:
+        raise InputError("bad config: nested too deeply", path) from None
     except OSError as e:
         raise InputError(f"cannot read config: {e.strerror}", path) from None
 
@@ -88,8 +94,14 @@ def section(cls: type[T], name: str, raw: dict[str, Any] | None = None) -> T:
     defaults = cls()  # type: ignore[call-arg]
     for key, value in data.items():
         want = type(getattr(defaults, key))
-        if want is float and isinstance(value, int):
-            value = float(value)
-        if getattr(defaults, key) is not None and not isinstance(value, want):
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value) if abs(value) <= MAX_NUMBER else value
+        if getattr(defaults, key) is not None and (not isinstance(value, want) or
+                                                   (want is not bool and isinstance(value, bool))):
             raise InputError(f"config key {name}.{key} must be {want.__name__}", where)
+        if want in (int, float) and not (math.isfinite(value) and 0 <= value <= MAX_NUMBER):
+            # Every number here is a duration, a count or a percentage: TOML's
+            # nan/inf or a negative one would only fail later, in a timer or a loop.
+            raise InputError(f"config key {name}.{key} must be a finite number from 0 to {MAX_NUMBER}", where)
+        data = {**data, key: value}
     return cls(**data)  # type: ignore[call-arg]

@@ -20,10 +20,13 @@ class SlurmGpuError(Exception):
         self.where = where
 
     def line(self) -> str:
-        """The one line shown to the user (without trailing newline)."""
-        if self.where:
-            return f"slurm-gpu: {self.what} ({self.where})"
-        return f"slurm-gpu: {self.what}"
+        """The one line shown to the user (without trailing newline).
+
+        Input text quoted in a message (a file's line, a node name) may hold
+        line breaks: they are shown escaped, so the message stays one line.
+        """
+        text = f"slurm-gpu: {self.what} ({self.where})" if self.where else f"slurm-gpu: {self.what}"
+        return text.replace("\r", "\\r").replace("\n", "\\n")
 
     def __str__(self) -> str:
         return self.line()

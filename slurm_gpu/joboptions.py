@@ -130,8 +130,9 @@ def parse_mps(value: str | None) -> str:
     if value is None or value.strip().lower() == MPS_DEFAULT:
         return MPS_DEFAULT
     v = value.strip().rstrip("%")
-    # isascii: str.isdigit() also takes '²', which int() refuses
-    if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= 100:
+    # isascii: str.isdigit() also takes '²', which int() refuses; and int()
+    # refuses 4,300+ digits, so the length is checked first
+    if not (v.isascii() and v.isdigit() and len(v) <= 3) or not 1 <= int(v) <= 100:
         raise UsageError(f"bad value {value!r} for --gpu-mps: expected an active-thread "
                          "percentage from 1 to 100, or no value")
     return str(int(v))

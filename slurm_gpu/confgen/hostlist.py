@@ -15,11 +15,27 @@ from ClusterShell.RangeSet import RangeSet, RangeSetParseError
 from ..errors import InputError
 
 _TRAILING_INT = re.compile(r"^(.*?)(\d+)$")
+# Bad input must be one line, never a hang: a range that expands to more
+# names or numbers than any cluster has is refused before it is expanded,
+# and ClusterShell's own ValueError (int() of a 5,000-digit bound) is ours.
+MAX_EXPANSION = 1 << 17    # no Slurm cluster has more nodes; no node more cores
+_ERRORS = (NodeSetParseError, RangeSetParseError, ValueError, OverflowError, RecursionError,
+           AssertionError)  # ClusterShell asserts "range too large"
 
 
 def natural_key(text: str) -> tuple[object, ...]:
-    """Sort key that puts ``gpu2`` before ``gpu10`` and ``gpu[001-002]`` before ``gpu003``."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+    """Sort key that puts ``gpu2`` before ``gpu10`` and ``gpu[001-002]`` before ``gpu003``.
+
+    Digit runs compare by value without int() (which refuses 4,300+ digits):
+    by length once leading zeros are gone, then by the digits themselves.
+    """
+    parts = re.split(r"(\d+)", text)
+    return tuple((len(p.lstrip("0")), p.lstrip("0")) if i % 2 else p for i, p in enumerate(parts))
+
+
+def _bounded(n: int, what: str, text: str, where: str) -> None:
+    if n > MAX_EXPANSION:
+        raise InputError(f"{what} {text[:60]!r} expands to {n} entries (at most {MAX_EXPANSION})", where or None)
 
 
 def fold(names: Iterable[str]) -> str:
@@ -37,9 +53,11 @@ def fold(names: Iterable[str]) -> str:
 def expand(hostlist: str, where: str = "") -> list[str]:
     """``gpu[001-003]`` -> ``['gpu001', 'gpu002', 'gpu003']``."""
     try:
-        return list(NodeSet(hostlist))
-    except (NodeSetParseError, RangeSetParseError) as e:
-        raise InputError(f"bad hostlist {hostlist!r}: {e}", where or None) from None
+        ns = NodeSet(hostlist)
+        _bounded(len(ns), "hostlist", hostlist, where)
+        return list(ns)
+    except _ERRORS as e:
+        raise InputError(f"bad hostlist {hostlist[:60]!r}: {str(e)[:80]}", where or None) from None
 
 
 def int_ranges(values: Iterable[int]) -> str:
@@ -58,9 +76,11 @@ def parse_int_ranges(text: str, where: str = "") -> tuple[int, ...]:
     if not t:
         return ()
     try:
-        return tuple(sorted(int(x) for x in RangeSet(t)))
-    except (RangeSetParseError, ValueError) as e:
-        raise InputError(f"bad range {text!r}: {e}", where or None) from None
+        rs = RangeSet(t)
+        _bounded(len(rs), "range", text, where)
+        return tuple(sorted(int(x) for x in rs))
+    except _ERRORS as e:
+        raise InputError(f"bad range {text[:60]!r}: {str(e)[:80]}", where or None) from None
 
 
 def fold_files(paths: Sequence[str]) -> str:
@@ -85,7 +105,10 @@ def fold_files(paths: Sequence[str]) -> str:
 def expand_files(text: str, where: str = "") -> tuple[str, ...]:
     """Expand a File=/MultipleFiles= value: ``/dev/nvidia[0-1],/dev/x`` -> paths."""
     try:
-        return tuple(NodeSet(text, autostep=None)) if "[" in text else tuple(
-            p for p in text.split(",") if p)
-    except (NodeSetParseError, RangeSetParseError) as e:
-        raise InputError(f"bad file list {text!r}: {e}", where or None) from None
+        if "[" not in text:
+            return tuple(p for p in text.split(",") if p)
+        ns = NodeSet(text, autostep=None)
+        _bounded(len(ns), "file list", text, where)
+        return tuple(ns)
+    except _ERRORS as e:
+        raise InputError(f"bad file list {text[:60]!r}: {str(e)[:80]}", where or None) from None

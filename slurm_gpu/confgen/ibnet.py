@@ -22,8 +22,10 @@ from typing import Iterable
 
 from ..errors import InputError
 
-_NODE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([^"]+)"(.*)$')
-_PORT = re.compile(r'^\[(\d+)\](?:\([0-9A-Fa-fx]+\))?\s+"([^"]+)"\[(\d+)\]')
+_NODE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([^"\n]+)"(.*)$')
+# Port numbers are read with int(): bounded, so a 5,000-digit one is an
+# unreadable line (one error naming it), not a ValueError from int().
+_PORT = re.compile(r'^\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?\s+"([^"\n]+)"\[(\d{1,5})\]')
 _QUOTED = re.compile(r'"([^"]*)"')
 
 
@@ -49,9 +51,9 @@ class IbFabric:
 # per node, not per line.  Anything it does not recognise is handed to the
 # line-by-line reader below, which names the exact line.
 _SKIP = re.compile(r"(?:[ \t]*\n|#[^\n]*\n)*")
-_RECORD = re.compile(r'((?:[A-Za-z]\w*=[^\n]*\n)*)(Switch|Ca|Rt)[ \t]+(\d+)[ \t]+"([^"]+)"([^\n]*)\n'
+_RECORD = re.compile(r'((?:[A-Za-z]\w*=[^\n]*\n)*)(Switch|Ca|Rt)[ \t]+(\d+)[ \t]+"([^"\n]+)"([^\n]*)\n'
                      r'((?:\[[^\n]*\n)*)')
-_PORTS = re.compile(r'^\[(\d+)\](?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"]+)"\[(\d+)\][^\n]*$', re.M)
+_PORTS = re.compile(r'^\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\][^\n]*$', re.M)
 
 
 def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabric:

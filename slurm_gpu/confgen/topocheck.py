@@ -68,6 +68,8 @@ def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         raise InputError(f"unreadable YAML: {getattr(e, 'problem', e)}", where) from None
+    except RecursionError:
+        raise InputError("unreadable YAML: nested too deeply", source) from None
     if not isinstance(data, list):
         raise InputError("topology.yaml must be a list of topologies", source)
     m = TopoMeaning()

@@ -119,7 +119,7 @@ def _journal_lines(line: str) -> list[KernelLine]:
         return []
     try:
         rec = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     if not isinstance(rec, dict) or rec.get("_TRANSPORT") != "kernel" or rec.get("SYSLOG_FACILITY", "0") != "0":
         return []
@@ -393,7 +393,7 @@ def read_events(path: str, doc: dict) -> tuple[list[dict], dict]:
     for raw in data[:end].splitlines():
         try:
             rec = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a torn or foreign line must not stop the check
         if isinstance(rec, dict):
             out.append(rec)

@@ -48,6 +48,8 @@ def _read_json(path: str, what: str) -> Any:
         raise InputError(f"{what} is not UTF-8 text", path) from None
     except json.JSONDecodeError as e:
         raise InputError(f"bad {what} JSON: {e.msg}", f"{path}:{e.lineno}:{e.colno}") from None
+    except (ValueError, RecursionError) as e:   # a 5,000-digit number, nesting deeper than Python's stack
+        raise InputError(f"bad {what} JSON: {type(e).__name__}: {str(e)[:80]}", path) from None
 
 
 def read_snapshot(path: str) -> dict[str, Any]:
@@ -132,7 +134,15 @@ def replay(data: Mapping[str, Any], path: str, *, overlay: Mapping[str, Any] | N
     api = replay_api(data, path, overlay, overlay_source)
     minors = data["nvml"].get("mig_minors") or {}
     from .merge import derive_node
-    return derive_node(cpu, api, mig_minors=minors, sources=sources or (f"snapshot:{path}",), init=True)
+    try:
+        return derive_node(cpu, api, mig_minors=minors, sources=sources or (f"snapshot:{path}",), init=True)
+    except REPLAY_DATA_ERRORS as e:
+        # A recorded answer of a shape real NVML never gives (a hand edit, a
+        # damaged file) fails inside the adapter: one line naming the file.
+        raise InputError(f"bad recorded NVML answers: {type(e).__name__}: {str(e)[:120]}", f"{path}: nvml") from None
+
+
+REPLAY_DATA_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError)
 
 
 def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | None = None,

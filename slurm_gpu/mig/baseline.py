@@ -63,8 +63,8 @@ def load_config(path: str, select: str | None) -> list[dict[str, Any]]:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise InputError("MIG config not found", path) from None
-    except (OSError, yaml.YAMLError) as e:
-        raise InputError(f"cannot read MIG config: {e}".splitlines()[0], path) from None
+    except (OSError, yaml.YAMLError, RecursionError, ValueError) as e:   # ValueError: a bad UTF-8 byte
+        raise InputError(f"cannot read MIG config: {e}".splitlines()[0][:200], path) from None
     if not isinstance(data, dict) or not isinstance(data.get("mig-configs"), dict):
         raise InputError("MIG config needs a 'mig-configs' mapping", path)
     # YAML 1.1 reads an unquoted name like `off` or `yes` as a boolean.
@@ -92,18 +92,28 @@ def _wanted(entries: list[dict[str, Any]], gpus: list[tuple[int, int | None]],
         if not isinstance(e, dict) or "devices" not in e or "mig-enabled" not in e:
             raise InputError(f"entry {k} needs 'devices' and 'mig-enabled'", where)
         devs = e["devices"]
+        if devs != "all" and not (isinstance(devs, list) and all(isinstance(d, int) and not isinstance(d, bool)
+                                                                  for d in devs)):
+            raise InputError(f"entry {k}: devices must be 'all' or a list of GPU indices", where)
         filt = e.get("device-filter")
-        if isinstance(filt, str):
+        if isinstance(filt, (str, int)) and not isinstance(filt, bool):
             filt = [filt]
-        filt_ids = {int(str(f), 16) for f in filt} if filt else None
+        if filt is not None and not isinstance(filt, list):
+            raise InputError(f"entry {k}: device-filter must be a PCI device id or a list of them", where)
+        filt_ids = {_pci_id(f, k, where) for f in filt} if filt else None
         mig_devs = e.get("mig-devices") or {}
         if not isinstance(mig_devs, dict):
             raise InputError(f"entry {k}: mig-devices must be a mapping", where)
         names: list[str] = []
         for name, count in mig_devs.items():
-            if not isinstance(count, int) or count < 0:
-                raise InputError(f"entry {k}: count of {name} must be a whole number", where)
+            # A GPU holds at most 7 GPU instances (more with compute instances):
+            # a bigger count is a typo, never a list of a billion names.
+            if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_PER_GPU:
+                raise InputError(f"entry {k}: count of {name} must be a whole number from 0 to {MAX_PER_GPU}",
+                                 where)
             names += [str(name)] * count
+            if len(names) > MAX_PER_GPU:
+                raise InputError(f"entry {k}: more than {MAX_PER_GPU} MIG devices for one GPU", where)
         for idx, pci in gpus:
             if devs != "all" and (not isinstance(devs, list) or idx not in devs):
                 continue
@@ -111,6 +121,21 @@ def _wanted(entries: list[dict[str, Any]], gpus: list[tuple[int, int | None]],
                 continue
             out[idx] = Want(idx, bool(e["mig-enabled"]), tuple(sorted(names)))
     return out
+
+
+MAX_PER_GPU = 64
+
+
+def _pci_id(value: Any, k: int, where: str) -> int:
+    """A device-filter entry ("0x233010DE", or the number YAML read) as an int."""
+    text = str(value).strip()
+    try:
+        if isinstance(value, bool) or len(text) > 18:
+            raise ValueError(text)
+        return value if isinstance(value, int) else int(text, 16)
+    except ValueError:
+        raise InputError(f"entry {k}: device-filter {text[:20]!r} is not a PCI device id like 0x233010DE",
+                         where) from None
 
 
 def _name_of(model: Any, e: instances.Existing) -> str:

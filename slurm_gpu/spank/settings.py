@@ -8,6 +8,7 @@ from typing import Any
 from .. import config
 from ..errors import InputError
 
+MAX_NUMA_NODES = 1 << 16     # Linux MAX_NUMNODES is at most 1024
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -38,7 +39,8 @@ class SpankSettings:
     def numa_map(self) -> dict[int, int]:
         out: dict[int, int] = {}
         for k, v in self.numa_node_map.items():
-            if not str(k).isdigit() or not isinstance(v, int) or v < 0:
+            if (not (str(k).isascii() and str(k).isdigit() and len(str(k)) <= 5) or not isinstance(v, int)
+                    or isinstance(v, bool) or not 0 <= v < MAX_NUMA_NODES):
                 raise InputError(f"[spank] numa_node_map entry {k} = {v!r}: expected "
                                  "\"<model node>\" = <host node>")
             out[int(k)] = v
@@ -53,7 +55,9 @@ def parse_size(text: str, where: str) -> int | None:
     if t in ("unlimited", "infinity"):
         return resource.RLIM_INFINITY
     num, unit = t.rstrip("kmgtb"), t[len(t.rstrip("kmgtb")):].rstrip("b")
-    if not num.isdigit() or unit not in _UNITS:
+    # isascii: '²'.isdigit() is true but int() refuses it; 19 digits fit RLIM_INFINITY's 64 bits
+    if not (num.isascii() and num.isdigit() and len(num) <= 19) or unit not in _UNITS \
+            or int(num) * _UNITS[unit] >= 1 << 63:
         raise InputError(f"bad size {text!r}: expected unlimited or a number with K/M/G/T",
                          where)
     return int(num) * _UNITS[unit]

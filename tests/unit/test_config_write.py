@@ -17,7 +17,7 @@ import pytest
 
 from slurm_gpu import fsutil
 from slurm_gpu.health import engine
-from tests.unit.test_health_isolate import H100, PENDING, gres_for, node_env, opts  # noqa: F401
+from test_health_isolate import H100, PENDING, gres_for, node_env, opts  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 

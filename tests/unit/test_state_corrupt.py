@@ -13,7 +13,7 @@ import pytest
 
 from slurm_gpu.health import engine
 from slurm_gpu.hw import kmsg
-from tests.unit.test_health_drain import R, XID79, opts, slurm  # noqa: F401  (slurm: the fixture)
+from test_health_drain import R, XID79, opts, slurm  # noqa: F401  (slurm: the fixture)
 
 
 def _state(tmp_path: Path, text: str) -> Path:

@@ -188,7 +188,7 @@ def test_drain_reason_carries_only_our_words(text):
 def test_a_forged_stamp_in_a_reason_does_not_wedge_the_drain(tmp_path, monkeypatch):
     # Today a "[user@time]" inside the reason makes `scontrol show node` unreadable
     # for us: the drain is never recognised as ours and the node is never resumed.
-    from tests.unit.test_health_drain import FakeSlurm, capture  # the recorded-scontrol fake
+    from test_health_drain import FakeSlurm, capture  # the recorded-scontrol fake
     from slurm_gpu import runner
     fake = FakeSlurm(capture("idle"))
     monkeypatch.setattr(runner, "run", fake.run)

@@ -1,0 +1,83 @@
+"""Property tests: the ibnetdiscover and gres.conf parsers end in a result or one line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fuzzlib import fuzz_settings, mutated, outcome
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_gpu.confgen import grescheck, hostlist, ibnet
+from slurm_gpu.errors import InputError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+_REAL = (DATA / "ibnetdiscover" / "topograph-example.out").read_text()
+
+IBNET = [
+    # two switches and two adapters, every link seen from both ends (the real dump's syntax)
+    "vendid=0x2c9\ndevid=0xd2f2\nswitchguid=0x2c5eab0300b87b40(2c5eab0300b87b40)\n"
+    'Switch\t65 "S-a"\t\t# "MF0;LEAF-1:MQM9701/U1" enhanced port 0 lid 73 lmc 0\n'
+    '[1]\t"H-1"[1](e09d7303007a4bd8) \t\t# "node1 mlx5_5" lid 647 4xNDR\n'
+    '[2]\t"S-b"[2]\t\t# "MF0;SPINE-1:MQM9701/U1" lid 236 4xNDR\n'
+    "\n"
+    'Switch\t65 "S-b"\t\t# "MF0;SPINE-1:MQM9701/U1" enhanced port 0 lid 236 lmc 0\n'
+    '[1]\t"H-2"[1](e09d730300859298) \t\t# "node2 mlx5_5" lid 641 4xNDR\n'
+    '[2]\t"S-a"[2]\t\t# "MF0;LEAF-1:MQM9701/U1" lid 73 4xNDR\n'
+    "\n"
+    "vendid=0x2c9\ndevid=0x1021\ncaguid=0xe09d7303007a4bd8\n"
+    'Ca\t1 "H-1"\t\t# "node1 mlx5_5"\n'
+    '[1](e09d7303007a4bd8) \t"S-a"[1]\t\t# lid 647 lmc 0 "MF0;LEAF-1:MQM9701/U1" lid 73 4xNDR\n'
+    "\n"
+    'Ca\t1 "H-2"\t\t# "node2 mlx5_5"\n'
+    '[1](e09d730300859298) \t"S-b"[1]\t\t# lid 641 lmc 0 "MF0;SPINE-1:MQM9701/U1" lid 236 4xNDR\n',
+    _REAL[:4000],
+]
+
+GRES = [
+    "# gres.conf\nAutoDetect=off\n"
+    "NodeName=gpu[01-04] Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-51\n"
+    "NodeName=gpu[01-04] Name=gpu Type=h100 File=/dev/nvidia[4-7] Cores=52-103\n"
+    "NodeName=gpu[01-04] Name=mps Count=400 File=/dev/nvidia[0-3]\n",
+    "Name=gpu File=/dev/nvidia0 Links=-1,18,18,18\nName=gpu File=/dev/nvidia1 Flags=nvidia_gpu_env\n"
+    "NodeName=n1 Name=gpu Type=a100 MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21\n"
+    "NodeName=n1 Name=shard Count=8G\nNodeName=n[1-3] AutoDetect=nvml\n",
+]
+GRES_TOKENS = ["NodeName=", "Name=gpu", "File=/dev/nvidia[0-", "Count=", "Count=99999999999999999999T",
+               "Cores=", "Links=", "Type=", "AutoDetect=", "n[1-", "n[1-99999999]", "n[0-9999]",
+               "[1-3,5]", "\\\n"]
+
+
+@fuzz_settings(2000)
+@given(mutated(IBNET, ["[", '"S-a"', '"H-1"[1]', "Switch\t", "Ca\t", "[99999]", "lid"]))
+def test_ibnetdiscover_parser(text):
+    outcome(ibnet.parse, text, "dump")
+
+
+@fuzz_settings(1000)
+@given(st.text(alphabet="[]()\"#=\t\n 0123456789SCHabx-wcRt", max_size=300))
+def test_ibnetdiscover_parser_on_raw_text(text):
+    outcome(ibnet.parse, text, "dump")
+
+
+def test_a_5000_digit_port_is_one_line():
+    text = IBNET[0].replace('[2]\t"S-b"[2]', "[" + "9" * 5000 + ']\t"S-b"[2]', 1)
+    assert isinstance(outcome(ibnet.parse, text, "dump"), InputError)
+    text = IBNET[0].replace('[2]\t"S-b"[2]', '[2]\t"S-b"[' + "9" * 5000 + "]", 1)
+    assert isinstance(outcome(ibnet.parse, text, "dump"), InputError)
+
+
+@fuzz_settings(2000)
+@given(mutated(GRES, GRES_TOKENS))
+def test_gres_conf_check_parser(text):
+    conf = outcome(grescheck.parse_gres_conf, text.splitlines(True), "gres.conf")
+    if isinstance(conf, dict):
+        for node in list(conf)[:3]:
+            outcome(grescheck.shared_with_other_nodes, conf, node)
+            outcome(grescheck._effective, conf, node)
+
+
+@fuzz_settings(1500)
+@given(st.text(alphabet="abn0123456789[]-,^", max_size=40))
+def test_hostlist_expansion(text):
+    outcome(hostlist.expand, text, "NodeName")
+    outcome(hostlist.parse_int_ranges, text, "Cores")
