@@ -64,6 +64,8 @@ def _load(path: str | None) -> dict[str, Any]:
         raise InputError("bad config: not UTF-8 text", path) from None
     except RecursionError:
         raise InputError("bad config: nested too deeply", path) from None
+    except ValueError as e:             # tomllib's int() of a 4,300+ digit number
+        raise InputError(f"bad config: {str(e)[:80]}", path) from None
     except OSError as e:
         raise InputError(f"cannot read config: {e.strerror}", path) from None
 
