@@ -177,11 +177,12 @@ def sync_venv(root: Path, venv: Path, timeout: float = 900) -> Path:
         digest = _digest(files, reqs)
         if not stamp.exists() or stamp.read_text() != digest:
             _copy_project(files, site, rv, venv)
+            # Job users' processes run this venv (the SPANK plugin, the MPS daemon).
+            for p in [rv, *rv.rglob("*")]:
+                if not p.is_symlink():
+                    mode = p.stat().st_mode
+                    os.chmod(p, mode | 0o444 | (0o111 if mode & 0o111 or p.is_dir() else 0))
             atomic_write(stamp, digest)
-        for p in [rv, *rv.rglob("*")]:
-            if not p.is_symlink():
-                mode = p.stat().st_mode
-                os.chmod(p, mode | 0o444 | (0o111 if mode & 0o111 or p.is_dir() else 0))
     return rv
 
 
