@@ -308,3 +308,26 @@ SLURM_GPU_CONFIG={cfg} PYTHONPATH={ROOT} exec {sys.executable} -m slurm_gpu "$@"
     assert len(seen) == 5 and seen[-1].startswith("5/5")
     assert sorted(os.listdir(out)) == ["n1.json", "n5.json"]          # no stage dir, no partial entry
     assert json.loads((out / "n1.json").read_text())["hostname"] == "n1"
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_real_scontrol_oneliner_of_every_supported_slurm(version: str, tmp_path: Path, recorded: dict,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = ROOT / "tests" / "data" / "slurm" / f"show-node-{version}.txt"
+    nodes = slurmview.parse_show_nodes(path.read_text())
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
+    cpus, sockets, cps, tpc = _hw_layout()
+    for n in nodes.values():
+        assert (n.cpus, n.sockets, n.cores_per_socket, n.threads_per_core) == (cpus, sockets, cps, tpc)
+        assert n.real_memory == 2097152 and n.partitions == ("debug",)
+        assert slurmview.gpu_counts(n.gres) == {"nvidia_h100_80gb_hbm3": 8}
+    assert nodes["n1"].unusable is None
+    assert nodes["n2"].unusable == "drained"
+    assert nodes["n2"].reason == "slurm-gpu: gpu.xid: Xid 79 on GPU 3 (fell off the bus)"
+    d = tmp_path / "col"
+    d.mkdir()
+    for n in nodes:
+        _write(d, n, recorded["lost" if n == "n3" else "healthy"])
+    rc = main(["cluster", "check", "--from", str(d), "--slurm-nodes-from", str(path), "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 1 and [g["nodes"] for g in rep["groups"]] == ["n3"], rep
