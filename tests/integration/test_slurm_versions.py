@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxlib import REPO, VERSIONS, Cluster, mps_mig_node_files, new_sandbox_dir
+from sandboxlib import REPO, VERSIONS, Cluster, mps_mig_node_files
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 INTERVAL = 2
