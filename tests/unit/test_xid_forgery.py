@@ -10,7 +10,9 @@ produce a finding, while the real logs (tests/data/xid/) keep their verdicts.
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,46 @@ def test_a_forged_stamp_in_a_reason_does_not_wedge_the_drain(tmp_path, monkeypat
     o = engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "st"), only=["gpu.xid"])
     assert engine.run(o).action == "drain"
     assert engine.run(o).action == "resume"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/dev/kmsg", os.W_OK), reason="needs root to write /dev/kmsg")
+def test_the_real_kernel_marks_what_userspace_writes_to_dev_kmsg(monkeypatch):
+    # The kernel's own word for the facility rule: a record written to
+    # /dev/kmsg, even one that asks for "<0>" (kern), comes back with facility
+    # 1 (user), so the reader never takes it for the driver's.  The forged
+    # line is an application Xid (13, info): even a reader from before this
+    # fix would not drain anyone's node with it.
+    marker = f"sg-forge-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setattr(kmsg, "boot_id", lambda: "this-boot")
+    _, cursor = kmsg.read_kmsg(None)
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    try:
+        for prefix in ("", "<0>", "<3>"):
+            os.write(fd, f"{prefix}NVRM: Xid (PCI:0000:cb:00): 13, pid={marker}, name=a, Graphics Exception\n".encode())
+    finally:
+        os.close(fd)
+    raw = _records_with(marker)
+    assert len(raw) == 3 and all(int(r.split(b",", 1)[0]) >> 3 == 1 for r in raw), raw
+    lines, after = kmsg.read_kmsg(cursor)
+    assert after.seq > cursor.seq and not any(marker in ln.text for ln in lines)
+
+
+def _records_with(marker: str) -> list[bytes]:
+    import errno
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    out = []
+    try:
+        while True:
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.EPIPE:
+                    continue
+                raise
+            if marker.encode() in rec:
+                out.append(rec)
+    finally:
+        os.close(fd)
+    return out
