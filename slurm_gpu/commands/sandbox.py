@@ -167,9 +167,10 @@ def fault_cmd(directory: str, node: str, overlay: str | None, clear: bool) -> No
     call, as on a GPU node whose hardware broke; `--clear` repairs it.
     """
     from ..errors import UsageError
-    from ..sandbox import nodesim
+    from ..sandbox import nodesim, require_root
     from ..sandbox.layout import Layout
 
+    require_root()   # the simulator state is root's, as a GPU is
     if clear == (overlay is not None):
         raise UsageError("give an overlay file or --clear", "sandbox fault")
     data: dict[str, object] = {}

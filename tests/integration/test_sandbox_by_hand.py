@@ -110,3 +110,14 @@ def test_nothing_drained_after_health_checks(by_hand: Path) -> None:
         # The epilog put every GPU back: no per-job instance is left.
         assert [len(g["mig"]["instances"]) for g in st["facts"]["gpus"]] == [0, 0, 4, 4]
         assert os.listdir(by_hand / "var" / node / "mps") == []
+
+
+def test_a_job_user_cannot_inject_or_clear_faults(by_hand: Path) -> None:
+    state = by_hand / "var" / "n1" / "sim.json"
+    before = state.read_bytes()
+    res = _as_user(by_hand, [str(CLI), "sandbox", "fault", "--dir", str(by_hand), "--node", "n1", "--clear"])
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "slurm-gpu: sandbox needs root (it makes device files and namespaces and runs Slurm's "
+        "daemons; run it as root)"]
+    assert state.read_bytes() == before
