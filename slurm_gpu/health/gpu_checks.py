@@ -7,7 +7,7 @@ I/O here, so every check runs in unit tests over recorded machines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..hw.nvml_health import GpuHealth, NvmlHealth
 from .findings import DRAIN, INFO, WARN, Finding
@@ -235,29 +235,41 @@ def check_persistence(h: NvmlHealth | None) -> list[Finding]:
             for g in (_gpus(h) if h else []) if g.persistence_mode == 0]
 
 
+@dataclass(frozen=True)
+class GpuGather:
+    """What the ``gpu.*`` checks read: one NVML gather and what the node should have."""
+
+    health: NvmlHealth | None
+    expected: ExpectedGpus | None
+    retired_pages_max: int = 60
+    expected_links: dict[str, int] | None = None
+
+
+# The gpu.* checks, in report order: the one place a check over the NVML
+# gather registers (NVML_CHECKS, --only, [health] skip and the engine read it).
+GPU_CHECKS: dict[str, Callable[[GpuGather], list[Finding]]] = {
+    "gpu.nvml": lambda g: check_nvml(g.health, g.expected),
+    "gpu.count": lambda g: check_count(g.health, g.expected),
+    "gpu.remap": lambda g: check_remap(g.health),
+    "gpu.retired_pages": lambda g: check_retired_pages(g.health, g.retired_pages_max),
+    "gpu.ecc": lambda g: check_ecc(g.health),
+    "gpu.recovery": lambda g: check_recovery(g.health),
+    "gpu.fabric": lambda g: check_fabric(g.health),
+    "gpu.nvlink": lambda g: check_nvlink(g.health, g.expected_links),
+    "gpu.pcie": lambda g: check_pcie(g.health),
+    "gpu.thermal": lambda g: check_thermal(g.health),
+    "gpu.persistence": lambda g: check_persistence(g.health),
+}
+NVML_CHECKS = tuple(GPU_CHECKS)
+
+
 def run_gpu_checks(h: NvmlHealth | None, expected: ExpectedGpus | None, selected: Sequence[str],
                    retired_pages_max: int = 60, expected_links: dict[str, int] | None = None) -> list[Finding]:
     """Run the selected ``gpu.*`` NVML checks over one gather."""
-    table = {
-        "gpu.nvml": lambda: check_nvml(h, expected),
-        "gpu.count": lambda: check_count(h, expected),
-        "gpu.remap": lambda: check_remap(h),
-        "gpu.retired_pages": lambda: check_retired_pages(h, retired_pages_max),
-        "gpu.ecc": lambda: check_ecc(h),
-        "gpu.recovery": lambda: check_recovery(h),
-        "gpu.fabric": lambda: check_fabric(h),
-        "gpu.nvlink": lambda: check_nvlink(h, expected_links),
-        "gpu.pcie": lambda: check_pcie(h),
-        "gpu.thermal": lambda: check_thermal(h),
-        "gpu.persistence": lambda: check_persistence(h),
-    }
+    gather = GpuGather(h, expected, retired_pages_max, expected_links)
     out: list[Finding] = []
     for name in selected:
-        fn = table.get(name)
+        fn = GPU_CHECKS.get(name)
         if fn is not None:
-            out.extend(fn())
+            out.extend(fn(gather))
     return out
-
-
-NVML_CHECKS = ("gpu.nvml", "gpu.count", "gpu.remap", "gpu.retired_pages", "gpu.ecc", "gpu.recovery",
-               "gpu.fabric", "gpu.nvlink", "gpu.pcie", "gpu.thermal", "gpu.persistence")
