@@ -32,6 +32,7 @@ from ..hw import nvml_constants as C
 from ..hw.model import normalize_bus_id
 from ..hw.nvml import MIG_CAPS_PER_GI, MIG_GIS_PER_GPU, mig_cap_minor
 from ..hw.nvml_replay import Handle, NVMLError, NvmlStruct, NvmlSurface, fill_struct
+from .arch import architecture
 from .state import MemoryState, StateFile, new_state
 from .usage import UsageMixin
 
@@ -84,20 +85,6 @@ def mig_instances(gpu: Mapping[str, Any]) -> list[dict[str, Any]]:
     {ci_id, ci_profile_id, start, slices, sm_count, uuid}."""
     mig = gpu.get("mig") or {}
     return list(mig.get("instances") or [])
-
-
-_ARCH_BY_NAME = (("GB200", "BLACKWELL"), ("B200", "BLACKWELL"), ("B100", "BLACKWELL"), ("H100", "HOPPER"),
-                 ("H200", "HOPPER"), ("GH200", "HOPPER"), ("H800", "HOPPER"), ("A100", "AMPERE"),
-                 ("A30", "AMPERE"), ("A40", "AMPERE"), ("A10", "AMPERE"), ("V100", "VOLTA"), ("P100", "PASCAL"),
-                 ("T4", "TURING"), ("L40", "ADA"), ("L4", "ADA"))
-
-
-def architecture(g: Mapping[str, Any]) -> int:
-    """NVML_DEVICE_ARCH_* of a GPU: its ``architecture`` fact, else from its product name."""
-    name = g.get("architecture")
-    if not name:
-        name = next((arch for key, arch in _ARCH_BY_NAME if key in g.get("name", "")), "UNKNOWN")
-    return int(getattr(C, f"NVML_DEVICE_ARCH_{str(name).upper()}", C.NVML_DEVICE_ARCH_UNKNOWN))
 
 
 def _bus_nvml(bus: str) -> str:

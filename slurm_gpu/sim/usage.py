@@ -157,7 +157,7 @@ class UsageMixin:
     # -- GPM ----------------------------------------------------------------
 
     def _gpm_supported(self, g: dict[str, Any]) -> bool:
-        from .nvml import architecture
+        from .arch import architecture
         return architecture(g) >= C.NVML_DEVICE_ARCH_HOPPER and architecture(g) != C.NVML_DEVICE_ARCH_UNKNOWN
 
     def nvmlGpmQueryDeviceSupport(self, device: Handle) -> NvmlStruct:
