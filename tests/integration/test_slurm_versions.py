@@ -244,3 +244,17 @@ def test_plugin_built_for_another_slurm_says_both_versions(cluster: Cluster, req
     ours = [l for l in res.stderr.splitlines() if "slurm-gpu:" in l]
     assert len(ours) == 1, res.stderr
     assert f"built for Slurm {other}." in ours[0] and f"runs under Slurm {version}" in ours[0], ours
+
+
+def test_cli_status_names_the_version_and_up_refuses_others(cluster: Cluster, cli, request) -> None:
+    version = request.node.callspec.params["cluster"]
+    res = cli("sandbox", "status", "--dir", str(cluster.dir))
+    assert res.returncode == 0, res.stderr
+    line = next(l for l in res.stdout.splitlines() if l.startswith("slurm "))
+    assert line.split()[1].startswith(version + "."), line
+    assert ("chrooted from" in line) == (version != "22.05"), line
+    bad = cli("sandbox", "up", "--dir", str(cluster.side / "never"), "--slurm", "23.02")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "slurm-gpu: cannot run Slurm 23.02: this sandbox runs 22.05 (host), 24.11, 26.05 (--slurm)"]
+    assert not (cluster.side / "never").exists()
