@@ -25,12 +25,12 @@ def _scope(nodes: str | None, partition: str | None, slurm: dict[str, Any] | Non
             raise UsageError(f"--nodes: {e.what}") from None
     if partition:
         if slurm is None:
-            raise UsageError("--partition needs Slurm's node list (not with --slurm-nodes-from a file "
-                             "lacking Partitions=)")
+            raise UsageError("--partition needs Slurm's node list, and scontrol did not answer")
         inpart = [n for n, s in slurm.items() if partition in s.partitions]
         if not inpart:
             raise UsageError(f"no node in partition {partition!r}")
-        names = [n for n in (names or inpart) if n in set(inpart)]
+        members = set(inpart)
+        names = [n for n in (names or inpart) if n in members]
     return names
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.cli import main
-from slurm_gpu.cluster import drift, modelfile, slurmview, store
+from slurm_gpu.cluster import modelfile, slurmview, store
 from slurm_gpu.hw import snapshot as snap
 
 ROOT = Path(__file__).resolve().parents[2]
