@@ -104,16 +104,17 @@ def srun_reasons(stderr: str) -> tuple[dict[str, str], list[str]]:
     return per, general
 
 
-def _last_line(path: str) -> str | None:
+def _err_lines(path: str) -> tuple[str | None, str | None]:
+    """(the task's last ``slurm-gpu:`` line, the last line at all) of a node's stderr file."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 4096))
             lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     except OSError:
-        return None
+        return None, None
     mine = [ln for ln in lines if ln.startswith("slurm-gpu:")]
-    return (mine or lines or [None])[-1]
+    return (mine[-1] if mine else None), (lines[-1] if lines else None)
 
 
 class Gatherer:
@@ -207,11 +208,13 @@ def via_slurm(directory: str, targets: Sequence[str], *, passthrough: Sequence[s
         for node in targets:
             if node in g.done:
                 continue
-            reason = _last_line(os.path.join(stage, f"{node}.err")) or per.get(node)
-            if reason is None:
-                reason = (f"no answer within {timeout:g} s (node killed or unreachable)" if cancelled else
-                          general[0] if general else
-                          "no snapshot written (node killed or unreachable)")
+            mine, last = _err_lines(os.path.join(stage, f"{node}.err"))
+            if mine or per.get(node):
+                reason = mine or per[node]
+            elif cancelled:    # the stderr file then ends with slurmstepd's "STEP ... CANCELLED"
+                reason = f"no answer within {timeout:g} s (node killed or unreachable)"
+            else:
+                reason = last or (general[0] if general else "no snapshot written (node killed or unreachable)")
             g.finish(Outcome(node, FAILED, reason))
     finally:
         shutil.rmtree(stage, ignore_errors=True)

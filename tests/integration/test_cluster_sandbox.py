@@ -92,6 +92,23 @@ def test_drained_nodes_are_skipped_and_listed(cluster: Any, tmp_path: Path) -> N
         cluster.wait_node_state("n9", "idle")
 
 
+def test_a_node_whose_record_fails_is_reported_with_its_own_error(cluster: Any, machines: Path,
+                                                                  tmp_path: Path) -> None:
+    """n11's machine file is half-written: its task exits 1 and its one-line error is the reason."""
+    good = machines / "n11.json"
+    good.unlink()
+    good.write_text(H100.read_text()[:20000])
+    try:
+        res = _cli(cluster, "cluster", "collect", "-o", str(tmp_path), "--nodes", "n[10-12]")
+    finally:
+        good.unlink()
+        good.symlink_to(H100)
+    assert res.returncode == 1
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("n11: failed: "))
+    assert "slurm-gpu: bad snapshot JSON" in line, res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n10.json", "n12.json"]
+
+
 def _netns_pids(cluster: Any, node: str) -> list[int]:
     res = cluster.run(["ip", "netns", "pids", f"sg{Layout.of(cluster.dir).key}-{node}"])
     return [int(p) for p in res.stdout.split()]
