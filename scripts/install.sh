@@ -55,6 +55,11 @@ if [ -z "${SLURM_GPU_SKIP_APT:-}" ]; then
     trap - EXIT INT TERM
   fi
 fi
+# NVIDIA's MPS control daemon for the tests, benchmarks and sandbox (it runs
+# without a GPU): unpacked into /var/cache/slurm-gpu/mps, apt sources untouched.
+if ! bash "$HERE/scripts/fetch-mps.sh" >/dev/null; then
+  echo "slurm-gpu: warning: no nvidia-cuda-mps-control; the sandbox uses the stand-in" >&2
+fi
 if [ -n "${SLURM_GPU_SKIP_VENV:-}" ]; then
   echo "slurm-gpu: Debian packages installed (venv skipped)"
   exit 0

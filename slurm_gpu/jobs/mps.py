@@ -15,8 +15,8 @@ compute mode.
 
 Everything talks to the daemon through the binary's client mode, exactly
 as an admin would (``echo quit | nvidia-cuda-mps-control``), so the code runs
-unchanged against the real binary or the stand-in
-(:mod:`slurm_gpu.sim.mps_control`).
+unchanged against the real binary (which the tests use without a GPU, see
+:mod:`slurm_gpu.sim.mps_real`) or the stand-in (:mod:`slurm_gpu.sim.mps_control`).
 """
 from __future__ import annotations
 
@@ -287,10 +287,11 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
 
 
 def _log_says_started(log: Path) -> bool:
-    """The daemon's control.log records its start (real binary and stand-in)."""
+    """The daemon's control.log records its start (real binary and stand-in:
+    "Starting control daemon using socket <pipe>/control")."""
     try:
         with open(log / "control.log", "rb") as f:
-            return b"Startup" in f.read(65536)
+            return b"Starting control daemon" in f.read(65536)
     except OSError:
         return False
 

@@ -1,4 +1,4 @@
-"""The fake GPU hardware behind a sandbox's nodes: NVML simulator and MPS stand-in.
+"""The fake GPU hardware behind a sandbox's nodes: NVML simulator and MPS control.
 
 On a real GPU node, the prolog, epilog, health check and SPANK plugin talk
 to NVML and run ``nvidia-cuda-mps-control``.  A sandbox host has neither, so
@@ -8,9 +8,12 @@ to NVML and run ``nvidia-cuda-mps-control``.  A sandbox host has neither, so
 * its own simulator state, ``DIR/var/<node>/sim.json``, made from the
   machine's ``facts.json`` (``[node] nvml = "sim:DIR/var/%n/sim.json"``):
   MIG instances a job creates on n1 are n1's alone, as on separate hosts;
-* the MPS control stand-in (``slurm_gpu/sim/mps_control.py``) as
-  ``[mps] control``, run by the venv's installed package as the real
-  prolog is, with per-node job directories ``DIR/var/<node>/mps``.
+* NVIDIA's real ``nvidia-cuda-mps-control`` as ``[mps] control`` (it runs
+  without a GPU; fetched into /var/cache/slurm-gpu/mps by
+  ``scripts/fetch-mps.sh``, which ``scripts/install.sh`` runs), copied to
+  ``DIR/lib``; when it was never fetched, the stand-in
+  (``slurm_gpu/sim/mps_control.py``) run by the venv's installed package;
+  per-node job directories ``DIR/var/<node>/mps``.
 
 MIG mode (``mig``): ``"per-job"`` (the default) turns MIG mode on, with no
 instances, on every MIG-capable GPU that has no recorded instances, as an
@@ -69,6 +72,7 @@ def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
     """Write each node's simulator state and the MPS stand-in; returns the
     ``[node]`` and ``[mps]`` keys for slurm-gpu.toml."""
     from ..paths import SOURCE_ROOT
+    from ..sim import mps_real
     from ..sim.mps_control import write_wrapper
     from ..sim.state import init_state_for_machine
 
@@ -90,7 +94,10 @@ def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
         atomic_write(path, text, mode=0o644)
     python = venv / "bin" / "python"
     root = site_packages(venv) or SOURCE_ROOT
-    write_wrapper(layout.lib / CONTROL_NAME, python=str(python), source_root=str(root))
+    # NVIDIA's real control daemon when scripts/fetch-mps.sh has fetched it
+    # (scripts/install.sh does): it runs without a GPU.  Else the stand-in.
+    if mps_real.install(layout.lib / CONTROL_NAME) is None:
+        write_wrapper(layout.lib / CONTROL_NAME, python=str(python), source_root=str(root))
     return {"node": {"nvml": f"sim:{layout.var}/%n/{STATE_NAME}"},
             "mps": {"control": str(layout.lib / CONTROL_NAME),
                     "base_dir": f"{layout.var}/%n/mps"}}

@@ -13,8 +13,7 @@ It behaves the way the project's code relies on the real binary behaving
   line, sends them to the daemon and prints the answers.  With no daemon it
   prints "Cannot find MPS control daemon process" and exits 1.
 * Commands: ``quit [-t SECONDS]``, ``get_server_list``, ``start_server -uid UID``,
-  ``shutdown_server PID [-f]``, ``get_server_status PID``,
-  ``set_default_active_thread_percentage N``,
+  ``shutdown_server PID [-f]``, ``set_default_active_thread_percentage N``,
   ``get_default_active_thread_percentage``,
   ``set_default_device_pinned_mem_limit DEV VALUE``,
   ``get_default_device_pinned_mem_limit DEV``.
@@ -23,6 +22,13 @@ The daemon accepts only clients of its own uid (or root), checked with
 SO_PEERCRED, in addition to the 0700 pipe directory.  ``start_server``
 forks a placeholder "server" process so that ``get_server_list`` and the
 epilog's straggler handling have a real PID to deal with.
+
+NVIDIA's real binary runs without a GPU and is what the tests, benchmarks
+and the sandbox use (:mod:`.mps_real`, ``scripts/fetch-mps.sh``); this
+stand-in is kept for the one thing that needs a GPU, a live server after
+``start_server``, and its answers and log lines are the real 535 daemon's
+(``50.0``, ``Unknown command "x"``, ``Server 99 not found``), checked
+against it side by side by tests/unit/test_mps_control.py.
 
 Run it through :func:`write_wrapper`, which makes an executable file the
 ``[mps] control`` setting can point at.
@@ -52,7 +58,9 @@ def _log(log_dir: Path, msg: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
         with open(log_dir / LOG_NAME, "a", encoding="utf-8") as f:
-            f.write(f"[{stamp}.{int(time.time() * 1000) % 1000:03d} Control {os.getpid()}] {msg}\n")
+            # "[2026-11-24 14:39:24.957 Control  7932] ..." as the real daemon writes it
+            f.write(f"[{stamp}.{int(time.time() * 1000) % 1000:03d} Control {os.getpid():5d}] "
+                    f"{msg}\n")
     except OSError:
         pass
 
@@ -61,17 +69,26 @@ class _Daemon:
     def __init__(self, pipe: Path, log: Path) -> None:
         self.pipe = pipe
         self.log = log
-        self.percentage = 100
+        self.percentage = 100.0
         self.pinned: dict[int, str] = {}
         self.servers: dict[int, int] = {}   # pid -> uid
         self.quitting = False
 
     def handle(self, line: str, peer_uid: int) -> str:
+        """One command; the answer and the log lines are the real 535 daemon's."""
         words = line.split()
         if not words:
             return ""
         cmd, args = words[0], words[1:]
-        _log(self.log, f"Accepting connection... uid {peer_uid}: {line}")
+        for msg in ("Accepting connection...", "NEW UI", f"Cmd:{line}"):
+            _log(self.log, msg)
+        reply = self._answer(cmd, args)
+        if reply:
+            _log(self.log, reply.rstrip("\n"))
+        _log(self.log, "UI closed")
+        return reply
+
+    def _answer(self, cmd: str, args: list[str]) -> str:
         if cmd == "quit":
             self.quitting = True
             return ""
@@ -79,39 +96,41 @@ class _Daemon:
             self._reap()
             return "".join(f"{pid}\n" for pid in sorted(self.servers))
         if cmd == "start_server" and len(args) == 2 and args[0] == "-uid" and args[1].isdigit():
+            # The one thing that needs a GPU: the real daemon's server exits
+            # with status 1 without one; here a placeholder stays up.
             pid = self._spawn_server()
             self.servers[pid] = int(args[1])
             _log(self.log, f"Starting new server {pid} for user {args[1]}")
             return ""
         if cmd == "shutdown_server" and args and args[0].isdigit():
             pid = int(args[0])
-            if pid in self.servers:
-                os.kill(pid, signal.SIGKILL if "-f" in args else signal.SIGTERM)
-                self._reap(wait=True)
+            if pid not in self.servers:
+                return f"Server {pid} not found\n"
+            os.kill(pid, signal.SIGKILL if "-f" in args else signal.SIGTERM)
+            self._reap(wait=True)
             return ""
-        if cmd == "get_server_status" and len(args) == 1 and args[0].isdigit():
-            self._reap()
-            return "ACTIVE\n" if int(args[0]) in self.servers else "NOT_FOUND\n"
         if cmd == "set_default_active_thread_percentage" and len(args) == 1:
+            # An invalid value is logged and the current one answered (exit 0).
             try:
                 value = float(args[0])
             except ValueError:
-                return "Invalid value\n"
-            if not 0 < value <= 100:
-                return "Invalid value\n"
-            self.percentage = value
-            return f"{value:g}\n"
+                value = -1.0
+            if 0 < value <= 100:
+                self.percentage = value
+            else:
+                _log(self.log, "Invalid percentage, expected between (0.0, 100.0]")
+            return f"{self.percentage:.1f}\n"
         if cmd == "get_default_active_thread_percentage" and not args:
             return f"{self.percentage:.1f}\n"
         if cmd == "set_default_device_pinned_mem_limit" and len(args) == 2 and args[0].isdigit():
-            val = args[1]
-            if not (val[:-1].isdigit() and val[-1] in "MGmg") and not val.isdigit():
-                return "Invalid value\n"
-            self.pinned[int(args[0])] = val
+            self.pinned[int(args[0])] = args[1]
             return ""
         if cmd == "get_default_device_pinned_mem_limit" and len(args) == 1 and args[0].isdigit():
-            return f"{self.pinned.get(int(args[0]), '0')}\n"
-        return f"Invalid command: {line}\n"
+            if int(args[0]) not in self.pinned:
+                _log(self.log, "No default pinned memory limit set for the device!")
+                return ""
+            return f"{self.pinned[int(args[0])]}\n"
+        return f'Unknown command "{cmd}"\n'
 
     def _spawn_server(self) -> int:
         pid = os.fork()
@@ -184,7 +203,7 @@ def _daemon_main() -> int:
     pipe, log = _dirs()
     sock_path = pipe / SOCKET_NAME
     if _connect(sock_path) is not None:
-        print("An instance of this daemon is already running", file=sys.stderr)
+        print("An instance of this daemon is already running")   # stdout, as the real one
         return 1
     if not pipe.is_dir():
         print(f"Failed to open the pipe directory {pipe}", file=sys.stderr)
@@ -212,7 +231,9 @@ def _daemon_main() -> int:
         os.chmod(sock_path, stat.S_IRUSR | stat.S_IWUSR)
         sock.listen(16)
         d = _Daemon(pipe, log)
-        _log(log, "Startup")
+        _log(log, f"Starting control daemon using socket {sock_path}")
+        _log(log, "To connect CUDA applications to this daemon, set env "
+                  f"CUDA_MPS_PIPE_DIRECTORY={pipe}")
         signal.signal(signal.SIGTERM, lambda *_: setattr(d, "quitting", True) or sock.close())
         os.write(wfd, b"1")
         os.close(wfd)
@@ -224,7 +245,7 @@ def _daemon_main() -> int:
             sock_path.unlink()
         except OSError:
             pass
-        _log(log, "Exit")
+        _log(log, "Exit with status 0")
     finally:
         os._exit(0)
 

@@ -258,16 +258,17 @@ def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
 
 
 def mps_mig_node_files(tag: str, machine: Path, venv: str | os.PathLike[str] | None = None) -> dict[str, Path]:
-    """A node's simulator state (MIG on, no instances) and an MPS control stand-in.
+    """A node's simulator state (MIG on, no instances) and NVIDIA's real MPS control binary.
 
-    The stand-in runs the installed package of *venv* (default: the suite's
-    ``$SLURM_GPU_VENV``, else /opt/slurm-gpu/venv), as the real prolog does;
-    the same path inside a Debian root names that root's venv.
+    The binary (``scripts/fetch-mps.sh``) is copied into the sandbox
+    directory, so the same path works inside a Debian root; the test fails
+    under ``SLURM_GPU_REQUIRE_INTEGRATION=1`` or is skipped without it.
+    *venv* is kept for callers that name a root's venv.
     Remove ``result["dir"]`` when done.
     """
     import json
 
-    from slurm_gpu.sim.mps_control import write_wrapper
+    from mpsbinary import install_real_mps_control
     from slurm_gpu.sim.state import init_state_for_machine
     d = new_sandbox_dir(tag)
     sim = d / "sim.json"
@@ -276,10 +277,11 @@ def mps_mig_node_files(tag: str, machine: Path, venv: str | os.PathLike[str] | N
     for g in st["facts"]["gpus"]:
         g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
     sim.write_text(json.dumps(st))
-    venv = Path(venv or os.environ.get("SLURM_GPU_VENV") or "/opt/slurm-gpu/venv")
-    # The stand-in puts the venv's site-packages first; inside a root it is that root's,
-    # so name it by a glob the shell expands where it runs.
-    ctl = write_wrapper(d / "nvidia-cuda-mps-control", python=str(venv / "bin" / "python"),
-                        source_root=str(venv / "lib"))
+    try:
+        ctl = install_real_mps_control(d / "nvidia-cuda-mps-control")
+    except BaseException:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+        raise
     (d / "mps").mkdir(mode=0o755)
     return {"dir": d, "sim": sim, "ctl": ctl, "mps": d / "mps"}

@@ -40,12 +40,12 @@ def cluster(make_sandbox, job_users, node_files) -> Cluster:
 
 
 def _daemon(pipe: Path) -> list[int]:
-    """The MPS control stand-in's processes (the job's tasks have the pipe in their env too)."""
+    """The MPS control daemon's processes (the job's tasks have the pipe in their env too)."""
     from slurm_gpu.jobs.mps import daemon_pids
     out = []
     for p in daemon_pids(pipe):
         try:
-            if b"mps_control" in Path(f"/proc/{p}/cmdline").read_bytes():
+            if b"nvidia-cuda-mps-control" in Path(f"/proc/{p}/cmdline").read_bytes():
                 out.append(p)
         except OSError:
             pass

@@ -27,7 +27,7 @@ from slurm_gpu.mig import instances
 from slurm_gpu.hw import backend
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.sim.mig import open_mig_sim
-from slurm_gpu.sim.mps_control import write_wrapper
+from mpsbinary import mps_control_for_jobs
 from slurm_gpu.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ class Node:
                             if line.startswith("NodeName=") and "File=/dev/nvidia" in line
                             for f in expand_files(line.split("File=")[1].split()[0])]
         self.uuid_of_minor = {g.minor: g.uuid for g in self.model.gpus}
-        self.ctl = write_wrapper(self.base / "nvidia-cuda-mps-control")
+        self.ctl = mps_control_for_jobs(self.base / "nvidia-cuda-mps-control")
         self.mps = MpsSettings(control=str(self.ctl), base_dir=str(self.base / "mps"),
                                start_timeout=10, quit_timeout=3, exclusive_process=True)
         self.state_dir = str(self.base / "state")

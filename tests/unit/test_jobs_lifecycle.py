@@ -28,7 +28,7 @@ from slurm_gpu.jobs.state import JobFailed
 from slurm_gpu.mig import blockers, instances
 from slurm_gpu.hw import backend
 from slurm_gpu.sim.mig import open_mig_sim, set_holder
-from slurm_gpu.sim.mps_control import write_wrapper
+from mpsbinary import mps_control_for_jobs
 from slurm_gpu.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ class Env:
         from slurm_gpu.mig.profiles import find_model
         for p in plan("3g.40gb,2g.20gb", find_model("h100-80gb"))[0]:
             instances.create_placement(gpus, 3, p, "setup")
-        self.ctl = write_wrapper(self.base / "nvidia-cuda-mps-control")
+        self.ctl = mps_control_for_jobs(self.base / "nvidia-cuda-mps-control")
         self.jobs = JobsSettings(epilog_kill_wait=1.0)
         self.mps = MpsSettings(control=str(self.ctl), base_dir=str(self.base / "mps"),
                                start_timeout=10, quit_timeout=3)
@@ -152,6 +152,34 @@ def test_mps_job_lifecycle(node: Env) -> None:
     assert lifecycle.epilog(ctx) == 0
     assert node.leftovers() == [] and not any(_alive(p) for p in pids)
     assert lifecycle.epilog(ctx) == 0                  # twice: still fine
+
+
+def test_mps_server_that_fails_to_start_leaves_a_clean_job(node: Env) -> None:
+    """A job's CUDA client makes the control daemon start a server; on a
+    node whose GPU cannot serve it, NVIDIA's daemon logs "Starting new server
+    N for user U" then "Server N exited with status 1" (what the real binary
+    does on a machine without a GPU).  The daemon itself stays up, the job
+    goes on, and the epilog ends it cleanly: no drain, no stragglers."""
+    from mpsbinary import real_mps_control
+    real_mps_control()                                   # the real binary's behaviour
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    pipe, log = Path(st["mps"]["pipe_dir"]), Path(st["mps"]["log_dir"])
+    r = subprocess.run([str(node.ctl)], input=f"start_server -uid {_uid('sgtest1')}\n",
+                       env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+                            "CUDA_MPS_LOG_DIRECTORY": str(log)},
+                       capture_output=True, text=True, user="sgtest1")
+    assert (r.returncode, r.stdout) == (0, "")
+    deadline = time.monotonic() + 5
+    while "exited with status 1" not in (log / "control.log").read_text() and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "exited with status 1" in (log / "control.log").read_text()
+    assert daemon_pids(pipe) == st["mps"]["pids"]       # the control daemon is still up
+    assert lifecycle.epilog(ctx) == 0
+    assert not any("stragglers" in m for m in node.logs), node.logs
+    assert node.leftovers() == []
 
 
 def test_mps_exclusive_process_set_and_restored(node: Env) -> None:

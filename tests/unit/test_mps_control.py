@@ -1,8 +1,14 @@
-"""The nvidia-cuda-mps-control stand-in speaks the real binary's protocol."""
+"""NVIDIA's real nvidia-cuda-mps-control and the stand-in, side by side.
+
+Every protocol test runs against both: the real binary (fetched by
+scripts/fetch-mps.sh, no GPU needed) and the Python stand-in, which must
+answer and log exactly as the real one does.
+"""
 from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import tempfile
 import time
@@ -10,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from mpsbinary import install_real_mps_control
 from slurm_gpu import runner
 from slurm_gpu.jobs.mps import daemon_pids
 from slurm_gpu.runner import RunAs
 from slurm_gpu.sim.mps_control import write_wrapper
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
+
+LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} Control +\d+\] ")
 
 
 def _user(name: str) -> RunAs:
@@ -26,11 +35,14 @@ def _user(name: str) -> RunAs:
     return RunAs(pw.pw_uid, pw.pw_gid)
 
 
-@pytest.fixture()
-def mpsdir():
-    base = Path(tempfile.mkdtemp(prefix="sg-mps-test-"))
+def _mpsdir(kind: str):
+    base = Path(tempfile.mkdtemp(prefix=f"sg-mps-test-{kind}-"))
     os.chmod(base, 0o755)
-    ctl = write_wrapper(base / "nvidia-cuda-mps-control")
+    ctl = base / "nvidia-cuda-mps-control"
+    if kind == "real":
+        install_real_mps_control(ctl)
+    else:
+        write_wrapper(ctl)
     pipe, log = base / "pipe", base / "log"
     u = _user("sgtest1")
     for d in (pipe, log):
@@ -38,14 +50,31 @@ def mpsdir():
         os.chown(d, u.uid, u.gid)
     env = {"PATH": runner.SAFE_PATH, "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
            "CUDA_MPS_LOG_DIRECTORY": str(log)}
-    yield ctl, env, u, pipe, log
+    return base, (ctl, env, u, pipe, log)
+
+
+def _cleanup(base: Path, pipe: Path) -> None:
     for p in daemon_pids(pipe):
         os.kill(p, 9)
     shutil.rmtree(base)
 
 
+@pytest.fixture(params=["real", "stand-in"])
+def mpsdir(request):
+    base, t = _mpsdir(request.param)
+    yield t
+    _cleanup(base, t[3])
+
+
 def _ctl(ctl, env, u, text, check=False):
     return runner.run([str(ctl)], 5, input=text, env=env, run_as=u, check=check)
+
+
+def _wait_gone(pipe: Path) -> None:
+    deadline = time.monotonic() + 5
+    while daemon_pids(pipe) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert daemon_pids(pipe) == []
 
 
 def test_daemon_client_protocol(mpsdir) -> None:
@@ -58,21 +87,20 @@ def test_daemon_client_protocol(mpsdir) -> None:
     assert len(pids) == 1
     assert os.stat(f"/proc/{pids[0]}").st_uid == u.uid          # runs as the user
     again = runner.run([str(ctl), "-d"], 5, env=env, run_as=u, check=False)
-    assert again.returncode == 1 and "already running" in again.stderr
-    r = _ctl(ctl, env, u, "set_default_active_thread_percentage 25\n"
-                          "get_default_active_thread_percentage\n"
-                          "start_server -uid %d\nget_server_list\n" % u.uid, check=True)
-    lines = r.stdout.split()
-    assert lines[:2] == ["25", "25.0"] and lines[2].isdigit()
-    server = int(lines[2])
-    assert server in daemon_pids(pipe)
+    assert again.returncode == 1 and "already running" in again.stdout
+    # one command per client, as slurm-gpu sends them
+    for cmd, want in (("set_default_active_thread_percentage 25", "25.0\n"),
+                      ("get_default_active_thread_percentage", "25.0\n"),
+                      ("get_server_list", "")):
+        assert _ctl(ctl, env, u, cmd + "\n", check=True).stdout == want, cmd
     _ctl(ctl, env, u, "quit\n", check=True)
-    deadline = time.monotonic() + 5
-    while daemon_pids(pipe) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert daemon_pids(pipe) == []
-    text = (log / "control.log").read_text()
-    assert "Startup" in text and "Exit" in text
+    _wait_gone(pipe)
+    lines = (log / "control.log").read_text().splitlines()
+    assert lines and all(LOG_LINE.match(x) for x in lines), lines
+    text = "\n".join(LOG_LINE.sub("", x) for x in lines)
+    assert f"Starting control daemon using socket {pipe}/control" in text
+    assert "Cmd:set_default_active_thread_percentage 25\n25.0" in text
+    assert "Exit with status 0" in text
 
 
 def test_other_user_cannot_connect(mpsdir) -> None:
@@ -84,10 +112,74 @@ def test_other_user_cannot_connect(mpsdir) -> None:
     assert _ctl(ctl, env, u, "quit\n").returncode == 0
 
 
-def test_invalid_command_and_option(mpsdir) -> None:
+# What slurm-gpu and an admin send, one client call each (start_server apart:
+# it needs a GPU, see below).
+SCRIPT = ["get_default_active_thread_percentage",
+          "set_default_active_thread_percentage 50",
+          "set_default_active_thread_percentage 500",
+          "set_default_active_thread_percentage abc",
+          "get_default_active_thread_percentage",
+          "set_default_device_pinned_mem_limit 0 2G",
+          "get_default_device_pinned_mem_limit 0",
+          "get_default_device_pinned_mem_limit 1",
+          "get_server_list",
+          "shutdown_server 99",
+          "frobnicate now",
+          "get_server_status 1"]
+
+
+def _run_script(kind: str) -> tuple[list[tuple[int, str, str]], list[str]]:
+    base, (ctl, env, u, pipe, log) = _mpsdir(kind)
+    try:
+        runner.run([str(ctl), "-d"], 5, env=env, run_as=u)
+        out = []
+        for cmd in SCRIPT:
+            r = _ctl(ctl, env, u, cmd + "\n")
+            out.append((r.returncode, r.stdout, r.stderr))
+        _ctl(ctl, env, u, "quit\n")
+        _wait_gone(pipe)
+        keep = ("Cmd:", "Unknown", "Invalid", "Server", "No default", "50.0", "100.0", "2G")
+        logged = [LOG_LINE.sub("", x) for x in (log / "control.log").read_text().splitlines()]
+        return out, [x for x in logged if x.startswith(keep)]
+    finally:
+        _cleanup(base, pipe)
+
+
+def test_stand_in_answers_and_logs_as_the_real_daemon() -> None:
+    real, real_log = _run_script("real")
+    stand, stand_log = _run_script("stand-in")
+    for cmd, a, b in zip(SCRIPT, real, stand):
+        assert a == b, cmd
+    assert stand_log == real_log
+    # what the issue names, from the real binary itself
+    assert real[1][1] == "50.0\n" and real[10][1] == 'Unknown command "frobnicate"\n'
+
+
+def test_real_start_server_without_a_gpu_exits_with_status_1() -> None:
+    """No GPU: the real daemon forks a server that exits with status 1 at
+    once; the client gets no answer and get_server_list stays empty."""
+    base, (ctl, env, u, pipe, log) = _mpsdir("real")
+    try:
+        runner.run([str(ctl), "-d"], 5, env=env, run_as=u)
+        r = _ctl(ctl, env, u, f"start_server -uid {u.uid}\n")
+        assert (r.returncode, r.stdout) == (0, "")
+        deadline = time.monotonic() + 5
+        text = ""
+        while "exited with status" not in text and time.monotonic() < deadline:
+            time.sleep(0.02)
+            text = (log / "control.log").read_text()
+        m = re.search(rf"Starting new server (\d+) for user {u.uid}\n", text)
+        assert m, text
+        assert f"Server {m.group(1)} exited with status 1" in text
+        assert _ctl(ctl, env, u, "get_server_list\n").stdout == ""
+        assert len(daemon_pids(pipe)) == 1                  # the control daemon alone
+        _ctl(ctl, env, u, "quit\n")
+        _wait_gone(pipe)
+    finally:
+        _cleanup(base, pipe)
+
+
+def test_bad_option(mpsdir) -> None:
     ctl, env, u, pipe, log = mpsdir
-    runner.run([str(ctl), "-d"], 5, env=env, run_as=u)
-    r = _ctl(ctl, env, u, "set_default_active_thread_percentage 500\nfrobnicate\nquit\n")
-    assert "Invalid value" in r.stdout and "Invalid command" in r.stdout
     bad = runner.run([str(ctl), "-x"], 5, env=env, check=False)
     assert bad.returncode == 1

@@ -1,4 +1,4 @@
-"""The sandbox's per-node NVML simulator and MPS stand-in, and the shipped machines."""
+"""The sandbox's per-node NVML simulator and MPS control binary, and the shipped machines."""
 from __future__ import annotations
 
 import json
@@ -79,6 +79,23 @@ def test_prepare_writes_one_state_per_node_and_the_stand_in(tmp_path: Path) -> N
         assert stat.S_IMODE(os.stat(L.var / n / "sim.json").st_mode) == 0o644
         assert stat.S_IMODE(os.stat(L.var / n / "mps").st_mode) == 0o755
     assert os.access(L.lib / "nvidia-cuda-mps-control", os.X_OK)
+
+
+def test_prepare_installs_nvidias_real_mps_control_when_fetched(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """The sandbox runs NVIDIA's binary (scripts/fetch-mps.sh); the Python
+    stand-in only when it was never fetched."""
+    from mpsbinary import real_mps_control
+    real = real_mps_control()
+    L = Layout.of(tmp_path / "sb")
+    for d in (L.root, *L.dirs()):
+        d.mkdir(parents=True)
+    nodesim.prepare(L, MACHINES / "mini-2numa", ["n1"], tmp_path / "no-venv")
+    ctl = L.lib / "nvidia-cuda-mps-control"
+    assert ctl.read_bytes() == real.read_bytes() and os.access(ctl, os.X_OK)
+    monkeypatch.setenv("SLURM_GPU_MPS_CACHE", str(tmp_path / "empty-cache"))
+    nodesim.prepare(L, MACHINES / "mini-2numa", ["n1"], tmp_path / "no-venv")
+    assert b"slurm-gpu stand-in" in ctl.read_bytes()
 
 
 def test_prepare_recorded_keeps_mig_as_recorded(tmp_path: Path) -> None:
