@@ -20,8 +20,13 @@ _TRAILING_INT = re.compile(r"^(.*?)(\d+)$")
 # names or numbers than any cluster has is refused before it is expanded,
 # and ClusterShell's own ValueError (int() of a 5,000-digit bound) is ours.
 MAX_EXPANSION = 1 << 17    # no Slurm cluster has more nodes; no node more cores
-_ERRORS = (NodeSetParseError, RangeSetParseError, ValueError, OverflowError, RecursionError,
-           AssertionError)  # ClusterShell asserts "range too large"
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from ClusterShell.NodeSet import NodeSetParseError
+    from ClusterShell.RangeSet import RangeSetParseError
+    return (NodeSetParseError, RangeSetParseError, ValueError, OverflowError, RecursionError,
+            AssertionError)  # ClusterShell asserts "range too large"
 
 
 def natural_key(text: str) -> tuple[object, ...]:
@@ -54,13 +59,12 @@ def fold(names: Iterable[str]) -> str:
 
 def expand(hostlist: str, where: str = "") -> list[str]:
     """``gpu[001-003]`` -> ``['gpu001', 'gpu002', 'gpu003']``."""
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
-    from ClusterShell.RangeSet import RangeSetParseError
+    from ClusterShell.NodeSet import NodeSet
     try:
         ns = NodeSet(hostlist)
         _bounded(len(ns), "hostlist", hostlist, where)
         return list(ns)
-    except _ERRORS as e:
+    except _errors() as e:
         raise InputError(f"bad hostlist {hostlist[:60]!r}: {str(e)[:80]}", where or None) from None
 
 
@@ -80,12 +84,12 @@ def parse_int_ranges(text: str, where: str = "") -> tuple[int, ...]:
         t = t[1:-1]
     if not t:
         return ()
-    from ClusterShell.RangeSet import RangeSet, RangeSetParseError
+    from ClusterShell.RangeSet import RangeSet
     try:
         rs = RangeSet(t)
         _bounded(len(rs), "range", text, where)
         return tuple(sorted(int(x) for x in rs))
-    except _ERRORS as e:
+    except _errors() as e:
         raise InputError(f"bad range {text[:60]!r}: {str(e)[:80]}", where or None) from None
 
 
@@ -111,13 +115,12 @@ def fold_files(paths: Sequence[str]) -> str:
 
 def expand_files(text: str, where: str = "") -> tuple[str, ...]:
     """Expand a File=/MultipleFiles= value: ``/dev/nvidia[0-1],/dev/x`` -> paths."""
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
-    from ClusterShell.RangeSet import RangeSetParseError
+    from ClusterShell.NodeSet import NodeSet
     try:
         if "[" not in text:
             return tuple(p for p in text.split(",") if p)
         ns = NodeSet(text, autostep=None)
         _bounded(len(ns), "file list", text, where)
         return tuple(ns)
-    except _ERRORS as e:
+    except _errors() as e:
         raise InputError(f"bad file list {text[:60]!r}: {str(e)[:80]}", where or None) from None
