@@ -211,6 +211,26 @@ def test_requeues_and_cancels_leave_no_mapping_or_aggregate(whole):
     assert wait_for(lambda: whole.left() == {"jobs": [], "agg": [], "map": []}, timeout=30), whole.left()
 
 
+def test_a_failed_epilog_leaves_nothing_once_the_sampler_sweeps(whole):
+    """An epilog script before ours fails: slurmd drains the node and does not run ours.
+    The sampler sees the job gone from squeue, finishes it and stores its summary."""
+    bad = whole.c.dir / "etc" / "epilog.d" / "55-fails"
+    bad.write_text("#!/bin/sh\nexit 1\n")
+    bad.chmod(0o755)
+    try:
+        whole.script({"3": [{"t": 0, "sm": 65}]})
+        jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
+        assert wait_for(lambda: whole.left()["jobs"] == [f"{jid}.json"])
+        whole.c.wait_node_state("n1", __import__("re").compile("drain.*"), timeout=30)
+        assert wait_for(lambda: whole.left() == {"jobs": [], "agg": [], "map": []}, timeout=30), whole.left()
+        part = dbd.parse(whole.comment(jid))["n1"]
+        assert len(part["held"]) == 1 and part["dev"][part["held"][0]]["n"] >= 1
+    finally:
+        bad.unlink()
+        whole.c.run(["scontrol", "update", "nodename=n1", "state=resume"])
+        whole.c.wait_node_state("n1", "idle")
+
+
 def test_two_mig_jobs_on_one_gpu_get_separate_figures(make_sandbox, job_users):
     n = AcctNode(make_sandbox, "h100-mig", "mig")
     try:
