@@ -106,6 +106,11 @@ def node_drift(name: str, node: Any, slurm: SlurmNode | None, current: NodeGres 
     """
     out: list[str] = []
     wanted, counts = memo.gres(name, node)
+    if current is not None and current.autodetect in ("nvml", "nvidia") and not any(
+            n == "gpu" for n, _ in current.devices):
+        # slurmd finds the GPUs itself: there are no device lines to compare,
+        # and a missing GPU shows in Slurm's Gres= count below.
+        current = None
     if current is not None:
         have = {int(m.group(1)) for (n, f) in current.devices if n == "gpu" for m in [_MINOR.search(f)] if m}
         minors = {g.minor for g in node.gpus if g.minor is not None}

@@ -331,3 +331,25 @@ def test_real_scontrol_oneliner_of_every_supported_slurm(version: str, tmp_path:
     rc = main(["cluster", "check", "--from", str(d), "--slurm-nodes-from", str(path), "--json"])
     rep = json.loads(capsys.readouterr().out)
     assert rc == 1 and [g["nodes"] for g in rep["groups"]] == ["n3"], rep
+
+
+def test_check_with_an_autodetect_gres_conf_compares_counts_not_device_lines(
+        tmp_path: Path, recorded: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    names = ["g1", "g2"]
+    d = tmp_path / "col"
+    d.mkdir()
+    _write(d, "g1", recorded["healthy"])
+    _write(d, "g2", recorded["lost"])
+    cpus, sockets, cps, tpc = _hw_layout()
+    over = {f"{n}__{k}": str(v) for n in names for k, v in
+            (("CPUTot", cpus), ("Sockets", sockets), ("CoresPerSocket", cps), ("ThreadsPerCore", tpc))}
+    sc = _scontrol(tmp_path, names, **over)
+    gres = tmp_path / "gres.conf"
+    gres.write_text("AutoDetect=nvml\n")
+    rc = main(["cluster", "check", "--from", str(d), "--slurm-nodes-from", str(sc), "--gres-conf", str(gres),
+               "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert rep["nodes"]["g1"] == []
+    assert rep["nodes"]["g2"][0].startswith("Gres: Slurm gpu:nvidia_h100_80gb_hbm3:8, hardware "
+                                            "gpu:nvidia_h100_80gb_hbm3:7")
