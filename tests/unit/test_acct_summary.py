@@ -123,3 +123,46 @@ def test_verdicts_name_idle_low_and_headroom():
     assert "GPU 2 on n1: idle (100% of samples)" in v
     assert "GPU 0 on n1: low utilisation (mean 12%)" in v
     assert any("memory headroom" in x for x in v) and v[-1].startswith("energy: 2.000 kWh")
+
+
+def test_planted_or_malformed_records_are_ignored(tmp_path):
+    from slurm_gpu.acct.store import Store
+    store = Store(tmp_path / "acct")
+    store.write("jobs", "5", {"jobid": "5", "devices": ["0"]})
+    bad = store.path("jobs", "6")
+    bad.write_text('{"jobid": "6", "devices": ["1"]}')
+    bad.chmod(0o666)                                    # writable by anyone: not ours to trust
+    (tmp_path / "acct" / "jobs" / "7.json").write_text("{not json")
+    (tmp_path / "acct" / "jobs" / "../x.json").parent.mkdir(exist_ok=True)
+    (tmp_path / "acct" / "jobs" / "8.json").symlink_to(store.path("jobs", "5"))
+    assert list(store.registrations()) == ["5"]
+    with pytest.raises(Exception):
+        store.path("jobs", "../../etc/passwd")
+
+
+def test_comment_with_a_broken_part_of_ours_still_merges():
+    broken = "nhc: x slurm-gpu:{`n1`:{"
+    value = dbd.merged(broken, "n2", part())
+    other, ours = dbd.split(value)
+    assert other == broken and set(ours) == {"n2"}
+
+
+def test_prolog_ignores_malformed_gpu_lists(tmp_path):
+    from slurm_gpu.acct import hooks
+    from slurm_gpu.acct.settings import AcctSettings
+    from slurm_gpu.acct.store import Store
+    s = AcctSettings(enabled=True, dir=str(tmp_path / "acct"))
+    env = {"SLURM_JOB_ID": "12", "SLURM_JOB_GPUS": "0,x,../1,99999,1"}
+    reg = hooks.register(s, Store(s.dir), env, "n1", lambda: ["0", "1", "2"], None)
+    assert reg["devices"] == ["0", "1"]
+    with pytest.raises(Exception):
+        hooks.register(s, Store(s.dir), {"SLURM_JOB_ID": "12/../13"}, "n1", lambda: [], None)
+    from slurm_gpu import config
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[node]\nstate_dir = "{tmp_path}/var"\n[acct]\nenabled = true\n')
+    config.use_config(str(conf))
+    try:
+        assert hooks.main("prolog", {"SLURM_JOB_ID": "bad"}) == 0        # never fails the job
+        assert hooks.main("epilog", {"SLURM_JOB_ID": "12"}) == 0
+    finally:
+        config.use_config(None)
