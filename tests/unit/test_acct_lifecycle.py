@@ -176,3 +176,28 @@ def test_two_hundred_random_lifecycles_leave_nothing_behind(node):
     assert left == []
     assert node.store.ids("pending") == []
     assert all(j in node.db for j in ended)
+
+
+def test_idle_policy_is_off_by_default_then_logs_flags_and_cancels(node, monkeypatch):
+    node.prolog("21", ["0", "1"])
+    node.script("0", 90, [])
+    for _ in range(4):
+        node.advance()
+    assert "slurm_gpu_idle_held" in Path(node.s.metrics_file).read_text()
+    assert 'slurm_gpu_idle_held{gpu="1"' in Path(node.s.metrics_file).read_text()
+    assert not any(line.endswith(" 1") for line in Path(node.s.metrics_file).read_text().splitlines()
+                   if line.startswith("slurm_gpu_idle_held"))               # off by default
+    logged, ran = [], []
+    node.mon.log = logged.append
+    node.s.idle_minutes = 0.5                                             # 3 samples at 10 s
+    node.s.idle_action = "cancel"
+    import slurm_gpu.runner as runner
+    monkeypatch.setattr(runner, "run", lambda argv, timeout, **kw: ran.append(list(argv)))
+    node.advance()
+    flagged = [l for l in Path(node.s.metrics_file).read_text().splitlines()
+               if l.startswith("slurm_gpu_idle_held") and l.endswith(" 1")]
+    assert len(flagged) == 1 and 'gpu="1"' in flagged[0]                  # GPU 0 is busy
+    assert logged == ["slurm-gpu: monitor: job 21 has held GPU 1 idle for 0.5 min"]
+    assert ran == [[node.s.scancel, "21"]]
+    node.advance()
+    assert len(logged) == 1 and len(ran) == 1                              # once per job and GPU
