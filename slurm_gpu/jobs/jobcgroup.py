@@ -68,20 +68,31 @@ def _root_dir(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
 
 
-def job_dirs(jobid: str, uid: int | None, sluid: str | None = None,
+def job_dirs(jobid: str, uid: int | None, sluid: str | None = None, node: str | None = None,
              mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """The job's cgroup directory in each hierarchy where Slurm made one (empty: none)."""
+    """The job's cgroup directory in each hierarchy where Slurm made one (empty: none).
+
+    Slurm puts the node name in the path when several slurmd share a host
+    (``slurm_<node>``, ``<node>_slurmstepd.scope``); with *node* those and the
+    plain names are looked at, else any, and then only a single match counts:
+    another slurmd's job with the same id must never be taken for this one.
+    """
     out = []
     names = [f"job_{jobid}"] + ([sluid] if sluid and sluid.replace("-", "").isalnum() else [])
+    safe = node if node and "/" not in node and "*" not in node and node not in (".", "..") else None
     for point, version, _ctrls in mounts(mountinfo):
         if version == 1:
+            roots = [f"slurm_{safe}", "slurm"] if safe else ["slurm*"]
             users = [f"uid_{uid}"] if uid is not None else ["uid_*"]
-            pats = [f"{point}/slurm*/{u}/{n}" for u in users for n in names]
+            pats = [f"{point}/{r}/{u}/{n}" for r in roots for u in users for n in names]
         else:
-            pats = [f"{point}/system.slice/*slurmstepd.scope/{n}" for n in names] + \
-                   [f"{point}/*slurmstepd*/{n}" for n in names]
-        found = sorted({p for pat in pats for p in glob.glob(pat) if _root_dir(p)})
-        if found:
+            scopes = [f"{safe}_slurmstepd.scope", "slurmstepd.scope"] if safe else ["*slurmstepd.scope"]
+            pats = [f"{point}/system.slice/{sc}/{n}" for sc in scopes for n in names] + \
+                   [f"{point}/{sc.replace('.scope', '')}/{n}" for sc in scopes for n in names]
+        found = [p for pat in pats for p in sorted(glob.glob(pat)) if _root_dir(p)]
+        if safe and found:
+            out.append(found[0])            # this node's own name first
+        elif len(set(found)) == 1:
             out.append(found[0])
     return out
 
@@ -201,9 +212,9 @@ def remove(dirs: Iterable[str]) -> None:
                 pass
 
 
-def ours(jobid: str, uid: int | None, sluid: str | None = None) -> list[str]:
+def ours(jobid: str, uid: int | None, sluid: str | None = None, node: str | None = None) -> list[str]:
     """Our cgroups under the job's, where they exist (the epilog, without a state file too)."""
-    return [os.path.join(d, NAME) for d in job_dirs(jobid, uid, sluid)
+    return [os.path.join(d, NAME) for d in job_dirs(jobid, uid, sluid, node)
             if os.path.isdir(os.path.join(d, NAME))]
 
 

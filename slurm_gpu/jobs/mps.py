@@ -235,7 +235,7 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
                             "cpus": _cpu_list(cpus), "pids": [], "ready": False,
                             "percentage": percentage}
     from . import jobcgroup
-    dirs = jobcgroup.job_dirs(jobid, user.uid, sluid)
+    dirs = jobcgroup.job_dirs(jobid, user.uid, sluid, _node_name())
     cgroups = jobcgroup.make(dirs) if dirs else []
     info["cgroup"] = cgroups or None
     record(info)
@@ -360,6 +360,12 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     return notes
 
 
+def _node_name() -> str:
+    """Slurm's name for this node (slurmd's environment, or SPANK's hostctx)."""
+    from ..hw.live import node_name
+    return node_name()
+
+
 def _tree_of(procs: dict[int, tuple[int, int]], uid: int | None) -> dict[int, tuple[int, int]]:
     """The job user's processes below *procs* in the process tree (never root's)."""
     from .jobcgroup import descendants
@@ -384,7 +390,8 @@ def _end_cgroups(info: dict[str, Any] | None, jobid: str, uid: int | None, wait:
     points = tuple(p.rstrip("/") + "/" for p, _v, _c in jobcgroup.mounts())
     recorded = [str(c) for c in ((info or {}).get("cgroup") or [])
                 if os.path.basename(str(c)) == jobcgroup.NAME and str(c).startswith(points)]
-    dirs = sorted({c for c in recorded if os.path.isdir(c)} | set(jobcgroup.ours(jobid, uid)))
+    dirs = sorted({c for c in recorded if os.path.isdir(c)}
+                  | set(jobcgroup.ours(jobid, uid, node=_node_name())))
     if not dirs:
         return
     left = jobcgroup.kill_all(dirs, wait)
@@ -439,7 +446,7 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
     if not info.get("pipe_dir") or info.get("cgroup"):
         return list(info.get("cgroup") or [])
     uid = int(st["uid"])
-    dirs = jobcgroup.job_dirs(jobid, uid, sluid)
+    dirs = jobcgroup.job_dirs(jobid, uid, sluid, _node_name())
     if not dirs:
         return []
     cg = jobcgroup.make(dirs)

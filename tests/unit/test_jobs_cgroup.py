@@ -45,6 +45,16 @@ def test_v1_layout_of_slurm_2205(tmp_path: Path) -> None:
     assert jobcgroup.job_dirs("8", 1001, mountinfo=mi) == []
 
 
+def test_another_slurmds_job_with_the_same_id_is_never_taken(tmp_path: Path) -> None:
+    # Two slurmd on one host (the sandbox, multiple-slurmd builds): slurm_<node> each.
+    mi = _tree(tmp_path, V1, ["memory/slurm_n1/uid_1001/job_7", "memory/slurm_n2/uid_1001/job_7"])
+    assert jobcgroup.job_dirs("7", 1001, node="n2", mountinfo=mi) == \
+        [f"{tmp_path}/memory/slurm_n2/uid_1001/job_7"]
+    assert jobcgroup.job_dirs("7", 1001, mountinfo=mi) == []          # ambiguous: none
+    assert jobcgroup.job_dirs("7", 1001, node="n3", mountinfo=mi) == []
+    assert jobcgroup.job_dirs("7", 1001, node="../n1", mountinfo=mi) == []
+
+
 def test_v2_layout_job_id_and_sluid(tmp_path: Path) -> None:
     mi = _tree(tmp_path, V2, ["system.slice/n1_slurmstepd.scope/job_7/step_extern/user/task_special",
                               "system.slice/n1_slurmstepd.scope/a1b2c3d4e5f60789"])
