@@ -37,6 +37,10 @@ class ClusterSettings:
 
     # Where the health check publishes this node's model ("" = never); "%n" = node name.
     publish_dir: str = ""
+    # Derive and compare the model at most this often (seconds; 0 = every health run).
+    # Between two, a run touches neither the hardware read nor the shared directory;
+    # a reboot starts a new interval at once.
+    publish_interval: float = 0.0
 
 
 def model_hash(node: Mapping[str, Any]) -> str:
@@ -99,21 +103,48 @@ def settings(raw: dict[str, Any] | None = None) -> ClusterSettings:
     return config.section(ClusterSettings, "cluster", raw)
 
 
-def publish_from_health(name: str, snapshot_node: Mapping[str, Any] | None) -> str | None:
+def _memo_path(state_dir: str, name: str) -> str:
+    return os.path.join(state_dir, f"cluster-publish.{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json")
+
+
+def _due(state_dir: str | None, name: str, interval: float, boot: str) -> bool:
+    """True unless this node was published less than *interval* seconds ago, in this boot."""
+    if interval <= 0 or not state_dir:
+        return True
+    try:
+        with open(_memo_path(state_dir, name), "rb") as f:
+            memo = json.loads(f.read(4096))
+        at = float(memo["at"])
+        return memo.get("boot_id") != boot or not (0 <= time.time() - at < interval)
+    except (OSError, ValueError, KeyError, TypeError):
+        return True     # no memo, or a broken one: derive now (it is rewritten below)
+
+
+def publish_from_health(name: str, snapshot_node: Mapping[str, Any] | None,
+                        state_dir: str | None = None) -> str | None:
     """The health check's hook: publish this node's model when ``[cluster] publish_dir`` is set.
 
     *snapshot_node* is the derived model of the snapshot the run replayed
     (already parsed), else this node is read as configured
-    (:func:`slurm_gpu.hw.load_node`).  Returns a line for the run's
-    notes when something was written, None otherwise.
+    (:func:`slurm_gpu.hw.load_node`).  With ``publish_interval``, a memo
+    in *state_dir* (node-local) skips the whole step until the interval has
+    passed or the node rebooted.  Returns a line for the run's notes when
+    something was written, None otherwise.
     """
     s = settings()
     if not s.publish_dir:
+        return None
+    from ..hw import kmsg
+    boot = kmsg.boot_id()
+    if not _due(state_dir, name, s.publish_interval, boot):
         return None
     directory = s.publish_dir.replace("%n", name)
     if snapshot_node is None:
         from ..hw import load_node
         snapshot_node = load_node().to_dict()
-    if publish(directory, name, snapshot_node):
-        return f"model published to {node_file(directory, name)}"
-    return None
+    written = publish(directory, name, snapshot_node)
+    if s.publish_interval > 0 and state_dir:
+        from ..fsutil import atomic_write
+        os.makedirs(state_dir, exist_ok=True)
+        atomic_write(_memo_path(state_dir, name), json.dumps({"at": time.time(), "boot_id": boot}) + "\n")
+    return f"model published to {node_file(directory, name)}" if written else None

@@ -195,7 +195,7 @@ def _publish(name: str, snapshot: str | None) -> None:
             if not isinstance(model, dict):
                 from ..hw import Snapshot, load_node
                 model = load_node(Snapshot(path)).to_dict()
-        note = publish_from_health(name, model)
+        note = publish_from_health(name, model, _state_dir(_settings()))
     except SlurmGpuError as e:
         note = f"model not published: {e}"
     if note:

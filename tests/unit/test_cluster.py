@@ -353,3 +353,25 @@ def test_check_with_an_autodetect_gres_conf_compares_counts_not_device_lines(
     assert rep["nodes"]["g1"] == []
     assert rep["nodes"]["g2"][0].startswith("Gres: Slurm gpu:nvidia_h100_80gb_hbm3:8, hardware "
                                             "gpu:nvidia_h100_80gb_hbm3:7")
+
+
+def test_publish_interval_skips_the_step_until_due_or_reboot(tmp_path: Path, recorded: dict,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """With publish_interval, a run inside the interval neither derives nor touches the shared directory."""
+    from slurm_gpu.cluster import modelfile as mf
+    pub, state = tmp_path / "pub", tmp_path / "state"
+    pub.mkdir()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[cluster]\npublish_dir = "{pub}"\npublish_interval = 3600\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    boot = ["boot-a"]
+    monkeypatch.setattr("slurm_gpu.hw.kmsg.boot_id", lambda: boot[0])
+    healthy, lost = recorded["healthy"]["node"], recorded["lost"]["node"]
+    assert mf.publish_from_health("n1", healthy, str(state)) is not None
+    assert mf.publish_from_health("n1", lost, str(state)) is None          # inside the interval: skipped
+    assert len(store.load_dir(str(pub)).nodes["n1"].gpus) == 8
+    boot[0] = "boot-b"                                                       # a reboot: due at once
+    assert mf.publish_from_health("n1", lost, str(state)) is not None
+    assert len(store.load_dir(str(pub)).nodes["n1"].gpus) == 7
+    (state / "cluster-publish.n1.json").write_text("{broken")               # a broken memo: due
+    assert mf.publish_from_health("n1", healthy, str(state)) is not None
