@@ -22,7 +22,7 @@ unit:
 	$(PY) -m pytest -q tests/unit
 
 bench:
-	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
+	$(PY) bench/run_all.py
 
 # Packages (docs/install.md): a .deb for Debian 12/13, an .rpm for EL8/9.
 deb:

@@ -3,15 +3,16 @@
 
 1. Full check of an 8-GPU recorded machine (h100-sxm-8x snapshot: every gpu.*
    NVML check through the replay, gpu.xid over a kernel log, the os.* audit),
-   wall time including interpreter start, and peak RSS.  Goal: <= 150 ms,
-   <= 40 MB.  Baselines: a bare interpreter, ``slurm-gpu --version`` and
+   wall time including interpreter start, and peak RSS.  Goal (issue 15):
+   <= 60 ms, <= 20 MB.  Baselines: a bare interpreter, ``slurm-gpu --version`` and
    ``slurm-gpu inventory --snapshot`` on the same machine.
    The same check with ``[cluster] publish_dir`` set and the model unchanged
    since the last run (issue 16: no rewrite, one small read), same goal.
-2. Scanning a 100 MB kernel log with ``--only gpu.xid``.  Goal: <= 2 s.
-   Baseline: ``grep -c NVRM`` over the same file.
+2. Scanning a 100 MB kernel log with ``--only gpu.xid``.  Goal (issue 15):
+   <= 100 ms.  Baseline: ``grep -c NVRM`` over the same file.
 
-Run:  /opt/slurm-gpu/venv/bin/python bench/bench_health.py [--runs N] [--log-mb MB]
+Run:  /opt/slurm-gpu/venv/bin/python bench/bench_health.py [--runs N] [--log-mb MB] [--smoke]
+Exits 1 when a goal is missed.
 """
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PY = "/opt/slurm-gpu/venv/bin/python"
+sys.path.insert(0, str(ROOT / "bench"))
+from benchrow import goal_for, goal_text, python, row  # noqa: E402
+
+PY = python()
+FULL_MS, FULL_MB, XID_MS = 60.0, 20.0, 100.0
+PY_FLOOR_MS, GREP_FLOOR_MS = 12.9, 17.0   # the floors beside those goals in issue 15
 SNAP = ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json"
 
 
@@ -68,7 +74,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--log-mb", type=int, default=100)
+    ap.add_argument("--smoke", action="store_true", help="1 run, 1 MB log, no goal judged")
     a = ap.parse_args()
+    if a.smoke:
+        a.runs, a.log_mb = 1, 1
+    ok = True
     with tempfile.TemporaryDirectory(prefix="bench-health-") as td:
         tdp = Path(td)
         klog = tdp / "kern.log"
@@ -116,25 +126,37 @@ def main() -> int:
         base = res[cases[0][0]]
         full = res[cases[3][0]]
         print(f"ratio health/interpreter start: {full / base:.2f}x;  health/inventory: "
-              f"{full / res[cases[2][0]]:.2f}x;  goal <= 150 ms wall and <= 40 MB: "
-              f"{'met' if full <= 150 and mem[cases[3][0]] <= 40 else 'NOT met'}")
+              f"{full / res[cases[2][0]]:.2f}x;  goal <= {FULL_MS:.0f} ms wall and <= {FULL_MB:.0f} MB: "
+              f"{'met' if full <= FULL_MS and mem[cases[3][0]] <= FULL_MB else 'NOT met'}")
+        goal = goal_for(FULL_MS, base, PY_FLOOR_MS)
+        ok &= row("health, full check, 8-GPU snapshot",
+                  f"{full:.1f} ms ({full / base:.1f}x), {mem[cases[3][0]]:.1f} MB",
+                  f"python -c pass {base:.1f} ms, {mem[cases[0][0]]:.1f} MB",
+                  goal_text(FULL_MS, goal) + f", <= {FULL_MB:.0f} MB",
+                  full <= goal and mem[cases[3][0]] <= FULL_MB, a.smoke)
         print(f"publishing on, model unchanged: {res[pub_name]:.1f} ms, {res[pub_name] - pub_off:+.1f} ms beside "
               f"the same check without; goal <= 150 ms and <= 40 MB: "
               f"{'met' if res[pub_name] <= 150 and mem[pub_name] <= 40 and not rewritten else 'NOT met'}")
         big = tdp / "big.log"
         make_log(big, a.log_mb)
         size = big.stat().st_size / (1024 * 1024)
-        print(f"\n# scanning a {size:.0f} MB kernel log (page cache warm), 3 runs each")
+        xruns = 1 if a.smoke else 5
+        print(f"\n# scanning a {size:.0f} MB kernel log (page cache warm), {xruns} runs each")
         # Not to /dev/null: GNU grep then stops at the first match (as -q does).
         with open(tdp / "grep.out", "w") as out:
-            g_med, _, _ = measure(["/usr/bin/grep", "-c", "NVRM", str(big)], env, 3, stdout=out)
+            g_med, _, _ = measure(["/usr/bin/grep", "-c", "NVRM", str(big)], env, xruns, stdout=out)
         h_med, h_min, h_rss = measure([PY, "-m", "slurm_gpu", "health", "--only", "gpu.xid", "--kernel-log", str(big),
-                                       "--no-drain"], env, 3)
+                                       "--no-drain"], env, xruns)
         print(f"{'grep -c NVRM (baseline)':62s} {g_med:7.1f} ms")
         print(f"{'slurm-gpu health --only gpu.xid --kernel-log big.log':62s} {h_med:7.1f} ms  (min {h_min:6.1f})  "
               f"{h_rss / 1024:5.1f} MB")
-        print(f"ratio health/grep: {h_med / g_med:.2f}x;  goal <= 2000 ms: {'met' if h_med <= 2000 else 'NOT met'}")
-    return 0
+        print(f"ratio health/grep: {h_med / g_med:.2f}x;  goal <= {XID_MS:.0f} ms: "
+              f"{'met' if h_med <= XID_MS else 'NOT met'}")
+        goal = goal_for(XID_MS, g_med, GREP_FLOOR_MS)
+        ok &= row(f"health --only gpu.xid, {size:.0f} MB kernel log",
+                  f"{h_med:.1f} ms ({h_med / g_med:.1f}x), {h_rss / 1024:.1f} MB",
+                  f"grep -c {g_med:.1f} ms", goal_text(XID_MS, goal), h_med <= goal, a.smoke)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

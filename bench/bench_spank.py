@@ -8,14 +8,16 @@ round so drift hits every variant alike:
 
 * ``srun -N1 true`` with an empty plugstack.conf (no plugin),
 * ``srun -N1 true`` with the plugin and no option (goal <= 1.05x),
-* ``srun -N1 --gpus=1 --gpu-numa-bind=prefer true`` (goal <= 2.0x the first),
+* ``srun -N1 --gpus=1 --gpu-numa-bind=prefer true`` (goal, issue 15: <= 1.25x
+  the first, a plain step),
 
 ``--slurm`` runs it on that Slurm (a Debian root's, as ``sandbox up
 --slurm``); every variant then pays the same entry into the root.
 srun and slurmstepd read plugstack.conf at every step, so switching the file
 between runs switches the plugin.  slurmd's RSS is compared between this
 sandbox and a second one started without the plugin, after the same jobs.
-Prints medians and ratios; exits 1 when a goal is missed.
+Prints medians and ratios; exits 1 when a goal is missed (``--smoke``: one
+round, no goal judged, for the test suite).
 """
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from benchrow import row  # noqa: E402
 
-GOALS = {"plugin, no option": 1.05, "plugin, 1 GPU --gpu-numa-bind=prefer": 2.0}
+GOALS = {"plugin, no option": 1.05, "plugin, 1 GPU --gpu-numa-bind=prefer": 1.25}
 
 
 def _sandbox(base: Path, tag: str, machine: str, spank: bool, slurm: str | None):  # -> Sandbox
@@ -87,7 +91,10 @@ def main() -> int:
     ap.add_argument("--user", default="sgtest1",
                     help="job user the steps run as (not root: slurmstepd runs a root job's "
                          "hooks with root's rights, a user's with the user's) [sgtest1]")
+    ap.add_argument("--smoke", action="store_true", help="one round, no goal judged")
     a = ap.parse_args()
+    if a.smoke:
+        a.runs = 1
     if os.geteuid() != 0:
         print("slurm-gpu: bench_spank needs root (it starts Slurm)", file=sys.stderr)
         return 2
@@ -144,8 +151,11 @@ def main() -> int:
         goal = GOALS.get(name)
         verdict = "" if goal is None else (f"  goal <= {goal:.2f}x " +
                                            ("ok" if ratio <= goal else "MISSED"))
-        failed |= goal is not None and ratio > goal
+        failed |= goal is not None and ratio > goal and not a.smoke
         print(f"  {name:40s} {med:7.1f} ms  {ratio:5.2f}x{verdict}")
+        if goal is not None:
+            row(f"srun {' '.join(argv[2:])} ({name})", f"{med:.1f} ms ({ratio:.2f}x)",
+                f"plain step {base_ms:.1f} ms", f"<= {goal:.2f}x", ratio <= goal, a.smoke)
     print(f"  slurmd RSS: {rss_off / 1024:.1f} MiB without the plugin, "
           f"{rss_on / 1024:.1f} MiB with it ({(rss_on - rss_off) / 1024:+.1f} MiB)")
     return 1 if failed else 0

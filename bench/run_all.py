@@ -1,0 +1,58 @@
+"""Every row of issue 15's table, each measured beside its floor in one run.
+
+    /opt/slurm-gpu/venv/bin/python bench/run_all.py [--smoke] [--skip spank,confgen]
+
+Runs each benchmark (as root: the prolog and SPANK ones start daemons and
+Slurm), collects the ``ROW`` lines they print (bench/benchrow.py) and prints
+them as one table: path, measured, floor, goal, verdict.  Exits 1 when a
+goal is missed or a benchmark fails.  ``--smoke`` runs them small and judges
+no timing (the test suite's check that every path works).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+BENCHES = {
+    "spank": ["bench_spank.py", "--runs", "15"],
+    "health": ["bench_health.py", "--runs", "15"],
+    "inventory": ["bench_inventory.py", "-n", "25"],
+    "prolog": ["bench_prolog.py", "--runs", "20"],
+    "confgen": ["bench_confgen.py", "--nodes", "10000,100000", "--sample", "0"],
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--skip", default="", help="comma list of benchmarks to leave out")
+    a = ap.parse_args()
+    skip = {x for x in a.skip.split(",") if x}
+    rows, failed = [], []
+    for name, argv in BENCHES.items():
+        if name in skip:
+            continue
+        cmd = [sys.executable, str(HERE / argv[0])] + (["--smoke"] if a.smoke else argv[1:])
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stderr.write(r.stdout + r.stderr)
+        got = [line.split("\t")[1:] for line in r.stdout.splitlines() if line.startswith("ROW\t")]
+        rows += got
+        if r.returncode != 0 or not got:
+            failed.append(f"{name} (exit {r.returncode})")
+    widths = [max(len(x[i]) for x in rows + [["path", "measured", "floor", "goal", ""]])
+              for i in range(5)] if rows else []
+    print("\t".join(h.ljust(w) for h, w in zip(["path", "measured", "floor", "goal", ""], widths)))
+    for x in rows:
+        print("\t".join(c.ljust(w) for c, w in zip(x, widths)))
+    if failed:
+        print("run_all: " + "; ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
