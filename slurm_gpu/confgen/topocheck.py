@@ -53,9 +53,20 @@ def parse_conf(lines: Iterable[str], source: str = "topology.conf") -> TopoMeani
 def _hl(v: Any, where: str) -> frozenset[str]:
     if v is None:
         return frozenset()
-    if isinstance(v, list):
-        return frozenset(x for item in v for x in hostlist.expand(str(item), where))
-    return frozenset(hostlist.expand(str(v), where))
+    # Only scalars name hosts: a nested list (or a YAML alias of one, which
+    # str() would print exponentially) is a mistake, said in one line.
+    items = v if isinstance(v, list) else [v]
+    if not all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in items):
+        raise InputError("a host list must be names or a list of names", where)
+    return frozenset(x for item in items for x in hostlist.expand(str(item), where))
+
+
+def _records(v: Any, what: str, where: str) -> list[dict[str, Any]]:
+    """A YAML list of mappings (``switches``, ``blocks``), or one line saying it is not."""
+    v = v or []
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise InputError(f"{what} must be a list of mappings", where)
+    return v
 
 
 def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
@@ -70,6 +81,8 @@ def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
         raise InputError(f"unreadable YAML: {getattr(e, 'problem', e)}", where) from None
     except RecursionError:
         raise InputError("unreadable YAML: nested too deeply", source) from None
+    except ValueError as e:          # PyYAML's int() of a 4,300+ digit number
+        raise InputError(f"unreadable YAML: {str(e)[:80]}", source) from None
     if not isinstance(data, list):
         raise InputError("topology.yaml must be a list of topologies", source)
     m = TopoMeaning()
@@ -81,16 +94,20 @@ def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
         # section counts, or a later `block: {}` would erase BlockSizes.
         tree = topo.get("tree")
         if isinstance(tree, dict) and tree:
-            for sw in tree.get("switches", []) or []:
+            for sw in _records(tree.get("switches"), "tree.switches", source):
                 name = str(sw.get("switch"))
                 m.switches[name] = (_hl(sw.get("nodes"), source), _hl(sw.get("children"), source))
         blk = topo.get("block")
         if isinstance(blk, dict) and blk:
-            try:
-                m.block_sizes = tuple(int(x) for x in blk.get("block_sizes", []) or [])
-            except (TypeError, ValueError):
-                raise InputError(f"bad block_sizes in topology {topo.get('topology')!r}", source) from None
-            for b in blk.get("blocks", []) or []:
+            sizes = blk.get("block_sizes", []) or []
+            # ints, or digit strings as a dump may quote them; bounded before int()
+            if not isinstance(sizes, list) or not all(
+                    (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and x.strip().isascii()
+                                                                         and x.strip().isdigit() and len(x) <= 7)
+                    for x in sizes) or not all(0 < int(x) < 1 << 20 for x in sizes):
+                raise InputError(f"bad block_sizes in topology {str(topo.get('topology'))[:40]!r}", source)
+            m.block_sizes = tuple(int(x) for x in sizes)
+            for b in _records(blk.get("blocks"), "block.blocks", source):
                 m.blocks.append(_hl(b.get("nodes"), source))
     return m
 

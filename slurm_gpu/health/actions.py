@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,10 +105,19 @@ def load_state(path: str | os.PathLike[str], notes: list[str] | None = None) -> 
     """
     dropped: list[str] = []
     try:
-        with open(path) as f:
-            d = json.load(f)
+        d = _read_json_file(path)
     except FileNotFoundError:
         return {}
+    except _NotAFile:
+        # A directory or FIFO where the file belongs would fail every save
+        # (exit 3 forever) or block every read: it is moved aside.
+        aside = f"{os.fspath(path)}.corrupt"
+        try:
+            os.replace(path, aside)
+            dropped.append(f"the whole file (not a regular file; moved to {aside})")
+        except OSError as e:
+            dropped.append(f"the whole file (not a regular file; cannot move it: {e.strerror})")
+        d = {}
     except (OSError, ValueError, RecursionError) as e:
         dropped.append(f"the whole file ({type(e).__name__})")
         d = {}
@@ -125,6 +135,24 @@ def load_state(path: str | os.PathLike[str], notes: list[str] | None = None) -> 
     return d
 
 
+class _NotAFile(Exception):
+    pass
+
+
+def _read_json_file(path: str | os.PathLike[str]) -> object:
+    """JSON of a regular file; O_NONBLOCK so a FIFO planted there cannot block the run."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _NotAFile()
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_STATE_BYTES + 1)
+    if len(raw) > MAX_STATE_BYTES:
+        raise ValueError("state file too big")
+    return json.loads(raw or b"null")
+
+
+MAX_STATE_BYTES = 4 << 20      # the state of one node is a few KB
 _MAX_OFFSET = 1 << 62          # no log or event file is this big
 _MAX_INODE = 1 << 64
 

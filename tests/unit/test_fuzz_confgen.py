@@ -7,8 +7,9 @@ from fuzzlib import fuzz_settings, mutated, outcome
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_gpu.confgen import grescheck, hostlist, ibnet
+from slurm_gpu.confgen import grescheck, hostlist, ibnet, topocheck
 from slurm_gpu.errors import InputError
+from slurm_gpu.health.nodestate import parse_show_node
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 _REAL = (DATA / "ibnetdiscover" / "topograph-example.out").read_text()
@@ -81,3 +82,36 @@ def test_gres_conf_check_parser(text):
 def test_hostlist_expansion(text):
     outcome(hostlist.expand, text, "NodeName")
     outcome(hostlist.parse_int_ranges, text, "Cores")
+
+
+TOPO = [
+    "# topology.conf\nSwitchName=leaf1 Nodes=gpu[001-004]\nSwitchName=leaf2 Nodes=gpu[005-008]\n"
+    "SwitchName=spine Switches=leaf[1-2] LinkSpeed=400\n",
+    "BlockName=b1 Nodes=gpu[001-018]\nBlockName=b2 Nodes=gpu[019-036]\nBlockSizes=18,36\n",
+]
+TOPO_YAML = [
+    "- topology: default\n  cluster_default: true\n  tree:\n    switches:\n      - switch: s1\n"
+    "        nodes: gpu[001-004]\n      - switch: top\n        children: s1\n",
+    "- topology: nvl\n  block:\n    block_sizes: [18, 36]\n    blocks:\n      - block: b1\n        nodes: gpu[001-018]\n",
+]
+
+
+@fuzz_settings(1500)
+@given(mutated(TOPO, ["SwitchName=", "Switches=", "Nodes=", "BlockName=", "BlockSizes=", "n[1-99999999]", "9" * 30]))
+def test_topology_conf_check_parser(text):
+    outcome(topocheck.parse_conf, text.splitlines(True), "topology.conf")
+
+
+@fuzz_settings(800)
+@given(mutated(TOPO_YAML, ["- ", "switch: ", "children: ", "block_sizes: [", "nodes: ", "&a [*a, *a]", "*a"]))
+def test_topology_yaml_check_parser(text):
+    outcome(topocheck.parse_yaml, text, "topology.yaml")
+
+
+SHOW_NODE = [(DATA / "xid" / "scontrol" / n).read_text() for n in ("draining_ours.txt", "admin_drained.txt", "idle.txt")]
+
+
+@fuzz_settings(1000)
+@given(mutated(SHOW_NODE, ["Reason=", " [root@2026-11-22T05:20:00]", "State=", "+DRAIN", "Comment=", "Extra="]))
+def test_scontrol_show_node_parser(text):
+    outcome(parse_show_node, text)

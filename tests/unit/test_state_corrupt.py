@@ -7,6 +7,7 @@ blind the XID check until the next reboot.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,19 @@ def test_read_events_with_negative_offset_reads_from_the_top(tmp_path):
     ev.write_text(json.dumps({"event": "xid", "xid": 79, "gpu": "0000:02:00.0"}) + "\n")
     recs, doc = kmsg.read_events(str(ev), {"events": {"inode": ev.stat().st_ino, "offset": -3, "mark": ""}})
     assert [r["xid"] for r in recs] == [79]
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_state_path_that_is_no_file_is_moved_aside(tmp_path, slurm, kind):
+    # A directory there failed every save (exit 3 forever); a FIFO blocked every read.
+    log = _log(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    p = Path(engine.state_file(state, "n1"))
+    p.mkdir() if kind == "directory" else os.mkfifo(p)
+    r = engine.run(opts(tmp_path, log))
+    assert r.broken is None and r.action == "drain"
+    assert len([n for n in r.notes if "dropped" in n and "not a regular file" in n]) == 1, r.notes
+    assert p.is_file() and Path(f"{p}.corrupt").exists()
+    r2 = engine.run(opts(tmp_path, log))
+    assert r2.broken is None and not any("dropped" in n for n in r2.notes)
