@@ -206,10 +206,15 @@ def remove(dirs: Iterable[str]) -> None:
             pass
         parent = os.path.dirname(c)
         if os.path.basename(c) == NAME:
-            try:
-                os.rmdir(parent)            # fails (EBUSY/ENOTEMPTY) while the job still runs
-            except OSError:
-                pass
+            # Slurm's own cleanup failed while ours was inside: the job's
+            # directory, and v1's uid_<uid> above it, when nothing else is left
+            # (rmdir fails, harmlessly, while the job or another one runs).
+            for d in (parent, os.path.dirname(parent)):
+                if d == parent or os.path.basename(d).startswith("uid_"):
+                    try:
+                        os.rmdir(d)
+                    except OSError:
+                        break
 
 
 def ours(jobid: str, uid: int | None, sluid: str | None = None, node: str | None = None) -> list[str]:

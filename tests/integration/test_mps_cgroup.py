@@ -124,8 +124,12 @@ def test_mps_daemon_runs_in_the_jobs_cgroup_and_dies_with_it(cluster: Cluster, n
         while _daemon(pipe) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _daemon(pipe) == []
-        assert not list(Path("/sys/fs/cgroup").glob(f"*/slurm_{cluster.nodes[0]}/*/job_{jobid}/"
-                                                     "slurm_gpu_mps"))
+        # ... and nothing of the job's cgroups is left (ours kept Slurm from removing them)
+        deadline = time.monotonic() + 10
+        while list(Path("/sys/fs/cgroup").glob(f"*/slurm_{cluster.nodes[0]}/*/job_{jobid}")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not list(Path("/sys/fs/cgroup").glob(f"*/slurm_{cluster.nodes[0]}/*/job_{jobid}"))
     finally:
         if stray.poll() is None:
             stray.kill()
