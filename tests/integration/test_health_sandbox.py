@@ -54,10 +54,21 @@ def wait_for(pred, timeout: float, what: str):
     raise AssertionError(f"not {what} after {timeout} s")
 
 
+# A 79 by every route a job user has into a kernel log (issue 10): none is the kernel's own line.
+FORGED = (
+    "Aug 30 11:43:09 n1 alice: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"     # logger
+    "14,1188,812401212,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"           # /dev/kmsg write
+    "[74889.7] NVRM: API mismatch: the client has the version NVRM: Xid (PCI:0000:18:00): 79, x, but\n"
+    "[74889.8] NVRM: API mismatch: the client has the version 1\n"
+    "              NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus., but\n"        # echoed newline
+    "[74889.9] a.out[7]: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"
+)
+
+
 def test_xid79_drains_with_our_reason_jobs_avoid_it_and_it_resumes(hc):
-    # Healthy first: application XIDs on the log never drain.
+    # Healthy first: application XIDs and forged 79s on the log never drain.
     with open(hc.side / "n1.log", "a") as f:
-        f.write(XID13 * 5)
+        f.write(XID13 * 5 + FORGED)
     time.sleep(2 * INTERVAL + 1)
     assert hc.node_states()["n1"] in ("idle", "mixed", "allocated")
     with open(hc.side / "n1.log", "a") as f:
