@@ -357,6 +357,17 @@ static int sg_forward(const char *where, int hook, spank_t sp, int ac, char **av
     return sg_py_hook(hook, sp, ac, av);
 }
 
+/* In a task of a step whose Python could not start: one line for the user. */
+static int sg_py_unavailable(void)
+{
+    static int said;                 /* per task: each task is its own process */
+    if (!said)
+        slurm_error("slurm-gpu: the plugin's Python could not start on this node "
+                    "(see the node's slurmd log): the step cannot run");
+    said = 1;
+    return -1;
+}
+
 /* ---- SPANK hooks (the only exported functions besides plugin_*) ---- */
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
@@ -409,7 +420,13 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
         sg_py_wanted = sg_step_needs_python(sp, ac, av);
         if (!sg_py_wanted)
             return 0;
-        return sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av);
+        if (sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av) == 0)
+            return 0;
+        /* The interpreter did not start here (venv removed or unreadable,
+         * inner half missing: said why above, in the node's log).  Failing
+         * this hook would fail the batch step's launch, and slurmctld would
+         * drain the node; the tasks fail instead (sg_py_unavailable). */
+        return sg_py_state == -1 ? 0 : -1;
     }
     if ((ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR) || !sg_any_option())
         return 0;
@@ -429,6 +446,8 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
     if (!sg_py_wanted || spank_context() != S_CTX_REMOTE)
         return 0;
+    if (sg_py_state == -1)
+        return sg_py_unavailable();
     return sg_forward("task_init_privileged", SG_HOOK_TASK_PRIV, sp, ac, av);
 }
 
@@ -441,5 +460,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
     }
     if (!sg_py_wanted || spank_context() != S_CTX_REMOTE)
         return 0;
+    if (sg_py_state == -1)
+        return sg_py_unavailable();
     return sg_forward("task_init", SG_HOOK_TASK_INIT, sp, ac, av);
 }

@@ -258,3 +258,26 @@ def test_cli_status_names_the_version_and_up_refuses_others(cluster: Cluster, cl
     assert bad.stderr.strip().splitlines() == [
         "slurm-gpu: cannot run Slurm 23.02: this sandbox runs 22.05 (host), 24.11, 26.05 (--slurm)"]
     assert not (cluster.side / "never").exists()
+
+
+def test_python_that_cannot_start_in_slurmstepd_fails_the_step_not_the_node(cluster: Cluster) -> None:
+    """The venv (or the plugin's Python half) gone on the node after submission:
+    the step fails with one line in the job's output; the node stays in service."""
+    d = cluster.user_dir("sgtest1")
+    out = d / "nopy.out"
+    inner = cluster.sb.layout.lib / "slurm_gpu_spank_py.so"
+    jobid = cluster.sbatch("-H", "-w", "n1", "--gpus=1", "--gpu-numa-bind=strict", "-o", str(out),
+                           "--wrap", "echo RAN", user="sgtest1", cwd=str(d))
+    aside = inner.with_name(inner.name + ".aside")
+    inner.rename(aside)
+    try:
+        assert cluster.run(["scontrol", "release", str(jobid)]).returncode == 0
+        info = cluster.wait_job(jobid, timeout=30)
+    finally:
+        aside.rename(inner)
+    assert info["JobState"] == "FAILED", info
+    text = out.read_text() if out.exists() else ""
+    ours = [l for l in text.splitlines() if "slurm-gpu:" in l]
+    assert "RAN" not in text and len(ours) == 1 and "could not start" in ours[0], text
+    res = cluster.run(["sinfo", "-h", "-n", "n1", "-o", "%T"])
+    assert res.stdout.split()[0] in ("idle", "mixed"), res.stdout   # never drained
