@@ -62,6 +62,7 @@ def cluster(request, make_sandbox, job_users, sandbox_dir):
     c.side = side
     c.files = files
     yield c
+    c.sb.down()       # before the next version's sandbox starts (make_sandbox's down repeats nothing)
     shutil.rmtree(files["dir"], ignore_errors=True)
 
 
