@@ -465,12 +465,14 @@ def _leftovers(ctx: Context, st: dict[str, Any], user: JobUser | None, api: Call
     jobid = st["jobid"]
     from .migjob import _gpus_of_other_jobs
     shared = _gpus_of_other_jobs(ctx, jobid)
-    indices = [g["index"] for g in gpus if g.get("uuid") not in shared]
-    if not indices:
+    mine = [g for g in gpus if g.get("uuid") not in shared]
+    if not mine:
         return
     from ..hw.nvml_health import read_processes
     try:
-        h = read_processes(api(), indices)
+        # g["index"] is Slurm's; NVML's index of the same GPU comes from its UUID and minor.
+        a = api()
+        h = read_processes(a, [a.find(uuid=g.get("uuid"), minor=g.get("minor")) for g in mine])
     except Exception as e:  # noqa: BLE001 - not knowing is no reason to drain
         ctx.log(f"slurm-gpu: epilog job {jobid}: leftovers not checked: {e}")
         return

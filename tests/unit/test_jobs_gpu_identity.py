@@ -221,3 +221,23 @@ def test_locality_cache_follows_gres_conf(skewed: Node) -> None:
         f"NodeName=n1 Name=gpu File=/dev/nvidia{m}\n" for m in reversed(skewed.slurm_minor)))
     t2 = gpu_table(skewed.state_dir, "k", lambda: skewed.model, str(skewed.gres), "n1")
     assert [t2[k]["minor"] for k in sorted(t2)] == list(reversed(skewed.slurm_minor))
+
+
+def test_epilog_leftover_check_reads_the_job_gpu(skewed: Node, monkeypatch) -> None:
+    """[repair] user_problem: the processes looked at are those of the job's GPU, not NVML index k."""
+    from slurm_gpu.hw import nvml_health
+    seen: list[list[int]] = []
+
+    def read_processes(gpus, indices):
+        seen.append(list(indices))
+        return nvml_health.NvmlHealth(available=True)
+    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    api = open_mig_sim(skewed.sim)
+    nvml_of_minor = {api.nvmlDeviceGetMinorNumber(api.nvmlDeviceGetHandleByIndex(i)): i
+                     for i in range(api.nvmlDeviceGetCount())}
+    for k, minor in enumerate(skewed.slurm_minor):
+        ctx = skewed.ctx(SLURM_JOB_GPUS=str(k))
+        ctx.health_state_dir = str(skewed.base / "health")
+        seen.clear()
+        assert lifecycle.epilog(ctx) == 0
+        assert seen == [[nvml_of_minor[minor]]], (k, minor)
