@@ -261,18 +261,25 @@ def mntns_inode(pid: int) -> int | None:
         return None
 
 
-def in_mntns(inode: int | None) -> set[int]:
-    """PIDs living in the mount namespace *inode* (every process of a chrooted sandbox)."""
+def in_mntns(inode: int | None, root: str | None = None) -> set[int]:
+    """PIDs living in the mount namespace *inode* (every process of a chrooted sandbox).
+
+    With *root*, only those chrooted in it: a namespace inode can be reused
+    once its namespace is gone, and a stranger's process must never match.
+    """
     found: set[int] = set()
     if inode is None:
         return found
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                if os.stat(f"/proc/{name}/ns/mnt").st_ino == inode:
-                    found.add(int(name))
+                if os.stat(f"/proc/{name}/ns/mnt").st_ino != inode:
+                    continue
+                if root is not None and not os.readlink(f"/proc/{name}/root").startswith(root):
+                    continue
             except OSError:
                 continue
+            found.add(int(name))
     return found
 
 

@@ -461,11 +461,14 @@ class Sandbox:
         munge = [p for p in daemons if p.name == "munged"]
         holder = [p for p in daemons if p.name == "chroot"]
         # Every process of a chrooted sandbox lives in the holder's mount namespace.
-        mntns = state.get("chroot", {}).get("mntns") if any(procs.alive(p) for p in holder) else None
+        # (Without a live holder, only processes chrooted in our root count: the
+        # inode may be another namespace's by now.)
+        mntns = state.get("chroot", {}).get("mntns")
+        ns_root = None if any(procs.alive(p) for p in holder) else state.get("slurm", {}).get("root")
         # slurmstepd is not slurmd's child (it is reparented to init), and
         # its tasks are its own children: take the whole tree now, before
         # killing a parent loses the links.
-        found = procs.touching(self.layout.root) | procs.in_netns(ns_inodes) | chroot.in_mntns(mntns)
+        found = procs.touching(self.layout.root) | procs.in_netns(ns_inodes) | chroot.in_mntns(mntns, ns_root)
         roots = found | {p.pid for p in slurm if procs.alive(p)}
         before = found | procs.descendants(roots)
         before -= {p.pid for p in daemons} | {os.getpid()}
@@ -480,7 +483,7 @@ class Sandbox:
         report["killed"] += [p.name for p in procs.stop(mariadb, grace=30.0, reap=self._reap)]
         report["killed"] += [p.name for p in procs.stop(munge, grace=grace, reap=self._reap)]
         # A second sweep catches what was forked while the daemons shut down.
-        late = procs.touching(self.layout.root) | procs.in_netns(ns_inodes) | chroot.in_mntns(mntns)
+        late = procs.touching(self.layout.root) | procs.in_netns(ns_inodes) | chroot.in_mntns(mntns, ns_root)
         late = (late | procs.descendants(late)) - {os.getpid()} - {p.pid for p in holder}
         swept = procs.as_procs(late, "leftover")
         report["swept"] += [p.pid for p in swept]
