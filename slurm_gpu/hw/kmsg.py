@@ -305,15 +305,13 @@ def boot_id() -> str:
         return ""
 
 
-def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple[list[KernelLine], KmsgCursor]:
-    """Read every record /dev/kmsg still holds after *cursor*, without blocking."""
-    bid = boot_id()
-    last = cursor.seq if cursor is not None and cursor.boot_id == bid else -1
+def raw_records(device: str = DEV_KMSG) -> list[bytes]:
+    """Every record *device* (``/dev/kmsg``) still holds, as the kernel gives them, without blocking."""
     try:
         fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise InputError(f"cannot read kernel log: {e.strerror}", device) from None
-    records: list[tuple[int, bytes]] = []
+    out: list[bytes] = []
     try:
         while True:
             try:
@@ -321,22 +319,30 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
             except BlockingIOError:
                 break
             except OSError as e:
-                if e.errno == errno.EPIPE:  # records overwritten while reading: go on
-                    continue
-                if e.errno == errno.EINVAL:
+                if e.errno in (errno.EPIPE, errno.EINVAL):  # records overwritten while reading: go on
                     continue
                 raise
             if not rec:
                 break
-            head, _, _ = rec.partition(b";")
-            try:
-                rseq = int(head.split(b",")[1][:20])
-            except (IndexError, ValueError):
-                continue
-            # Continuation lines (" KEY=value") carry device properties: drop them.
-            records.append((rseq, rec.split(b"\n", 1)[0] + b"\n"))
+            out.append(rec)
     finally:
         os.close(fd)
+    return out
+
+
+def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple[list[KernelLine], KmsgCursor]:
+    """Read every record /dev/kmsg still holds after *cursor*, without blocking."""
+    bid = boot_id()
+    last = cursor.seq if cursor is not None and cursor.boot_id == bid else -1
+    records: list[tuple[int, bytes]] = []
+    for rec in raw_records(device):
+        head, _, _ = rec.partition(b";")
+        try:
+            rseq = int(head.split(b",")[1][:20])
+        except (IndexError, ValueError):
+            continue
+        # Continuation lines (" KEY=value") carry device properties: drop them.
+        records.append((rseq, rec.split(b"\n", 1)[0] + b"\n"))
     newest = max((r for r, _ in records), default=-1)
     if records and newest < last:
         # A cursor past every record of this boot (a corrupt state file):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from unittest import mock
 
 import pytest
+from kmsgfake import serving
 from fuzzlib import NASTY, fuzz_settings, json_values, mutated, outcome
 from hypothesis import given
 from hypothesis import strategies as st
@@ -113,14 +113,7 @@ def test_health_state_and_cursors(files, doc):
     ["9" * 30, ",", ";", "-1"]).map(lambda s: s.encode("utf-8", "surrogatepass"))), max_size=6),
     st.integers(-(1 << 70), 1 << 70))
 def test_kmsg_device_records(recs, seq):
-    it = iter(recs)
-
-    def fake_read(fd, n):
-        try:
-            return next(it)
-        except StopIteration:
-            raise BlockingIOError
-    with mock.patch.object(kmsg.os, "read", fake_read), mock.patch.object(kmsg, "boot_id", lambda: "b"):
+    with serving(recs, boot="b"):
         got = outcome(kmsg.read_kmsg, kmsg.KmsgCursor("b", seq), "/dev/null")
     lines, cur = got
     assert isinstance(cur.seq, int)

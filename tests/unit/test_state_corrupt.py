@@ -14,6 +14,7 @@ import pytest
 
 from slurm_gpu.health import engine
 from slurm_gpu.hw import kmsg
+from kmsgfake import serving
 from test_health_drain import R, XID79, opts, slurm  # noqa: F401  (slurm: the fixture)
 
 
@@ -76,35 +77,20 @@ def test_a_state_of_unparseable_json_numbers_is_dropped(tmp_path, slurm):
     assert len([n for n in r.notes if "dropped" in n]) == 1
 
 
-def _fake_kmsg(monkeypatch, tmp_path, recs):
-    dev = tmp_path / "kmsg"
-    dev.write_bytes(b"")
-    it = iter(recs)
-
-    def fake_read(fd, n):
-        try:
-            return next(it)
-        except StopIteration:
-            raise BlockingIOError
-
-    monkeypatch.setattr(kmsg.os, "read", fake_read)
-    monkeypatch.setattr(kmsg, "boot_id", lambda: "b")
-    return str(dev)
+RECS = [b"6,10,100,-;usb 1-1: x\n", b"3,11,200,-;NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n"]
 
 
-def test_a_kmsg_cursor_from_the_future_does_not_blind_the_check(tmp_path, monkeypatch):
+def test_a_kmsg_cursor_from_the_future_does_not_blind_the_check():
     # A cursor past every record this boot holds (a corrupt or hand-edited
     # file) would skip every record until reboot: it is dropped instead.
-    recs = [b"6,10,100,-;usb 1-1: x\n", b"3,11,200,-;NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n"]
-    dev = _fake_kmsg(monkeypatch, tmp_path, recs)
-    lines, cur = kmsg.read_kmsg(kmsg.KmsgCursor("b", 10 ** 15), device=dev)
+    with serving(RECS, boot="b"):
+        lines, cur = kmsg.read_kmsg(kmsg.KmsgCursor("b", 10 ** 15), device="/dev/null")
     assert len(lines) == 1 and cur.seq == 11
 
 
-def test_a_kmsg_cursor_at_the_last_record_reads_nothing_new(tmp_path, monkeypatch):
-    recs = [b"6,10,100,-;usb 1-1: x\n", b"3,11,200,-;NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n"]
-    dev = _fake_kmsg(monkeypatch, tmp_path, recs)
-    lines, cur = kmsg.read_kmsg(kmsg.KmsgCursor("b", 11), device=dev)
+def test_a_kmsg_cursor_at_the_last_record_reads_nothing_new():
+    with serving(RECS, boot="b"):
+        lines, cur = kmsg.read_kmsg(kmsg.KmsgCursor("b", 11), device="/dev/null")
     assert lines == [] and cur.seq == 11
 
 

@@ -22,6 +22,7 @@ from slurm_gpu.health.findings import DRAIN, drain_reason
 from slurm_gpu.health.nodestate import parse_show_node
 from slurm_gpu.health.settings import HealthSettings
 from slurm_gpu.hw import kmsg
+from kmsgfake import serving
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "xid" / "real_kernel_xid_lines_from_issues.md"
 BLOCKS = dict(re.findall(r"## ([A-H])\. .*?```\n(.*?)```", DATA.read_text(), re.S))
@@ -130,21 +131,10 @@ def test_the_kernel_s_own_report_still_drains(name):
     assert [(f.xid, f.gpu, f.severity) for f in fs] == [(79, "0000:02:00.0", DRAIN)], name
 
 
-def test_kmsg_device_drops_records_userspace_wrote(tmp_path, monkeypatch):
+def test_kmsg_device_drops_records_userspace_wrote():
     recs = [f"14,10,100,-;{XID}\n".encode(), b"3,11,200,-;NVRM: Xid (PCI:0000:03:00): 48, pid=1, DBE\n"]
-    it = iter(recs)
-
-    def fake_read(fd, n):
-        try:
-            return next(it)
-        except StopIteration:
-            raise BlockingIOError
-
-    dev = tmp_path / "kmsg"
-    dev.write_bytes(b"")
-    monkeypatch.setattr(kmsg.os, "read", fake_read)
-    monkeypatch.setattr(kmsg, "boot_id", lambda: "b")
-    lines, cur = kmsg.read_kmsg(None, device=str(dev))
+    with serving(recs):
+        lines, cur = kmsg.read_kmsg(None, device="/dev/null")
     assert [l.text for l in lines] == ["NVRM: Xid (PCI:0000:03:00): 48, pid=1, DBE"] and cur.seq == 11
 
 
@@ -219,28 +209,7 @@ def test_the_real_kernel_marks_what_userspace_writes_to_dev_kmsg(monkeypatch):
             os.write(fd, f"{prefix}NVRM: Xid (PCI:0000:cb:00): 13, pid={marker}, name=a, Graphics Exception\n".encode())
     finally:
         os.close(fd)
-    raw = _records_with(marker)
+    raw = [r for r in kmsg.raw_records() if marker.encode() in r]
     assert len(raw) == 3 and all(int(r.split(b",", 1)[0]) >> 3 == 1 for r in raw), raw
     lines, after = kmsg.read_kmsg(cursor)
     assert after.seq > cursor.seq and not any(marker in ln.text for ln in lines)
-
-
-def _records_with(marker: str) -> list[bytes]:
-    import errno
-    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    out = []
-    try:
-        while True:
-            try:
-                rec = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except OSError as e:
-                if e.errno == errno.EPIPE:
-                    continue
-                raise
-            if marker.encode() in rec:
-                out.append(rec)
-    finally:
-        os.close(fd)
-    return out

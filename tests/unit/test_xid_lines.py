@@ -10,6 +10,7 @@ import pytest
 from slurm_gpu.health import xid
 from slurm_gpu.health.findings import DRAIN, INFO, WARN, worst
 from slurm_gpu.hw import kmsg
+from kmsgfake import serving
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "xid" / "real_kernel_xid_lines_from_issues.md"
 BLOCKS = dict(re.findall(r"## ([A-H])\. .*?```\n(.*?)```", DATA.read_text(), re.S))
@@ -172,28 +173,16 @@ def test_missing_kernel_log_is_one_clear_error(tmp_path):
     assert "kernel log not found" in e.value.line()
 
 
-def test_kmsg_device_reader_uses_sequence_cursor(tmp_path, monkeypatch):
-    # A FIFO would block; a regular file gives the same record stream to os.read in one chunk per call,
-    # so serve records through a fake os.read instead.
+def test_kmsg_device_reader_uses_sequence_cursor(tmp_path):
     recs = [b"6,10,100,-;usb 1-1: new device\n", b"3,11,200,-;NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n SUBSYSTEM=pci\n"]
     dev = tmp_path / "kmsg"
     dev.write_bytes(b"")
-    it = iter(recs)
-
-    def fake_read(fd, n):
-        try:
-            return next(it)
-        except StopIteration:
-            raise BlockingIOError
-
-    monkeypatch.setattr(kmsg.os, "read", fake_read)
-    monkeypatch.setattr(kmsg, "boot_id", lambda: "boot-a")
-    lines, cur = kmsg.read_kmsg(None, device=str(dev))
+    with serving(recs):
+        lines, cur = kmsg.read_kmsg(None, device=str(dev))
     assert cur.seq == 11 and len(lines) == 1 and lines[0].when == "0.000200"
-    it = iter(recs)
-    lines, cur2 = kmsg.read_kmsg(cur, device=str(dev))
+    with serving(recs):
+        lines, cur2 = kmsg.read_kmsg(cur, device=str(dev))
     assert lines == [] and cur2.seq == 11
-    it = iter(recs)                                   # a new boot restarts the sequence
-    monkeypatch.setattr(kmsg, "boot_id", lambda: "boot-b")
-    lines, _ = kmsg.read_kmsg(cur, device=str(dev))
+    with serving(recs, boot="boot-b"):                # a new boot restarts the sequence
+        lines, _ = kmsg.read_kmsg(cur, device=str(dev))
     assert len(lines) == 1
