@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -105,7 +106,8 @@ def test_cli_up_status_down(cli, sandbox_dir, default_machine):
                  "--slurm-conf", "MaxJobCount=5000")
         assert up.returncode == 0, up.stderr
         assert up.stdout == f"export SLURM_CONF={d}/etc/slurm.conf\n"
-        assert up.stderr.startswith("slurm-gpu: sandbox up: 2 node(s)")
+        host = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True).stdout.split()[-1]
+        assert up.stderr.startswith(f"slurm-gpu: sandbox up: Slurm {host}, 2 node(s)")  # the host's Slurm by default
         assert "MaxJobCount=5000" in (d / "etc" / "slurm.conf").read_text()
         assert 'kernel_log = "/nonexistent"' in (d / "etc" / "slurm-gpu.toml").read_text()
         st = cli("sandbox", "status", "--dir", str(d), "--json")

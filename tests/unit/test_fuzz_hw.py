@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_gpu.health.gpu_checks import run_gpu_checks
+from slurm_gpu import hw
 from slurm_gpu.hw import hwloc, snapshot
 from slurm_gpu.hw.nvml_health import read_health
 
@@ -43,7 +44,7 @@ def snap_file(tmp_path_factory):
                                                                        '"schema": "slurm-gpu.snapshot/1"']))
 def test_snapshot_json_text(snap_file, text):
     snap_file.write_text(text, errors="surrogatepass")
-    outcome(snapshot.load_node, str(snap_file))
+    outcome(hw.load_node, hw.Snapshot(str(snap_file)))
 
 
 CALL_KEYS = ["fn", "dev", "args", "result", "error", "$handle", "gpu0", "gpu1", "$struct", "value"]
