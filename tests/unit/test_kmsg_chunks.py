@@ -1,0 +1,35 @@
+"""read_file scans a kernel log in chunks: lines across chunk ends, lines
+longer than a chunk and a last line still being written give exactly what
+one scan of the whole file gives."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.hw import kmsg
+
+XID = b"[  %d.000001] NVRM: Xid (PCI:0000:18:00): 13, pid=%d, name=a.out, Graphics SM Warp Exception\n"
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 100, 4096])
+def test_chunked_scan_equals_one_scan(tmp_path: Path, monkeypatch, chunk: int) -> None:
+    body = b""
+    for i in range(40):
+        body += XID % (i, i)
+        body += b"[  %d.5] usb 1-1: " % i + b"x" * (i * 13) + b"\n"
+        if i == 20:
+            body += b"[  99.1] audit: " + b"y" * 900 + b"\n"      # longer than most chunks
+    tail = b"[  100.0] NVRM: Xid (PCI:0000:18:00): 48, partial"      # no newline yet
+    log = tmp_path / "kern.log"
+    log.write_bytes(body + tail)
+    want = kmsg.scan_buffer(body)
+    monkeypatch.setattr(kmsg, "CHUNK", chunk)
+    got, cur = kmsg.read_file(log)
+    assert got == want and len(got) == 40
+    assert cur.offset == len(body)                     # the partial line is read next time
+    with open(log, "ab") as f:
+        f.write(b"\n")
+    more, cur2 = kmsg.read_file(log, cur)
+    assert [x.text for x in more] == ["NVRM: Xid (PCI:0000:18:00): 48, partial"]
+    assert cur2.offset == len(body + tail) + 1
