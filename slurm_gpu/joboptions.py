@@ -175,6 +175,27 @@ def _mig_planner_parser() -> Callable[[str], object] | None:
     return parse_layout
 
 
+def c_canonical_values(which: int) -> tuple[str, ...]:
+    """Values of option *which* the SPANK plugin's C half accepts without Python.
+
+    Exactly the values :func:`validate_option` returns unchanged, and only
+    for options the prolog has no work for: for those, srun, sbatch and
+    salloc need nothing from Python but the check and the hand-over to the
+    prolog (``spank_job_control_setenv`` of the same value), which C does.
+    Any other value (to normalise, or refused with Python's one line) still
+    goes through Python.  Saves an interpreter start in srun for every
+    ``--gpu-numa-bind`` step.
+    """
+    opt = next(o for o in OPTIONS if o.id == which)
+    if opt.prolog:
+        return ()
+    if which == NUMA_BIND:
+        return tuple(m + v for m in NUMA_MODES for v in ("", ",verbose"))
+    if which == PROFILE:
+        return PROFILES
+    return ()
+
+
 def validate_option(which: int, value: str | None) -> str:
     """Check one option value; return its normalised form."""
     if which == NUMA_BIND:

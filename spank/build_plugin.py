@@ -146,6 +146,13 @@ def generate_header(include_dir: str | None = None) -> str:
     lines.append("#define SG_OPTION_TABLE { \\\n" + ", \\\n".join(rows) + " }")
     envs = [_c(opt.env) for opt in sorted(o.OPTIONS, key=lambda x: x.id)]
     lines.append(f"#define SG_ENV_NAMES {{ {', '.join(envs)} }}")
+    # Per option, the values C passes on without Python (joboptions.c_canonical_values).
+    canon = []
+    for opt in sorted(o.OPTIONS, key=lambda x: x.id):
+        vals = o.c_canonical_values(opt.id)
+        canon.append("(const char *const[]) { " + "".join(_c(v) + ", " for v in vals) + "NULL }"
+                     if vals else "NULL")
+    lines.append(f"#define SG_CANONICAL {{ {', '.join(canon)} }}")
     lines.append(f"#define SG_ARG_KEYS {{ {', '.join(_c(k) for k in o.PLUGSTACK_KEYS)}, NULL }}")
     lines.append(f"#define SG_ARG_HELP {_c('config=PATH numa_bind=' + '|'.join(o.NUMA_MODES))}")
     lines.append(f"#define SG_NUMA_MODES {{ {', '.join(_c(m) for m in o.NUMA_MODES)}, NULL }}")

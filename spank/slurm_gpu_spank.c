@@ -317,6 +317,49 @@ static int sg_step_needs_python(spank_t sp, int ac, char **av)
     return !var || sg_env_nonempty(sp, var);
 }
 
+/* A value Python would pass on unchanged, of an option the prolog has no
+ * work for (slurm_gpu/joboptions.py c_canonical_values): srun, sbatch and
+ * salloc need no interpreter for it.  Anything else goes to Python, which
+ * normalises it or refuses it with its one line. */
+static int sg_canonical(int opt, const char *v)
+{
+    const char *const *canon[SG_NOPTS] = SG_CANONICAL;
+    const char *const *c = canon[opt];
+    for (; c && *c; c++)
+        if (strcmp(*c, v) == 0)
+            return 1;
+    return 0;
+}
+
+static int sg_all_canonical(void)
+{
+    int i;
+    for (i = 0; i < SG_NOPTS; i++)
+        if (sg_values[i] && !sg_canonical(i, sg_values[i]))
+            return 0;
+    return 1;
+}
+
+/* What slurm_gpu/spank/local.py init_post_opt does, for canonical values
+ * only (no prolog gate: none of these options gives the prolog work). */
+static int sg_pass_to_prolog(spank_t sp)
+{
+    static const char *names[SG_NOPTS] = SG_ENV_NAMES;
+    int i;
+    for (i = 0; i < SG_NOPTS; i++) {
+        spank_err_t rc;
+        if (!sg_values[i])
+            continue;
+        rc = spank_job_control_setenv(sp, names[i], sg_values[i], 1);
+        if (rc != ESPANK_SUCCESS) {
+            slurm_error("slurm-gpu: spank_job_control_setenv %s: %s", names[i],
+                        spank_strerror(rc));
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Tasks see the options they were started with, without Python. */
 static int sg_export_options(spank_t sp)
 {
@@ -343,6 +386,8 @@ static int sg_opt_cb(int val, const char *optarg, int remote)
         return -1;
     /* slurmstepd calls this too (twice); values were checked at submit time */
     if (remote)
+        return 0;
+    if (sg_canonical(val, sg_values[val]))
         return 0;
     if (sg_python("option parsing") != 0)
         return -1;
@@ -430,6 +475,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     }
     if ((ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR) || !sg_any_option())
         return 0;
+    if (sg_py_state == 0 && sg_all_canonical())
+        return sg_pass_to_prolog(sp);
     return sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av);
 }
 

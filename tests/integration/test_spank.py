@@ -145,6 +145,21 @@ def test_sbatch_options_reach_prolog_batch_step_and_steps(cluster, prolog_dump):
     assert sorted(env) == ["SPANK_SLURM_GPU_NUMA_BIND=strict", "SPANK_SLURM_GPU_PROFILE=training"]
 
 
+def test_values_reach_the_prolog_normalised_with_or_without_python(cluster, prolog_dump):
+    """Canonical values go from C straight to the prolog; others through
+    Python, which normalises them: the prolog sees the same either way."""
+    for given, seen in (("--gpu-numa-bind=prefer,verbose", "prefer,verbose"),
+                        ("--gpu-numa-bind=verbose,prefer", "prefer,verbose"),
+                        ("--gpu-numa-bind= off", "off")):
+        jobid = cluster.sbatch("--gpus=1", given, "--gpu-profile=inference", "-o", "/dev/null",
+                               "--wrap", "true", user="sgtest1")
+        info = cluster.wait_job(jobid)
+        assert info["JobState"] == "COMPLETED", info
+        env = (prolog_dump / "env" / str(jobid)).read_text().split()
+        assert sorted(env) == [f"SPANK_SLURM_GPU_NUMA_BIND={seen}",
+                               "SPANK_SLURM_GPU_PROFILE=inference"], (given, env)
+
+
 def test_user_cannot_steer_the_node_name(cluster):
     res = cluster.run(["srun", "--gpus=1", "--gpu-numa-bind=strict,verbose", "true"],
                       user="sgtest1", env={"SLURMD_NODENAME": "../../evil"})
@@ -176,7 +191,9 @@ def test_exported_job_gpus_do_not_make_a_gpu_step(cluster):
 
 
 def test_no_python_without_options(cluster, tmp_path):
-    """srun without our options never starts Python; with one it does."""
+    """srun without our options never starts Python; nor with values the C
+    half passes on as they are (a bound step's --gpu-numa-bind=prefer); a
+    value Python must normalise or check does."""
     def opened(*args: str) -> str:
         trace = cluster.dir / "strace.out"
         res = cluster.run(["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(trace),
@@ -186,7 +203,9 @@ def test_no_python_without_options(cluster, tmp_path):
         trace.unlink()
         return text
     assert "_cffi_backend" not in opened("-N1")
-    assert "_cffi_backend" in opened("-N1", "--gpu-profile=none")
+    assert "_cffi_backend" not in opened("-N1", "--gpu-profile=none")
+    assert "_cffi_backend" not in opened("-N1", "--gpus=1", "--gpu-numa-bind=prefer")
+    assert "_cffi_backend" in opened("-N1", "--gpu-numa-bind=verbose,prefer")
     # slurmd loads the plugin but never starts Python: the backend is not mapped
     pids = [d["pid"] for d in cluster.sb.status()["daemons"]
             if d["name"].startswith("slurmd") and d["alive"]]
@@ -253,7 +272,8 @@ def test_interpreter_that_cannot_start_is_an_error(cluster, breakage):
     try:
         plugstack.write_text(f"required {so}\n")
         before = _next_jobid(cluster)
-        res = cluster.srun("--gpu-profile=training", "true", user="sgtest1")
+        # a value srun's C half leaves to Python (it normalises it)
+        res = cluster.srun("--gpu-numa-bind=verbose,strict", "true", user="sgtest1")
         assert res.returncode != 0
         ours = [l for l in res.stderr.splitlines() if "slurm-gpu:" in l]
         want = "cannot start Python" if breakage == "no-stdlib" else "cannot load"
