@@ -119,6 +119,13 @@ def main() -> int:
             ("no plugin, 1 GPU (reference)", "", ["srun", "-N1", "--gpus=1", "true"]),
             ("plugin, 1 GPU --gpu-numa-bind=prefer", line,
              ["srun", "-N1", "--gpus=1", "--gpu-numa-bind=prefer", "true"]),
+            # the same binding with verbose, from the value srun's C half
+            # passes on, and from one it leaves to Python (to normalise):
+            # the difference is what an interpreter in srun costs
+            ("plugin, prefer,verbose (C in srun)", line,
+             ["srun", "-N1", "--gpus=1", "--gpu-numa-bind=prefer,verbose", "true"]),
+            ("plugin, verbose,prefer (Python in srun)", line,
+             ["srun", "-N1", "--gpus=1", "--gpu-numa-bind=verbose,prefer", "true"]),
         ]
         times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
         for name, conf, argv in variants:           # warm-up: page cache, first-step costs

@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include <slurm/spank.h>
+#include <ctype.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdint.h>
@@ -182,15 +183,22 @@ static const char *sg_arg(int ac, char **av, const char *key)
     return NULL;
 }
 
-/* Does the comma-separated list contain exactly this token? */
+/* Does the comma-separated list contain exactly this token?  Blanks around
+ * a token do not count, as in joboptions.parse_numa_bind, which accepted
+ * "--gpu-numa-bind= prefer" in srun while this saw no mode: the step ran
+ * unbound. */
 static int sg_has_token(const char *list, const char *tok)
 {
     size_t n = strlen(tok);
     const char *p = list;
     while (p && *p) {
         const char *end = strchr(p, ',');
-        size_t len = end ? (size_t) (end - p) : strlen(p);
-        if (len == n && strncmp(p, tok, n) == 0)
+        const char *a = p, *b = end ? end : p + strlen(p);
+        while (a < b && isspace((unsigned char) *a))
+            a++;
+        while (b > a && isspace((unsigned char) b[-1]))
+            b--;
+        if ((size_t) (b - a) == n && strncmp(a, tok, n) == 0)
             return 1;
         p = end ? end + 1 : NULL;
     }

@@ -160,6 +160,15 @@ def test_values_reach_the_prolog_normalised_with_or_without_python(cluster, prol
                                "SPANK_SLURM_GPU_PROFILE=inference"], (given, env)
 
 
+def test_blanks_around_the_mode_still_bind(cluster):
+    """srun's Python accepts ' strict' (it strips tokens): slurmstepd's C half
+    must see the same mode, or the step runs unbound with no word said."""
+    res = cluster.run(["srun", "--gpus=1", "--gpu-numa-bind= strict ,verbose", "true"],
+                      user="sgtest1")
+    assert res.returncode == 0, res.stderr
+    assert f"gpu-numa-bind=strict - {cluster.nodes[0]}, task  0" in res.stderr, res.stderr
+
+
 def test_user_cannot_steer_the_node_name(cluster):
     res = cluster.run(["srun", "--gpus=1", "--gpu-numa-bind=strict,verbose", "true"],
                       user="sgtest1", env={"SLURMD_NODENAME": "../../evil"})
