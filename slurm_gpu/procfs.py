@@ -1,10 +1,69 @@
-"""Facts from /proc: process identities and the boot."""
+"""Facts from /proc: the boot, and process identities.
+
+The one reader of ``/proc/sys/kernel/random/boot_id`` and ``/proc/PID/stat``.
+Every function takes the proc root (``/proc``), so tests point it at a
+fixture tree.  Imported on hot paths (the SPANK step, the prolog): builtins
+only.
+"""
 from __future__ import annotations
 
 import os
 
+PROC = "/proc"
 
-def parent_slurmd(max_depth: int = 3) -> str | None:
+
+def boot_id(proc: str = PROC) -> str:
+    """This boot's id ("" when unreadable): what changes at every reboot."""
+    try:
+        with open(f"{proc}/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def stat(pid: int | str, proc: str = PROC) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) of ``/proc/PID/stat``, or None when *pid* is gone.
+
+    The command name may hold spaces and ')', so the fields start after the
+    last ')'.  In the returned list, [0] is the state, [1] the parent PID and
+    [19] the start time (clock ticks after boot: a recycled PID has another).
+    """
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    head, sep, rest = raw.rpartition(b")")
+    if not sep:
+        return None
+    return head.partition(b"(")[2].decode(errors="replace"), rest.decode(errors="replace").split()
+
+
+def _field(pid: int | str, i: int, proc: str) -> str | None:
+    st = stat(pid, proc)
+    if st is None or len(st[1]) <= i:
+        return None
+    return st[1][i]
+
+
+def state(pid: int | str, proc: str = PROC) -> str | None:
+    """The process state letter (``R``, ``S``, ``Z``...), None when gone."""
+    return _field(pid, 0, proc)
+
+
+def parent(pid: int | str, proc: str = PROC) -> int | None:
+    """The parent PID, None when gone."""
+    v = _field(pid, 1, proc)
+    return int(v) if v is not None and v.lstrip("-").isdigit() else None
+
+
+def start_time(pid: int | str, proc: str = PROC) -> int | None:
+    """The start time in clock ticks after boot, None when gone."""
+    v = _field(pid, 19, proc)
+    return int(v) if v is not None and v.isdigit() else None
+
+
+def parent_slurmd(max_depth: int = 3, proc: str = PROC) -> str | None:
     """``pid:starttime`` of the slurmd that started us (HealthCheckProgram), else None.
 
     Looks a few generations up, so a wrapper script that runs us as a child
@@ -14,14 +73,14 @@ def parent_slurmd(max_depth: int = 3) -> str | None:
     for _ in range(max_depth):
         if pid <= 1:
             return None
+        st = stat(pid, proc)
+        if st is None or len(st[1]) < 20:
+            return None
+        comm, fields = st
+        if comm == "slurmd":
+            return f"{pid}:{fields[19]}"
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                head, _, rest = f.read().rpartition(")")
-            comm = head.split("(", 1)[1]
-            fields = rest.split()
-            if comm == "slurmd":
-                return f"{pid}:{fields[19]}"
             pid = int(fields[1])
-        except (OSError, IndexError, ValueError):
+        except ValueError:
             return None
     return None

@@ -41,13 +41,12 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
+from .. import procfs
 from ..errors import InputError
 
 DEV_KMSG = "/dev/kmsg"
 CHUNK = 8 << 20
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 KERN = 0                     # syslog facility of the kernel's own records
 MAX_JSON_LINE = 64 << 10     # a journal export line longer than this is not ours to parse
 
@@ -305,10 +304,7 @@ class KmsgCursor:
 
 def boot_id() -> str:
     """This boot's id (kmsg sequence numbers restart at every boot)."""
-    try:
-        return Path(BOOT_ID).read_text().strip()
-    except OSError:
-        return ""
+    return procfs.boot_id()
 
 
 def raw_records(device: str = DEV_KMSG) -> list[bytes]:

@@ -32,6 +32,8 @@ import stat
 import time
 from typing import Iterable
 
+from ..procfs import parent
+
 NAME = "slurm_gpu_mps"
 # v1 hierarchies whose limits Slurm sets on a job (and freezer/pids, which it uses to track it).
 _V1 = ("cpuset", "memory", "devices", "freezer", "pids", "cpu", "cpuacct")
@@ -146,11 +148,8 @@ def members(dirs: Iterable[str]) -> set[int]:
 
 
 def _start(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b") ", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    from ..procfs import start_time
+    return start_time(pid)
 
 
 def kill_all(dirs: list[str], wait: float) -> set[int]:
@@ -229,10 +228,8 @@ def descendants(pids: Iterable[int], proc: str = "/proc") -> set[int]:
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
-        try:
-            with open(f"{proc}/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b") ", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        ppid = parent(name, proc)
+        if ppid is None:
             continue
         children.setdefault(ppid, []).append(int(name))
     out: set[int] = set()

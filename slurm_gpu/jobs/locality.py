@@ -19,15 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..fsutil import atomic_write
+from ..procfs import boot_id
 
 NAME = "gpu-locality.json"
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _stamp(path: str | None) -> str:
@@ -41,7 +35,7 @@ def _stamp(path: str | None) -> str:
 def gpu_table(state_dir: str, key: str, read_node: Callable[[], Any], gres_conf: str | None = None,
               node_name: str = "") -> dict[int, dict[str, Any]]:
     """{Slurm GPU index: {"minor", "uuid", "name", "cpus"}} from the cache or *read_node*."""
-    want = f"{_boot_id()}|{key}|{node_name}|{_stamp(gres_conf)}"
+    want = f"{boot_id()}|{key}|{node_name}|{_stamp(gres_conf)}"
     p = Path(state_dir) / NAME
     try:
         data = json.loads(p.read_text())

@@ -120,12 +120,14 @@ def _ids(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] | N
     process hung in the driver cannot hang this scan.  The start time tells
     a process from a later one that got its recycled PID.
     """
+    from ..procfs import start_time
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b") ", 1)[1].split()
+        start = start_time(pid, proc)
+        if start is None:
+            return None
         with open(f"{proc}/{pid}/status", "rb") as f:
             uids = next(line for line in f if line.startswith(b"Uid:")).split()[1:5]
-        return tuple(int(u) for u in uids), int(fields[19])
+        return tuple(int(u) for u in uids), start
     except (OSError, IndexError, ValueError, StopIteration):
         return None
 
@@ -297,11 +299,9 @@ def _log_says_started(log: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
+    from ..procfs import state
+    s = state(pid)
+    return s is not None and s != "Z"
 
 
 def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: JobUser | None,

@@ -38,13 +38,11 @@ class Proc:
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, start time) of *pid*, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
+    from ..procfs import stat
+    st = stat(pid)
+    if st is None:
         return None
-    # The command name may contain spaces and ')': fields start after the last ')'.
-    rest = raw[raw.rindex(")") + 2:].split()
+    rest = st[1]
     return rest[0], int(rest[1]), int(rest[19])
 
 

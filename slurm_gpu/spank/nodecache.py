@@ -16,6 +16,7 @@ import os
 import stat
 
 from .. import __version__
+from ..procfs import boot_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,14 +25,6 @@ if TYPE_CHECKING:
 CACHE_DIR = "/run/slurm-gpu/spank-cache"
 NVML_DEADLINE = 10.0      # seconds a cache miss may spend reading NVML/hwloc in slurmstepd
 FORMAT = 1
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _stamp(path: str | None) -> tuple[Any, ...] | None:
@@ -110,7 +103,7 @@ def load(config_path: str | None, node: str, cache_dir: str | None = None) -> di
                 os.close(d)
     if not isinstance(data, dict) or data.get("key") != _key(config_path, node):
         return None
-    if data.get("boot_id") != _boot_id():
+    if data.get("boot_id") != boot_id():
         return None
     for stamp in data.get("stamps", ()):
         if _stamp(stamp[0]) != stamp:
@@ -138,7 +131,7 @@ def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, A
     stamps += [_stamp(n.snapshot or None), _stamp(n.sim_state), _stamp(gres_conf)]
     data: dict[str, Any] = {
         "key": _key(config_path, node),
-        "boot_id": _boot_id(),
+        "boot_id": boot_id(),
         "stamps": tuple(st for st in stamps if st is not None),
         "memlock": s.memlock_bytes(),
         "allocator_preload": s.allocator_preload,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu import binding
+from slurm_gpu import binding, procfs
 from slurm_gpu import joboptions as options
 from slurm_gpu.spank import dispatch, effects, nodecache
 from test_binding import MINI
@@ -377,7 +377,7 @@ def test_cache_survives_garbage(tmp_path):
 
 def test_cache_written_by_someone_else_is_ignored(tmp_path):
     d = tmp_path / "cache"
-    data = {"key": nodecache._key("/x.toml", "n1"), "boot_id": nodecache._boot_id(),
+    data = {"key": nodecache._key("/x.toml", "n1"), "boot_id": procfs.boot_id(),
             "stamps": (), "gpus": None}
     nodecache.store(data, "/x.toml", "n1", str(d))
     f = nodecache.cache_file("/x.toml", "n1", str(d))
@@ -424,7 +424,7 @@ def test_value_that_is_not_utf8_is_a_bad_value_not_a_traceback(which, raw, needl
 
 
 def _cache_entry() -> dict:
-    return {"key": nodecache._key("/x.toml", "n1"), "boot_id": nodecache._boot_id(),
+    return {"key": nodecache._key("/x.toml", "n1"), "boot_id": procfs.boot_id(),
             "stamps": (), "gpus": None}
 
 

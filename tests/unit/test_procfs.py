@@ -1,0 +1,45 @@
+"""procfs: the one reader of the boot id and /proc/PID/stat, over a fixture tree."""
+from __future__ import annotations
+
+import os
+
+from slurm_gpu import procfs
+
+
+def _proc(tmp_path, pid: int, comm: str, state: str, ppid: int, start: int) -> None:
+    d = tmp_path / str(pid)
+    d.mkdir(parents=True)
+    # fields 3..22 of proc(5): state, ppid, then 17 more, then starttime (field 22)
+    rest = [state, str(ppid)] + ["0"] * 17 + [str(start), "0", "0"]
+    (d / "stat").write_bytes(f"{pid} ({comm}) ".encode() + " ".join(rest).encode() + b"\n")
+
+
+def test_boot_id_and_stat_fields(tmp_path):
+    (tmp_path / "sys/kernel/random").mkdir(parents=True)
+    (tmp_path / "sys/kernel/random/boot_id").write_text("0f1e-boot\n")
+    assert procfs.boot_id(str(tmp_path)) == "0f1e-boot"
+    assert procfs.boot_id(str(tmp_path / "nowhere")) == ""
+    # A job user names their process ") S 1 (" to confuse parsers: the last ')' ends the name.
+    _proc(tmp_path, 42, "evil) Z 1 (x", "S", 7, 123456)
+    assert procfs.stat(42, str(tmp_path))[0] == "evil) Z 1 (x"
+    assert procfs.state(42, str(tmp_path)) == "S"
+    assert procfs.parent(42, str(tmp_path)) == 7
+    assert procfs.start_time(42, str(tmp_path)) == 123456
+    assert procfs.stat(43, str(tmp_path)) is None and procfs.start_time(43, str(tmp_path)) is None
+
+
+def test_parent_slurmd_walks_up_to_slurmd(tmp_path, monkeypatch):
+    _proc(tmp_path, 300, "sh", "S", 200, 5)
+    _proc(tmp_path, 200, "slurmd", "S", 1, 777)
+    monkeypatch.setattr(os, "getppid", lambda: 300)
+    assert procfs.parent_slurmd(proc=str(tmp_path)) == "200:777"
+    assert procfs.parent_slurmd(max_depth=1, proc=str(tmp_path)) is None
+    _proc(tmp_path, 400, "slurmd (fake", "S", 1, 9)     # not slurmd: its name only starts so
+    monkeypatch.setattr(os, "getppid", lambda: 400)
+    assert procfs.parent_slurmd(proc=str(tmp_path)) is None
+
+
+def test_the_live_proc_agrees_with_os():
+    st = procfs.stat(os.getpid())
+    assert st is not None and procfs.parent(os.getpid()) == os.getppid()
+    assert procfs.state(os.getpid()) in ("R", "S")
