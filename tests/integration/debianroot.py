@@ -3,9 +3,10 @@
 Debian 12 ships Slurm 22.05.  Newer releases come from a minbase root of a
 later suite built once by ``scripts/debian-root.sh SUITE`` (cached under
 /var/cache/slurm-gpu/SUITE-root): ``trixie`` has Slurm 24.11, ``sid``
-26.05.  :func:`debian_root` builds or finds it and skips the calling test,
-with the script's one-line reason, when it cannot (no network, no
-debootstrap).
+26.05.  :func:`debian_root` builds or finds it; when it cannot (no network,
+no debootstrap) it skips the calling test with the script's one-line reason,
+or fails it under ``SLURM_GPU_REQUIRE_INTEGRATION=1`` (CI must not pass by
+skipping the newer Slurm).
 
 :class:`ChrootSlurm` runs munged, slurmctld and N slurmd (one per Slurm
 node, all on this host with their own ports) from that root.  All daemons
@@ -41,19 +42,27 @@ SCRIPT = REPO / "scripts" / "debian-root.sh"
 CACHE = Path(os.environ.get("SLURM_GPU_CACHE", "/var/cache/slurm-gpu"))   # scripts/debian-root.sh's
 
 
+def _unavailable(msg: str) -> None:
+    """Skip the calling test, or fail it under SLURM_GPU_REQUIRE_INTEGRATION=1."""
+    if os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") == "1":
+        pytest.fail(f"SLURM_GPU_REQUIRE_INTEGRATION=1 but {msg}", pytrace=False)
+    pytest.skip(msg)
+
+
 def debian_root(suite: str, what: str) -> Path:
-    """The cached root of *suite* (built on first use); skips with the reason when it cannot be had.
+    """The cached root of *suite* (built on first use); skips with the reason when it
+    cannot be had (fails instead under ``SLURM_GPU_REQUIRE_INTEGRATION=1``).
 
     *what* names what the caller needs it for, e.g. ``"Slurm 26.05"``.
     """
     if shutil.which("debootstrap") is None and not (
             CACHE / f"{suite}-root"
             / ".slurm-gpu-complete").exists():
-        pytest.skip(f"debootstrap not installed: cannot build the {what} root ({suite})")
+        _unavailable(f"debootstrap not installed: cannot build the {what} root ({suite})")
     res = subprocess.run(["bash", str(SCRIPT), suite], capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         why = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        pytest.skip(f"no {what} root: {why[-1] if why else f'debian-root.sh exited {res.returncode}'}")
+        _unavailable(f"no {what} root: {why[-1] if why else f'debian-root.sh exited {res.returncode}'}")
     return Path(res.stdout.strip().splitlines()[-1])
 
 

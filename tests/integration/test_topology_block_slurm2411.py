@@ -4,7 +4,8 @@ Debian 12's Slurm 22.05 has no topology/block, so this module builds (once,
 cached under /var/cache/slurm-gpu) a Debian 13 root with
 ``scripts/debian-root.sh trixie`` and runs munged, slurmctld and eight
 slurmd from it (``debianroot.py``).  Without network (debootstrap cannot
-fetch) the module is skipped with the reason.
+fetch) the module is skipped with the reason (fails under
+SLURM_GPU_REQUIRE_INTEGRATION=1).
 """
 from __future__ import annotations
 

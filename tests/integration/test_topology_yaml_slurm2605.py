@@ -3,7 +3,8 @@
 topology.yaml exists since Slurm 25.05; Debian 12 has 22.05 and Debian 13
 24.11, so this module runs munged, slurmctld and eight slurmd 26.05 from a
 Debian sid root built once by ``scripts/debian-root.sh sid`` (see
-``debianroot.py``).  Without a mirror the module is skipped with the reason.
+``debianroot.py``).  Without a mirror the module is skipped with the reason
+(fails under SLURM_GPU_REQUIRE_INTEGRATION=1).
 
 One topology.yaml, rendered by ``slurm-gpu topology render --format yaml``,
 holds both topologies of the eight nodes:
