@@ -8,26 +8,60 @@
 #   SLURM_GPU_SKIP_APT=1 ...      -> venv + project only
 #   SLURM_GPU_SKIP_VENV=1 ...     -> packages only
 # Nothing system-wide is left behind but the packages: the policy-rc.d that
-# keeps apt from starting the system's slurmctld/slurmd/munge exists only
-# while our own apt-get runs (a policy-rc.d left in place would block every
-# later service start on the machine).
+# keeps apt from starting the system's slurmctld/slurmd/munge/mariadb/slurmdbd
+# exists only while our own apt-get runs (a policy-rc.d left in place would
+# block every later service start on the machine), and the services of the
+# packages this script installed are disabled again (their postinst enables
+# them: mariadb and munge would start at the next boot).  The sandbox runs
+# its own daemons; an admin who wants the system's runs `systemctl enable`.
 set -euo pipefail
 umask 022
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${SLURM_GPU_VENV:-/opt/slurm-gpu/venv}
 POLICY_RC=${SLURM_GPU_POLICY_RC:-/usr/sbin/policy-rc.d}   # overridable for the tests only
+APT_LOCK=${SLURM_GPU_APT_LOCK:-/run/lock/slurm-gpu-install.lock}   # likewise
 PKGS=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev slurmdbd mariadb-server mariadb-client
       hwloc libhwloc15 libhwloc-dev pci.ids
       python3 python3-venv python3-dev gcc libc6-dev
       iproute2 procps util-linux passwd make ca-certificates debootstrap strace
       rpm)
+# The services those packages enable at boot (package:service): disabled again
+# when this script installed the package.
+SERVICES=(mariadb-server:mariadb munge:munge slurmctld:slurmctld slurmd:slurmd slurmdbd:slurmdbd)
 
 if [ "$(id -u)" != 0 ]; then
   echo "slurm-gpu: install needs root (scripts/install.sh)" >&2; exit 1
 fi
-if [ -z "${SLURM_GPU_SKIP_APT:-}" ]; then
+# apt-get, waiting up to 10 min for another apt/dpkg to let go of its locks (a
+# fresh VM's apt-daily runs at boot; apt-get update never waits by itself).
+apt_wait() {
+  local verb=$1 err rc=0 try
+  shift
+  err=$(mktemp)
+  for try in $(seq 60); do
+    rc=0
+    apt-get "$verb" -o DPkg::Lock::Timeout=600 "$@" 2>"$err" || rc=$?
+    if [ $rc = 0 ] || ! grep -q 'Could not get lock' "$err"; then break; fi
+    sleep 10
+  done
+  cat "$err" >&2; rm -f "$err"
+  return $rc
+}
+missing_packages() {
   missing=()
   for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+}
+if [ -z "${SLURM_GPU_SKIP_APT:-}" ]; then
+  missing_packages
+  if [ ${#missing[@]} -gt 0 ]; then
+    # Two installs at once (several test runs): one installs, the other waits
+    # and then finds nothing missing; neither removes the policy-rc.d while
+    # the other's apt-get runs.
+    mkdir -p "$(dirname "$APT_LOCK")"
+    exec 8>"$APT_LOCK"
+    flock 8
+    missing_packages
+  fi
   if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     # Never let the packages start the system's slurmctld/slurmd/munge (the
@@ -49,11 +83,27 @@ if [ -z "${SLURM_GPU_SKIP_APT:-}" ]; then
       mv "$tmp_policy" "$POLICY_RC"
       tmp_policy=
     fi
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt_wait update -qq
+    apt_wait install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     drop_policy
     trap - EXIT INT TERM
+    for entry in "${SERVICES[@]}"; do
+      pkg=${entry%%:*} svc=${entry#*:}
+      case " ${missing[*]} " in *" $pkg "*) ;; *) continue ;; esac
+      # update-rc.d turns the SysV links off and (through systemctl --root) the
+      # unit's wants link; a later upgrade keeps it so (the postinst only
+      # re-enables what was enabled).  systemctl where no init script exists.
+      if [ -e "/etc/init.d/$svc" ]; then
+        update-rc.d "$svc" disable >/dev/null 2>&1 && continue
+      elif command -v systemctl >/dev/null; then
+        systemctl --quiet disable "$svc.service" >/dev/null 2>&1 && continue
+      else
+        continue
+      fi
+      echo "slurm-gpu: warning: could not disable $svc at boot (systemctl disable $svc)" >&2
+    done
   fi
+  exec 8>&-
 fi
 # NVIDIA's MPS control daemon for the tests, benchmarks and sandbox (it runs
 # without a GPU): unpacked into /var/cache/slurm-gpu/mps, apt sources untouched.
