@@ -77,7 +77,7 @@ def check(ctx: click.Context, source: str, nodes: str | None, partition: str | N
           topology_conf: str | None, slurm_file: str | None, as_json: bool, **kw: Any) -> None:
     """Compare every collected node with Slurm's view, gres.conf and topology.conf (exit 1 on drift)."""
     from ..cluster import drift, store
-    from ..confgen import grescheck, topocheck
+    from ..confgen import gresconf, topocheck
     from .confgen_io import read_config
     slurm = _slurm_nodes(slurm_file)
     scope = _scope(nodes, partition, slurm)
@@ -87,7 +87,7 @@ def check(ctx: click.Context, source: str, nodes: str | None, partition: str | N
     gres_path = gres_conf or _beside_slurm_conf("gres.conf")
     current_gres = None
     if gres_path and os.path.exists(gres_path):
-        current_gres = grescheck.parse_gres_conf(read_config(gres_path).splitlines(True), gres_path)
+        _, current_gres = gresconf.read(gres_path)
     else:
         notes.append(f"no gres.conf{f' at {gres_path}' if gres_path else ''}: not checked")
     topo: list[str] = []

@@ -12,7 +12,6 @@ from typing import Any, Callable, Mapping, Sequence
 import click
 
 from ..errors import InputError, UsageError
-from ..fsutil import replace_config
 from .confgen_io import emit, input_options, load_nodes, node_notes, read_config
 
 
@@ -69,18 +68,17 @@ def naming_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _render(kw: Mapping[str, Any]) -> tuple[str, Any, Any]:
-    from ..confgen.gres import build_gres_view
-    from ..confgen.templating import render
+    from ..confgen import gresconf
 
     nodes, where = load_nodes(kw["snapshots"], kw["hwloc_xmls"], kw["node"])
     opts = build_options(kw, nodes)
     inputs = [f"{n}={w}" if w != "live" else f"{n}=live" for n, w in list(where.items())[:20]]
     if len(where) > 20:
         inputs.append(f"... and {len(where) - 20} more")
-    view = build_gres_view(nodes, opts, inputs=inputs, where=where)
+    view = gresconf.view(nodes, opts, inputs=inputs, where=where)
     for note in node_notes(nodes) + list(view.notes):
         click.echo(f"slurm-gpu: note: {note}", err=True)
-    return render("gres.conf.j2", view.as_template_vars()), view, nodes
+    return gresconf.text_of(view), view, nodes
 
 
 @click.group()
@@ -108,12 +106,11 @@ def render(output: str | None, node_lines: bool, **kw: Any) -> None:
 @click.pass_context
 def check(ctx: click.Context, config: str, **kw: Any) -> None:
     """Compare an existing gres.conf with the generated one (exit 1 on difference)."""
-    from ..confgen.grescheck import compare, parse_gres_conf
+    from ..confgen import gresconf
 
     text, _, _ = _render(kw)
-    current = parse_gres_conf(read_config(config).splitlines(True), config)
-    wanted = parse_gres_conf(text.splitlines(True), "generated")
-    diff = compare(current, wanted)
+    _, current = gresconf.read(config)
+    diff = gresconf.differences(current, text)
     if diff:
         click.echo(f"slurm-gpu: {config} differs from the hardware (- {config}, + generated):")
         for line in diff:
@@ -124,15 +121,14 @@ def check(ctx: click.Context, config: str, **kw: Any) -> None:
 
 def drift(config: str, node: str) -> list[str]:
     """``gres check``'s differences for this node with the default options (for doctor)."""
-    from ..confgen.grescheck import compare, effective, parse_gres_conf
+    from ..confgen import gresconf
 
     kw = {p.name: p.default for p in check.params if p.name and p.name != "config"}
     kw.update(node=node, snapshots=(), hwloc_xmls=(), type_map=())
     text, _, _ = _render(kw)
-    current = parse_gres_conf(read_config(config).splitlines(True), config)
-    wanted = parse_gres_conf(text.splitlines(True), "generated")
+    _, current = gresconf.read(config)
     # gres.conf may describe the whole cluster: only this node's lines count here
-    return compare({node: effective(current, node)}, {node: effective(wanted, node)})
+    return gresconf.differences(current, text, node)
 
 
 @gres.command()
@@ -141,26 +137,26 @@ def drift(config: str, node: str) -> list[str]:
 @click.option("--no-backup", is_flag=True, help="Do not keep PATH.bak.")
 def apply(config: str, no_backup: bool, **kw: Any) -> None:
     """Write gres.conf when it changed (atomic, backup), then say what to restart."""
-    from ..confgen.grescheck import parse_gres_conf, restart_advice
+    from ..confgen import gresconf
 
     text, _, _ = _render(kw)
     old = read_config(config) if os.path.exists(config) else None
     if old == text:
         click.echo(f"slurm-gpu: {config} is up to date; nothing written")
         return
-    wanted = parse_gres_conf(text.splitlines(True), "generated")
+    wanted = gresconf.parse(text.splitlines(True), "generated")
     understood = True
     try:
-        current = parse_gres_conf(old.splitlines(True), config) if old is not None else {}
+        current = gresconf.parse(old.splitlines(True), config) if old is not None else {}
     except InputError as e:
         # Replacing a broken or hand-made file is what apply is for; only the
         # advice gets coarser (treat every device as new).
         click.echo(f"slurm-gpu: note: previous file not understood: {e.what} ({e.where})", err=True)
         current, understood = {}, False
-    target = replace_config(config, text, backup=None if no_backup else ".bak")
+    target = gresconf.apply(config, text, backup=None if no_backup else ".bak")
     click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
                                                and not no_backup else ""))
-    for line in restart_advice(current, wanted):
+    for line in gresconf.restart_advice(current, wanted):
         click.echo(line)
     if not understood:
         click.echo("slurm-gpu: the previous file could not be compared: restart slurmctld too")

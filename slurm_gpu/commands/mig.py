@@ -127,11 +127,10 @@ def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str 
     for line in baseline.apply(gpus, diffs, busy, config):
         click.echo(f"slurm-gpu: changed {line}")
     if out:
-        from ..confgen.gres import render_gres_conf
-        from ..fsutil import replace_config
+        from ..confgen import GresOptions, gresconf
         from ..hw import ThisNode, load_node
-        text = render_gres_conf({node_name(): load_node(ThisNode(node))}, dev_dir=mig_settings.dev_dir)
-        target = replace_config(out, text)
+        text = gresconf.render({node_name(): load_node(ThisNode(node))}, GresOptions(dev_dir=mig_settings.dev_dir))
+        target = gresconf.apply(out, text)
         click.echo(f"slurm-gpu: wrote {target} (previous kept as {target}.bak); "
                    "restart slurmd to pick up the new MIG GRES")
 
@@ -140,17 +139,13 @@ def _refuse_shared_gres_conf(path: str) -> None:
     """Refuse a gres.conf that other nodes read too: mig apply writes only this node's lines."""
     import os
 
-    from ..confgen import grescheck
-    from ..errors import SlurmGpuError
-    from .confgen_io import read_config
+    from ..confgen import gresconf
     if not os.path.exists(path):
         return
-    conf = grescheck.parse_gres_conf(read_config(path).splitlines(), path)
-    shared = grescheck.shared_with_other_nodes(conf, node_name())
-    if shared:
-        raise SlurmGpuError(f"{shared}: mig apply would rewrite it for this node alone; nothing changed "
-                            "(point --gres-conf / [mig] gres_conf at a per-node file, or use AutoDetect=nvml)",
-                            path)
+    _, conf = gresconf.read(path)
+    gresconf.refuse_shared(conf, node_name(), ": mig apply would rewrite it for this node alone; nothing "
+                           "changed (point --gres-conf / [mig] gres_conf at a per-node file, or use "
+                           "AutoDetect=nvml)", path)
 
 
 def node_name() -> str:

@@ -12,13 +12,13 @@ def expected_gpus(path: str | None, node: str) -> ExpectedGpus | None:
     """What gres.conf promises *node* (None when there is no gres.conf)."""
     if not path or not os.path.exists(path):
         return None
-    from ..confgen import grescheck
+    from ..confgen import gresconf
     try:
         with open(path) as f:
-            conf = grescheck.parse_gres_conf(f, path)
+            conf = gresconf.parse(f, path)
     except OSError as e:
         raise InputError(f"cannot read gres.conf: {e.strerror}", path) from None
-    mine = grescheck._effective(conf, node)  # NodeName-less lines apply to every node
+    mine = gresconf.node_gres(conf, node)  # NodeName-less lines apply to every node
     import re
     minors: set[int] = set()
     types: list[str] = []

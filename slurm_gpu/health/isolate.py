@@ -12,7 +12,6 @@ from typing import Iterable
 
 from .. import runner
 from ..errors import SlurmGpuError
-from ..fsutil import replace_config
 from .findings import DRAIN, WARN, Finding
 
 BACKUP = ".slurm-gpu.orig"      # beside the real file: gres.conf as it was before we isolated anything
@@ -52,15 +51,13 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
     Raises SlurmGpuError when isolating is not possible (the caller drains).
     """
     from ..confgen import gres as cg
-    from ..confgen import grescheck
+    from ..confgen import gresconf
     from ..hw import load_node
     with open(gres_path) as f:
         text = f.read()
-    conf = grescheck.parse_gres_conf(text.splitlines(), gres_path)
-    shared = grescheck.shared_with_other_nodes(conf, node_name)
-    if shared:
-        raise SlurmGpuError(f"{shared}: cannot isolate one GPU", gres_path)
-    files = [k for (name, k) in grescheck._effective(conf, node_name).devices if name == "gpu"]
+    conf = gresconf.parse(text.splitlines(), gres_path)
+    gresconf.refuse_shared(conf, node_name, ": cannot isolate one GPU", gres_path)
+    files = [k for (name, k) in gresconf.node_gres(conf, node_name).devices if name == "gpu"]
     m = next((re.match(r"(.*)/nvidia\d+$", f) for f in files if re.match(r"(.*)/nvidia\d+$", f)), None)
     dev_dir = m.group(1) if m else "/dev"
     node = load_node()
@@ -68,7 +65,7 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
     if len(kept.gpus) == len(node.gpus):
         raise SlurmGpuError("the bad GPU is not in this node's model: cannot isolate it")
     opts = cg.GresOptions(dev_dir=dev_dir)
-    new_text = cg.render_gres_conf({node_name: kept}, options=opts)
+    new_text = gresconf.render({node_name: kept}, opts)
     gres = cg.node_gres_summary(kept, opts)
     # Slurm first: if slurmctld refuses the new count, nothing has changed yet.
     # (Slurm 22.05 refuses for File= GRES: "Attempt to change gres/gpu Count
@@ -79,11 +76,11 @@ def isolate(node_name: str, bad: set[str], gres_path: str, scontrol: str, timeou
         raise SlurmGpuError(f"slurmctld refused Gres={gres} ({e.what})") from None
     try:
         # The original (before any isolation) is kept; a symlink's target is written.
-        target = replace_config(gres_path, new_text, backup=BACKUP, keep_first_backup=True)
+        target = gresconf.apply(gres_path, new_text, backup=BACKUP, keep_first_backup=True)
         runner.run([scontrol, "reconfigure"], timeout)
     except SlurmGpuError:
         # Put everything back as it was, then let the caller drain.
-        replace_config(gres_path, text, backup=None)
+        gresconf.apply(gres_path, text, backup=None)
         old = cg.node_gres_summary(node, opts)
         runner.run([scontrol, "update", f"nodename={node_name}", f"gres={old}"], timeout, check=False)
         raise

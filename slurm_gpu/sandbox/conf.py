@@ -68,10 +68,8 @@ def node_lines(spec: ClusterSpec) -> list[str]:
 
 def gres_conf(spec: ClusterSpec) -> str:
     """gres.conf for every node, ``File=`` under the sandbox's dev directory."""
-    from ..confgen import render_gres_conf
-    return render_gres_conf({n.name: spec.model for n in spec.nodes},
-                            dev_dir=str(spec.layout.dev), options=gres_opts(spec),
-                            inputs=[spec.machine])
+    from ..confgen import gresconf
+    return gresconf.render({n.name: spec.model for n in spec.nodes}, gres_opts(spec), inputs=[spec.machine])
 
 
 def _settings(spec: ClusterSpec) -> list[tuple[str, str]]:
