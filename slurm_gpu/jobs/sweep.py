@@ -42,7 +42,11 @@ def candidates(ctx: Any, exclude: str | None = None) -> list[str]:
 
 
 def parse_squeue(text: str, node: str) -> dict[str, bool]:
-    """``%i|%T|%N`` lines -> {jobid: still has this node}."""
+    """``%A|%T|%N`` lines -> {jobid: still has this node}.
+
+    ``%A``, not ``%i``: an array task's ``%i`` is ``<array job>_<task>``,
+    never the job id its prolog keyed its state by (squeue(1)).
+    """
     from ..confgen import hostlist
     out: dict[str, bool] = {}
     for line in text.splitlines():
@@ -65,7 +69,7 @@ def gone(jobids: Iterable[str], node: str, squeue: str,
     if not ids:
         return set()
     try:
-        res = run([squeue, "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%N"], 10,
+        res = run([squeue, "-h", "-t", "all", "-j", ",".join(ids), "-o", "%A|%T|%N"], 10,
                   check=False)
     except CommandError:
         return set()

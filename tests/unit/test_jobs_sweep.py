@@ -132,3 +132,37 @@ def test_the_health_run_sweeps_too(node: Env, monkeypatch, capsys) -> None:
     health._sweep_stale_jobs()
     assert "stale job 100: cleaned up" in capsys.readouterr().err
     assert node.leftovers("100") == []
+
+
+def _squeue_like_slurm(node: Env, jobs: list[tuple[str, str, str, str]]) -> None:
+    """A ``squeue`` that formats like slurmctld's: per job (%A, %i, %T, %N); %i of an
+    array element is ``<array job>_<task>``, %A its own job id (squeue(1))."""
+    d = node.base / "bin"
+    d.mkdir(exist_ok=True)
+    lines = "".join(f"{a} {i} {t} {n}\n" for a, i, t, n in jobs)
+    (d / "squeue").write_text(
+        "#!/bin/sh\n"
+        'fmt=""; while [ $# -gt 0 ]; do [ "$1" = -o ] && fmt="$2"; shift; done\n'
+        f"printf '%s' '{lines}' | while read -r A i T N; do\n"
+        '  out="$fmt"; out=$(printf "%s" "$out" | sed "s/%A/$A/g; s/%i/$i/g; s/%T/$T/g; s/%N/$N/g")\n'
+        '  printf "%s\\n" "$out"\n'
+        "done\n")
+    (d / "squeue").chmod(0o755)
+    node.jobs.scancel = str(d / "scancel")
+
+
+def test_a_running_array_task_is_never_swept(node: Env, monkeypatch, capsys) -> None:
+    """Job 12 is task 3 of array 10, running here: its %i is 10_3, never 12."""
+    from slurm_gpu.cli import main
+    assert lifecycle.prolog(_ctx(node, "12", SLURM_JOB_GPUS="1",
+                                 SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    _squeue_like_slurm(node, [("12", "10_3", "RUNNING", "n1")])
+    assert sweep.sweep(_ctx(node, "13"), lifecycle.teardown, exclude="13") == []
+    assert js.load(node.state_dir, "12") is not None and node.leftovers("12") != []
+    monkeypatch.setattr(lifecycle, "default_context", lambda env=None: _ctx(node, "12"))
+    assert main(["job", "cleanup", "12"]) == 1
+    assert "still runs on n1" in capsys.readouterr().err
+    assert node.leftovers("12") != []
+    _squeue_like_slurm(node, [("12", "10_3", "COMPLETED", "n1")])
+    lines = sweep.sweep(_ctx(node, "13"), lifecycle.teardown, exclude="13")
+    assert lines and lines[-1].endswith("cleaned up") and node.leftovers("12") == []
