@@ -18,7 +18,8 @@ def _fetch() -> tuple[Path | None, str]:
     from slurm_gpu.sim import mps_real
     if os.geteuid() != 0 and mps_real.cached() is None:
         return None, "fetching it needs root (scripts/fetch-mps.sh)"
-    return mps_real.fetch()
+    # this checkout's script, whichever slurm_gpu (checkout or venv) is imported
+    return mps_real.fetch(script=Path(__file__).resolve().parents[1] / "scripts" / "fetch-mps.sh")
 
 
 def real_mps_control() -> Path:

@@ -25,17 +25,27 @@ def cached() -> Path | None:
     return p if os.access(p, os.X_OK) and p.is_file() else None
 
 
-def fetch(timeout: float = 180) -> tuple[Path | None, str]:
-    """The binary, fetching it first when it is not cached: (path, "") or (None, why)."""
+def fetch(timeout: float = 180, script: str | os.PathLike[str] | None = None
+          ) -> tuple[Path | None, str]:
+    """The binary, fetching it first when it is not cached: (path, "") or (None, why).
+
+    *script*: the ``fetch-mps.sh`` to run (default: the checkout's, else the
+    installed copy under ``<venv>/share/slurm-gpu/scripts``).
+    """
     from .. import runner
     from ..errors import CommandError
-    from ..paths import SOURCE_ROOT
+    from ..paths import resource_dir
     have = cached()
     if have:
         return have, ""
-    script = Path(SOURCE_ROOT) / "scripts" / "fetch-mps.sh"
+    if script is None:
+        try:
+            script = resource_dir("scripts") / "fetch-mps.sh"
+        except FileNotFoundError:
+            return None, "no scripts/fetch-mps.sh here"
+    script = Path(script)
     if not script.is_file():
-        return None, f"no {script} (not a source checkout)"
+        return None, f"no {script}"
     try:
         r = runner.run(["/bin/bash", str(script)], timeout, check=False,
                        env={"PATH": runner.SAFE_PATH, **{k: v for k, v in os.environ.items()
