@@ -25,6 +25,7 @@ from .settings import AcctSettings
 from .store import Store
 
 MAX_RETRIES_PER_EPILOG = 3
+VERIFY_AFTER_S = 60.0
 
 
 def _log(msg: str) -> None:
@@ -64,7 +65,8 @@ def register(s: AcctSettings, store: Store, env: Mapping[str, str], node: str,
 
 
 def finish(s: AcctSettings, store: Store, jobid: str, node: str, *, store_dbd: bool = True,
-           env: Mapping[str, str] | None = None, retries: int = MAX_RETRIES_PER_EPILOG) -> dbd.Outcome | None:
+           env: Mapping[str, str] | None = None, retries: int = MAX_RETRIES_PER_EPILOG,
+           now: float | None = None) -> dbd.Outcome | None:
     """End the job on this node: summary, then every record of it removed.
 
     Idempotent: a second run finds nothing and does nothing.  Returns the
@@ -83,7 +85,8 @@ def finish(s: AcctSettings, store: Store, jobid: str, node: str, *, store_dbd: b
                 "nosamples": 1}
     if part is not None:
         # Kept before the records go: a crash from here on loses nothing.
-        store.write("pending", jobid, {"jobid": jobid, "node": node, "part": part, "since": time.time(),
+        store.write("pending", jobid, {"jobid": jobid, "node": node, "part": part,
+                                       "since": time.time() if now is None else now,
                                        "why": "not stored yet"})
     store.remove("jobs", jobid)
     store.remove("agg", jobid)
@@ -91,16 +94,21 @@ def finish(s: AcctSettings, store: Store, jobid: str, node: str, *, store_dbd: b
         metrics.sync_mapping(s.dcgm_mapping_dir, store.registrations())
     out = None
     if part is not None and store_dbd:
-        outs = retry_pending(s, store, only=[jobid], env=env)
+        outs = retry_pending(s, store, only=[jobid], env=env, now=now)
         out = outs[0] if outs else None
         if out is not None and out.stored and retries:
-            retry_pending(s, store, limit=retries, env=env)
+            retry_pending(s, store, limit=retries, env=env, now=now)
     return out
 
 
 def retry_pending(s: AcctSettings, store: Store, *, only: list[str] | None = None, limit: int | None = None,
                   env: Mapping[str, str] | None = None, now: float | None = None) -> list[dbd.Outcome]:
-    """Try to store pending summaries; drop them once confirmed or too old."""
+    """Try to store pending summaries; drop them once confirmed twice or too old.
+
+    A stored summary is checked once more after :data:`VERIFY_AFTER_S`:
+    slurmctld's own job record, arriving late with another tool's
+    AdminComment, would replace ours; the second check puts it back.
+    """
     now = time.time() if now is None else now
     ids = only if only is not None else store.ids("pending")
     outs = []
@@ -112,12 +120,18 @@ def retry_pending(s: AcctSettings, store: Store, *, only: list[str] | None = Non
             if now - float(rec.get("since", now)) > s.retry_hours * 3600:
                 store.remove("pending", jobid)
             continue
+        confirmed = rec.get("confirmed")
+        if confirmed is not None and now - float(confirmed) < VERIFY_AFTER_S:
+            continue
         out = dbd.store(s, jobid, rec["node"], rec["part"], env)
         outs.append(out)
-        if out.stored:
+        if out.stored and confirmed is not None:
             store.remove("pending", jobid)
+        elif out.stored:
+            rec.update(confirmed=now, why="stored; checked again later")
+            store.write("pending", jobid, rec)
         else:
-            rec.update(why=out.why, final=out.final, tries=int(rec.get("tries", 0)) + 1)
+            rec.update(why=out.why, final=out.final, tries=int(rec.get("tries", 0)) + 1, confirmed=None)
             store.write("pending", jobid, rec)
             if not out.final:
                 break        # slurmdbd unreachable: the others would wait as long

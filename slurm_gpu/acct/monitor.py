@@ -185,7 +185,7 @@ class Monitor:
             for j, reg in regs.items():
                 if j not in running and t - float(reg.get("start", t)) > 2 * self.settings.interval:
                     self.log(f"slurm-gpu: monitor: job {j} ended without our epilog; finishing it")
-                    hooks.finish(self.settings, self.store, j, self.node, store_dbd=False)
+                    hooks.finish(self.settings, self.store, j, self.node, store_dbd=False, now=t)
                     self.aggs.pop(j, None)
         for j in list(self.aggs):
             a = self.aggs[j]
@@ -199,4 +199,4 @@ class Monitor:
         if self.settings.dcgm_mapping_dir:
             metrics.sync_mapping(self.settings.dcgm_mapping_dir, self.store.registrations())
         self.store.expire_ended(t)
-        hooks.retry_pending(self.settings, self.store, limit=10)
+        hooks.retry_pending(self.settings, self.store, limit=10, now=t)

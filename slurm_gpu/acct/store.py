@@ -6,7 +6,8 @@
   its mapping gone.
 * ``agg/<id>.json``: the job's rolling aggregates, rewritten by the sampler.
 * ``pending/<id>.json``: a summary slurmdbd has not confirmed yet (retried
-  by the next epilog and by the sampler).
+  by the next epilog and by the sampler), or one it confirmed, kept for a
+  second check a minute later.
 * ``ended/<id>``: the epilog ran; the sampler must not start the job's
   aggregates again from a process that lingers.  Expires after a day.
 

@@ -70,7 +70,7 @@ class Node:
 
     def epilog(self, jobid: str) -> None:
         self.running.discard(jobid)
-        hooks.finish(self.s, self.store, jobid, "n1")
+        hooks.finish(self.s, self.store, jobid, "n1", now=self.clock)
 
 
 @pytest.fixture
@@ -126,6 +126,12 @@ def test_unreachable_dbd_keeps_the_summary_and_a_later_tick_stores_it(node):
     node.db["9"] = ""
     for _ in range(7):
         node.advance()
+    assert node.store.read("pending", "9")["confirmed"]        # stored, to be checked once more
+    node.db["9"] = "other: late"                                 # a late record replaced it
+    for _ in range(6):                                           # the check a minute later
+        node.advance()
+    other, ours = dbd.split(node.db["9"])
+    assert other == "other: late" and ours["n1"]["dev"]["0"]["sm"] == 50.0   # put back
     assert node.store.ids("pending") == []
     assert dbd.parse(node.db["9"])["n1"]["dev"]["0"]["sm"] == 50.0
 
