@@ -124,8 +124,11 @@ for SUITE in "${SUITES[@]}"; do
         if [ "$SUITE" != bookworm ]; then extra=(gcc python3-dev python3-setuptools libslurm-dev); spank_expect=built; fi
     fi
     in_root apt-get update -qq >/dev/null || fail "apt-get update failed"
+    # The archive cache is bind-mounted into every run's root and apt-get locks it
+    # (archives/lock, no waiting): concurrent runs take turns for the install.
     # shellcheck disable=SC2086
-    in_root apt-get install -y -qq --no-install-recommends $deps "${extra[@]}" >"$WORK/apt.log" 2>&1 ||
+    (flock 7 && in_root apt-get install -y -qq --no-install-recommends $deps "${extra[@]}") \
+        7>"$CACHE/$SUITE-pkgroot-apt.lock" >"$WORK/apt.log" 2>&1 ||
         fail "installing the dependencies failed: $(tail -3 "$WORK/apt.log")"
     # EL's filesystem package owns /usr/share/licenses; a Debian root lacks it.
     if [ -n "$RPM" ]; then mkdir -p "$R/usr/share/licenses"; fi
