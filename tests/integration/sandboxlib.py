@@ -55,7 +55,11 @@ def ensure_user(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
     except KeyError:
         pass
-    res = run(["useradd", "--create-home", "--shell", "/bin/bash", name], timeout=30, check=False)
+    for _ in range(50):
+        res = run(["useradd", "--create-home", "--shell", "/bin/bash", name], timeout=30, check=False)
+        if "cannot lock" not in res.stderr:   # /etc/passwd or /etc/group held by a concurrent useradd
+            break
+        time.sleep(0.2)
     if res.returncode not in (0, 9):  # 9: created concurrently by another test run
         pytest.fail(f"useradd {name} failed: {res.stderr.strip()}")
     return pwd.getpwnam(name)
