@@ -235,7 +235,7 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
                             "job_dir": str(job_dir(settings.base_dir, jobid)),
                             "control": settings.control, "devices": devices or "",
                             "cpus": _cpu_list(cpus), "pids": [], "ready": False,
-                            "percentage": percentage}
+                            "percentage": percentage, "sluid": sluid or None}
     from . import jobcgroup
     dirs = jobcgroup.job_dirs(jobid, user.uid, sluid, _node_name())
     cgroups = jobcgroup.make(dirs) if dirs else []
@@ -438,6 +438,12 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
     Called from each step of a ``--gpu-mps`` job in slurmstepd; the first one
     that finds the job's cgroup does the work and records it, the others see
     the record.  Returns the cgroups the daemon is in (empty: none).
+
+    The SLUID (26.05's cgroup name) is the one the prolog recorded from
+    slurmd's environment.  *sluid*, the step's ``SLURM_JOB_SLUID``, is not
+    used: the step's environment is the user's, and another job's SLUID
+    named there would move the daemon into that job's cgroup, whose
+    ``slurm_gpu_mps`` this job's epilog then ends.
     """
     from . import jobcgroup
     from . import state as jobstate
@@ -446,7 +452,9 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
     if not info.get("pipe_dir") or info.get("cgroup"):
         return list(info.get("cgroup") or [])
     uid = int(st["uid"])
-    dirs = jobcgroup.job_dirs(jobid, uid, sluid, _node_name())
+    recorded = info.get("sluid")
+    dirs = jobcgroup.job_dirs(jobid, uid, recorded if isinstance(recorded, str) else None,
+                              _node_name())
     if not dirs:
         return []
     cg = jobcgroup.make(dirs)

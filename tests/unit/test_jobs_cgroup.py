@@ -123,3 +123,25 @@ def test_descendants_follow_the_process_tree() -> None:
             except ProcessLookupError:
                 pass
         p.wait()
+
+
+def test_adopt_takes_the_sluid_the_prolog_recorded_never_the_steps_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's SLURM_JOB_SLUID is the user's to set: naming another job's SLUID there
+    must not put the daemon in (and let this job's epilog end) that job's cgroup."""
+    from slurm_gpu.jobs import mps
+    from slurm_gpu.jobs import state as js
+    cg = tmp_path / "cg"
+    scope = cg / "system.slice" / "n1_slurmstepd.scope"
+    for d in ("s7sluid", "s9victim"):                      # 26.05: cgroups named by SLUID
+        (scope / d).mkdir(parents=True)
+        (scope / d / "cgroup.procs").write_text("")
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(cg), 2, ())])
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    sd = tmp_path / "state"
+    st = js.new("7", uid=os.getuid() or 1001, gid=os.getgid() or 1001, user="u")
+    st["mps"] = {"pipe_dir": str(tmp_path / "mps" / "7" / "pipe"), "sluid": "s7sluid"}
+    js.save(sd, st)
+    assert mps.adopt(str(sd), "7", "s9victim") == [str(scope / "s7sluid" / jobcgroup.NAME)]
+    assert not (scope / "s9victim" / jobcgroup.NAME).exists()
+    assert js.load(sd, "7")["mps"]["cgroup"] == [str(scope / "s7sluid" / jobcgroup.NAME)]
