@@ -41,6 +41,7 @@ cp -r "$HERE/prolog.d" "$HERE/epilog.d" "$root/usr/lib/slurm-gpu/"
 install -m 755 "$HERE/packaging/common/healthcheck" "$root/usr/lib/slurm-gpu/healthcheck"
 install -m 755 "$HERE/packaging/common/venv-setup.sh" "$root/usr/lib/slurm-gpu/venv-setup.sh"
 install -m 644 "$HERE/packaging/common/slurm-gpu-xid-watch.service" "$root/usr/lib/systemd/system/"
+install -m 644 "$HERE/packaging/common/slurm-gpu-monitor.service" "$root/usr/lib/systemd/system/"
 for f in README.md CHANGELOG.md docs/*.md; do install -m 644 "$HERE/$f" "$root/usr/share/doc/slurm-gpu/"; done
 cat >"$root/usr/share/doc/slurm-gpu/copyright" <<COPYRIGHT
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/

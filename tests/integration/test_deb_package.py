@@ -42,6 +42,7 @@ def test_deb_contents(deb: Path) -> None:
     paths = {line.split()[-1] for line in listing.splitlines()}
     for want in ("./usr/lib/slurm-gpu/prolog.d/50-slurm-gpu-jobs", "./usr/lib/slurm-gpu/epilog.d/50-slurm-gpu-jobs",
                  "./usr/lib/slurm-gpu/healthcheck", "./usr/lib/systemd/system/slurm-gpu-xid-watch.service",
+                 "./usr/lib/systemd/system/slurm-gpu-monitor.service",
                  "./usr/share/doc/slurm-gpu/copyright", "./usr/share/doc/slurm-gpu/install.md"):
         assert want in paths, want
     wheels = sorted(p for p in paths if p.startswith("./usr/share/slurm-gpu/wheels/"))

@@ -42,7 +42,8 @@ def test_rpm_holds_every_wheel_for_python311_and_the_node_files(rpm: Path) -> No
     files = set(_q(rpm, "-l").split())
     for want in ("/usr/lib/slurm-gpu/prolog.d/50-slurm-gpu-jobs", "/usr/lib/slurm-gpu/epilog.d/50-slurm-gpu-jobs",
                  "/usr/lib/slurm-gpu/healthcheck", "/usr/lib/slurm-gpu/venv-setup.sh",
-                 "/usr/lib/systemd/system/slurm-gpu-xid-watch.service"):
+                 "/usr/lib/systemd/system/slurm-gpu-xid-watch.service",
+                 "/usr/lib/systemd/system/slurm-gpu-monitor.service"):
         assert want in files, want
     wheels = sorted(Path(f).name.split("-")[0].lower() for f in files if f.endswith(".whl"))
     assert wheels == ["cffi", "click", "clustershell", "jinja2", "markupsafe", "nvidia_ml_py",
