@@ -1,7 +1,7 @@
 #!/bin/bash
 # `make demo`: a tour of slurm-gpu on a real Slurm sandbox (Debian's slurmctld,
 # slurmd and munge; 2 nodes modelled on a recorded 2-GPU, 2-NUMA H100 NVL
-# server, each with the NVML simulator and the MPS stand-in):
+# server, each with the NVML simulator and NVIDIA's MPS control daemon):
 #   1. gres.conf rendered from the node's hardware;
 #   2. a --gpu-numa-bind job that prints its CPUs and memory policy;
 #   3. a --gpu-mps job that talks to its own MPS control daemon;

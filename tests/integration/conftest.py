@@ -76,7 +76,7 @@ def no_leftover_processes() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def node_files(request: pytest.FixtureRequest) -> Iterator[dict[str, Path]]:
-    """Simulator state (MIG on, no instances) and an MPS control stand-in for
+    """Simulator state (MIG on, no instances) and NVIDIA's MPS control daemon for
     the test module's ``MACHINE`` (see ``sandboxlib.mps_mig_node_files``)."""
     files = mps_mig_node_files(request.module.__name__.rsplit(".", 1)[-1], request.module.MACHINE)
     yield files

@@ -2,7 +2,7 @@
 
 Most lifecycles drive the prolog/epilog entry points directly, in the real
 sandbox environment (its slurm-gpu.toml, node name, NVML simulator state and
-MPS stand-in), so 500 fit in well under a few minutes; a subset goes through
+NVIDIA's MPS control daemon), so 500 fit in well under a few minutes; a subset goes through
 real Slurm jobs.  Faults: scancel, a prolog killed at a random step (every
 state-file write is a possible kill point, as SIGKILL can land anywhere), a
 prolog killed for real with SIGKILL, a node restart (the epilog runs in a

@@ -2,9 +2,8 @@
 
 The sandbox models ``mini-2numa`` (2 x H100 NVL, one per NUMA node, mapped on
 this host's two CPUs).  NVML is the project's simulator (``[node] nvml =
-"sim:..."``) with MIG mode on for GPU 1, and the MPS binary is the stand-in
-(``[mps] control``): there is no GPU here, so the MPS path runs only
-against the stand-in.
+"sim:..."``) with MIG mode on for GPU 1, and the MPS binary is NVIDIA's own
+control daemon (``[mps] control``, scripts/fetch-mps.sh), which runs without a GPU.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 An admin runs the installed ``slurm-gpu sandbox up --machine h100-mig`` from
 any directory (here ``/``, no checkout in sight), with no config of their
 own.  The recorded machine must come from the installed package, and each
-node must get the NVML simulator and the MPS control stand-in, so that
+node must get the NVML simulator and NVIDIA's MPS control daemon, so that
 ``--gpu-mps`` and ``--gpu-mig`` jobs run and the prolog, epilog and health
 check (every second here) drain nothing.  Before this, the prolog failed
 with "NVML unavailable" and drained the node, and outside a checkout the

@@ -4,7 +4,7 @@ One sandbox per version (``Sandbox(slurm=V)``, as ``slurm-gpu sandbox up
 --slurm V``), two nodes modelled on ``mini-2numa`` (one GPU per NUMA node,
 mapped on this host's two CPUs, so CPU binding is real), with the SPANK
 plugin built against that version's spank.h, prolog/epilog, the health
-check, the NVML simulator (MIG mode on) and the MPS stand-in.  Jobs run on
+check, the NVML simulator (MIG mode on) and NVIDIA's MPS control daemon.  Jobs run on
 n1; the health drain is shown on n2.  The 24.11 and 26.05 daemons, hooks,
 plugin and job tasks run chrooted in a Debian root (scripts/debian-root.sh):
 a missing root skips those cases with the reason (no network here).

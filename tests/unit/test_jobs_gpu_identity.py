@@ -66,7 +66,7 @@ def _uid(name: str) -> int:
 
 
 class Node:
-    """One skewed machine in the simulator, its model, a gres.conf and the MPS stand-in."""
+    """One skewed machine in the simulator, its model, a gres.conf and the MPS control daemon."""
 
     def __init__(self, machine: str, gres_style: str) -> None:
         from slurm_gpu.confgen import render_gres_conf

@@ -1,6 +1,6 @@
 """Prolog/epilog: MPS daemon and MIG layout per job, failure policy, idempotent epilog.
 
-These run the real code against the NVML simulator and the MPS stand-in
+These run the real code against the NVML simulator and NVIDIA's MPS control daemon
 (started as the job user through runner.run(run_as=...)), as root.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _uid(name: str) -> int:
 
 
 class Env:
-    """A node: simulator state, MPS stand-in, state dir, settings."""
+    """A node: simulator state, MPS control daemon, state dir, settings."""
 
     def __init__(self) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="sg-jobs-test-"))
