@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mpsbinary import install_real_mps_control
+from mpsbinary import install_real_mps_control, real_mps_control
 from slurm_gpu import runner
 from slurm_gpu.jobs.mps import daemon_pids
 from slurm_gpu.runner import RunAs
@@ -36,6 +36,8 @@ def _user(name: str) -> RunAs:
 
 
 def _mpsdir(kind: str):
+    if kind == "real":
+        real_mps_control()          # fails or skips before anything is made
     base = Path(tempfile.mkdtemp(prefix=f"sg-mps-test-{kind}-"))
     os.chmod(base, 0o755)
     ctl = base / "nvidia-cuda-mps-control"
