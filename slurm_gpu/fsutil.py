@@ -23,8 +23,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
                  uid: int | None = None, gid: int | None = None, durable: bool = True) -> None:
     """Write *data* to *path* atomically with permissions *mode*.
 
-    ``durable=False`` skips the fsync: readers still never see half a file,
-    but a crash may leave the old content.  For files rewritten every few
+    ``durable=False`` skips both fsyncs (file and directory): readers still
+    never see half a file, but a crash may leave the old content.  For files rewritten every few
     seconds (the sampler's aggregates, metrics), where one lost rewrite
     costs nothing and an fsync each time costs disk flushes.
     """
@@ -44,7 +44,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        if durable:
+            _fsync_dir(path.parent)
     except BaseException as e:
         try:
             os.unlink(tmp)

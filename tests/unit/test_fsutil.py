@@ -43,3 +43,30 @@ def test_missing_directory_is_one_line(tmp_path) -> None:
         atomic_write(tmp_path / "nope" / "f", "x")
     assert ei.value.line().startswith("slurm-gpu: cannot write f")
     assert str(tmp_path / "nope" / "f") in ei.value.line()
+
+
+def _count_fsyncs(monkeypatch) -> list[str]:
+    import stat as _stat
+    calls: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls.append("dir" if _stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return calls
+
+
+def test_durable_write_fsyncs_the_file_then_its_directory(tmp_path, monkeypatch) -> None:
+    calls = _count_fsyncs(monkeypatch)
+    atomic_write(tmp_path / "f", "x")
+    assert calls == ["file", "dir"]          # the rename itself survives a crash
+
+
+def test_non_durable_write_never_fsyncs(tmp_path, monkeypatch) -> None:
+    """durable=False (the sampler's files, rewritten every few seconds) costs no disk flush."""
+    calls = _count_fsyncs(monkeypatch)
+    atomic_write(tmp_path / "f", "x", durable=False)
+    assert (tmp_path / "f").read_text() == "x"
+    assert calls == []
