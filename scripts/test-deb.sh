@@ -173,6 +173,14 @@ for SUITE in "${SUITES[@]}"; do
         sed 's/^/    doctor: /' "$WORK/doctor.log" >&2
     fi
 
+    # State a node's runs keep where the product puts it by default: the repair
+    # ladder's counts, which must survive reboots ([repair] state_dir, not /run).
+    # Removing the package for good must take it too.
+    sdir=$(in_root /opt/slurm-gpu/venv/bin/python -I -c \
+        'from slurm_gpu.health.settings import RepairSettings; print(RepairSettings().state_dir)') ||
+        fail "cannot read [repair] state_dir's default"
+    mkdir -p "$R$sdir" && echo '{}' >"$R$sdir/repair-state.n1.json"
+
     if [ -n "$RPM" ]; then
         env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
             rpm --root "$R" -e slurm-gpu >"$WORK/purge.log" 2>&1 || fail "rpm -e failed: $(cat "$WORK/purge.log")"
