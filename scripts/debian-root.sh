@@ -71,13 +71,21 @@ if ! err=$("${probe[@]}" 2>&1); then
 fi
 
 tmp="$ROOT.partial"
-rm -rf --one-file-system "$tmp"
 # A half-built root never becomes $ROOT: build aside, mark complete, rename.
-if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$MIRROR" >"$LOG" 2>&1; then
-    echo "slurm-gpu: debootstrap $SUITE failed: $(grep -E '^E: ' "$LOG" | tail -1 || true) (see $LOG)" >&2
+# A second try: a mirror caught mid-sync (sid, often) or one flaky download
+# fails the first.
+for try in 1 2; do
     rm -rf --one-file-system "$tmp"
-    exit 1
-fi
+    if debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$MIRROR" >"$LOG" 2>&1; then
+        break
+    fi
+    if [ "$try" = 2 ]; then
+        echo "slurm-gpu: debootstrap $SUITE failed twice: $(grep -E '^E: ' "$LOG" | tail -1 || true) (see $LOG)" >&2
+        rm -rf --one-file-system "$tmp"
+        exit 1
+    fi
+    sleep 5
+done
 chroot "$tmp" /usr/sbin/slurmctld -V >"$tmp/.slurm-version"
 for plugin in topology_tree.so topology_block.so; do
     if ! compgen -G "$tmp/usr/lib/*/slurm-wlm/$plugin" >/dev/null; then

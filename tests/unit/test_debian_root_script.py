@@ -1,0 +1,84 @@
+"""scripts/debian-root.sh builds a root aside and retries a failed debootstrap once.
+
+The script runs for real with fake ``debootstrap``, ``chroot`` and ``id`` first
+on PATH, the mirror a local directory (``file://``, read by curl or wget) and
+the cache a temp directory (``SLURM_GPU_CACHE``): nothing is fetched and no
+root is built on this machine.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "debian-root.sh"
+
+# Fails the first FAIL_TIMES calls (with a half-made root and debootstrap's E: line),
+# then makes a root with what the script checks: slurmctld and both topology plugins.
+FAKE_DEBOOTSTRAP = """#!/bin/sh
+n=$(cat "$FAKE_DIR/calls" 2>/dev/null || echo 0); n=$((n + 1)); echo $n >"$FAKE_DIR/calls"
+target=$4   # --variant --include SUITE TARGET MIRROR
+mkdir -p "$target/usr/sbin" "$target/usr/lib/x86_64-linux-gnu/slurm-wlm"
+if [ "$n" -le "${FAIL_TIMES:-0}" ]; then
+  echo "E: Couldn't download packages: slurmctld" ; exit 1
+fi
+touch "$target/usr/sbin/slurmctld" && chmod 755 "$target/usr/sbin/slurmctld"
+touch "$target/usr/lib/x86_64-linux-gnu/slurm-wlm/topology_tree.so" \\
+      "$target/usr/lib/x86_64-linux-gnu/slurm-wlm/topology_block.so"
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> dict[str, object]:
+    if not (shutil.which("curl") or shutil.which("wget")):
+        pytest.skip("neither curl nor wget (debian-root.sh probes the mirror with one)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"debootstrap": FAKE_DEBOOTSTRAP,
+                       "chroot": "#!/bin/sh\necho 'slurm-wlm 24.11.5'\n",
+                       "sleep": "#!/bin/sh\n",
+                       "id": "#!/bin/sh\necho 0\n"}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    mirror = tmp_path / "mirror"
+    (mirror / "dists" / "trixie").mkdir(parents=True)
+    (mirror / "dists" / "trixie" / "InRelease").write_text("Suite: trixie\n")
+    cache = tmp_path / "cache"
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_GPU_CACHE": str(cache),
+           "DEBIAN_MIRROR": f"file://{mirror}", "FAKE_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    return {"env": env, "cache": cache, "calls": tmp_path / "calls"}
+
+
+def _run(fake: dict[str, object], **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(SCRIPT), "trixie"], env=dict(fake["env"], **extra),  # type: ignore[arg-type]
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_one_failed_debootstrap_is_retried(fake) -> None:
+    res = _run(fake, FAIL_TIMES="1")
+    root = fake["cache"] / "trixie-root"
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(root)
+    assert fake["calls"].read_text().strip() == "2"
+    assert (root / ".slurm-gpu-complete").exists() and (root / ".slurm-version").read_text().split()[-1] == "24.11.5"
+    assert not (fake["cache"] / "trixie-root.partial").exists()
+
+
+def test_two_failures_say_why_in_one_line_and_leave_no_root(fake) -> None:
+    res = _run(fake, FAIL_TIMES="2")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-gpu: debootstrap trixie failed"), lines
+    assert "Couldn't download packages" in lines[0]
+    assert not (fake["cache"] / "trixie-root").exists()
+    assert not (fake["cache"] / "trixie-root.partial").exists()
+
+
+def test_a_built_root_is_reused(fake) -> None:
+    assert _run(fake).returncode == 0
+    res = _run(fake, FAIL_TIMES="99")            # a second debootstrap would fail: none runs
+    assert res.returncode == 0, res.stderr
+    assert fake["calls"].read_text().strip() == "1"
