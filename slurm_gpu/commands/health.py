@@ -63,7 +63,6 @@ def model_links(snapshot: str | None) -> dict[str, int] | None:
 
 def _opener(snapshot: str | None, overlay: str | None, s: Any) -> Any:
     """Opens the GPUs this node uses (replay, simulator or the driver) when called."""
-    import dataclasses
     from ..hw import backend, live
     ov_path = overlay or (s.nvml_overlay.replace("%n", live.node_name()) if s.nvml_overlay else None)
     source = backend.source_for(live.settings() if snapshot is None else None, snapshot=snapshot,
@@ -71,7 +70,7 @@ def _opener(snapshot: str | None, overlay: str | None, s: Any) -> Any:
 
     def open_gpus() -> Any:
         if source.scheme == "snapshot":   # parsed once per run: the model and the replay both need it
-            return backend.open_gpus(dataclasses.replace(source, data=_read_snapshot(source.path)))
+            return backend.open_gpus(source.replace(data=_read_snapshot(source.path)))
         return backend.open_gpus(source)
     return open_gpus
 

@@ -17,10 +17,10 @@ source of its own.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import InputError
+from .plain import Plain
 
 Opener = Callable[[str], "tuple[Any, Callable[[Any], None] | None]"]
 
@@ -34,14 +34,23 @@ def register(scheme: str, opener: Opener) -> None:
     _OPENERS[scheme] = opener
 
 
-@dataclass(frozen=True)
-class GpuSource:
-    """Where GPU answers come from: ``live``, ``snapshot`` or a registered scheme (``sim``)."""
+class GpuSource(Plain):
+    """Where GPU answers come from: ``scheme`` ``live``, ``snapshot`` or a registered
+    one (``sim``); ``path``; for a snapshot, ``overlay_path`` (a fault overlay file,
+    read when opened) and ``data`` (the snapshot already parsed)."""
 
-    scheme: str = "live"
-    path: str = ""
-    overlay_path: str | None = None              # snapshot: a fault overlay file, read when opened
-    data: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # snapshot, parsed
+    __slots__ = ("scheme", "path", "overlay_path", "data")
+    _defaults = {"scheme": "live", "path": "", "overlay_path": None, "data": None}
+    scheme: str
+    path: str
+    overlay_path: str | None
+    data: Mapping[str, Any] | None
+
+    def _values(self) -> tuple[Any, ...]:
+        return (self.scheme, self.path, self.overlay_path)     # the parsed data is a cache, not identity
+
+    def replace(self, **changes: Any) -> "GpuSource":
+        return GpuSource(**{**{k: getattr(self, k) for k in self.__slots__}, **changes})
 
     def __str__(self) -> str:
         return self.scheme if not self.path else f"{self.scheme}:{self.path}"

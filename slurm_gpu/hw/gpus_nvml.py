@@ -9,12 +9,11 @@ the vendor's message, code and the call that failed.
 """
 from __future__ import annotations
 
-import ctypes
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from .gpus import INSTANCE_LOOKUP, GpuError, GpuEvent, GpuInstance, MigDevice
+from .gpudata import INSTANCE_LOOKUP, GpuError, GpuEvent, GpuInstance, MigDevice
 from .model import normalize_bus_id
+from .plain import Plain
 from .views import NvmlView
 
 MAX_GI_ID = 15   # GI ids are partition numbers 0..14 on every MIG GPU so far
@@ -37,10 +36,10 @@ def gpu_error(api: Any, e: Exception, call: str) -> GpuError:
     return GpuError(str(e), code, error_name(code) if isinstance(code, int) else "", call)
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(Plain):
     """A process holding a compute context on a GPU."""
 
+    __slots__ = ("pid", "used_memory")
     pid: int
     used_memory: int | None
 
@@ -166,6 +165,7 @@ class NvmlGpus:
                             int(self._call("nvmlDeviceGetComputeInstanceId", m)), _s(u))
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        import ctypes
         api, dev = self.api, self._dev(index)
         pl = api.c_nvmlGpuInstancePlacement_t()
         pl.start = start
@@ -174,6 +174,7 @@ class NvmlGpus:
         return int(self._call("nvmlGpuInstanceGetInfo", gi).id)
 
     def create_compute_instance(self, index: int, gi_id: int, ci_profile: int, start: int, size: int) -> int:
+        import ctypes
         api, dev = self.api, self._dev(index)
         gi = self._call("nvmlDeviceGetGpuInstanceById", dev, gi_id)
         pl = api.c_nvmlComputeInstancePlacement_t()
