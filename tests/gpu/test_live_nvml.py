@@ -39,3 +39,25 @@ def test_live_answers_through_recorder_match() -> None:
         assert nvml.read_view(ReplayNvml(rec.records()), mig_minors=nvml.read_mig_minors()) == view
     finally:
         nvml.close_api(api)
+
+
+def test_live_gpus_interface_reads_match_the_node_model() -> None:
+    """Read-only, through the one GPU interface (hw.backend.open_gpus): what
+    every caller outside hw/ sees equals the live node model."""
+    from slurm_gpu.hw import ThisNode, backend, live, load_node
+    nvml.close_api(_api())
+    node = load_node(ThisNode(live.NodeSettings()))
+    gpus = backend.open_gpus(backend.LIVE)
+    try:
+        assert gpus.count() == len(node.gpus)
+        view = gpus.read_view()
+        assert sorted(g.uuid for g in view.gpus) == sorted(g.uuid for g in node.gpus)
+        for g in node.gpus:
+            i = gpus.find(uuid=g.uuid, minor=g.minor)      # NVML's index: not the model's order
+            assert gpus.name(i) == g.name
+            assert gpus.mig_mode(i) in (None, 0, 1)
+            assert gpus.compute_mode(i) in (0, 1, 2, 3)
+            if gpus.mig_mode(i) == 1:
+                assert len(gpus.mig_devices(i)) == len(g.mig_instances)
+    finally:
+        gpus.close()
