@@ -444,9 +444,9 @@ def epilog(ctx: Context) -> int:
 def _leftovers_of_plain_job(ctx: Context, jobid: str) -> None:
     if not ctx.health_state_dir:
         return
-    indices, _ = job_gpus(ctx.env)
-    if not indices:
-        return
+    indices, whole = job_gpus(ctx.env)
+    if not indices or not whole:
+        return                          # a shared GPU: see _leftovers
     try:
         facts = _gpu_facts(ctx, indices)
     except Exception as e:  # noqa: BLE001 - not knowing the GPUs is no reason to drain
@@ -460,7 +460,9 @@ def _leftovers(ctx: Context, st: dict[str, Any], user: JobUser | None, api: Call
     the health check resumes by itself once the GPUs are clean."""
     from ..health import userproblem as up
     gpus = [g for g in st.get("gpus") or () if isinstance(g, dict) and isinstance(g.get("index"), int)]
-    if not ctx.health_state_dir or not gpus:
+    if not ctx.health_state_dir or not gpus or st.get("whole_gpus") is False:
+        # A shard (gres/shard, gres/mps) shares its GPU with other jobs, the
+        # user's own among them: their processes are no leftover of this one.
         return
     jobid = st["jobid"]
     from .migjob import _gpus_of_other_jobs

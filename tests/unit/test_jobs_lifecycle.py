@@ -762,3 +762,26 @@ def test_straggler_killed_on_a_kernel_without_pidfd(node: Env, monkeypatch) -> N
     assert lifecycle.epilog(ctx) == 0
     assert straggler.wait(timeout=5) == -9
     assert node.leftovers() == []
+
+
+def test_leftovers_are_looked_at_only_on_gpus_the_job_held_whole(node: Env, monkeypatch) -> None:
+    """A shard (CUDA_VISIBLE_DEVICES alone: gres/shard, gres/mps) shares its GPU with other
+    jobs, the user's own included: their processes are no leftover, and no user-problem drain."""
+    from slurm_gpu.hw import nvml_health
+    seen: list[list[int]] = []
+
+    def read_processes(gpus, indices):
+        seen.append(list(indices))
+        return nvml_health.NvmlHealth(available=True)
+    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+
+    def ctx(**env: str) -> lifecycle.Context:
+        c = node.ctx(**env)
+        c.health_state_dir, c.node_name = str(node.base / "health"), "n1"
+        return c
+    assert lifecycle.prolog(ctx(CUDA_VISIBLE_DEVICES="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    assert lifecycle.epilog(ctx(CUDA_VISIBLE_DEVICES="1")) == 0, node.logs
+    assert lifecycle.epilog(ctx(SLURM_JOB_ID="101", CUDA_VISIBLE_DEVICES="1")) == 0, node.logs
+    assert seen == []
+    assert lifecycle.epilog(ctx(SLURM_JOB_ID="102", SLURM_JOB_GPUS="1", CUDA_VISIBLE_DEVICES="1")) == 0
+    assert seen == [[1]]
