@@ -42,7 +42,7 @@ SCRIPT = REPO / "scripts" / "debian-root.sh"
 CACHE = Path(os.environ.get("SLURM_GPU_CACHE", "/var/cache/slurm-gpu"))   # scripts/debian-root.sh's
 
 
-def _unavailable(msg: str) -> None:
+def unavailable(msg: str) -> None:
     """Skip the calling test, or fail it under SLURM_GPU_REQUIRE_INTEGRATION=1."""
     if os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") == "1":
         pytest.fail(f"SLURM_GPU_REQUIRE_INTEGRATION=1 but {msg}", pytrace=False)
@@ -58,11 +58,11 @@ def debian_root(suite: str, what: str) -> Path:
     if shutil.which("debootstrap") is None and not (
             CACHE / f"{suite}-root"
             / ".slurm-gpu-complete").exists():
-        _unavailable(f"debootstrap not installed: cannot build the {what} root ({suite})")
+        unavailable(f"debootstrap not installed: cannot build the {what} root ({suite})")
     res = subprocess.run(["bash", str(SCRIPT), suite], capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         why = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        _unavailable(f"no {what} root: {why[-1] if why else f'debian-root.sh exited {res.returncode}'}")
+        unavailable(f"no {what} root: {why[-1] if why else f'debian-root.sh exited {res.returncode}'}")
     return Path(res.stdout.strip().splitlines()[-1])
 
 

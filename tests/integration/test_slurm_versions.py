@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from debianroot import unavailable
 from sandboxlib import REPO, VERSIONS, Cluster, mps_mig_node_files
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
@@ -57,7 +58,7 @@ def cluster(request, make_sandbox, job_users, sandbox_dir):
     except Exception as e:  # noqa: BLE001
         shutil.rmtree(files["dir"], ignore_errors=True)
         if "no Slurm" in str(e) and "root" in str(e):
-            pytest.skip(str(e))
+            unavailable(str(e))
         raise
     c.side = side
     c.files = files
@@ -209,7 +210,7 @@ def _plugin_for(version: str, out_dir: Path) -> Path:
     try:
         rel = versions.ensure_root(rel)
     except Exception as e:  # noqa: BLE001
-        pytest.skip(str(e))
+        unavailable(str(e))
     assert rel.root is not None
     chroot.sync_venv(rel.root, DEFAULT_VENV)
     chroot.run_in_root(rel.root, [str(DEFAULT_VENV / "bin" / "slurm-gpu"), "spank", "build", "-o",

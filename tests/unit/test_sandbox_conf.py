@@ -152,3 +152,11 @@ def test_machine_found_by_name_in_search_path(tmp_path, monkeypatch):
     monkeypatch.setenv(machine.ENV_VAR, str(tmp_path))
     m = machine.resolve("box")
     assert m.hwloc_xml == d / "hwloc.xml" and m.snapshot is None
+
+
+def test_cgroup_conf_survives_a_machine_without_systemd():
+    # On cgroup v2 without a reachable systemd, slurmd dies unless it may make
+    # the cgroups itself; every Slurm we run (22.05, 24.11, 26.05) reads this key.
+    lines = conf.cgroup_conf().splitlines()
+    assert "IgnoreSystemdOnFailure=yes" in lines
+    assert "IgnoreSystemd=yes" not in lines    # systemd, when it answers, still owns the scopes
