@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxlib import REPO, new_sandbox_dir
+from sandboxlib import REPO
 from slurm_gpu.acct import dbd
 from slurm_gpu.sandbox.accounting import BINARIES
 from slurm_gpu.sim.load import LOAD_SCHEMA, write_load
@@ -33,8 +33,8 @@ INTERVAL = 0.3
 class AcctNode:
     """A sandbox with accounting, one node, the simulator and a running monitor."""
 
-    def __init__(self, make_sandbox, machine: str, tag: str) -> None:
-        self.files = new_sandbox_dir(f"acct-{tag}")
+    def __init__(self, make_sandbox, sandbox_dir, machine: str, tag: str) -> None:
+        self.files = sandbox_dir(f"acct-{tag}")   # removed at the end of the session
         self.sim = self.files / "sim.json"
         self.load = self.files / "load.json"
         self.map = self.files / "map"
@@ -96,8 +96,8 @@ class AcctNode:
 
 
 @pytest.fixture(scope="module")
-def whole(make_sandbox, job_users):
-    n = AcctNode(make_sandbox, "h100-sxm-8x", "whole")
+def whole(make_sandbox, sandbox_dir, job_users):
+    n = AcctNode(make_sandbox, sandbox_dir, "h100-sxm-8x", "whole")
     yield n
     n.stop()
 
@@ -231,8 +231,8 @@ def test_a_failed_epilog_leaves_nothing_once_the_sampler_sweeps(whole):
         whole.c.wait_node_state("n1", "idle")
 
 
-def test_two_mig_jobs_on_one_gpu_get_separate_figures(make_sandbox, job_users):
-    n = AcctNode(make_sandbox, "h100-mig", "mig")
+def test_two_mig_jobs_on_one_gpu_get_separate_figures(make_sandbox, sandbox_dir, job_users):
+    n = AcctNode(make_sandbox, sandbox_dir, "h100-mig", "mig")
     try:
         # Slurm's indices 4 and 5 are GPU 2's 1g.10gb instances: GPU instances 7 and 8.
         n.script({"2/gi7": [{"t": 0, "sm": 70, "mem_mib": 3000}], "2/gi8": [{"t": 0, "sm": 10, "mem_mib": 500}]})
