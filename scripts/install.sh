@@ -125,5 +125,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; sys.exit(
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$HERE[test]"
-chmod -R a+rX "$(dirname "$VENV")"
+# The venv readable by all, and its parent passable: nothing else beside it
+# (SLURM_GPU_VENV=/opt/venv must not open all of /opt).
+chmod -R a+rX "$VENV"
+chmod a+x "$(dirname "$VENV")"
 echo "slurm-gpu: installed into $VENV"

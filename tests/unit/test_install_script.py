@@ -160,3 +160,26 @@ def test_concurrent_installs_never_run_apt_without_the_policy(fake, tmp_path: Pa
         lines = log.read_text().splitlines()
         assert lines[:3] == ["update policy=101", "install policy=101", "install-end policy=101"], (log, lines)
     assert sorted(p.name for p in fake["sbin"].iterdir()) == []
+
+
+def test_venv_install_opens_only_the_venv_to_all(fake, tmp_path: Path) -> None:
+    """SLURM_GPU_VENV=/opt/venv must not make everything else under /opt readable by all."""
+    parent = tmp_path / "opt"
+    venv = parent / "venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text("#!/bin/sh\nexit 0\n")          # a venv of /usr's python; pip succeeds
+    py.chmod(0o700)
+    secret = parent / "secret"
+    secret.write_text("x")
+    secret.chmod(0o600)
+    private = parent / "private"
+    private.mkdir(mode=0o700)
+    env = {k: v for k, v in fake["env"].items() if k != "SLURM_GPU_SKIP_VENV"}  # type: ignore[union-attr]
+    res = subprocess.run(["bash", str(SCRIPT)], env={**env, "SLURM_GPU_SKIP_APT": "1",
+                                                     "SLURM_GPU_VENV": str(venv)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert py.stat().st_mode & 0o777 == 0o755            # the venv: readable by every user
+    assert secret.stat().st_mode & 0o777 == 0o600        # its neighbours: as they were
+    assert private.stat().st_mode & 0o777 == 0o700
