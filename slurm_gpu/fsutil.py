@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 from pathlib import Path
 
 from .errors import SlurmGpuError
@@ -30,6 +29,7 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
     """
     path = Path(path)
     raw = data.encode() if isinstance(data, str) else data
+    import tempfile  # here, not at import: tempfile pulls in shutil, bz2 and lzma (~8 ms)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:

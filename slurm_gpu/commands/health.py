@@ -1,78 +1,17 @@
-"""``slurm-gpu health`` and ``slurm-gpu xid-watch``: thin click front ends."""
+"""``slurm-gpu health`` and ``slurm-gpu xid-watch``: thin click front ends.
+
+The health check's body is :func:`slurm_gpu.commands.health_run.run_health`,
+which :mod:`slurm_gpu.fastcli` also runs without click.
+"""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import click
 
-
-def _settings() -> Any:
-    from .. import config
-    from ..health.settings import HealthSettings
-    return config.section(HealthSettings, "health")
-
-
-def _repair_settings() -> Any:
-    from .. import config
-    from ..errors import InputError
-    from ..health.settings import RepairSettings
-    try:
-        return config.section(RepairSettings, "repair")
-    except ValueError as e:
-        raise InputError(f"bad [repair] setting: {e}", str(config.config_path() or "config")) from None
-
-
-def _job_gpus(state_dir: str) -> Any:
-    """Which job holds which GPU, read only when the repair ladder asks."""
-    def read() -> dict[str, str]:
-        from ..jobs.state import gpus_held
-        return gpus_held(state_dir)
-    return read
-
-
-def _state_dir(s: Any) -> str:
-    from ..hw import live
-    if s.state_dir:
-        return s.state_dir.replace("%n", live.node_name())
-    return live.settings().state_dir
-
-
-_SNAPSHOTS: dict[str, Any] = {}
-
-
-def _read_snapshot(path: str) -> Any:
-    """Parse a snapshot once per run (the model and the replay both need it)."""
-    if path not in _SNAPSHOTS:
-        from ..hw import snapshot as snap
-        _SNAPSHOTS[path] = snap.read_snapshot(path)
-    return _SNAPSHOTS[path]
-
-
-def model_links(snapshot: str | None) -> dict[str, int] | None:
-    """bus id -> NVLink count in the snapshot's derived (healthy) model, for gpu.nvlink."""
-    from ..hw import live
-    if snapshot is None:
-        ns = live.settings()
-        if ns.sim_state or not ns.snapshot:
-            return None
-        snapshot = ns.snapshot
-    node = _read_snapshot(snapshot).get("node") or {}
-    return {g["pci_bus_id"]: sum(l["links"] for l in g.get("nvlinks", ())) for g in node.get("gpus", ())} or None
-
-
-def _opener(snapshot: str | None, overlay: str | None, s: Any) -> Any:
-    """Opens the GPUs this node uses (replay, simulator or the driver) when called."""
-    from ..hw import backend, live
-    ov_path = overlay or (s.nvml_overlay.replace("%n", live.node_name()) if s.nvml_overlay else None)
-    source = backend.source_for(live.settings() if snapshot is None else None, snapshot=snapshot,
-                                overlay_path=ov_path)
-
-    def open_gpus() -> Any:
-        if source.scheme == "snapshot":   # parsed once per run: the model and the replay both need it
-            return backend.open_gpus(source.replace(data=_read_snapshot(source.path)))
-        return backend.open_gpus(source)
-    return open_gpus
+from .health_run import (_job_gpus, _node, _opener, _publish, _read_snapshot,  # noqa: F401 - their old home
+                         _repair_settings, _settings, _state_dir, _sweep_stale_jobs, model_links,
+                         run_health)
 
 
 @click.command("health")
@@ -102,103 +41,10 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
     Exit codes follow Nagios: 0 ok, 1 warn, 2 drain, 3 unknown (with --slurm:
     0 unless the check itself broke).
     """
-    import json as _json
-    from ..health import engine
-    from ..health.findings import EXIT_UNKNOWN, exit_code
-    from ..hw import live
-    s = _settings()
-    if isolate_bad_gpu is not None:
-        s.isolate_bad_gpu = isolate_bad_gpu
-    healthy = None
-    if slurm_mode:
-        import os
-
-        from ..slurmconfig import health_check_timeout, read
-        # Slurm >= 26.05 kills us after HealthCheckTimeout (60 s before, and by
-        # default): the watchdog must fire first, with time to spare.
-        limit = health_check_timeout(read())
-        if limit is not None and s.watchdog_seconds > 0:
-            s.watchdog_seconds = min(s.watchdog_seconds, max(1.0, limit * 0.75))
-        healthy = os.environ.get("SLURM_NODE_IS_HEALTHY")
-        healthy = healthy if healthy in ("yes", "no") else None
-    name = node or live.node_name()
-    only_list = [c.strip() for c in only.split(",") if c.strip()] if only else None
-    checks = engine.select_checks(only_list, s)
-    opener = None
-    if set(checks) & set(engine.NVML_CHECKS):
-        opener = _opener(snapshot, overlay, s)
-    opts = engine.Options(
-        node=name, settings=s, state_dir=_state_dir(s), only=only_list, kernel_log=kernel_log,
-        no_drain=no_drain, slurm_mode=slurm_mode, nvml_opener=opener,
-        gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
-        expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None,
-        repair=_repair_settings(), job_gpus=_job_gpus(live.settings().state_dir),
-        slurm_healthy=healthy)
-    from ..errors import SlurmGpuError
-    try:
-        rep = engine.run(opts)
-        if prom_file:
-            from ..health.prom import write_prom
-            write_prom(prom_file, rep)
-    except SlurmGpuError as e:
-        if not slurm_mode:
-            raise           # bad input on the command line: the house line and exit 1
-        # HealthCheckProgram: the check itself broke (a configured source is
-        # unreadable): Nagios unknown, and nothing was drained or resumed.
-        click.echo(f"slurm-gpu: health check incomplete: {e}", err=True)
-        return EXIT_UNKNOWN
-    except Exception as e:  # noqa: BLE001 - a bug in a check is "unknown", never a drain
-        ctx = click.get_current_context(silent=True)
-        if ctx is not None and (ctx.find_root().obj or {}).get("debug"):
-            raise           # --debug: cli.py prints the traceback
-        click.echo(f"slurm-gpu: health check broke: {type(e).__name__}: {e} "
-                   "(run with --debug for a traceback)", err=True)
-        return EXIT_UNKNOWN
-    _publish(name, snapshot)
-    if slurm_mode:
-        _sweep_stale_jobs()
-    if as_json:
-        click.echo(_json.dumps(rep.to_json(), indent=1))
-    else:
-        click.echo(f"slurm-gpu: health {rep.node}: {rep.status}"
-                   + (f" (action: {rep.action})" if rep.action != "none" else ""))
-        for f in rep.findings:
-            click.echo(f"  {f.severity:5} {f.check}" + (f" [{f.gpu}]" if f.gpu else "") + f": {f.message}")
-        for n in rep.notes:
-            click.echo(f"  note: {n}", err=True)
-    if rep.broken:
-        click.echo(f"slurm-gpu: health check incomplete: {rep.broken}", err=True)
-        return EXIT_UNKNOWN
-    if slurm_mode:
-        return 0
-    return exit_code(rep.status)
-
-
-def _publish(name: str, snapshot: str | None) -> None:
-    """``[cluster] publish_dir``: publish this node's model when it changed (docs/cluster.md).
-
-    A shared directory that cannot be written is a note, never a health
-    finding: the node is fine, the collector is not.
-    """
-    from .. import config
-    if not (config.load_raw().get("cluster") or {}).get("publish_dir"):
-        return
-    from ..cluster.modelfile import publish_from_health
-    from ..errors import SlurmGpuError
-    from ..hw import live
-    path = snapshot or (None if live.settings().sim_state else live.settings().snapshot or None)
-    try:
-        model = None
-        if path:  # the replayed snapshot's derived model, already parsed for this run
-            model = _read_snapshot(path).get("node")
-            if not isinstance(model, dict):
-                from ..hw import Snapshot, load_node
-                model = load_node(Snapshot(path)).to_dict()
-        note = publish_from_health(name, model, _state_dir(_settings()))
-    except SlurmGpuError as e:
-        note = f"model not published: {e}"
-    if note:
-        click.echo(f"slurm-gpu: note: {note}", err=True)
+    ctx = click.get_current_context(silent=True)
+    debug = bool(ctx is not None and (ctx.find_root().obj or {}).get("debug"))
+    return run_health(as_json, slurm_mode, no_drain, only, kernel_log, prom_file, node, snapshot, overlay,
+                      gres_conf, isolate_bad_gpu, debug=debug)
 
 
 @click.command("xid-watch")
@@ -223,26 +69,3 @@ def xid_watch(events_file: str | None, snapshot: str | None, overlay: str | None
     n = watch(_opener(snapshot, overlay, s), path, max_events=max_events, run_for=run_for)
     click.echo(f"slurm-gpu: xid-watch stopped after {n} events ({path})", err=True)
     return 0
-
-
-def _node() -> str:
-    from ..hw import live
-    return live.node_name()
-
-
-def _sweep_stale_jobs() -> None:
-    """Clean up what failed epilogs left for jobs Slurm no longer runs here (docs/mps-mig.md).
-
-    The prolog does the same; this run catches it on a node no new
-    ``--gpu-mps``/``--gpu-mig`` job comes to.  A clean node pays one listdir.
-    """
-    from ..hw import live
-    from ..jobs import state as jobstate
-    try:
-        if not jobstate.list_jobs(live.settings().state_dir):
-            return
-        from ..jobs import lifecycle, sweep
-        for line in sweep.sweep(lifecycle.default_context({}), lifecycle.teardown):
-            click.echo(line, err=True)
-    except Exception as e:  # noqa: BLE001 - never the health verdict's business
-        click.echo(f"slurm-gpu: stale job sweep skipped: {type(e).__name__}: {e}", err=True)

@@ -89,7 +89,7 @@ def show(file: str, overlay: str | None, force_replay: bool, as_json: bool) -> N
         click.echo(json.dumps(inventory_json(node), indent=2))
         return
     try:
-        from .inventory import render_text
+        from .inventory_run import render_text
     except ImportError:  # pragma: no cover - inventory command not in this checkout
         click.echo(json.dumps(inventory_json(node), indent=2))
         return
