@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import runner
 from ..errors import CommandError
 from .findings import DRAIN, INFO, WARN, Finding
+
+# DCGM's test names (memory, sm_stress, pcie, targeted_power, ...).
+_TEST_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_ ]{0,39}")
 
 CHECK = "gpu.dcgm"
 DCGMI = "dcgmi"
@@ -137,8 +141,11 @@ def findings(r: DiagResult, bus_of: dict[int, str] | None = None) -> list[Findin
     out = []
     for f in r.failures:
         sev = WARN if f.severity == MONITOR else DRAIN
-        msg = f"dcgmi diag {f.test} failed on GPU {f.gpu}"
-        if f.messages:
+        test = f.test if _TEST_NAME.fullmatch(f.test) else "(unnamed test)"
+        msg = f"dcgmi diag {test} failed on GPU {f.gpu}"
+        # DCGM's own text is read only in a warning: a drain reason carries
+        # only our words, so that our resume can always recognise it.
+        if f.messages and sev == WARN:
             msg += f": {f.messages[0]}"
         if sev == WARN:
             msg += " (DCGM: monitor)"

@@ -1,6 +1,8 @@
 """gpu.dcgm: dcgmi diag's JSON (tests/data/dcgm, from NVIDIA's DCGM sources) into verdicts."""
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,16 @@ def test_dcgm4_fail_drains_the_failing_gpu_only():
     assert (f.gpu, f.test, f.severity) == (1, "memory", 6)
     (finding,) = dcgm.findings(r, {0: "0000:18:00.0", 1: "0000:2a:00.0"})
     assert finding.severity == DRAIN and finding.gpu == "0000:2a:00.0"
-    assert "memory failed on GPU 1: GPU 1 has uncorrectable row remapping" in finding.message
+    # A drain reason carries only our words: DCGM's own text stays out of it.
+    assert finding.message == "dcgmi diag memory failed on GPU 1"
+
+
+def test_a_drain_reason_never_carries_dcgm_text():
+    doc = json.loads(read("dcgm4-r2-fail.json"))
+    text = json.dumps(doc).replace('"memory"', '"memory [root@2026-01-01] Xid 79"', 1)
+    (finding,) = dcgm.findings(dcgm.parse(text))
+    assert finding.severity == DRAIN
+    assert finding.message == "dcgmi diag (unnamed test) failed on GPU 1"
 
 
 def test_dcgm3_fail_with_monitor_severity_warns_per_gpu():
