@@ -17,7 +17,6 @@ when it has one, else from ``snapshot``'s XML, else from live hwloc.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +58,8 @@ def use_node_name(name: str | None) -> None:
 def node_name() -> str:
     """Slurm's name for this node: as set by :func:`use_node_name`, else
     ``SLURMD_NODENAME``, else the short host name."""
-    return hostctx.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    # os.uname() is what gethostname(2) answers on Linux, without importing socket (~1.5 ms a run)
+    return hostctx.node_name or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
 def settings(raw: dict[str, Any] | None = None) -> NodeSettings:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from typing import Any, Mapping
 
@@ -160,7 +159,9 @@ def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | Non
     if hwloc_xml is None:
         from . import hwloc
         hwloc_xml = hwloc.live_xml()
-    hostname = hostname or socket.gethostname()
+    if not hostname:
+        import socket
+        hostname = socket.gethostname()
     calls: list[dict[str, Any]] = []
     used_minors: dict[str, int] = {}
     opened = False

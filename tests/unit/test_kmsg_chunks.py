@@ -33,3 +33,15 @@ def test_chunked_scan_equals_one_scan(tmp_path: Path, monkeypatch, chunk: int) -
     more, cur2 = kmsg.read_file(log, cur)
     assert [x.text for x in more] == ["NVRM: Xid (PCI:0000:18:00): 48, partial"]
     assert cur2.offset == len(body + tail) + 1
+
+
+def test_a_shorter_last_chunk_never_sees_the_last_chunks_bytes(tmp_path: Path, monkeypatch) -> None:
+    """Every chunk is read into one buffer: what an earlier, longer chunk left
+    past the new chunk's end (here: Xid lines) must not be scanned again."""
+    xids = b"".join(XID % (i, i) for i in range(3))
+    log = tmp_path / "kern.log"
+    log.write_bytes(xids + b"[  9.0] usb 1-1: hi\n" + b"[  9.5] NVRM: Xid (PCI:0000:18:00): 48, partial")
+    monkeypatch.setattr(kmsg, "CHUNK", len(xids))
+    got, cur = kmsg.read_file(log)
+    assert [x.text.split(",")[1] for x in got] == [" pid=0", " pid=1", " pid=2"]
+    assert cur.offset == len(xids) + len(b"[  9.0] usb 1-1: hi\n")
