@@ -110,7 +110,8 @@ def run_health(as_json: bool = False, slurm_mode: bool = False, no_drain: bool =
     only_list = [c.strip() for c in only.split(",") if c.strip()] if only else None
     checks = engine.select_checks(only_list, s)
     opener = None
-    if set(checks) & set(engine.NVML_CHECKS):
+    from ..health.registry import NVML, needs
+    if needs(checks, NVML):
         opener = _opener(snapshot, overlay, s)
     opts = engine.Options(
         node=name, settings=s, state_dir=_state_dir(s), only=only_list, kernel_log=kernel_log,

@@ -28,15 +28,11 @@ from ..errors import InputError, SlurmGpuError
 from ..procfs import parent_slurmd
 from .expected import default_gres_conf, expected_gpus
 from .findings import DRAIN, INFO, WARN, Finding, drain_reason, sort_findings, worst
-from .gpu_checks import NVML_CHECKS, run_gpu_checks
-from .os_checks import OS_CHECKS, enabled_os_checks, run_os_checks
+from .gpu_checks import run_gpu_checks
+from .registry import (ACT_MIN_SECONDS, ALL_CHECKS, KMSG, NVML, OS, OWN, KmsgGather, OsGather, OwnGather,
+                       enabled_checks, of_gather)
 from .settings import HealthSettings
 
-XID_CHECK = "gpu.xid"
-DCGM_CHECK = "gpu.dcgm"                    # opt-in: [health] dcgm_level, or --only gpu.dcgm
-SXID_CHECK = "gpu.sxid"                    # NVSwitch SXids: the same kernel-log read as gpu.xid
-IMEX_CHECK = "gpu.imex"                    # a no-op unless slurm.conf has SwitchType=switch/nvidia_imex
-ALL_CHECKS: tuple[str, ...] = (XID_CHECK, SXID_CHECK) + NVML_CHECKS + (IMEX_CHECK,) + OS_CHECKS + (DCGM_CHECK,)
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
 
 
@@ -105,9 +101,7 @@ def select_checks(only: list[str] | None, s: HealthSettings) -> list[str]:
             from ..errors import UsageError
             raise UsageError(f"unknown check {bad[0]!r}; known: {', '.join(ALL_CHECKS)}", "--only")
         return list(dict.fromkeys(only))
-    os_on = set(enabled_os_checks(s))
-    return [c for c in ALL_CHECKS if c not in s.skip and (c not in OS_CHECKS or c in os_on)
-            and (c != DCGM_CHECK or s.dcgm_level > 0)]
+    return enabled_checks(s)
 
 
 def _expand(path: str, node: str) -> str:
@@ -144,10 +138,6 @@ def run(opts: Options) -> Report:
             signal.signal(signal.SIGALRM, old)
     rep.elapsed = time.monotonic() - t0
     return rep
-
-
-# Acting needs time for two scontrol calls; with less left, act next run.
-ACT_MIN_SECONDS = 1.5
 
 
 def _run(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
@@ -211,7 +201,8 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         expected = expected_gpus(opts.gres_conf if opts.gres_conf is not None else default_gres_conf(s), opts.node)
 
     # NVML, every call under a deadline.
-    nvml_checks = [c for c in checks if c in NVML_CHECKS]
+    nvml_names = {c.name for c in of_gather(checks, NVML)}
+    nvml_checks = [c for c in checks if c in nvml_names]
     health = None
     if nvml_checks and opts.nvml_opener is not None:
         from ..hw.nvml_health import read_health_bounded
@@ -226,7 +217,8 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     cursor = dict(state.get("cursor") or {})
     new_cursor = cursor
     xid_memo: dict | None = None
-    if XID_CHECK in checks or SXID_CHECK in checks:
+    kmsg_checks = of_gather(checks, KMSG)
+    if kmsg_checks:
         from ..hw import kmsg
         from . import xid
         if opts.kernel_log:
@@ -251,28 +243,25 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             events += more
             event_findings += direct
         xid_memo = _xid_memo(state)
-        if XID_CHECK in checks:
-            event_findings += xid.check_xid(events, xid_memo)
-        if SXID_CHECK in checks:
-            from . import sxid
-            event_findings += sxid.check_sxid(sxid.parse_lines(lines))
+        gathered = KmsgGather(lines, events, xid_memo)
+        for c in kmsg_checks:
+            event_findings += c.check(gathered)
         findings += event_findings
 
     # OS audit.
-    os_checks = [c for c in checks if c in OS_CHECKS]
+    os_checks = of_gather(checks, OS)
     if os_checks:
         from .osinfo import read_os
-        info = read_os(opts.os_root, want=set(os_checks))
+        info = read_os(opts.os_root, want={c.name for c in os_checks})
         gpus_expected = bool(expected and expected.count) or bool(health and health.gpus)
-        findings += run_os_checks(info, s, os_checks, gpus_expected)
+        os_gathered = OsGather(info, s, gpus_expected)
+        for c in os_checks:
+            findings += c.check(os_gathered)
 
-    if IMEX_CHECK in checks:
-        from .imex import run_check
-        findings += run_check(max(0.5, min(5.0, deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0)),
-                              root=opts.os_root)
-    if DCGM_CHECK in checks:
-        from .recovery import dcgm_findings
-        findings += dcgm_findings(opts, max(1, s.dcgm_level), deadline, health)
+    # Checks that gather for themselves (IMEX, DCGM), within the time left.
+    own = OwnGather(opts, deadline, health)
+    for c in of_gather(checks, OWN):
+        findings += c.check(own)
 
     from .nodestate import Memory
     from ..hw.kmsg import boot_id
@@ -379,5 +368,5 @@ def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, 
     return sort_findings(soften(findings, bad))
 
 
-__all__ = ["ALL_CHECKS", "Options", "Report", "run", "select_checks", "expected_gpus", "parent_slurmd",
+__all__ = ["ACT_MIN_SECONDS", "ALL_CHECKS", "Options", "Report", "run", "select_checks", "expected_gpus", "parent_slurmd",
            "DRAIN", "INFO", "WARN", "SlurmGpuError"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from .findings import INFO, WARN, Finding
 
-# Acting needs time for two scontrol calls (engine.ACT_MIN_SECONDS).
+# Acting needs time for two scontrol calls (registry.ACT_MIN_SECONDS).
 _ACT_SECONDS = 1.5
 
 

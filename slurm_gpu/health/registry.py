@@ -1,0 +1,124 @@
+"""Every health check, in report order: the one place a check registers.
+
+An entry names the check, the gather it reads and the ``[health]`` switch
+that enables it.  The engine gathers only what the selected checks read and
+runs them from here; ``--only``, ``[health] skip``, the CLI (whether to open
+the GPUs at all) and the check table in ``docs/health.md`` (a unit test) read
+the same list.
+
+Gathers:
+
+* ``nvml``: one NVML read under a deadline (:class:`~.gpu_checks.GpuGather`);
+  the ``gpu.*`` checks over it come from ``GPU_CHECKS`` (``gpu_checks.py``);
+* ``kmsg``: the kernel log and the xid-watch events, each from its cursor
+  (:class:`KmsgGather`); what these checks find is owed to a later run;
+* ``os``: the OS settings under a root path (:class:`OsGather`); the ``os.*``
+  checks and their switches come from ``OS_CHECK_TABLE`` (``os_checks.py``);
+* ``own``: the check gathers for itself within the time left in the run
+  (:class:`OwnGather`): IMEX, DCGM.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from .findings import Finding
+from .gpu_checks import GPU_CHECKS
+from .os_checks import OS_CHECK_TABLE
+from .settings import HealthSettings
+
+NVML = "nvml"
+KMSG = "kmsg"
+OS = "os"
+OWN = "own"
+
+# Acting needs time for two scontrol calls; with less left, act next run.
+ACT_MIN_SECONDS = 1.5
+
+
+@dataclass(frozen=True)
+class KmsgGather:
+    """The kernel log's new lines, the XID events in them and in xid-watch's
+    records, and the NVLink5 verdicts of earlier runs of this boot."""
+
+    lines: list[Any]
+    events: list[Any]
+    xid_memo: dict | None = None
+
+
+@dataclass(frozen=True)
+class OsGather:
+    info: Any                              # osinfo.OsInfo
+    settings: HealthSettings
+    gpus_expected: bool
+
+
+@dataclass(frozen=True)
+class OwnGather:
+    """What a check that gathers for itself gets: the run's options, its
+    deadline (monotonic) and the NVML gather, if one was made."""
+
+    opts: Any                              # engine.Options
+    deadline: float
+    health: Any = None                     # hw.nvml_health.NvmlHealth | None
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    name: str
+    gather: str                            # NVML, KMSG, OS or OWN
+    check: Callable[[Any], list[Finding]]  # a function of that gather
+    enabled: Callable[[HealthSettings], bool] = lambda s: True
+
+
+def _xid(g: KmsgGather) -> list[Finding]:
+    from . import xid
+    return xid.check_xid(g.events, g.xid_memo)
+
+
+def _sxid(g: KmsgGather) -> list[Finding]:
+    from . import sxid
+    return sxid.check_sxid(sxid.parse_lines(g.lines))
+
+
+def _imex(g: OwnGather) -> list[Finding]:
+    from .imex import run_check
+    return run_check(max(0.5, min(5.0, g.deadline - time.monotonic() - ACT_MIN_SECONDS - 1.0)),
+                     root=g.opts.os_root)
+
+
+def _dcgm(g: OwnGather) -> list[Finding]:
+    from .recovery import dcgm_findings
+    return dcgm_findings(g.opts, max(1, g.opts.settings.dcgm_level), g.deadline, g.health)
+
+
+def _os(name: str) -> Callable[[OsGather], list[Finding]]:
+    check = OS_CHECK_TABLE[name][1]
+    return lambda g: check(g.info, g.settings, g.gpus_expected)
+
+
+REGISTRY: tuple[HealthCheck, ...] = (
+    HealthCheck("gpu.xid", KMSG, _xid),
+    HealthCheck("gpu.sxid", KMSG, _sxid),      # NVSwitch SXids: the same kernel-log read as gpu.xid
+    *(HealthCheck(name, NVML, fn) for name, fn in GPU_CHECKS.items()),
+    HealthCheck("gpu.imex", OWN, _imex),       # a no-op unless slurm.conf has SwitchType=switch/nvidia_imex
+    *(HealthCheck(name, OS, _os(name), enabled) for name, (enabled, _) in OS_CHECK_TABLE.items()),
+    HealthCheck("gpu.dcgm", OWN, _dcgm, lambda s: s.dcgm_level > 0),   # opt-in, or --only gpu.dcgm
+)
+ALL_CHECKS: tuple[str, ...] = tuple(c.name for c in REGISTRY)
+
+
+def enabled_checks(s: HealthSettings) -> list[str]:
+    """Every check its switch enables, minus ``[health] skip``, in report order."""
+    return [c.name for c in REGISTRY if c.name not in s.skip and c.enabled(s)]
+
+
+def of_gather(selected: Iterable[str], gather: str) -> list[HealthCheck]:
+    """The selected checks that read ``gather``, in report order."""
+    want = set(selected)
+    return [c for c in REGISTRY if c.gather == gather and c.name in want]
+
+
+def needs(selected: Iterable[str], gather: str) -> bool:
+    return bool(of_gather(selected, gather))
