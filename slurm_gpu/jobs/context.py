@@ -1,0 +1,139 @@
+"""What the prolog and epilog work with: the injectable context, the job's
+user and GPUs as Slurm names them, and the GPUs' facts from the node model.
+
+Split from ``lifecycle.py`` (which re-exports these names); nothing here acts
+on the node.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .mps import JobUser
+from .settings import JobsSettings, MigSettings, MpsSettings
+
+
+@dataclass
+class Context:
+    """Everything the prolog/epilog needs, injectable for tests."""
+
+    env: Mapping[str, str]
+    jobs: JobsSettings
+    mps: MpsSettings
+    mig: MigSettings
+    state_dir: str
+    open_api: Callable[[], Any]                  # -> slurm_gpu.hw.gpus.Gpus
+    node: Callable[[], Any] | None = None       # -> slurm_gpu.hw.model.Node
+    log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr))
+    locality_key: str = ""                       # what the cached GPU locality depends on
+    gres_conf: str | None = None                 # gres.conf: Slurm's GPU index -> device
+    node_name: str = ""
+    # The health check's state directory: a user-problem drain leaves its marker
+    # there ("" = no user-problem check).  See slurm_gpu/health/userproblem.py.
+    health_state_dir: str = ""
+
+
+def default_context(env: Mapping[str, str] | None = None) -> Context:
+    """Settings from the config file, NVML and the node model from ``[node]``."""
+    from ..confgen.gresorder import gres_conf_path
+    from ..hw import ThisNode, live
+    from ..hw import load_node as hw_load_node
+    from .settings import load
+    env = os.environ if env is None else env
+    jobs, mps, mig = load()
+    node = live.settings()
+
+    def open_api() -> Any:
+        from ..hw import backend
+        return backend.open_gpus(backend.source_for(node, writes=True))
+
+    return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: hw_load_node(ThisNode(node)),
+                   locality_key=f"{node.nvml}|{node.snapshot}", gres_conf=gres_conf_path(env),
+                   node_name=live.node_name(), health_state_dir=_health_state_dir(node))
+
+
+def _health_state_dir(node: Any) -> str:
+    """Where the health check keeps its state, if the user-problem check is on."""
+    from .. import config
+    from ..health.settings import HealthSettings, RepairSettings
+    if not config.section(RepairSettings, "repair").user_problem:
+        return ""
+    from ..hw import live
+    hs = config.section(HealthSettings, "health")
+    return (hs.state_dir or node.state_dir).replace("%n", live.node_name())
+
+
+def _lazy_api(ctx: Context) -> Callable[[], Any]:
+    """NVML opened on first use: a job that needs no NVML call never opens it."""
+    box: list[Any] = []
+
+    def api() -> Any:
+        if not box:
+            box.append(ctx.open_api())
+        return box[0]
+
+    return api
+
+
+def job_user(env: Mapping[str, str], st: dict[str, Any] | None = None) -> JobUser | None:
+    uid = env.get("SLURM_JOB_UID") or (str(st["uid"]) if st else "")
+    gid = env.get("SLURM_JOB_GID") or (str(st["gid"]) if st else "")
+    if not uid.isdigit():
+        return None
+    name = env.get("SLURM_JOB_USER") or (st or {}).get("user") or ""
+    if not gid.isdigit():
+        try:
+            gid = str(pwd.getpwuid(int(uid)).pw_gid)
+        except KeyError:
+            return None
+    groups: tuple[int, ...] = ()
+    if name:
+        try:
+            groups = tuple(os.getgrouplist(name, int(gid)))
+        except (KeyError, OSError):
+            groups = ()
+    return JobUser(int(uid), int(gid), name, groups)
+
+
+def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
+    """The job's Slurm GPU indices on this node and whether it holds them whole.
+
+    Slurm's indices: positions in slurmd's gres/gpu list, neither minors nor
+    NVML indices (:mod:`slurm_gpu.confgen.gresorder`); :func:`_gpu_facts`
+    turns them into GPUs named by UUID and minor.
+
+    ``SLURM_JOB_GPUS`` lists whole GPUs (gres/gpu); with only
+    ``CUDA_VISIBLE_DEVICES`` the job shares them (gres/shard, gres/mps).
+    """
+    whole = env.get("SLURM_JOB_GPUS", "").strip()
+    text = whole or env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part.isdigit():
+            out.append(int(part))
+    return out, bool(whole)
+
+
+def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
+    """Minor, UUID, name and local CPUs of each job GPU (node model, cached).
+
+    Everything after this names the job's GPUs by UUID and minor: guessing
+    (an NVML index equal to Slurm's) would set up another job's GPU, so a
+    GPU that cannot be identified is a node fault.
+    """
+    from ..errors import HardwareError
+    from .locality import gpu_table
+    if ctx.node is None:
+        raise HardwareError("no node model to tell which GPUs the job holds")
+    table = gpu_table(ctx.state_dir, ctx.locality_key, ctx.node, ctx.gres_conf, ctx.node_name)
+    facts = []
+    for i in indices:
+        if i not in table or not table[i].get("uuid"):
+            raise HardwareError(f"Slurm GPU index {i} names no GPU of this node "
+                                "(gres.conf and NVML disagree)", ctx.gres_conf or "gres.conf")
+        facts.append({"index": i, **table[i]})
+    return facts
