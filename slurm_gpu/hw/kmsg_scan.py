@@ -1,0 +1,181 @@
+"""Finding the kernel's own GPU-driver lines in a buffer of kernel-log text.
+
+The scan half of :mod:`slurm_gpu.hw.kmsg` (which re-exports
+:class:`KernelLine` and :func:`scan_buffer`; its docstring says which lines
+count as the kernel's): pure functions over bytes, no I/O.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+KERN = 0                     # syslog facility of the kernel's own records
+MAX_JSON_LINE = 64 << 10     # a journal export line longer than this is not ours to parse
+
+# Each pattern starts with a literal, which lets ``re`` skip through the
+# buffer with a fast substring search instead of trying every position.
+_PATTERNS = (re.compile(rb"NVRM: [^\n]*"), re.compile(rb"AER: Uncorrected[^\n]*"),
+             re.compile(rb"nvidia-nvswitch\d{1,3}: SXid [^\n]*"))
+# The drivers' own prefixes: what a kept message (or its continuation) starts with.
+_DRIVER = re.compile(r"NVRM: |nvidia-nvswitch\d{1,3}: SXid ")
+_KTS = r"\[\s*(?P<kts>\d{1,10}\.\d{1,9})\]\s"          # the kernel's own "[  123.456789] "
+# Everything a trusted line may carry before the driver's text.  One
+# alternative per log format; the named groups say who wrote the line.
+_ENVELOPE = re.compile(
+    r"(?:"
+    r"(?P<cont>[ \t]+)"                                                   # continuation (dmesg, journal)
+    r"|(?P<kpri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]{0,200};"  # raw kmsg record
+    r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>\d{1,10}\.\d{1,9})\]\s"        # dmesg -r
+    r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s\[\s*(?P<xmono>\d{1,10}\.\d{1,9})\]\s"  # dmesg -x
+    r"|\[\s*(?P<mono>\d{1,10}\.\d{1,9})\]\s"                             # dmesg
+    r"|\[(?P<ctime>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d [\d:]{8} \d{4})\]\s"  # dmesg --ctime
+    r"|(?P<iso>\d{4}-\d\d-\d\dT[\d:]{8}[,.\d]{0,10}(?:[+-]\d\d:?\d\d|Z)?)\s"
+    r"(?:(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:" + _KTS.replace("kts", "ikts") + r")?)?"
+    r"|(?P<sys>[A-Z][a-z]{2} [ \d]\d [\d:]{8}(?:\.\d{1,9})?)\s(?P<host>[^\s:\[\]]+)\s(?P<tag>[^\s:]+):\s"
+    r"(?:" + _KTS.replace("kts", "skts") + r")?"                          # syslog / journalctl short
+    r"|(?P<bare>kernel):\s(?:" + _KTS.replace("kts", "bkts") + r")?"        # "kernel: NVRM: ..." excerpts
+    r")?")
+_AER_DEV = re.compile(r"[a-z][\w-]{0,31} (?P<dev>[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): ")
+
+
+@dataclass(frozen=True)
+class KernelLine:
+    """One kernel message line of interest: its timestamp as logged, and its text.
+
+    ``cont``: the line continues a multi-line record (never the start of an event).
+    """
+
+    when: str | None
+    text: str          # from the subsystem tag on: "NVRM: Xid (PCI:...): 79, ..." or "0000:00:02.0: AER: ..."
+    cont: bool = False
+
+
+def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
+    """(written by the kernel, its timestamp, is a continuation) for an envelope match."""
+    g = m.groupdict()
+    if g["cont"] is not None:
+        return True, None, True
+    if g["kpri"] is not None:
+        return int(g["kpri"]) >> 3 == KERN, f"{int(g['usec']) / 1e6:.6f}", False
+    if g["rpri"] is not None:
+        return int(g["rpri"]) >> 3 == KERN, g["rmono"], False
+    if g["xfac"] is not None:
+        return g["xfac"] == "kern", g["xmono"], False
+    if g["mono"] is not None or g["ctime"] is not None:
+        return True, g["mono"] or g["ctime"], False
+    if g["iso"] is not None:
+        if g["ihost"] is None:
+            return True, g["iso"], False                   # dmesg --time-format iso
+        return g["itag"] == "kernel", g["ikts"] or g["iso"], False
+    if g["sys"] is not None:
+        return g["tag"] == "kernel", g["skts"] or g["sys"], False
+    if g["bare"] is not None:
+        return True, g["bkts"], False
+    return True, None, False                               # the message alone, at the start of the line
+
+
+def _journal_lines(line: str) -> list[KernelLine]:
+    """A ``journalctl -o json`` line: only what journald itself saw come from the kernel."""
+    if len(line) > MAX_JSON_LINE:
+        return []
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(rec, dict) or rec.get("_TRANSPORT") != "kernel" or rec.get("SYSLOG_FACILITY", "0") != "0":
+        return []
+    msg = rec.get("MESSAGE")
+    if not isinstance(msg, str):
+        return []                                  # journald stores non-UTF-8 messages as byte arrays
+    when = rec.get("_SOURCE_MONOTONIC_TIMESTAMP") or rec.get("__REALTIME_TIMESTAMP")
+    when = str(when) if isinstance(when, (str, int)) and not isinstance(when, bool) else None
+    return _message_lines(msg, when)
+
+
+def _message_lines(msg: str, when: str | None, sep: str = "\n") -> list[KernelLine]:
+    """One record's message, split into its first line and its continuations."""
+    out: list[KernelLine] = []
+    for i, part in enumerate(msg.split(sep)):
+        part = part.rstrip("\r")
+        if i:
+            if _DRIVER.match(part.lstrip()):
+                out.append(KernelLine(when, part.strip(), cont=True))
+            continue
+        dev = _AER_DEV.match(part)
+        if _DRIVER.match(part):
+            out.append(KernelLine(when, part))
+        elif dev and part[dev.end():].startswith("AER: Uncorrected"):
+            out.append(KernelLine(when, f"{dev.group('dev')}: {part[dev.end():]}"))
+    return out
+
+
+def _line_start(buf: bytes | bytearray, start: int) -> int:
+    return buf.rfind(b"\n", 0, start) + 1
+
+
+def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> list[KernelLine]:
+    """Kernel-written lines of interest in ``buf[start:end]``, in log order."""
+    if end is None:
+        end = len(buf)
+    hits: list[tuple[int, int, int]] = []
+    for pat in _PATTERNS:
+        for m in pat.finditer(buf, start, end):
+            hits.append((_line_start(buf, m.start()), m.start(), m.end()))
+    hits.sort()
+    out: list[KernelLine] = []
+    done_line = -1
+    kept_end = -1                  # where the last kept line ends: a continuation must start there
+    for ls, s, e in hits:
+        if ls == done_line:
+            continue               # one decision per line: a second hit in it is its own text
+        done_line = ls
+        le = buf.find(b"\n", e, end)
+        le = end if le < 0 else le + 1
+        if buf[ls:ls + 1] == b"{":
+            got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+        else:
+            got = _scan_line(buf, ls, s, e, start, kept_end)
+        if got:
+            out += got
+            kept_end = le
+    return out
+
+
+def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept_end: int) -> list[KernelLine]:
+    """The kernel lines of one text line whose hit is at ``buf[s:e]`` (empty: not the kernel's)."""
+    prefix = bytes(buf[ls:s]).decode("utf-8", "replace")
+    if len(prefix) > 400:
+        return []
+    env = _ENVELOPE.match(prefix)
+    if env is None:
+        return []
+    ok, when, cont = _trusted(env)
+    if not ok:
+        return []
+    if cont and ls != kept_end:
+        return []                  # a continuation of nothing we kept (another program's message)
+    if env.end() == 0 and ls > start and _has_envelope(buf, ls, start):
+        return []                  # a bare line inside a stamped log: a newline in someone's message
+    rest = prefix[env.end():]
+    text = bytes(buf[s:e]).decode("utf-8", "replace").rstrip("\r")
+    if text.startswith("AER:"):
+        # keep the reporting device: "pcieport 0000:00:02.0: AER: ..."
+        dev = _AER_DEV.fullmatch(rest)
+        return [] if cont or dev is None else [KernelLine(when, f"{dev.group('dev')}: {text}")]
+    if rest:
+        return []                  # text before the driver's prefix: not the driver's message
+    if env.group("kpri") is not None:
+        return _message_lines(text, when, sep="\\x0a")
+    return [KernelLine(when, text, cont)]
+
+
+def _has_envelope(buf: bytes | bytearray, ls: int, start: int) -> bool:
+    """Whether the line before the one at *ls* carries a log envelope (timestamp, host, tag)."""
+    ps = buf.rfind(b"\n", start, ls - 1) + 1
+    prev = bytes(buf[max(ps, start):ls - 1][:400]).decode("utf-8", "replace")
+    m = _ENVELOPE.match(prev)
+    return m is not None and m.end() > 0 and m.group("cont") is None and m.group("bare") is None
+
+
+# --------------------------------------------------------------------- files
