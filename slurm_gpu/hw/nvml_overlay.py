@@ -57,6 +57,9 @@ def check_overlay(overlay: Any) -> None:
         bad = set(props) - {"lost"}
         if bad:
             raise ValueError(f"unknown overlay key gpus.{gpu}.{sorted(bad)[0]}")
+    for key in ("calls", "events"):
+        if not isinstance(overlay.get(key) or [], list):
+            raise ValueError(f"overlay {key} must be a list")
     for i, e in enumerate(overlay.get("calls") or ()):
         if not isinstance(e, Mapping) or not isinstance(e.get("fn"), str):
             raise ValueError(f"overlay calls[{i}] needs \"fn\"")
