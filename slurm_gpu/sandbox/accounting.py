@@ -139,7 +139,10 @@ def init_db(paths: Paths, timeout: float = 60.0) -> None:
     paths.data.mkdir()
     res = run(["/usr/bin/mariadb-install-db", "--no-defaults", f"--datadir={paths.data}",
                "--user=root", "--auth-root-authentication-method=socket", "--skip-test-db",
-               *MARIADB_OPTS], timeout, check=False, cwd=str(paths.root))
+               # --force: go on where neither the host name nor 'localhost'
+               # resolves (a fresh debootstrap root has no /etc/hosts); the
+               # sandbox reaches the server by socket and 127.0.0.1 only.
+               "--force", *MARIADB_OPTS], timeout, check=False, cwd=str(paths.root))
     if res.returncode != 0:
         tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
         raise SlurmGpuError(f"sandbox: mariadb-install-db failed: {tail}", str(paths.data))

@@ -76,3 +76,27 @@ def test_down_stops_mariadb_and_slurmdbd(make_sandbox, job_users):
         except FileNotFoundError:
             continue
         assert state in ("Z", "X"), f"{name} still running"
+
+
+def test_database_initialises_where_no_host_name_resolves(tmp_path) -> None:
+    """A fresh CI root (debootstrap) has no /etc/hosts: mariadb-install-db
+    refused to run there ("Neither host ... nor 'localhost' could be looked
+    up"), so every accounting test failed in CI.  Only local sockets are used,
+    so name resolution must not matter."""
+    import subprocess
+    import sys
+
+    from sandboxlib import REPO
+    empty = tmp_path / "hosts"
+    empty.write_text("")
+    nss = tmp_path / "nsswitch.conf"
+    nss.write_text("hosts: files\n")
+    code = ("import sys; from pathlib import Path; from slurm_gpu.sandbox import accounting as a;"
+            f"a.init_db(a.Paths(Path({str(tmp_path / 'db')!r})))")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/nsswitch.conf && '
+                        'exec "$3" -c "$4"',
+                        "_", str(empty), str(nss), sys.executable, code],
+                       capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert (tmp_path / "db" / "data" / "mysql").is_dir()
