@@ -56,6 +56,41 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
         raise
 
 
+def atomic_write_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600,
+                    durable: bool = True) -> None:
+    """Write *data* to *name* in the directory open as *dir_fd*, atomically.
+
+    For a directory the caller has checked (owner, mode, not a symlink) and
+    holds open: every step is relative to that fd, so a path swapped after
+    the check cannot redirect the write.  The temporary file is created
+    exclusively (never an existing file or symlink) and removed on failure.
+    Raises OSError.
+    """
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)       # not narrowed or widened by the umask
+            f.write(data)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        if durable:
+            try:
+                os.fsync(dir_fd)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                    raise
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
 def _fsync_dir(d: Path) -> None:
     """Make a rename in *d* durable (a crash after it must not bring the old file back)."""
     try:
