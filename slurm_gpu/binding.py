@@ -137,24 +137,11 @@ def locality(node: Node, slurm_minors: Sequence[int] | None = None) -> list[dict
     *slurm_minors* is that order as device minors (from gres.conf, see
     :mod:`slurm_gpu.confgen.gresorder`); without it, NVML's order, which is
     what Slurm uses with AutoDetect.  Local CPUs are the GPU's cores' PUs,
-    else its NUMA nodes' PUs.
+    else its NUMA nodes' PUs.  The same table a bound step reads from the
+    node-fact cache (:mod:`slurm_gpu.nodefacts`, which computes it).
     """
-    numa = {n.index: n for n in node.numa_nodes}
-    out = []
-    by_minor = {g.minor if g.minor is not None else g.index: g for g in node.gpus}
-    if slurm_minors is None:
-        ordered = sorted(node.gpus, key=lambda g: g.index)
-    else:
-        ordered = [by_minor[m] for m in slurm_minors if m in by_minor]
-    for g in ordered:
-        if g.cores:
-            cpus = node.pus_of_cores(g.cores)
-        else:
-            cpus = tuple(sorted({p for i in g.numa_nodes if i in numa for p in numa[i].pus}))
-        mems = tuple(sorted({numa[i].os_index for i in g.numa_nodes if i in numa}))
-        out.append({"index": g.index, "minor": g.minor, "uuid": g.uuid, "cpus": tuple(cpus),
-                    "mems": mems})
-    return out
+    from . import nodefacts
+    return nodefacts.for_binding(nodefacts.gpu_facts(node, slurm_minors))
 
 
 def task_gpus(loc: Sequence[dict[str, Any]], env: Mapping[str, str], local_task: int,

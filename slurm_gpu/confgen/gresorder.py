@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from ..errors import InputError
 from .hostlist import natural_key
@@ -92,14 +92,3 @@ def read_conf(path: str | None, node: str) -> Any:
     except OSError as e:
         raise InputError(f"cannot read gres.conf: {e.strerror}", path) from None
     return effective(conf, node)
-
-
-def gres_conf_path(env: Mapping[str, str]) -> str | None:
-    """gres.conf beside ``$SLURM_CONF`` (slurmd exports it), else the usual places."""
-    conf = env.get("SLURM_CONF")
-    if conf:
-        return os.path.join(os.path.dirname(conf), "gres.conf")
-    for p in ("/etc/slurm/gres.conf", "/etc/slurm-llnl/gres.conf"):
-        if os.path.exists(p):
-            return p
-    return None

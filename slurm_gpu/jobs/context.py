@@ -28,7 +28,10 @@ class Context:
     open_api: Callable[[], Any]                  # -> slurm_gpu.hw.gpus.Gpus
     node: Callable[[], Any] | None = None       # -> slurm_gpu.hw.model.Node
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr))
-    locality_key: str = ""                       # what the cached GPU locality depends on
+    # The node-fact cache (slurm_gpu.nodefacts): its directory ("" = <state_dir>/node-facts,
+    # for tests) and the config file its entries are keyed on.
+    facts_dir: str = ""
+    config_path: str | None = None
     gres_conf: str | None = None                 # gres.conf: Slurm's GPU index -> device
     node_name: str = ""
     # The health check's state directory: a user-problem drain leaves its marker
@@ -38,7 +41,7 @@ class Context:
 
 def default_context(env: Mapping[str, str] | None = None) -> Context:
     """Settings from the config file, NVML and the node model from ``[node]``."""
-    from ..confgen.gresorder import gres_conf_path
+    from .. import config, nodefacts
     from ..hw import ThisNode, live
     from ..hw import load_node as hw_load_node
     from .settings import load
@@ -51,7 +54,8 @@ def default_context(env: Mapping[str, str] | None = None) -> Context:
         return backend.open_gpus(backend.source_for(node, writes=True))
 
     return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: hw_load_node(ThisNode(node)),
-                   locality_key=f"{node.nvml}|{node.snapshot}", gres_conf=gres_conf_path(env),
+                   facts_dir=nodefacts.CACHE_DIR, config_path=str(config.config_path() or "") or None,
+                   gres_conf=nodefacts.gres_conf_path(env),
                    node_name=live.node_name(), health_state_dir=_health_state_dir(node))
 
 
@@ -129,7 +133,8 @@ def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
     from .locality import gpu_table
     if ctx.node is None:
         raise HardwareError("no node model to tell which GPUs the job holds")
-    table = gpu_table(ctx.state_dir, ctx.locality_key, ctx.node, ctx.gres_conf, ctx.node_name)
+    table = gpu_table(ctx.facts_dir or os.path.join(ctx.state_dir, "node-facts"), ctx.config_path,
+                      ctx.node, ctx.gres_conf, ctx.node_name)
     facts = []
     for i in indices:
         if i not in table or not table[i].get("uuid"):

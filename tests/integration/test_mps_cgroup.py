@@ -135,3 +135,42 @@ def test_mps_daemon_runs_in_the_jobs_cgroup_and_dies_with_it(cluster: Cluster, n
             stray.kill()
         stray.wait()
     assert os.path.exists(node_files["mps"]) and not (node_files["mps"] / str(jobid)).exists()
+
+
+def test_mps_daemon_pinned_to_its_gpus_cores_from_the_one_node_cache(cluster: Cluster, node_files) -> None:
+    """The prolog pins the daemon to the held GPU's local cores (the model's, by UUID), and
+    writes the node's one fact-cache entry, which the job's step then shares: the step only
+    adds its [spank] section, the GPUs in the entry are the prolog's read."""
+    from slurm_gpu import nodefacts
+    from slurm_gpu.hw import Snapshot, load_node
+    from slurm_gpu.jobs import state as js
+    model = load_node(Snapshot(str(MACHINE / "snapshot.json")))
+    node = cluster.nodes[0]
+    cfg = str(cluster.dir / "etc" / "slurm-gpu.toml")
+    gres = str(cluster.dir / "etc" / "gres.conf")
+    entry = Path(nodefacts.cache_file(cfg, node, gres))
+    entry.unlink(missing_ok=True)
+    out = cluster.user_dir("sgtest1") / "pin.out"
+    jobid = cluster.sbatch("--gres=gpu:1", "--gpu-mps=default", "-o", str(out), "--wrap",
+                           "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY; sleep 30",
+                           user="sgtest1", cwd=str(out.parent))
+    try:
+        cluster.wait_job(jobid, states={"RUNNING"})
+        deadline = time.monotonic() + 20
+        while not (out.exists() and "PIPE=" in out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = js.load(str(cluster.dir / "var" / node), str(jobid))
+        assert st and st.get("mps"), st
+        g = {x.uuid: x for x in model.gpus}[st["gpus"][0]["uuid"]]
+        want = list(model.pus_of_cores(g.cores))
+        assert want and st["gpus"][0]["cpus"] == want, (st["gpus"], want)
+        assert st["mps"]["cpus"] == ",".join(map(str, want))
+        data = nodefacts.load(cfg, node, gres)
+        assert data is not None, f"no valid node-fact entry at {entry}"
+        assert entry.stat().st_uid == 0 and entry.stat().st_mode & 0o777 == 0o600
+        assert "spank" in data["sections"], "the batch step did not use the prolog's entry"
+        assert [x["uuid"] for x in data["gpus"] if x] == \
+            [x.uuid for x in sorted(model.gpus, key=lambda x: x.index)]
+    finally:
+        cluster.run(["scancel", str(jobid)])
+        cluster.wait_job(jobid)

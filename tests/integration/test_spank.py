@@ -351,15 +351,16 @@ def test_node_cache_serves_job_users(cluster):
     there could neither read nor write the root-only cache, so every step of
     every non-root user paid for a TOML parse and a node-model load.
     """
-    from slurm_gpu.spank import nodecache
+    from slurm_gpu import nodefacts
     cfg = str(cluster.dir / "etc" / "slurm-gpu.toml")
+    gres = str(cluster.dir / "etc" / "gres.conf")
     node = cluster.nodes[0]
-    cache = Path(nodecache.cache_file(cfg, node))
+    cache = Path(nodefacts.cache_file(cfg, node, gres))
     cache.unlink(missing_ok=True)
     res = cluster.srun("--gpus=1", "--gpu-numa-bind=strict", "true", user="sgtest1")
     assert res.returncode == 0, res.stderr
     assert cache.is_file(), "a job user's bound step did not build the node cache"
     st = cache.stat()
     assert st.st_uid == 0 and st.st_mode & 0o777 == 0o600
-    data = nodecache.load(cfg, node)
-    assert data is not None and data["gpus"], data
+    data = nodefacts.load(cfg, node, gres)
+    assert data is not None and data["gpus"] and "spank" in data["sections"], data

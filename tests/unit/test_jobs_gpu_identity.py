@@ -214,12 +214,13 @@ def test_spank_binding_binds_to_the_job_gpu(skewed: Node) -> None:
 
 def test_locality_cache_follows_gres_conf(skewed: Node) -> None:
     from slurm_gpu.jobs.locality import gpu_table
-    t1 = gpu_table(skewed.state_dir, "k", lambda: skewed.model, str(skewed.gres), "n1")
+    cache = os.path.join(skewed.state_dir, "node-facts")
+    t1 = gpu_table(cache, None, lambda: skewed.model, str(skewed.gres), "n1")
     assert [t1[k]["minor"] for k in sorted(t1)] == skewed.slurm_minor
     # The admin rewrites gres.conf in the other order: the cache must not keep the old one.
     skewed.gres.write_text("AutoDetect=off\n" + "".join(
         f"NodeName=n1 Name=gpu File=/dev/nvidia{m}\n" for m in reversed(skewed.slurm_minor)))
-    t2 = gpu_table(skewed.state_dir, "k", lambda: skewed.model, str(skewed.gres), "n1")
+    t2 = gpu_table(cache, None, lambda: skewed.model, str(skewed.gres), "n1")
     assert [t2[k]["minor"] for k in sorted(t2)] == list(reversed(skewed.slurm_minor))
 
 

@@ -83,8 +83,8 @@ class Env:
             h = api.nvmlDeviceGetHandleByIndex(i)
             gpus.append(SimpleNamespace(index=i, minor=api.nvmlDeviceGetMinorNumber(h),
                                         uuid=api.nvmlDeviceGetUUID(h), name=api.nvmlDeviceGetName(h),
-                                        cores=(i % 2,)))
-        return SimpleNamespace(cores=cores, gpus=gpus)
+                                        cores=(i % 2,), numa_nodes=()))
+        return SimpleNamespace(cores=cores, gpus=gpus, numa_nodes=())
 
     def ctx(self, **env: str) -> lifecycle.Context:
         e = {"SLURM_JOB_ID": "100", "SLURM_JOB_UID": str(_uid("sgtest1")),

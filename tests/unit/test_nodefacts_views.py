@@ -42,9 +42,10 @@ def env(tmp_path, monkeypatch):
 
 def spank_view(tmp: Path, model: Node, monkeypatch) -> list[dict]:
     """The GPU locality a bound SPANK step gets (its cache's slow path)."""
+    from slurm_gpu import nodefacts
     from slurm_gpu.spank import nodecache
     monkeypatch.setattr("slurm_gpu.hw.load_node", lambda *a: model)
-    monkeypatch.setattr(nodecache, "CACHE_DIR", str(tmp / "spank-cache"))
+    monkeypatch.setattr(nodefacts, "CACHE_DIR", str(tmp / "spank-cache"))
     return list(nodecache.get(str(tmp / "slurm-gpu.toml"), "n1", with_gpus=True)["gpus"])
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu import binding, procfs
+from slurm_gpu import binding, nodefacts
 from slurm_gpu import joboptions as options
 from slurm_gpu.spank import dispatch, effects, nodecache
 from test_binding import MINI
@@ -130,7 +130,7 @@ def applied(monkeypatch, tmp_path):
     loads = []
     monkeypatch.setattr("slurm_gpu.hw.load_node", lambda: loads.append(1) or MINI)
     calls["loads"] = loads
-    monkeypatch.setattr(nodecache, "CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(nodefacts, "CACHE_DIR", str(tmp_path / "cache"))
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text('[spank]\nnuma_node_map = { "1" = 0 }\nmemlock_max = "64G"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
@@ -369,24 +369,6 @@ def test_node_facts_are_cached_until_the_config_changes(applied, tmp_path):
     assert set((tmp_path / "cache").iterdir()) == nodecache_files
 
 
-def test_cache_survives_garbage(tmp_path):
-    f = nodecache.cache_file("/x.toml", "n1", str(tmp_path))
-    open(f, "wb").write(b"\x00garbage")
-    assert nodecache.load("/x.toml", "n1", str(tmp_path)) is None
-
-
-def test_cache_written_by_someone_else_is_ignored(tmp_path):
-    d = tmp_path / "cache"
-    data = {"key": nodecache._key("/x.toml", "n1"), "boot_id": procfs.boot_id(),
-            "stamps": (), "gpus": None}
-    nodecache.store(data, "/x.toml", "n1", str(d))
-    f = nodecache.cache_file("/x.toml", "n1", str(d))
-    assert os.stat(d).st_mode & 0o777 == 0o700
-    assert nodecache.load("/x.toml", "n1", str(d)) == data
-    os.chmod(f, 0o666)                       # writable by others: not trusted
-    assert nodecache.load("/x.toml", "n1", str(d)) is None
-
-
 class _FakeLib:
     """The few cffi ``lib`` functions :class:`slurm_gpu.spank.api.Spank` uses in srun."""
 
@@ -421,61 +403,6 @@ def test_value_that_is_not_utf8_is_a_bad_value_not_a_traceback(which, raw, needl
     assert dispatch.run_option(Spank(ffi, lib), which) == -1
     assert len(lib.errors) == 1, lib.errors
     assert lib.errors[0].startswith("slurm-gpu: bad value") and needle in lib.errors[0]
-
-
-def _cache_entry() -> dict:
-    return {"key": nodecache._key("/x.toml", "n1"), "boot_id": procfs.boot_id(),
-            "stamps": (), "gpus": None}
-
-
-def test_cache_dir_that_is_a_symlink_is_neither_read_nor_written(tmp_path):
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir(mode=0o700)
-    link = tmp_path / "cache"
-    link.symlink_to(elsewhere)
-    nodecache.store(_cache_entry(), "/x.toml", "n1", str(link))
-    assert list(elsewhere.iterdir()) == [], "root wrote through a symlinked cache dir"
-    nodecache.store(_cache_entry(), "/x.toml", "n1", str(elsewhere))
-    assert nodecache.load("/x.toml", "n1", str(elsewhere)) == _cache_entry()
-    assert nodecache.load("/x.toml", "n1", str(link)) is None
-
-
-def test_cache_dir_others_can_write_is_not_used(tmp_path):
-    d = tmp_path / "cache"
-    d.mkdir()
-    os.chmod(d, 0o777)
-    nodecache.store(_cache_entry(), "/x.toml", "n1", str(d))
-    assert list(d.iterdir()) == []
-
-
-def test_cache_file_that_is_a_symlink_or_fifo_is_ignored_without_blocking(tmp_path):
-    import signal
-    d = tmp_path / "cache"
-    nodecache.store(_cache_entry(), "/x.toml", "n1", str(d))
-    f = Path(nodecache.cache_file("/x.toml", "n1", str(d)))
-    real = d / "real"
-    f.rename(real)
-    f.symlink_to(real)                      # root-owned target, private: still not followed
-    assert nodecache.load("/x.toml", "n1", str(d)) is None
-    f.unlink()
-    os.mkfifo(f, 0o600)
-
-    def hung(*_):
-        raise TimeoutError("nodecache.load blocked on a FIFO")
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(5)
-    try:
-        assert nodecache.load("/x.toml", "n1", str(d)) is None
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def test_cache_file_stays_in_the_cache_dir(tmp_path):
-    for node in ("../../etc/evil", "/abs", "n1/x", ".."):
-        f = nodecache.cache_file("/x.toml", node, str(tmp_path))
-        assert os.path.dirname(f) == str(tmp_path), f
-    assert nodecache.cache_file("/x.toml", "a/b", "/c") != nodecache.cache_file("/x.toml", "a_b", "/c")
 
 
 def test_cached_step_imports_neither_config_nor_hw() -> None:
