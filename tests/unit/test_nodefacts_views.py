@@ -131,3 +131,23 @@ def test_views_hold_without_gres_conf(env, monkeypatch) -> None:
     nvml_order = sorted(model.gpus, key=lambda g: g.index)
     assert [s["uuid"] for s in spank_view(env, model, monkeypatch)] == [g.uuid for g in nvml_order]
     assert [p["uuid"] for p in prolog_view(env, model, list(range(8)))] == [g.uuid for g in nvml_order]
+
+
+def test_prolog_follows_an_edited_snapshot_and_config(env, monkeypatch) -> None:
+    """The node this config names changed (a new snapshot recorded in place, then a config
+    edit): the next prolog must see the new GPUs, not the ones cached before."""
+    from slurm_gpu import config
+    snap = env / "node.json"
+    snap.write_bytes((MACHINES / "mini-2numa" / "snapshot.json").read_bytes())
+    (env / "slurm-gpu.toml").write_text(f'[node]\nsnapshot = "{snap}"\n')
+    config._load.cache_clear()
+    model = load_node(Snapshot(str(snap)))
+    _gres_in_minor_order(env, [g.minor for g in model.gpus])
+    assert [p["uuid"] for p in prolog_view(env, model, [0, 1])] == [g.uuid for g in model.gpus]
+    renamed = replace(model, gpus=tuple(replace(g, uuid=g.uuid + "-new") for g in model.gpus))
+    snap.write_text(snap.read_text() + " ")                # recorded again, same path
+    os.utime(snap, ns=(1, 1))
+    assert [p["uuid"] for p in prolog_view(env, renamed, [0, 1])] == [g.uuid for g in renamed.gpus]
+    (env / "slurm-gpu.toml").write_text(f'[node]\nsnapshot = "{snap}"\n# edited\n')
+    config._load.cache_clear()
+    assert [p["uuid"] for p in prolog_view(env, model, [0, 1])] == [g.uuid for g in model.gpus]
