@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from ..errors import InputError
+from .model import Fabric, Gpu, Node
 
 # A snapshot (schema slurm-gpu.snapshot/1, docs/snapshots.md) carries its
 # derived model as the last top-level key "node", after the raw NVML answers
@@ -26,55 +27,167 @@ _HEAD = 512
 _TAIL = 32 * 1024
 _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]*)"')
 _NODE_KEY = b'"node":'
-_CPU_START = '"packages": '
-_CPU_END = '"gpus": '
-_NO_CPU = '"packages": [], "numa_nodes": [], "cores": [], '
+
+# What differs between two nodes of one kind: the host name, each GPU's
+# UUID and its NVLink-fabric membership.  Only values that are one JSON token
+# or a flat object are cut out (a string with no escape, null, an object
+# with no nesting): such a value is a whole JSON value wherever it sits, so
+# the text around it parses the same whichever value stands there.
+_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": )("[^"\\\x00-\x1f]*"|null|\{[^{}\[\]"]*(?:"[^"\\\x00-\x1f]*"[^{}\[\]"]*)*\})')
+# In the template text each cut-out value becomes the string "\u0000<n>":
+# a NUL, which no value in a snapshot holds (texts that spell one are
+# decoded the plain way), so the parsed template shows where each one went.
+_NUL_ESCAPE = "\\u0000"
+
+
+def _value(token: str) -> Any:
+    """The value of one cut-out token (see _VOLATILE)."""
+    if token[0] == '"':
+        return token[1:-1]      # no escape, no control character: the text is the value
+    if token == "null":
+        return None
+    return json.loads(token)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Template:
+    """A decoded model and where each cut-out value of its text goes.
+
+    ``hostname`` is the index of the host name's value (or -1), ``gpus`` the
+    indices of each GPU's UUID and fabric values (-1: that field is part of
+    the template text itself).
+    """
+
+    node: Any
+    hostname: int
+    gpus: tuple[tuple[int, int], ...]
 
 
 class SnapshotLoader:
-    """Loads many snapshots, sharing the CPU part of nodes with identical hardware.
+    """Loads many snapshots, decoding each kind of node once.
 
-    On a 10,000-node cluster the packages/NUMA/cores of a node model are the
-    bulk of its JSON and identical across nodes of one kind; only GPUs
-    (UUIDs, fabric) differ.  The CPU part is decoded once per distinct text
-    and reused (the model is frozen, so sharing is safe).
+    On a 10,000-node cluster most node models differ only in host name,
+    GPU UUIDs and NVLink fabric: the CPUs, NUMA nodes, GPU locality and
+    NVLinks (most of the JSON) repeat.  The text with those values cut out
+    is the key of a template decoded once; a node whose text gives the same
+    key is the template with its own values put back.  Equal key text is
+    equal input, so the answer is the one a full decode gives (each template
+    is checked against a full decode when it is made, and a text it cannot
+    represent is decoded in full every time).  The model is frozen, so
+    sharing its parts between nodes is safe.
     """
 
     def __init__(self) -> None:
-        self._cpu: dict[str, tuple[Any, Any, Any]] = {}
+        self._templates: dict[str, _Template | None] = {}
+        self._fabrics: dict[str, Any] = {}
+        self._sentinels: list[str] = []
 
     def node_from_text(self, text: str) -> Any:
-        from .model import Node
+        """The model in the JSON text of a snapshot's ``node`` value."""
+        if _NUL_ESCAPE in text:
+            return _decode(text)
+        # The CPU part (packages, NUMA nodes, cores: most of the text) holds
+        # none of these fields and is kept whole, unscanned.
+        a = text.find('"packages": ')
+        b = text.find('"gpus": ', a) if a >= 0 else -1
+        if b < 0:
+            a = b = len(text)
+        head = _VOLATILE.split(text[:a])   # [text, key, value, text, key, value, ..., text]
+        tail = _VOLATILE.split(text[b:])
+        values = head[2::3] + tail[2::3]
+        n = len(values)
+        while len(self._sentinels) < n:
+            self._sentinels.append(f'"{_NUL_ESCAPE}{len(self._sentinels)}"')
+        nh = len(head) // 3
+        head[2::3] = self._sentinels[:nh]
+        tail[2::3] = self._sentinels[nh:n]
+        key = "".join(head) + text[a:b] + "".join(tail)
+        template = self._templates.get(key, _MISSING)
+        if template is _MISSING:
+            node = _decode(text)          # errors go to the caller, as without templates
+            template = self._templates[key] = self._make_template(key, values, node)
+            if template is None:
+                return node
+        elif template is None:
+            return _decode(text)
+        return self._fill(template, values)
 
-        a = text.find(_CPU_START)
-        b = text.find(_CPU_END, a)
-        if a < 0 or b < 0:
-            return Node.from_dict(json.loads(text))
-        cpu = self._cpu.get(text[a:b])
-        if cpu is None:
-            node = Node.from_dict(json.loads(text))
-            self._cpu[text[a:b]] = (node.packages, node.numa_nodes, node.cores)
-            return node
-        node = Node.from_dict(json.loads(text[:a] + _NO_CPU + text[b:]))
-        return dataclasses.replace(node, packages=cpu[0], numa_nodes=cpu[1], cores=cpu[2])
+    def _fabric(self, token: str) -> Any:
+        fabric = self._fabrics.get(token, _MISSING)
+        if fabric is _MISSING:
+            v = _value(token)
+            fabric = self._fabrics[token] = Fabric(**v) if v else None   # as Node.from_dict reads it
+        return fabric
+
+    def _fill(self, t: _Template, values: list[str]) -> Any:
+        node = t.node
+        fabrics = self._fabrics
+        gpus = []
+        for g, (u, f) in zip(node.gpus, t.gpus):
+            if f < 0:
+                fabric = g.fabric
+            else:
+                fabric = fabrics.get(values[f], _MISSING)
+                if fabric is _MISSING:
+                    fabric = self._fabric(values[f])
+            gpus.append(Gpu(g.index, g.minor, g.uuid if u < 0 else _value(values[u]), g.pci_bus_id,
+                            g.pci_device_id, g.name, g.memory_bytes, g.numa_nodes, g.cores, g.nvlinks,
+                            g.mig_enabled, g.mig_instances, fabric, g.nics))
+        return Node(node.hostname if t.hostname < 0 else _value(values[t.hostname]), node.packages,
+                    node.numa_nodes, node.cores, tuple(gpus), node.memory_bytes, node.gpu_memory_nodes,
+                    node.nics, node.sources, node.notes)
+
+    def _make_template(self, key: str, values: list[str], node: Any) -> _Template | None:
+        """The template for *key*, or None when its cut-out values do not all land where _fill puts them."""
+        try:
+            d = json.loads(key)
+        except (json.JSONDecodeError, RecursionError):
+            return None
+        found: list[int] = []
+
+        def take(obj: dict[str, Any], field: str, placeholder: Any) -> int:
+            v = obj.get(field)
+            if isinstance(v, str) and v[:1] == "\x00":
+                obj[field] = placeholder
+                found.append(int(v[1:]))
+                return found[-1]
+            return -1
+
+        if not isinstance(d, dict) or not isinstance(d.get("gpus"), list) or \
+                not all(isinstance(g, dict) for g in d["gpus"]):
+            return None
+        hostname = take(d, "hostname", "")
+        gpus = tuple((take(g, "uuid", None), take(g, "fabric", None)) for g in d["gpus"])
+        # Every value cut out must be one of these fields, once: otherwise a
+        # node of this key could differ somewhere _fill does not look.
+        if sorted(found) != list(range(len(values))):
+            return None
+        try:
+            t = _Template(Node.from_dict(d), hostname, gpus)
+            ok = self._fill(t, values) == node
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
+            return None
+        return t if ok else None
 
     def fast_node(self, path: str) -> Any:
         """The derived model read from the file's tail, or None when that is not possible."""
         from . import snapshot as snap
 
-        with open(path, "rb") as f:
-            head = f.read(_HEAD)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            head = os.pread(fd, _HEAD, 0)
             m = _SCHEMA_RE.search(head)
             if m is None or m.group(1).decode() != snap.SCHEMA:
                 return None
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - _TAIL))
-            tail = f.read()
+            size = os.fstat(fd).st_size
+            start = max(0, size - _TAIL)
+            tail = os.pread(fd, size - start, start)
             at = tail.rfind(_NODE_KEY)
-            if at < 0 and size > _TAIL:  # a large node model (hundreds of cores): read it all
-                f.seek(0)
-                tail = f.read()
+            if at < 0 and start > 0:  # a large node model (hundreds of cores): read it all
+                tail = _read_all(fd)
                 at = tail.rfind(_NODE_KEY)
+        finally:
+            os.close(fd)
         if at < 0:
             return None
         text = tail[at + len(_NODE_KEY):].decode("utf-8", "strict").strip()
@@ -84,9 +197,25 @@ class SnapshotLoader:
         body = text[:-1].rstrip()
         try:
             node = self.node_from_text(body)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
             return None
         return dataclasses.replace(node, sources=(f"snapshot:{path}",))
+
+
+_MISSING: Any = object()
+
+
+def _decode(text: str) -> Any:
+    return Node.from_dict(json.loads(text))
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    pos = 0
+    while chunk := os.pread(fd, 1 << 20, pos):
+        chunks.append(chunk)
+        pos += len(chunk)
+    return b"".join(chunks)
 
 
 def _fast_node(path: str, loader: SnapshotLoader | None = None) -> Any:

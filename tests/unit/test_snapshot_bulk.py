@@ -1,0 +1,172 @@
+"""The cluster-wide snapshot reader: what it returns is what a full decode returns.
+
+:class:`slurm_gpu.hw.snapshot_bulk.SnapshotLoader` decodes each kind of node
+once and fills in host name, GPU UUIDs and fabric per node (issue 15).  These
+tests hold it to the plain path, ``Node.from_dict(json.loads(text))`` and
+:func:`slurm_gpu.hw.snapshot.node_from_file`, over every recorded machine, a
+mixed cluster rendered to gres.conf and topology.conf, and texts made to
+fool a template (a stale answer would be a wrong gres.conf on thousands of
+nodes).
+"""
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from pathlib import Path
+
+import pytest
+from fuzzlib import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_gpu.commands.confgen_io import load_nodes
+from slurm_gpu.confgen import block, render_gres_conf, topology
+from slurm_gpu.hw import snapshot as snap
+from slurm_gpu.hw.model import Node
+from slurm_gpu.hw.snapshot_bulk import SnapshotLoader
+
+MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
+SNAPSHOTS = sorted(p for p in MACHINES.glob("*/snapshot.json"))
+BASE = json.loads((MACHINES / "h100-sxm-8x" / "snapshot.json").read_text())["node"]
+BASE_TEXT = json.dumps(BASE)
+
+
+def plain(text: str) -> Node | type:
+    """The reference: a full decode, or the type of exception it raises."""
+    try:
+        return Node.from_dict(json.loads(text))
+    except Exception as e:  # noqa: BLE001 - the kind of failure is what is compared
+        return type(e)
+
+
+def bulk(loader: SnapshotLoader, text: str) -> Node | type:
+    try:
+        return loader.node_from_text(text)
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+
+
+def variant(d: dict, i: int, clique: int | None) -> dict:
+    """*d* as another node of the same kind: its own host name, GPU UUIDs and fabric."""
+    out = dict(d, hostname=f"n{i:05d}")
+    out["gpus"] = [dict(g, uuid=f"GPU-{uuid.UUID(int=i * 64 + k)}",
+                        fabric=None if clique is None else
+                        {"cluster_uuid": "c1a5", "clique_id": clique, "state": "completed", "status": 0,
+                         "health_mask": 0})
+                   for k, g in enumerate(d["gpus"])]
+    return out
+
+
+@pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.parent.name)
+def test_every_recorded_machine_loads_as_the_full_decode(path: Path) -> None:
+    loader = SnapshotLoader()
+    for _ in range(2):      # the first load makes the template, the second uses it
+        assert loader.fast_node(str(path)) == snap.node_from_file(str(path))
+
+
+def test_nodes_of_one_kind_keep_their_own_identity() -> None:
+    loader = SnapshotLoader()
+    texts = [json.dumps(variant(BASE, i, i // 18)) for i in range(40)]
+    got = [loader.node_from_text(t) for t in texts]
+    assert got == [plain(t) for t in texts]
+    assert len({n.hostname for n in got}) == 40
+    assert len({g.uuid for n in got for g in n.gpus}) == 40 * len(BASE["gpus"])
+    assert [n.gpus[0].fabric.clique_id for n in got] == [i // 18 for i in range(40)]
+    # One kind of node: one template, shared parts (the answer is frozen data).
+    assert len(loader._templates) == 1
+    assert got[0].cores is got[39].cores and got[0].gpus[3].nvlinks is got[39].gpus[3].nvlinks
+
+
+def test_a_node_that_differs_anywhere_else_gets_its_own_answer() -> None:
+    """Anything outside host name, UUIDs and fabric is part of the key: never served from another node."""
+    loader = SnapshotLoader()
+    loader.node_from_text(json.dumps(variant(BASE, 1, 0)))
+    changes = []
+    for field, value in (("memory_bytes", 1), ("pci_bus_id", "0000:99:00.0"), ("name", "other"),
+                         ("cores", [0]), ("minor", 9), ("mig_enabled", True)):
+        d = variant(BASE, 2, 0)
+        d["gpus"][5] = dict(d["gpus"][5], **{field: value})
+        changes.append(d)
+    d = variant(BASE, 3, 0)
+    d["cores"] = d["cores"][:-1]
+    changes.append(d)
+    d = variant(BASE, 4, 0)
+    d["gpus"][0]["nvlinks"] = d["gpus"][0]["nvlinks"][:1]
+    changes.append(d)
+    for d in changes:
+        text = json.dumps(d)
+        assert loader.node_from_text(text) == plain(text)
+
+
+TRICKY = [
+    # a UUID with an escape, null, an object: still the value a full decode gives
+    ('"uuid": "GPU-', '"uuid": "GPU-\\u0041'),
+    ('"uuid": "GPU-', '"uuid": null, "x": "'),
+    ('"hostname": "n', '"hostname": "\\u0000n'),          # spells the template's own marker
+    ('"fabric": {', '"fabric": "not an object", "f": {'),  # a full decode raises: so must the loader
+    ('"fabric": {', '"fabric": {}, "f": {'),               # an empty fabric is None, as from_dict reads it
+    ('"uuid": "GPU-', '"uuid": "a", "uuid": "GPU-'),        # duplicate keys: the last wins
+    ('"fabric": {"cluster_uuid": "c1a5"', '"fabric": {"cluster_uuid": "c}1{a5"'),
+    ('"nics": []', '"nics": [], "hostname": "inner"'),     # a GPU key named like a node's
+    ('"mig_instances": []', '"mig_instances": [{"uuid": "MIG-1"}]'),
+]
+
+
+@pytest.mark.parametrize("old,new", TRICKY)
+def test_texts_made_to_fool_a_template(old: str, new: str) -> None:
+    loader = SnapshotLoader()
+    for i in range(3):
+        text = json.dumps(variant(BASE, i, 0))
+        assert loader.node_from_text(text) == plain(text)
+        bad = text.replace(old, new, 1 + i)
+        assert new in bad
+        assert bulk(loader, bad) == plain(bad)
+        assert loader.node_from_text(text) == plain(text)   # and the honest node still loads right
+
+
+_LOADER = SnapshotLoader()   # shared across examples: templates made by one example serve the next
+_TOKENS = ['"uuid": "GPU-x"', '"uuid": null', '"uuid": {"a": 1}', '"fabric": null', '"fabric": {}',
+           '"fabric": {"cluster_uuid": "u", "clique_id": 3, "state": "s", "status": 0}', '"hostname": "h"',
+           '"\\u0000"', '"\\u0041"', '"uuid": "a", "uuid": "b"', ', "fabric": 1', '{', '}', '"', ',', '[]',
+           '"hostname": ', '"uuid": ', '"fabric": ', '1e400', 'NaN']
+
+
+@fuzz_settings(1500)
+@given(st.integers(0, 50), st.lists(st.tuples(st.sampled_from(_TOKENS), st.integers(0, 10 ** 6),
+                                              st.integers(0, 12)), max_size=3))
+def test_fuzz_loader_equals_full_decode(i: int, edits: list[tuple[str, int, int]]) -> None:
+    text = json.dumps(variant(BASE, i, i % 3 if i % 4 else None))
+    for tok, at, span in edits:
+        at %= len(text) + 1
+        text = text[:at] + tok + text[at + span:]
+    got, want = bulk(_LOADER, text), plain(text)
+    if isinstance(want, Node):
+        assert got == want
+    else:
+        assert got is want or not isinstance(got, Node)
+
+
+def _write(d: Path, name: str, src: Path, i: int, clique: int | None) -> None:
+    data = json.loads(src.read_text())
+    data["hostname"] = name
+    data["node"] = variant(data["node"], i, clique)
+    d.joinpath(f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+
+
+def test_a_mixed_cluster_renders_as_from_full_decodes(tmp_path: Path) -> None:
+    """gres.conf and block topology.conf byte for byte the same as from node_from_file."""
+    rnd = random.Random(15)
+    kinds = [MACHINES / m / "snapshot.json" for m in ("h100-sxm-8x", "gb200-nvl", "h100-mig",
+                                                       "dgx-a100-permuted", "mini-2numa")]
+    chunk = [rnd.choice(kinds) for _ in range(17)]    # an NVLink clique of 18 is one kind of node
+    for i in range(1, 301):
+        _write(tmp_path, f"gpu{i:04d}", chunk[(i - 1) // 18], i, (i - 1) // 18 if rnd.random() < 0.9 else None)
+    nodes, where = load_nodes([str(tmp_path)], [], None)
+    ref = {name: snap.node_from_file(path) for name, path in where.items()}
+    assert list(nodes) == list(ref) and nodes == ref
+    assert render_gres_conf(nodes, inputs=["x"]) == render_gres_conf(ref, inputs=["x"])
+    blocks = topology.render_topology(None, block.build_blocks(nodes, [18, 36], drop_small=True), inputs=["x"])
+    assert blocks == topology.render_topology(None, block.build_blocks(ref, [18, 36], drop_small=True),
+                                              inputs=["x"])
+    assert "BlockName=" in blocks
