@@ -19,7 +19,9 @@ Rules:
 * The memory policy is MPOL_BIND (strict) or MPOL_PREFERRED (prefer) to the
   GPUs' NUMA node(s).
 * When the GPUs' NUMA nodes have no CPU the task may use, ``prefer`` warns
-  and changes nothing; ``strict`` fails the task.
+  and changes nothing; ``strict`` fails the task.  So when a GPU's index
+  names a gres.conf device the node model does not have: no other GPU's
+  locality stands in for it.
 """
 from __future__ import annotations
 
@@ -191,16 +193,22 @@ def plan_task(loc: Sequence[dict[str, Any]], env: Mapping[str, str], *, mode: st
     if mode not in (STRICT, PREFER, OFF):
         raise ValueError(f"bad binding mode {mode!r}")
     gpus = task_gpus(loc, env, local_task, ntasks)
-    ids = tuple(g["index"] for g in gpus)
+    ids = tuple(g["index"] for g in gpus if g.get("missing") is None)
     if mode == OFF or not gpus:
         return TaskBinding(mode, local_task, ids)
     allowed_set = set(allowed)
     local = tuple(sorted({c for g in gpus for c in g["cpus"]}))
     mems = tuple(sorted({m for g in gpus for m in g["mems"]}))
     names = _ints(ids)
+    missing = [g["missing"] for g in gpus if g.get("missing") is not None]
     problem = None
     cpus: tuple[int, ...] = ()
-    if not local or not mems:
+    if missing:
+        # gres.conf names a device NVML does not have: its locality is unknown,
+        # and borrowing a neighbour's would bind the task to another GPU
+        problem = (f"Slurm GPU {_ints(missing)} is not a GPU of this node "
+                   "(gres.conf and NVML disagree)")
+    elif not local or not mems:
         problem = f"GPU {names} has no known NUMA node in the node model"
     else:
         cpus = tuple(c for c in local if c in allowed_set)

@@ -282,9 +282,13 @@ def get(config_path: str | None, node: str, gres_conf: str | None, *, with_gpus:
 
 def for_binding(gpus: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:
     """The SPANK binding's locality table (:mod:`slurm_gpu.binding`): CPUs with the
-    NUMA fallback, and mems.  Builtins only: called in every bound step."""
-    return [{"index": g["index"], "minor": g["minor"], "uuid": g["uuid"], "cpus": g["cpus"],
-             "mems": g["mems"]} for g in gpus if g is not None]
+    NUMA fallback, and mems, at Slurm's GPU index.  A gres.conf device NVML does
+    not have stays in its place as ``{"missing": index}``: the binding refuses it,
+    and every later GPU keeps its index.  Builtins only: called in every bound step."""
+    return [{"index": None, "minor": None, "uuid": None, "cpus": (), "mems": (), "missing": k}
+            if g is None else
+            {"index": g["index"], "minor": g["minor"], "uuid": g["uuid"], "cpus": g["cpus"],
+             "mems": g["mems"]} for k, g in enumerate(gpus)]
 
 
 def for_prolog(gpus: Sequence[dict[str, Any] | None]) -> dict[int, dict[str, Any]]:

@@ -221,3 +221,23 @@ def test_memory_nodes_slurm_bound_are_only_narrowed():
         plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=range(8), bound_mems=(3,))
     p = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(8), bound_mems=())
     assert not p.applied and "to NUMA none" in p.warning
+
+
+def test_gres_conf_device_nvml_lacks_never_shifts_the_binding_to_another_gpu():
+    """gres.conf lists /dev/nvidia7 first, NVML has only minors 0 and 1 (a GPU fell off the
+    bus after slurmd started).  Slurm's GPU 0 is /dev/nvidia7: binding it to minor 1's NUMA
+    node would bind to another GPU; Slurm's GPU 1 is still minor 0."""
+    loc = locality(MINI, [7, 0, 1])
+    allowed = range(4)
+    with pytest.raises(BindingError, match="Slurm GPU 0 is not a GPU of this node"):
+        plan_task(loc, {"SLURM_STEP_GPUS": "0"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=allowed)
+    b = plan_task(loc, {"SLURM_STEP_GPUS": "0"}, mode="prefer", local_task=0, ntasks=1,
+                  allowed=allowed)
+    assert not b.applied and "not a GPU of this node" in b.warning
+    b = plan_task(loc, {"SLURM_STEP_GPUS": "1"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=allowed)
+    assert b.gpus == (0,) and b.cpus == (0, 1) and b.mems == (0,)
+    b = plan_task(loc, {"SLURM_STEP_GPUS": "2"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=allowed)
+    assert b.gpus == (1,) and b.cpus == (2, 3) and b.mems == (1,)
