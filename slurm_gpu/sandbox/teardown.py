@@ -111,6 +111,7 @@ def down(sb: Any, *, grace: float = 5.0) -> dict[str, Any]:
         netns.destroy(n)
     if state.get("cgroup"):
         remove_cgroups(sb.node_names)
+    _forget_node_facts(sb)
     sb._reap()
     res = state.get("reservations", {})
     registry.release("ports", res.get("ports", []), sb.layout.root)
@@ -125,3 +126,14 @@ def down(sb: Any, *, grace: float = 5.0) -> dict[str, Any]:
         if sb.layout.run.is_dir():
             sb._save()
     return report
+
+
+def _forget_node_facts(sb: Any) -> None:
+    """Remove this sandbox's entries from the host's node-fact cache (/run/slurm-gpu/node-facts):
+    its config and gres.conf are gone with it, so the entries could never be valid again."""
+    from .. import nodefacts
+    for name in sb.node_names:
+        try:
+            os.unlink(nodefacts.cache_file(str(sb.layout.config_toml), name, str(sb.layout.gres_conf)))
+        except OSError:
+            pass
