@@ -7,10 +7,12 @@ I/O here, so every check runs in unit tests over recorded machines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..hw.nvml_health import GpuHealth, NvmlHealth
 from .findings import DRAIN, INFO, WARN, Finding
+
+if TYPE_CHECKING:   # annotations only: a run without NVML checks (--only gpu.xid) never loads the GPU layer
+    from ..hw.nvml_health import GpuHealth, NvmlHealth
 
 # NVML_GPU_RECOVERY_ACTION_* (the driver's recovery action numbers)
 RECOVERY_NAMES = {0: "no action", 1: "a GPU reset", 2: "a node reboot", 3: "a P2P drain",

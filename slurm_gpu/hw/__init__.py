@@ -18,12 +18,24 @@ snapshot with a derived model stays fast.
 """
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-from .model import Node
 from .sources import HwlocXml, NodeSource, Snapshot, Snapshots, ThisNode
 
+if TYPE_CHECKING:
+    from .model import Node
+
 __all__ = ["HwlocXml", "Node", "NodeSource", "Snapshot", "Snapshots", "ThisNode", "load_node"]
+
+
+def __getattr__(name: str) -> Any:
+    # The node model (ten dataclasses) loads with the first module that uses
+    # it, not with every hw module: the health check's kernel-log reader and
+    # node-name lookup build no node.
+    if name == "Node":
+        from .model import Node
+        return Node
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @overload

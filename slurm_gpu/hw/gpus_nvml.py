@@ -9,12 +9,14 @@ the vendor's message, code and the call that failed.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from .gpudata import INSTANCE_LOOKUP, GpuError, GpuEvent, GpuInstance, MigDevice
-from .model import normalize_bus_id
+from .busid import normalize_bus_id
 from .plain import Plain
-from .views import NvmlView
+
+if TYPE_CHECKING:
+    from .views import NvmlView
 
 MAX_GI_ID = 15   # GI ids are partition numbers 0..14 on every MIG GPU so far
 MAX_CI_ID = 8

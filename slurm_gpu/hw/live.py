@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import hostctx
 from ..errors import InputError
-from .model import Node
+
+if TYPE_CHECKING:
+    from .model import Node
 
 SIM_PREFIX = "sim:"
 

@@ -17,24 +17,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .busid import normalize_bus_id  # noqa: F401 - its public name here too
+
 # NVLink peer kinds.
 PEER_GPU = "gpu"
 PEER_NVSWITCH = "nvswitch"
 PEER_CPU = "cpu"  # POWER/Grace CPU<->GPU NVLink
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """``00000000:07:00.0`` (NVML) or ``07:00.0`` -> ``0000:07:00.0`` (hwloc/sysfs)."""
-    s = bus_id.strip().lower()
-    parts = s.split(":")
-    if len(parts) == 2:
-        parts = ["0000"] + parts
-    if len(parts) != 3 or "." not in parts[2]:
-        raise ValueError(f"not a PCI bus id: {bus_id!r}")
-    dom = int(parts[0], 16)
-    bus = int(parts[1], 16)
-    dev, fn = parts[2].split(".")
-    return f"{dom:04x}:{bus:02x}:{int(dev, 16):02x}.{int(fn, 16):x}"
 
 
 @dataclass(frozen=True)

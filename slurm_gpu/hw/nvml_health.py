@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import HardwareError, SlurmGpuError
-from .model import normalize_bus_id
+from .busid import normalize_bus_id
 
 _OPTIONAL = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
              "NVML_ERROR_NOT_FOUND", "NVML_ERROR_NO_DATA")
@@ -187,14 +187,14 @@ def _read_one(c: _Calls, g: GpuHealth, h: Any, include_fabric: bool) -> None:
             val = getattr(v, "value", None)
             g.recovery_action = int(getattr(val, "uiVal", getattr(val, "ullVal", val if isinstance(val, int) else 0)))
     if include_fabric:
-        from .nvml import _Reader, _read_fabric  # the model's own fabric reader: one copy of that logic
+        from .nvml import _Reader, read_fabric_fields  # the model's own fabric reader: one copy of that logic
         try:
-            fab = _read_fabric(_Reader(api), h)
+            fab = read_fabric_fields(_Reader(api), h)
         except api.NVMLError as e:
             g.errors["fabric"] = _err_name(api, e.value)
             fab = None
         if fab is not None:
-            g.fabric_state, g.fabric_status, g.fabric_health_mask = fab.state, fab.status, fab.health_mask
+            g.fabric_state, g.fabric_status, g.fabric_health_mask = fab["state"], fab["status"], fab["health_mask"]
     states: list[int] = []
     for link in range(int(getattr(api, "NVML_NVLINK_MAX_LINKS", 18))):
         try:

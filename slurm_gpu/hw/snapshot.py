@@ -23,10 +23,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import InputError
-from .model import Node
+
+if TYPE_CHECKING:   # the health check reads a snapshot's NVML answers, not its node
+    from .model import Node
 
 SCHEMA = "slurm-gpu.snapshot/1"
 
@@ -87,6 +89,7 @@ def node_from_file(path: str, overlay: Mapping[str, Any] | None = None, *,
     data = read_snapshot(path)
     sources = (f"snapshot:{path}",)
     if not overlay and isinstance(data.get("node"), dict):
+        from .model import Node
         try:
             node = Node.from_dict(data["node"])
         except (KeyError, TypeError, ValueError) as e:
