@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 
 from .errors import SlurmGpuError
 
@@ -27,13 +26,14 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
     seconds (the sampler's aggregates, metrics), where one lost rewrite
     costs nothing and an fsync each time costs disk flushes.
     """
-    path = Path(path)
+    path = os.fspath(path)
+    name, parent = os.path.basename(path), os.path.dirname(path) or "."
     raw = data.encode() if isinstance(data, str) else data
     import tempfile  # here, not at import: tempfile pulls in shutil, bz2 and lzma (~8 ms)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
     except OSError as e:
-        raise SlurmGpuError(f"cannot write {path.name}: {e.strerror}", str(path)) from None
+        raise SlurmGpuError(f"cannot write {name}: {e.strerror}", path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
@@ -45,14 +45,14 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
                 os.fsync(f.fileno())
         os.replace(tmp, path)
         if durable:
-            _fsync_dir(path.parent)
+            _fsync_dir(parent)
     except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         if isinstance(e, OSError):
-            raise SlurmGpuError(f"cannot write {path.name}: {e.strerror}", str(path)) from None
+            raise SlurmGpuError(f"cannot write {name}: {e.strerror}", path) from None
         raise
 
 
@@ -91,7 +91,7 @@ def atomic_write_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600,
         raise
 
 
-def _fsync_dir(d: Path) -> None:
+def _fsync_dir(d: str) -> None:
     """Make a rename in *d* durable (a crash after it must not bring the old file back)."""
     try:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
@@ -127,7 +127,7 @@ def replace_config(path: str | os.PathLike[str], text: str, *, backup: str | Non
     except FileNotFoundError:
         old, mode, uid, gid = None, 0o644, None, None
     except OSError as e:
-        raise SlurmGpuError(f"cannot read {Path(target).name}: {e.strerror}", target) from None
+        raise SlurmGpuError(f"cannot read {os.path.basename(target)}: {e.strerror}", target) from None
     if old is not None and backup:
         bpath = target + backup
         if not (keep_first_backup and os.path.lexists(bpath)):

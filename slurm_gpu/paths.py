@@ -6,18 +6,33 @@ after ``pip install .`` setup.cfg's data_files puts them under
 """
 from __future__ import annotations
 
+import os
 import sys
 from functools import lru_cache
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_ROOT = PACKAGE_DIR.parent
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
+
+
+def __getattr__(name: str) -> Any:
+    # PACKAGE_DIR and SOURCE_ROOT are Paths made on first use: pathlib (with
+    # urllib.parse and ipaddress, ~2.5 ms) is no part of a health-check run,
+    # which reads its catalogs through data_path.
+    if name in ("PACKAGE_DIR", "SOURCE_ROOT"):
+        from pathlib import Path
+        pkg = Path(_PACKAGE_DIR)
+        return pkg if name == "PACKAGE_DIR" else pkg.parent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @lru_cache(maxsize=None)
 def resource_dir(name: str) -> Path:
     """The directory *name* (``templates``, ``prolog.d``, ``spank``...)."""
-    for base in (SOURCE_ROOT, Path(sys.prefix) / "share" / "slurm-gpu"):
+    from pathlib import Path
+    for base in (Path(_PACKAGE_DIR).parent, Path(sys.prefix) / "share" / "slurm-gpu"):
         cand = base / name
         if cand.is_dir():
             return cand
@@ -26,4 +41,10 @@ def resource_dir(name: str) -> Path:
 
 def data_file(name: str) -> Path:
     """A data file shipped inside the package (``slurm_gpu/data/``)."""
-    return PACKAGE_DIR / "data" / name
+    from pathlib import Path
+    return Path(data_path(name))
+
+
+def data_path(name: str) -> str:
+    """:func:`data_file` as a string."""
+    return os.path.join(_PACKAGE_DIR, "data", name)

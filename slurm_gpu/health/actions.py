@@ -11,7 +11,6 @@ import json
 import os
 import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 from .. import runner
 from ..errors import CommandError
@@ -203,5 +202,5 @@ def _valid_cursor(c: object, dropped: list[str] | None = None) -> dict:
 
 
 def save_state(path: str | os.PathLike[str], doc: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.makedirs(os.path.dirname(os.fspath(path)) or ".", mode=0o755, exist_ok=True)
     atomic_write(path, json.dumps(doc, indent=1, sort_keys=True) + "\n", mode=0o600)

@@ -31,7 +31,7 @@ import re
 from functools import lru_cache
 from typing import Any, Iterable
 
-from ..paths import data_file
+from ..paths import data_path
 from .findings import DRAIN, INFO, WARN, Finding
 
 CHECK = "gpu.sxid"
@@ -42,7 +42,7 @@ _SXID = re.compile(r"nvidia-nvswitch(?P<dev>\d{1,3}): SXid \(PCI:(?P<bus>" + _BU
 
 @lru_cache(maxsize=1)
 def catalog() -> dict[str, Any]:
-    with open(data_file("sxid_catalog.json"), encoding="utf-8") as f:
+    with open(data_path("sxid_catalog.json"), encoding="utf-8") as f:
         return json.load(f)["codes"]
 
 

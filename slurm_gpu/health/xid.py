@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable
 
-from ..paths import data_file
+from ..paths import data_path
 from .findings import DRAIN, INFO, WARN, Finding
 
 CHECK = "gpu.xid"
@@ -62,7 +62,7 @@ _RECOVERY_TO = re.compile(r"^GPU recovery action changed from \S+(?: \([^)]*\))?
 @lru_cache(maxsize=1)
 def catalog() -> dict[str, Any]:
     """The shipped catalog (codes keyed by str(code), NVLink5 rules, provenance)."""
-    with open(data_file("xid_catalog.json")) as f:
+    with open(data_path("xid_catalog.json")) as f:
         return json.load(f)
 
 
