@@ -16,6 +16,7 @@ from ..errors import InputError
 # costs them about 8 ms per run (python -X importtime).
 
 _TRAILING_INT = re.compile(r"^(.*?)(\d+)$")
+_DIGIT_RUNS = re.compile(r"(\d+)")
 # Bad input must be one line, never a hang: a range that expands to more
 # names or numbers than any cluster has is refused before it is expanded,
 # and ClusterShell's own ValueError (int() of a 5,000-digit bound) is ours.
@@ -35,7 +36,7 @@ def natural_key(text: str) -> tuple[object, ...]:
     Digit runs compare by value without int() (which refuses 4,300+ digits):
     by length once leading zeros are gone, then by the digits themselves.
     """
-    parts = re.split(r"(\d+)", text)
+    parts = _DIGIT_RUNS.split(text)
     return tuple((len(p.lstrip("0")), p.lstrip("0")) if i % 2 else p for i, p in enumerate(parts))
 
 

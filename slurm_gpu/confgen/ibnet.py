@@ -175,15 +175,20 @@ def _check_links(nodes: dict[str, IbNode], source: str) -> None:
 def parse_file(path: str) -> IbFabric:
     """Read and parse a dump file (the one I/O helper here; front ends call it)."""
     # A 10,000-node fabric is ~100,000 nodes and ports that all survive the
-    # parse: cyclic GC passes over them only cost time, so pause it.
+    # parse: cyclic GC passes over them only cost time, so pause it, and
+    # freeze the result (it holds no cycles; refcounting still frees it) so
+    # that the passes while the tree is built and rendered skip it too.
     gc_was = gc.isenabled()
     gc.disable()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
-        return parse(text, path)
+        fabric = parse(text, path)
     except OSError as e:
         raise InputError(f"cannot read ibnetdiscover dump: {e.strerror}", path) from None
     finally:
         if gc_was:
             gc.enable()
+    if len(fabric.nodes) > 1000:
+        gc.freeze()
+    return fabric

@@ -20,6 +20,7 @@ Rules (all visible in real dumps, see tests/data/ibnetdiscover/):
 """
 from __future__ import annotations
 
+import gc
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -109,6 +110,19 @@ class _UnionFind:
 
 def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] | None = None) -> Tree:
     """Slurm switches (leaves first) for one or more fabric dumps."""
+    # The maps built here (hundreds of thousands of links at 10,000 nodes)
+    # and the fabric they come from hold no cycles: a cyclic GC pass over
+    # them only costs time (~0.1 s at 10,000 nodes), so it is paused.
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_tree(fabrics, match)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] | None) -> Tree:
     match = match or host_matcher()
     notes: list[str] = []
     sw_names: dict[tuple[int, str], str] = {}
@@ -127,15 +141,20 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
                 name = f"{name}-{n.id.split('-')[-1][-6:]}"
             used.add(name)
             sw_names[(fi, n.id)] = name
-        for n in fab.nodes.values():
+        nodes = fab.nodes
+        for n in nodes.values():
             if n.kind == "Switch":
                 me = f"{fi}:{n.id}"
+                links = sw_links[me]
+                is_edge = False
                 for peer, _pp, _l in n.ports.values():
-                    pn = fab.nodes[peer]
+                    pn = nodes[peer]
                     if pn.kind == "Switch":
-                        sw_links[me].add(f"{fi}:{peer}")
-                    elif pn.kind == "Ca" and not _AGGREGATION.search(pn.desc):
-                        edge.add(me)
+                        links.add(f"{fi}:{peer}")
+                    elif not is_edge and pn.kind == "Ca" and not _AGGREGATION.search(pn.desc):
+                        is_edge = True     # one adapter is enough: a leaf has hundreds
+                if is_edge:
+                    edge.add(me)
                 continue
             if n.kind != "Ca":
                 continue
@@ -146,9 +165,10 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
             first = seen_host_fabric.setdefault(host, fi)
             if first != fi:
                 continue  # a node on several fabrics belongs to the first dump given
+            mine = host_leaves[host]
             for peer, _pp, _l in n.ports.values():
-                if fab.nodes[peer].kind == "Switch":
-                    host_leaves[host][f"{fi}:{peer}"] += 1
+                if nodes[peer].kind == "Switch":
+                    mine[f"{fi}:{peer}"] += 1
     if skipped:
         kinds = sorted(set(skipped))
         notes.append(f"skipped {len(skipped)} adapters whose description names no host "
@@ -183,9 +203,18 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
         fi, nid = key.split(":", 1)
         return sw_names[(int(fi), nid)]
 
+    # Switch names are sorted many times (each spine lists every leaf group): one key each.
+    name_keys: dict[str, tuple[object, ...]] = {}
+
+    def name_key(name: str) -> tuple[object, ...]:
+        k = name_keys.get(name)
+        if k is None:
+            k = name_keys[name] = hostlist.natural_key(name)
+        return k
+
     group_name: dict[str, str] = {}
     for root, members in groups.items():
-        members.sort(key=lambda k: hostlist.natural_key(sname(k)))
+        members.sort(key=lambda k: name_key(sname(k)))
         gname = sname(members[0])
         for m in members:
             group_name[m] = gname
@@ -198,7 +227,7 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
         if len(per_group) == 1:
             best = next(iter(per_group))
         else:
-            best = sorted(per_group.items(), key=lambda kv: (-kv[1], hostlist.natural_key(kv[0])))[0][0]
+            best = sorted(per_group.items(), key=lambda kv: (-kv[1], name_key(kv[0])))[0][0]
             straddling += 1
         group_nodes[best].append(host)
     if straddling:
@@ -223,7 +252,7 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
                     if n.kind == "Switch"]
     orphans = [sname(k) for k in all_switches if k not in level]
     if orphans:
-        orphans.sort(key=hostlist.natural_key)
+        orphans.sort(key=name_key)
         notes.append(f"dropped {len(orphans)} switches that reach no (kept) host: "
                      f"{hostlist.fold(orphans)}")
     out: list[Switch] = []
@@ -240,12 +269,14 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
     for s, lv in level.items():
         if lv == 0:
             continue
+        mine = upper[s]
         for p in sw_links.get(s, ()):
             if level.get(p) == lv - 1:
-                upper[s].add(group_name.get(p, sname(p)) if lv == 1 else sname(p))
+                g = group_name.get(p) if lv == 1 else None
+                mine.add(g if g is not None else sname(p))
     for s, children in upper.items():
-        out.append(Switch(sname(s), level[s], (), tuple(sorted(children, key=hostlist.natural_key))))
-    out.sort(key=lambda sw: (sw.level, hostlist.natural_key(sw.name)))
+        out.append(Switch(sname(s), level[s], (), tuple(sorted(children, key=name_key))))
+    out.sort(key=lambda sw: (sw.level, name_key(sw.name)))
     # Connected components of the result = fabrics Slurm sees.
     comp = _UnionFind()
     for sw in out:
