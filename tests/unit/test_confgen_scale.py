@@ -1,6 +1,6 @@
 """A generated cluster (bench_confgen's shape, 360 nodes) renders byte for byte as it did.
 
-The golden files in tests/data/golden/scale-360.* were rendered by main
+The golden files in tests/data/golden/scale/360.* were rendered by main
 before issue 15's confgen speed-up (the template loader, the faster tree
 build and gres grouping); every later change must keep them.  The cluster
 mixes node kinds, NVLink cliques of 18 with stragglers outside any fabric,
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "tests" / "data" / "machines"
-GOLDEN = ROOT / "tests" / "data" / "golden"
+GOLDEN = ROOT / "tests" / "data" / "golden" / "scale"
 N = 360
 KINDS = ("h100-sxm-8x", "gb200-nvl", "h100-sxm-8x", "dgx-a100-permuted")
 
@@ -98,7 +98,7 @@ def render(tmp: Path) -> dict[str, str]:
 def test_generated_cluster_renders_as_golden(tmp_path: Path) -> None:
     got = render(tmp_path)
     for name, text in got.items():
-        assert text == (GOLDEN / f"scale-{N}.{name}").read_text(), name
+        assert text == (GOLDEN / f"{N}.{name}").read_text(), name
     # The shape is what it claims: every kind, stragglers, a host off the fabric.
     assert "gpu0050" not in got["block.topology.conf"] and "Nodes=" in got["tree.topology.conf"]
 
@@ -108,5 +108,5 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as t:
         for name, text in render(Path(t)).items():
-            (GOLDEN / f"scale-{N}.{name}").write_text(text)
-            print("wrote", GOLDEN / f"scale-{N}.{name}")
+            (GOLDEN / f"{N}.{name}").write_text(text)
+            print("wrote", GOLDEN / f"{N}.{name}")
