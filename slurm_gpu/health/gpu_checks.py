@@ -6,9 +6,9 @@ I/O here, so every check runs in unit tests over recorded machines.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ..hw.plain import Plain
 from .findings import DRAIN, INFO, WARN, Finding
 
 if TYPE_CHECKING:   # annotations only: a run without NVML checks (--only gpu.xid) never loads the GPU layer
@@ -28,14 +28,15 @@ _REASON_NAMES = ((REASON_HW_SLOWDOWN, "HW slowdown"), (REASON_HW_THERMAL, "HW th
                  (REASON_HW_POWER_BRAKE, "HW power brake"), (REASON_SW_THERMAL, "SW thermal slowdown"))
 
 
-@dataclass(frozen=True)
-class ExpectedGpus:
+class ExpectedGpus(Plain):     # Plain, not a dataclass: cheap to define on every run (hw/plain.py)
     """What gres.conf promises this node: GPU count and device minors (File=/dev/nvidiaN)."""
 
+    __slots__ = ("count", "minors", "types", "source")
+    _defaults = {"minors": (), "types": (), "source": "gres.conf"}
     count: int
-    minors: tuple[int, ...] = ()
-    types: tuple[str, ...] = ()
-    source: str = "gres.conf"
+    minors: tuple[int, ...]
+    types: tuple[str, ...]
+    source: str
 
 
 def _gpus(h: NvmlHealth) -> list[GpuHealth]:
@@ -237,14 +238,15 @@ def check_persistence(h: NvmlHealth | None) -> list[Finding]:
             for g in (_gpus(h) if h else []) if g.persistence_mode == 0]
 
 
-@dataclass(frozen=True)
-class GpuGather:
+class GpuGather(Plain):
     """What the ``gpu.*`` checks read: one NVML gather and what the node should have."""
 
+    __slots__ = ("health", "expected", "retired_pages_max", "expected_links")
+    _defaults = {"retired_pages_max": 60, "expected_links": None}
     health: NvmlHealth | None
     expected: ExpectedGpus | None
-    retired_pages_max: int = 60
-    expected_links: dict[str, int] | None = None
+    retired_pages_max: int
+    expected_links: dict[str, int] | None
 
 
 # The gpu.* checks, in report order: the one place a check over the NVML

@@ -20,9 +20,9 @@ Gathers:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from ..hw.plain import Plain
 from .findings import Finding
 from .gpu_checks import GPU_CHECKS
 from .os_checks import OS_CHECK_TABLE
@@ -37,39 +37,48 @@ OWN = "own"
 ACT_MIN_SECONDS = 1.5
 
 
-@dataclass(frozen=True)
-class KmsgGather:
+# Plain values, not dataclasses: every health-check run imports this, and
+# making a dataclass costs a few hundred microseconds (``hw/plain.py``).
+class KmsgGather(Plain):
     """The kernel log's new lines, the XID events in them and in xid-watch's
     records, and the NVLink5 verdicts of earlier runs of this boot."""
 
+    __slots__ = ("lines", "events", "xid_memo")
+    _defaults = {"xid_memo": None}
     lines: list[Any]
     events: list[Any]
-    xid_memo: dict | None = None
+    xid_memo: dict | None
 
 
-@dataclass(frozen=True)
-class OsGather:
+class OsGather(Plain):
+    __slots__ = ("info", "settings", "gpus_expected")
     info: Any                              # osinfo.OsInfo
     settings: HealthSettings
     gpus_expected: bool
 
 
-@dataclass(frozen=True)
-class OwnGather:
+class OwnGather(Plain):
     """What a check that gathers for itself gets: the run's options, its
     deadline (monotonic) and the NVML gather, if one was made."""
 
+    __slots__ = ("opts", "deadline", "health")
+    _defaults = {"health": None}
     opts: Any                              # engine.Options
     deadline: float
-    health: Any = None                     # hw.nvml_health.NvmlHealth | None
+    health: Any                            # hw.nvml_health.NvmlHealth | None
 
 
-@dataclass(frozen=True)
-class HealthCheck:
+def _always(s: HealthSettings) -> bool:
+    return True
+
+
+class HealthCheck(Plain):
+    __slots__ = ("name", "gather", "check", "enabled")
+    _defaults = {"enabled": _always}
     name: str
     gather: str                            # NVML, KMSG, OS or OWN
     check: Callable[[Any], list[Finding]]  # a function of that gather
-    enabled: Callable[[HealthSettings], bool] = lambda s: True
+    enabled: Callable[[HealthSettings], bool]
 
 
 def _xid(g: KmsgGather) -> list[Finding]:
