@@ -60,7 +60,11 @@ fi
 # Ask the mirror first: without network debootstrap would spend minutes in
 # retries before failing with a page of log.
 release="$MIRROR/dists/$SUITE/InRelease"
-if command -v curl >/dev/null; then
+if [[ $release == file://* ]]; then
+    # A local mirror: wget (all a minimal Debian has when curl is missing)
+    # cannot read file:// URLs.
+    probe=(test -r "${release#file://}")
+elif command -v curl >/dev/null; then
     probe=(curl -fsS -o /dev/null --connect-timeout 10 --max-time 20 "$release")
 else
     probe=(wget -q -O /dev/null --timeout=10 --tries=1 "$release")
