@@ -57,7 +57,10 @@ bare_root() {
         if [ -f "$root/.slurm-gpu-complete" ]; then exit 0; fi
         local probe=(wget -q -O /dev/null --timeout=10 --tries=1)
         if command -v curl >/dev/null; then probe=(curl -fsS -o /dev/null --connect-timeout 10 --max-time 20); fi
-        if ! "${probe[@]}" "$MIRROR/dists/$suite/InRelease" 2>/dev/null; then
+        local release="$MIRROR/dists/$suite/InRelease"
+        # wget cannot read a local (file://) mirror.
+        if [[ $release == file://* ]]; then probe=(test -r); release=${release#file://}; fi
+        if ! "${probe[@]}" "$release" 2>/dev/null; then
             say "Debian mirror unreachable ($MIRROR/dists/$suite/InRelease)"; exit 77
         fi
         local log=$CACHE/$suite-pkgroot.log try
@@ -77,12 +80,15 @@ bare_root() {
 }
 
 # Every file of the root but the ones apt/dpkg bookkeeping and the kernel own.
+# A directory's size is left out: the root is an overlay, and a directory
+# copied up into a tmpfs upper layer (/tmp is one in CI) changes size alone.
 file_list() {
     (cd "$1" && find . -xdev \( -path ./proc -o -path ./sys -o -path ./dev -o -path ./run \
         -o -path ./tmp -o -path ./var/cache/apt -o -path ./var/lib/apt -o -path ./var/log \
         -o -path ./var/lib/dpkg -o -path ./var/cache/debconf -o -path ./var/cache/ldconfig \
         -o -path ./var/lib/rpm -o -path ./root/.rpmdb -o -path ./usr/lib/sysimage/rpm \
-        -o -path ./etc/ld.so.cache \) -prune -o -printf '%y %m %u:%g %s %p\n' | LC_ALL=C sort)
+        -o -path ./etc/ld.so.cache \) -prune -o \
+        \( -type d -printf '%y %m %u:%g - %p\n' -o -printf '%y %m %u:%g %s %p\n' \) | LC_ALL=C sort)
 }
 
 MNT=()
