@@ -46,14 +46,21 @@ class IbFabric:
     source: str
 
 
-# Fast path: one regex per record (header lines, node line, port lines) and
-# one findall for its ports, so a 650,000-line dump costs a Python iteration
-# per node, not per line.  Anything it does not recognise is handed to the
-# line-by-line reader below, which names the exact line.
+# Fast path: one regex pass over the whole text, a match per record (blank
+# and comment lines before it, header lines, node line, first port line,
+# other port lines), so a 650,000-line dump costs one short Python step per
+# node, not per line, and the usual adapter record (one port) needs no other
+# call.  Records must follow each other with nothing between; anything it
+# does not recognise is handed to the line-by-line reader below, which names
+# the exact line.
 _SKIP = re.compile(r"(?:[ \t]*\n|#[^\n]*\n)*")
-_RECORD = re.compile(r'((?:[A-Za-z]\w*=[^\n]*\n)*)(Switch|Ca|Rt)[ \t]+(\d+)[ \t]+"([^"\n]+)"([^\n]*)\n'
-                     r'((?:\[[^\n]*\n)*)')
-_PORTS = re.compile(r'^\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\][^\n]*$', re.M)
+_PORT_TEXT = r'\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\]'
+_RECORD = re.compile(r'((?:[ \t]*\n|#[^\n]*\n)*)((?:[A-Za-z]\w*=[^\n]*\n)*)'
+                     r'(Switch|Ca|Rt)[ \t]+\d+[ \t]+"([^"\n]+)"'
+                     # the description: the first quoted string after the first '#'
+                     r'(?:[^#\n]*#[^"\n]*"([^"\n]*)")?[^\n]*\n'
+                     r'(?:' + _PORT_TEXT + r'[^\n]*\n((?:\[[^\n]*\n)*))?')
+_PORTS = re.compile(r'^' + _PORT_TEXT + r'[^\n]*$', re.M)
 
 
 def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabric:
@@ -69,34 +76,34 @@ def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabr
 def _parse_records(text: str) -> dict[str, IbNode] | None:
     """The fast reader; None when the text needs the careful one."""
     nodes: dict[str, IbNode] = {}
-    pos, end, line = 0, len(text), 1
-    skip, record, ports_re = _SKIP.match, _RECORD.match, _PORTS.findall
-    while True:
-        m = skip(text, pos)
-        line += text.count("\n", pos, m.end())
-        pos = m.end()
-        if pos >= end:
-            break
-        r = record(text, pos)
-        if r is None:
-            return None
-        node_line = line + r.group(1).count("\n")
-        port_text = r.group(6)
-        found = ports_re(port_text)
-        if len(found) != port_text.count("\n"):
-            return None
-        rest = r.group(5)
-        hash_at = rest.find("#")
-        q = _QUOTED.search(rest, hash_at) if hash_at >= 0 else None
-        nid = r.group(4)
+    pos, line = 0, 1
+    ports_re = _PORTS.findall
+    for r in _RECORD.finditer(text):
+        if r.start() != pos:
+            return None          # something between two records: the careful reader names it
+        pos = r.end()
+        skipped, header, kind, nid, desc, port, peer, peer_port, more = r.groups()
+        node_line = line + skipped.count("\n") + header.count("\n")
         if nid in nodes:
             return None
         first = node_line + 1
-        nodes[nid] = IbNode(nid, r.group(2), q.group(1) if q else "", node_line,
-                            {int(p): (peer, int(pp), first + i) for i, (p, peer, pp) in enumerate(found)})
-        line = first + len(found)
-        pos = r.end()
-    return nodes if nodes else None
+        if port is None:
+            ports = {}
+            line = first
+        elif not more:
+            ports = {int(port): (peer, int(peer_port), first)}
+            line = first + 1
+        else:
+            found = ports_re(more)
+            if len(found) != more.count("\n"):
+                return None
+            found.insert(0, (port, peer, peer_port))
+            ports = {int(p): (pe, int(pp), first + i) for i, (p, pe, pp) in enumerate(found)}
+            line = first + len(found)
+        nodes[nid] = IbNode(nid, kind, desc or "", node_line, ports)
+    if not nodes or _SKIP.match(text, pos).end() != len(text):
+        return None
+    return nodes
 
 
 def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
@@ -160,14 +167,16 @@ def _bad(raw: str, what: str) -> str:
 
 
 def _check_links(nodes: dict[str, IbNode], source: str) -> None:
+    get = nodes.get
     for n in nodes.values():
+        nid = n.id
         for port, (peer, pport, line) in n.ports.items():
-            p = nodes.get(peer)
+            p = get(peer)
             if p is None:
                 raise InputError(f"truncated ibnetdiscover dump: {peer} (linked from {n.id} port {port}) "
                                  "is never described", f"{source}:{line}")
             back = p.ports.get(pport)
-            if back is None or back[0] != n.id:
+            if back is None or back[0] != nid:
                 raise InputError(f"truncated ibnetdiscover dump: {p.id} port {pport} does not link back to "
                                  f"{n.id} port {port}", f"{source}:{p.line}")
 

@@ -174,3 +174,34 @@ def test_fast_reader_equals_careful_reader() -> None:
     assert fast is not None
     assert {k: (v.kind, v.desc, v.line, v.ports) for k, v in fast.items()} == \
         {k: (v.kind, v.desc, v.line, v.ports) for k, v in careful.items()}
+
+
+@pytest.mark.parametrize("rest,desc", [
+    ('\t\t# "first" # "second"', "first"),           # the first quoted string after the first '#'
+    ('\t\t# lid 5 "after" "more"', "after"),
+    ('\t"before" # "after"', "after"),
+    ('\t\t# no quote here', ""),
+    ('\t\t# "unclosed', ""),
+    ('', ""),
+])
+def test_fast_reader_reads_descriptions_as_the_careful_one(rest: str, desc: str) -> None:
+    text = (f'Switch\t2 "S-a"{rest}\n[1]\t"H-1"[1]\t\t# "n1 mlx5_0"\n\n'
+            f'Ca\t1 "H-1"{rest}\n[1](1) \t"S-a"[1]\t\t# lid 1\n')
+    fast = ibnet._parse_records(text)
+    careful = ibnet._parse_lines(text.splitlines(True), "d").nodes
+    assert fast is not None
+    assert [(n.desc, n.line, n.ports) for n in fast.values()] == \
+        [(n.desc, n.line, n.ports) for n in careful.values()] == \
+        [(desc, 1, {1: ("H-1", 1, 2)}), (desc, 4, {1: ("S-a", 1, 5)})]
+
+
+@pytest.mark.parametrize("text", [
+    'Switch\t2 "S-a"\n[1]\t"H-1"[1]\nxx\n',                  # a line the fast reader does not know
+    'Switch\t2 "S-a"\n[1]\t"H-1"[1]\n[2] "S-b"\n',            # an unreadable port line after a good one
+    'Switch\t2 "S-a"\n[x]\t"H-1"[1]\n',                       # an unreadable first port line
+    'Switch\t2 "S-a"\n[1]\t"H-1"[1]\n# c\n[2]\t"H-2"[1]\n',   # a comment between port lines
+    'Switch\t2 "S-a"\n[1]\t"H-1"[1]',                         # no newline at the end
+    ' Switch\t2 "S-a"\n',                                      # indented
+])
+def test_fast_reader_hands_what_it_does_not_know_to_the_careful_one(text: str) -> None:
+    assert ibnet._parse_records(text) is None
