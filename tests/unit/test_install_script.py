@@ -99,8 +99,12 @@ def test_a_dangling_policy_link_is_not_replaced(fake) -> None:
 @pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_interrupted_install_removes_the_policy(fake, sig: signal.Signals, rc: int) -> None:
     env = dict(fake["env"], FAKE_APT_SLEEP="30")
+    # A signal ignored when bash starts cannot be trapped (nor does it reach
+    # apt-get): a suite started in the background (`cmd &`) inherits SIGINT
+    # ignored, so give the script the disposition a terminal's shell gives it.
     proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     started = Path(str(fake["log"]) + ".started")
     deadline = time.monotonic() + 30
     while not started.exists() and time.monotonic() < deadline:
