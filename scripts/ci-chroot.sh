@@ -7,7 +7,8 @@
 #   scripts/ci-chroot.sh                 # -> rc of `make test` in the fresh root
 #   KEEP=1 WORK=/var/tmp/ci scripts/ci-chroot.sh
 # A host whose HTTPS goes through an intercepting proxy passes its CA bundle
-# on: PIP_CERT (or SSL_CERT_FILE) is copied into the root and used by pip.
+# on: PIP_CERT (or SSL_CERT_FILE) is copied into the root and used by pip, and
+# /usr/local/share/ca-certificates/*.crt into the root's own trust store.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-/var/tmp/slurm-gpu-ci}
@@ -25,6 +26,13 @@ cp /etc/resolv.conf "$R/etc/resolv.conf"
 extra=()
 ca=${PIP_CERT:-${SSL_CERT_FILE:-}}
 if [ -n "$ca" ] && [ -f "$ca" ]; then cp "$ca" "$R/ci-ca.crt"; extra+=(PIP_CERT=/ci-ca.crt); fi
+# The host's own extra CAs go where a real machine keeps them, so the root's
+# trust store holds them once install.sh installs ca-certificates: the pip
+# runs inside the Debian roots (Slurm 24.11/26.05) trust that store, not PIP_CERT.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$R/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"
+fi
 
 set +e
 # / must be a mount point inside (as on a real machine): bind the root onto itself.
