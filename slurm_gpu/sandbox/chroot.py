@@ -122,12 +122,21 @@ PASS_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY"
             "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_DEFAULT_TIMEOUT")
 
 
+def pip_binds() -> tuple[str, ...]:
+    """The host's trust store, and the bundle its PIP_CERT names where that lies elsewhere."""
+    cert = os.environ.get("PIP_CERT", "")
+    return PIP_BINDS + ((cert,) if os.path.isabs(cert) and os.path.isfile(cert) else ())
+
+
 def run_in_root(root: Path, argv: Sequence[str], timeout: float, *,
                 binds: Sequence[str] = ()) -> None:
     """Run *argv* chrooted into *root* with /dev, /proc, /sys bound (raises on failure)."""
     script = _namespace_script(root, binds, argv)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
     env.update({k: os.environ[k] for k in PASS_ENV if k in os.environ})
+    cert = os.environ.get("PIP_CERT", "")
+    if cert in binds:   # bound at the same path inside, so the root's pip can read it
+        env["PIP_CERT"] = cert
     run(["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script],
         timeout=timeout, env=env)
 
@@ -168,7 +177,7 @@ def sync_venv(root: Path, venv: Path, timeout: float = 900) -> Path:
         if not deps_stamp.exists() or deps_stamp.read_text() != "\n".join(reqs):
             try:
                 run_in_root(root, [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                                   "--disable-pip-version-check", *reqs], timeout, binds=PIP_BINDS)
+                                   "--disable-pip-version-check", *reqs], timeout, binds=pip_binds())
             except SlurmGpuError as e:
                 raise SlurmGpuError(f"cannot install slurm-gpu's dependencies into the "
                                     f"{root.name} venv: {e.what}", str(rv)) from None
