@@ -27,6 +27,8 @@ SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 @dataclass(frozen=True)
 class Completed:
+    """A finished command: its argv, exit status and output."""
+
     argv: tuple[str, ...]
     returncode: int
     stdout: str

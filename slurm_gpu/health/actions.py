@@ -32,6 +32,8 @@ def scontrol_path() -> str:
 
 @dataclass
 class Outcome:
+    """What acting on Slurm did: the plan carried out, the node as scontrol showed it, and any failure."""
+
     plan: Plan
     node: NodeState | None
     error: str | None = None         # scontrol failed: the run's status becomes unknown

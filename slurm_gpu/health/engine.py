@@ -58,6 +58,8 @@ class WatchdogExpired(Exception):
 
 @dataclass
 class Options:
+    """One health-check run's inputs: the node, its settings, what to read and whether to act."""
+
     node: str
     settings: HealthSettings
     state_dir: str
@@ -80,6 +82,8 @@ class Options:
 
 @dataclass
 class Report:
+    """One run's result: findings, the node status they add up to, and what was done."""
+
     node: str
     findings: list[Finding]
     status: str

@@ -65,6 +65,8 @@ def channel_major(proc_devices: str = "/proc/devices") -> int | None:
 
 @dataclass
 class ImexStatus:
+    """The IMEX daemon's answer: the domain's state and each node's."""
+
     domain: str | None            # UP, DEGRADED, DOWN; None: no answer
     nodes: dict[str, str]         # node id -> status (READY, ...)
     error: str | None = None

@@ -35,6 +35,8 @@ MAX_CLEAN_RUNS = 10_000
 
 @dataclass(frozen=True)
 class NodeState:
+    """A node as ``scontrol show node`` shows it: base state, flags and reason."""
+
     name: str
     base: str                        # IDLE, MIXED, ALLOCATED, DOWN, ...
     flags: frozenset[str]            # DRAIN, RESERVED, MAINTENANCE, PLANNED, NOT_RESPONDING, ...
@@ -122,6 +124,8 @@ class Memory:
 
 @dataclass
 class Plan:
+    """What to do on Slurm this run (drain, resume or nothing), and the memory to save."""
+
     action: str                      # "drain" | "resume" | "none"
     note: str
     reason: str | None = None

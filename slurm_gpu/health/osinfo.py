@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class OsInfo:
+    """The OS settings the ``os.*`` checks audit (None: not readable here)."""
+
     thp: str | None = None                 # "always" | "madvise" | "never"
     swappiness: int | None = None
     governors: dict[str, int] = field(default_factory=dict)  # governor -> number of CPUs

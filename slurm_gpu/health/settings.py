@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 @dataclass
 class HealthSettings:
+    """``[health]``: what the health check reads, how long it may take and which checks run."""
+
     # Kernel log: "/dev/kmsg", or a file written by syslog/dmesg ("%n" = Slurm node name).
     kernel_log: str = "/dev/kmsg"
     # Where xid-watch appends NVML events ("" = <state_dir>/xid-events.jsonl).

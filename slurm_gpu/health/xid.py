@@ -109,6 +109,8 @@ class XidEvent:
 
 @dataclass
 class Verdict:
+    """What one XID report means: the action, its kind and our words for it."""
+
     action: str
     kind: str
     detail: str

@@ -51,6 +51,8 @@ DEV_KMSG = "/dev/kmsg"
 CHUNK = 8 << 20
 @dataclass
 class FileCursor:
+    """Where the last read of a kernel log file stopped (and proof it is the same file)."""
+
     path: str
     inode: int = 0
     offset: int = 0
@@ -138,6 +140,8 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
 
 @dataclass
 class KmsgCursor:
+    """The last ``/dev/kmsg`` record read, and the boot it belongs to."""
+
     boot_id: str = ""
     seq: int = -1
 
