@@ -32,6 +32,11 @@ SERVICES=(mariadb-server:mariadb munge:munge slurmctld:slurmctld slurmd:slurmd s
 if [ "$(id -u)" != 0 ]; then
   echo "slurm-gpu: install needs root (scripts/install.sh)" >&2; exit 1
 fi
+# A venv of another Python is replaced below; anything else at that path (a
+# mistyped SLURM_GPU_VENV=/opt) is an admin's, and is never removed.
+if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ] && [ -n "$(ls -A "$VENV" 2>/dev/null || echo x)" ]; then
+  echo "slurm-gpu: $VENV exists and is not a venv; not replacing it (SLURM_GPU_VENV)" >&2; exit 1
+fi
 # apt-get, waiting up to 10 min for another apt/dpkg to let go of its locks (a
 # fresh VM's apt-daily runs at boot; apt-get update never waits by itself).
 apt_wait() {

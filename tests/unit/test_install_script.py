@@ -174,6 +174,7 @@ def test_venv_install_opens_only_the_venv_to_all(fake, tmp_path: Path) -> None:
     py = venv / "bin" / "python"
     py.write_text("#!/bin/sh\nexit 0\n")          # a venv of /usr's python; pip succeeds
     py.chmod(0o700)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     secret = parent / "secret"
     secret.write_text("x")
     secret.chmod(0o600)
@@ -187,3 +188,16 @@ def test_venv_install_opens_only_the_venv_to_all(fake, tmp_path: Path) -> None:
     assert py.stat().st_mode & 0o777 == 0o755            # the venv: readable by every user
     assert secret.stat().st_mode & 0o777 == 0o600        # its neighbours: as they were
     assert private.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_directory_that_is_not_a_venv_is_never_removed(fake, tmp_path: Path) -> None:
+    """SLURM_GPU_VENV=/opt by mistake: the script ran `rm -rf "$VENV"` on it."""
+    admins = tmp_path / "opt"
+    (admins / "theirs").mkdir(parents=True)
+    (admins / "theirs" / "data").write_text("keep")
+    res = _run(fake, SLURM_GPU_VENV=str(admins), SLURM_GPU_SKIP_VENV="")
+    assert res.returncode == 1
+    assert res.stderr.strip() == (f"slurm-gpu: {admins} exists and is not a venv; "
+                                  "not replacing it (SLURM_GPU_VENV)")
+    assert (admins / "theirs" / "data").read_text() == "keep"
+    assert not fake["log"].exists()      # refused before apt-get ran
