@@ -33,7 +33,9 @@ _NODE_KEY = b'"node":'
 # or a flat object are cut out (a string with no escape, null, an object
 # with no nesting): such a value is a whole JSON value wherever it sits, so
 # the text around it parses the same whichever value stands there.
-_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": )("[^"\\\x00-\x1f]*"|null|\{[^{}\[\]"]*(?:"[^"\\\x00-\x1f]*"[^{}\[\]"]*)*\})')
+_TOKEN = r'"[^"\\\x00-\x1f]*"|null|\{[^{}\[\]"]*(?:"[^"\\\x00-\x1f]*"[^{}\[\]"]*)*\}'
+_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": )(' + _TOKEN + ')')
+_VALUE = re.compile(_TOKEN)
 # In the template text each cut-out value becomes the string "\u0000<n>":
 # a NUL, which no value in a snapshot holds (texts that spell one are
 # decoded the plain way), so the parsed template shows where each one went.
@@ -55,12 +57,34 @@ class _Template:
 
     ``hostname`` is the index of the host name's value (or -1), ``gpus`` the
     indices of each GPU's UUID and fabric values (-1: that field is part of
-    the template text itself).
+    the template text itself).  ``pieces`` is the key text between the
+    cut-out values: a text that is these pieces with one value token between
+    each two is this template with those values, whatever found the tokens.
     """
 
     node: Any
     hostname: int
     gpus: tuple[tuple[int, int], ...]
+    pieces: tuple[str, ...]
+
+    def values_in(self, text: str) -> list[str] | None:
+        """The value tokens of *text* when it is this template's pieces around them, else None."""
+        pieces = self.pieces
+        pos = len(pieces[0])
+        if not text.startswith(pieces[0]):
+            return None
+        values = []
+        value = _VALUE.match
+        for piece in pieces[1:]:
+            m = value(text, pos)
+            if m is None:
+                return None
+            pos = m.end()
+            if not text.startswith(piece, pos):
+                return None
+            values.append(m.group())
+            pos += len(piece)
+        return values if pos == len(text) else None
 
 
 class SnapshotLoader:
@@ -81,11 +105,19 @@ class SnapshotLoader:
         self._templates: dict[str, _Template | None] = {}
         self._fabrics: dict[str, Any] = {}
         self._sentinels: list[str] = []
+        self._last: _Template | None = None
 
     def node_from_text(self, text: str) -> Any:
         """The model in the JSON text of a snapshot's ``node`` value."""
         if _NUL_ESCAPE in text:
             return _decode(text)
+        # Nodes of one kind come in runs (files sorted by name): try the
+        # template the last node used before cutting this text up.
+        last = self._last
+        if last is not None:
+            values = last.values_in(text)
+            if values is not None:
+                return self._fill(last, values)
         # The CPU part (packages, NUMA nodes, cores: most of the text) holds
         # none of these fields and is kept whole, unscanned.
         a = text.find('"packages": ')
@@ -110,6 +142,7 @@ class SnapshotLoader:
                 return node
         elif template is None:
             return _decode(text)
+        self._last = template
         return self._fill(template, values)
 
     def _fabric(self, token: str) -> Any:
@@ -163,7 +196,15 @@ class SnapshotLoader:
         if sorted(found) != list(range(len(values))):
             return None
         try:
-            t = _Template(Node.from_dict(d), hostname, gpus)
+            pieces = []
+            rest = key
+            for i in range(len(values)):
+                before, _, rest = rest.partition(self._sentinels[i])
+                pieces.append(before)
+            pieces.append(rest)
+            if "".join(p + s for p, s in zip(pieces, self._sentinels[:len(values)])) + rest != key:
+                return None
+            t = _Template(Node.from_dict(d), hostname, gpus, tuple(pieces))
             ok = self._fill(t, values) == node
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
             return None

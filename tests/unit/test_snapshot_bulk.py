@@ -125,6 +125,17 @@ def test_texts_made_to_fool_a_template(old: str, new: str) -> None:
         assert loader.node_from_text(text) == plain(text)   # and the honest node still loads right
 
 
+@pytest.mark.parametrize("edit", [lambda t: t + " x", lambda t: t + "}", lambda t: t[:-1], lambda t: " " + t,
+                                  lambda t: t.replace('"uuid": "GPU-', '"uuid": nullx, "y": "GPU-', 1)])
+def test_a_text_around_a_known_template_that_is_not_one(edit) -> None:
+    """Text before, after or inside the template's pieces: decoded (or refused) as a full decode would."""
+    loader = SnapshotLoader()
+    for i in range(2):
+        loader.node_from_text(json.dumps(variant(BASE, i, 0)))
+    bad = edit(json.dumps(variant(BASE, 5, 0)))
+    assert bulk(loader, bad) == plain(bad)
+
+
 _LOADER = SnapshotLoader()   # shared across examples: templates made by one example serve the next
 _TOKENS = ['"uuid": "GPU-x"', '"uuid": null', '"uuid": {"a": 1}', '"fabric": null', '"fabric": {}',
            '"fabric": {"cluster_uuid": "u", "clique_id": 3, "state": "s", "status": 0}', '"hostname": "h"',
