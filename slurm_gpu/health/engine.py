@@ -224,7 +224,6 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     kmsg_checks = of_gather(checks, KMSG)
     if kmsg_checks:
         from ..hw import kmsg
-        from . import xid
         if opts.kernel_log:
             lines, _ = kmsg.read_source(opts.kernel_log, {})   # a file named on the command line: bad input
         else:
@@ -235,7 +234,12 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             except InputError as e:
                 lines = []
                 incomplete = "; ".join(filter(None, [incomplete, e.line().removeprefix("slurm-gpu: ")]))
-        events = xid.parse_lines(lines)
+        # Most runs find no driver line and no record: the XID parser (its
+        # regexes) is then never loaded, here or in the checks (registry.py).
+        events: list = []
+        if lines:
+            from . import xid
+            events = xid.parse_lines(lines)
         ev_path = _expand(s.events_file, opts.node) if s.events_file else os.path.join(opts.state_dir, EVENTS_FILE)
         if not opts.kernel_log and opts.state_dir:
             try:
@@ -243,9 +247,11 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             except InputError as e:
                 records = []
                 incomplete = "; ".join(filter(None, [incomplete, e.line().removeprefix("slurm-gpu: ")]))
-            more, direct = xid.events_from_nvml(records)
-            events += more
-            event_findings += direct
+            if records:
+                from . import xid
+                more, direct = xid.events_from_nvml(records)
+                events += more
+                event_findings += direct
         xid_memo = _xid_memo(state)
         gathered = KmsgGather(lines, events, xid_memo)
         for c in kmsg_checks:
