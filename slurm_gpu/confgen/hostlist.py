@@ -7,7 +7,7 @@ NodeSet and RangeSet implement.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import InputError
 
@@ -36,8 +36,11 @@ def natural_key(text: str) -> tuple[object, ...]:
     Digit runs compare by value without int() (which refuses 4,300+ digits):
     by length once leading zeros are gone, then by the digits themselves.
     """
-    parts = _DIGIT_RUNS.split(text)
-    return tuple((len(p.lstrip("0")), p.lstrip("0")) if i % 2 else p for i, p in enumerate(parts))
+    parts: list[Any] = _DIGIT_RUNS.split(text)    # text, digits, text, ..., text
+    for i in range(1, len(parts), 2):
+        digits = parts[i].lstrip("0")
+        parts[i] = (len(digits), digits)
+    return tuple(parts)
 
 
 def _bounded(n: int, what: str, text: str, where: str) -> None:

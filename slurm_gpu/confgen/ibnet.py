@@ -168,8 +168,7 @@ def _bad(raw: str, what: str) -> str:
 
 def _check_links(nodes: dict[str, IbNode], source: str) -> None:
     get = nodes.get
-    for n in nodes.values():
-        nid = n.id
+    for nid, n in nodes.items():
         for port, (peer, pport, line) in n.ports.items():
             p = get(peer)
             if p is None:

@@ -73,12 +73,13 @@ def host_matcher(regex: str | None = None, *, keep_domain: bool = False,
     except re.error as e:
         raise UsageError(f"bad --host-regex: {e}") from None
     allowed = set(nodes) if nodes is not None else None
+    group: str | int = "host" if "host" in rx.groupindex else 1
 
     def match(desc: str) -> str | None:
         m = rx.match(desc.strip())
         if not m:
             return None
-        host = m.group("host") if "host" in rx.groupindex else m.group(1)
+        host = m.group(group)
         if not keep_domain:
             host = host.split(".", 1)[0]
         if allowed is not None and host not in allowed:
@@ -142,6 +143,7 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
             used.add(name)
             sw_names[(fi, n.id)] = name
         nodes = fab.nodes
+        keys: dict[str, str] = {}
         for n in nodes.values():
             if n.kind == "Switch":
                 me = f"{fi}:{n.id}"
@@ -168,7 +170,10 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
             mine = host_leaves[host]
             for peer, _pp, _l in n.ports.values():
                 if nodes[peer].kind == "Switch":
-                    mine[f"{fi}:{peer}"] += 1
+                    key = keys.get(peer)
+                    if key is None:
+                        key = keys[peer] = f"{fi}:{peer}"     # a few thousand leaves, 80,000 adapters
+                    mine[key] += 1
     if skipped:
         kinds = sorted(set(skipped))
         notes.append(f"skipped {len(skipped)} adapters whose description names no host "

@@ -108,6 +108,19 @@ def test_hostlist_expansion(text):
     outcome(hostlist.parse_int_ranges, text, "Cores")
 
 
+@fuzz_settings(1000)
+@given(st.lists(st.text(alphabet="gpu-0123456789.[]\u0661", max_size=12), max_size=8))
+def test_natural_key_orders_as_its_definition(names):
+    """Digit runs by value (length once leading zeros are gone, then digits), the rest as text."""
+    import re
+
+    def definition(text):
+        parts = re.split(r"(\d+)", text)
+        return tuple((len(p.lstrip("0")), p.lstrip("0")) if i % 2 else p for i, p in enumerate(parts))
+    assert [hostlist.natural_key(n) for n in names] == [definition(n) for n in names]
+    assert sorted(names, key=hostlist.natural_key) == sorted(names, key=definition)
+
+
 TOPO = [
     "# topology.conf\nSwitchName=leaf1 Nodes=gpu[001-004]\nSwitchName=leaf2 Nodes=gpu[005-008]\n"
     "SwitchName=spine Switches=leaf[1-2] LinkSpeed=400\n",
