@@ -108,6 +108,34 @@ def test_hostlist_expansion(text):
     outcome(hostlist.parse_int_ranges, text, "Cores")
 
 
+_NAME = st.one_of(
+    st.builds(lambda p, z, n: f"{p}{z}{n}", st.sampled_from(["gpu", "n", "a.b-", "x_", "GPU", "gpu-"]),
+              st.sampled_from(["", "0", "00", "9"]), st.integers(0, 10 ** 20)),
+    st.text(alphabet="gpu-0123456789._[],\u0661", max_size=10))
+
+
+@fuzz_settings(1500)
+@given(st.lists(_NAME, max_size=12))
+def test_fold_is_clustershells_fold(names):
+    """hostlist.fold's one-pattern path folds to what NodeSet.fromlist does, name by name (issue 15)."""
+    from ClusterShell.NodeSet import NodeSet
+
+    def fromlist():
+        ns = NodeSet.fromlist(list(names))
+        ns.fold_axis = (-1,)
+        return str(ns)
+    got = want = None
+    try:
+        want = fromlist()
+    except Exception as e:  # noqa: BLE001 - the same failure either way
+        want = type(e)
+    try:
+        got = hostlist.fold(names)
+    except Exception as e:  # noqa: BLE001
+        got = type(e)
+    assert got == want
+
+
 @fuzz_settings(1000)
 @given(st.lists(st.text(alphabet="gpu-0123456789.[]\u0661", max_size=12), max_size=8))
 def test_natural_key_orders_as_its_definition(names):
