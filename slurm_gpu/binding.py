@@ -19,9 +19,9 @@ Rules:
 * The memory policy is MPOL_BIND (strict) or MPOL_PREFERRED (prefer) to the
   GPUs' NUMA node(s).
 * When the GPUs' NUMA nodes have no CPU the task may use, ``prefer`` warns
-  and changes nothing; ``strict`` fails the task.  So when a GPU's index
-  names a gres.conf device the node model does not have: no other GPU's
-  locality stands in for it.
+  and changes nothing; ``strict`` fails the task.
+* A GPU index that names a gres.conf device the node model does not have is
+  refused the same way: no other GPU's locality stands in for it.
 """
 from __future__ import annotations
 
