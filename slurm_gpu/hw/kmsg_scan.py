@@ -139,14 +139,17 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None) 
         end = len(buf)
     hits: list[tuple[int, int, int]] = []
     for lit, pat in _PATTERNS:
-        # What ``pat.finditer(buf, start, end)`` finds: a match can only start at the literal.
+        # What ``pat.finditer(buf, start, end)`` finds: a match can only
+        # start at the literal, so the regex searches from there.  Where the
+        # literal is not the pattern's start ("nvidia-nvswitchX"), the regex
+        # scans on itself: a log full of those costs what a regex pass costs,
+        # not a Python step per copy.
         pos = start
         while (at := _find(buf, lit, pos, end)) >= 0:
-            m = pat.match(buf, at, end)
+            m = pat.search(buf, at, end)
             if m is None:
-                pos = at + 1
-                continue
-            hits.append((_line_start(buf, at), at, m.end()))
+                break
+            hits.append((_line_start(buf, m.start()), m.start(), m.end()))
             pos = m.end()
     hits.sort()
     out: list[KernelLine] = []
