@@ -14,14 +14,14 @@ KERN = 0                     # syslog facility of the kernel's own records
 MAX_JSON_LINE = 64 << 10     # a journal export line longer than this is not ours to parse
 
 # Each pattern starts with its literal: the scan finds the literal with
-# ``bytes.find`` (see _find) and matches the pattern only where it occurs.
+# ``bytes.find`` (see _find) and lets the pattern search on from there.
 _PATTERNS = ((b"NVRM: ", re.compile(rb"NVRM: [^\n]*")),
              (b"AER: Uncorrected", re.compile(rb"AER: Uncorrected[^\n]*")),
              (b"nvidia-nvswitch", re.compile(rb"nvidia-nvswitch\d{1,3}: SXid [^\n]*")))
 # CPython's ``bytes.find`` picks its algorithm by size: for a haystack under
 # 30,000 bytes (and a needle under 100) a skip search that jumps about a
 # needle's length past bytes the needle lacks; above that, two-way.  Over a
-# kernel log the skip search is 2-3.5x faster than two-way and than ``re``'s
+# kernel log the skip search is 1.5-4x faster than two-way and than ``re``'s
 # scan for a literal prefix (one byte at a time), so the scan searches in
 # windows below that size (docs/development.md, issue 15).
 _WINDOW = 29_000
