@@ -52,21 +52,18 @@ _PLAIN_NAME = re.compile(r"([A-Za-z_.-]+)([0-9]{1,18})")   # longer numbers: fro
 
 
 def _one_pattern(names: list[str]) -> str | None:
-    """``gpu[1,2,...],cpu[7]`` for names that are all a letters-only prefix and a
-    number with one padding rule per prefix; None when any is not."""
-    groups: dict[str, list[str]] = {}
+    """``gpu[01,02,...],gpu[100],cpu[7]`` for names that are all a letters-only
+    prefix and a number (one bracket per prefix and digit count, so no bracket
+    mixes paddings); None when any name is not."""
+    groups: dict[tuple[str, int], list[str]] = {}
     match = _PLAIN_NAME.fullmatch
     for name in names:
         m = match(name)
         if m is None:
             return None
-        groups.setdefault(m.group(1), []).append(m.group(2))
-    for numbers in groups.values():
-        width = len(numbers[0])
-        # Mixed widths only without padding (gpu9, gpu10): gpu01 beside gpu1 is fromlist's to read.
-        if any(len(n) != width for n in numbers) and any(n[0] == "0" and len(n) > 1 for n in numbers):
-            return None
-    return ",".join(f"{prefix}[{','.join(numbers)}]" for prefix, numbers in groups.items()) or None
+        digits = m.group(2)
+        groups.setdefault((m.group(1), len(digits)), []).append(digits)
+    return ",".join(f"{prefix}[{','.join(numbers)}]" for (prefix, _), numbers in groups.items()) or None
 
 
 def fold(names: Iterable[str]) -> str:
@@ -80,7 +77,9 @@ def fold(names: Iterable[str]) -> str:
     names = list(names)
     # 10,000 names cost ClusterShell one parse each (~8 us); "prefix<digits>"
     # names (the usual cluster) go to it as one "prefix[d1,d2,...]" pattern
-    # per prefix, which it parses and folds 3x faster to the same set.
+    # per prefix and digit count, which it parses and folds 3x faster to the
+    # same set (gpu99999 beside gpu100000 is two brackets, not fromlist's
+    # 0.8 s for 100,000 names).
     pattern = _one_pattern(names)
     ns = NodeSet(pattern) if pattern is not None else NodeSet.fromlist(names)
     ns.fold_axis = (-1,)
