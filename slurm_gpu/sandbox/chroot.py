@@ -251,12 +251,15 @@ CD_EXEC = 'cd "$0" && exec "$@"'
 def enter(holder: int, root: Path, wd: str = "/", run_as: RunAs | None = None) -> list[str]:
     """The argv prefix that runs a command inside the holder's namespace, chrooted, in *wd*.
 
-    ``nsenter --mount`` leaves us at the namespace's own root, then
-    ``chroot`` enters the Debian root (dropping to *run_as* there) and a
-    shell changes to *wd*.  (``nsenter --root --wd`` opens the directory in
-    the caller's namespace, which the chrooted process then cannot name.)
+    ``nsenter --mount --root`` puts us at the holder's root directory (not
+    the namespace's own root: where the sandbox itself runs chrooted, as in
+    CI's fresh Debian root, that would be the outer machine's, and every path
+    would name the wrong file), then ``chroot`` enters the Debian root
+    (dropping to *run_as* there) and a shell changes to *wd*.  (``nsenter
+    --wd`` opens the directory in the caller's namespace, which the chrooted
+    process then cannot name.)
     """
-    argv = ["nsenter", f"--target={holder}", "--mount", "--", "chroot"]
+    argv = ["nsenter", f"--target={holder}", "--mount", "--root", "--", "chroot"]
     if run_as is not None:
         groups = ",".join(str(g) for g in (run_as.groups or (run_as.gid,)))
         argv += [f"--userspec={run_as.uid}:{run_as.gid}", f"--groups={groups}"]
@@ -319,7 +322,7 @@ def write_clients(layout: Layout, root: Path, version: str,
                      f"pid=$(cat {q(str(pidfile))} 2>/dev/null) || "
                      f"{{ echo \"slurm-gpu: sandbox not running ({layout.root})\" >&2; exit 1; }}\n"
                      f'case "$PWD" in {cases}) wd=$PWD ;; *) wd=/ ;; esac\n'
-                     f'cd / && exec nsenter --target="$pid" --mount -- chroot {q(str(root))} '
+                     f'cd / && exec nsenter --target="$pid" --mount --root -- chroot {q(str(root))} '
                      f'/bin/sh -c {q(CD_EXEC)} "$wd" /usr/bin/{name} "$@"\n',
                      mode=0o755)
         yield path

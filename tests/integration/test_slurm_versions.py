@@ -12,6 +12,7 @@ a missing root skips those cases with the reason (no network here).
 from __future__ import annotations
 
 import re
+import subprocess
 import shutil
 import time
 from pathlib import Path
@@ -283,3 +284,29 @@ def test_python_that_cannot_start_in_slurmstepd_fails_the_step_not_the_node(clus
     assert "RAN" not in text and len(ours) == 1 and "could not start" in ours[0], text
     res = cluster.run(["sinfo", "-h", "-n", "n1", "-o", "%T"])
     assert res.stdout.split()[0] in ("idle", "mixed"), res.stdout   # never drained
+
+
+def test_a_sandbox_started_from_inside_a_chroot_runs_in_its_own_root(tmp_path: Path) -> None:
+    """CI runs the suite chrooted in a fresh Debian root.  `nsenter --mount`
+    alone put the sandbox's processes at the mount namespace's own root, the
+    outer machine's: the 24.11 plugin was built into the outer /tmp, and every
+    24.11/26.05 test failed there.  Here the whole host is bound onto a
+    directory and chrooted into, with fresh /tmp and /run as in CI."""
+    from debianroot import debian_root
+    debian_root("trixie", "a 24.11 sandbox")
+    from slurm_gpu.sandbox.install import DEFAULT_VENV
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    inner = ("set -e; d=/tmp/sb; trap '" f"{DEFAULT_VENV}/bin/slurm-gpu sandbox down --dir $d >/dev/null 2>&1' EXIT; "
+             f"eval \"$({DEFAULT_VENV}/bin/slurm-gpu sandbox up --dir $d --slurm 24.11 --machine mini-2numa "
+             "--spank --no-prolog --no-health 2>/dev/null)\"; "
+             "test -s $d/lib/slurm_gpu_spank.so; $d/bin/srun -N1 -n1 /bin/echo STEP-RAN")
+    script = ('R=$1; mount --bind / "$R" && mount -t proc proc "$R/proc" && mount --rbind /sys "$R/sys" && '
+              'mount --rbind /dev "$R/dev" && mount -t tmpfs tmpfs "$R/run" && '
+              'mount -t tmpfs tmpfs "$R/tmp" && chmod 1777 "$R/tmp" && '
+              'exec chroot "$R" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /bin/sh -c "$2"')
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", script, "_",
+                          str(outer), inner], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "STEP-RAN"
+    assert not (Path("/tmp/sb").exists())      # nothing of it reached the outer /tmp

@@ -59,7 +59,7 @@ def test_namespace_script_binds_each_path_once_and_quotes(tmp_path):
 def test_enter_drops_to_the_user_inside_the_root():
     from slurm_gpu.runner import RunAs
     argv = chroot.enter(42, Path("/r"), "/home/u", RunAs(1001, 1001, (1001, 27)))
-    assert argv[:4] == ["nsenter", "--target=42", "--mount", "--"]
+    assert argv[:5] == ["nsenter", "--target=42", "--mount", "--root", "--"]
     assert "--userspec=1001:1001" in argv and "--groups=1001,27" in argv
     assert argv[-3:] == ["-c", chroot.CD_EXEC, "/home/u"]
 
