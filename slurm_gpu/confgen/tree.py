@@ -283,11 +283,19 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
         out.append(Switch(sname(s), level[s], (), tuple(sorted(children, key=name_key))))
     out.sort(key=lambda sw: (sw.level, name_key(sw.name)))
     # Connected components of the result = fabrics Slurm sees.
+    # A switch joined to each of its children joins them all: chain each
+    # distinct child list once (every spine of a rail lists the same
+    # leaves) and join the switch to its first child.
     comp = _UnionFind()
+    chained: set[tuple[str, ...]] = set()
     for sw in out:
         comp.find(sw.name)
-        for c in sw.switches:
-            comp.union(sw.name, c)
+        if sw.switches:
+            if sw.switches not in chained:
+                chained.add(sw.switches)
+                for a, b in zip(sw.switches, sw.switches[1:]):
+                    comp.union(a, b)
+            comp.union(sw.name, sw.switches[0])
     nfab = len({comp.find(sw.name) for sw in out})
     if nfab > 1:
         notes.append(f"{nfab} fabrics share no switch: Slurm will not place a job across them")
