@@ -279,8 +279,14 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
             if level.get(p) == lv - 1:
                 g = group_name.get(p) if lv == 1 else None
                 mine.add(g if g is not None else sname(p))
+    ordered: dict[frozenset[str], tuple[str, ...]] = {}   # every spine of a rail has the same children
     for s, children in upper.items():
-        out.append(Switch(sname(s), level[s], (), tuple(sorted(children, key=name_key))))
+        key = frozenset(children)
+        kids = ordered.get(key)
+        if kids is None:
+            # sorted by text first: names with equal natural keys (a01, a1) keep one order, not the set's
+            kids = ordered[key] = tuple(sorted(sorted(children), key=name_key))
+        out.append(Switch(sname(s), level[s], (), kids))
     out.sort(key=lambda sw: (sw.level, name_key(sw.name)))
     # Connected components of the result = fabrics Slurm sees.
     # A switch joined to each of its children joins them all: chain each

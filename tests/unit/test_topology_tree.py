@@ -205,3 +205,17 @@ def test_fast_reader_reads_descriptions_as_the_careful_one(rest: str, desc: str)
 ])
 def test_fast_reader_hands_what_it_does_not_know_to_the_careful_one(text: str) -> None:
     assert ibnet._parse_records(text) is None
+
+
+def test_spines_list_leaves_with_equal_natural_keys_in_one_order() -> None:
+    """a01 and a1 sort equal by natural key: every spine lists them by text, whatever the set order."""
+    leaves = [("S-l1", "MF0;a1:X"), ("S-l2", "MF0;a01:X"), ("S-l3", "MF0;a001:X")]
+    # leaf k: port 1 its host, port 1+i spine i (its port k)
+    text = _fabric_text(
+        *[(lid, desc, [(f"H-{k}", 1)] + [(f"S-s{i}", k) for i in range(1, 4)])
+          for k, (lid, desc) in enumerate(leaves, 1)],
+        *[(f"S-s{i}", f"MF0;spine{i}:X", [(lid, 1 + i) for lid, _ in leaves]) for i in range(1, 4)],
+        hosts={f"H-{k}": (f"n{k} mlx5_0", lid, 1) for k, (lid, _) in enumerate(leaves, 1)})
+    t = tree.build_tree([ibnet.parse(text.splitlines(True), "f")])
+    assert [(s.name, s.switches) for s in t.switches if s.level == 1] == \
+        [(f"spine{i}", ("a001", "a01", "a1")) for i in range(1, 4)]
