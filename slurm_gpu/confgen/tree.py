@@ -143,18 +143,21 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
             used.add(name)
             sw_names[(fi, n.id)] = name
         nodes = fab.nodes
-        keys: dict[str, str] = {}
+        # "<dump>:<id>" of every switch, made once (a million ports name them at 100,000 nodes).
+        switch_key = {nid: f"{fi}:{nid}" for nid, n in nodes.items() if n.kind == "Switch"}
         for n in nodes.values():
             if n.kind == "Switch":
-                me = f"{fi}:{n.id}"
+                me = switch_key[n.id]
                 links = sw_links[me]
                 is_edge = False
                 for peer, _pp, _l in n.ports.values():
-                    pn = nodes[peer]
-                    if pn.kind == "Switch":
-                        links.add(f"{fi}:{peer}")
-                    elif not is_edge and pn.kind == "Ca" and not _AGGREGATION.search(pn.desc):
-                        is_edge = True     # one adapter is enough: a leaf has hundreds
+                    key = switch_key.get(peer)
+                    if key is not None:
+                        links.add(key)
+                    elif not is_edge:
+                        pn = nodes[peer]
+                        if pn.kind == "Ca" and not _AGGREGATION.search(pn.desc):
+                            is_edge = True     # one adapter is enough: a leaf has hundreds
                 if is_edge:
                     edge.add(me)
                 continue
@@ -169,10 +172,8 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
                 continue  # a node on several fabrics belongs to the first dump given
             mine = host_leaves[host]
             for peer, _pp, _l in n.ports.values():
-                if nodes[peer].kind == "Switch":
-                    key = keys.get(peer)
-                    if key is None:
-                        key = keys[peer] = f"{fi}:{peer}"     # a few thousand leaves, 80,000 adapters
+                key = switch_key.get(peer)
+                if key is not None:
                     mine[key] += 1
     if skipped:
         kinds = sorted(set(skipped))
