@@ -48,13 +48,15 @@ def _bounded(n: int, what: str, text: str, where: str) -> None:
         raise InputError(f"{what} {text[:60]!r} expands to {n} entries (at most {MAX_EXPANSION})", where or None)
 
 
-_PLAIN_NAME = re.compile(r"([A-Za-z_.-]+)([0-9]{1,18})")   # longer numbers: fromlist, errors and all
+# A prefix of name characters not ending in a digit, then the number folded
+# (fold_axis -1); long names and numbers are left to fromlist, errors and all.
+_PLAIN_NAME = re.compile(r"([A-Za-z0-9_.-]{0,63}[A-Za-z_.-])([0-9]{1,18})")
 
 
 def _one_pattern(names: list[str]) -> str | None:
-    """``gpu[01,02,...],gpu[100],cpu[7]`` for names that are all a letters-only
-    prefix and a number (one bracket per prefix and digit count, so no bracket
-    mixes paddings); None when any name is not."""
+    """``gpu[01,02,...],gpu[100],rack1n[7]`` for names that are all a prefix
+    and a number (one bracket per prefix and digit count, so no bracket mixes
+    paddings); None when any name is not."""
     groups: dict[tuple[str, int], list[str]] = {}
     match = _PLAIN_NAME.fullmatch
     for name in names:

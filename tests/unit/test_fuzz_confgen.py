@@ -109,7 +109,8 @@ def test_hostlist_expansion(text):
 
 
 _NAME = st.one_of(
-    st.builds(lambda p, z, n: f"{p}{z}{n}", st.sampled_from(["gpu", "n", "a.b-", "x_", "GPU", "gpu-"]),
+    st.builds(lambda p, z, n: f"{p}{z}{n}", st.sampled_from(["gpu", "n", "a.b-", "x_", "GPU", "gpu-", "r1n", "r01n",
+                                                           "a08-p1-dgx-04-c", "IBLEAF-0-", "0a", "9" * 70 + "x"]),
               st.sampled_from(["", "0", "00", "9"]), st.integers(0, 10 ** 20)),
     st.text(alphabet="gpu-0123456789._[],\u0661", max_size=10))
 
