@@ -31,7 +31,8 @@ from typing import Any, Callable
 from .. import runner
 from ..errors import CommandError, HardwareError
 from ..runner import RunAs
-from .mpsprocs import _alive, _ids, _kill, _same, daemon_pids, daemon_procs  # noqa: F401 - _alive: re-exported (tests)
+from .mpsprocs import (_alive, _ids, _kill, _same, daemon_pids,  # noqa: F401 - _alive: re-exported (tests)
+                       daemon_procs, daemon_tree, wait_gone)
 from .settings import MpsSettings
 
 
@@ -149,11 +150,19 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     t0 = time.monotonic()
     runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices), run_as=user.run_as(),
                join_cgroups=jobcgroup.procs_files(cgroups))
+    # One client session both asks whether the daemon answers and applies
+    # the admin's defaults: the client reads stdin line by line and sends
+    # every command over one connection (NVIDIA's 535 binary: one "NEW UI"
+    # in control.log, each "Cmd:" answered in order, exit 0).  It exits 1
+    # with "Cannot find MPS control daemon process" before sending anything
+    # while the daemon is not listening yet, so a retry never applies a
+    # setting twice half-way; the settings are idempotent anyway.
+    session = "\n".join(["get_server_list"] + _settings_commands(settings, devices, percentage))
     deadline = t0 + settings.start_timeout
     delay = 0.002
     seen = False
     while True:
-        res = control(settings, user, pipe, log, "get_server_list", check=False,
+        res = control(settings, user, pipe, log, session, check=False,
                       timeout=max(0.5, deadline - time.monotonic()))
         if res.ok:
             break
@@ -172,20 +181,25 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
                                 f"{settings.start_timeout:g} s", str(pipe))
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
-    info["pids"] = daemon_pids(pipe)
     info["start_s"] = round(time.monotonic() - t0, 4)
-    record(info)
-    pct = percentage or settings.default_active_thread_percentage or None
-    if pct:
-        control(settings, user, pipe, log, f"set_default_active_thread_percentage {pct}")
-    if settings.pinned_mem_limit:
-        ndev = len(devices.split(",")) if devices else 1
-        for d in range(ndev):
-            control(settings, user, pipe, log,
-                    f"set_default_device_pinned_mem_limit {d} {settings.pinned_mem_limit}")
+    info["pids"] = daemon_pids(pipe)
     info["ready"] = True
     record(info)
     return info
+
+
+def _settings_commands(settings: MpsSettings, devices: str | None,
+                       percentage: int | None) -> list[str]:
+    """The control commands that apply the job's percentage and the admin's defaults."""
+    out = []
+    pct = percentage or settings.default_active_thread_percentage or None
+    if pct:
+        out.append(f"set_default_active_thread_percentage {pct}")
+    if settings.pinned_mem_limit:
+        ndev = len(devices.split(",")) if devices else 1
+        out += [f"set_default_device_pinned_mem_limit {d} {settings.pinned_mem_limit}"
+                for d in range(ndev)]
+    return out
 
 
 def _log_says_started(log: Path) -> bool:
@@ -224,25 +238,20 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     # Found by scan: the state's recorded PIDs may since have been recycled.
     # The scan finds what still has the pipe directory in its environment;
     # the process tree below it adds children that dropped it.
-    procs = daemon_procs(pipe, uid) if uid != 0 and jd.exists() else {}
-    procs.update(_tree_of(procs, uid))
+    procs = daemon_tree(pipe, uid) if uid != 0 and jd.exists() else {}
     if procs and user is not None and pipe.is_dir():
         try:
             control(settings, user, pipe, log, "quit", timeout=settings.quit_timeout,
                     check=False)
         except CommandError as e:
             notes.append(f"MPS quit: {e.what}")
-        deadline = time.monotonic() + settings.quit_timeout
-        while any(_same(p, *i) for p, i in procs.items()) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_gone(procs, settings.quit_timeout)
     left = {p: i for p, i in procs.items() if _same(p, *i)}
     if left:
         notes.append(f"MPS: killed stragglers {','.join(map(str, sorted(left)))}")
         for p, i in left.items():
             _kill(p, *i)
-        deadline = time.monotonic() + kill_wait
-        while any(_same(p, *i) for p, i in left.items()) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_gone(left, kill_wait)
         alive = sorted(p for p, i in left.items() if _same(p, *i))
         if alive:
             # Stuck in the kernel (a hung driver call): a node fault.  The
@@ -258,19 +267,6 @@ def _node_name() -> str:
     """Slurm's name for this node (slurmd's environment, or SPANK's hostctx)."""
     from ..hw.live import node_name
     return node_name()
-
-
-def _tree_of(procs: dict[int, tuple[int, int]], uid: int | None) -> dict[int, tuple[int, int]]:
-    """The job user's processes below *procs* in the process tree (never root's)."""
-    from .jobcgroup import descendants
-    if not procs or uid in (None, 0):
-        return {}
-    out = {}
-    for pid in descendants(procs) - set(procs):
-        ids = _ids(pid)
-        if ids is not None and set(ids[0]) == {uid}:
-            out[pid] = (ids[1], uid)
-    return out
 
 
 def _end_cgroups(info: dict[str, Any] | None, jobid: str, uid: int | None, wait: float) -> None:

@@ -10,7 +10,8 @@ It behaves the way the project's code relies on the real binary behaving
   A second ``-d`` on the same pipe directory fails: "An instance of this
   daemon is already running".
 * Without arguments it is a client: it reads commands from stdin, one per
-  line, sends them to the daemon and prints the answers.  With no daemon it
+  line, sends them to the daemon over one connection and prints the
+  answers.  With no daemon it
   prints "Cannot find MPS control daemon process" and exits 1.
 * Commands: ``quit [-t SECONDS]``, ``get_server_list``, ``start_server -uid UID``,
   ``shutdown_server PID [-f]``, ``set_default_active_thread_percentage N``,
@@ -74,19 +75,29 @@ class _Daemon:
         self.servers: dict[int, int] = {}   # pid -> uid
         self.quitting = False
 
-    def handle(self, line: str, peer_uid: int) -> str:
-        """One command; the answer and the log lines are the real 535 daemon's."""
-        words = line.split()
-        if not words:
-            return ""
-        cmd, args = words[0], words[1:]
-        for msg in ("Accepting connection...", "NEW UI", f"Cmd:{line}"):
+    def handle(self, lines: list[str], peer_uid: int) -> str:
+        """One client session: its commands in order, over one connection.
+
+        The real 535 daemon logs "Accepting connection..." and "NEW UI" once
+        per client, then "Cmd:<line>" and the answer of each command, and
+        "UI closed" at the end; after ``quit`` it takes no further command.
+        """
+        for msg in ("Accepting connection...", "NEW UI"):
             _log(self.log, msg)
-        reply = self._answer(cmd, args)
-        if reply:
-            _log(self.log, reply.rstrip("\n"))
+        out = []
+        for line in lines:
+            words = line.split()
+            if not words:
+                continue
+            _log(self.log, f"Cmd:{line}")
+            reply = self._answer(words[0], words[1:])
+            if reply:
+                _log(self.log, reply.rstrip("\n"))
+            out.append(reply)
+            if self.quitting:
+                return "".join(out)
         _log(self.log, "UI closed")
-        return reply
+        return "".join(out)
 
     def _answer(self, cmd: str, args: list[str]) -> str:
         if cmd == "quit":
@@ -180,8 +191,8 @@ def _serve(d: _Daemon, sock: socket.socket) -> None:
             data = b""
             conn.settimeout(5)
             try:
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(4096)
+                while True:                   # the whole session: the client half-closes
+                    chunk = conn.recv(65536)
                     if not chunk:
                         break
                     data += chunk
@@ -191,7 +202,7 @@ def _serve(d: _Daemon, sock: socket.socket) -> None:
                 _log(d.log, f"User {uid} did not send valid credentials")
                 conn.sendall(b"\x01Access denied\n")
                 continue
-            reply = d.handle(data.decode(errors="replace").strip(), uid)
+            reply = d.handle(data.decode(errors="replace").splitlines(), uid)
             try:
                 conn.sendall(b"\x00" + reply.encode())
             except OSError:
@@ -261,38 +272,38 @@ def _connect(sock_path: Path) -> socket.socket | None:
 
 
 def _client_main() -> int:
+    """Send every line of stdin over one connection, print the answers.
+
+    As the real client: one session per invocation, so a batch of commands
+    is one "NEW UI" in control.log; with no daemon listening nothing is
+    sent and it exits 1.
+    """
     pipe, _ = _dirs()
-    sock_path = pipe / SOCKET_NAME
-    rc = 0
-    for line in sys.stdin:
-        line = line.strip()
-        if not line:
-            continue
-        s = _connect(sock_path)
-        if s is None:
-            print("Cannot find MPS control daemon process", file=sys.stderr)
-            return 1
-        with s:
-            s.sendall(line.encode() + b"\n")
-            s.shutdown(socket.SHUT_WR)
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        if not data:
-            continue
-        status, body = data[:1], data[1:].decode(errors="replace")
-        if status != b"\x00":
-            sys.stderr.write(body)
-            rc = 1
-        else:
-            sys.stdout.write(body)
-        if line.split()[0] == "quit":
-            # The real client returns once the daemon has taken the command.
-            break
-    return rc
+    lines = [line.strip() for line in sys.stdin]
+    lines = [line for line in lines if line]
+    if not lines:
+        return 0
+    s = _connect(pipe / SOCKET_NAME)
+    if s is None:
+        print("Cannot find MPS control daemon process", file=sys.stderr)
+        return 1
+    with s:
+        s.sendall("".join(line + "\n" for line in lines).encode())
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    if not data:
+        return 0
+    status, body = data[:1], data[1:].decode(errors="replace")
+    if status != b"\x00":
+        sys.stderr.write(body)
+        return 1
+    sys.stdout.write(body)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -378,6 +378,40 @@ def test_straggler_killed_by_pid(node: Env) -> None:
     assert node.leftovers() == []
 
 
+def test_epilog_ends_children_that_dropped_the_pipe_variable(node: Env) -> None:
+    """Issue 10 point 2 without a job cgroup: a process of the daemon's tree
+    that dropped CUDA_MPS_PIPE_DIRECTORY is found through its parent (one
+    /proc pass, mpsprocs.daemon_tree) and ended with it."""
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0
+    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    parent = subprocess.Popen(["/bin/sh", "-c", "env -i /bin/sleep 60 & echo $!; exec /bin/sleep 60"],
+                              env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "PATH": "/usr/bin:/bin"},
+                              user="sgtest1", stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 5              # until env -i has exec'd sleep
+        while b"CUDA_MPS" in Path(f"/proc/{child}/environ").read_bytes() and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b"CUDA_MPS_PIPE_DIRECTORY" not in Path(f"/proc/{child}/environ").read_bytes()
+        assert child not in daemon_pids(pipe) and parent.pid in daemon_pids(pipe)
+        assert lifecycle.epilog(ctx) == 0
+        assert parent.wait(timeout=5) == -9
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _alive(child)
+    finally:
+        for p in (parent.pid, child):
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:
+                pass
+        parent.wait()
+    assert node.leftovers() == []
+
+
 def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
     conf = node.base / "slurm-gpu.toml"
     conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'

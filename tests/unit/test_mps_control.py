@@ -157,6 +157,48 @@ def test_stand_in_answers_and_logs_as_the_real_daemon() -> None:
     assert real[1][1] == "50.0\n" and real[10][1] == 'Unknown command "frobnicate"\n'
 
 
+# The prolog's one client session (mps.start): readiness and every setting
+# over one connection, then what an admin asks after it; quit ends a session.
+SESSION = ("get_server_list\nset_default_active_thread_percentage 50\n"
+           "set_default_device_pinned_mem_limit 0 2G\nset_default_device_pinned_mem_limit 1 2G\n")
+CHECK = "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 1\n"
+
+
+def _run_session(kind: str) -> tuple[list[tuple[int, str, str]], list[str]]:
+    base, (ctl, env, u, pipe, log) = _mpsdir(kind)
+    try:
+        early = _ctl(ctl, env, u, SESSION)           # no daemon yet: nothing is sent
+        runner.run([str(ctl), "-d"], 5, env=env, run_as=u)
+        out = [(early.returncode, early.stdout, early.stderr)]
+        for text in (SESSION, CHECK):
+            r = _ctl(ctl, env, u, text)
+            out.append((r.returncode, r.stdout, r.stderr))
+        _ctl(ctl, env, u, "quit\n")
+        _wait_gone(pipe)
+        logged = [LOG_LINE.sub("", x) for x in (log / "control.log").read_text().splitlines()]
+        return out, [x for x in logged if not x.startswith(("Starting control", "To connect"))]
+    finally:
+        _cleanup(base, pipe)
+
+
+def test_one_client_session_carries_several_commands() -> None:
+    """What mps.start relies on, from the real binary itself: a client sends
+    every stdin line over one connection, answers in order, exit 0; before
+    the daemon listens it exits 1 having sent nothing.  The stand-in does and
+    logs the same.  (quit in a session with other commands is a race in the
+    real client: their answers, or a "Cannot send command" after it, may be
+    lost; the epilog sends quit alone.)"""
+    real, real_log = _run_session("real")
+    stand, stand_log = _run_session("stand-in")
+    assert real == stand
+    assert stand_log == real_log
+    assert real[0][0] == 1 and "Cannot find MPS control daemon" in real[0][2]
+    assert real[1] == (0, "50.0\n", "") and real[2] == (0, "50.0\n2G\n", "")
+    assert real_log.count("NEW UI") == 3 and real_log.count("UI closed") == 2
+    assert real_log[-2:] == ["Cmd:quit", "Exit with status 0"]
+    assert not any("Cmd:set" in x or "Cmd:get" in x for x in real_log[:2])   # nothing from the early client
+
+
 def test_real_start_server_without_a_gpu_exits_with_status_1() -> None:
     """No GPU: the real daemon forks a server that exits with status 1 at
     once; the client gets no answer and get_server_list stays empty."""
