@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o022)
     try:
         from . import lifecycle
-        ctx = lifecycle.default_context()
+        ctx = lifecycle.default_context(health=args[0] == "epilog")
         if ctx.jobs.timeout > 0:
             _watchdog(ctx.jobs.timeout, args[0],
                       1 if ctx.jobs.on_internal_error == "drain" else 0,

@@ -271,7 +271,7 @@ def _undo(ctx: Context, st: dict[str, Any], user: JobUser | None,
     if st.get("mig"):
         from . import migjob
         migjob.teardown(ctx, st, api())
-    jobstate.save(ctx.state_dir, st) if jobstate.path(ctx.state_dir, st["jobid"]).exists() \
+    jobstate.save(ctx.state_dir, st) if os.path.exists(jobstate.path(ctx.state_dir, st["jobid"])) \
         else None
     return notes
 

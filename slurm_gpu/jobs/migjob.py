@@ -9,6 +9,8 @@ found and destroyed, and nothing the job did not create is ever touched.
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any, Callable
 
 from ..errors import HardwareError
@@ -150,4 +152,4 @@ def teardown(ctx: Any, st: dict[str, Any], a: Any) -> None:
 
 
 def _has_file(ctx: Any, st: dict[str, Any]) -> bool:
-    return jobstate.path(ctx.state_dir, st["jobid"]).exists()
+    return os.path.exists(jobstate.path(ctx.state_dir, st["jobid"]))

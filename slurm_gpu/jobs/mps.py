@@ -21,11 +21,9 @@ unchanged against the real binary (which the tests use without a GPU, see
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from .. import runner
@@ -47,11 +45,13 @@ class JobUser:
         return RunAs(self.uid, self.gid, self.groups)
 
 
-def job_dir(base: str, jobid: str) -> Path:
-    return Path(base) / str(jobid)
+# Paths are strings here: pathlib (with urllib.parse and ipaddress) costs
+# every prolog and epilog ~3 ms of imports.
+def job_dir(base: str, jobid: str) -> str:
+    return os.path.join(base, str(jobid))
 
 
-def _root_dir(d: Path) -> bool:
+def _root_dir(d: str) -> bool:
     """*d* is a real directory (not a symlink) owned by root and not writable by others."""
     try:
         st = os.lstat(d)
@@ -60,7 +60,7 @@ def _root_dir(d: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
 
 
-def _ensure_base(base: Path) -> None:
+def _ensure_base(base: str) -> None:
     """The base must be a real directory owned by root and not writable by others,
     under directories only root can change (:mod:`slurm_gpu.jobs.trust`)."""
     from .trust import untrusted_ancestor
@@ -68,17 +68,16 @@ def _ensure_base(base: Path) -> None:
     if bad:
         raise HardwareError("MPS base directory lies under a directory that users other "
                             f"than root can change ({bad})", str(base))
-    base.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.makedirs(base, mode=0o755, exist_ok=True)
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise HardwareError("MPS base directory must be a root-owned directory not writable "
                             "by others", str(base))
 
 
-def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[Path, Path]:
+def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[str, str]:
     """Create ``<base>/<jobid>/pipe`` and ``log`` for *user* (0700); root owns the job dir."""
-    base = Path(settings.base_dir)
-    _ensure_base(base)
+    _ensure_base(settings.base_dir)
     jd = job_dir(settings.base_dir, jobid)
     try:
         os.mkdir(jd, 0o755)
@@ -89,8 +88,9 @@ def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[Path, P
     os.chmod(jd, 0o755)
     out = []
     for name in ("pipe", "log"):
-        d = jd / name
+        d = os.path.join(jd, name)
         if os.path.lexists(d):
+            import shutil           # here: shutil (bz2, lzma) costs every prolog ~2.5 ms
             shutil.rmtree(d) if not os.path.islink(d) else os.unlink(d)
         os.mkdir(d, 0o700)
         os.chown(d, user.uid, user.gid)
@@ -99,7 +99,7 @@ def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[Path, P
     return out[0], out[1]
 
 
-def _env(pipe: Path, log: Path, devices: str | None) -> dict[str, str]:
+def _env(pipe: str, log: str, devices: str | None) -> dict[str, str]:
     env = {"PATH": runner.SAFE_PATH, "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
            "CUDA_MPS_LOG_DIRECTORY": str(log), "HOME": "/"}
     if devices:
@@ -107,7 +107,7 @@ def _env(pipe: Path, log: Path, devices: str | None) -> dict[str, str]:
     return env
 
 
-def control(settings: MpsSettings, user: JobUser, pipe: Path, log: Path, command: str,
+def control(settings: MpsSettings, user: JobUser, pipe: str, log: str, command: str,
             timeout: float = 5.0, check: bool = True) -> runner.Completed:
     """Send one command through the control pipe as the job user."""
     return runner.run([settings.control], timeout, input=command + "\n",
@@ -202,11 +202,11 @@ def _settings_commands(settings: MpsSettings, devices: str | None,
     return out
 
 
-def _log_says_started(log: Path) -> bool:
+def _log_says_started(log: str) -> bool:
     """The daemon's control.log records its start (real binary and stand-in:
     "Starting control daemon using socket <pipe>/control")."""
     try:
-        with open(log / "control.log", "rb") as f:
+        with open(os.path.join(log, "control.log"), "rb") as f:
             return b"Starting control daemon" in f.read(65536)
     except OSError:
         return False
@@ -217,16 +217,20 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     """Stop the job's daemon and remove its directories; idempotent.  Returns notes."""
     notes: list[str] = []
     jd = job_dir(settings.base_dir, jobid)
-    recorded = Path(str(info["job_dir"])) if info and info.get("job_dir") else jd
+    recorded = str(info["job_dir"]) if info and info.get("job_dir") else jd
     if recorded != jd:
-        # Made under an earlier base_dir: removed as root only when it still
-        # has the shape make_dirs gives it (<root-owned base>/<jobid>).
-        if recorded.name == str(jobid) and recorded.is_absolute() and _root_dir(recorded.parent):
-            jd = recorded
+        from pathlib import Path    # rare: the one place that compares paths by their parts
+        rp = Path(recorded)
+        if rp == Path(jd):
+            pass
+        elif rp.name == str(jobid) and rp.is_absolute() and _root_dir(str(rp.parent)):
+            # Made under an earlier base_dir: removed as root only when it still
+            # has the shape make_dirs gives it (<root-owned base>/<jobid>).
+            jd = str(rp)
         else:
-            notes.append(f"MPS: ignored recorded directory {str(recorded)!r}")
-    pipe = jd / "pipe"
-    log = jd / "log"
+            notes.append(f"MPS: ignored recorded directory {recorded!r}")
+    pipe = os.path.join(jd, "pipe")
+    log = os.path.join(jd, "log")
     # Whose processes may be signalled: the job user's (the pipe directory's
     # owner when the environment and the state file lost it), never root's.
     uid = user.uid if user is not None else None
@@ -238,8 +242,8 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     # Found by scan: the state's recorded PIDs may since have been recycled.
     # The scan finds what still has the pipe directory in its environment;
     # the process tree below it adds children that dropped it.
-    procs = daemon_tree(pipe, uid) if uid != 0 and jd.exists() else {}
-    if procs and user is not None and pipe.is_dir():
+    procs = daemon_tree(pipe, uid) if uid != 0 and os.path.exists(jd) else {}
+    if procs and user is not None and os.path.isdir(pipe):
         try:
             control(settings, user, pipe, log, "quit", timeout=settings.quit_timeout,
                     check=False)
@@ -291,7 +295,7 @@ def _end_cgroups(info: dict[str, Any] | None, jobid: str, uid: int | None, wait:
     jobcgroup.remove(dirs)
 
 
-def _disown(jd: Path) -> None:
+def _disown(jd: str) -> None:
     """Make every directory under *jd* root's, mode 0700, without following symlinks.
 
     The user owns pipe/ and log/ and may have made directories below them;
@@ -311,8 +315,9 @@ def _disown(jd: Path) -> None:
         pass
 
 
-def _remove_job_dir(jd: Path) -> None:
+def _remove_job_dir(jd: str) -> None:
     """Remove the job's MPS directory; the user cannot keep it alive."""
+    import shutil
     for _ in range(3):
         if not os.path.lexists(jd):
             return

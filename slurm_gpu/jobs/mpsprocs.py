@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 
 def _ids(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] | None:
@@ -68,7 +67,7 @@ def _table(proc: str = "/proc") -> dict[int, tuple[tuple[int, ...], int]]:
     return out
 
 
-def daemon_procs(pipe: Path | str, uid: int | None, proc: str = "/proc",
+def daemon_procs(pipe: str | os.PathLike[str], uid: int | None, proc: str = "/proc",
                  table: dict[int, tuple[tuple[int, ...], int]] | None = None
                  ) -> dict[int, tuple[int, int]]:
     """{pid: (start time, uid)} of *uid*'s processes bound to this pipe directory.
@@ -101,7 +100,7 @@ def daemon_procs(pipe: Path | str, uid: int | None, proc: str = "/proc",
     return out
 
 
-def daemon_tree(pipe: Path | str, uid: int | None, proc: str = "/proc"
+def daemon_tree(pipe: str | os.PathLike[str], uid: int | None, proc: str = "/proc"
                 ) -> dict[int, tuple[int, int]]:
     """:func:`daemon_procs` plus every process of *uid* below them in the process tree.
 
@@ -174,7 +173,7 @@ def wait_gone(procs: dict[int, tuple[int, int]], timeout: float) -> None:
         delay = min(delay * 2, 0.01)
 
 
-def daemon_pids(pipe: Path | str, proc: str = "/proc", uid: int | None = None) -> list[int]:
+def daemon_pids(pipe: str | os.PathLike[str], proc: str = "/proc", uid: int | None = None) -> list[int]:
     """PIDs of processes bound to this pipe directory (control daemon and servers).
 
     With *uid*, only that user's processes (see :func:`daemon_procs`); the

@@ -12,7 +12,6 @@ import os
 import re
 import stat
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import InputError, SlurmGpuError
@@ -34,12 +33,14 @@ def check_jobid(jobid: str) -> str:
     return jobid
 
 
-def jobs_dir(state_dir: str | os.PathLike[str]) -> Path:
-    return Path(state_dir) / "jobs"
+# Paths are strings here: pathlib (with urllib.parse and ipaddress) costs
+# every prolog and epilog ~3 ms of imports.
+def jobs_dir(state_dir: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(state_dir), "jobs")
 
 
-def path(state_dir: str | os.PathLike[str], jobid: str) -> Path:
-    return jobs_dir(state_dir) / f"{check_jobid(jobid)}.json"
+def path(state_dir: str | os.PathLike[str], jobid: str) -> str:
+    return os.path.join(jobs_dir(state_dir), f"{check_jobid(jobid)}.json")
 
 
 def new(jobid: str, *, uid: int, gid: int, user: str) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def _trusted(st: os.stat_result) -> bool:
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
-def _check_dir(d: Path) -> None:
+def _check_dir(d: str) -> None:
     from .trust import untrusted_ancestor
     bad = untrusted_ancestor(d)
     if bad:
@@ -72,13 +73,13 @@ def _check_dir(d: Path) -> None:
 def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Write *state* atomically (0644: tasks read it as the job user through SPANK)."""
     d = jobs_dir(state_dir)
-    d.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.makedirs(d, mode=0o755, exist_ok=True)
     _check_dir(d)
     text = json.dumps(state, indent=1, sort_keys=True)
     # The copy first: whichever file a crash or a bad sector leaves broken,
     # the other holds this or the previous record (see load()).
-    atomic_write(d / f"{state['jobid']}.json{COPY}", text, mode=0o644)
-    atomic_write(d / f"{state['jobid']}.json", text, mode=0o644)
+    atomic_write(os.path.join(d, f"{state['jobid']}.json{COPY}"), text, mode=0o644)
+    atomic_write(os.path.join(d, f"{state['jobid']}.json"), text, mode=0o644)
 
 
 COPY = ".copy"
@@ -93,7 +94,7 @@ def load(state_dir: str | os.PathLike[str], jobid: str,
     root could have written, or a symlink, is refused, never followed.
     """
     p = path(state_dir, jobid)
-    _check_dir(p.parent)
+    _check_dir(os.path.dirname(p))
     data, why = _read(p, str(jobid))
     if data is not None or why is None and not os.path.lexists(_copy(p)):
         return data
@@ -113,11 +114,11 @@ def load(state_dir: str | os.PathLike[str], jobid: str,
     return None
 
 
-def _copy(p: Path) -> Path:
-    return p.with_name(p.name + COPY)
+def _copy(p: str) -> str:
+    return p + COPY
 
 
-def _read(p: Path, jobid: str) -> tuple[dict[str, Any] | None, str | None]:
+def _read(p: str, jobid: str) -> tuple[dict[str, Any] | None, str | None]:
     """(record, None), (None, why it is corrupt), or (None, None) when there is no file."""
     try:
         # O_NONBLOCK: a planted FIFO must not hang the epilog; fstat refuses it below.
@@ -183,11 +184,11 @@ def malformed(data: Any, jobid: str) -> str | None:
     return None
 
 
-def _set_aside(p: Path, why: str, warn: Callable[[str], None] | None) -> None:
-    aside = p.with_name(p.name + ".corrupt")
+def _set_aside(p: str, why: str, warn: Callable[[str], None] | None) -> None:
+    aside = p + ".corrupt"
     try:
         os.replace(p, aside)
-        where = f"moved to {aside.name}"
+        where = f"moved to {os.path.basename(aside)}"
     except OSError as e:
         where = f"left in place: {e.strerror}"
     line = f"slurm-gpu: warning: dropped a corrupt job state file ({why}; {where}) ({p})"
