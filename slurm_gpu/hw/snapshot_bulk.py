@@ -29,7 +29,7 @@ _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]*)"')
 _NODE_KEY = b'"node":'
 
 # What differs between two nodes of one kind: the host name, each GPU's
-# UUID and its NVLink-fabric membership.  Only values that are one JSON token
+# and MIG device's UUID and the GPU's NVLink-fabric membership.  Only values that are one JSON token
 # or a flat object are cut out (a string with no escape, null, an object
 # with no nesting): such a value is a whole JSON value wherever it sits, so
 # the text around it parses the same whichever value stands there.
@@ -56,15 +56,15 @@ class _Template:
     """A decoded model and where each cut-out value of its text goes.
 
     ``hostname`` is the index of the host name's value (or -1), ``gpus`` the
-    indices of each GPU's UUID and fabric values (-1: that field is part of
-    the template text itself).  ``pieces`` is the key text between the
+    indices of each GPU's UUID and fabric values and of its MIG devices'
+    UUIDs (-1: that field is part of the template text itself).  ``pieces`` is the key text between the
     cut-out values: a text that is these pieces with one value token between
     each two is this template with those values, whatever found the tokens.
     """
 
     node: Any
     hostname: int
-    gpus: tuple[tuple[int, int], ...]
+    gpus: tuple[tuple[int, int, tuple[int, ...]], ...]
     pieces: tuple[str, ...]
 
     def values_in(self, text: str) -> list[str] | None:
@@ -106,6 +106,12 @@ class SnapshotLoader:
         self._fabrics: dict[str, Any] = {}
         self._sentinels: list[str] = []
         self._last: _Template | None = None
+        # Nodes that all differ (in memory size, say) make a template each
+        # that serves no other node: after _TRIAL such nodes, with fewer
+        # reuses than templates, every text is decoded the plain way.
+        self._made = 0
+        self._reused = 0
+        self._plain = False
 
     def node_from_text(self, text: str) -> Any:
         """The model in the JSON text of a snapshot's ``node`` value."""
@@ -117,7 +123,10 @@ class SnapshotLoader:
         if last is not None:
             values = last.values_in(text)
             if values is not None:
+                self._reused += 1
                 return self._fill(last, values)
+        if self._plain:
+            return _decode(text)
         # The CPU part (packages, NUMA nodes, cores: most of the text) holds
         # none of these fields and is kept whole, unscanned.
         a = text.find('"packages": ')
@@ -138,10 +147,16 @@ class SnapshotLoader:
         if template is _MISSING:
             node = _decode(text)          # errors go to the caller, as without templates
             template = self._templates[key] = self._make_template(key, values, node)
+            self._made += 1
+            if self._made >= _TRIAL and self._reused < self._made:
+                self._plain = True
+                self._templates.clear()
             if template is None:
                 return node
         elif template is None:
             return _decode(text)
+        else:
+            self._reused += 1
         self._last = template
         return self._fill(template, values)
 
@@ -156,16 +171,20 @@ class SnapshotLoader:
         node = t.node
         fabrics = self._fabrics
         gpus = []
-        for g, (u, f) in zip(node.gpus, t.gpus):
+        for g, (u, f, migs) in zip(node.gpus, t.gpus):
             if f < 0:
                 fabric = g.fabric
             else:
                 fabric = fabrics.get(values[f], _MISSING)
                 if fabric is _MISSING:
                     fabric = self._fabric(values[f])
+            mig_instances = g.mig_instances
+            if migs:
+                mig_instances = tuple(m if i < 0 else dataclasses.replace(m, uuid=_value(values[i]))
+                                      for m, i in zip(mig_instances, migs))
             gpus.append(Gpu(g.index, g.minor, g.uuid if u < 0 else _value(values[u]), g.pci_bus_id,
                             g.pci_device_id, g.name, g.memory_bytes, g.numa_nodes, g.cores, g.nvlinks,
-                            g.mig_enabled, g.mig_instances, fabric, g.nics))
+                            g.mig_enabled, mig_instances, fabric, g.nics))
         return Node(node.hostname if t.hostname < 0 else _value(values[t.hostname]), node.packages,
                     node.numa_nodes, node.cores, tuple(gpus), node.memory_bytes, node.gpu_memory_nodes,
                     node.nics, node.sources, node.notes)
@@ -187,10 +206,14 @@ class SnapshotLoader:
             return -1
 
         if not isinstance(d, dict) or not isinstance(d.get("gpus"), list) or \
-                not all(isinstance(g, dict) for g in d["gpus"]):
+                not all(isinstance(g, dict) and isinstance(g.get("mig_instances", []), list) and
+                        all(isinstance(m, dict) for m in g.get("mig_instances", [])) for g in d["gpus"]):
             return None
         hostname = take(d, "hostname", "")
-        gpus = tuple((take(g, "uuid", None), take(g, "fabric", None)) for g in d["gpus"])
+        gpus = tuple((take(g, "uuid", None), take(g, "fabric", None),
+                      tuple(take(m, "uuid", "") for m in g.get("mig_instances", [])))
+                     for g in d["gpus"])
+        gpus = tuple((u, f, migs if any(i >= 0 for i in migs) else ()) for u, f, migs in gpus)
         # Every value cut out must be one of these fields, once: otherwise a
         # node of this key could differ somewhere _fill does not look.
         if sorted(found) != list(range(len(values))):
@@ -244,6 +267,7 @@ class SnapshotLoader:
 
 
 _MISSING: Any = object()
+_TRIAL = 64
 
 
 def _decode(text: str) -> Any:

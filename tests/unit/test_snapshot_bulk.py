@@ -78,6 +78,38 @@ def test_nodes_of_one_kind_keep_their_own_identity() -> None:
     assert got[0].cores is got[39].cores and got[0].gpus[3].nvlinks is got[39].gpus[3].nvlinks
 
 
+def test_mig_nodes_of_one_kind_share_a_template() -> None:
+    """MIG device UUIDs differ per node like GPU UUIDs: one template, each node its own UUIDs."""
+    base = json.loads((MACHINES / "h100-mig" / "snapshot.json").read_text())["node"]
+    loader = SnapshotLoader()
+    texts = []
+    for i in range(6):
+        d = variant(base, i, None)
+        for g in d["gpus"]:
+            g["mig_instances"] = [dict(m, uuid=f"MIG-{i}-{g['index']}-{k}") for k, m in enumerate(g["mig_instances"])]
+        texts.append(json.dumps(d))
+    got = [loader.node_from_text(t) for t in texts]
+    assert got == [plain(t) for t in texts]
+    assert got[5].gpus[2].mig_instances[1].uuid == "MIG-5-2-1"
+    assert len(loader._templates) == 1 and loader._templates[next(iter(loader._templates))] is not None
+
+
+def test_nodes_that_all_differ_are_decoded_plainly_without_keeping_their_text() -> None:
+    """A template per node would cost two decodes and 17 KB a node: after a trial, plain decoding."""
+    from slurm_gpu.hw import snapshot_bulk
+
+    loader = SnapshotLoader()
+    texts = [json.dumps(dict(variant(BASE, i, 0), memory_bytes=BASE["memory_bytes"] - 4096 * i)) for i in range(200)]
+    got = [loader.node_from_text(t) for t in texts]
+    assert got == [plain(t) for t in texts]
+    assert loader._plain and len(loader._templates) < snapshot_bulk._TRIAL
+    # ...while a cluster of one kind keeps its one template.
+    loader = SnapshotLoader()
+    for i in range(200):
+        loader.node_from_text(json.dumps(variant(BASE, i, 0)))
+    assert not loader._plain and len(loader._templates) == 1
+
+
 def test_a_node_that_differs_anywhere_else_gets_its_own_answer() -> None:
     """Anything outside host name, UUIDs and fabric is part of the key: never served from another node."""
     loader = SnapshotLoader()
