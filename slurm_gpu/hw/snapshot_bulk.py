@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from ..errors import InputError
-from .model import Fabric, Gpu, Node
+from .model import Fabric, Gpu, Node, NumaNode
 
 # A snapshot (schema slurm-gpu.snapshot/1, docs/snapshots.md) carries its
 # derived model as the last top-level key "node", after the raw NVML answers
@@ -29,12 +29,21 @@ _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]*)"')
 _NODE_KEY = b'"node":'
 
 # What differs between two nodes of one kind: the host name, each GPU's
-# and MIG device's UUID and the GPU's NVLink-fabric membership.  Only values that are one JSON token
-# or a flat object are cut out (a string with no escape, null, an object
-# with no nesting): such a value is a whole JSON value wherever it sits, so
-# the text around it parses the same whichever value stands there.
-_TOKEN = r'"[^"\\\x00-\x1f]*"|null|\{[^{}\[\]"]*(?:"[^"\\\x00-\x1f]*"[^{}\[\]"]*)*\}'
-_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": )(' + _TOKEN + ')')
+# and MIG device's UUID, the GPU's NVLink-fabric membership, and the
+# memory of the node and of its NUMA nodes (the kernel's MemTotal, which
+# firmware and kernel versions move by a few MB).  Only values that are one
+# JSON token or a flat object are cut out (a string with no escape, null,
+# an integer, an object with no nesting): such a value is a whole JSON value
+# wherever it sits, so the text around it parses the same whichever value
+# stands there.
+_TOKEN = (r'"[^"\\\x00-\x1f]*"|null|\{[^{}\[\]"]*(?:"[^"\\\x00-\x1f]*"[^{}\[\]"]*)*\}'
+          r'|-?(?:0|[1-9][0-9]{0,30})')
+# Before the CPU part (host name) and from the GPUs on (UUIDs, fabric, and
+# the node's memory, the key before "gpu_memory_nodes" in Node.to_dict);
+# in the CPU part, the NUMA nodes' memory.
+_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": |"memory_bytes": (?=[-0-9]+, "gpu_memory_nodes": ))'
+                       r'(' + _TOKEN + ')')
+_CPU_VOLATILE = re.compile(r'("memory_bytes": )(' + _TOKEN + ')')
 _VALUE = re.compile(_TOKEN)
 # In the template text each cut-out value becomes the string "\u0000<n>":
 # a NUL, which no value in a snapshot holds (texts that spell one are
@@ -44,8 +53,11 @@ _NUL_ESCAPE = "\\u0000"
 
 def _value(token: str) -> Any:
     """The value of one cut-out token (see _VOLATILE)."""
-    if token[0] == '"':
+    c = token[0]
+    if c == '"':
         return token[1:-1]      # no escape, no control character: the text is the value
+    if c == "-" or c.isdigit():
+        return int(token)       # an integer token (_TOKEN): what json.loads gives
     if token == "null":
         return None
     return json.loads(token)
@@ -55,15 +67,18 @@ def _value(token: str) -> Any:
 class _Template:
     """A decoded model and where each cut-out value of its text goes.
 
-    ``hostname`` is the index of the host name's value (or -1), ``gpus`` the
-    indices of each GPU's UUID and fabric values and of its MIG devices'
-    UUIDs (-1: that field is part of the template text itself).  ``pieces`` is the key text between the
+    ``hostname`` and ``memory`` are the indices of the host name's and the
+    node memory's values (or -1), ``numa`` those of each NUMA node's memory,
+    ``gpus`` those of each GPU's UUID and fabric values and of its MIG
+    devices' UUIDs (-1: that field is part of the template text itself).  ``pieces`` is the key text between the
     cut-out values: a text that is these pieces with one value token between
     each two is this template with those values, whatever found the tokens.
     """
 
     node: Any
     hostname: int
+    memory: int
+    numa: tuple[int, ...]
     gpus: tuple[tuple[int, int, tuple[int, ...]], ...]
     pieces: tuple[str, ...]
 
@@ -127,22 +142,23 @@ class SnapshotLoader:
                 return self._fill(last, values)
         if self._plain:
             return _decode(text)
-        # The CPU part (packages, NUMA nodes, cores: most of the text) holds
-        # none of these fields and is kept whole, unscanned.
+        # The CPU part (packages, NUMA nodes, cores: most of the text) is
+        # scanned for memory sizes alone.
         a = text.find('"packages": ')
         b = text.find('"gpus": ', a) if a >= 0 else -1
         if b < 0:
             a = b = len(text)
-        head = _VOLATILE.split(text[:a])   # [text, key, value, text, key, value, ..., text]
-        tail = _VOLATILE.split(text[b:])
-        values = head[2::3] + tail[2::3]
-        n = len(values)
-        while len(self._sentinels) < n:
+        # each [text, key, value, text, key, value, ..., text]
+        parts = [_VOLATILE.split(text[:a]), _CPU_VOLATILE.split(text[a:b]), _VOLATILE.split(text[b:])]
+        values = [v for p in parts for v in p[2::3]]
+        while len(self._sentinels) < len(values):
             self._sentinels.append(f'"{_NUL_ESCAPE}{len(self._sentinels)}"')
-        nh = len(head) // 3
-        head[2::3] = self._sentinels[:nh]
-        tail[2::3] = self._sentinels[nh:n]
-        key = "".join(head) + text[a:b] + "".join(tail)
+        n = 0
+        for p in parts:
+            k = len(p) // 3
+            p[2::3] = self._sentinels[n:n + k]
+            n += k
+        key = "".join("".join(p) for p in parts)
         template = self._templates.get(key, _MISSING)
         if template is _MISSING:
             node = _decode(text)          # errors go to the caller, as without templates
@@ -185,8 +201,16 @@ class SnapshotLoader:
             gpus.append(Gpu(g.index, g.minor, g.uuid if u < 0 else _value(values[u]), g.pci_bus_id,
                             g.pci_device_id, g.name, g.memory_bytes, g.numa_nodes, g.cores, g.nvlinks,
                             g.mig_enabled, mig_instances, fabric, g.nics))
+        numa_nodes = node.numa_nodes
+        if t.numa:
+            # The template holds its first node's values: an equal memory size keeps its NumaNode.
+            numa_nodes = tuple(n if i < 0 or (m := _value(values[i])) == n.memory_bytes and
+                               type(m) is type(n.memory_bytes) else
+                               NumaNode(n.index, n.os_index, m, n.cores, n.pus)
+                               for n, i in zip(numa_nodes, t.numa))
         return Node(node.hostname if t.hostname < 0 else _value(values[t.hostname]), node.packages,
-                    node.numa_nodes, node.cores, tuple(gpus), node.memory_bytes, node.gpu_memory_nodes,
+                    numa_nodes, node.cores, tuple(gpus),
+                    node.memory_bytes if t.memory < 0 else _value(values[t.memory]), node.gpu_memory_nodes,
                     node.nics, node.sources, node.notes)
 
     def _make_template(self, key: str, values: list[str], node: Any) -> _Template | None:
@@ -207,9 +231,13 @@ class SnapshotLoader:
 
         if not isinstance(d, dict) or not isinstance(d.get("gpus"), list) or \
                 not all(isinstance(g, dict) and isinstance(g.get("mig_instances", []), list) and
-                        all(isinstance(m, dict) for m in g.get("mig_instances", [])) for g in d["gpus"]):
+                        all(isinstance(m, dict) for m in g.get("mig_instances", [])) for g in d["gpus"]) or \
+                not isinstance(d.get("numa_nodes"), list) or not all(isinstance(n, dict) for n in d["numa_nodes"]):
             return None
         hostname = take(d, "hostname", "")
+        memory = take(d, "memory_bytes", 0)
+        numa = tuple(take(n, "memory_bytes", 0) for n in d["numa_nodes"])
+        numa = numa if any(i >= 0 for i in numa) else ()
         gpus = tuple((take(g, "uuid", None), take(g, "fabric", None),
                       tuple(take(m, "uuid", "") for m in g.get("mig_instances", [])))
                      for g in d["gpus"])
@@ -227,8 +255,10 @@ class SnapshotLoader:
             pieces.append(rest)
             if "".join(p + s for p, s in zip(pieces, self._sentinels[:len(values)])) + rest != key:
                 return None
-            t = _Template(Node.from_dict(d), hostname, gpus, tuple(pieces))
-            ok = self._fill(t, values) == node
+            t = _Template(Node.from_dict(d), hostname, memory, numa, gpus, tuple(pieces))
+            filled = self._fill(t, values)
+            ok = filled == node
+            t = dataclasses.replace(t, node=filled)   # real values where the placeholders were
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
             return None
         return t if ok else None

@@ -99,7 +99,7 @@ def test_nodes_that_all_differ_are_decoded_plainly_without_keeping_their_text() 
     from slurm_gpu.hw import snapshot_bulk
 
     loader = SnapshotLoader()
-    texts = [json.dumps(dict(variant(BASE, i, 0), memory_bytes=BASE["memory_bytes"] - 4096 * i)) for i in range(200)]
+    texts = [json.dumps(dict(variant(BASE, i, 0), notes=[f"GPU {i % 8} lost"] * (1 + i // 8))) for i in range(200)]
     got = [loader.node_from_text(t) for t in texts]
     assert got == [plain(t) for t in texts]
     assert loader._plain and len(loader._templates) < snapshot_bulk._TRIAL
@@ -108,6 +108,22 @@ def test_nodes_that_all_differ_are_decoded_plainly_without_keeping_their_text() 
     for i in range(200):
         loader.node_from_text(json.dumps(variant(BASE, i, 0)))
     assert not loader._plain and len(loader._templates) == 1
+
+
+def test_nodes_whose_memory_differs_share_a_template() -> None:
+    """MemTotal moves by a few MB with firmware and kernel: node and NUMA memory are cut out too."""
+    loader = SnapshotLoader()
+    texts = []
+    for i in range(40):
+        d = dict(variant(BASE, i, 0), memory_bytes=BASE["memory_bytes"] - 4096 * i)
+        d["numa_nodes"] = [dict(n, memory_bytes=n["memory_bytes"] - 2048 * i - k) for k, n in enumerate(d["numa_nodes"])]
+        texts.append(json.dumps(d))
+    got = [loader.node_from_text(t) for t in texts]
+    assert got == [plain(t) for t in texts]
+    assert got[39].memory_bytes == BASE["memory_bytes"] - 4096 * 39
+    assert [n.memory_bytes for n in got[39].numa_nodes] == \
+        [n["memory_bytes"] - 2048 * 39 - k for k, n in enumerate(BASE["numa_nodes"])]
+    assert len(loader._templates) == 1 and got[1].cores is got[39].cores
 
 
 def test_a_node_that_differs_anywhere_else_gets_its_own_answer() -> None:
@@ -142,6 +158,11 @@ TRICKY = [
     ('"fabric": {"cluster_uuid": "c1a5"', '"fabric": {"cluster_uuid": "c}1{a5"'),
     ('"nics": []', '"nics": [], "hostname": "inner"'),     # a GPU key named like a node's
     ('"mig_instances": []', '"mig_instances": [{"uuid": "MIG-1"}]'),
+    ('"memory_bytes": 2199023255552', '"memory_bytes": 2199023255552.5'),   # a float: not an integer token
+    ('"memory_bytes": 2199023255552', '"memory_bytes": -0'),
+    ('"memory_bytes": 2199023255552', '"memory_bytes": 1e3'),
+    ('"memory_bytes": 2199023255552', '"memory_bytes": null'),
+    ('"memory_bytes": 85520809984', '"memory_bytes": 7'),                  # a GPU's: part of the key
 ]
 
 
@@ -169,7 +190,8 @@ def test_a_text_around_a_known_template_that_is_not_one(edit) -> None:
 
 
 _LOADER = SnapshotLoader()   # shared across examples: templates made by one example serve the next
-_TOKENS = ['"uuid": "GPU-x"', '"uuid": null', '"uuid": {"a": 1}', '"fabric": null', '"fabric": {}',
+_TOKENS = ['"memory_bytes": 1', '"memory_bytes": -1', '"memory_bytes": 01', '"memory_bytes": 1.5',
+           ', "gpu_memory_nodes": ', '"uuid": "GPU-x"', '"uuid": null', '"uuid": {"a": 1}', '"fabric": null', '"fabric": {}',
            '"fabric": {"cluster_uuid": "u", "clique_id": 3, "state": "s", "status": 0}', '"hostname": "h"',
            '"\\u0000"', '"\\u0041"', '"uuid": "a", "uuid": "b"', ', "fabric": 1', '{', '}', '"', ',', '[]',
            '"hostname": ', '"uuid": ', '"fabric": ', '1e400', 'NaN']
