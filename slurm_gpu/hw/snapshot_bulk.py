@@ -203,11 +203,14 @@ class SnapshotLoader:
                             g.mig_enabled, mig_instances, fabric, g.nics))
         numa_nodes = node.numa_nodes
         if t.numa:
-            # The template holds its first node's values: an equal memory size keeps its NumaNode.
-            numa_nodes = tuple(n if i < 0 or (m := _value(values[i])) == n.memory_bytes and
-                               type(m) is type(n.memory_bytes) else
-                               NumaNode(n.index, n.os_index, m, n.cores, n.pus)
-                               for n, i in zip(numa_nodes, t.numa))
+            # The template holds its first node's values: equal memory sizes keep its
+            # NumaNodes and their tuple (gres groups nodes by that tuple's identity).
+            mine = tuple(n if i < 0 or (m := _value(values[i])) == n.memory_bytes and
+                         type(m) is type(n.memory_bytes) else
+                         NumaNode(n.index, n.os_index, m, n.cores, n.pus)
+                         for n, i in zip(numa_nodes, t.numa))
+            if any(a is not b for a, b in zip(mine, numa_nodes)):
+                numa_nodes = mine
         return Node(node.hostname if t.hostname < 0 else _value(values[t.hostname]), node.packages,
                     numa_nodes, node.cores, tuple(gpus),
                     node.memory_bytes if t.memory < 0 else _value(values[t.memory]), node.gpu_memory_nodes,

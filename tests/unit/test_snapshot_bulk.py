@@ -76,6 +76,7 @@ def test_nodes_of_one_kind_keep_their_own_identity() -> None:
     # One kind of node: one template, shared parts (the answer is frozen data).
     assert len(loader._templates) == 1
     assert got[0].cores is got[39].cores and got[0].gpus[3].nvlinks is got[39].gpus[3].nvlinks
+    assert got[0].numa_nodes is got[39].numa_nodes and got[0].packages is got[39].packages
 
 
 def test_mig_nodes_of_one_kind_share_a_template() -> None:
