@@ -41,7 +41,7 @@ _TOKEN = (r'"[^"\\\x00-\x1f]*"|null|\{[^{}\[\]"]*(?:"[^"\\\x00-\x1f]*"[^{}\[\]"]
 # Before the CPU part (host name) and from the GPUs on (UUIDs, fabric, and
 # the node's memory, the key before "gpu_memory_nodes" in Node.to_dict);
 # in the CPU part, the NUMA nodes' memory.
-_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": |"memory_bytes": (?=[-0-9]+, "gpu_memory_nodes": ))'
+_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": |"memory_bytes": (?=[-0-9]+,\s*"gpu_memory_nodes": ))'
                        r'(' + _TOKEN + ')')
 _CPU_VOLATILE = re.compile(r'("memory_bytes": )(' + _TOKEN + ')')
 _VALUE = re.compile(_TOKEN)

@@ -111,14 +111,15 @@ def test_nodes_that_all_differ_are_decoded_plainly_without_keeping_their_text() 
     assert not loader._plain and len(loader._templates) == 1
 
 
-def test_nodes_whose_memory_differs_share_a_template() -> None:
+@pytest.mark.parametrize("indent", [None, 1])   # snapshot record writes indent=1
+def test_nodes_whose_memory_differs_share_a_template(indent: int | None) -> None:
     """MemTotal moves by a few MB with firmware and kernel: node and NUMA memory are cut out too."""
     loader = SnapshotLoader()
     texts = []
     for i in range(40):
         d = dict(variant(BASE, i, 0), memory_bytes=BASE["memory_bytes"] - 4096 * i)
         d["numa_nodes"] = [dict(n, memory_bytes=n["memory_bytes"] - 2048 * i - k) for k, n in enumerate(d["numa_nodes"])]
-        texts.append(json.dumps(d))
+        texts.append(json.dumps(d, indent=indent))
     got = [loader.node_from_text(t) for t in texts]
     assert got == [plain(t) for t in texts]
     assert got[39].memory_bytes == BASE["memory_bytes"] - 4096 * 39
