@@ -134,7 +134,9 @@ def main() -> int:
         for _ in range(len(mps_total)):
             t = time.perf_counter()
             subprocess.run([str(ctl), "-d"], env=cenv, user=user.pw_uid, check=True)
-            for cmd in (b"get_server_list\n", b"set_default_active_thread_percentage 50\n",
+            # As the prolog does: one client session asks and sets, then
+            # the epilog's quit alone (jobs/mps.py).
+            for cmd in (b"get_server_list\nset_default_active_thread_percentage 50\n",
                         b"quit\n"):
                 subprocess.run([str(ctl)], input=cmd, env=cenv, user=user.pw_uid,
                                stdout=subprocess.DEVNULL, check=True)

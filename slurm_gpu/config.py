@@ -9,7 +9,6 @@ be an error, not a silently ignored setting.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import sys
@@ -89,8 +88,54 @@ def load_raw(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     return _load(os.fspath(path) if path is not None else None)
 
 
+class Settings:
+    """A config section's settings: the annotated class attributes, with their
+    values as defaults, settable by keyword and mutable, compared by value.
+
+    What ``@dataclass`` gave the prolog's sections, without importing
+    dataclasses (and inspect, ast, dis: ~5 ms of every prolog).
+    """
+
+    def __init__(self, **kw: Any) -> None:
+        names = field_names(type(self))
+        for k in kw:
+            if k not in names:
+                raise TypeError(f"{type(self).__name__}: unknown setting {k!r}")
+        for k in names:
+            setattr(self, k, kw[k] if k in kw else getattr(type(self), k))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    __hash__ = None  # type: ignore[assignment] - mutable, as a dataclass with eq
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in field_names(type(self)))
+        return f"{type(self).__name__}({args})"
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """The settings names of *cls*: a dataclass's fields, a :class:`Settings`'
+    annotated attributes, or a ``Plain``'s slots."""
+    if hasattr(cls, "__dataclass_fields__"):
+        import dataclasses              # loaded already: cls is one
+        return tuple(f.name for f in dataclasses.fields(cls))
+    if issubclass(cls, Settings):
+        cached = cls.__dict__.get("_field_names_")
+        if cached is None:
+            names: dict[str, None] = {}
+            for c in reversed(cls.__mro__):
+                for k, ann in c.__dict__.get("__annotations__", {}).items():
+                    if not str(ann).startswith(("ClassVar", "typing.ClassVar")):
+                        names[k] = None
+            cached = tuple(names)
+            setattr(cls, "_field_names_", cached)
+        return cached
+    return tuple(getattr(cls, "__slots__", ()))
+
+
 def section(cls: type[T], name: str, raw: dict[str, Any] | None = None) -> T:
-    """Build settings dataclass *cls* from config section *name*.
+    """Build settings *cls* (a dataclass, :class:`Settings` or ``Plain``) from config section *name*.
 
     Unknown keys and values of the wrong type are errors naming the key.
     """
@@ -100,7 +145,7 @@ def section(cls: type[T], name: str, raw: dict[str, Any] | None = None) -> T:
     where = f"[{name}] in {config_file() or 'config'}"
     if not isinstance(data, dict):
         raise InputError(f"section {name} must be a table", where)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = field_names(cls)
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise InputError(f"unknown config key {name}.{unknown[0]}", where)

@@ -9,34 +9,45 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .mps import JobUser
 from .settings import JobsSettings, MigSettings, MpsSettings
 
 
-@dataclass
 class Context:
-    """Everything the prolog/epilog needs, injectable for tests."""
+    """Everything the prolog/epilog needs, injectable for tests.
 
-    env: Mapping[str, str]
-    jobs: JobsSettings
-    mps: MpsSettings
-    mig: MigSettings
-    state_dir: str
-    open_api: Callable[[], Any]                  # -> slurm_gpu.hw.gpus.Gpus
-    node: Callable[[], Any] | None = None       # -> slurm_gpu.hw.model.Node
-    log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr))
-    # The node-fact cache (slurm_gpu.nodefacts): its directory ("" = <state_dir>/node-facts,
-    # for tests) and the config file its entries are keyed on.
-    facts_dir: str = ""
-    config_path: str | None = None
-    gres_conf: str | None = None                 # gres.conf: Slurm's GPU index -> device
-    node_name: str = ""
-    # The health check's state directory: a user-problem drain leaves its marker
-    # there ("" = no user-problem check).  See slurm_gpu/health/userproblem.py.
-    health_state_dir: str = ""
+    A plain class, not a dataclass: the prolog imports no dataclasses
+    (with inspect, ast and dis: ~5 ms)."""
+
+    def __init__(self, env: Mapping[str, str], jobs: JobsSettings, mps: MpsSettings,
+                 mig: MigSettings, state_dir: str, open_api: Callable[[], Any],
+                 node: Callable[[], Any] | None = None,
+                 log: Callable[[str], None] | None = None,
+                 facts_dir: str = "", config_path: str | None = None,
+                 gres_conf: str | None = None, node_name: str = "",
+                 health_state_dir: str = "") -> None:
+        self.env = env
+        self.jobs = jobs
+        self.mps = mps
+        self.mig = mig
+        self.state_dir = state_dir
+        self.open_api = open_api                 # -> slurm_gpu.hw.gpus.Gpus
+        self.node = node                         # -> slurm_gpu.hw.model.Node
+        self.log: Callable[[str], None] = log or (lambda m: print(m, file=sys.stderr))
+        # The node-fact cache (slurm_gpu.nodefacts): its directory ("" = <state_dir>/node-facts,
+        # for tests) and the config file its entries are keyed on.
+        self.facts_dir = facts_dir
+        self.config_path = config_path
+        self.gres_conf = gres_conf               # gres.conf: Slurm's GPU index -> device
+        self.node_name = node_name
+        # The health check's state directory: a user-problem drain leaves its marker
+        # there ("" = no user-problem check).  See slurm_gpu/health/userproblem.py.
+        self.health_state_dir = health_state_dir
+
+    def __repr__(self) -> str:
+        return f"Context({vars(self)!r})"
 
 
 def default_context(env: Mapping[str, str] | None = None, *, health: bool = True) -> Context:

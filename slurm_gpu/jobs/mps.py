@@ -23,23 +23,24 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import runner
 from ..errors import CommandError, HardwareError
+from ..hw.plain import Plain
 from ..runner import RunAs
 from .mpsprocs import (_alive, _ids, _kill, _same, daemon_pids,  # noqa: F401 - _alive: re-exported (tests)
                        daemon_procs, daemon_tree, wait_gone)
 from .settings import MpsSettings
 
 
-@dataclass(frozen=True)
-class JobUser:
+class JobUser(Plain):
+    __slots__ = ("uid", "gid", "name", "groups")
+    _defaults = {"groups": ()}
     uid: int
     gid: int
     name: str
-    groups: tuple[int, ...] = ()
+    groups: tuple[int, ...]
 
     def run_as(self) -> RunAs:
         return RunAs(self.uid, self.gid, self.groups)
@@ -160,7 +161,11 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     session = "\n".join(["get_server_list"] + _settings_commands(settings, devices, percentage))
     deadline = t0 + settings.start_timeout
     delay = 0.002
-    seen = False
+    # Looked for at once: -d returns after the fork, so the daemon is up now
+    # unless someone already ended it.  Seen here, its vanishing later is the
+    # job user's doing even when it was killed before it wrote its first log
+    # line (the only other evidence that it started).
+    seen = bool(daemon_procs(pipe, user.uid))
     while True:
         res = control(settings, user, pipe, log, session, check=False,
                       timeout=max(0.5, deadline - time.monotonic()))

@@ -1,14 +1,11 @@
 """The ``[jobs]``, ``[mps]`` and ``[mig]`` config sections (see docs/mps-mig.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .. import config
 from ..errors import InputError
 
 
-@dataclass
-class JobsSettings:
+class JobsSettings(config.Settings):
     """``[jobs]``: failure policy for the prolog and epilog."""
 
     on_internal_error: str = "drain"      # drain: exit non-zero (Slurm drains+requeues); pass
@@ -18,8 +15,7 @@ class JobsSettings:
     timeout: float = 120.0                # watchdog over one prolog/epilog run; 0 = none
 
 
-@dataclass
-class MpsSettings:
+class MpsSettings(config.Settings):
     """``[mps]``: per-job MPS control daemons."""
 
     control: str = "/usr/bin/nvidia-cuda-mps-control"
@@ -33,8 +29,7 @@ class MpsSettings:
     taskset: str = "/usr/bin/taskset"
 
 
-@dataclass
-class MigSettings:
+class MigSettings(config.Settings):
     """``[mig]``: per-job MIG layouts."""
 
     enabled: bool = True
