@@ -103,6 +103,9 @@ class Settings:
                 raise TypeError(f"{type(self).__name__}: unknown setting {k!r}")
         for k in names:
             setattr(self, k, kw[k] if k in kw else getattr(type(self), k))
+        post = getattr(self, "__post_init__", None)
+        if post is not None:            # as a dataclass calls it: defaults, checks
+            post()
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and vars(other) == vars(self)

@@ -1,11 +1,13 @@
-"""``[health]`` settings (``slurm_gpu.config.section(HealthSettings, "health")``)."""
+"""``[health]`` settings (``slurm_gpu.config.section(HealthSettings, "health")``).
+
+:class:`slurm_gpu.config.Settings`, not dataclasses: the epilog reads
+``[repair]`` and ``[health]`` and imports no dataclasses (~5 ms a job)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..config import Settings
 
 
-@dataclass
-class HealthSettings:
+class HealthSettings(Settings):
     """``[health]``: what the health check reads, how long it may take and which checks run."""
 
     # Kernel log: "/dev/kmsg", or a file written by syslog/dmesg ("%n" = Slurm node name).
@@ -49,8 +51,7 @@ class HealthSettings:
             self.skip = []
 
 
-@dataclass
-class RepairSettings:
+class RepairSettings(Settings):
     """``[repair]``: the steps after a drain (docs/health.md, "Repair ladder").
 
     Every step is off by default: the health check drains, an admin decides.

@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from ..fsutil import atomic_write
+from ..hw.plain import Plain
 
 PREFIX = "slurm-gpu: user-problem:"
 MARKER = "user-problem.{}.json"
@@ -35,8 +35,9 @@ def marker_path(state_dir: str, node: str) -> str:
     return os.path.join(state_dir, MARKER.format(re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_"))
 
 
-@dataclass(frozen=True)
-class Marker:
+class Marker(Plain):
+    # A Plain value, not a dataclass: the epilog imports no dataclasses.
+    __slots__ = ("reason", "jobid", "uid", "gpus")
     reason: str
     jobid: str
     uid: int | None
