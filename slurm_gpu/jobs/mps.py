@@ -4,8 +4,8 @@ Start (prolog): per-job ``<base>/<jobid>/{pipe,log}`` owned by the user,
 mode 0700, under a root-owned base; the daemon started through
 ``nvidia-cuda-mps-control -d`` as the user (``runner.run(run_as=...)``),
 pinned to the GPUs' local CPUs with taskset, for the job's GPUs only
-(``CUDA_VISIBLE_DEVICES``); then we wait until it answers
-``get_server_list`` and apply the admin's defaults.
+(``CUDA_VISIBLE_DEVICES``); then one client session, retried until the
+daemon answers, sends ``get_server_list`` and the admin's defaults.
 
 Stop (epilog): ``quit`` through the control pipe with a bounded wait, then
 SIGKILL whatever is left among the processes bound to this job's pipe
