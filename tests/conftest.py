@@ -19,3 +19,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def machine_node(machine_name: str):
     """The loaded Node of the machine this test instance runs for."""
     return load_machine(machine_name)
+
+
+@pytest.fixture(autouse=True)
+def _host_context_per_test():
+    """hostctx holds what a SPANK host program names for the whole process
+    (config file, node name); a test that sets it (SPANK dispatch) must not
+    leave it to the next one (jobs.mps.adopt then looked for another node's
+    cgroup)."""
+    from slurm_gpu import hostctx
+    saved = (hostctx.config_file, hostctx.node_name)
+    yield
+    hostctx.config_file, hostctx.node_name = saved
