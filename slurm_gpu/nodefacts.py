@@ -41,7 +41,10 @@ reading the config and the model happens in :func:`get` on a miss.
 from __future__ import annotations
 
 import marshal
-import os
+# posix, not os: importing os (its environ mapping pulls in
+# _collections_abc) is ~1 ms of every bound step, which reads the cache
+# through load() only.  The paths that build or write an entry import os.
+import posix
 import stat
 
 from . import __version__
@@ -59,11 +62,27 @@ def gres_conf_path(env: Mapping[str, str]) -> str | None:
     """gres.conf beside ``$SLURM_CONF`` (slurmd exports it), else the usual places."""
     conf = env.get("SLURM_CONF")
     if conf:
-        return os.path.join(os.path.dirname(conf), "gres.conf")
+        return _join(_dirname(conf), "gres.conf")
     for p in ("/etc/slurm/gres.conf", "/etc/slurm-llnl/gres.conf"):
-        if os.path.exists(p):
-            return p
+        try:
+            posix.stat(p)
+        except (OSError, ValueError):
+            continue
+        return p
     return None
+
+
+def _dirname(path: str) -> str:
+    """``os.path.dirname`` (POSIX), without importing os."""
+    head = path[:path.rfind("/") + 1]
+    if head and head != "/" * len(head):
+        head = head.rstrip("/")
+    return head
+
+
+def _join(head: str, name: str) -> str:
+    """``os.path.join(head, name)`` for a relative *name*, without importing os."""
+    return f"{head}{name}" if not head or head.endswith("/") else f"{head}/{name}"
 
 
 # -- the file ------------------------------------------------------------------------
@@ -72,14 +91,14 @@ def _stamp(path: str | None) -> tuple[Any, ...] | None:
     if not path:
         return None
     try:
-        st = os.stat(path)
+        st = posix.stat(path)
     except OSError:
         return (path, None)
     return (path, st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _private(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+def _private(st: posix.stat_result) -> bool:
+    return st.st_uid == posix.geteuid() and not st.st_mode & 0o022
 
 
 def _open_dir(cache_dir: str, *, create: bool) -> int | None:
@@ -91,15 +110,17 @@ def _open_dir(cache_dir: str, *, create: bool) -> int | None:
     the one used.
     """
     if create:
+        import os
         parent = os.path.dirname(cache_dir.rstrip("/"))
         os.makedirs(parent, mode=0o755, exist_ok=True)
         try:
             os.mkdir(cache_dir, 0o700)
         except FileExistsError:
             pass
-    fd = os.open(cache_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    if not _private(os.fstat(fd)):
-        os.close(fd)
+    fd = posix.open(cache_dir, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW
+                    | posix.O_CLOEXEC)
+    if not _private(posix.fstat(fd)):
+        posix.close(fd)
         return None
     return fd
 
@@ -113,8 +134,8 @@ def cache_file(config_path: str | None, node: str, gres_conf: str | None,
     import zlib
     # the node name only makes the file recognisable; the crc tells entries apart
     safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in node)
-    return os.path.join(cache_dir or CACHE_DIR,
-                        f"{safe}-{zlib.crc32(_key(config_path, node, gres_conf).encode()):08x}")
+    crc = zlib.crc32(_key(config_path, node, gres_conf).encode())
+    return _join(cache_dir or CACHE_DIR, f"{safe}-{crc:08x}")
 
 
 def load(config_path: str | None, node: str, gres_conf: str | None,
@@ -123,18 +144,19 @@ def load(config_path: str | None, node: str, gres_conf: str | None,
     path = cache_file(config_path, node, gres_conf, cache_dir)
     dfd = fd = None
     try:
-        dfd = _open_dir(os.path.dirname(path), create=False)
+        dfd = _open_dir(_dirname(path), create=False)
         if dfd is None:
             return None
         # O_NOFOLLOW: never a symlink; O_NONBLOCK: a FIFO must not hang
         # slurmstepd.  Only a regular file that we (root) wrote: marshal is
         # not meant for data others could have planted.
-        fd = os.open(os.path.basename(path),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        st = os.fstat(fd)
+        fd = posix.open(path[path.rfind("/") + 1:],
+                        posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC,
+                        dir_fd=dfd)
+        st = posix.fstat(fd)
         if not (stat.S_ISREG(st.st_mode) and _private(st)):
             return None
-        with os.fdopen(fd, "rb") as f:
+        with open(fd, "rb") as f:
             fd = None
             data = marshal.load(f)
     except (OSError, EOFError, ValueError, TypeError):
@@ -142,7 +164,7 @@ def load(config_path: str | None, node: str, gres_conf: str | None,
     finally:
         for d in (fd, dfd):
             if d is not None:
-                os.close(d)
+                posix.close(d)
     return data if _valid(data, _key(config_path, node, gres_conf)) else None
 
 
@@ -163,6 +185,8 @@ def _valid(data: Any, key: str) -> bool:
 def store(data: dict[str, Any], config_path: str | None, node: str, gres_conf: str | None,
           cache_dir: str | None = None) -> None:
     """Write the entry atomically; a failure only costs the next caller time."""
+    import os
+
     from .fsutil import atomic_write_at
     path = cache_file(config_path, node, gres_conf, cache_dir)
     dfd = None
@@ -187,6 +211,7 @@ def _inputs(config_path: str | None, gres_conf: str | None) -> tuple[tuple[Any, 
     Stamped before anything is read: see the module docstring.  Every place
     :func:`slurm_gpu.config.config_path` looks counts (a config may appear).
     """
+    import os
     import sys
 
     from . import config

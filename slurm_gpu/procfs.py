@@ -7,8 +7,6 @@ only.
 """
 from __future__ import annotations
 
-import os
-
 PROC = "/proc"
 
 
@@ -69,6 +67,7 @@ def parent_slurmd(max_depth: int = 3, proc: str = PROC) -> str | None:
     Looks a few generations up, so a wrapper script that runs us as a child
     instead of exec'ing still counts.
     """
+    import os                           # not at import: the bound step reads boot_id only
     pid = os.getppid()
     for _ in range(max_depth):
         if pid <= 1:

@@ -8,8 +8,9 @@ anywhere else (tests, tools) a ctypes fallback makes the same calls.
 """
 from __future__ import annotations
 
-import os
-import resource
+# posix, not os: os (with its environ mapping) costs ~1 ms of every bound
+# step, and these calls are all this module needs of it.
+import posix
 
 from ..errors import SlurmGpuError
 
@@ -62,9 +63,9 @@ class _CtypesCalls:
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.bits = ctypes.sizeof(ctypes.c_ulong) * 8
         try:
-            self.nums = _SYSCALLS[os.uname().machine]
+            self.nums = _SYSCALLS[posix.uname().machine]
         except KeyError:
-            raise SlurmGpuError(f"set_mempolicy: unsupported machine {os.uname().machine}") \
+            raise SlurmGpuError(f"set_mempolicy: unsupported machine {posix.uname().machine}") \
                 from None
 
     def _errno(self, rc: int) -> int:
@@ -122,7 +123,7 @@ def set_mempolicy(mode: int, nodes: tuple[int, ...]) -> None:
     err = _c().set_mempolicy(mode, nodes)
     if err:
         raise SlurmGpuError(f"set_mempolicy to NUMA node(s) {','.join(map(str, nodes))} "
-                            f"failed: {os.strerror(err)}")
+                            f"failed: {posix.strerror(err)}")
 
 
 def get_mempolicy() -> tuple[int, tuple[int, ...]]:
@@ -135,20 +136,20 @@ def get_mempolicy() -> tuple[int, tuple[int, ...]]:
 
 def set_affinity(cpus: tuple[int, ...]) -> None:
     try:
-        os.sched_setaffinity(0, cpus)
+        posix.sched_setaffinity(0, cpus)
     except OSError as e:
         raise SlurmGpuError(f"sched_setaffinity to CPUs {cpus} failed: {e.strerror}") from None
 
 
 def allowed_cpus() -> tuple[int, ...]:
-    return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(sorted(posix.sched_getaffinity(0)))
 
 
 def disable_thp() -> None:
     """prctl(PR_SET_THP_DISABLE): no transparent huge pages for this task."""
     err = _c().thp_disable()
     if err:
-        raise SlurmGpuError(f"prctl(PR_SET_THP_DISABLE) failed: {os.strerror(err)}")
+        raise SlurmGpuError(f"prctl(PR_SET_THP_DISABLE) failed: {posix.strerror(err)}")
 
 
 def raise_memlock(limit: int, *, hard: bool) -> str | None:
@@ -160,6 +161,7 @@ def raise_memlock(limit: int, *, hard: bool) -> str | None:
     value says why the admin's maximum was not reached; a node setting must
     not fail the user's task.
     """
+    import resource                    # --gpu-profile only: not every bound step
     inf = resource.RLIM_INFINITY
 
     def bigger(a: int, b: int) -> int:

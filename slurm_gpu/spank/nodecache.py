@@ -9,9 +9,7 @@ on the node model.  Imported in every bound step: builtins only at import.
 """
 from __future__ import annotations
 
-import os
-
-from .. import nodefacts
+from .. import hostctx, nodefacts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,6 +34,12 @@ def _read_node() -> Any:
     return bounded(load_node, NVML_DEADLINE, "reading the node model (NVML, hwloc)")
 
 
+def _gres_conf() -> str | None:
+    # slurmstepd's own environment (slurmd exports SLURM_CONF), never the job's
+    conf = hostctx.environ_get("SLURM_CONF")
+    return nodefacts.gres_conf_path({"SLURM_CONF": conf} if conf is not None else {})
+
+
 def _view(data: dict[str, Any]) -> dict[str, Any]:
     gpus = data["gpus"]
     return dict(data["sections"][SECTION], state_dir=data["state_dir"],
@@ -46,13 +50,13 @@ def get(config_path: str | None, node: str, *, with_gpus: bool,
         cache_dir: str | None = None) -> dict[str, Any]:
     """{"memlock", "allocator_preload", "allocator_env", "numa_map", "state_dir",
     "gpus": binding's locality table, or None without *with_gpus*}."""
-    return _view(nodefacts.get(config_path, node, nodefacts.gres_conf_path(os.environ),
+    return _view(nodefacts.get(config_path, node, _gres_conf(),
                                with_gpus=with_gpus, sections={SECTION: _settings},
                                read_node=_read_node, cache_dir=cache_dir))
 
 
 def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, Any]:
     """The same, read now and not stored: the slow path."""
-    return _view(nodefacts.build(config_path, node, nodefacts.gres_conf_path(os.environ),
+    return _view(nodefacts.build(config_path, node, _gres_conf(),
                                  with_gpus=with_gpus, sections={SECTION: _settings},
                                  read_node=_read_node))

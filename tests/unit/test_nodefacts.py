@@ -232,3 +232,37 @@ print("HEAVY", heavy)
                          env=dict(os.environ, SLURM_CONF=str(tmp_path / "slurm.conf")))
     assert out.returncode == 0, out.stderr
     assert "GPUS [0, 1]" in out.stdout and "HEAVY []" in out.stdout, out.stdout
+
+
+def test_warm_bound_step_imports_no_os(node_env, monkeypatch, tmp_path) -> None:
+    """The plugin's interpreter has no site (so no os at start): a bound step with a
+    warm entry reads it, finds gres.conf from slurmstepd's SLURM_CONF and asks for
+    its CPUs without importing os, whose environ mapping costs ~1 ms a step."""
+    import subprocess
+    import sys
+    from slurm_gpu.spank import nodecache
+    e = node_env
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.setattr("slurm_gpu.hw.load_node", lambda *a: e["model"])
+    nodecache.get(e["cfg"], "n1", with_gpus=True, cache_dir=e["dir"])
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from slurm_gpu.spank import dispatch, effects, nodecache, remote
+facts = nodecache.get({e["cfg"]!r}, "n1", with_gpus=True, cache_dir={e["dir"]!r})
+print("GPUS", [g["minor"] for g in facts["gpus"]], bool(effects.allowed_cpus()))
+print("OS", "os" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                         text=True, timeout=60,
+                         env=dict(os.environ, SLURM_CONF=str(tmp_path / "slurm.conf")))
+    assert out.returncode == 0, out.stderr
+    assert "GPUS [0, 1] True" in out.stdout and "OS False" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("conf", ["/etc/slurm/slurm.conf", "/etc/slurm//slurm.conf", "slurm.conf",
+                                  "/slurm.conf", "//slurm.conf", "a/b/slurm.conf", "/a/b/",
+                                  "/a/b//", "///", "a//"])
+def test_gres_conf_path_is_os_path_join_of_dirname(conf):
+    assert nodefacts.gres_conf_path({"SLURM_CONF": conf}) == \
+        os.path.join(os.path.dirname(conf), "gres.conf")
