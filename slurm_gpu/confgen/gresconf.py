@@ -15,7 +15,12 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import InputError, SlurmGpuError
-from .grescheck import NodeGres, compare, effective, parse_gres_conf, restart_advice, shared_with_other_nodes
+
+# The checking half (grescheck, slurmconf: dataclasses, shlex) is imported
+# where a file is read or compared: `gres render` alone pays nothing for it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .grescheck import NodeGres
 
 __all__ = ["apply", "differences", "node_gres", "parse", "read", "refuse_shared", "render", "restart_advice",
            "text_of", "view"]
@@ -43,6 +48,7 @@ def text_of(v: Any) -> str:
 
 def parse(lines: Iterable[str], source: str = "gres.conf") -> dict[str, NodeGres]:
     """Parse gres.conf text (InputError naming *source* and line)."""
+    from .grescheck import parse_gres_conf
     return parse_gres_conf(lines, source)
 
 
@@ -60,6 +66,7 @@ def read(path: str) -> tuple[str, dict[str, NodeGres]]:
 def differences(current: Mapping[str, NodeGres], wanted_text: str, node: str | None = None) -> list[str]:
     """``gres check``: readable differences from *current* to the generated text ([] when equal);
     with *node*, only that node's lines count (a cluster-wide file checked on one node)."""
+    from .grescheck import compare, effective
     wanted = parse(wanted_text.splitlines(True), "generated")
     if node is not None:
         return compare({node: effective(current, node)}, {node: effective(wanted, node)})
@@ -68,15 +75,23 @@ def differences(current: Mapping[str, NodeGres], wanted_text: str, node: str | N
 
 def node_gres(conf: Mapping[str, NodeGres], node: str) -> NodeGres:
     """*node*'s GRES in a parsed file, NodeName-less lines applied."""
+    from .grescheck import effective
     return effective(conf, node)
 
 
 def refuse_shared(conf: Mapping[str, NodeGres], node: str, why: str, path: str) -> None:
     """SlurmGpuError unless the parsed file configures *node* alone: a file other
     nodes read is never rewritten for one node.  *why* says what would have happened."""
+    from .grescheck import shared_with_other_nodes
     shared = shared_with_other_nodes(conf, node)
     if shared:
         raise SlurmGpuError(f"{shared}{why}", path)
+
+
+def restart_advice(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGres]) -> list[str]:
+    """What Slurm needs after replacing *current* by *wanted* (gres.conf(5) rules)."""
+    from .grescheck import restart_advice as advice
+    return advice(current, wanted)
 
 
 def apply(path: str, text: str, *, backup: str | None = ".bak", keep_first_backup: bool = False) -> str:
