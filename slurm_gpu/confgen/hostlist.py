@@ -68,7 +68,7 @@ def _one_pattern(names: list[str]) -> str | None:
     return ",".join(f"{prefix}[{','.join(numbers)}]" for (prefix, _), numbers in groups.items()) or None
 
 
-def fold(names: Iterable[str]) -> str:
+def fold(names: Iterable[str], where: str = "") -> str:
     """``['gpu001', 'gpu002']`` -> ``gpu[001-002]``.
 
     Only the last number of a name is folded (``rack1n[1-2],rack2n[1-2]``,
@@ -83,9 +83,16 @@ def fold(names: Iterable[str]) -> str:
     # same set (gpu99999 beside gpu100000 is two brackets, not fromlist's
     # 0.8 s for 100,000 names).
     pattern = _one_pattern(names)
-    ns = NodeSet(pattern) if pattern is not None else NodeSet.fromlist(names)
-    ns.fold_axis = (-1,)
-    return str(ns)
+    try:
+        ns = NodeSet(pattern) if pattern is not None else NodeSet.fromlist(names)
+        ns.fold_axis = (-1,)
+        return str(ns)
+    except _errors() as e:
+        # Names come from snapshots and fabric dumps; one that ClusterShell
+        # cannot hold (a 5,000-digit number: int() refuses it) is bad input,
+        # not a traceback.
+        bad = max(names, key=len) if names else ""
+        raise InputError(f"cannot fold host names (longest {bad[:60]!r}): {str(e)[:80]}", where or None) from None
 
 
 def expand(hostlist: str, where: str = "") -> list[str]:
