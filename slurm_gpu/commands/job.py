@@ -11,6 +11,16 @@ def job() -> None:
     """Per-job GPU state on this node."""
 
 
+def _jobid_arg(jobid: str) -> str:
+    """JOBID as typed: a malformed one is a usage error (exit 2), as in `job report`."""
+    from ..errors import InputError, UsageError
+    from ..jobs import state as jobstate
+    try:
+        return jobstate.check_jobid(jobid)
+    except InputError:
+        raise UsageError(f"bad job id {jobid[:40]!r}", "JOBID") from None
+
+
 def _state_dir() -> str:
     from ..hw import live
     return live.settings().state_dir
@@ -27,6 +37,7 @@ def show(jobid: str, as_json: bool) -> None:
     from ..jobs import state as jobstate
     from ..jobs.mps import daemon_pids
 
+    jobid = _jobid_arg(jobid)
     sd = _state_dir()
     st = jobstate.load(sd, jobid)
     if st is None:
@@ -82,9 +93,10 @@ def cleanup(jobid: str | None, stale: bool, force: bool) -> None:
 
     from ..errors import SlurmGpuError, UsageError
     from ..jobs import lifecycle, sweep
-    from ..jobs import state as jobstate
     if stale == bool(jobid):
         raise UsageError("give either JOBID or --stale", "slurm-gpu job cleanup")
+    if jobid:
+        jobid = _jobid_arg(jobid)
     ctx = lifecycle.default_context({"SLURM_JOB_ID": jobid} if jobid else {})
     if stale:
         lines = sweep.sweep(ctx, lifecycle.teardown)
@@ -95,7 +107,7 @@ def cleanup(jobid: str | None, stale: bool, force: bool) -> None:
         if any("cleanup incomplete" in line for line in lines):
             raise SlurmGpuError("some stale job state could not be cleaned up", ctx.state_dir)
         return
-    jobid = jobstate.check_jobid(jobid or "")
+    jobid = jobid or ""   # not --stale, so given (checked above)
     if not force:
         squeue = os.path.join(os.path.dirname(ctx.jobs.scancel) or "/usr/bin", "squeue")
         if jobid not in sweep.gone([jobid], ctx.node_name, squeue):

@@ -112,6 +112,11 @@ def test_job_cleanup_cli(node: Env, monkeypatch, capsys) -> None:
     assert "cleaned up" in capsys.readouterr().out
     assert node.leftovers("100") == []
     assert main(["job", "cleanup"]) == 2
+    capsys.readouterr()
+    # a malformed JOBID is a usage error, as in `job report` and `job show`
+    for argv in (["job", "cleanup", "12abc"], ["job", "cleanup", "../100"], ["job", "show", "12abc"]):
+        assert main(argv) == 2, argv
+        assert "bad job id" in capsys.readouterr().err
     assert main(["job", "cleanup", "--stale"]) == 0
     assert "no stale job state" in capsys.readouterr().out
     assert os.path.isdir(node.state_dir)
