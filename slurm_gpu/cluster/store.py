@@ -106,6 +106,19 @@ def entries(directory: str) -> list[tuple[str, str]]:
     return sorted(found, key=lambda x: natural_key(x[0]))
 
 
+def require_dir(directory: str) -> None:
+    """InputError unless *directory* is a directory we can list: checked
+    before slurmctld is asked, so a mistyped ``--from`` is what gets named."""
+    try:
+        if not os.path.isdir(directory):
+            raise InputError("collection directory not found" if not os.path.lexists(directory)
+                             else "not a directory", directory)
+        if not os.access(directory, os.R_OK | os.X_OK):
+            raise InputError("cannot list collection directory: Permission denied", directory)
+    except ValueError:   # a NUL in the path
+        raise InputError("bad collection directory name", repr(directory)[:80]) from None
+
+
 def load_entry(path: str, loader: Any) -> Any:
     """The model in one entry (InputError with the reason when unusable)."""
     from ..hw import snapshot as snap

@@ -79,6 +79,7 @@ def check(ctx: click.Context, source: str, nodes: str | None, partition: str | N
     from ..cluster import drift, store
     from ..confgen import gresconf, topocheck
     from .confgen_io import read_config
+    store.require_dir(source)
     slurm = _slurm_nodes(slurm_file)
     scope = _scope(nodes, partition, slurm)
     col = store.load_dir(source, set(scope) if scope is not None else None, identity=False)

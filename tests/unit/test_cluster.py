@@ -165,6 +165,21 @@ def test_check_lists_unreadable_uncollected_and_unknown_nodes(tmp_path: Path, re
     assert rep["nodes"]["stray"] == ["collected, but Slurm does not know this node"]
 
 
+def test_check_names_a_missing_from_dir_before_asking_slurmctld(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from slurm_gpu.cluster import slurmview
+
+    def no_slurmctld() -> None:
+        raise AssertionError("slurmctld asked before --from was checked")
+    monkeypatch.setattr(slurmview, "show_nodes", no_slurmctld)
+    (tmp_path / "file").write_text("")
+    for path, what in ((tmp_path / "nonexistent", "collection directory not found"),
+                       (tmp_path / "file", "not a directory")):
+        assert main(["cluster", "check", "--from", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert err == f"slurm-gpu: {what} ({path})\n"
+
+
 def test_render_gives_gres_topology_and_node_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gb = str(MACHINES_DIR / "gb200-nvl" / "snapshot.json")
     d = tmp_path / "col"
