@@ -179,6 +179,42 @@ for SUITE in "${SUITES[@]}"; do
         sed 's/^/    doctor: /' "$WORK/doctor.log" >&2
     fi
 
+    # An upgrade rebuilds the venv while slurmd may run a hook at any moment:
+    # a loop calling the venv's slurm-gpu (as a prolog would) must never fail
+    # through the reinstall (the package again: its upgrade scripts) and one
+    # more venv-setup; afterwards the venv is a link to the newest tree, with
+    # exactly one tree kept before it.
+    [ -L "$R/opt/slurm-gpu/venv" ] || fail "/opt/slurm-gpu/venv is not a link to a versioned tree"
+    stop=$WORK/stop-loop
+    ( n=0 f=0
+      while [ ! -e "$stop" ]; do
+          if chroot "$R" /opt/slurm-gpu/venv/bin/slurm-gpu --version >/dev/null 2>&1; then n=$((n+1)); else f=$((f+1)); fi
+      done
+      echo "$n $f" >"$WORK/loop" ) &
+    loop=$!
+    if [ -n "$RPM" ]; then
+        in_root env SLURM_GPU_PYTHON=/usr/bin/python3.11 SLURM_GPU_SYSTEM_SITE=0 \
+            /usr/lib/slurm-gpu/venv-setup.sh /usr/share/slurm-gpu/wheels >"$WORK/upgrade.log" 2>&1 ||
+            { touch "$stop"; wait $loop; fail "venv-setup (upgrade) failed: $(tail -3 "$WORK/upgrade.log")"; }
+    else
+        cp "$DEB" "$R/tmp/slurm-gpu.deb"
+        in_root dpkg -i /tmp/slurm-gpu.deb >"$WORK/upgrade.log" 2>&1 ||
+            { touch "$stop"; wait $loop; fail "dpkg -i (upgrade) failed: $(tail -3 "$WORK/upgrade.log")"; }
+        rm -f "$R/tmp/slurm-gpu.deb"
+    fi
+    in_root env ${RPM:+SLURM_GPU_PYTHON=/usr/bin/python3.11 SLURM_GPU_SYSTEM_SITE=0} \
+        /usr/lib/slurm-gpu/venv-setup.sh /usr/share/slurm-gpu/wheels >>"$WORK/upgrade.log" 2>&1 ||
+        { touch "$stop"; wait $loop; fail "venv-setup (second upgrade) failed: $(tail -3 "$WORK/upgrade.log")"; }
+    touch "$stop"; wait $loop
+    read -r calls failed <"$WORK/loop"
+    [ "$failed" = 0 ] || fail "$failed of $((calls + failed)) calls of the venv's slurm-gpu failed while it was rebuilt"
+    [ "$calls" -ge 10 ] || fail "only $calls calls ran while the venv was rebuilt: the check proves nothing"
+    trees=$(cd "$R/opt/slurm-gpu" && ls -d venv-*)
+    [ "$(echo "$trees" | wc -l)" = 2 ] || fail "after two upgrades the venv trees are: $(echo $trees)"
+    [ "$(readlink "$R/opt/slurm-gpu/venv")" = "$(echo "$trees" | tail -1)" ] ||
+        fail "the venv link names $(readlink "$R/opt/slurm-gpu/venv"), not the newest tree"
+    upgrades="upgraded twice with $calls calls and none failed"
+
     # State a node's runs keep where the product puts it by default: the repair
     # ladder's counts, which must survive reboots ([repair] state_dir, not /run).
     # Removing the package for good must take it too.
@@ -203,6 +239,6 @@ $(grep '^[-+][^-+]' "$WORK/diff" | head -20)"
     else
         in_root dpkg-query -W slurm-gpu >/dev/null 2>&1 && fail "dpkg still knows slurm-gpu after purge"
     fi
-    say "$SUITE${RPM:+ (rpm)}: ok in $(( $(date +%s) - t0 )) s: $ver on Python $py, SPANK plugin $spank_expect, doctor $doctor; purge left $(wc -l <"$WORK/before") files as they were"
+    say "$SUITE${RPM:+ (rpm)}: ok in $(( $(date +%s) - t0 )) s: $ver on Python $py, SPANK plugin $spank_expect, doctor $doctor; $upgrades; purge left $(wc -l <"$WORK/before") files as they were"
     cleanup
 done

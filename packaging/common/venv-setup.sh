@@ -15,25 +15,55 @@ WHEELS=${1:?usage: venv-setup.sh WHEEL_DIR}
 PYTHON=${SLURM_GPU_PYTHON:-/usr/bin/python3}
 BASE=/opt/slurm-gpu
 VENV=$BASE/venv
-# Always from scratch: an upgrade of Python or of slurm-gpu leaves no stale file.
-rm -rf "$VENV"
+# Built beside the live one and swapped in with one rename: slurmd runs our
+# prolog, epilog and health check at any moment, and a hook that found no
+# venv (the old rm -rf, then rebuild) exited 127 and drained the node.
+# $VENV is a symlink to venv-STAMP; scripts' shebangs and the plugin name
+# their own versioned directory, so a hook already running finishes on the
+# tree it started from.  That previous tree is kept (one upgrade back);
+# older ones are removed.  From scratch each time: no stale file survives.
+NAME=venv-$(date -u +%Y%m%dT%H%M%S.%N)-$$
+NEW=$BASE/$NAME
 mkdir -p "$BASE"
+trap 'rm -rf "$NEW" "$BASE/.venv.link.$$"' EXIT
 if [ "${SLURM_GPU_SYSTEM_SITE:-1}" = 1 ]; then
-    "$PYTHON" -m venv --system-site-packages "$VENV"
+    "$PYTHON" -m venv --system-site-packages "$NEW"
 else
-    "$PYTHON" -m venv "$VENV"
+    "$PYTHON" -m venv "$NEW"
 fi
 # Only the shipped wheels: no pip config or PIP_* variable of the admin's
 # (or of the package manager's environment) takes part.
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/nonexistent PIP_CONFIG_FILE=/dev/null \
-    "$VENV/bin/python" -m pip install -q --no-index --no-cache-dir --disable-pip-version-check \
+    "$NEW/bin/python" -m pip install -q --no-index --no-cache-dir --disable-pip-version-check \
     --find-links "$WHEELS" slurm-gpu
 # Slurm runs our code as root and inside every job user's processes.
-chmod -R a+rX "$BASE"
-echo "slurm-gpu: installed $("$VENV/bin/slurm-gpu" --version 2>&1 | tail -1) into $VENV"
+chmod a+rx "$BASE"
+chmod -R a+rX "$NEW"
 # The SPANK plugin must match the installed Slurm's major version: built here,
-# never shipped.  Best effort: a node without a compiler still gets the rest.
-if out=$("$VENV/bin/slurm-gpu" spank build 2>&1); then
+# never shipped, into the new tree before it goes live.  Best effort: a node
+# without a compiler still gets the rest.
+spank_ok=1
+out=$("$NEW/bin/slurm-gpu" spank build 2>&1) || spank_ok=0
+chmod -R a+rX "$NEW"
+# The swap: rename(2) of a new symlink over the old one is atomic.  A venv
+# made by an older package is a real directory, which rename cannot replace:
+# it is moved aside first (the one moment without $VENV, two renames apart).
+OLD=
+if [ -L "$VENV" ]; then
+    OLD=$(basename "$(readlink "$VENV")")
+elif [ -d "$VENV" ]; then
+    OLD=venv-0-previous-$$   # sorts before every stamped tree
+    mv -T "$VENV" "$BASE/$OLD"
+fi
+ln -s "$NAME" "$BASE/.venv.link.$$"
+mv -T "$BASE/.venv.link.$$" "$VENV"
+trap - EXIT
+for d in "$BASE"/venv-*; do
+    [ -d "$d" ] && [ ! -L "$d" ] || continue
+    case ${d##*/} in "$NAME"|"${OLD:-$NAME}") ;; *) rm -rf "$d" ;; esac
+done
+echo "slurm-gpu: installed $("$VENV/bin/slurm-gpu" --version 2>&1 | tail -1) into $VENV ($NEW)"
+if [ $spank_ok = 1 ]; then
     echo "slurm-gpu: SPANK plugin built: $(echo "$out" | tail -1)"
 else
     echo "slurm-gpu: SPANK plugin not built ($(echo "$out" | tail -1 | sed 's/^slurm-gpu: //')); needs gcc, Python headers, setuptools and Slurm's spank.h (Debian: gcc python3-dev python3-setuptools libslurm-dev; EL: gcc python3.11-devel slurm-devel), then run: $VENV/bin/slurm-gpu spank build"
