@@ -23,8 +23,49 @@ from .findings import INFO, WARN, Finding
 _ACT_SECONDS = 1.5
 
 
+# dcgmi diag -r 2 and -r 3 stress every GPU (memory, SM, PCIe, power) for
+# minutes: on a node with a job they slow or break it.  Level 1 is a quick
+# software check that runs beside jobs.
+INTRUSIVE_LEVEL = 2
+_BUSY_BASES = ("ALLOCATED", "MIXED", "COMPLETING")
+
+
+def diag_busy(opts: Any, deadline: float) -> str | None:
+    """Why an intrusive diagnostic must wait, or None when the node is idle.
+
+    Busy when a job holds a GPU in our job state, or Slurm says jobs run on
+    the node (ALLOCATED, MIXED, COMPLETING; a drained node still running
+    jobs is DRAINING with one of those).  A state that cannot be read counts
+    as busy: the diagnostic waits for the next run, never the other way.
+    """
+    from ..errors import CommandError
+    from .actions import show_node
+    if opts.job_gpus is not None:
+        held = opts.job_gpus()
+        if held:
+            return f"job {sorted(set(held.values()))[0]} holds a GPU"
+    t = deadline - time.monotonic() - _ACT_SECONDS - 1.0
+    try:
+        ns = show_node(opts.node, max(1.0, min(5.0, t)))
+    except CommandError as e:
+        return f"node state unknown ({e.what.splitlines()[0][:80]})"
+    if ns is None:
+        return "node state unknown (scontrol does not know this node)"
+    if ns.base in _BUSY_BASES or "COMPLETING" in ns.flags:
+        return f"jobs run on the node ({ns.base})"
+    return None
+
+
 def dcgm_findings(opts: Any, level: int, deadline: float, health: Any) -> list[Finding]:
-    """gpu.dcgm: dcgmi diag within what is left of this run."""
+    """gpu.dcgm: dcgmi diag within what is left of this run (levels 2 and 3 only on an idle node)."""
+    from . import dcgm
+    why = diag_busy(opts, deadline) if level >= INTRUSIVE_LEVEL else None
+    if why is not None:
+        return [Finding(dcgm.CHECK, INFO, f"dcgmi diag -r {level} deferred to an idle run: {why}")]
+    return _diag(opts, level, deadline, health)
+
+
+def _diag(opts: Any, level: int, deadline: float, health: Any) -> list[Finding]:
     from . import dcgm
     left = deadline - time.monotonic() - _ACT_SECONDS - 1.0
     if left < 2.0:
@@ -56,7 +97,14 @@ class Recovery:
         if (self.settings.dcgm_gate and want is None and self.marker is None and mem.drained_reason
                 and mem.clean_runs + 1 >= max(1, clean_runs_to_resume)):
             # This run would resume a node drained for a fault: DCGM must agree first.
-            gate = dcgm_findings(self.opts, self.settings.dcgm_gate, self.deadline, self.health)
+            level = self.settings.dcgm_gate
+            why = diag_busy(self.opts, self.deadline) if level >= INTRUSIVE_LEVEL else None
+            if why is not None:
+                # Not run is not passed: drained until an idle run's diagnostic passes.
+                self.notes.append(f"resume gate: dcgmi diag -r {level} waits for an idle node: {why}")
+                self.dirty = True
+                return
+            gate = _diag(self.opts, level, self.deadline, self.health)
             self.notes += [f"resume gate: {f.message}" for f in gate]
             self.dirty = self.dirty or any(f.severity != INFO for f in gate)
 

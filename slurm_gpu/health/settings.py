@@ -42,7 +42,7 @@ class HealthSettings(Settings):
     # Rewrite gres.conf without a bad GPU instead of draining the node (see docs/health.md).
     isolate_bad_gpu: bool = False
     # gpu.dcgm: dcgmi diag -r <level> -j in every run (0: off; only level 1 fits a
-    # HealthCheckProgram run) and the most seconds it may take.
+    # HealthCheckProgram run; 2 and 3 wait for an idle node) and the most seconds it may take.
     dcgm_level: int = 0
     dcgm_timeout: float = 60.0
 

@@ -327,3 +327,66 @@ def test_a_cancelled_reboot_is_left_to_whoever_cancelled_it(tmp_path, cluster):
         run()
     assert cluster.node.drained and cluster.node.reason.startswith("slurm-gpu: reboot:")
     assert len(cluster.reboots()) == 1
+
+
+def _dcgmi_calls(cluster: Cluster) -> list[list[str]]:
+    return [c[1:] for c in cluster.calls if c[0].endswith("dcgmi")]
+
+
+def test_intrusive_dcgm_levels_run_only_on_an_idle_node(tmp_path, cluster, monkeypatch):
+    """dcgmi diag -r 2/3 takes every GPU for minutes: never beside a job (level 1 runs as before)."""
+    from slurm_gpu.health import dcgm
+    monkeypatch.setattr(dcgm, "dcgmi_path", lambda: "/usr/bin/dcgmi")
+    (tmp_path / "kern.log").write_text("")
+    cluster.dcgm = "dcgm4-r1-pass.json"
+
+    held: dict[str, str] = {}
+
+    def run(level: int):
+        o = _opts(tmp_path, cluster, RepairSettings(state_dir=str(tmp_path / "var")))
+        o.settings.dcgm_level = level
+        o.only = ["gpu.dcgm"]
+        o.job_gpus = lambda: dict(held)      # our job state (jobs.state.gpus_held)
+        return [f for f in engine.run(o).findings if f.check == "gpu.dcgm"]
+
+    for state in ("ALLOCATED", "MIXED", "IDLE+COMPLETING", "MIXED+DRAIN"):
+        cluster.set_state(state)
+        found = run(2)
+        assert [f.severity for f in found] == ["info"], (state, found)
+        assert "deferred to an idle run: jobs run on the node" in found[0].message
+    assert _dcgmi_calls(cluster) == []
+    run(1)                                   # the quick level runs beside jobs, as before
+    assert _dcgmi_calls(cluster) == [["diag", "-r", "1", "-j"]]
+
+    cluster.set_state("IDLE")
+    held[UUID] = "77"                        # Slurm says idle, our job state says job 77 holds a GPU
+    found = run(3)
+    assert "deferred to an idle run: job 77 holds a GPU" in found[0].message
+    held.clear()
+    found = run(3)
+    assert "dcgmi diag passed" in found[0].message
+    assert _dcgmi_calls(cluster)[-1] == ["diag", "-r", "3", "-j"]
+
+
+def test_an_intrusive_dcgm_gate_waits_for_the_drained_node_to_empty(tmp_path, cluster, monkeypatch):
+    from slurm_gpu.health import dcgm
+    monkeypatch.setattr(dcgm, "dcgmi_path", lambda: "/usr/bin/dcgmi")
+    rs = RepairSettings(dcgm_gate=2, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    cluster.dcgm = "dcgm4-r1-pass.json"
+    run = lambda: engine.run(_opts(tmp_path, cluster, rs))  # noqa: E731
+    run()
+    cluster.set_state("MIXED")
+    _xid(tmp_path)
+    run()
+    assert cluster.node.drained and "MIXED" in cluster.text      # DRAINING: its jobs still run
+    notes = []
+    for _ in range(3):
+        notes += run().notes
+    assert cluster.node.drained and _dcgmi_calls(cluster) == []
+    assert any("resume gate: dcgmi diag -r 2 waits for an idle node: jobs run on the node (MIXED)" in n
+               for n in notes)
+    cluster.set_state("IDLE+DRAIN")                               # the jobs ended: DRAINED
+    run()
+    assert _dcgmi_calls(cluster) == [["diag", "-r", "2", "-j"]]
+    assert not cluster.node.drained
