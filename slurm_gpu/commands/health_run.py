@@ -159,15 +159,37 @@ def run_health(as_json: bool = False, slurm_mode: bool = False, no_drain: bool =
     return exit_code(rep.status)
 
 
+# The verdict is given (drain or resume done) before the model is published;
+# a publish_dir on a hung NFS server must not hold the report and the next
+# interval's run until Slurm kills us.  Publishing takes milliseconds.
+PUBLISH_SECONDS = 5.0
+
+
 def _publish(name: str, snapshot: str | None) -> None:
     """``[cluster] publish_dir``: publish this node's model when it changed (docs/cluster.md).
 
     A shared directory that cannot be written is a note, never a health
-    finding: the node is fine, the collector is not.
+    finding: the node is fine, the collector is not.  One that does not
+    answer within PUBLISH_SECONDS is left behind (a daemon thread, ended
+    with the process; the half-written file is a dot-file that collectors
+    skip) with a note.
     """
     from .. import config
     if not (config.load_raw().get("cluster") or {}).get("publish_dir"):
         return
+    import threading
+    notes: list[str] = []
+    t = threading.Thread(target=lambda: notes.append(_publish_now(name, snapshot) or ""),
+                         name="slurm-gpu-publish", daemon=True)
+    t.start()
+    t.join(PUBLISH_SECONDS)
+    note = notes[0] if notes else (f"model not published: [cluster] publish_dir did not answer "
+                                   f"in {PUBLISH_SECONDS:g} s (a hung file system?)")
+    if note:
+        echo(f"slurm-gpu: note: {note}", err=True)
+
+
+def _publish_now(name: str, snapshot: str | None) -> str | None:
     from ..cluster.modelfile import publish_from_health
     from ..errors import SlurmGpuError
     from ..hw import live
@@ -179,11 +201,11 @@ def _publish(name: str, snapshot: str | None) -> None:
             if not isinstance(model, dict):
                 from ..hw import Snapshot, load_node
                 model = load_node(Snapshot(path)).to_dict()
-        note = publish_from_health(name, model, _state_dir(_settings()))
+        return publish_from_health(name, model, _state_dir(_settings()))
     except SlurmGpuError as e:
-        note = f"model not published: {e}"
-    if note:
-        echo(f"slurm-gpu: note: {note}", err=True)
+        return f"model not published: {e}"
+    except Exception as e:  # noqa: BLE001 - in the thread: never a traceback, never the verdict's business
+        return f"model not published: {type(e).__name__}: {e}"
 
 
 def _node() -> str:

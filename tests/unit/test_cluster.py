@@ -236,6 +236,38 @@ def test_health_check_publishes_only_a_changed_model(tmp_path: Path, recorded: d
     assert len(col.nodes["n1"].gpus) == 8 and len(col.nodes["n2"].gpus) == 7
 
 
+def test_a_hung_publish_dir_is_left_behind_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The verdict is out before the publish: a publish_dir that never answers
+    (a hung NFS server) must not hold the report until Slurm's kill."""
+    import threading
+
+    from slurm_gpu.cluster import modelfile
+    from slurm_gpu.commands import health_run
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "/dev/null"\n'
+                   f'[cluster]\npublish_dir = "{pub}"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    release, entered = threading.Event(), threading.Event()
+
+    def hung(*a: object, **kw: object) -> None:
+        entered.set()
+        release.wait(60)
+    monkeypatch.setattr(modelfile, "publish_from_health", hung)
+    monkeypatch.setattr(health_run, "PUBLISH_SECONDS", 0.2)
+    try:
+        rc = main(["health", "--no-drain", "--only", "gpu.xid", "--node", "n1", "--snapshot", H100])
+        out = capsys.readouterr()
+        assert entered.is_set() and rc == 0
+        assert "slurm-gpu: health n1: ok" in out.out
+        assert "model not published: [cluster] publish_dir did not answer in 0.2 s" in out.err
+    finally:
+        release.set()
+
+
 def test_publish_replaces_a_fifo_or_symlink_without_blocking_or_following(tmp_path: Path, recorded: dict) -> None:
     import os
     node = recorded["healthy"]["node"]
