@@ -95,16 +95,22 @@ def render(data: dict[str, Any], numa_map: dict[int, int], key: str) -> bytes | 
     return out if len(out) <= MAX_BYTES else None
 
 
-def keep(data: dict[str, Any], numa_map: dict[int, int], config_path: str | None, node: str,
-         gres_conf: str | None, cache_dir: str | None = None) -> None:
+def keep(data: dict[str, Any], numa_map: dict[int, int] | None, config_path: str | None,
+         node: str, gres_conf: str | None, cache_dir: str | None = None) -> None:
     """Write the table of *data* unless the one there already says the same.
 
     Called on the Python path only (the C path never gets here), so the
     read and compare cost the steps that need it.  Same directory
     discipline as the entry: written only into a directory that root alone
-    can write, atomically, 0600; a failure costs later steps their speed only.
+    can write, atomically, 0600; a failure costs later steps their speed
+    only, never this step its binding.  *numa_map* None (an entry without
+    it): no table, and an older one is removed.
     """
-    want = render(data, numa_map, nodefacts.key(config_path, node, gres_conf))
+    try:
+        want = None if numa_map is None else render(data, numa_map,
+                                                     nodefacts.key(config_path, node, gres_conf))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        want = None                     # an entry of another shape: Python binds every step
     target = path(config_path, node, gres_conf, cache_dir)
     name = target[target.rfind("/") + 1:]
     dfd = None

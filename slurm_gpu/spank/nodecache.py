@@ -58,7 +58,7 @@ def get(config_path: str | None, node: str, *, with_gpus: bool,
         # the table the C half binds plain steps from (spank/sg_bind.c):
         # kept in step with the entry here, on the Python path
         from . import bindtable
-        bindtable.keep(data, data["sections"][SECTION]["numa_map"], config_path, node,
+        bindtable.keep(data, data["sections"][SECTION].get("numa_map"), config_path, node,
                        gres_conf, cache_dir)
     return _view(data)
 

@@ -384,3 +384,23 @@ def test_render_refuses_what_c_would_misread() -> None:
     assert bindtable.render(_data(odd, []), {}, key) is None
     assert bindtable.render(_data(None, []), {}, key) is None
     assert bindtable.render(dict(_data(gpus, []), boot_id=""), {}, key) is None
+
+
+def test_keep_writes_rewrites_and_removes_the_table(cache, tmp_path) -> None:
+    """The Python path puts the table right: written when missing, rewritten when it
+    differs from the entry, removed when the entry cannot have one."""
+    model = load_machine("mini-2numa")
+    gpus = nodefacts.gpu_facts(model, None)
+    gres = str(tmp_path / "gres.conf")
+    path = Path(bindtable.path(CONFIG, NODE, gres, str(cache)))
+    data = _data(gpus, [])
+    bindtable.keep(data, {}, CONFIG, NODE, gres, str(cache))
+    want = bindtable.render(data, {}, nodefacts.key(CONFIG, NODE, gres))
+    assert path.read_bytes() == want and path.stat().st_mode & 0o777 == 0o600
+    path.write_bytes(want.replace(b"gpu 0 ", b"gpu 7 "))
+    bindtable.keep(data, {}, CONFIG, NODE, gres, str(cache))
+    assert path.read_bytes() == want
+    bindtable.keep(data, None, CONFIG, NODE, gres, str(cache))         # no numa_map known
+    assert not path.exists()
+    bindtable.keep({"gpus": "odd"}, {}, CONFIG, NODE, gres, str(cache))  # never raises
+    assert not path.exists()
