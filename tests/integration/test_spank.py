@@ -413,3 +413,19 @@ def test_plain_prefer_binds_from_the_table_until_an_input_changes(cluster):
     assert fresh != forged and nodefacts.load(cfg, cluster.nodes[0], gres) is not None
     assert f"stamp {before.st_mtime_ns + 1_000_000} " in fresh
     assert bound_cpus("--gpu-numa-bind=prefer") == "0"
+
+
+@pytest.mark.parametrize("shape", [("-n2", "--gpus=2"), ("-n2", "--gpus-per-task=1"),
+                                   ("-n2", "--gpus=1"), ("-n2", "--gpus=2", "-c1")])
+def test_c_and_python_bind_each_task_alike(cluster, shape):
+    """The same multi-task step bound by the C half (plain prefer) and by Python
+    (prefer,verbose): every task gets the same CPUs, policy and SLURM_GPU_BINDING."""
+    def rows(mode: str) -> list[list[str]]:
+        res = cluster.srun(*shape, f"--gpu-numa-bind={mode}", _venv_python(), "-c", PROBE,
+                           user="sgtest1")
+        assert res.returncode == 0, res.stderr
+        return sorted(l.split() for l in res.stdout.splitlines() if l.startswith("TASK"))
+    cluster.srun("--gpus=1", "--gpu-numa-bind=prefer", "true", user="sgtest1")  # the table
+    python = rows("prefer,verbose")
+    c = rows("prefer")
+    assert len(c) == int(shape[0][2:]) and c == python, (c, python)
