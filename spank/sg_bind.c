@@ -150,10 +150,10 @@ static int parse_ids(struct sg_table *t, const char *p, int *off, int *n)
             if (!d || hi < lo)
                 return -1;
         }
-        if (*p == ',')
+        if (*p == ',' && p[1])
             p++;
         else if (*p)
-            return -1;
+            return -1;              /* another character, or a trailing comma */
         if (lo <= prev || hi > SG_BIND_MAXID || t->nids + (hi - lo + 1) > SG_BIND_MAXIDS)
             return -1;
         for (; lo <= hi; lo++)

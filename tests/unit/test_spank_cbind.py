@@ -333,6 +333,8 @@ def test_a_table_for_another_node_is_not_found(table) -> None:
     ("end\n", "end\n\0"),
     ("\ngpu ", "\nfrob\ngpu "),
     (" 0 0\n", " 1-0 0\n"),                         # a backwards range
+    (" 0 0\n", " 0, 0\n"),                          # a trailing comma
+    (" 0 0\n", " 0,0 0\n"),                         # not ascending
 ])
 def test_a_malformed_table_is_refused(table, old, new) -> None:
     _rewrite(table, old, new)
