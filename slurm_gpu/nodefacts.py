@@ -126,7 +126,13 @@ def _open_dir(cache_dir: str, *, create: bool) -> int | None:
 
 
 def _key(config_path: str | None, node: str, gres_conf: str | None) -> str:
+    # spank/slurm_gpu_spank.c builds the same key (and cache_file's name) for
+    # the binding table: keep the two in step
     return f"{__version__}:{FORMAT}:{node}:{config_path or ''}:{gres_conf or ''}"
+
+
+key = _key                  # the entry's key, for the binding table (spank.bindtable)
+open_private_dir = _open_dir
 
 
 def cache_file(config_path: str | None, node: str, gres_conf: str | None,

@@ -159,6 +159,10 @@ def generate_header(include_dir: str | None = None) -> str:
     lines.append(f"#define SG_BUILT_FOR {_c(str(facts['version']))}")
     lines.append(f"#define SG_BUILT_API {int(facts['api'])}")   # type: ignore[call-overload]
     lines.append(f"#define SG_MARKER {_c(MARKER)}")
+    # where the binding table lies and the node-fact key it names (sg_bind.c)
+    from slurm_gpu import __version__, nodefacts
+    lines.append(f"#define SG_FACTS_DIR {_c(nodefacts.CACHE_DIR)}")
+    lines.append(f"#define SG_FACTS_KEY_PREFIX {_c(f'{__version__}:{nodefacts.FORMAT}')}")
     rel = ", ".join(f"{{ {api}, {_c(r)} }}" for api, r in sorted(slurmversion.API_RELEASES.items()))
     lines.append(f"#define SG_API_RELEASES {{ {rel}, {{ 0, NULL }} }}")
     if facts["init_failure_mode"]:
@@ -174,7 +178,7 @@ def build_outer(output: Path, *, include_dir: str | None = None,
     (gen / GENERATED).write_text(generate_header(include_dir))
     argv = ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{gen}",
             f"-Wl,--version-script={HERE / 'exports.map'}", "-Wl,-z,now",
-            "-o", str(output), str(HERE / "slurm_gpu_spank.c"), "-ldl"]
+            "-o", str(output), str(HERE / "slurm_gpu_spank.c"), str(HERE / "sg_bind.c"), "-ldl"]
     if include_dir:
         argv.insert(1, f"-I{include_dir}")
     run(argv, timeout=300)

@@ -133,7 +133,9 @@ def _forget_node_facts(sb: Any) -> None:
     its config and gres.conf are gone with it, so the entries could never be valid again."""
     from .. import nodefacts
     for name in sb.node_names:
-        try:
-            os.unlink(nodefacts.cache_file(str(sb.layout.config_toml), name, str(sb.layout.gres_conf)))
-        except OSError:
-            pass
+        entry = nodefacts.cache_file(str(sb.layout.config_toml), name, str(sb.layout.gres_conf))
+        for path in (entry, entry + ".bind"):     # the entry and its binding table (spank.bindtable)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

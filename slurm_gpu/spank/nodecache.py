@@ -50,9 +50,17 @@ def get(config_path: str | None, node: str, *, with_gpus: bool,
         cache_dir: str | None = None) -> dict[str, Any]:
     """{"memlock", "allocator_preload", "allocator_env", "numa_map", "state_dir",
     "gpus": binding's locality table, or None without *with_gpus*}."""
-    return _view(nodefacts.get(config_path, node, _gres_conf(),
-                               with_gpus=with_gpus, sections={SECTION: _settings},
-                               read_node=_read_node, cache_dir=cache_dir))
+    gres_conf = _gres_conf()
+    data = nodefacts.get(config_path, node, gres_conf, with_gpus=with_gpus,
+                         sections={SECTION: _settings}, read_node=_read_node,
+                         cache_dir=cache_dir)
+    if with_gpus:
+        # the table the C half binds plain steps from (spank/sg_bind.c):
+        # kept in step with the entry here, on the Python path
+        from . import bindtable
+        bindtable.keep(data, data["sections"][SECTION].get("numa_map"), config_path, node,
+                       gres_conf, cache_dir)
+    return _view(data)
 
 
 def build(config_path: str | None, node: str, *, with_gpus: bool) -> dict[str, Any]:

@@ -11,6 +11,7 @@ a missing root skips those cases with the reason (no network here).
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import shutil
@@ -90,6 +91,45 @@ def test_numa_bind_prefer_binds_cpus_and_memory_to_the_gpus_numa_node(cluster: C
     assert row[3] == "1", row                         # MPOL_PREFERRED
     assert row[4] == "0", row                         # model node -> host node 0 (numa_node_map)
     assert row[5].startswith(f"prefer;gpus={row[1]};cpus={row[2]}"), row
+
+
+def test_plain_prefer_binds_in_c_from_the_binding_table(cluster: Cluster, tmp_path: Path) -> None:
+    """A plain prefer step binds in the plugin's C half (spank/sg_bind.c) from the table
+    the Python path keeps beside the node-fact entry.  Shown with a table whose GPU rows
+    name the other GPU's CPUs: C follows it; Python would bind by its entry (and put
+    the table right).  The table lives in the node's /run: read inside the sandbox."""
+    from slurm_gpu.spank import bindtable
+    lay = cluster.sb.layout
+    table = bindtable.path(str(lay.config_toml), "n1", str(lay.gres_conf))
+
+    def step() -> list[str]:
+        res = cluster.srun("-w", "n1", "--gres=gpu:1", "-c2", "--gpu-numa-bind=prefer",
+                           cluster.python, "-c", PROBE, user="sgtest1")
+        assert res.returncode == 0, res.stderr
+        return [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+
+    first = step()
+    read = cluster.run(["cat", table])
+    assert read.returncode == 0, read.stderr
+    text = read.stdout
+    rows = [l.split(" ") for l in text.splitlines() if l.startswith("gpu ")]
+    assert len(rows) == 2 and {r[3] for r in rows} == {"0", "1"}, text
+    forged = "".join((" ".join(r[:3] + [{"0": "1", "1": "0"}[r[3]]] + r[4:]) if r[0] == "gpu"
+                      else " ".join(r)) + "\n" for r in (l.split(" ") for l in text.splitlines()))
+    src = tmp_path / "forged.bind"
+    src.write_text(forged)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(src, 0o644)
+    try:
+        assert cluster.run(["install", "-m", "600", str(src), table]).returncode == 0
+        second = step()
+        assert second[2] != first[2], (first, second)           # the table's CPUs: C bound it
+        assert second[5].startswith(f"prefer;gpus={second[5].split(';')[1][5:]};cpus={second[2]};")
+        assert cluster.run(["cat", table]).stdout == forged    # and no Python rewrote it
+    finally:
+        src.write_text(text)
+        cluster.run(["install", "-m", "600", str(src), table])
+    assert step()[2] == first[2]
 
 
 def test_every_option_reaches_the_tasks(cluster: Cluster) -> None:

@@ -364,3 +364,68 @@ def test_node_cache_serves_job_users(cluster):
     assert st.st_uid == 0 and st.st_mode & 0o777 == 0o600
     data = nodefacts.load(cfg, node, gres)
     assert data is not None and data["gpus"] and "spank" in data["sections"], data
+
+
+def test_plain_prefer_binds_from_the_table_until_an_input_changes(cluster):
+    """A plain prefer step binds in the plugin's C half from the binding table the
+    Python path keeps (spank/sg_bind.c, slurm_gpu/spank/bindtable.py); a changed
+    input sends the next step to Python, which rebuilds the entry and the table.
+
+    Which half bound the task shows with a table that says something else
+    (GPU 0 local to CPU 1): C follows it, Python binds by the entry and
+    rewrites the table."""
+    from sandboxlib import TEST_SLURM
+    if TEST_SLURM:
+        pytest.skip("reads the host's /run; test_slurm_versions.py covers the chrooted Slurms")
+    from slurm_gpu import nodefacts
+    from slurm_gpu.spank import bindtable
+    cfg = str(cluster.dir / "etc" / "slurm-gpu.toml")
+    gres = str(cluster.dir / "etc" / "gres.conf")
+    table = Path(bindtable.path(cfg, cluster.nodes[0], gres))
+
+    def bound_cpus(*opts: str) -> str:
+        # -c2: the task may use both CPUs, so either table can be followed
+        res = cluster.srun("--gpus=1", "-c2", *opts, _venv_python(), "-c", PROBE,
+                           user="sgtest1")
+        assert res.returncode == 0, res.stderr
+        row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
+        assert row[3].startswith("prefer;gpus=0;cpus="), row
+        return row[4]
+
+    assert bound_cpus("--gpu-numa-bind=prefer") == "0"
+    st = table.stat()
+    assert st.st_uid == 0 and st.st_mode & 0o777 == 0o600
+    text = table.read_text()
+    gpu0 = next(l for l in text.splitlines() if l.startswith("gpu "))
+    assert gpu0.endswith(" 0 0"), text
+    forged = text.replace(gpu0, gpu0[:-len(" 0 0")] + " 1 0")
+    table.write_text(forged)
+    assert bound_cpus("--gpu-numa-bind=prefer") == "1"          # the C half, from the table
+    assert table.read_text() == forged
+    # verbose is Python's: it binds by the entry and puts the table right
+    assert bound_cpus("--gpu-numa-bind=prefer,verbose") == "0"
+    assert table.read_text() == text
+    table.write_text(forged)
+    before = os.stat(cfg)
+    os.utime(cfg, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    assert bound_cpus("--gpu-numa-bind=prefer") == "0"          # stale: Python
+    fresh = table.read_text()
+    assert fresh != forged and nodefacts.load(cfg, cluster.nodes[0], gres) is not None
+    assert f"stamp {before.st_mtime_ns + 1_000_000} " in fresh
+    assert bound_cpus("--gpu-numa-bind=prefer") == "0"
+
+
+@pytest.mark.parametrize("shape", [("-n2", "--gpus=2"), ("-n2", "--gpus-per-task=1"),
+                                   ("-n2", "--gpus=1"), ("-n2", "--gpus=2", "-c1")])
+def test_c_and_python_bind_each_task_alike(cluster, shape):
+    """The same multi-task step bound by the C half (plain prefer) and by Python
+    (prefer,verbose): every task gets the same CPUs, policy and SLURM_GPU_BINDING."""
+    def rows(mode: str) -> list[list[str]]:
+        res = cluster.srun(*shape, f"--gpu-numa-bind={mode}", _venv_python(), "-c", PROBE,
+                           user="sgtest1")
+        assert res.returncode == 0, res.stderr
+        return sorted(l.split() for l in res.stdout.splitlines() if l.startswith("TASK"))
+    cluster.srun("--gpus=1", "--gpu-numa-bind=prefer", "true", user="sgtest1")  # the table
+    python = rows("prefer,verbose")
+    c = rows("prefer")
+    assert len(c) == int(shape[0][2:]) and c == python, (c, python)

@@ -355,13 +355,19 @@ def test_node_facts_are_cached_until_the_config_changes(applied, tmp_path):
         assert dispatch.run_hook(sp, "init_post_opt") == 0, sp.errors
         assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
     assert len(applied["loads"]) == 1
-    assert len(list((tmp_path / "cache").iterdir())) == 1
+    # one entry, and the binding table the plugin's C half reads beside it
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(names) == 2 and names[1] == names[0] + ".bind", names
+    table = (tmp_path / "cache" / names[1]).read_text()
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text(cfg.read_text() + "# touched\n")
     os.utime(cfg, ns=(1, 1))
     sp = FakeSpank("remote", {options.NUMA_BIND: "strict"}, env)
     dispatch.run_hook(sp, "init_post_opt")
     assert len(applied["loads"]) == 2
+    # the table follows the rebuilt entry (new stamps), or C would refuse it forever
+    new_table = (tmp_path / "cache" / names[1]).read_text()
+    assert new_table != table and f"stamp {1} " in new_table
     # a step without GPUs or binding does not need (or load) the model
     sp = FakeSpank("remote", {options.PROFILE: "training"}, {})
     nodecache_files = set((tmp_path / "cache").iterdir())
