@@ -53,13 +53,23 @@ class AcctNode:
             "repair": {"user_problem": False},
             "acct": {"enabled": True, "interval": INTERVAL, "dcgm_mapping_dir": str(self.map),
                      "metrics_file": str(self.prom), "job_labels": True}})
-        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
-               "SLURMD_NODENAME": "n1"}
-        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
-        self.monitor = subprocess.Popen([str(venv / "bin" / "slurm-gpu"), "monitor"], env=env,
+        argv, env = self.node_argv("monitor")
+        self.monitor = subprocess.Popen(argv, env=env,
                                         stdout=subprocess.DEVNULL, stderr=open(self.files / "monitor.log", "wb"),
                                         start_new_session=True)
         self.acct = self.c.dir / "var" / "n1" / "acct"
+
+    def node_argv(self, *args: str) -> tuple[list[str], dict[str, str]]:
+        """``slurm-gpu ARGS`` as it runs on the node: on a Debian root's Slurm
+        inside the root (its venv, its sacct and sacctmgr, which the host's
+        22.05 ones cannot replace: slurmdbd refuses clients that old)."""
+        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
+        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
+               "SLURMD_NODENAME": "n1"}
+        argv, _ = self.c.sb.client_argv([str(venv / "bin" / "slurm-gpu"), *args])
+        if argv[0] != str(venv / "bin" / "slurm-gpu"):
+            env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+        return argv, env
 
     def script(self, devices: dict, t0: float | None = None) -> None:
         write_load(str(self.load), {"schema": LOAD_SCHEMA, "t0": t0 or time.time(), "devices": devices})
@@ -82,11 +92,8 @@ class AcctNode:
             time.sleep(0.3)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
-        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
-               "SLURMD_NODENAME": "n1"}
-        return subprocess.run([str(venv / "bin" / "slurm-gpu"), *args], capture_output=True, text=True,
-                              env=env, timeout=60)
+        argv, env = self.node_argv(*args)
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
 
     def left(self) -> dict[str, list[str]]:
         out = {k: sorted(p.name for p in (self.acct / k).glob("*.json")) for k in ("jobs", "agg")}
