@@ -167,6 +167,29 @@ def test_another_tools_admin_comment_is_kept(whole):
     assert comment and comment.startswith("nhc:ok slurm-gpu:"), comment
 
 
+def test_another_tools_upper_case_admin_comment(whole):
+    """sacctmgr lower-cased AdminComment before Slurm 23.02 and keeps its case
+    since: on 24.11 and 26.05 the summary is stored beside ``NHC:OK`` as it
+    is; on 22.05 that text is left alone and the summary stays on the node."""
+    whole.script({"0": [{"t": 0, "sm": 50}]})
+    jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
+    wait_for(lambda: whole.c.job(jid).get("JobState") == "RUNNING")
+    res = whole.c.run(["scontrol", "update", f"jobid={jid}", "AdminComment=NHC:OK"])
+    assert res.returncode == 0, res.stderr
+    whole.c.wait_job(jid)
+    pending = whole.acct / "pending" / f"{jid}.json"
+    if tuple(int(x) for x in whole.c.slurm_version.split(".")[:2]) >= (23, 2):
+        comment = wait_for(lambda: (lambda c: c if dbd.KEY in c else None)(whole.comment(jid)))
+        assert comment and comment.startswith("NHC:OK slurm-gpu:"), comment
+        assert len(dbd.parse(comment)["n1"]["held"]) == 1
+    else:
+        rec = wait_for(lambda: (lambda r: r if r.get("final") else None)(
+            json.loads(pending.read_text()) if pending.exists() else {}))
+        assert rec and rec["final"] and "would alter" in rec["why"], rec
+        assert whole.c.run(["sacct", "-n", "-P", "-X", "-j", str(jid), "-o", "AdminComment"]
+                           ).stdout.strip() == "NHC:OK"
+
+
 def test_report_usage_ratios_match_the_scripted_load(whole):
     whole.script({"0": [{"t": 0, "sm": 90}], "1": [{"t": 0, "sm": 30}]})
     a = whole.c.sbatch("--gres=gpu:2", "--wrap", "sleep 3", user="sgtest1")
