@@ -190,6 +190,24 @@ def test_another_tools_upper_case_admin_comment(whole):
                            ).stdout.strip() == "NHC:OK"
 
 
+def test_the_registration_records_the_sluid_from_2605(whole):
+    """26.05 names a job's cgroup v2 directory by its SLUID; the real prolog's
+    SLURM_JOB_SLUID is recorded so a leak stays attributable (older Slurm has none)."""
+    from slurm_gpu.acct.attribution import SLUID
+    jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
+    reg_file = whole.acct / "jobs" / f"{jid}.json"
+    reg = wait_for(lambda: json.loads(reg_file.read_text()) if reg_file.exists() else None)
+    assert reg, whole.left()
+    if tuple(int(x) for x in whole.c.slurm_version.split(".")[:2]) >= (26, 5):
+        assert SLUID.fullmatch(reg.get("sluid", "")), reg
+        shown = whole.c.job(jid)
+        if "SLUID" in shown:
+            assert shown["SLUID"] == reg["sluid"]
+    else:
+        assert "sluid" not in reg
+    whole.c.wait_job(jid)
+
+
 def test_report_usage_ratios_match_the_scripted_load(whole):
     whole.script({"0": [{"t": 0, "sm": 90}], "1": [{"t": 0, "sm": 30}]})
     a = whole.c.sbatch("--gres=gpu:2", "--wrap", "sleep 3", user="sgtest1")
