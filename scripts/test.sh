@@ -29,7 +29,7 @@ fi
 rc=$?
 # tests/integration/test_slurm_versions.py runs on 22.05, 24.11 and 26.05 in
 # every run.  SLURM_GPU_TEST_VERSIONS="24.11 26.05" also runs these modules,
-# unchanged, on each of those (about 65 s per version here, and about 55 s
+# unchanged, on each of those (about 65 s per version here, and about 50 s
 # more for the two accounting modules: that version's slurmdbd):
 for v in ${SLURM_GPU_TEST_VERSIONS:-}; do
   SLURM_GPU_TEST_SLURM=$v "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs \

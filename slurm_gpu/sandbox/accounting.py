@@ -42,9 +42,10 @@ from .layout import Layout
 # host's network; only its mount namespace is private), and the MySQL
 # protocol does not depend on Slurm's release.
 DB_BINARIES = ("/usr/bin/mariadb-install-db", "/usr/sbin/mariadbd", "/usr/bin/mariadb")
-# slurmdbd and its clients must be the sandbox's Slurm's: slurmctld refuses a
-# slurmdbd older than itself, and slurmdbd talks to clients at most two
-# releases back.  From the Debian root for 24.11 and 26.05.
+# slurmdbd and its clients must be the sandbox's Slurm's: slurmdbd must be at
+# least slurmctld's release, and serves daemons and clients only a few
+# releases back (SchedMD's RELEASE_NOTES: the 25.05 one, 23.11 and later),
+# never 22.05 for 24.11 or 26.05.  From the Debian root for those.
 SLURM_BINARIES = ("/usr/sbin/slurmdbd", "/usr/bin/sacctmgr", "/usr/bin/sacct")
 BINARIES = DB_BINARIES + SLURM_BINARIES
 DB_NAME = "slurm_acct_db"

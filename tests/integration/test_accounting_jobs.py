@@ -62,7 +62,7 @@ class AcctNode:
     def node_argv(self, *args: str) -> tuple[list[str], dict[str, str]]:
         """``slurm-gpu ARGS`` as it runs on the node: on a Debian root's Slurm
         inside the root (its venv, its sacct and sacctmgr, which the host's
-        22.05 ones cannot replace: slurmdbd refuses clients that old)."""
+        22.05 ones cannot replace: slurmdbd serves clients only a few releases back)."""
         venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
         env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
                "SLURMD_NODENAME": "n1"}

@@ -1,6 +1,6 @@
 """`sandbox up --accounting` on a Debian root's Slurm needs that root's slurmdbd
-and clients (slurmctld refuses an older slurmdbd; slurmdbd refuses clients
-more than two releases back), and only the host's MariaDB."""
+and clients (slurmdbd must be at least slurmctld's release and serves
+clients only a few releases back), and only the host's MariaDB."""
 from __future__ import annotations
 
 import os
