@@ -35,8 +35,9 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # venv (python3-venv, ca-certificates for pip), the SPANK plugin build
 # (python3-dev, gcc, libc6-dev, libslurm-dev for slurm/spank.h), the hwloc
 # bindings (libhwloc15, pci.ids) and what prolog/epilog/health run
-# (procps, iproute2, util-linux).
-PACKAGES=slurmd,slurmctld,slurm-client,munge,libslurm-dev,python3,python3-venv,python3-dev,gcc,libc6-dev,libhwloc15,pci.ids,procps,iproute2,util-linux,ca-certificates
+# (procps, iproute2, util-linux), and slurmdbd for `sandbox up --accounting`
+# (slurmctld only talks to a slurmdbd of its own release or newer).
+PACKAGES=slurmd,slurmctld,slurmdbd,slurm-client,munge,libslurm-dev,python3,python3-venv,python3-dev,gcc,libc6-dev,libhwloc15,pci.ids,procps,iproute2,util-linux,ca-certificates
 LOG=$CACHE/$SUITE-root.log
 
 if [ "$(id -u)" != 0 ]; then
@@ -52,7 +53,43 @@ flock 9   # several test runs may ask at once; one builds, the others wait
 if [ "$REBUILD" = --rebuild ]; then
     rm -rf --one-file-system "$ROOT"
 fi
+# A complete root built from an older PACKAGES (a cache of CI's or of a
+# developer's machine) lacks what was added since: install just those into
+# it, as debootstrap would have (no recommends), rather than rebuilding.
+# The list it was completed with is recorded in .slurm-gpu-packages.
+complete_root() {
+    local missing=() p
+    for p in ${PACKAGES//,/ }; do
+        if ! chroot "$ROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+            missing+=("$p")
+        fi
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        # No service may start inside the root while packages install.  sid's
+        # Release file expires within days and a mirror or snapshot may be
+        # older than that: debootstrap, which built the root, does not check
+        # Valid-Until either.
+        printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
+        chmod 755 "$ROOT/usr/sbin/policy-rc.d"
+        local ok=0
+        if chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+                apt-get -o Acquire::Check-Valid-Until=false update >"$LOG" 2>&1 &&
+           chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+                apt-get install -y --no-install-recommends "${missing[@]}" >>"$LOG" 2>&1; then
+            ok=1
+        fi
+        rm -f "$ROOT/usr/sbin/policy-rc.d"
+        if [ $ok = 0 ]; then
+            echo "slurm-gpu: cannot add ${missing[*]} to the $SUITE root: $(grep -E '^E: ' "$LOG" | tail -1 || true) (see $LOG; or debian-root.sh $SUITE --rebuild)" >&2
+            exit 1
+        fi
+    fi
+    echo "$PACKAGES" >"$ROOT/.slurm-gpu-packages"
+}
 if [ -f "$ROOT/.slurm-gpu-complete" ] && [ -x "$ROOT/usr/sbin/slurmctld" ]; then
+    if [ "$(cat "$ROOT/.slurm-gpu-packages" 2>/dev/null)" != "$PACKAGES" ]; then
+        complete_root
+    fi
     echo "$ROOT"
     exit 0
 fi
@@ -98,6 +135,7 @@ for plugin in topology_tree.so topology_block.so; do
         exit 1
     fi
 done
+echo "$PACKAGES" >"$tmp/.slurm-gpu-packages"
 touch "$tmp/.slurm-gpu-complete"
 rm -rf --one-file-system "$ROOT"
 mv "$tmp" "$ROOT"

@@ -29,11 +29,13 @@ fi
 rc=$?
 # tests/integration/test_slurm_versions.py runs on 22.05, 24.11 and 26.05 in
 # every run.  SLURM_GPU_TEST_VERSIONS="24.11 26.05" also runs these modules,
-# unchanged, on each of those (about 65 s per version here):
+# unchanged, on each of those (about 65 s per version here, and about 50 s
+# more for the two accounting modules: that version's slurmdbd):
 for v in ${SLURM_GPU_TEST_VERSIONS:-}; do
   SLURM_GPU_TEST_SLURM=$v "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs \
     tests/integration/test_sandbox_hooks.py tests/integration/test_mps_sandbox.py \
-    tests/integration/test_gres_sandbox.py tests/integration/test_topology_sandbox.py || rc=1
+    tests/integration/test_gres_sandbox.py tests/integration/test_topology_sandbox.py \
+    tests/integration/test_accounting_sandbox.py tests/integration/test_accounting_jobs.py || rc=1
 done
 echo "slurm-gpu: test suite took $(( $(date +%s) - start )) s (rc $rc)" >&2
 if [ $rc = 5 ]; then echo "slurm-gpu: pytest collected no tests" >&2; exit 1; fi

@@ -18,20 +18,39 @@ from typing import Callable, Iterable, Mapping
 from ..hw.gpustats import DeviceStats
 
 _JOB_CGROUP = re.compile(r"/job_([0-9]{1,12})(?:/|$)")
+# Slurm 26.05 names a job's cgroup v2 directory by its SLUID ("s" and 13
+# Crockford base32 digits, e.g. sEKNKTV3WPV500) unless CgroupJobIdPaths=yes.
+# A SLUID does not encode the job id: the prolog records it with the job.
+SLUID = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
+_SLUID_CGROUP = re.compile(r"/(s[0-9A-HJKMNP-TV-Z]{13})(?:/|$)")
 
 
-def job_of_pid(proc_root: str, pid: int) -> str | None:
-    """The Slurm job id in *pid*'s cgroup path, or None (not a job's process, or gone)."""
+def job_of_pid(proc_root: str, pid: int, sluids: Mapping[str, str] | None = None) -> str | None:
+    """The Slurm job id in *pid*'s cgroup path, or None (not a job's process, or gone).
+
+    *sluids*: SLUID -> job id of the jobs registered on this node, for
+    26.05's SLUID-named directories.
+    """
     try:
         with open(f"{proc_root}/{int(pid)}/cgroup", "rb") as f:
             text = f.read(65536).decode(errors="replace")
     except OSError:
         return None
     for line in text.splitlines():
-        m = _JOB_CGROUP.search(line.split(":", 2)[-1])
+        path = line.split(":", 2)[-1]
+        m = _JOB_CGROUP.search(path)
         if m:
             return m.group(1)
+        m = _SLUID_CGROUP.search(path) if sluids else None
+        if m and m.group(1) in sluids:     # type: ignore[operator]
+            return sluids[m.group(1)]      # type: ignore[index]
     return None
+
+
+def sluid_map(registrations: Mapping[str, Mapping[str, object]]) -> dict[str, str]:
+    """SLUID -> job id, from the registrations that recorded one (26.05+)."""
+    return {str(r["sluid"]): j for j, r in registrations.items()
+            if isinstance(r.get("sluid"), str) and SLUID.fullmatch(str(r["sluid"]))}
 
 
 @dataclass(frozen=True)

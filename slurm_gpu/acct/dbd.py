@@ -1,20 +1,22 @@
 """The job summary in slurmdbd: the ``slurm-gpu:`` part of the job's AdminComment.
 
-Why ``sacctmgr modify job`` (tested on Slurm 22.05, docs/accounting.md):
+Why ``sacctmgr modify job`` (tested on Slurm 22.05, 24.11 and 26.05, docs/accounting.md):
 the epilog runs after the job ended in slurmctld (state COMPLETING), and
 ``scontrol update job AdminComment=`` then answers "Job has already
 finished"; so does it from EpilogSlurmctld.  ``sacctmgr -i modify job where
 jobid=ID set AdminComment=...`` writes the stored record directly and works
 from any host where sacctmgr can reach slurmdbd as root (or a Slurm
-operator).  sacctmgr stores the value lower-cased with every quote turned
-into a backtick, so:
+operator).  sacctmgr stores the value with every quote turned into a
+backtick, and before Slurm 23.02 lower-cased too (SchedMD commit 933bf55,
+bug 14338; measured: 22.05.8 lowers it, 24.11.5 and 26.05.5 keep it), so:
 
 * our part is written in a form that survives that: ``slurm-gpu:`` followed
   by a JSON object whose quotes are backticks (all keys and values are lower
   case); :func:`parse` turns the backticks back;
 * another tool's text is kept as it is, our part appended after a space;
-  text that sacctmgr would alter (upper case or quotes) is never rewritten:
-  the summary is then kept on the node and the job report says why.
+  text that sacctmgr would alter (quotes; upper case where sacctmgr is
+  older than 23.02) is never rewritten: the summary is then kept on the
+  node and the job report says why.
 
 Each node of a job writes its own key of the object (read, merge, write,
 read back).  Two nodes racing lose one write; the read-back sees it and the
@@ -23,6 +25,7 @@ summary stays pending on that node until a later retry confirms it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -33,13 +36,30 @@ KEY = "slurm-gpu:"
 _DECODER = json.JSONDecoder()
 
 
-def sacctmgr_form(text: str) -> str:
-    """What sacctmgr stores when asked to store *text*."""
-    return text.lower().replace('"', "`").replace("'", "`")
+# The first Slurm whose sacctmgr stores AdminComment's case as given.
+KEEPS_CASE_SINCE = (23, 2)
+
+
+def sacctmgr_form(text: str, keeps_case: bool = False) -> str:
+    """What sacctmgr stores when asked to store *text* (*keeps_case*: Slurm 23.02+)."""
+    return (text if keeps_case else text.lower()).replace('"', "`").replace("'", "`")
 
 
 def encode(parts: Mapping[str, Any]) -> str:
+    # Always lower case: one stored form, whichever sacctmgr wrote it.
     return KEY + sacctmgr_form(json.dumps(dict(parts), separators=(",", ":"), sort_keys=True))
+
+
+def sacctmgr_keeps_case(sacctmgr: str, timeout: float, env: Mapping[str, str] | None = None) -> bool:
+    """Whether this sacctmgr stores AdminComment's case as given (``sacctmgr -V``
+    says 23.02 or later).  Unknown counts as no: another tool's text is then
+    left alone rather than lower-cased."""
+    try:
+        res = run([sacctmgr, "-V"], timeout, check=False, env=env)
+    except SlurmGpuError:
+        return False
+    m = re.search(r"(\d+)\.(\d+)", res.stdout if res.returncode == 0 else "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= KEEPS_CASE_SINCE
 
 
 def split(comment: str) -> tuple[str, dict[str, Any] | None]:
@@ -64,11 +84,11 @@ def parse(comment: str) -> dict[str, Any] | None:
     return split(comment)[1]
 
 
-def merged(comment: str, node: str, part: Mapping[str, Any]) -> str | None:
+def merged(comment: str, node: str, part: Mapping[str, Any], keeps_case: bool = False) -> str | None:
     """The AdminComment with this node's part set, or None when writing it
     through sacctmgr would alter another tool's text."""
     other, ours = split(comment)
-    if other and sacctmgr_form(other) != other:
+    if other and sacctmgr_form(other, keeps_case) != other:
         return None
     ours = dict(ours or {})
     ours[node.lower()] = part
@@ -105,6 +125,10 @@ def store(settings: Any, jobid: str, node: str, part: Mapping[str, Any],
         if current is None:
             return Outcome(False, "job not in slurmdbd yet")
         value = merged(current, node, part)
+        if value is None and merged(current, node, part, keeps_case=True) is not None:
+            # Only upper case stood in the way: asked only then, which sacctmgr this is.
+            if sacctmgr_keeps_case(settings.sacctmgr, t, env):
+                value = merged(current, node, part, keeps_case=True)
         if value is None:
             return Outcome(False, "AdminComment holds text that sacctmgr would alter", final=True)
         want = (parse(value) or {}).get(node.lower())

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from ..jobs.state import check_jobid
 from . import aggregate, dbd, metrics
+from .attribution import SLUID
 from .settings import AcctSettings
 from .store import Store
 
@@ -54,6 +55,10 @@ def register(s: AcctSettings, store: Store, env: Mapping[str, str], node: str,
            "uid": env.get("SLURM_JOB_UID", ""), "account": env.get("SLURM_JOB_ACCOUNT", ""),
            "partition": env.get("SLURM_JOB_PARTITION", ""), "devices": keys,
            "start": round(time.time() if now is None else now, 3)}
+    # 26.05: the job's cgroup v2 directory is named by it (attribution by process).
+    sluid = env.get("SLURM_JOB_SLUID", "")
+    if SLUID.fullmatch(sluid):
+        reg["sluid"] = sluid
     if store.read("jobs", jobid) is not None:
         _log(f"slurm-gpu: acct prolog job {jobid}: replacing an earlier run's registration")
     store.remove("agg", jobid)

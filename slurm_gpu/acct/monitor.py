@@ -71,10 +71,11 @@ class Monitor:
             self.log(f"slurm-gpu: monitor: {err}")
         held = attribution.holders({j: r.get("devices", []) for j, r in regs.items()})
         cache: dict[int, str | None] = {}
+        sluids = attribution.sluid_map(regs)
 
         def pid_job(pid: int) -> str | None:
             if pid not in cache:
-                cache[pid] = attribution.job_of_pid(s.proc_root, pid)
+                cache[pid] = attribution.job_of_pid(s.proc_root, pid, sluids)
             return cache[pid]
 
         dirty: set[str] = set()

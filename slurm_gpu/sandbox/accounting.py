@@ -37,8 +37,17 @@ from ..fsutil import atomic_write
 from ..runner import run
 from .layout import Layout
 
-BINARIES = ("/usr/bin/mariadb-install-db", "/usr/sbin/mariadbd", "/usr/bin/mariadb",
-            "/usr/sbin/slurmdbd", "/usr/bin/sacctmgr", "/usr/bin/sacct")
+# MariaDB is always the host's: slurmdbd only speaks SQL to it over TCP on
+# 127.0.0.1, which a chrooted slurmdbd reaches unchanged (the root shares the
+# host's network; only its mount namespace is private), and the MySQL
+# protocol does not depend on Slurm's release.
+DB_BINARIES = ("/usr/bin/mariadb-install-db", "/usr/sbin/mariadbd", "/usr/bin/mariadb")
+# slurmdbd and its clients must be the sandbox's Slurm's: slurmdbd must be at
+# least slurmctld's release, and serves daemons and clients only a few
+# releases back (SchedMD's RELEASE_NOTES: the 25.05 one, 23.11 and later),
+# never 22.05 for 24.11 or 26.05.  From the Debian root for those.
+SLURM_BINARIES = ("/usr/sbin/slurmdbd", "/usr/bin/sacctmgr", "/usr/bin/sacct")
+BINARIES = DB_BINARIES + SLURM_BINARIES
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
 ACCOUNT = "sandbox"
@@ -77,12 +86,25 @@ class Paths:
         return self.root / "mysqld.err"
 
 
-def require() -> None:
-    """Refuse with the install line when MariaDB or slurmdbd is missing."""
-    missing = [b for b in BINARIES if not os.access(b, os.X_OK)]
+def require(root: Path | None = None, suite: str | None = None) -> None:
+    """Refuse with the install line when MariaDB or slurmdbd is missing.
+
+    *root*: the Debian root whose Slurm the sandbox runs (None: the host's).
+    """
+    missing = [b for b in DB_BINARIES if not os.access(b, os.X_OK)]
     if missing:
-        raise SlurmGpuError("accounting needs MariaDB and slurmdbd (apt-get install "
-                            "mariadb-server slurmdbd)", missing[0])
+        raise SlurmGpuError("accounting needs MariaDB (apt-get install mariadb-server)", missing[0])
+    if root is None:
+        missing = [b for b in SLURM_BINARIES if not os.access(b, os.X_OK)]
+        if missing:
+            raise SlurmGpuError("accounting needs slurmdbd (apt-get install slurmdbd)", missing[0])
+        return
+    from .chroot import in_root
+    missing = [b for b in SLURM_BINARIES if not os.access(in_root(root, b), os.X_OK)]
+    if missing:
+        raise SlurmGpuError(f"the {suite or root.name} root has no {os.path.basename(missing[0])}: "
+                            f"complete it with scripts/debian-root.sh {suite or 'SUITE'}",
+                            str(in_root(root, missing[0])))
 
 
 def slurm_settings(layout: Layout, dbd_port: int) -> list[tuple[str, str]]:

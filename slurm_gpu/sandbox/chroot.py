@@ -38,7 +38,7 @@ BINDS = ("/tmp", "/home", "/etc/passwd", "/etc/group", "/etc/hosts")
 # must not reach the next sandbox, nor the node cache and MPS pipes under /run).
 PRIVATE = (("/run", "0755"), ("/var/tmp", "1777"))
 CLIENTS = ("srun", "sbatch", "salloc", "sattach", "scontrol", "squeue", "sinfo", "scancel",
-           "sacct", "sstat", "sbcast", "sprio", "sdiag")
+           "sacct", "sacctmgr", "sstat", "sbcast", "sprio", "sdiag")
 READY = "chroot.ready"
 
 

@@ -158,8 +158,6 @@ class Sandbox:
         """Start the sandbox and wait until every node is idle; returns self."""
         require_root()
         o = self.options
-        if o.accounting:
-            accounting.require()
         if o.nodes < 1:
             raise UsageError("a sandbox needs at least one node", "--nodes")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,15}", o.node_prefix):
@@ -175,11 +173,11 @@ class Sandbox:
         t0 = time.monotonic()
         self.release = versions.ensure_root(versions.resolve(o.slurm))
         require_slurm(self.release.root)
+        if o.accounting:
+            # The slurmdbd of the Slurm that runs: the host's, or the root's.
+            accounting.require(self.release.root, self.release.suite)
         if self.release.chrooted:
             assert self.release.root is not None
-            if o.accounting:
-                raise UsageError(f"--accounting runs the host's slurmdbd (22.05), which Slurm "
-                                 f"{self.release.version} does not accept", "--slurm")
             chroot.sync_venv(self.release.root, o.venv)
         if self.model is None:
             self.machine = resolve(o.machine)
@@ -303,7 +301,7 @@ class Sandbox:
         wait_path(L.munge_socket, 10.0, "munged", L.log / "munged.log", self._dead_daemon)
         os.chmod(L.munge_socket, 0o777)
         if self.options.accounting:
-            self._start_accounting(env)
+            self._start_accounting(env, pre)
 
         proc, child = procs.spawn("slurmctld", [*pre, "/usr/sbin/slurmctld", "-D", "-c", "-f", str(L.slurm_conf)],
                                   log=L.log / "slurmctld.stdout", cwd=L.run, env=env)
@@ -322,8 +320,12 @@ class Sandbox:
             self._children.append(child)
             self._add_daemon(proc)
 
-    def _start_accounting(self, env: dict[str, str]) -> None:
-        """MariaDB, then slurmdbd, then the cluster's registration (before slurmctld)."""
+    def _start_accounting(self, env: dict[str, str], pre: list[str]) -> None:
+        """MariaDB, then slurmdbd, then the cluster's registration (before slurmctld).
+
+        MariaDB runs on the host; slurmdbd and ``sacctmgr`` are the
+        sandbox's Slurm's (*pre* enters a Debian root's namespace).
+        """
         from .waiting import wait_listening
         L, acct = self.layout, self.state["accounting"]
         db = accounting.Paths.of(L)
@@ -337,13 +339,14 @@ class Sandbox:
         atomic_write(L.etc / "slurmdbd.conf",
                      accounting.slurmdbd_conf(L, acct["dbd_port"], acct["db_port"], password),
                      mode=0o600)
-        proc, child = procs.spawn("slurmdbd", ["/usr/sbin/slurmdbd", "-D"],
+        proc, child = procs.spawn("slurmdbd", [*pre, "/usr/sbin/slurmdbd", "-D"],
                                   log=L.log / "slurmdbd.stdout", cwd=L.run, env=env)
         self._children.append(child)
         self._add_daemon(proc)
         wait_listening("127.0.0.1", acct["dbd_port"], 30.0, "slurmdbd", L.log / "slurmdbd.log",
                        self._dead_daemon)
-        accounting.register(L.cluster_name, env,
+        # self.env: a Debian root's sacctmgr through DIR/bin (the host's is 22.05).
+        accounting.register(L.cluster_name, {**env, **self.env},
                             accounting.existing_users(list(self.options.accounting_users)))
 
     def _wait_idle(self) -> float:

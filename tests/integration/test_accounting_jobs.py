@@ -53,13 +53,23 @@ class AcctNode:
             "repair": {"user_problem": False},
             "acct": {"enabled": True, "interval": INTERVAL, "dcgm_mapping_dir": str(self.map),
                      "metrics_file": str(self.prom), "job_labels": True}})
-        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
-               "SLURMD_NODENAME": "n1"}
-        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
-        self.monitor = subprocess.Popen([str(venv / "bin" / "slurm-gpu"), "monitor"], env=env,
+        argv, env = self.node_argv("monitor")
+        self.monitor = subprocess.Popen(argv, env=env,
                                         stdout=subprocess.DEVNULL, stderr=open(self.files / "monitor.log", "wb"),
                                         start_new_session=True)
         self.acct = self.c.dir / "var" / "n1" / "acct"
+
+    def node_argv(self, *args: str) -> tuple[list[str], dict[str, str]]:
+        """``slurm-gpu ARGS`` as it runs on the node: on a Debian root's Slurm
+        inside the root (its venv, its sacct and sacctmgr, which the host's
+        22.05 ones cannot replace: slurmdbd serves clients only a few releases back)."""
+        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
+        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
+               "SLURMD_NODENAME": "n1"}
+        argv, _ = self.c.sb.client_argv([str(venv / "bin" / "slurm-gpu"), *args])
+        if argv[0] != str(venv / "bin" / "slurm-gpu"):
+            env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+        return argv, env
 
     def script(self, devices: dict, t0: float | None = None) -> None:
         write_load(str(self.load), {"schema": LOAD_SCHEMA, "t0": t0 or time.time(), "devices": devices})
@@ -82,11 +92,8 @@ class AcctNode:
             time.sleep(0.3)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
-        env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
-               "SLURMD_NODENAME": "n1"}
-        return subprocess.run([str(venv / "bin" / "slurm-gpu"), *args], capture_output=True, text=True,
-                              env=env, timeout=60)
+        argv, env = self.node_argv(*args)
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
 
     def left(self) -> dict[str, list[str]]:
         out = {k: sorted(p.name for p in (self.acct / k).glob("*.json")) for k in ("jobs", "agg")}
@@ -158,6 +165,47 @@ def test_another_tools_admin_comment_is_kept(whole):
     whole.c.wait_job(jid)
     comment = wait_for(lambda: (lambda c: c if dbd.KEY in c and "nhc:ok" in c else None)(whole.comment(jid)))
     assert comment and comment.startswith("nhc:ok slurm-gpu:"), comment
+
+
+def test_another_tools_upper_case_admin_comment(whole):
+    """sacctmgr lower-cased AdminComment before Slurm 23.02 and keeps its case
+    since: on 24.11 and 26.05 the summary is stored beside ``NHC:OK`` as it
+    is; on 22.05 that text is left alone and the summary stays on the node."""
+    whole.script({"0": [{"t": 0, "sm": 50}]})
+    jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
+    wait_for(lambda: whole.c.job(jid).get("JobState") == "RUNNING")
+    res = whole.c.run(["scontrol", "update", f"jobid={jid}", "AdminComment=NHC:OK"])
+    assert res.returncode == 0, res.stderr
+    whole.c.wait_job(jid)
+    pending = whole.acct / "pending" / f"{jid}.json"
+    if tuple(int(x) for x in whole.c.slurm_version.split(".")[:2]) >= (23, 2):
+        comment = wait_for(lambda: (lambda c: c if dbd.KEY in c else None)(whole.comment(jid)))
+        assert comment and comment.startswith("NHC:OK slurm-gpu:"), comment
+        assert len(dbd.parse(comment)["n1"]["held"]) == 1
+    else:
+        rec = wait_for(lambda: (lambda r: r if r.get("final") else None)(
+            json.loads(pending.read_text()) if pending.exists() else {}))
+        assert rec and rec["final"] and "would alter" in rec["why"], rec
+        assert whole.c.run(["sacct", "-n", "-P", "-X", "-j", str(jid), "-o", "AdminComment"]
+                           ).stdout.strip() == "NHC:OK"
+
+
+def test_the_registration_records_the_sluid_from_2605(whole):
+    """26.05 names a job's cgroup v2 directory by its SLUID; the real prolog's
+    SLURM_JOB_SLUID is recorded so a leak stays attributable (older Slurm has none)."""
+    from slurm_gpu.acct.attribution import SLUID
+    jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
+    reg_file = whole.acct / "jobs" / f"{jid}.json"
+    reg = wait_for(lambda: json.loads(reg_file.read_text()) if reg_file.exists() else None)
+    assert reg, whole.left()
+    if tuple(int(x) for x in whole.c.slurm_version.split(".")[:2]) >= (26, 5):
+        assert SLUID.fullmatch(reg.get("sluid", "")), reg
+        shown = whole.c.job(jid)
+        if "SLUID" in shown:
+            assert shown["SLUID"] == reg["sluid"]
+    else:
+        assert "sluid" not in reg
+    whole.c.wait_job(jid)
 
 
 def test_report_usage_ratios_match_the_scripted_load(whole):

@@ -8,11 +8,15 @@ check, the NVML simulator (MIG mode on) and NVIDIA's MPS control daemon.  Jobs r
 n1; the health drain is shown on n2.  The 24.11 and 26.05 daemons, hooks,
 plugin and job tasks run chrooted in a Debian root (scripts/debian-root.sh):
 a missing root skips those cases with the reason (no network here).
+Accounting is on: that version's slurmdbd over a private MariaDB, and the
+GPU sampler (``slurm-gpu monitor``) run as on a node of that version.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import shutil
 import time
@@ -22,9 +26,12 @@ import pytest
 
 from debianroot import unavailable
 from sandboxlib import REPO, VERSIONS, Cluster, mps_mig_node_files
+from slurm_gpu.acct import dbd
+from slurm_gpu.sim.load import LOAD_SCHEMA, write_load
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 INTERVAL = 2
+ACCT_INTERVAL = 0.3
 XID79 = "[74889.644138] NVRM: Xid (PCI:0000:ad:00): 79, GPU has fallen off the bus.\n"
 
 # Run by the job's venv python: CPUs, memory policy (MPOL_PREFERRED is 1) and the GPU.
@@ -49,11 +56,18 @@ def cluster(request, make_sandbox, job_users, sandbox_dir):
         (side / f"{n}.log").write_text("[    1.000000] Linux version 6.1.0\n")
     # 26.05: slurmctld's verdict reaches the health check (SLURM_NODE_IS_HEALTHY)
     extra_conf = {"SlurmctldParameters": "health_check_report"} if version == "26.05" else {}
+    # GPUs 0 and 1 hold 4000 MiB (the simulator's scripted load), for the accounting case.
+    st = json.loads(files["sim"].read_text())
+    st["load_file"] = str(files["dir"] / "load.json")
+    files["sim"].write_text(json.dumps(st))
+    write_load(st["load_file"], {"schema": LOAD_SCHEMA, "t0": time.time(),
+                                 "devices": {g: [{"t": 0, "sm": 70, "mem_mib": 4000}] for g in ("0", "1")}})
     try:
         c = make_sandbox(
             nodes=2, machine=str(MACHINE), spank=True, prolog=True, health=True,
-            health_interval=INTERVAL, slurm=version, slurm_conf=extra_conf,
+            health_interval=INTERVAL, slurm=version, slurm_conf=extra_conf, accounting=True,
             extra_config={"node": {"nvml": f"sim:{files['sim']}"},
+                          "acct": {"enabled": True, "interval": ACCT_INTERVAL},
                           "mps": {"control": str(files["ctl"]), "base_dir": str(files["mps"])},
                           "spank": {"numa_node_map": {"1": 0}},
                           "health": {"kernel_log": f"{side}/%n.log", "clean_runs_to_resume": 2}})
@@ -199,6 +213,61 @@ def test_gpu_mig_job_gets_mig_devices_and_the_epilog_destroys_them(cluster: Clus
             break
         time.sleep(0.1)
     assert counts == [0, 0]
+
+
+def _node_cli(cluster: Cluster, *args: str) -> tuple[list[str], dict[str, str]]:
+    """``slurm-gpu ARGS`` as node n1 runs it: inside the Debian root for 24.11
+    and 26.05 (that version's sacct and sacctmgr), with the sandbox's config."""
+    exe = str(cluster.venv / "bin" / "slurm-gpu")
+    argv, _ = cluster.sb.client_argv([exe, *args])
+    env = {**cluster.env, "SLURM_GPU_CONFIG": str(cluster.dir / "etc" / "slurm-gpu.toml"),
+           "SLURMD_NODENAME": "n1"}
+    if argv[0] != exe:
+        env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+    return argv, env
+
+
+def test_gpu_job_summary_lands_in_slurmdbd_and_job_report_reads_it(cluster: Cluster) -> None:
+    """A job with a GPU runs while the sampler runs; the epilog stores its
+    summary in that version's slurmdbd (sacctmgr), and `slurm-gpu job report`
+    reads it back through that version's sacct."""
+    argv, env = _node_cli(cluster, "monitor")
+    log = cluster.files["dir"] / "monitor.log"
+    monitor = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"),
+                               start_new_session=True)
+    try:
+        jobid = cluster.sbatch("-w", "n1", "--gres=gpu:1", "--wrap", "sleep 3", user="sgtest1")
+        info = cluster.wait_job(jobid, timeout=60)
+        assert info["JobState"] == "COMPLETED", info
+        deadline = time.monotonic() + 30
+        while True:
+            out = cluster.run(["sacct", "-n", "-P", "-X", "-j", str(jobid), "-o",
+                               "User,State,AllocTRES,AdminComment"]).stdout.strip()
+            if dbd.KEY in out or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        user, state, tres, comment = out.split("|", 3)
+        assert (user, state) == ("sgtest1", "COMPLETED") and "gres/gpu=1" in tres, out
+        part = (dbd.parse(comment) or {}).get("n1")
+        assert part is not None, (out, log.read_text()[-2000:])
+        (gpu,) = part["held"]
+        # MIG mode is on (for the --gpu-mig case), so NVML gives no whole-GPU
+        # utilisation; memory and the energy counter are still the GPU's.
+        d = part["dev"][gpu]
+        assert d["n"] >= 1 and d["mem"] == 4000 and d["j"] > 0, part
+        argv, env = _node_cli(cluster, "job", "report", str(jobid), "--json")
+        rep = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert rep.returncode == 0, rep.stderr
+        got = json.loads(rep.stdout)
+        devs = {d["device"]: d for d in got["devices"]}
+        assert devs[gpu]["mem"] == 4000 and devs[gpu]["j"] == d["j"], got
+    finally:
+        os.killpg(monitor.pid, signal.SIGTERM)
+        try:
+            monitor.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(monitor.pid, signal.SIGKILL)
+            monitor.wait()
 
 
 def test_health_drains_on_xid79_and_resumes(cluster: Cluster) -> None:

@@ -61,11 +61,19 @@ class Node:
         self._sync()
         self.mon.tick()
 
-    def prolog(self, jobid: str, keys: list[str]) -> None:
+    def process_sluid(self, pid: int, sluid: str) -> None:
+        """A process in Slurm 26.05's SLUID-named cgroup v2 directory of a job."""
+        (self.proc / str(pid)).mkdir(exist_ok=True)
+        (self.proc / str(pid) / "cgroup").write_text(
+            f"0::/system.slice/n1_slurmstepd.scope/{sluid}/step_0/user/task_0\n")
+
+    def prolog(self, jobid: str, keys: list[str], sluid: str | None = None) -> None:
         self.running.add(jobid)
         order = DEVICES
         env = {"SLURM_JOB_ID": jobid, "SLURM_JOB_GPUS": ",".join(str(order.index(k)) for k in keys),
                "SLURM_JOB_USER": "u"}
+        if sluid:
+            env["SLURM_JOB_SLUID"] = sluid
         hooks.register(self.s, self.store, env, "n1", lambda: order, None, now=self.clock)
 
     def epilog(self, jobid: str) -> None:
@@ -114,6 +122,35 @@ def test_loaded_gpus_busy_and_held_idle_gpu_idle(node):
     assert s8["n1"]["dev"]["2/gi2"]["idle"] == 1.0 or s8["n1"]["dev"]["2/gi2"]["sm"] is None
     assert s8["n1"]["dev"]["1"]["leak"] == 1               # seen through its process's cgroup
     assert "leak" not in s7["dev"]["1"]
+
+
+def test_a_leak_is_seen_through_slurm_2605_sluid_cgroups(node):
+    """Slurm 26.05 names a job's cgroup v2 directory by its SLUID, which does
+    not hold the job id: the leak went unseen.  The prolog records the SLUID
+    (SLURM_JOB_SLUID) and the sampler maps it back."""
+    node.db["7"] = ""
+    node.db["8"] = ""
+    node.prolog("7", ["0"], sluid="sEKNKTV3WPV500")
+    node.prolog("8", ["2/gi2"], sluid="sEKNKTV3WPV501")
+    node.process_sluid(100, "sEKNKTV3WPV500")
+    node.process_sluid(200, "sEKNKTV3WPV501")
+    node.process_sluid(300, "sEKNKTV3WPV599")            # a job not registered here: nobody's
+    node.script("0", 90, [100, 200, 300])
+    for _ in range(3):
+        node.advance()
+    node.epilog("7")
+    node.epilog("8")
+    s7 = dbd.parse(node.db["7"])["n1"]
+    s8 = dbd.parse(node.db["8"])["n1"]
+    assert "leak" not in s7["dev"]["0"] and s7["dev"]["0"]["sm"] == 90.0
+    assert s8["dev"]["0"]["leak"] == 1 and s8["dev"]["0"]["mem"] == 1000
+
+
+def test_a_malformed_sluid_is_not_recorded(node):
+    node.prolog("9", ["0"], sluid="../../job_1")
+    assert "sluid" not in node.store.read("jobs", "9")
+    node.prolog("10", ["1"], sluid="sEKNKTV3WPV500")
+    assert node.store.read("jobs", "10")["sluid"] == "sEKNKTV3WPV500"
 
 
 def test_unreachable_dbd_keeps_the_summary_and_a_later_tick_stores_it(node):

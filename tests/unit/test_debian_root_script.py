@@ -91,3 +91,59 @@ def test_a_local_mirror_is_read_without_curl_or_wget(fake) -> None:
     res = _run(fake)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(Path(str(fake["cache"])) / "trixie-root")
+
+
+# chroot ROOT CMD...: dpkg-query answers from $FAKE_DIR/installed (one package a
+# line); apt-get records its arguments in $FAKE_DIR/apt (exit $APT_RC); anything
+# else is `slurmctld -V`.
+FAKE_CHROOT = """#!/bin/sh
+shift
+[ "$1" = /usr/bin/env ] && { shift; while [ "${1#*=}" != "$1" ]; do shift; done; }
+case "$1" in
+  dpkg-query) for p; do :; done
+              grep -qx "$p" "$FAKE_DIR/installed" 2>/dev/null && printf 'install ok installed'; exit 0 ;;
+  apt-get) echo "$*" >>"$FAKE_DIR/apt"
+           [ "${APT_RC:-0}" = 0 ] || echo "E: Unable to locate package slurmdbd"; exit "${APT_RC:-0}" ;;
+  *) echo 'slurm-wlm 24.11.5' ;;
+esac
+"""
+
+
+def _stale_root(fake: dict[str, object]) -> Path:
+    """A root completed by an older script: no package record, no slurmdbd."""
+    bin_dir = Path(str(fake["env"]["PATH"]).split(":")[0])  # type: ignore[index]
+    (bin_dir / "chroot").write_text(FAKE_CHROOT)
+    assert _run(fake).returncode == 0
+    root = Path(str(fake["cache"])) / "trixie-root"
+    (root / ".slurm-gpu-packages").unlink()
+    wanted = next(l for l in SCRIPT.read_text().splitlines() if l.startswith("PACKAGES="))
+    fake_dir = Path(str(fake["calls"])).parent
+    (fake_dir / "installed").write_text("\n".join(p for p in wanted[9:].split(",") if p != "slurmdbd") + "\n")
+    return root
+
+
+def test_a_stale_root_gets_the_packages_added_since(fake) -> None:
+    """Caches built before slurmdbd joined PACKAGES were taken as complete, so
+    `sandbox up --accounting --slurm 24.11` found no slurmdbd in them."""
+    root = _stale_root(fake)
+    fake_dir = Path(str(fake["calls"])).parent
+    res = _run(fake, FAIL_TIMES="99")              # never rebuilt: completed in place
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(root)
+    apt = (fake_dir / "apt").read_text().splitlines()
+    assert apt == ["apt-get -o Acquire::Check-Valid-Until=false update", "apt-get install -y --no-install-recommends slurmdbd"]
+    assert "slurmdbd" in (root / ".slurm-gpu-packages").read_text().split(",")
+    assert not (root / "usr" / "sbin" / "policy-rc.d").exists()
+    assert _run(fake, FAIL_TIMES="99").returncode == 0
+    assert len((fake_dir / "apt").read_text().splitlines()) == 2     # recorded: not asked again
+
+
+def test_a_stale_root_that_cannot_be_completed_says_why(fake) -> None:
+    root = _stale_root(fake)
+    res = _run(fake, FAIL_TIMES="99", APT_RC="100")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-gpu: cannot add slurmdbd to the trixie root"), lines
+    assert "Unable to locate package" in lines[0]
+    assert not (root / ".slurm-gpu-packages").exists()
+    assert not (root / "usr" / "sbin" / "policy-rc.d").exists()
