@@ -189,3 +189,18 @@ SHOW_NODE = [(DATA / "xid" / "scontrol" / n).read_text() for n in ("draining_our
 @given(mutated(SHOW_NODE, ["Reason=", " [root@2026-11-22T05:20:00]", "State=", "+DRAIN", "Comment=", "Extra="]))
 def test_scontrol_show_node_parser(text):
     outcome(parse_show_node, text)
+
+
+@fuzz_settings(1000)
+@given(mutated(IBNET, ["[", '"S-a"', "Switch\t", "Ca\t", "#", '# "x"', "\n\n", "\n#c\n", "vendid=0x1\n",
+                       '#Ca\t1 "H-9"\n']),
+       st.integers(min_value=1, max_value=200))
+def test_ibnetdiscover_slices_read_as_the_whole_text(text, size):
+    """parse_file's slice-by-slice reading gives the whole-text reader's nodes, or declines."""
+    sliced = ibnet._parse_slices([text[i:i + size] for i in range(0, len(text), size)])
+    if sliced is None:
+        return
+    whole = ibnet._parse_records(text)
+    assert whole is not None
+    assert [(k, v.kind, v.desc, v.line, v.ports) for k, v in sliced.items()] == \
+        [(k, v.kind, v.desc, v.line, v.ports) for k, v in whole.items()]

@@ -1,0 +1,104 @@
+"""parse_file reads a dump in slices: the same nodes, lines and messages as the whole text gives."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from machinedata import ROOT
+from slurm_gpu.confgen import ibnet
+from slurm_gpu.errors import InputError
+
+DUMP = ROOT / "tests" / "data" / "ibnetdiscover" / "topograph-example.out"
+TEXT = DUMP.read_text()
+
+
+def _view(nodes: dict[str, ibnet.IbNode]) -> list[tuple[object, ...]]:
+    return [(k, v.kind, v.desc, v.line, v.ports) for k, v in nodes.items()]
+
+
+def _sliced(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 100, 4096, 1 << 16, len(TEXT)])
+def test_slices_of_the_real_dump_read_as_the_whole_text(size: int) -> None:
+    whole = ibnet._parse_records(TEXT)
+    assert whole is not None
+    sliced = ibnet._parse_slices(_sliced(TEXT, size))
+    assert sliced is not None
+    assert _view(sliced) == _view(whole)
+
+
+@pytest.mark.parametrize("size", [3, 64, 1000])
+def test_parse_file_in_small_slices_equals_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 size: int) -> None:
+    monkeypatch.setattr(ibnet, "_SLICE", size)
+    path = tmp_path / "fabric.out"
+    path.write_text(TEXT)
+    assert _view(ibnet.parse_file(str(path)).nodes) == _view(ibnet.parse(TEXT, str(path)).nodes)
+
+
+def _message(read: Callable[[], object]) -> str:
+    with pytest.raises(InputError) as e:
+        read()
+    return e.value.line()
+
+
+@pytest.mark.parametrize("broken", [
+    # a link seen from one end only, far down the file: the line comes from the slices' count
+    lambda t: t.replace('"H-e09d7303007a4bd8"[1]', '"H-e09d7303007a4bd8"[2]', 1),
+    # a garbage line: the slices decline, the whole text is read again and the careful reader names it
+    lambda t: t.replace("\n\n", "\n\nwhat is this\n", 300),
+    # cut in the middle of a record
+    lambda t: t[:len(t) // 2],
+    # a peer never described
+    lambda t: t.replace('Ca\t1 "H-e09d7303007a4bd8"', 'Ca\t1 "H-gone"', 1),
+])
+def test_a_broken_dump_gives_the_same_message_read_in_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              broken: Callable[[str], str]) -> None:
+    monkeypatch.setattr(ibnet, "_SLICE", 256)
+    text = broken(TEXT)
+    path = tmp_path / "fabric.out"
+    path.write_text(text)
+    got = _message(lambda: ibnet.parse_file(str(path)))
+    assert got == _message(lambda: ibnet.parse(text, str(path)))
+    assert "\n" not in got and f"({path}:" in got
+
+
+def test_crlf_dump_reads_as_text_mode_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Universal newlines, also where a slice ends between \\r and \\n."""
+    monkeypatch.setattr(ibnet, "_SLICE", 333)
+    path = tmp_path / "fabric.out"
+    path.write_bytes(TEXT.replace("\n", "\r\n").encode())
+    assert _view(ibnet.parse_file(str(path)).nodes) == _view(ibnet.parse(TEXT, str(path)).nodes)
+
+
+def test_a_node_line_quoted_in_a_comment_before_its_record(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slices may decline what the whole text reads (a record-like comment at a cut): same result."""
+    monkeypatch.setattr(ibnet, "_SLICE", 64)
+    text = TEXT.replace("\n\n", '\n\n#Ca\t1 "H-x"\t# "n mlx5_0"\n\n', 5)
+    path = tmp_path / "fabric.out"
+    path.write_text(text)
+    assert _view(ibnet.parse_file(str(path)).nodes) == _view(ibnet.parse(text, str(path)).nodes)
+
+
+def test_a_pipe_is_read_whole(tmp_path: Path) -> None:
+    fifo = tmp_path / "fabric.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "w") as f:
+            f.write(TEXT)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        nodes = ibnet.parse_file(str(fifo)).nodes
+    finally:
+        writer.join()
+    assert _view(nodes) == _view(ibnet.parse(TEXT, str(fifo)).nodes)
