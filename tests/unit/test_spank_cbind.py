@@ -406,3 +406,46 @@ def test_keep_writes_rewrites_and_removes_the_table(cache, tmp_path) -> None:
     assert not path.exists()
     bindtable.keep({"gpus": "odd"}, {}, CONFIG, NODE, gres, str(cache))  # never raises
     assert not path.exists()
+
+
+# -- the values the C half takes ---------------------------------------------------------
+
+def c_takes(harness: str, value: str) -> bool:
+    """What init_post_opt asks of each GPU variable before the C half binds the step
+    (slurm_gpu_spank.c sg_plain_var: sg_bind.c's sg_plain_env)."""
+    res = subprocess.run([harness, "plain", value], capture_output=True, text=True, check=True)
+    return res.stdout == "plain 1\n"
+
+
+def test_every_value_the_c_half_takes_binds_as_python(harness, cache, tmp_path,
+                                                      monkeypatch) -> None:
+    """A task's GPU variables are read by the C half only when they are what it reads as
+    binding.py does; the rest goes to Python (at init_post_opt) or, when a task's own
+    values differ from the step's, is said to be not a plain list.  4097 copies of a
+    uuid were taken at init_post_opt but not read by the planner (the task was left
+    unbound, Python binds it), and a non-ASCII blank around a number was read silently
+    as no GPU (Python strips it)."""
+    model = load_machine("mini-2numa")
+    gpus = [dict(g, uuid=f"u{k}") for k, g in enumerate(nodefacts.gpu_facts(model, None))]
+    gres = str(tmp_path / "gres.conf")
+    write_table(cache, gpus, {}, gres)
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    envs = [{"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": ",".join(["u1"] * k)}
+            for k in (4095, 4096, 4097, 5000)]
+    envs += [{"SLURM_STEP_GPUS": "1\xa0"}, {"SLURM_STEP_GPUS": "0-1", "CUDA_VISIBLE_DEVICES": "1\xa0"},
+             {"SLURM_STEP_GPUS": "0-1", "SLURM_GPUS_PER_TASK": "\u20031"},
+             {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "\x1c1"}]
+    for env in envs:
+        taken = all(c_takes(harness, v) for v in env.values())
+        for task, ntasks in ((0, 1), (1, 2)):
+            got = run_c(harness, cache, gres, env, task, ntasks, every, None)
+            want = run_py(monkeypatch, gpus, {}, env, task, ntasks, every, None)
+            if taken:
+                assert got == want, env
+            else:
+                assert got == (f"say slurm-gpu: warning: gpu-numa-bind=prefer not applied: this "
+                               f"task's GPU variables are not a plain GPU list (task {task})\n"
+                               "rc 0\n"), env
+    assert c_takes(harness, ",".join(["u1"] * 4096))
+    assert not c_takes(harness, ",".join(["u1"] * 4097))
+    assert not c_takes(harness, "1234567890") and c_takes(harness, "123456789")
