@@ -397,6 +397,34 @@ static int small_int(const char *a, const char *b, long long *v)
 
 #define SG_MAX_GPU_IDS 4096      /* binding._MAX_GPU_IDS */
 
+/* Printable ASCII and fewer than SG_MAX_GPU_IDS commas (NULL, unset: plain):
+ * a value task_gpus reads as binding.py does.  A longer list of uuids is one
+ * Python takes whole, and str.strip() also strips non-ASCII blanks. */
+static int sg_plain(const char *v)
+{
+    int commas = 0;
+    for (; v && *v; v++) {
+        if ((unsigned char) *v < 0x20 || (unsigned char) *v > 0x7e)
+            return 0;
+        if (*v == ',' && ++commas >= SG_MAX_GPU_IDS)
+            return 0;
+    }
+    return 1;
+}
+
+int sg_plain_env(const char *v)
+{
+    int run = 0;
+    if (!sg_plain(v))
+        return 0;
+    for (; v && *v; v++) {
+        run = *v >= '0' && *v <= '9' ? run + 1 : 0;
+        if (run >= 10)
+            return 0;
+    }
+    return 1;
+}
+
 /* binding._int_list: >0 ids, 0 for None, SG_UNSUPPORTED */
 static int int_list(const char *text, long long *out)
 {
@@ -509,6 +537,8 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
     static long long step[SG_MAX_GPU_IDS], cvd[SG_MAX_GPU_IDS];
     int nstep, ncvd = 0, n = 0, i, k, full;
     const char *cvd_text = in->cvd ? in->cvd : "";
+    if (!sg_plain(in->step_gpus) || !sg_plain(in->cvd) || !sg_plain(in->per_task))
+        return SG_UNSUPPORTED;
     nstep = int_list(in->step_gpus, step);
     if (nstep <= 0)
         return nstep;

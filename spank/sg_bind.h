@@ -77,6 +77,9 @@ int sg_table_load(struct sg_table *t, const char *dir, const char *name, const c
 void sg_table_free(struct sg_table *t);
 int sg_table_name(const char *prefix, const char *node, const char *config, const char *gres,
                   char *key, size_t keysize, char *name, size_t namesize);
+/* A GPU variable the C half takes at init_post_opt: printable ASCII, no number
+ * of ten digits or more, fewer than 4096 commas (NULL, unset, is taken). */
+int sg_plain_env(const char *v);
 /* 0, or -1: no plan (out of memory, or an input this planner does not read) */
 int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_plan *out);
 void sg_plan_free(struct sg_plan *p);

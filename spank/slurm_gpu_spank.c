@@ -417,20 +417,16 @@ static char *sg_getenv_dup(spank_t sp, const char *name, int *unset)
     }
 }
 
-/* Printable ASCII and no number of ten digits or more: what sg_plan reads
- * exactly as binding.py does (unset counts as plain; a value too long to
- * read does not: Python's init_post_opt would not bind at all). */
+/* What sg_plan reads exactly as binding.py does (sg_bind.c sg_plain_env;
+ * unset counts as plain; a value too long to read does not: Python's
+ * init_post_opt would not bind at all). */
 static int sg_plain_var(spank_t sp, const char *name)
 {
-    int unset, run = 0, ok = 1;
-    char *v = sg_getenv_dup(sp, name, &unset), *p;
+    int unset, ok;
+    char *v = sg_getenv_dup(sp, name, &unset);
     if (!v)
         return unset;
-    for (p = v; *p && ok; p++) {
-        ok = (unsigned char) *p >= 0x20 && (unsigned char) *p <= 0x7e;
-        run = isdigit((unsigned char) *p) ? run + 1 : 0;
-        ok &= run < 10;
-    }
+    ok = sg_plain_env(v);
     free(v);
     return ok;
 }

@@ -406,3 +406,84 @@ def test_keep_writes_rewrites_and_removes_the_table(cache, tmp_path) -> None:
     assert not path.exists()
     bindtable.keep({"gpus": "odd"}, {}, CONFIG, NODE, gres, str(cache))  # never raises
     assert not path.exists()
+
+
+# -- the values the C half takes ---------------------------------------------------------
+
+def c_takes(harness: str, value: str) -> bool:
+    """What init_post_opt asks of each GPU variable before the C half binds the step
+    (slurm_gpu_spank.c sg_plain_var: sg_bind.c's sg_plain_env)."""
+    res = subprocess.run([harness, "plain", value], capture_output=True, text=True, check=True)
+    return res.stdout == "plain 1\n"
+
+
+def test_every_value_the_c_half_takes_binds_as_python(harness, cache, tmp_path,
+                                                      monkeypatch) -> None:
+    """A task's GPU variables are read by the C half only when they are what it reads as
+    binding.py does; the rest goes to Python (at init_post_opt) or, when a task's own
+    values differ from the step's, is said to be not a plain list.  4097 copies of a
+    uuid were taken at init_post_opt but not read by the planner (the task was left
+    unbound, Python binds it), and a non-ASCII blank around a number was read silently
+    as no GPU (Python strips it)."""
+    model = load_machine("mini-2numa")
+    gpus = [dict(g, uuid=f"u{k}") for k, g in enumerate(nodefacts.gpu_facts(model, None))]
+    gres = str(tmp_path / "gres.conf")
+    write_table(cache, gpus, {}, gres)
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    envs = [{"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": ",".join(["u1"] * k)}
+            for k in (4095, 4096, 4097, 5000)]
+    envs += [{"SLURM_STEP_GPUS": "1\xa0"}, {"SLURM_STEP_GPUS": "0-1", "CUDA_VISIBLE_DEVICES": "1\xa0"},
+             {"SLURM_STEP_GPUS": "0-1", "SLURM_GPUS_PER_TASK": "\u20031"},
+             {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "\x1c1"}]
+    for env in envs:
+        taken = all(c_takes(harness, v) for v in env.values())
+        for task, ntasks in ((0, 1), (1, 2)):
+            got = run_c(harness, cache, gres, env, task, ntasks, every, None)
+            want = run_py(monkeypatch, gpus, {}, env, task, ntasks, every, None)
+            if taken:
+                assert got == want, env
+            else:
+                assert got == (f"say slurm-gpu: warning: gpu-numa-bind=prefer not applied: this "
+                               f"task's GPU variables are not a plain GPU list (task {task})\n"
+                               "rc 0\n"), env
+    assert c_takes(harness, ",".join(["u1"] * 4096))
+    assert not c_takes(harness, ",".join(["u1"] * 4097))
+    assert not c_takes(harness, "1234567890") and c_takes(harness, "123456789")
+
+
+def test_hostile_task_variables_bind_as_python_or_are_refused(harness, cache, tmp_path,
+                                                              monkeypatch) -> None:
+    """Seeded random GPU variables a job user could export (huge, negative, empty and
+    backwards entries, blanks, uuids and MIG names, duplicates, non-ASCII): what the C
+    half takes binds as Python binds; the rest is refused with the one warning."""
+    import random
+    rng = random.Random(20261124)
+    model = load_machine("dgx-a100-permuted")
+    gpus = nodefacts.gpu_facts(model, None)
+    gres = str(tmp_path / "gres.conf")
+    write_table(cache, gpus, {1: 0}, gres)
+    n = len(gpus)
+    uuid = gpus[1]["uuid"]
+    toks = ["0", "1", str(n - 1), str(n), "-1", "", " ", " 1 ", "00", "999999999", "1000000000",
+            "0-3", "3-0", f"0-{n - 1}", "0-4095", "0-999999999", "-", "1-", "1-2-3", "x", "1e3",
+            uuid, uuid, "MIG-" + uuid, uuid[:-1], " " + uuid, "GPU-0", "MIG-1", "\uff10", "1\xa0",
+            "\u00b2", "\t0"]
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    compared = refused = 0
+    for _ in range(150):
+        env = {"SLURM_STEP_GPUS": ",".join(rng.choice(toks) for _ in range(rng.choice((1, 2, 4)))),
+               "CUDA_VISIBLE_DEVICES": ",".join(rng.choice(toks) for _ in range(rng.choice((1, 3))))}
+        if rng.random() < 0.5:
+            env["SLURM_GPUS_PER_TASK"] = rng.choice(["2", "h100:3", " 1 ", "0", "99999999999", "x"])
+        ntasks = rng.choice((1, 2, 3, 8))
+        task = rng.randrange(ntasks)
+        allowed = rng.choice((every, every[: len(every) // 2], every[-1:]))
+        got = run_c(harness, cache, gres, env, task, ntasks, allowed, None)
+        want = run_py(monkeypatch, gpus, {1: 0}, env, task, ntasks, allowed, None)
+        if all(c_takes(harness, v) for v in env.values()):
+            assert got == want, env
+            compared += 1
+        elif got != want:
+            assert "this task's GPU variables are not a plain GPU list" in got, env
+            refused += 1
+    assert compared > 50 and refused, (compared, refused)
