@@ -821,6 +821,15 @@ static void say_warning(const struct sg_ops *ops, const char *warning, int task)
     sg_str_free(&s);
 }
 
+/* A task the C half does not bind still gets SLURM_GPU_BINDING, saying so:
+ * an inherited value (a bound batch step running srun) must never claim a
+ * binding this task does not have.  Python always sets it too. */
+static void refuse_task(const struct sg_ops *ops, const char *warning, int task)
+{
+    ops->setenv(ops->ctx, "SLURM_GPU_BINDING", "prefer;gpus=;none");
+    say_warning(ops, warning, task);
+}
+
 /* SlurmGpuError.line(): line breaks shown escaped */
 static void say_error(const struct sg_ops *ops, const char *text)
 {
@@ -848,7 +857,7 @@ int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct s
     /* effects.allowed_cpus and remote._slurm_bound_mems */
     memset(allowed, 0, sizeof(allowed));
     if (ops->getaffinity(allowed)) {
-        say_warning(ops, "gpu-numa-bind=prefer not applied: cannot read the task's CPUs",
+        refuse_task(ops, "gpu-numa-bind=prefer not applied: cannot read the task's CPUs",
                     in->task);
         return 0;
     }
@@ -859,7 +868,7 @@ int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct s
     if (sg_plan(t, in, &plan)) {
         /* init_post_opt read the same variables and found them plain: only
          * a task whose own values differ from the step's gets here */
-        say_warning(ops, "gpu-numa-bind=prefer not applied: this task's GPU variables are "
+        refuse_task(ops, "gpu-numa-bind=prefer not applied: this task's GPU variables are "
                     "not a plain GPU list", in->task);
         return 0;
     }

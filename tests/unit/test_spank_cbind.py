@@ -443,7 +443,9 @@ def test_every_value_the_c_half_takes_binds_as_python(harness, cache, tmp_path,
             if taken:
                 assert got == want, env
             else:
-                assert got == (f"say slurm-gpu: warning: gpu-numa-bind=prefer not applied: this "
+                # refused, and saying so: an inherited SLURM_GPU_BINDING never claims a binding
+                assert got == ("setenv SLURM_GPU_BINDING=prefer;gpus=;none\n"
+                               f"say slurm-gpu: warning: gpu-numa-bind=prefer not applied: this "
                                f"task's GPU variables are not a plain GPU list (task {task})\n"
                                "rc 0\n"), env
     assert c_takes(harness, ",".join(["u1"] * 4096))
