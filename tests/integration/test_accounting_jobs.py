@@ -156,13 +156,19 @@ def test_unknown_job_is_one_line(whole):
     assert res.stderr.strip().splitlines() == ["slurm-gpu: job 99999 is unknown to slurmdbd (sacct)"]
 
 
-def test_another_tools_admin_comment_is_kept(whole):
+def _job_with_admin_comment(whole, text: str) -> str:
+    """A finished one-GPU job whose AdminComment another tool set to *text* while it ran."""
     whole.script({"0": [{"t": 0, "sm": 50}]})
     jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
     wait_for(lambda: whole.c.job(jid).get("JobState") == "RUNNING")
-    res = whole.c.run(["scontrol", "update", f"jobid={jid}", "AdminComment=nhc:ok"])
+    res = whole.c.run(["scontrol", "update", f"jobid={jid}", f"AdminComment={text}"])
     assert res.returncode == 0, res.stderr
     whole.c.wait_job(jid)
+    return jid
+
+
+def test_another_tools_admin_comment_is_kept(whole):
+    jid = _job_with_admin_comment(whole, "nhc:ok")
     comment = wait_for(lambda: (lambda c: c if dbd.KEY in c and "nhc:ok" in c else None)(whole.comment(jid)))
     assert comment and comment.startswith("nhc:ok slurm-gpu:"), comment
 
@@ -171,12 +177,7 @@ def test_another_tools_upper_case_admin_comment(whole):
     """sacctmgr lower-cased AdminComment before Slurm 23.02 and keeps its case
     since: on 24.11 and 26.05 the summary is stored beside ``NHC:OK`` as it
     is; on 22.05 that text is left alone and the summary stays on the node."""
-    whole.script({"0": [{"t": 0, "sm": 50}]})
-    jid = whole.c.sbatch("--gres=gpu:1", "--wrap", "sleep 2")
-    wait_for(lambda: whole.c.job(jid).get("JobState") == "RUNNING")
-    res = whole.c.run(["scontrol", "update", f"jobid={jid}", "AdminComment=NHC:OK"])
-    assert res.returncode == 0, res.stderr
-    whole.c.wait_job(jid)
+    jid = _job_with_admin_comment(whole, "NHC:OK")
     pending = whole.acct / "pending" / f"{jid}.json"
     if tuple(int(x) for x in whole.c.slurm_version.split(".")[:2]) >= (23, 2):
         comment = wait_for(lambda: (lambda c: c if dbd.KEY in c else None)(whole.comment(jid)))
