@@ -91,11 +91,18 @@ class SharedHardwareLoader(SnapshotLoader):
         return node
 
 
-def entries(directory: str) -> list[tuple[str, str]]:
-    """``(node name, path)`` for every ``*.json`` in *directory*, sorted; dot files (temporaries) skipped."""
+def entries(directory: str) -> list[tuple[str, str, bool]]:
+    """``(node name, path, regular file)`` for every ``*.json`` in *directory*,
+    sorted; dot files (temporaries) skipped.
+
+    A ``*.json`` that is not a regular file (a FIFO, a directory, a socket)
+    is listed too, flagged: :func:`load_dir` names it as unreadable instead
+    of skipping it without a word, and never opens it.  The flag comes from
+    the directory listing (d_type): no syscall per file.
+    """
     try:
-        found = [(e.name[:-5], e.path) for e in os.scandir(directory)
-                 if e.name.endswith(".json") and not e.name.startswith(".") and e.is_file()]
+        found = [(e.name[:-5], e.path, e.is_file()) for e in os.scandir(directory)
+                 if e.name.endswith(".json") and not e.name.startswith(".")]
     except FileNotFoundError:
         raise InputError("collection directory not found", directory) from None
     except NotADirectoryError:
@@ -179,8 +186,11 @@ def load_dir(directory: str, only: set[str] | None = None, *, identity: bool = T
     gc_was = gc.isenabled()
     gc.disable()  # thousands of models stay alive: cyclic GC passes only cost time (see confgen_io)
     try:
-        for name, path in entries(directory):
+        for name, path, regular in entries(directory):
             if only is not None and name not in only:
+                continue
+            if not regular:
+                out.bad[name] = BadEntry(name, path, "not a regular file")
                 continue
             try:
                 out.nodes[name] = load_entry(path, loader)

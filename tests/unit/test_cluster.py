@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -96,10 +97,13 @@ def test_store_reads_snapshots_and_models_and_lists_every_bad_entry(tmp_path: Pa
     text = (tmp_path / "n2.json").read_text()
     (tmp_path / "n7.json").write_text(text[:-200])                     # truncated model file
     (tmp_path / ".n8.json.abc.tmp").write_text("{")                    # an atomic write in progress
+    os.mkfifo(tmp_path / "n9.json")                                     # named, never opened (it would block)
+    (tmp_path / "n10.json").mkdir()
     col = store.load_dir(str(tmp_path))
     assert sorted(col.nodes) == ["n1", "n2"]
     assert col.nodes["n1"].gpus == col.nodes["n2"].gpus
-    assert sorted(col.bad) == ["n3", "n4", "n5", "n6", "n7"]
+    assert sorted(col.bad) == ["n10", "n3", "n4", "n5", "n6", "n7", "n9"]
+    assert col.bad["n9"].reason == col.bad["n10"].reason == "not a regular file"
     assert "not JSON" in col.bad["n3"].reason
     assert "unsupported schema 'slurm-gpu.snapshot/0'" in col.bad["n4"].reason
     assert "JSON" in col.bad["n5"].reason
