@@ -28,6 +28,7 @@ _AFTER_REASON = re.compile(r"\s(?:Comment|Extra)=")
 _BOOTING = {"POWERING_UP", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWER_UP", "REBOOT_ISSUED",
             "REBOOT_REQUESTED", "REBOOT"}
 _NO_TOUCH_BASE = {"DOWN", "FUTURE", "UNKNOWN"}
+_BUSY_BASES = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 _BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 MAX_REASON = 1024        # drain_reason() writes at most 200 characters
 MAX_CLEAN_RUNS = 10_000
@@ -45,6 +46,12 @@ class NodeState:
     @property
     def drained(self) -> bool:
         return "DRAIN" in self.flags or self.base in ("DRAINED", "DRAINING")
+
+    @property
+    def runs_jobs(self) -> bool:
+        """Jobs run (or finish) here: ALLOCATED, MIXED or COMPLETING, as a base
+        state or a flag (a drained node still running jobs is one of those)."""
+        return self.base in _BUSY_BASES or "COMPLETING" in self.flags
 
     @property
     def ours(self) -> bool:

@@ -27,7 +27,6 @@ _ACT_SECONDS = 1.5
 # minutes: on a node with a job they slow or break it.  Level 1 is a quick
 # software check that runs beside jobs.
 INTRUSIVE_LEVEL = 2
-_BUSY_BASES = ("ALLOCATED", "MIXED", "COMPLETING")
 
 
 def diag_busy(opts: Any, deadline: float) -> str | None:
@@ -51,7 +50,7 @@ def diag_busy(opts: Any, deadline: float) -> str | None:
         return f"node state unknown ({e.what.splitlines()[0][:80]})"
     if ns is None:
         return "node state unknown (scontrol does not know this node)"
-    if ns.base in _BUSY_BASES or "COMPLETING" in ns.flags:
+    if ns.runs_jobs:
         return f"jobs run on the node ({ns.base})"
     return None
 

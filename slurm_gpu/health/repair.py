@@ -38,7 +38,6 @@ from .settings import RepairSettings
 # NVML_GPU_RECOVERY_ACTION_*: what the driver says this GPU needs.
 RESET_ACTIONS = {1, 4, 6}        # GPU_RESET, DRAIN_AND_RESET, BUS_RESET
 REBOOT_ACTIONS = {2, 7}          # NODE_REBOOT, SYSTEM_REBOOT
-_BUSY_BASES = {"ALLOCATED", "MIXED", "COMPLETING"}
 NVIDIA_SMI = "nvidia-smi"
 
 
@@ -222,7 +221,7 @@ class Ladder:
 
     def _busy(self, ep: dict[str, Any]) -> str | None:
         ns = self.c.node_state
-        if ns is not None and (ns.base in _BUSY_BASES or "COMPLETING" in ns.flags):
+        if ns is not None and ns.runs_jobs:
             uuid = self.st.gpus.get(ep["bus"], {}).get("uuid")
             job = self.c.job_gpus.get(uuid or "")
             return f"job {job} holds it" if job else f"jobs run on the node ({ns.base})"
