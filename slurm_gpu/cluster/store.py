@@ -91,6 +91,20 @@ class SharedHardwareLoader(SnapshotLoader):
         return node
 
 
+def _scandir(directory: str) -> Any:
+    """``os.scandir(directory)``, its failures as one InputError line each."""
+    try:
+        return os.scandir(directory)
+    except FileNotFoundError:
+        raise InputError("collection directory not found", directory) from None
+    except NotADirectoryError:
+        raise InputError("not a directory", directory) from None
+    except OSError as e:
+        raise InputError(f"cannot list collection directory: {e.strerror}", directory) from None
+    except ValueError:   # a NUL in the path
+        raise InputError("bad collection directory name", repr(directory)[:80]) from None
+
+
 def entries(directory: str) -> list[tuple[str, str, bool]]:
     """``(node name, path, regular file)`` for every ``*.json`` in *directory*,
     sorted; dot files (temporaries) skipped.
@@ -100,15 +114,12 @@ def entries(directory: str) -> list[tuple[str, str, bool]]:
     of skipping it without a word, and never opens it.  The flag comes from
     the directory listing (d_type): no syscall per file.
     """
-    try:
-        found = [(e.name[:-5], e.path, e.is_file()) for e in os.scandir(directory)
-                 if e.name.endswith(".json") and not e.name.startswith(".")]
-    except FileNotFoundError:
-        raise InputError("collection directory not found", directory) from None
-    except NotADirectoryError:
-        raise InputError("not a directory", directory) from None
-    except OSError as e:
-        raise InputError(f"cannot list collection directory: {e.strerror}", directory) from None
+    with _scandir(directory) as it:
+        try:
+            found = [(e.name[:-5], e.path, e.is_file()) for e in it
+                     if e.name.endswith(".json") and not e.name.startswith(".")]
+        except OSError as e:
+            raise InputError(f"cannot list collection directory: {e.strerror}", directory) from None
     from ..confgen.hostlist import natural_key
     return sorted(found, key=lambda x: natural_key(x[0]))
 
@@ -116,14 +127,7 @@ def entries(directory: str) -> list[tuple[str, str, bool]]:
 def require_dir(directory: str) -> None:
     """InputError unless *directory* is a directory we can list: checked
     before slurmctld is asked, so a mistyped ``--from`` is what gets named."""
-    try:
-        if not os.path.isdir(directory):
-            raise InputError("collection directory not found" if not os.path.lexists(directory)
-                             else "not a directory", directory)
-        if not os.access(directory, os.R_OK | os.X_OK):
-            raise InputError("cannot list collection directory: Permission denied", directory)
-    except ValueError:   # a NUL in the path
-        raise InputError("bad collection directory name", repr(directory)[:80]) from None
+    _scandir(directory).close()
 
 
 def load_entry(path: str, loader: Any) -> Any:
