@@ -36,14 +36,14 @@ fi
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/nonexistent PIP_CONFIG_FILE=/dev/null \
     "$NEW/bin/python" -m pip install -q --no-index --no-cache-dir --disable-pip-version-check \
     --find-links "$WHEELS" slurm-gpu
-# Slurm runs our code as root and inside every job user's processes.
-chmod a+rx "$BASE"
-chmod -R a+rX "$NEW"
 # The SPANK plugin must match the installed Slurm's major version: built here,
 # never shipped, into the new tree before it goes live.  Best effort: a node
 # without a compiler still gets the rest.
 spank_ok=1
 out=$("$NEW/bin/slurm-gpu" spank build 2>&1) || spank_ok=0
+# Slurm runs our code as root and inside every job user's processes: the
+# whole tree, plugin included, readable by all before it goes live.
+chmod a+rx "$BASE"
 chmod -R a+rX "$NEW"
 # The swap: rename(2) of a new symlink over the old one is atomic.  A venv
 # made by an older package is a real directory, which rename cannot replace:
