@@ -80,3 +80,84 @@ def test_timeout_returns_although_a_daemon_holds_the_pipes(tmp_path) -> None:
     except (OSError, ValueError):
         pass
     assert took < 5, f"run() waited {took:.1f} s for a daemon's pipes"
+
+
+# The child is started by runner itself (fork + exec, no subprocess): what
+# Popen guaranteed must still hold.
+
+def test_no_descriptor_but_stdio_reaches_the_child(tmp_path) -> None:
+    f = open(tmp_path / "secret", "w")
+    fd = f.fileno()
+    os.set_inheritable(fd, True)               # even one marked inheritable
+    try:
+        res = run(["/bin/ls", "/proc/self/fd"], timeout=5)
+    finally:
+        f.close()
+    # ls's own directory fd is the only one beyond 0..2
+    assert sorted(res.stdout.split(), key=int)[:3] == ["0", "1", "2"]
+    assert len(res.stdout.split()) == 4 and str(fd) not in res.stdout.split()
+
+
+def test_sigpipe_and_sigxfsz_are_back_to_default_in_the_child() -> None:
+    # Python ignores both; an ignored signal stays ignored across exec.
+    line = next(ln for ln in run(["/bin/cat", "/proc/self/status"], timeout=5).stdout.splitlines()
+                if ln.startswith("SigIgn:"))
+    ignored = int(line.split()[1], 16)
+    assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))
+
+
+def test_large_output_on_both_streams_and_large_input() -> None:
+    res = run(["/bin/sh", "-c", "head -c 300000 /dev/zero; head -c 300000 /dev/zero >&2"], timeout=10)
+    assert len(res.stdout) == 300000 and len(res.stderr) == 300000
+    assert run(["/bin/cat"], timeout=10, input="x" * 500000).stdout == "x" * 500000
+
+
+def test_input_the_child_does_not_read_is_dropped() -> None:
+    assert run(["/bin/true"], timeout=5, input="x" * 500000).ok
+
+
+def test_output_is_text_with_universal_newlines_and_no_decode_error() -> None:
+    res = run(["/usr/bin/printf", "a\\r\\nb\\rc\\377"], timeout=5)
+    assert res.stdout == "a\nb\nc\ufffd"
+
+
+def test_a_killed_child_reports_minus_the_signal() -> None:
+    assert run(["/bin/sh", "-c", "kill -9 $$"], timeout=5, check=False).returncode == -9
+
+
+def test_nul_in_argv_or_env_is_one_line() -> None:
+    with pytest.raises(CommandError, match="NUL"):
+        run(["/bin/echo", "a\0b"], timeout=5)
+    with pytest.raises(CommandError, match="bad environment variable"):
+        run(["/bin/true"], timeout=5, env={"A=B": "1"})
+
+
+def test_a_file_that_is_not_executable() -> None:
+    with pytest.raises(CommandError, match="cannot run /etc/passwd: Permission denied"):
+        run(["/etc/passwd"], timeout=5)
+
+
+def test_a_cgroup_that_cannot_be_joined(tmp_path) -> None:
+    with pytest.raises(CommandError, match="cannot start /bin/true in its cgroup"):
+        run(["/bin/true"], timeout=5, join_cgroups=[str(tmp_path / "nope" / "cgroup.procs")])
+
+
+def test_a_parent_with_stdio_closed(tmp_path) -> None:
+    # slurmd may start us with 0..2 closed: the pipes then land on them.
+    import subprocess
+    import sys
+    code = ("import os, sys; sys.path.insert(0, %r); from slurm_gpu.runner import run\n"
+            "os.close(0); os.close(1); os.close(2)\n"
+            "r = run(['/bin/sh', '-c', 'read x; echo out $x; echo err >&2'], 5, input='in\\n')\n"
+            "open(%r, 'w').write(repr((r.stdout, r.stderr)))\n"
+            % (str(__import__('pathlib').Path(__file__).resolve().parents[2]), str(tmp_path / "r")))
+    subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, timeout=30, check=True)
+    assert (tmp_path / "r").read_text() == repr(("out in\n", "err\n"))
+
+
+def test_cpus_pin_the_command() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    status = run(["/bin/cat", "/proc/self/status"], timeout=5, cpus=[cpu]).stdout
+    assert f"Cpus_allowed_list:\t{cpu}\n" in status
+    with pytest.raises(CommandError, match="cannot start /bin/true on its CPUs"):
+        run(["/bin/true"], timeout=5, cpus=[4095])
