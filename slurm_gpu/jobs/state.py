@@ -7,18 +7,24 @@ for the epilog.  slurmstepd (through the SPANK plugin) reads it with
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 import stat
 import sys
-from typing import Any, Callable
 
+from .. import jsontext
 from ..errors import InputError, SlurmGpuError
 from ..fsutil import atomic_write
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
 VERSION = 1
-_JOBID = re.compile(r"^[0-9]{1,12}$")
+
+
+def _is_jobid(text: str) -> bool:
+    """1 to 12 ASCII digits, nothing else (not even a trailing newline)."""
+    return 0 < len(text) <= 12 and text.isascii() and text.isdigit()
 
 
 class JobFailed(SlurmGpuError):
@@ -28,7 +34,7 @@ class JobFailed(SlurmGpuError):
 def check_jobid(jobid: str) -> str:
     """A Slurm job id, refusing anything that could escape the state directory."""
     jobid = str(jobid)
-    if not _JOBID.fullmatch(jobid):   # match() with $ would let "12\n" through
+    if not _is_jobid(jobid):
         raise InputError(f"bad job id {jobid!r}", "SLURM_JOB_ID")
     return jobid
 
@@ -75,7 +81,7 @@ def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
     d = jobs_dir(state_dir)
     os.makedirs(d, mode=0o755, exist_ok=True)
     _check_dir(d)
-    text = json.dumps(state, indent=1, sort_keys=True)
+    text = jsontext.dumps(state)
     # The copy first: whichever file a crash or a bad sector leaves broken,
     # the other holds this or the previous record (see load()).
     atomic_write(os.path.join(d, f"{state['jobid']}.json{COPY}"), text, mode=0o644)
@@ -137,7 +143,7 @@ def _read(p: str, jobid: str) -> tuple[dict[str, Any] | None, str | None]:
     except OSError as e:
         raise InputError(f"cannot read job state: {e.strerror or e}", str(p)) from None
     try:
-        data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
+        data = jsontext.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
     except (ValueError, RecursionError):
         data = None
     why = "not JSON or too big" if data is None else malformed(data, jobid)
@@ -210,7 +216,7 @@ def list_jobs(state_dir: str | os.PathLike[str]) -> list[str]:
         names = os.listdir(jobs_dir(state_dir))
     except FileNotFoundError:
         return []
-    return sorted((n[:-5] for n in names if n.endswith(".json") and _JOBID.fullmatch(n[:-5])),
+    return sorted((n[:-5] for n in names if n.endswith(".json") and _is_jobid(n[:-5])),
                   key=int)
 
 
