@@ -12,17 +12,20 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tomllib
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import hostctx
 from .errors import InputError
 
+# Not typing's TYPE_CHECKING, and tomllib and functools only where used: the
+# prolog and epilog take their settings from the node-fact cache
+# (:mod:`slurm_gpu.jobs.settings`), and these imports (with re, enum,
+# datetime) cost each run ~12 ms.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any, Callable, TypeVar
 
-T = TypeVar("T")
+    T = TypeVar("T")
 
 ENV_VAR = "SLURM_GPU_CONFIG"
 MAX_NUMBER = 10 ** 9        # no timeout, count or percentage is bigger
@@ -60,10 +63,31 @@ def config_file() -> str | None:
     return None
 
 
-@lru_cache(maxsize=8)
+class _Memo:
+    """``functools.lru_cache(maxsize=8)``'s surface (call, ``cache_clear``) for
+    :func:`_load`, without importing functools."""
+
+    def __init__(self, fn: Callable[[str | None], dict[str, Any]]) -> None:
+        self.fn = self.__wrapped__ = fn
+        self.cache: dict[str | None, dict[str, Any]] = {}
+
+    def __call__(self, path: str | None) -> dict[str, Any]:
+        if path not in self.cache:
+            value = self.fn(path)
+            if len(self.cache) >= 8:
+                self.cache.clear()
+            self.cache[path] = value
+        return self.cache[path]
+
+    def cache_clear(self) -> None:
+        self.cache.clear()
+
+
+@_Memo
 def _load(path: str | None) -> dict[str, Any]:
     if path is None:
         return {}
+    import tomllib
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

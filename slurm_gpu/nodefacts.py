@@ -325,7 +325,7 @@ def for_binding(gpus: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:
 def for_prolog(gpus: Sequence[dict[str, Any] | None]) -> dict[int, dict[str, Any]]:
     """{Slurm GPU index: {"minor", "uuid", "name", "cpus"}} for the prolog.
 
-    ``cpus`` (what the MPS daemon is pinned to with taskset) are the local
+    ``cpus`` (what the MPS daemon is pinned to) are the local
     cores' PUs only: a GPU whose locality has no core gets none, as before the
     caches were merged (see CHANGELOG).  A gres.conf device NVML does not have
     is absent: the prolog refuses it as a node fault.

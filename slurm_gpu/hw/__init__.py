@@ -18,11 +18,12 @@ snapshot with a derived model stays fast.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, overload
+TYPE_CHECKING = False   # not typing's: importing typing costs every prolog ~2 ms
 
 from .sources import HwlocXml, NodeSource, Snapshot, Snapshots, ThisNode
 
 if TYPE_CHECKING:
+    from typing import Any, overload
     from .model import Node
 
 __all__ = ["HwlocXml", "Node", "NodeSource", "Snapshot", "Snapshots", "ThisNode", "load_node"]
@@ -38,10 +39,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@overload
-def load_node(source: ThisNode | Snapshot | HwlocXml | None = None) -> Node: ...
-@overload
-def load_node(source: Snapshots) -> list[Node]: ...
+if TYPE_CHECKING:     # typing itself costs every prolog ~2 ms: its overloads are for checkers only
+    @overload
+    def load_node(source: ThisNode | Snapshot | HwlocXml | None = None) -> Node: ...
+    @overload
+    def load_node(source: Snapshots) -> list[Node]: ...
 
 
 def load_node(source: Any = None) -> Any:

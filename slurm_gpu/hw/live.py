@@ -17,13 +17,14 @@ when it has one, else from ``snapshot``'s XML, else from live hwloc.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False
 
 from .. import hostctx
 from ..errors import InputError
 from .plain import Plain
 
 if TYPE_CHECKING:
+    from typing import Any
     from .model import Node
 
 SIM_PREFIX = "sim:"

@@ -8,7 +8,10 @@ equality, hashing and a readable repr.
 """
 from __future__ import annotations
 
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Plain:

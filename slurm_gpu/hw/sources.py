@@ -7,7 +7,10 @@ every health check and inventory imports this.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 from .plain import Plain
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-from typing import Any, Callable, Mapping
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping
+
+    from .settings import JobsSettings, MigSettings, MpsSettings
 
 from .mps import JobUser
-from .settings import JobsSettings, MigSettings, MpsSettings
 
 
 class Context:
@@ -51,40 +55,36 @@ class Context:
 
 
 def default_context(env: Mapping[str, str] | None = None, *, health: bool = True) -> Context:
-    """Settings from the config file, NVML and the node model from ``[node]``.
+    """Settings from the config file (through the node-fact entry), NVML and
+    the node model from ``[node]``.
 
     *health* False leaves ``health_state_dir`` empty: the prolog never looks
     for leftovers, and reading ``[health]``/``[repair]`` costs it ~1.4 ms of
     imports.
     """
     from .. import config, nodefacts
-    from ..hw import ThisNode, live
-    from ..hw import load_node as hw_load_node
-    from .settings import load
+    from ..hw import live
+    from .settings import JobsSettings, MigSettings, MpsSettings, cached
     env = os.environ if env is None else env
-    jobs, mps, mig = load()
-    node = live.settings()
+    config_path = config.config_file() or None
+    name = live.node_name()
+    gres_conf = nodefacts.gres_conf_path(env)
+    sec = cached(config_path, name, gres_conf, health=health)
+    node = live.NodeSettings(**sec["node"])
 
     def open_api() -> Any:
         from ..hw import backend
         return backend.open_gpus(backend.source_for(node, writes=True))
 
-    return Context(env, jobs, mps, mig, node.state_dir, open_api, lambda: hw_load_node(ThisNode(node)),
-                   facts_dir=nodefacts.CACHE_DIR, config_path=config.config_file() or None,
-                   gres_conf=nodefacts.gres_conf_path(env),
-                   node_name=live.node_name(),
-                   health_state_dir=_health_state_dir(node) if health else "")
+    def read_node() -> Any:
+        from ..hw import ThisNode, load_node
+        return load_node(ThisNode(node))
 
-
-def _health_state_dir(node: Any) -> str:
-    """Where the health check keeps its state, if the user-problem check is on."""
-    from .. import config
-    from ..health.settings import HealthSettings, RepairSettings
-    if not config.section(RepairSettings, "repair").user_problem:
-        return ""
-    from ..hw import live
-    hs = config.section(HealthSettings, "health")
-    return (hs.state_dir or node.state_dir).replace("%n", live.node_name())
+    return Context(env, JobsSettings(**sec["jobs"]), MpsSettings(**sec["mps"]),
+                   MigSettings(**sec["mig"]), node.state_dir, open_api, read_node,
+                   facts_dir=nodefacts.CACHE_DIR, config_path=config_path,
+                   gres_conf=gres_conf, node_name=name,
+                   health_state_dir=(sec["health_state_dir"] or "") if health else "")
 
 
 def _lazy_api(ctx: Context) -> Callable[[], Any]:

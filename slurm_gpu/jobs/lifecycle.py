@@ -21,7 +21,7 @@ Failure policy (docs/mps-mig.md):
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+TYPE_CHECKING = False
 
 from ..errors import InputError, SlurmGpuError, UsageError
 from . import state as jobstate
@@ -34,6 +34,7 @@ from .state import JobFailed
 from .. import joboptions as _options  # the one declaration of the SPANK options
 
 if TYPE_CHECKING:
+    from typing import Any, Callable
     from ..hw.gpus import Gpus
 
 ENV_MPS = _options.prolog_env(_options.ENV_NAMES[_options.MPS])
@@ -334,12 +335,12 @@ def _leftovers_of_plain_job(ctx: Context, jobid: str) -> None:
 def _leftovers(ctx: Context, st: dict[str, Any], user: JobUser | None, api: Callable[[], Any]) -> None:
     """user-problem: what the job left on its GPUs drains the node with a reason
     the health check resumes by itself once the GPUs are clean."""
-    from ..health import userproblem as up
     gpus = [g for g in st.get("gpus") or () if isinstance(g, dict) and isinstance(g.get("index"), int)]
     if not ctx.health_state_dir or not gpus or st.get("whole_gpus") is False:
         # A shard (gres/shard, gres/mps) shares its GPU with other jobs, the
         # user's own among them: their processes are no leftover of this one.
         return
+    from ..health import userproblem as up
     jobid = st["jobid"]
     from .migjob import _gpus_of_other_jobs
     shared = _gpus_of_other_jobs(ctx, jobid)

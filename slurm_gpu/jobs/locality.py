@@ -12,7 +12,10 @@ and device minor: never by NVML index, which is neither.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 from .. import nodefacts
 

@@ -3,7 +3,7 @@
 Start (prolog): per-job ``<base>/<jobid>/{pipe,log}`` owned by the user,
 mode 0700, under a root-owned base; the daemon started through
 ``nvidia-cuda-mps-control -d`` as the user (``runner.run(run_as=...)``),
-pinned to the GPUs' local CPUs with taskset, for the job's GPUs only
+pinned to the GPUs' local CPUs (``runner.run(cpus=...)``), for the job's GPUs only
 (``CUDA_VISIBLE_DEVICES``); then one client session, retried until the
 daemon answers, sends ``get_server_list`` and the admin's defaults.
 
@@ -23,7 +23,10 @@ from __future__ import annotations
 import os
 import stat
 import time
-from typing import Any, Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 from .. import runner
 from ..errors import CommandError, HardwareError
@@ -143,14 +146,11 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     cgroups = jobcgroup.make(dirs) if dirs else []
     info["cgroup"] = cgroups or None
     record(info)
-    argv = [settings.control, "-d"]
     online = os.sched_getaffinity(0)
-    use = [c for c in cpus if c in online]
-    if settings.bind_cpus and use:
-        argv = [settings.taskset, "-c", _cpu_list(use)] + argv
+    use = sorted({c for c in cpus if c in online}) if settings.bind_cpus else []
     t0 = time.monotonic()
-    runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices), run_as=user.run_as(),
-               join_cgroups=jobcgroup.procs_files(cgroups))
+    runner.run([settings.control, "-d"], settings.start_timeout, env=_env(pipe, log, devices),
+               run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups), cpus=use)
     # One client session both asks whether the daemon answers and applies
     # the admin's defaults: the client reads stdin line by line and sends
     # every command over one connection (NVIDIA's 535 binary: one "NEW UI"
@@ -165,13 +165,15 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     # unless someone already ended it.  Seen here, its vanishing later is the
     # job user's doing even when it was killed before it wrote its first log
     # line (the only other evidence that it started).
-    seen = bool(daemon_procs(pipe, user.uid))
+    procs = daemon_procs(pipe, user.uid)
+    seen = bool(procs)
     while True:
         res = control(settings, user, pipe, log, session, check=False,
                       timeout=max(0.5, deadline - time.monotonic()))
         if res.ok:
             break
-        if daemon_procs(pipe, user.uid):
+        procs = daemon_procs(pipe, user.uid)
+        if procs:
             seen = True
         elif seen or _log_says_started(log):
             # It started and is gone before answering.  The control daemon
@@ -187,7 +189,10 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
     info["start_s"] = round(time.monotonic() - t0, 4)
-    info["pids"] = daemon_pids(pipe)
+    # The control daemon, as last scanned: it starts nothing more until a
+    # client connects (the server then), and the epilog finds what is bound
+    # to the pipe by scanning again, never by these numbers alone.
+    info["pids"] = sorted(procs) if procs else daemon_pids(pipe)
     info["ready"] = True
     record(info)
     return info

@@ -26,7 +26,7 @@ class MpsSettings(config.Settings):
     pinned_mem_limit: str = ""                  # e.g. "16G" for every device of the job
     exclusive_process: bool = False             # set EXCLUSIVE_PROCESS on exclusive GPUs
     bind_cpus: bool = True                      # pin the daemon to GPU-local CPUs
-    taskset: str = "/usr/bin/taskset"
+    taskset: str = "/usr/bin/taskset"          # unused since the prolog pins the daemon itself; still accepted
 
 
 class MigSettings(config.Settings):
@@ -59,6 +59,53 @@ def load() -> tuple[JobsSettings, MpsSettings, MigSettings]:
         raise InputError("config key mps.default_active_thread_percentage must be 0..100",
                          str(config.config_path() or "config"))
     return jobs, mps, mig
+
+
+SECTION = "jobs"     # this area's section of the node-fact entry (slurm_gpu.nodefacts)
+
+
+def _section(health: bool) -> dict:
+    """What the prolog and epilog read from the config, as plain data for the
+    node-fact entry: the three sections, ``[node]`` and the health check's
+    state directory ("" when the user-problem check is off)."""
+    from ..hw import live
+    jobs, mps, mig = load()
+    node = live.settings()
+    return {"jobs": vars(jobs), "mps": vars(mps), "mig": vars(mig),
+            "node": {k: getattr(node, k) for k in node.__slots__},
+            "health_state_dir": _health_state_dir(node.state_dir) if health else None}
+
+
+def _health_state_dir(node_state_dir: str) -> str:
+    """Where the health check keeps its state, if the user-problem check is on."""
+    from ..health.settings import HealthSettings, RepairSettings
+    from ..hw import live
+    if not config.section(RepairSettings, "repair").user_problem:
+        return ""
+    hs = config.section(HealthSettings, "health")
+    return (hs.state_dir or node_state_dir).replace("%n", live.node_name())
+
+
+def cached(config_path: str | None, node: str, gres_conf: str | None, *,
+           health: bool) -> dict:
+    """:func:`_section` from the node's node-fact entry; read and stored on a miss.
+
+    The entry holds while the config files (and the node's other inputs)
+    keep their stamps, so every prolog and epilog after the first reads no
+    TOML: tomllib with re, enum and datetime costs each run ~12 ms.  The
+    epilog's *health* part is read by the first epilog (a prolog's entry
+    has it as None).
+    """
+    from .. import nodefacts
+    data = nodefacts.load(config_path, node, gres_conf)
+    sec = None if data is None else data["sections"].get(SECTION)
+    if sec is not None and (not health or sec["health_state_dir"] is not None):
+        return sec
+    data = nodefacts.build(config_path, node, gres_conf, with_gpus=False, old=data)
+    data["sections"][SECTION] = _section(health)
+    if data["boot_id"]:
+        nodefacts.store(data, config_path, node, gres_conf)
+    return data["sections"][SECTION]
 
 
 def node_settings() -> dict:

@@ -19,7 +19,10 @@ is touched.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable
 
 from .. import runner
 from ..errors import CommandError, SlurmGpuError
@@ -80,7 +83,8 @@ def gone(jobids: Iterable[str], node: str, squeue: str,
     return {j for j in ids if not alive.get(j, False)}
 
 
-Teardown = Callable[[Any, dict[str, Any]], list[str]]
+if TYPE_CHECKING:
+    Teardown = Callable[[Any, dict[str, Any]], list[str]]
 
 
 def clean(ctx: Any, jobid: str, teardown: Teardown) -> list[str]:

@@ -308,16 +308,16 @@ def test_killed_mid_mig_prolog_before_id_recorded(node: Env, monkeypatch) -> Non
 
 def test_killed_mid_mps_start_daemon_found_by_pipe(node: Env, monkeypatch) -> None:
     from slurm_gpu.jobs import mps
-    real = mps.daemon_pids
+    real = mps.daemon_procs
 
-    def dying(pipe, proc="/proc"):
+    def dying(*a, **k):             # the prolog dies right after the daemon started
         raise Killed()
 
-    monkeypatch.setattr(mps, "daemon_pids", dying)
+    monkeypatch.setattr(mps, "daemon_procs", dying)
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     with pytest.raises(Killed):
         lifecycle.prolog(ctx)
-    monkeypatch.setattr(mps, "daemon_pids", real)
+    monkeypatch.setattr(mps, "daemon_procs", real)
     assert daemon_pids(Path(node.mps.base_dir) / "100" / "pipe")   # it is running
     js.remove(node.state_dir, "100")                 # even with the state file lost
     assert lifecycle.epilog(node.ctx()) == 0
@@ -443,6 +443,44 @@ def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
     assert run("epilog.d/50-slurm-gpu-jobs", e3).returncode != 0        # Python was started
     e4 = {k: v for k, v in e3.items() if k != "SLURM_JOB_GPUS"}
     assert run("epilog.d/50-slurm-gpu-jobs", e4).returncode == 0
+
+
+# What a --gpu-mps prolog and epilog may not import once the node-fact entry
+# holds their settings (issue 15: each of these costs every such job 1-9 ms;
+# subprocess, json, tomllib and typing together ~25 ms of the two runs).
+HEAVY = {"typing", "subprocess", "json", "re", "tomllib", "enum", "threading", "glob",
+         "signal", "runpy", "functools", "collections", "dataclasses", "pathlib", "shutil"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the node-fact cache is root's")
+def test_mps_prolog_and_epilog_import_nothing_heavy(node: Env) -> None:
+    conf = node.base / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
+                    f'[mps]\ncontrol = "{node.ctl}"\nbase_dir = "{node.mps.base_dir}"\n')
+    out = node.base / "loaded"
+    py = node.base / "python"
+    py.write_text(f"#!/bin/sh\nexec {sys.executable} -I -c 'import sys; sys.path.insert(0, "
+                  f"\"{ROOT}\"); from slurm_gpu.jobs.__main__ import main; rc = main(sys.argv[-1:]); "
+                  f"open(\"{out}\", \"a\").write(\" \".join(sys.modules) + \"\\n\"); "
+                  "sys.exit(rc)' \"$@\"\n")
+    py.chmod(0o755)
+    for jobid in ("7", "8"):        # the first fills the node-fact entry
+        env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": jobid,
+               "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
+               "SLURMD_NODENAME": "imports1", "SLURM_JOB_GPUS": "0",
+               "SPANK_SLURM_GPU_MPS": "50", "SPANK_SLURM_GPU_PROLOG": "1"}
+        for script in ("prolog.d/50-slurm-gpu-jobs", "epilog.d/50-slurm-gpu-jobs"):
+            r = subprocess.run(["/bin/sh", str(ROOT / script)], env=env, capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+    runs = out.read_text().splitlines()
+    assert len(runs) == 4
+    # the second job ran and was torn down
+    assert not (Path(node.state_dir) / "jobs" / "8.json").exists() and node.leftovers("8") == []
+    for loaded in runs[2:]:
+        mods = set(loaded.split())
+        assert "slurm_gpu.jobs.mps" in mods and "slurm_gpu.runner" in mods   # the MPS path ran
+        assert not mods & HEAVY, sorted(mods & HEAVY)
 
 
 def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
@@ -625,7 +663,7 @@ def test_baseline_half_removed_is_restored(node: Env, monkeypatch, fail_at: str)
 
 def test_daemon_that_survives_sigkill_is_a_node_fault(node: Env, monkeypatch) -> None:
     """A daemon stuck in the driver ignores SIGKILL: nothing may be reported clean."""
-    import signal as signal_mod
+    from slurm_gpu import sig as signal_mod    # what mpsprocs and jobcgroup signal through
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
     pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
