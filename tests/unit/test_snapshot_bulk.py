@@ -237,3 +237,21 @@ def test_a_mixed_cluster_renders_as_from_full_decodes(tmp_path: Path) -> None:
     assert blocks == topology.render_topology(None, block.build_blocks(ref, [18, 36], drop_small=True),
                                               inputs=["x"])
     assert "BlockName=" in blocks
+
+
+def test_models_made_without_init_are_the_ones_init_makes() -> None:
+    # _fill copies a template's __dict__ instead of calling the frozen
+    # dataclass's __init__: the same object only while the model classes
+    # have no __post_init__ and no slots.
+    from slurm_gpu.hw.model import Gpu
+
+    for cls in (Gpu, Node):
+        assert not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls)
+    loader = SnapshotLoader()
+    for i in range(3):      # the first makes the template, the others are filled from it
+        text = json.dumps(variant(BASE, i, i))
+        got, want = loader.node_from_text(text), plain(text)
+        assert got == want and hash(got.gpus[0]) == hash(want.gpus[0])
+        assert list(vars(got)) == list(vars(want))
+        assert [list(vars(g)) for g in got.gpus] == [list(vars(g)) for g in want.gpus]
+        assert repr(got) == repr(want)
