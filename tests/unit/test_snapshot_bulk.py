@@ -237,3 +237,61 @@ def test_a_mixed_cluster_renders_as_from_full_decodes(tmp_path: Path) -> None:
     assert blocks == topology.render_topology(None, block.build_blocks(ref, [18, 36], drop_small=True),
                                               inputs=["x"])
     assert "BlockName=" in blocks
+
+
+def test_models_made_without_init_are_the_ones_init_makes() -> None:
+    # _fill copies a template's __dict__ instead of calling the frozen
+    # dataclass's __init__: the same object only while the model classes
+    # have no __post_init__ and no slots.
+    from slurm_gpu.hw.model import Gpu
+
+    for cls in (Gpu, Node):
+        assert not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls)
+    loader = SnapshotLoader()
+    for i in range(3):      # the first makes the template, the others are filled from it
+        text = json.dumps(variant(BASE, i, i))
+        got, want = loader.node_from_text(text), plain(text)
+        assert got == want and hash(got.gpus[0]) == hash(want.gpus[0])
+        assert list(vars(got)) == list(vars(want))
+        assert [list(vars(g)) for g in got.gpus] == [list(vars(g)) for g in want.gpus]
+        assert repr(got) == repr(want)
+
+
+def _old_body(tail: bytes, start: int) -> str | type | None:
+    """What fast_node did before _object_body: decode everything after the key, then strip."""
+    try:
+        text = tail[start:].decode("utf-8", "strict").strip()
+    except UnicodeDecodeError as e:
+        return type(e)
+    if not text.endswith("}") or not text.startswith("{"):
+        return None
+    return text[:-1].rstrip()
+
+
+@pytest.mark.parametrize("tail", [
+    b' {"a": 1}\n', b'{"a": 1}', b'{}', b'{', b'}', b'', b'  \n', b' {"a": 1} \n}', b'{"a": 1}x',
+    b'\x1c{"a": 1}\x1f', b'\t{"a": 1\r\n}\x0b\x0c', '\u00a0{"a": 1}'.encode(), '{"a": 1}\u2003'.encode(),
+    '{"a": 1\u00a0}'.encode(), '{"a": "\u00e9"\u3000}\n'.encode(), b'{"a": "\xff"}', b'{"a": 1}\xff',
+    b'\xc3{"a": 1}', '{"é": 1\x85}'.encode(), b'x{"a": 1}', b'{"a": 1} \xe2\x80', b'\x00{"a": 1}',
+])
+def test_object_body_is_the_old_decode_and_strip(tail: bytes) -> None:
+    from slurm_gpu.hw.snapshot_bulk import _object_body
+
+    for prefix in (b"", b'"node":', b'"x": 1, "node": '):
+        try:
+            got: object = _object_body(prefix + tail, len(prefix))
+        except UnicodeDecodeError as e:
+            got = type(e)
+        assert got == _old_body(prefix + tail, len(prefix))
+
+
+def test_tail_sized_after_a_small_model_still_finds_a_large_one(tmp_path: Path) -> None:
+    # The tail read is sized after the last model: a larger one next is read again, whole.
+    small = min(SNAPSHOTS, key=lambda p: len(json.dumps(json.loads(p.read_text())["node"])))
+    large = max(SNAPSHOTS, key=lambda p: len(json.dumps(json.loads(p.read_text())["node"])))
+    assert small != large
+    loader = SnapshotLoader()
+    for path in (small, large, small, large):
+        hint = loader._tail_hint
+        assert loader.fast_node(str(path)) == snap.node_from_file(str(path))
+    assert hint < 4096     # the last large one was read after a small one
