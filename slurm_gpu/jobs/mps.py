@@ -168,8 +168,19 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     procs = daemon_procs(pipe, user.uid)
     seen = bool(procs)
     while True:
-        res = control(settings, user, pipe, log, session, check=False,
-                      timeout=max(0.5, deadline - time.monotonic()))
+        try:
+            res = control(settings, user, pipe, log, session, check=False,
+                          timeout=max(0.5, deadline - time.monotonic()))
+        except CommandError:
+            # No answer in time.  A daemon that is stopped (SIGSTOP, or a
+            # ptrace stop, from another process of its user: only they and
+            # root can) never answers: the user's doing, which must never
+            # drain the node.  One that runs and stays silent is the node's.
+            if _stopped(daemon_procs(pipe, user.uid)):
+                from .state import JobFailed
+                raise JobFailed("MPS control daemon was stopped before it answered "
+                                "(by a process of the job's user?)", f"job {jobid}") from None
+            raise
         if res.ok:
             break
         procs = daemon_procs(pipe, user.uid)
@@ -196,6 +207,12 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     info["ready"] = True
     record(info)
     return info
+
+
+def _stopped(procs: dict[int, Any]) -> bool:
+    """Some of *procs* is stopped or traced (``T``/``t`` in ``/proc/PID/stat``)."""
+    from ..procfs import state
+    return any(state(pid) in ("T", "t") for pid in procs)
 
 
 def _settings_commands(settings: MpsSettings, devices: str | None,

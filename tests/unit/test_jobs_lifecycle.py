@@ -347,6 +347,30 @@ def test_user_killing_the_starting_daemon_fails_the_job_not_the_node(node: Env, 
     assert node.leftovers() == []
 
 
+def test_user_stopping_the_starting_daemon_fails_the_job_not_the_node(node: Env, monkeypatch) -> None:
+    """SIGSTOP (or a ptrace stop) from another process of the job user keeps
+    the daemon from answering until the prolog's session times out: the
+    user's doing, so the job fails and the node stays up."""
+    from slurm_gpu.jobs import mps
+    real = mps.control
+
+    def user_stops_it_first(settings, user, pipe, log, cmd, **kw):
+        for pid in daemon_pids(pipe):
+            os.kill(pid, 19)                                # SIGSTOP
+        monkeypatch.setattr(mps, "control", real)
+        return real(settings, user, pipe, log, cmd, **kw)
+
+    node.mps = MpsSettings(control=str(node.ctl), base_dir=node.mps.base_dir, start_timeout=1.0,
+                           quit_timeout=1)
+    monkeypatch.setattr(mps, "control", user_stops_it_first)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs            # the node stays up
+    st = js.load(node.state_dir, "100")
+    assert st["phase"] == "failed" and "stopped before it answered" in st["error"]
+    assert lifecycle.epilog(ctx) == 0                       # the stopped daemon is ended
+    assert node.leftovers() == []
+
+
 def test_daemon_that_never_starts_is_a_node_fault(node: Env) -> None:
     ctl = node.base / "broken-mps-control"
     ctl.write_text('#!/bin/sh\n[ "$1" = -d ] && exit 0\nexit 1\n')   # starts nothing, never answers
