@@ -34,53 +34,10 @@ def _host_context_per_test():
 
 
 # The product's real runtime directories on this host, which tests reach
-# through the installed commands (prologs, health runs, `spank` hooks run as
-# subprocesses with a test's own config): what a test run adds there is
-# removed at the end, so `make test` leaves the machine's /run as it found it.
-_HOST_RUN_DIRS = ("/run/slurm-gpu/node-facts", "/run/slurm-gpu/spank-cache", "/run/slurm-gpu/mps",
-                  "/run/slurm-gpu")
-# The sandbox registry (reservations of ports, nets and cgroups) is removed
-# only when this run made it: where it was there before, a sandbox started
-# by hand (`make demo`, `sandbox up`) may still hold what is in it.
-_REGISTRY = "/run/slurm-gpu-sandbox"
-
-
-def _listing(path: str) -> set[str] | None:
-    import os
-    try:
-        return set(os.listdir(path))
-    except OSError:
-        return None
-
-
+# through the installed commands: what a test run adds there is removed at
+# the end, so `make test` leaves the machine's /run as it found it.
 @pytest.fixture(autouse=True, scope="session")
 def _host_run_left_as_found():
-    import os
-    import shutil
-    before = {d: _listing(d) for d in _HOST_RUN_DIRS}
-    registry_was = os.path.lexists(_REGISTRY)
-    yield
-    if not registry_was and os.path.isdir(_REGISTRY) and not os.path.islink(_REGISTRY):
-        if not any(os.listdir(os.path.join(_REGISTRY, d)) for d in os.listdir(_REGISTRY)
-                   if os.path.isdir(os.path.join(_REGISTRY, d))):
-            shutil.rmtree(_REGISTRY, ignore_errors=True)   # nothing reserved: only our own bookkeeping
-    for d in _HOST_RUN_DIRS:          # deepest first: a directory we made goes once emptied
-        was = before[d]
-        now = _listing(d)
-        if now is None:
-            continue
-        for name in now - (was or set()):
-            p = os.path.join(d, name)
-            if os.path.isdir(p) and not os.path.islink(p):
-                if p not in _HOST_RUN_DIRS:
-                    shutil.rmtree(p, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
-        if was is None:
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
+    from slurm_gpu.sandbox.hostrun import left_as_found
+    with left_as_found():
+        yield
