@@ -596,7 +596,7 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
     if (full < 0)
         return SG_UNSUPPORTED;
     if (full && in->ntasks > 1 && n > 1) {
-        long long mod = 0, per = per_task(in->per_task, n, &mod), take;
+        long long mod = 0, per = per_task(in->per_task, n, &mod), take, first;
         long long *was = malloc(sizeof(*was) * n);
         if (!was)
             return SG_UNSUPPORTED;
@@ -608,8 +608,10 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
         }
         take = per < n ? per : n;
         memcpy(was, ids, sizeof(*was) * n);
+        /* Python's modulo (binding.task_gpus): never negative, whatever the task id */
+        first = (((long long) in->task % n) + n) % n;
         for (k = 0; k < take; k++)
-            ids[k] = was[(((long long) in->task % n) * mod + k) % n];
+            ids[k] = was[(first * mod + k) % n];
         free(was);
         n = (int) take;
     }

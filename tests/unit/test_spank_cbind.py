@@ -167,6 +167,9 @@ def _cases(gpus, model) -> list[tuple[dict[str, str], int, int, tuple[int, ...],
                             ntasks, half, None))
                 out.append(({"SLURM_STEP_GPUS": all_, "SLURM_GPUS_PER_TASK": "99999999999"},
                             task, ntasks, every, None))
+        # a task id Slurm never gives (S_TASK_ID < 0): C indexed out of bounds
+        out.append(({"SLURM_STEP_GPUS": all_}, -1, 2, every, None))
+        out.append(({"SLURM_STEP_GPUS": all_}, -7, 3, every, None))
         out.append(({"SLURM_STEP_GPUS": f"{n - 1},0"}, 0, 1, every, tuple(nodes)))
         out.append(({"SLURM_STEP_GPUS": f"0,{n}"}, 0, 1, every, None))
         out.append(({"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "MIG-x"}, 0, 1, every, None))
