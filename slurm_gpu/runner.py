@@ -176,10 +176,13 @@ class _StartError(Exception):
 
 
 def _exchange(pid: int, in_w: int | None, data: bytes, out_r: int, e_r: int,
-              deadline: float) -> tuple[bytes, bytes, int | None]:
+              deadline: float) -> tuple[bytes, bytes, int | None, bool]:
     """Feed *data*, collect stdout and stderr and the exit status until *deadline*.
 
-    Returns (stdout, stderr, wait status or None when the deadline came first).
+    Returns (stdout, stderr, wait status or None while not collected, whether
+    the deadline came first).  The command may have exited and been
+    collected while something it left still holds its pipes: that is a
+    timeout too, as it was for ``Popen.communicate``.
     The end of the child is watched through a pidfd where the kernel has
     them (Linux 5.3), else polled.
     """
@@ -213,7 +216,7 @@ def _exchange(pid: int, in_w: int | None, data: bytes, out_r: int, e_r: int,
                     break
             left = deadline - time.monotonic()
             if left <= 0:
-                return b"".join(out[out_r]), b"".join(out[e_r]), None
+                return b"".join(out[out_r]), b"".join(out[e_r]), status, True
             wait_ms = left * 1000 if pidfd is not None or open_fds else min(left * 1000, 5)
             for fd, _ev in poller.poll(max(1, int(wait_ms) + 1)):
                 if fd == pidfd:
@@ -236,7 +239,7 @@ def _exchange(pid: int, in_w: int | None, data: bytes, out_r: int, e_r: int,
                     else:
                         poller.unregister(fd)
                         open_fds.discard(fd)
-        return b"".join(out[out_r]), b"".join(out[e_r]), status
+        return b"".join(out[out_r]), b"".join(out[e_r]), status, False
     finally:
         if pidfd is not None:
             os.close(pidfd)
@@ -304,10 +307,12 @@ def run(
                                        tuple(join_cgroups), run_as, tuple(cpus))
     except _StartError as e:
         raise _start_error(argv[0], e, bool(join_cgroups)) from None
-    out, err, status = _exchange(pid, in_w, (input or "").encode(), out_r, e_r, t0 + timeout)
-    if status is None:
+    out, err, status, late = _exchange(pid, in_w, (input or "").encode(), out_r, e_r,
+                                       t0 + timeout)
+    if late:
         _kill_group(pid)
-        os.waitpid(pid, 0)
+        if status is None:
+            os.waitpid(pid, 0)
         raise CommandError(f"{os.path.basename(argv[0])} timed out after {timeout:g} s",
                            " ".join(argv[:3]))
     res = Completed(argv, os.waitstatus_to_exitcode(status), _text(out), _text(err))

@@ -161,3 +161,23 @@ def test_cpus_pin_the_command() -> None:
     assert f"Cpus_allowed_list:\t{cpu}\n" in status
     with pytest.raises(CommandError, match="cannot start /bin/true on its CPUs"):
         run(["/bin/true"], timeout=5, cpus=[4095])
+
+
+def test_a_command_that_exits_while_its_daemon_holds_the_pipes(tmp_path) -> None:
+    # The command itself exits at once; a grandchild it left (its own
+    # session) keeps stdout open past the timeout: one timeout line, and the
+    # command's exit status, already collected, is not waited for twice.
+    pidfile = tmp_path / "daemon.pid"
+    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' & exit 0"
+    try:
+        with pytest.raises(CommandError, match="timed out after 0.5 s"):
+            run(["/bin/sh", "-c", script], timeout=0.5)
+    finally:
+        for _ in range(50):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.02)
+        try:
+            os.kill(int(pidfile.read_text()), 9)
+        except (OSError, ValueError):
+            pass
