@@ -225,6 +225,8 @@ def _exchange(pid: int, in_w: int | None, data: bytes, out_r: int, e_r: int,
                 elif fd == in_w:
                     try:
                         sent += os.write(in_w, view[sent:sent + 65536])
+                    except BlockingIOError:
+                        pass                    # full after all: poll again
                     except BrokenPipeError:
                         sent = len(view)        # it stopped reading: the rest is not wanted
                     if sent >= len(view):
