@@ -84,7 +84,7 @@ def default_context(env: Mapping[str, str] | None = None, *, health: bool = True
                    MigSettings(**sec["mig"]), node.state_dir, open_api, read_node,
                    facts_dir=nodefacts.CACHE_DIR, config_path=config_path,
                    gres_conf=gres_conf, node_name=name,
-                   health_state_dir=(sec["health_state_dir"] or "") if health else "")
+                   health_state_dir=sec["health_state_dir"])
 
 
 def _lazy_api(ctx: Context) -> Callable[[], Any]:

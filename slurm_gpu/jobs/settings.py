@@ -61,51 +61,48 @@ def load() -> tuple[JobsSettings, MpsSettings, MigSettings]:
     return jobs, mps, mig
 
 
-SECTION = "jobs"     # this area's section of the node-fact entry (slurm_gpu.nodefacts)
+# This area's sections of the node-fact entry (slurm_gpu.nodefacts): the
+# epilog's health part is its own section, read by the first epilog.
+SECTION = "jobs"
+HEALTH_SECTION = "jobs-health"
 
 
-def _section(health: bool) -> dict:
+def _section() -> dict:
     """What the prolog and epilog read from the config, as plain data for the
-    node-fact entry: the three sections, ``[node]`` and the health check's
-    state directory ("" when the user-problem check is off)."""
+    node-fact entry: the three sections and ``[node]``."""
     from ..hw import live
     jobs, mps, mig = load()
     node = live.settings()
     return {"jobs": vars(jobs), "mps": vars(mps), "mig": vars(mig),
-            "node": {k: getattr(node, k) for k in node.__slots__},
-            "health_state_dir": _health_state_dir(node.state_dir) if health else None}
+            "node": {k: getattr(node, k) for k in node.__slots__}}
 
 
-def _health_state_dir(node_state_dir: str) -> str:
-    """Where the health check keeps its state, if the user-problem check is on."""
+def _health_section() -> dict:
+    """Where the health check keeps its state, if the user-problem check is on ("" when off)."""
     from ..health.settings import HealthSettings, RepairSettings
     from ..hw import live
     if not config.section(RepairSettings, "repair").user_problem:
-        return ""
+        return {"state_dir": ""}
     hs = config.section(HealthSettings, "health")
-    return (hs.state_dir or node_state_dir).replace("%n", live.node_name())
+    return {"state_dir": (hs.state_dir or live.settings().state_dir).replace("%n", live.node_name())}
 
 
 def cached(config_path: str | None, node: str, gres_conf: str | None, *,
            health: bool) -> dict:
-    """:func:`_section` from the node's node-fact entry; read and stored on a miss.
+    """:func:`_section`, plus ``health_state_dir`` ("" without *health*), from
+    the node's node-fact entry (read and stored on a miss).
 
     The entry holds while the config files (and the node's other inputs)
     keep their stamps, so every prolog and epilog after the first reads no
-    TOML: tomllib with re, enum and datetime costs each run ~12 ms.  The
-    epilog's *health* part is read by the first epilog (a prolog's entry
-    has it as None).
+    TOML: tomllib with re, enum and datetime costs each run ~12 ms.
     """
     from .. import nodefacts
-    data = nodefacts.load(config_path, node, gres_conf)
-    sec = None if data is None else data["sections"].get(SECTION)
-    if sec is not None and (not health or sec["health_state_dir"] is not None):
-        return sec
-    data = nodefacts.build(config_path, node, gres_conf, with_gpus=False, old=data)
-    data["sections"][SECTION] = _section(health)
-    if data["boot_id"]:
-        nodefacts.store(data, config_path, node, gres_conf)
-    return data["sections"][SECTION]
+    sections = {SECTION: _section}
+    if health:
+        sections[HEALTH_SECTION] = _health_section
+    data = nodefacts.get(config_path, node, gres_conf, with_gpus=False, sections=sections)
+    got = data["sections"]
+    return dict(got[SECTION], health_state_dir=got[HEALTH_SECTION]["state_dir"] if health else "")
 
 
 def node_settings() -> dict:

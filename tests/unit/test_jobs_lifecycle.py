@@ -507,6 +507,36 @@ def test_mps_prolog_and_epilog_import_nothing_heavy(node: Env) -> None:
         assert not mods & HEAVY, sorted(mods & HEAVY)
 
 
+def test_default_context_takes_settings_from_the_node_fact_entry(tmp_path: Path, monkeypatch) -> None:
+    """The prolog's entry (no health part) serves the epilog once its health
+    part is added; a config edit is seen by the next run."""
+    from slurm_gpu import config, nodefacts
+    monkeypatch.setattr(nodefacts, "CACHE_DIR", str(tmp_path / "facts"))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[node]\nstate_dir = "{tmp_path}/s"\n[repair]\nuser_problem = true\n'
+                    f'[health]\nstate_dir = "{tmp_path}/h/%n"\n[jobs]\ntimeout = 7.0\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    monkeypatch.setenv("SLURMD_NODENAME", "ctx1")
+    config._load.cache_clear()
+    env = {"SLURMD_NODENAME": "ctx1"}
+    pro = lifecycle.default_context(env, health=False)
+    assert (pro.jobs.timeout, pro.health_state_dir, pro.state_dir) == (7.0, "", f"{tmp_path}/s")
+    epi = lifecycle.default_context(env, health=True)
+    assert epi.health_state_dir == f"{tmp_path}/h/ctx1" and epi.jobs.timeout == 7.0
+    config._load.cache_clear()
+    # served from the entry now: the TOML is not read again
+    monkeypatch.setattr(config, "_load", lambda path: pytest.fail("config read on a hit"))
+    assert lifecycle.default_context(env, health=True).health_state_dir == f"{tmp_path}/h/ctx1"
+    monkeypatch.undo()
+    monkeypatch.setattr(nodefacts, "CACHE_DIR", str(tmp_path / "facts"))
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    conf.write_text(f'[node]\nstate_dir = "{tmp_path}/s"\n[jobs]\ntimeout = 9.0\n')
+    config._load.cache_clear()
+    again = lifecycle.default_context(env, health=True)
+    assert (again.jobs.timeout, again.health_state_dir) == (9.0, "")
+    config._load.cache_clear()
+
+
 def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
     from slurm_gpu import config
     from slurm_gpu.jobs.settings import load
