@@ -16,10 +16,11 @@ file and line, never turned into a silently smaller topology.
 from __future__ import annotations
 
 import gc
+import io
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Iterable, TextIO
+from typing import Iterable, NamedTuple, TextIO
 
 from ..errors import InputError
 
@@ -33,15 +34,13 @@ _QUOTED = re.compile(r'"([^"]*)"')
 _KINDS = {k: k for k in ("Switch", "Ca", "Rt")}
 
 
-@dataclass(slots=True)
-class IbNode:
+class IbNode(NamedTuple):
     """One InfiniBand node (switch, channel adapter or router)."""
 
     id: str                      # ibnetdiscover's quoted id, e.g. "S-2c5eab0300b87b40"
     kind: str                    # "Switch", "Ca" or "Rt"
     desc: str                    # node description (first quoted string after '#')
-    line: int                    # line of the node record, for messages
-    ports: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # port -> (peer id, peer port, line)
+    ports: dict[int, tuple[str, int]]   # port -> (peer id, peer port)
 
 
 @dataclass
@@ -49,6 +48,12 @@ class IbFabric:
     nodes: dict[str, IbNode]
     source: str
 
+
+# Line numbers serve only the messages about a broken dump, and a fabric of
+# 100,000 hosts has 3.2 million of them (~100 MB of ints, and the counting).
+# So the fast reader below keeps none: a dump it cannot read, or whose links
+# do not hold, is read again by the careful reader, which keeps them and
+# names the line.  Nodes are tuples, not dataclass instances: 825,000 of them.
 
 # Fast path: one regex pass over the whole text, a match per record (blank
 # and comment lines before it, header lines, node line, first port line,
@@ -59,7 +64,7 @@ class IbFabric:
 # the exact line.
 _SKIP = re.compile(r"(?:[ \t]*\n|#[^\n]*\n)*")
 _PORT_TEXT = r'\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\]'
-_RECORD = re.compile(r'((?:[ \t]*\n|#[^\n]*\n)*)((?:[A-Za-z]\w*=[^\n]*\n)*)'
+_RECORD = re.compile(r'(?:[ \t]*\n|#[^\n]*\n)*(?:[A-Za-z]\w*=[^\n]*\n)*'
                      r'(Switch|Ca|Rt)[ \t]+\d+[ \t]+"([^"\n]+)"'
                      # the description: the first quoted string after the first '#'
                      r'(?:[^#\n]*#[^"\n]*"([^"\n]*)")?[^\n]*\n'
@@ -71,17 +76,23 @@ def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabr
     """Parse a dump; raise :class:`InputError` naming ``source:line`` on bad or truncated input."""
     text = lines if isinstance(lines, str) else "".join(lines)
     nodes = _parse_records(text)
-    if nodes is None:
-        return _parse_lines(text.splitlines(True), source)
-    _check_links(nodes, source)
+    if nodes is None or not _links_hold(nodes):
+        return _parse_lines(_lines(text), source)
     return IbFabric(nodes, source)
+
+
+def _lines(text: str) -> Iterable[str]:
+    """*text*'s lines, broken at newlines only, as the fast reader and ``grep -n`` count them."""
+    # str.splitlines() also breaks at \f, \x1c, \u2028...: a description
+    # holding one would shift the line of every later message.
+    return io.StringIO(text, newline="\n")
 
 
 def _parse_records(text: str) -> dict[str, IbNode] | None:
     """The fast reader; None when the text needs the careful one."""
     nodes: dict[str, IbNode] = {}
-    end = _read_into(nodes, text, 1)
-    return nodes if end is not None and _complete(nodes, text, end[0]) else None
+    end = _read_into(nodes, text)
+    return nodes if end is not None and _complete(nodes, text, end) else None
 
 
 def _parse_slices(slices: Iterable[str]) -> dict[str, IbNode] | None:
@@ -94,7 +105,6 @@ def _parse_slices(slices: Iterable[str]) -> dict[str, IbNode] | None:
     reads the whole text again.
     """
     nodes: dict[str, IbNode] = {}
-    line = 1
     pending: list[str] = []
     for piece in slices:
         cut = piece.rfind("\n\n") + 1
@@ -103,14 +113,13 @@ def _parse_slices(slices: Iterable[str]) -> dict[str, IbNode] | None:
             continue
         pending.append(piece[:cut])
         text = "".join(pending)
-        end = _read_into(nodes, text, line)
-        if end is None:
+        pos = _read_into(nodes, text)
+        if pos is None:
             return None
-        pos, line = end
         pending = [text[pos:], piece[cut:]]
     text = "".join(pending)
-    end = _read_into(nodes, text, line)
-    return nodes if end is not None and _complete(nodes, text, end[0]) else None
+    pos = _read_into(nodes, text)
+    return nodes if pos is not None and _complete(nodes, text, pos) else None
 
 
 def _complete(nodes: dict[str, IbNode], text: str, pos: int) -> bool:
@@ -118,44 +127,42 @@ def _complete(nodes: dict[str, IbNode], text: str, pos: int) -> bool:
     return bool(nodes) and _SKIP.match(text, pos).end() == len(text)
 
 
-def _read_into(nodes: dict[str, IbNode], text: str, line: int) -> tuple[int, int] | None:
-    """Add the records that fill *text* from its start (its first line is *line*) to *nodes*.
+def _read_into(nodes: dict[str, IbNode], text: str) -> int | None:
+    """Add the records that fill *text* from its start to *nodes*; where the last one ends.
 
-    Returns where the last record ends and the line there, or None for
-    something between two records, an id seen before or an unreadable port line.
+    None for something between two records, an id seen before or an
+    unreadable port line.
     """
     pos = 0
     ports_re = _PORTS.findall
     kinds = _KINDS
+    new = tuple.__new__
     for r in _RECORD.finditer(text):
         if r.start() != pos:
             return None          # something between two records: the careful reader names it
         pos = r.end()
-        skipped, header, kind, nid, desc, port, peer, peer_port, more = r.groups()
-        node_line = line + skipped.count("\n") + header.count("\n")
+        kind, nid, desc, port, peer, peer_port, more = r.groups()
         if nid in nodes:
             return None
-        first = node_line + 1
         if port is None:
             ports = {}
-            line = first
-        elif not more:
-            ports = {int(port): (peer, int(peer_port), first)}
-            line = first + 1
         else:
-            found = ports_re(more)
-            if len(found) != more.count("\n"):
-                return None
-            found.insert(0, (port, peer, peer_port))
-            ports = {int(p): (pe, int(pp), first + i) for i, (p, pe, pp) in enumerate(found)}
-            line = first + len(found)
-        nodes[nid] = IbNode(nid, kinds[kind], desc or "", node_line, ports)
-    return pos, line
+            ports = {int(port): (peer, int(peer_port))}
+            if more:
+                found = ports_re(more)
+                if len(found) != more.count("\n"):
+                    return None
+                for p, pe, pp in found:
+                    ports[int(p)] = (pe, int(pp))
+        nodes[nid] = new(IbNode, (nid, kinds[kind], desc or "", ports))
+    return pos
 
 
 def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
     """The careful reader: line by line, naming the first line it cannot read."""
     nodes: dict[str, IbNode] = {}
+    node_lines: dict[str, int] = {}
+    port_lines: dict[tuple[str, int], int] = {}
     cur: IbNode | None = None
     pending_header = 0           # line of a vendid=/...guid= header not yet followed by its node
     last_no = 0
@@ -175,7 +182,9 @@ def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
             m = _PORT.match(line)
             if m is None:
                 raise InputError(_bad(raw, "unreadable port line"), f"{source}:{no}")
-            cur.ports[int(m.group(1))] = (m.group(2), int(m.group(3)), no)
+            port = int(m.group(1))
+            cur.ports[port] = (m.group(2), int(m.group(3)))
+            port_lines[(cur.id, port)] = no
             continue
         m = _NODE.match(line)
         if m is not None:
@@ -185,8 +194,9 @@ def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
             nid = m.group(3)
             if nid in nodes:
                 raise InputError(f"ibnetdiscover dump: node {nid} described twice", f"{source}:{no}")
-            cur = IbNode(nid, _KINDS[m.group(1)], q.group(1) if q else "", no)
+            cur = IbNode(nid, _KINDS[m.group(1)], q.group(1) if q else "", {})
             nodes[nid] = cur
+            node_lines[nid] = no
             pending_header = 0
             continue
         if "=" in line:
@@ -202,7 +212,11 @@ def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
     if last_text and not last_text.endswith("\n") and last_text.strip().startswith("["):
         # A cut in the middle of a port line can still match the regex.
         raise InputError("truncated ibnetdiscover dump: last line is incomplete", f"{source}:{last_no}")
-    _check_links(nodes, source)
+    broken = _broken_link(nodes)
+    if broken is not None:
+        message, nid, port = broken
+        line_no = node_lines[nid] if port is None else port_lines[(nid, port)]
+        raise InputError(message, f"{source}:{line_no}")
     return IbFabric(nodes, source)
 
 
@@ -213,18 +227,50 @@ def _bad(raw: str, what: str) -> str:
     return f"ibnetdiscover dump: {what}"
 
 
-def _check_links(nodes: dict[str, IbNode], source: str) -> None:
+def _links_hold(nodes: dict[str, IbNode]) -> bool:
+    """Whether every link is seen from both ends (the rule :func:`_broken_link` names a break of)."""
+    return _links_mirror(nodes) or _broken_link(nodes) is None
+
+
+def _links_mirror(nodes: dict[str, IbNode]) -> bool:
+    """Whether every port's peer port names it back; each link looked at once, from its lower end.
+
+    The rule a dump must keep (:func:`_broken_link`) only asks that a
+    port's peer name this node back.  A dump that passes this stricter test
+    keeps it: each mirrored pair covers two ports, no port is in two pairs,
+    and the pairs count every port.  It costs half the lookups; a dump
+    that fails it is judged by the rule itself.
+    """
+    get = nodes.get
+    pairs = 0
+    ports_seen = 0
+    for nid, n in nodes.items():
+        ports = n.ports
+        ports_seen += len(ports)
+        for port, (peer, pport) in ports.items():
+            if peer > nid or (peer == nid and pport > port):
+                p = get(peer)
+                if p is None or p.ports.get(pport) != (nid, port):
+                    return False
+                pairs += 1
+    return 2 * pairs == ports_seen
+
+
+def _broken_link(nodes: dict[str, IbNode]) -> tuple[str, str, int | None] | None:
+    """The first link seen from one end only: (message, node id, port); the line to name is
+    that port's, or the node's when port is None."""
     get = nodes.get
     for nid, n in nodes.items():
-        for port, (peer, pport, line) in n.ports.items():
+        for port, (peer, pport) in n.ports.items():
             p = get(peer)
             if p is None:
-                raise InputError(f"truncated ibnetdiscover dump: {peer} (linked from {n.id} port {port}) "
-                                 "is never described", f"{source}:{line}")
+                return (f"truncated ibnetdiscover dump: {peer} (linked from {nid} port {port}) "
+                        "is never described", nid, port)
             back = p.ports.get(pport)
             if back is None or back[0] != nid:
-                raise InputError(f"truncated ibnetdiscover dump: {p.id} port {pport} does not link back to "
-                                 f"{n.id} port {port}", f"{source}:{p.line}")
+                return (f"truncated ibnetdiscover dump: {peer} port {pport} does not link back to "
+                        f"{nid} port {port}", peer, None)
+    return None
 
 
 def parse_file(path: str) -> IbFabric:
@@ -260,8 +306,9 @@ def _read_file(f: TextIO, source: str) -> IbFabric:
     """Parse an open dump: the fast reader slice by slice; the whole text again when it declines."""
     if f.seekable():
         nodes = _parse_slices(iter(partial(f.read, _SLICE), ""))
-        if nodes is not None:
-            _check_links(nodes, source)
+        if nodes is not None and _links_hold(nodes):
             return IbFabric(nodes, source)
         f.seek(0)
+        if nodes is not None:
+            return _parse_lines(f, source)   # read, but a link is broken: this names its line
     return parse(f.read(), source)

@@ -60,22 +60,20 @@ def test_ibnetdiscover_parser(text):
                        "\n#c\n", "vendid=0x1\n", "[2]\t\"S-b\"[1]\n", " Ca\t1 \"H-9\"\n"]))
 def test_ibnetdiscover_fast_reader_equals_careful_reader(text):
     """Whatever the whole-text reader accepts, the line-by-line one reads the same (issue 15's rewrite)."""
-    # str.splitlines() (the careful reader's input) also breaks at \r, \f, \x1c... where the
-    # fast reader (and grep -n) sees one line; parse_file's universal newlines leave only
-    # the rarer ones, which shift line numbers in messages alone (main before too).
-    assume(not any(c in text for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"))
     fast = ibnet._parse_records(text)
     if fast is None:
         return
+    # The mirror test, which passes most real dumps at half the lookups, never passes a broken one.
+    if ibnet._links_mirror(fast):
+        assert ibnet._broken_link(fast) is None
     try:
-        careful = ibnet._parse_lines(text.splitlines(True), "d").nodes
+        careful = ibnet._parse_lines(ibnet._lines(text), "d").nodes
     except InputError:
         # The careful reader also checks the links: then so does parse() after the fast one.
-        with pytest.raises(InputError):
-            ibnet._check_links(fast, "d")
+        assert not ibnet._links_hold(fast)
         return
-    assert {k: (v.kind, v.desc, v.line, v.ports) for k, v in fast.items()} == \
-        {k: (v.kind, v.desc, v.line, v.ports) for k, v in careful.items()}
+    assert {k: (v.kind, v.desc, v.ports) for k, v in fast.items()} == \
+        {k: (v.kind, v.desc, v.ports) for k, v in careful.items()}
 
 
 @fuzz_settings(1000)
@@ -202,5 +200,4 @@ def test_ibnetdiscover_slices_read_as_the_whole_text(text, size):
         return
     whole = ibnet._parse_records(text)
     assert whole is not None
-    assert [(k, v.kind, v.desc, v.line, v.ports) for k, v in sliced.items()] == \
-        [(k, v.kind, v.desc, v.line, v.ports) for k, v in whole.items()]
+    assert list(sliced.items()) == list(whole.items())

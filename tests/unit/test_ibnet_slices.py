@@ -16,8 +16,8 @@ DUMP = ROOT / "tests" / "data" / "ibnetdiscover" / "topograph-example.out"
 TEXT = DUMP.read_text()
 
 
-def _view(nodes: dict[str, ibnet.IbNode]) -> list[tuple[object, ...]]:
-    return [(k, v.kind, v.desc, v.line, v.ports) for k, v in nodes.items()]
+def _view(nodes: dict[str, ibnet.IbNode]) -> list[tuple[str, ibnet.IbNode]]:
+    return list(nodes.items())
 
 
 def _sliced(text: str, size: int) -> list[str]:
@@ -106,5 +106,51 @@ def test_a_pipe_is_read_whole(tmp_path: Path) -> None:
 
 def test_each_kind_is_one_string_object() -> None:
     # 825,000 records at 100,000 hosts: a copy of "Ca" each was 42 MB.
-    for nodes in (ibnet._parse_records(TEXT), ibnet._parse_lines(TEXT.splitlines(True), "d").nodes):
+    for nodes in (ibnet._parse_records(TEXT), ibnet._parse_lines(ibnet._lines(TEXT), "d").nodes):
         assert nodes and all(n.kind is ibnet._KINDS[n.kind] for n in nodes.values())
+
+
+def _grep_n(text: str, needle: str) -> int:
+    """The line ``grep -n`` gives for the first line holding *needle*."""
+    return text[:text.index(needle)].count("\n") + 1
+
+
+@pytest.mark.parametrize("read", ["file", "text"])
+def test_a_broken_link_names_the_line_grep_finds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 read: str) -> None:
+    """The fast reader keeps no line numbers: the careful one, reading again, names the same line as grep -n.
+
+    A form feed and a \\x1c in a description (str.splitlines() breaks at both) must not shift it.
+    """
+    monkeypatch.setattr(ibnet, "_SLICE", 4096)
+    text = TEXT.replace('"a08-p1-dgx-04-c01 mlx5_5"', '"a08-p1-dgx-04-c01\x0c\x1c mlx5_5"')
+    # a peer port that names another port: the message is about the peer's record line
+    text = text.replace('"H-e09d7303007a4bd8"[1]', '"H-e09d7303007a4bd8"[2]', 1)
+    path = tmp_path / "fabric.out"
+    path.write_text(text)
+    msg = _message((lambda: ibnet.parse_file(str(path))) if read == "file" else (lambda: ibnet.parse(text, "x")))
+    assert "H-e09d7303007a4bd8 port 2 does not link back to S-2c5eab0300b87b40 port 1" in msg
+    line = _grep_n(text, 'Ca\t1 "H-e09d7303007a4bd8"')
+    assert msg.endswith(f":{line})")
+
+
+def test_a_peer_never_described_names_the_port_line(tmp_path: Path) -> None:
+    text = TEXT.replace('Ca\t1 "H-e09d7303007a4bd8"', 'Ca\t1 "H-gone"', 1)
+    path = tmp_path / "fabric.out"
+    path.write_text(text)
+    msg = _message(lambda: ibnet.parse_file(str(path)))
+    assert "H-e09d7303007a4bd8 (linked from S-2c5eab0300b87b40 port 1) is never described" in msg
+    line = _grep_n(text, '"H-e09d7303007a4bd8"[1]')
+    assert msg.endswith(f"{path}:{line})")
+
+
+def test_crossed_cables_the_mirror_test_refuses_still_read_as_before(tmp_path: Path) -> None:
+    """The rule is that a port's peer names this node back; a dump that only keeps that is still read."""
+    text = ('Switch\t2 "S-a"\t# "MF0;a:X"\n[1]\t"S-b"[1]\n[2]\t"S-b"[2]\n\n'
+            'Switch\t2 "S-b"\t# "MF0;b:X"\n[1]\t"S-a"[2]\n[2]\t"S-a"[1]\n\n')
+    nodes = ibnet._parse_records(text)
+    assert nodes is not None and not ibnet._links_mirror(nodes)
+    path = tmp_path / "fabric.out"
+    path.write_text(text)
+    assert ibnet.parse_file(str(path)).nodes == ibnet.parse(text).nodes == nodes
+    assert nodes["S-b"].ports == {1: ("S-a", 2), 2: ("S-a", 1)}
