@@ -150,7 +150,7 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
                 me = switch_key[n.id]
                 links = sw_links[me]
                 is_edge = False
-                for peer, _pp in n.ports.values():
+                for _port, peer, _pp in n.ports:
                     key = switch_key.get(peer)
                     if key is not None:
                         links.add(key)
@@ -171,7 +171,7 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
             if first != fi:
                 continue  # a node on several fabrics belongs to the first dump given
             mine = host_leaves[host]
-            for peer, _pp in n.ports.values():
+            for _port, peer, _pp in n.ports:
                 key = switch_key.get(peer)
                 if key is not None:
                     mine[key] += 1

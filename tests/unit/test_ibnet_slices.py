@@ -153,4 +153,4 @@ def test_crossed_cables_the_mirror_test_refuses_still_read_as_before(tmp_path: P
     path = tmp_path / "fabric.out"
     path.write_text(text)
     assert ibnet.parse_file(str(path)).nodes == ibnet.parse(text).nodes == nodes
-    assert nodes["S-b"].ports == {1: ("S-a", 2), 2: ("S-a", 1)}
+    assert nodes["S-b"].ports == ((1, "S-a", 2), (2, "S-a", 1))

@@ -23,7 +23,7 @@ def test_parse_real_dump(fabric: ibnet.IbFabric) -> None:
     assert kinds.count("Switch") == 40 and kinds.count("Ca") == 582
     leaf = fabric.nodes["S-2c5eab0300b87b40"]
     assert leaf.desc == "MF0;A09-P1-IBLEAF-04-04:MQM9701/U1"
-    assert leaf.ports[1] == ("H-e09d7303007a4bd8", 1)
+    assert leaf.port(1) == leaf.ports[0] == (1, "H-e09d7303007a4bd8", 1)
 
 
 def test_tree_of_real_dump(fabric: ibnet.IbFabric) -> None:
@@ -191,7 +191,7 @@ def test_fast_reader_reads_descriptions_as_the_careful_one(rest: str, desc: str)
     assert fast is not None
     assert [(n.desc, n.ports) for n in fast.values()] == \
         [(n.desc, n.ports) for n in careful.values()] == \
-        [(desc, {1: ("H-1", 1)}), (desc, {1: ("S-a", 1)})]
+        [(desc, ((1, "H-1", 1),)), (desc, ((1, "S-a", 1),))]
 
 
 @pytest.mark.parametrize("text", [
@@ -218,3 +218,21 @@ def test_spines_list_leaves_with_equal_natural_keys_in_one_order() -> None:
     t = tree.build_tree([ibnet.parse(text.splitlines(True), "f")])
     assert [(s.name, s.switches) for s in t.switches if s.level == 1] == \
         [(f"spine{i}", ("a001", "a01", "a1")) for i in range(1, 4)]
+
+
+@pytest.mark.parametrize("order", [(3, 1, 2), (1, 2, 2), (2, 1)])
+def test_ports_out_of_order_or_twice_are_read_by_the_careful_reader(order: tuple[int, ...]) -> None:
+    """ibnetdiscover lists a node's ports in increasing order; otherwise: sorted, a port twice keeps its last line."""
+    lines = "".join(f'[{n}]\t"H-{n}x{i}"[1]\n' for i, n in enumerate(order))
+    text = f'Switch\t9 "S-a"\t# "MF0;a:X"\n{lines}\n'
+    text += "".join(f'Ca\t1 "H-{n}x{i}"\t# "n{n} mlx5_0"\n[1](1) \t"S-a"[{n}]\n\n' for i, n in enumerate(order)
+                    if i == max(j for j, m in enumerate(order) if m == n))
+    assert ibnet._parse_records(text) is None
+    want = tuple(sorted({n: (n, f"H-{n}x{i}", 1) for i, n in enumerate(order)}.values()))
+    assert ibnet.parse(text).nodes["S-a"].ports == want
+
+
+def test_a_port_is_found_by_number_with_ports_missing() -> None:
+    n = ibnet.IbNode("S-a", "Switch", "", ((0, "H-0", 1), (2, "H-2", 1), (3, "H-3", 1), (7, "H-7", 1)))
+    assert [n.port(k) for k in (0, 1, 2, 3, 4, 7, 8, -1)] == \
+        [(0, "H-0", 1), None, (2, "H-2", 1), (3, "H-3", 1), None, (7, "H-7", 1), None, None]
