@@ -1,4 +1,4 @@
-"""``python -m slurm_gpu.acct prolog|epilog``: what prolog.d/epilog.d exec."""
+"""``python -m slurm_gpu.acct prolog|epilog``: what prolog.d/epilog.d run (they call :func:`main` with ``-c``)."""
 from __future__ import annotations
 
 import os

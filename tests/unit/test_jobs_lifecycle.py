@@ -473,7 +473,10 @@ def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
 # holds their settings (issue 15: each of these costs every such job 1-9 ms;
 # subprocess, json, tomllib and typing together ~25 ms of the two runs).
 HEAVY = {"typing", "subprocess", "json", "re", "tomllib", "enum", "threading", "glob",
-         "signal", "runpy", "functools", "collections", "dataclasses", "pathlib", "shutil"}
+         "signal", "runpy", "functools", "collections", "dataclasses", "pathlib", "shutil",
+         # setuptools' .pth in the venv imports its distutils shim into every start
+         # unless the hook says SETUPTOOLS_USE_DISTUTILS=stdlib (~0.5 ms)
+         "_distutils_hack"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the node-fact cache is root's")
