@@ -226,16 +226,24 @@ def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] 
             group_name[m] = gname
     group_nodes: dict[str, list[str]] = defaultdict(list)
     straddling = 0
+    unlinked: list[str] = []
     for host, leaves in host_leaves.items():
         per_group: dict[str, int] = defaultdict(int)
         for leaf, hcas in leaves.items():
             per_group[group_name[leaf]] += hcas
+        if not per_group:
+            unlinked.append(host)     # adapters with no port, or none cabled to a switch
+            continue
         if len(per_group) == 1:
             best = next(iter(per_group))
         else:
             best = sorted(per_group.items(), key=lambda kv: (-kv[1], name_key(kv[0])))[0][0]
             straddling += 1
         group_nodes[best].append(host)
+    if unlinked:
+        unlinked.sort(key=hostlist.natural_key)
+        notes.append(f"left out {len(unlinked)} hosts whose adapters are cabled to no switch: "
+                     f"{hostlist.fold(unlinked)}")
     if straddling:
         notes.append(f"{straddling} hosts have HCAs under several leaf groups; each is listed under the "
                      "group holding most of its HCAs")

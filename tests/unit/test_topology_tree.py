@@ -236,3 +236,15 @@ def test_a_port_is_found_by_number_with_ports_missing() -> None:
     n = ibnet.IbNode("S-a", "Switch", "", ((0, "H-0", 1), (2, "H-2", 1), (3, "H-3", 1), (7, "H-7", 1)))
     assert [n.port(k) for k in (0, 1, 2, 3, 4, 7, 8, -1)] == \
         [(0, "H-0", 1), None, (2, "H-2", 1), (3, "H-3", 1), None, (7, "H-7", 1), None, None]
+
+
+def test_a_host_whose_adapter_reaches_no_switch_is_left_out_and_named() -> None:
+    """An adapter record with no port line (or only a host-to-host cable): a note, not an IndexError."""
+    text = ('Switch\t2 "S-1"\t# "MF0;leaf1:X"\n[1]\t"H-2"[1]\n\n'
+            'Ca\t1 "H-2"\t# "node02 mlx5_0"\n[1](2) \t"S-1"[1]\n\n'
+            'Ca\t1 "H-3"\t# "node03 mlx5_0"\n\n'
+            'Ca\t1 "H-4"\t# "node04 mlx5_0"\n[1](4) \t"H-5"[1]\n\n'
+            'Ca\t1 "H-5"\t# "node05 mlx5_0"\n[1](5) \t"H-4"[1]\n\n')
+    t = tree.build_tree([ibnet.parse(text, "d")])
+    assert [(s.name, s.nodes) for s in t.switches] == [("leaf1", ("node02",))]
+    assert "left out 3 hosts whose adapters are cabled to no switch: node[03-05]" in t.notes
