@@ -68,8 +68,38 @@ def node_domain(name: str, node: Node) -> tuple[str | None, str | None]:
     return f"{uuid}/{clique}", None
 
 
+# Slurm aggregates blocks over at most 16 levels, base * 2^0 .. base * 2^15
+# (block_record.c: "if (block_level > 15)" -> fatal "Invalid BlockSizes value").
+MAX_LEVEL = 15
+
+
+def slurm_sizes_problem(sizes: Sequence[int]) -> str | None:
+    """Why slurmctld would refuse ``BlockSizes=sizes``, or None.
+
+    Slurm's own rule (src/plugins/topology/block/block_record.c,
+    ``_read_topo_file``): every size > 0, each a multiple of the first (the
+    base block), the quotient a power of two of exponent at most 15.  The
+    sizes are a *set* of levels there, so order and repeats are accepted.
+    It is fatal in topology.conf since 24.05, and in topology.yaml since
+    26.05.3 (25.05 to 26.05.2 silently ignored a bad one there).
+    """
+    if not sizes:
+        return "no sizes"
+    base = sizes[0]
+    for s in sizes:
+        if s <= 0:
+            return f"{s} is not above 0"
+        q, r = divmod(s, base)
+        if r or q & (q - 1):
+            return f"{s} is not the base {base} times a power of two"
+        if q.bit_length() - 1 > MAX_LEVEL:
+            return f"{s} is more than the base {base} times 2^{MAX_LEVEL}"
+    return None
+
+
 def validate_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
-    """Slurm's rule: positive, each a power-of-two multiple of the one before."""
+    """``--block-sizes``: increasing, each a power-of-two multiple of the one
+    before (what we write), and within Slurm's rule (:func:`slurm_sizes_problem`)."""
     out = tuple(int(s) for s in sizes)
     if not out or any(s <= 0 for s in out):
         raise UsageError("--block-sizes needs positive integers")
@@ -77,15 +107,19 @@ def validate_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
         q, r = divmod(b, a)
         if r or q < 2 or q & (q - 1):
             raise UsageError(f"--block-sizes: {b} is not a power of two times {a} (Slurm's BlockSizes rule)")
+    why = slurm_sizes_problem(out)
+    if why:
+        raise UsageError(f"--block-sizes: {why} (Slurm's BlockSizes rule: at most the base times 2^{MAX_LEVEL})")
     return out
 
 
 def infer_sizes(domain_sizes: Sequence[int]) -> tuple[int, ...]:
-    """topograph's inference: ``[D, 2D, ..., 2^k D]``, ``k = floor(log2 N)``."""
+    """topograph's inference: ``[D, 2D, ..., 2^k D]``, ``k = floor(log2 N)``,
+    capped at Slurm's last level (``k <= 15``)."""
     if not domain_sizes:
         raise InputError("cannot determine BlockSizes: topology contains no blocks")
     d = min(domain_sizes)
-    k = len(domain_sizes).bit_length() - 1
+    k = min(len(domain_sizes).bit_length() - 1, MAX_LEVEL)
     return tuple(d << i for i in range(k + 1))
 
 

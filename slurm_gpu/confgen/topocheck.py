@@ -45,6 +45,7 @@ def parse_conf(lines: Iterable[str], source: str = "topology.conf") -> TopoMeani
                 m.block_sizes = tuple(int(x) for x in (rec.get("blocksizes") or "").split(","))
             except ValueError:
                 raise InputError("bad BlockSizes", where) from None
+            _slurm_sizes(m.block_sizes, where)
         else:
             raise InputError(f"unknown topology.conf line starting {k!r}", where)
     return m
@@ -107,9 +108,20 @@ def parse_yaml(text: str, source: str = "topology.yaml") -> TopoMeaning:
                     for x in sizes) or not all(0 < int(x) < 1 << 20 for x in sizes):
                 raise InputError(f"bad block_sizes in topology {str(topo.get('topology'))[:40]!r}", source)
             m.block_sizes = tuple(int(x) for x in sizes)
+            if m.block_sizes:  # none: Slurm's default levels
+                _slurm_sizes(m.block_sizes, source)
             for b in _records(blk.get("blocks"), "block.blocks", source):
                 m.blocks.append(_hl(b.get("nodes"), source))
     return m
+
+
+def _slurm_sizes(sizes: tuple[int, ...], where: str) -> None:
+    """A deployed BlockSizes that slurmctld would refuse (fatal) is bad input."""
+    from .block import slurm_sizes_problem
+
+    why = slurm_sizes_problem(sizes)
+    if why:
+        raise InputError(f"BlockSizes={_ints(sizes)}: slurmctld refuses it ({why})", where)
 
 
 def compare(current: TopoMeaning, wanted: TopoMeaning) -> list[str]:

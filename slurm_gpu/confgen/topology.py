@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .. import __version__
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from . import hostlist
 from .block import BlockTopology
 from .tree import Tree
@@ -115,7 +115,14 @@ def build_view(tree: Tree | None, blocks: BlockTopology | None, *, fmt: str = "c
 def render_topology(tree: Tree | None, blocks: BlockTopology | None, *, fmt: str = "conf",
                     inputs: Sequence[str] = ()) -> str:
     """topology.conf (``fmt="conf"``) or topology.yaml (``fmt="yaml"``) text."""
+    from .block import slurm_sizes_problem
     from .templating import render
 
+    # The last gate before a file slurmctld reads: a BlockSizes it refuses is
+    # fatal for it (topology.conf since 24.05, topology.yaml since 26.05.3).
+    why = slurm_sizes_problem(blocks.sizes) if blocks is not None else None
+    if why:
+        raise InputError(f"BlockSizes={','.join(map(str, blocks.sizes))}: slurmctld refuses it ({why})",
+                         "topology render")
     view = build_view(tree, blocks, fmt=fmt, inputs=inputs)
     return render(f"topology.{fmt}.j2", {"v": view})

@@ -163,3 +163,55 @@ def test_slurm_topoconf_dump_parses_like_our_yaml() -> None:
     assert m.block_sizes == (2, 4), "a later `block: {}` must not erase BlockSizes"
     assert m.blocks == [frozenset({"n1", "n2"}), frozenset()]
     assert m.switches == {"leaf1": (frozenset({"n1", "n2"}), frozenset())}
+
+
+# Slurm's own BlockSizes rule (src/plugins/topology/block/block_record.c,
+# _read_topo_file): every size > 0, a multiple of the first, the quotient a
+# power of two of exponent <= 15; anything else is fatal for slurmctld
+# ("Invalid BlockSizes value") in topology.conf since 24.05 and in
+# topology.yaml since 26.05.3.
+@pytest.mark.parametrize("sizes,ok", [
+    ((8,), True), ((8, 16, 64), True), ((1, 1 << 15), True),
+    ((4, 4), True), ((4, 16, 8), True),            # Slurm takes a set of levels
+    ((1, 1 << 16), False), ((3, 3 << 16), False),  # level 16 > 15
+    ((8, 12), False), ((8, 24), False), ((0,), False), ((8, -16), False), ((), False),
+])
+def test_slurm_block_sizes_rule(sizes: tuple[int, ...], ok: bool) -> None:
+    assert (block.slurm_sizes_problem(sizes) is None) is ok
+
+
+def test_explicit_sizes_beyond_slurms_levels_are_refused() -> None:
+    with pytest.raises(UsageError, match=r"2\^15"):
+        block.validate_sizes([1, 1 << 16])
+
+
+def test_inferred_sizes_never_pass_slurms_16_levels() -> None:
+    """topograph's floor(log2 N) levels, capped at Slurm's 16 (2^0..2^15)."""
+    sizes = block.infer_sizes([1] * 70000)
+    assert sizes == tuple(1 << i for i in range(16))
+    assert block.slurm_sizes_problem(sizes) is None
+
+
+@pytest.mark.parametrize("text", [
+    "BlockName=b1 Nodes=n[1-2]\nBlockSizes=2,3\n",
+    "BlockName=b1 Nodes=n[1-2]\nBlockSizes=1,65536\n",
+    "BlockName=b1 Nodes=n[1-2]\nBlockSizes=0\n",
+])
+def test_deployed_conf_with_fatal_block_sizes_is_refused(text: str) -> None:
+    with pytest.raises(InputError, match=r"BlockSizes.*slurmctld refuses"):
+        topocheck.parse_conf(text.splitlines(True), "topology.conf")
+
+
+def test_deployed_yaml_with_fatal_block_sizes_is_refused() -> None:
+    text = ("- topology: t\n  cluster_default: true\n  block:\n    block_sizes: [4, 12]\n"
+            "    blocks:\n      - block: b1\n        nodes: n[1-4]\n")
+    with pytest.raises(InputError, match=r"BlockSizes.*slurmctld refuses"):
+        topocheck.parse_yaml(text, "topology.yaml")
+
+
+@pytest.mark.parametrize("fmt", ["conf", "yaml"])
+def test_render_refuses_block_sizes_slurm_would_refuse(fmt: str) -> None:
+    bt = block.build_blocks(cluster({1: ["a1", "a2"]}))
+    bad = dataclasses.replace(bt, sizes=(2, 6))
+    with pytest.raises(InputError, match=r"BlockSizes=2,6: slurmctld refuses it"):
+        topology.render_topology(None, bad, fmt=fmt)
