@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
@@ -155,31 +156,60 @@ def down_cmd(directory: str) -> None:
 
 
 @sandbox.command("fault")
-@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+@click.option("--dir", "directory", type=click.Path(file_okay=False),
               help="The sandbox directory given to `up`.")
-@click.option("--node", "node", required=True, help="The node whose GPUs get the fault, e.g. n2.")
-@click.argument("overlay", required=False, type=click.Path(dir_okay=False))
+@click.option("--node", "node_opt", default=None, help="The node (same as NODE), e.g. n2.")
+@click.option("--gpu", type=click.IntRange(0), default=0, show_default=True,
+              help="The GPU (its NVML index, as nvidia-smi numbers it) a named fault hits.")
 @click.option("--clear", is_flag=True, help="Remove the node's injected faults.")
-def fault_cmd(directory: str, node: str, overlay: str | None, clear: bool) -> None:
-    """Inject a fault overlay (docs/snapshots.md) into a node's NVML simulator.
+@click.option("--list", "list_", is_flag=True, help="List the named faults and what each does.")
+@click.argument("node", required=False)
+@click.argument("fault", required=False, metavar="NAME|OVERLAY")
+def fault_cmd(directory: str | None, node_opt: str | None, gpu: int, clear: bool, list_: bool,
+              node: str | None, fault: str | None) -> None:
+    """Inject a named fault (`--list`) or a fault overlay file (docs/snapshots.md).
 
-    The node's health check, prolog and SPANK plugin see it at their next NVML
-    call, as on a GPU node whose hardware broke; `--clear` repairs it.
+    A named fault writes what a real one makes, together: the driver's kernel
+    line into the node's simulated kernel log, and NVML's view (an event, a
+    counter, a lost GPU) into its simulator.  The node's health check, prolog
+    and SPANK plugin see it at their next read, as on a GPU node whose
+    hardware broke; `--clear` repairs the NVML half.
     """
     from ..errors import UsageError
-    from ..sandbox import nodesim, require_root
+    from ..sandbox import drills, nodesim, require_root
     from ..sandbox.layout import Layout
 
-    require_root()   # the simulator state is root's, as a GPU is
-    if clear == (overlay is not None):
-        raise UsageError("give an overlay file or --clear", "sandbox fault")
-    data: dict[str, object] = {}
-    if overlay is not None:
-        from ..hw.snapshot import load_overlay
-        data = load_overlay(overlay)
-    nodesim.set_fault(Layout.of(directory), node, data)
-    what = "cleared" if clear else f"injected {overlay}"
-    click.echo(f"slurm-gpu: sandbox fault: {what} on {node}", err=True)
+    if list_:
+        click.echo(drills.listing(), nl=False)
+        return
+    if node_opt is not None:          # the older `--node N [OVERLAY]` form
+        if fault is None and node is not None:
+            node, fault = node_opt, node
+        elif node is None:
+            node = node_opt
+        else:
+            raise UsageError("give the node once (NODE or --node)", "sandbox fault")
+    if not directory:
+        raise UsageError("give the sandbox directory (--dir D)", "sandbox fault")
+    if not node:
+        raise UsageError("give the node (sandbox fault --dir D NODE NAME)", "sandbox fault")
+    require_root()   # the simulator state and the kernel log are root's, as a GPU is
+    if clear == (fault is not None):
+        raise UsageError("give a fault name (--list), an overlay file, or --clear", "sandbox fault")
+    layout = Layout.of(directory)
+    if clear:
+        nodesim.set_fault(layout, node, {})
+        click.echo(f"slurm-gpu: sandbox fault: cleared on {node}", err=True)
+        return
+    assert fault is not None
+    if fault in drills.DRILLS or not os.path.isfile(fault):
+        bus, reason = nodesim.drill(layout, node, fault, gpu)
+        then = f"expect: {reason}" if reason else "expect: no drain"
+        click.echo(f"slurm-gpu: sandbox fault: {fault} on {node} GPU {gpu} ({bus}); {then}", err=True)
+        return
+    from ..hw.snapshot import load_overlay
+    nodesim.set_fault(layout, node, load_overlay(fault))
+    click.echo(f"slurm-gpu: sandbox fault: injected {fault} on {node}", err=True)
 
 
 @sandbox.command("run", context_settings={"ignore_unknown_options": True,

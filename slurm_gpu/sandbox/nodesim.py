@@ -34,6 +34,9 @@ from .layout import Layout
 
 MIG_MODES = ("per-job", "recorded")
 STATE_NAME = "sim.json"
+# The node's simulated kernel ring buffer: what `sandbox fault NAME` writes the
+# driver's lines into, as raw /dev/kmsg records (see .drills).
+KERNEL_LOG_NAME = "kernel.log"
 CONTROL_NAME = "nvidia-cuda-mps-control"
 
 
@@ -83,6 +86,10 @@ def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
         node_dir = layout.var / name
         node_dir.mkdir(mode=0o755, exist_ok=True)
         (node_dir / "mps").mkdir(mode=0o755, exist_ok=True)
+        # root's, 0600, as /dev/kmsg is readable by root only here
+        klog = node_dir / KERNEL_LOG_NAME
+        if not klog.exists():
+            atomic_write(klog, "", mode=0o600)
         path = node_dir / STATE_NAME
         if i == 0:
             init_state_for_machine(str(machine_dir), str(path))
@@ -98,19 +105,40 @@ def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
     # (scripts/install.sh does): it runs without a GPU.  Else the stand-in.
     if mps_real.install(layout.lib / CONTROL_NAME) is None:
         write_wrapper(layout.lib / CONTROL_NAME, python=str(python), source_root=str(root))
+    # A simulated GPU has no driver writing to the host's /dev/kmsg: the
+    # health check reads the node's own simulated kernel log (a caller's
+    # [health] kernel_log still wins).
     return {"node": {"nvml": f"sim:{layout.var}/%n/{STATE_NAME}"},
             "mps": {"control": str(layout.lib / CONTROL_NAME),
-                    "base_dir": f"{layout.var}/%n/mps"}}
+                    "base_dir": f"{layout.var}/%n/mps"},
+            "health": {"kernel_log": f"{layout.var}/%n/{KERNEL_LOG_NAME}"}}
 
 
-def set_fault(layout: Layout, node: str, overlay: Mapping[str, Any]) -> None:
-    """Put a fault overlay ({} clears) into *node*'s simulator state."""
+def _state_path(layout: Layout, node: str) -> Path:
     from ..errors import SlurmGpuError
-    from ..sim import open_sim, set_overlay
     if not node or "/" in node or node.startswith("."):
         raise UsageError(f"bad node name {node!r}", "--node")
     path = layout.var / node / STATE_NAME
     if not path.is_file():
         raise SlurmGpuError(f"node {node} has no NVML simulator (a sandbox started with --sim?)",
                             str(path))
-    set_overlay(open_sim(str(path)), overlay)
+    return path
+
+
+def set_fault(layout: Layout, node: str, overlay: Mapping[str, Any]) -> None:
+    """Put a fault overlay ({} clears) into *node*'s simulator state."""
+    from ..sim import open_sim, set_overlay
+    set_overlay(open_sim(str(_state_path(layout, node))), overlay)
+
+
+def drill(layout: Layout, node: str, name: str, gpu: int = 0) -> tuple[str, str]:
+    """Inject the named fault drill on *node*'s GPU *gpu*: the NVML overlay
+    into its simulator, the kernel lines into its simulated kernel log.
+    Returns (the GPU's bus id, the drain reason the drill documents)."""
+    from . import drills
+    d = drills.get(name)
+    path = _state_path(layout, node)
+    bus = drills.gpu_bus(json.loads(path.read_text())["facts"], gpu)
+    set_fault(layout, node, d.overlay_for(bus))
+    drills.append_kernel(str(layout.var / node / KERNEL_LOG_NAME), d.kernel_lines(bus))
+    return bus, d.reason_for(bus, gpu)

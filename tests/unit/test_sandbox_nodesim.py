@@ -70,7 +70,11 @@ def test_prepare_writes_one_state_per_node_and_the_stand_in(tmp_path: Path) -> N
     keys = nodesim.prepare(L, MACHINES / "mini-2numa", ["n1", "n2"], tmp_path / "no-venv")
     assert keys == {"node": {"nvml": f"sim:{L.var}/%n/sim.json"},
                     "mps": {"control": f"{L.lib}/nvidia-cuda-mps-control",
-                            "base_dir": f"{L.var}/%n/mps"}}
+                            "base_dir": f"{L.var}/%n/mps"},
+                    "health": {"kernel_log": f"{L.var}/%n/kernel.log"}}
+    for n in ("n1", "n2"):   # each node's simulated kernel ring buffer: root's, empty
+        st_ = (L.var / n / "kernel.log").stat()
+        assert st_.st_size == 0 and st_.st_mode & 0o777 == 0o600
     a = json.loads((L.var / "n1" / "sim.json").read_text())
     b = json.loads((L.var / "n2" / "sim.json").read_text())
     assert a == b and [g["mig"]["mode"] for g in a["facts"]["gpus"]] == [1, 1]

@@ -1,0 +1,59 @@
+"""Every named fault drill on a real Slurm: `sandbox fault NODE NAME` drains the
+node with the reason the drill documents (docs/health.md), a drill that must
+not drain leaves it up, and `--clear` lets the health check resume it."""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from slurm_gpu.sandbox import drills
+
+pytestmark = pytest.mark.integration
+
+INTERVAL = 2
+NODES = ("n1", "n2", "n3", "n4")
+
+
+@pytest.fixture(scope="module")
+def sb(make_sandbox):
+    return make_sandbox(nodes=len(NODES), health=True, health_interval=INTERVAL, simulate=True,
+                        extra_config={"health": {"clean_runs_to_resume": 2}})
+
+
+def reason(cluster, node: str) -> str:
+    res = cluster.run(["scontrol", "show", "node", "-o", node], timeout=10)
+    m = re.search(r" Reason=(.*?)(?: \[[^\]]*@[^\]]*\])?\s*$", res.stdout)
+    return m.group(1) if m else ""
+
+
+def bus_of(cluster, node: str, gpu: int) -> str:
+    facts = json.loads((cluster.dir / "var" / node / "sim.json").read_text())["facts"]
+    return drills.gpu_bus(facts, gpu)
+
+
+def test_every_drill_drains_with_its_documented_reason_and_resumes_when_cleared(sb, cli):
+    names = list(drills.DRILLS)
+    for start in range(0, len(names), len(NODES)):
+        batch = list(zip(NODES, names[start:start + len(NODES)]))
+        for node, name in batch:
+            res = cli("sandbox", "fault", "--dir", str(sb.dir), node, name, "--gpu", "1")
+            assert res.returncode == 0, res.stderr
+            assert res.stderr.startswith(f"slurm-gpu: sandbox fault: {name} on {node} GPU 1 ("), res.stderr
+        for node, name in batch:
+            d = drills.DRILLS[name]
+            if d.drains:
+                sb.wait_node_state(node, re.compile(r"drain(ed|ing)"), timeout=3 * INTERVAL + 6)
+                assert reason(sb, node) == d.reason_for(bus_of(sb, node, 1), 1), name
+        time.sleep(2 * INTERVAL + 1)
+        for node, name in batch:
+            if not drills.DRILLS[name].drains:
+                assert not sb.node_states()[node].startswith("drain"), (name, reason(sb, node))
+        for node, _ in batch:
+            res = cli("sandbox", "fault", "--dir", str(sb.dir), node, "--clear")
+            assert res.returncode == 0, res.stderr
+        for node, name in batch:
+            sb.wait_node_state(node, "idle", timeout=6 * INTERVAL + 8)
+            assert reason(sb, node) == "", name
