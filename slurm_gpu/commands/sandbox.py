@@ -176,7 +176,8 @@ def fault_cmd(directory: str | None, node_opt: str | None, gpu: int, clear: bool
     hardware broke; `--clear` repairs the NVML half.
     """
     from ..errors import UsageError
-    from ..sandbox import drills, nodesim, require_root
+    from ..sandbox import nodesim, require_root
+    from ..sim import drills
     from ..sandbox.layout import Layout
 
     if list_:

@@ -35,7 +35,7 @@ from .layout import Layout
 MIG_MODES = ("per-job", "recorded")
 STATE_NAME = "sim.json"
 # The node's simulated kernel ring buffer: what `sandbox fault NAME` writes the
-# driver's lines into, as raw /dev/kmsg records (see .drills).
+# driver's lines into, as raw /dev/kmsg records (see ..sim.drills).
 KERNEL_LOG_NAME = "kernel.log"
 CONTROL_NAME = "nvidia-cuda-mps-control"
 
@@ -135,7 +135,7 @@ def drill(layout: Layout, node: str, name: str, gpu: int = 0) -> tuple[str, str]
     """Inject the named fault drill on *node*'s GPU *gpu*: the NVML overlay
     into its simulator, the kernel lines into its simulated kernel log.
     Returns (the GPU's bus id, the drain reason the drill documents)."""
-    from . import drills
+    from ..sim import drills
     d = drills.get(name)
     path = _state_path(layout, node)
     bus = drills.gpu_bus(json.loads(path.read_text())["facts"], gpu)
