@@ -6,8 +6,8 @@
 #   2. a --gpu-numa-bind job that prints its CPUs and memory policy;
 #   3. a --gpu-mps job that talks to its own MPS control daemon;
 #   4. a --gpu-mig job that gets its own MIG instances;
-#   5. a fault overlay (uncorrectable ECC errors) that drains a node through
-#      the health check, then the repair and the node's resume.
+#   5. a named fault drill (Xid 48: the kernel line and NVML's ECC count) that
+#      drains a node through the health check, then the repair and the resume.
 # It tears down, also when something fails, and leaves nothing running.
 # Needs root; the jobs run as DEMO_USER (default nobody).  Prints the tour's
 # time at the end.
@@ -82,12 +82,12 @@ section "4. srun --gpu-mig=3g.47gb,2x1g.12gb: MIG instances made for the job, re
 as_user srun -N1 -w n1 --gres=gpu:1 --gpu-mig=3g.47gb,2x1g.12gb bash -c '
   echo "CUDA_VISIBLE_DEVICES $CUDA_VISIBLE_DEVICES"'
 
-section "5. a fault: 3 uncorrectable ECC errors on n2's GPU 0, then the repair"
-printf '{"comment": "demo: 3 uncorrectable ECC errors", "calls": [{"fn": "nvmlDeviceGetTotalEccErrors", "gpu": 0, "args": [1, 0], "result": 3}]}\n' >"$DIR/ecc.json"
-"$SG" sandbox fault --dir "$DIR" --node n2 "$DIR/ecc.json"
+section "5. a fault drill: Xid 48 (double-bit ECC) on n2's GPU 0, then the repair"
+"$SG" sandbox fault --list
+"$SG" sandbox fault --dir "$DIR" n2 xid-48
 wait_state n2 'drained|draining' 20
 sinfo -h -n n2 -o 'reason: %E'
-"$SG" sandbox fault --dir "$DIR" --node n2 --clear
+"$SG" sandbox fault --dir "$DIR" n2 --clear
 wait_state n2 idle 20
 
 section "sandbox down"

@@ -1,6 +1,6 @@
 """`make demo` (scripts/demo.sh) tours the product on a real Slurm and
 leaves nothing behind: gres render, a --gpu-numa-bind job printing its CPUs
-and memory policy, a --gpu-mps job, a --gpu-mig job, and a fault overlay that
+and memory policy, a --gpu-mps job, a --gpu-mig job, and a named fault drill (xid-48) that
 drains a node, then its resume.  On the host's Slurm and, with DEMO_SLURM, on
 24.11 from a Debian 13 root (skipped when that root cannot be built here,
 unless SLURM_GPU_REQUIRE_INTEGRATION=1)."""
@@ -42,7 +42,9 @@ def test_demo_tour(slurm: str) -> None:
     assert m and [u[:4] for u in m.group(1).split(",")] == ["MIG-"] * 3, out
     # 5. the drain with our reason, then the resume.
     assert "n2: drained" in out
-    assert "reason: slurm-gpu: gpu.ecc: 3 uncorrectable ECC errors" in out
+    assert re.search(r"^xid-48 +an uncorrectable double-bit ECC error", out, re.M)   # sandbox fault --list
+    assert re.search(r"^reason: slurm-gpu: gpu\.ecc: 1 uncorrectable ECC errors on [0-9a-f]{4}:[0-9a-f]{2}:"
+                     r"[0-9a-f]{2}\.[0-7] since the driver loaded \(\+1 more\)$", out, re.M), out
     assert "n2: idle" in out
     assert re.search(r"slurm-gpu: demo: tour took \d+ ms", out)
     # Torn down: this run's directory is gone (its daemons were stopped by `down`).
