@@ -54,18 +54,35 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
 @click.option("--overlay", type=click.Path(dir_okay=False), metavar="FILE", help="Fault overlay (events) for the replay.")
 @click.option("--max-events", type=int, default=0, help="Stop after this many events (0: run until stopped).")
 @click.option("--timeout", "run_for", type=float, default=0.0, help="Stop after this many seconds (0: never).")
+@click.option("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the host name).")
+@click.option("--event-drain/--no-event-drain", default=None,
+              help="Run the health check at once on a drain-class event or kernel line.  "
+                   "[default: [health] event_drain; never with --snapshot or --events-file]")
 def xid_watch(events_file: str | None, snapshot: str | None, overlay: str | None, max_events: int,
-              run_for: float) -> int:
+              run_for: float, node: str | None, event_drain: bool | None) -> int:
     """Listen for NVML events (critical XID, double-bit ECC, GPU unavailable, recovery action).
 
     Runs until stopped (SIGTERM), appending one JSON line per event where
     `slurm-gpu health` reads them, so events between two health checks are
-    not lost.
+    not lost.  A drain-class event, or a drain-class line in the node's
+    kernel log, runs the health check at once (docs/health.md).
     """
-    from ..health.watch import watch
+    from .. import hostctx
+    from ..health.watch import KernelFollower, health_trigger, watch
+    if node:
+        hostctx.node_name = node   # %n in the config names this node (several per host in a sandbox)
     s = _settings()
     path = events_file or (s.events_file.replace("%n", _node()) if s.events_file else
                            os.path.join(_state_dir(s), "xid-events.jsonl"))
-    n = watch(_opener(snapshot, overlay, s), path, max_events=max_events, run_for=run_for)
+    # Only when the events go where this node's health check reads them, from
+    # this node's own GPUs: a replay or a side file is a drill, not the node.
+    if event_drain is None:
+        event_drain = bool(s.event_drain) and snapshot is None and events_file is None
+    on_drain = kernel = None
+    if event_drain:
+        on_drain = health_trigger(_node(), timeout=float(s.watchdog_seconds) + 10.0)
+        kernel = KernelFollower(s.kernel_log.replace("%n", _node()))
+    n = watch(_opener(snapshot, overlay, s), path, max_events=max_events, run_for=run_for,
+              on_drain=on_drain, kernel=kernel)
     click.echo(f"slurm-gpu: xid-watch stopped after {n} events ({path})", err=True)
     return 0

@@ -52,8 +52,10 @@ def exit_code(status: str) -> int:
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
-    """Most severe first, then by check name and GPU, so the drain reason is stable."""
-    return sorted(findings, key=lambda f: (-f.rank, f.check, f.gpu or "", f.xid or 0))
+    """Most severe first, then by check name, GPU and message, so the drain
+    reason is stable: it does not follow which source (a counter, an NVML
+    event, a kernel line) was read first."""
+    return sorted(findings, key=lambda f: (-f.rank, f.check, f.gpu or "", f.xid or 0, f.message))
 
 
 def drain_reason(findings: Iterable[Finding], limit: int = 200) -> str | None:

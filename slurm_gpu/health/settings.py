@@ -14,6 +14,9 @@ class HealthSettings(Settings):
     kernel_log: str = "/dev/kmsg"
     # Where xid-watch appends NVML events ("" = <state_dir>/xid-events.jsonl).
     events_file: str = ""
+    # xid-watch runs the health check at once on a drain-class NVML event or
+    # kernel line, instead of leaving it to the next HealthCheckInterval.
+    event_drain: bool = True
     # Runtime state (drain bookkeeping, cursors); "" = [node] state_dir.
     state_dir: str = ""
     # Resume a node we drained only after this many clean runs in a row.

@@ -9,6 +9,16 @@ appends one JSON line per event to the file ``slurm-gpu health`` reads
     {"time": 1732250000.1, "event": "xid", "xid": 79, "gpu": "0000:07:00.0", "data": 79}
 
 ``event`` is ``xid``, ``dbe``, ``gpu_unavailable``, ``recovery_action`` or ``other``.
+
+**Event-driven drain** (``[health] event_drain``, on by default): when an
+event is drain-class by the health check's own rules (the XID catalog,
+:func:`drain_finding`), the listener runs the health check at once
+(``on_drain``), so a fault drains the node in about a second instead of at
+the next ``HealthCheckInterval``.  It is the same check, with the same lock,
+debounce, boot grace and "resume only our own drains" rules: there is no
+second drain writer.  It also follows the node's kernel log
+(:class:`KernelFollower`), so a node whose GPUs give no NVML events still
+drains on the driver's own lines.
 """
 from __future__ import annotations
 
@@ -17,11 +27,14 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..hw.gpus import GpuError, GpuEvent, Gpus
 
 _WAIT_MS = 1000
+# With a kernel log to follow, NVML's wait is cut to this so a driver line is
+# seen within about half a second.
+_FOLLOW_MS = 400
 
 
 LOST_REPEAT_S = 60.0
@@ -46,8 +59,54 @@ def append(path: str, rec: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for: float = 0.0) -> int:
-    """Listen until SIGTERM/SIGINT (or *max_events* / *run_for*); returns the events written."""
+def drain_finding(records: Sequence[dict[str, Any]] = (), lines: Sequence[Any] = ()) -> str | None:
+    """``check: message`` of the first drain-class finding these event records
+    or kernel lines make, by the health check's own classification (the XID
+    catalog, ``health/xid.py``), or None.  Only a trigger: the health run it
+    starts reads the same events and lines again and decides."""
+    from .findings import DRAIN
+    from .xid import check_xid, events_from_nvml, parse_lines
+    xids, direct = events_from_nvml(records)
+    xids += parse_lines(lines)
+    for f in direct + check_xid(xids):
+        if f.severity == DRAIN:
+            return f"{f.check}: {f.message}"
+    return None
+
+
+class KernelFollower:
+    """The driver lines that reach the node's kernel log after the listener started.
+
+    Reads through ``hw.kmsg.read_source`` with a cursor of its own, kept in
+    memory: the same trust rules as the health check (a line a user could
+    have written never counts), and the health check's own cursor untouched.
+    """
+
+    def __init__(self, source: str) -> None:
+        from ..hw.kmsg import read_source
+        self.source = source
+        try:
+            _, self._doc = read_source(source, {})     # start at the end: what was there is the check's
+        except Exception as e:  # noqa: BLE001 - a log we cannot read is followed from when it appears
+            self._doc = {}
+            print(f"slurm-gpu: xid-watch: not following {source} yet ({e})", file=sys.stderr)
+
+    def poll(self) -> list[Any]:
+        from ..hw.kmsg import read_source
+        try:
+            lines, self._doc = read_source(self.source, self._doc)
+        except Exception:  # noqa: BLE001 - rotated away or not there yet: the health check reports it
+            return []
+        return lines
+
+
+def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for: float = 0.0,
+          on_drain: Callable[[str], None] | None = None, kernel: KernelFollower | None = None) -> int:
+    """Listen until SIGTERM/SIGINT (or *max_events* / *run_for*); returns the events written.
+
+    With *on_drain*, a drain-class event (or a drain-class line *kernel*
+    follows) calls it with what was seen, after the event is in *path*.
+    """
     from ..errors import HardwareError
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     gpus = opener()
@@ -75,16 +134,26 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
                     print(f"slurm-gpu: xid-watch: GPU {i}: event registration refused ({e})", file=sys.stderr)
                 continue
             registered += 1
-        if registered == 0:
+        if registered == 0 and kernel is None:
             raise HardwareError("xid-watch: no GPU accepts NVML event registration")
+        if registered == 0:
+            print("slurm-gpu: xid-watch: no GPU gives NVML events: following the kernel log only", file=sys.stderr)
+        wait_ms = _FOLLOW_MS if kernel is not None else _WAIT_MS
         n = 0
         t0 = time.monotonic()
         last_lost = -LOST_REPEAT_S
         while not stop["now"]:
             if run_for and time.monotonic() - t0 >= run_for:
                 break
+            if kernel is not None and on_drain is not None:
+                why = drain_finding(lines=kernel.poll())
+                if why:
+                    on_drain(f"kernel log: {why}")
+            if registered == 0:
+                time.sleep(wait_ms / 1000)
+                continue
             try:
-                ev = events.wait(_WAIT_MS)
+                ev = events.wait(wait_ms)
             except GpuError as e:
                 if e.lost:
                     # The driver answers this on every wait while the GPU stays lost:
@@ -94,13 +163,20 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
                                       "data": int(e.code or 0)})
                         n += 1
                         last_lost = time.monotonic()
+                        if on_drain is not None:
+                            on_drain("NVML event: gpu.count: a GPU is lost")
                     time.sleep(1.0)
                     continue
                 raise HardwareError(f"xid-watch: {e.call} failed ({e})") from None
             if ev is None:
                 continue
-            append(path, event_record(ev))
+            rec = event_record(ev)
+            append(path, rec)
             n += 1
+            if on_drain is not None:
+                why = drain_finding(records=[rec])
+                if why:
+                    on_drain(f"NVML event: {why}")
             if max_events and n >= max_events:
                 break
         return n
@@ -108,3 +184,38 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
         events.close()
         gpus.close()
         signal.signal(signal.SIGTERM, old_term)
+
+
+def health_trigger(node: str | None, timeout: float, retries: int = 3) -> Callable[[str], None]:
+    """An ``on_drain`` that runs this node's health check now, as slurmd would.
+
+    ``slurm-gpu health --slurm`` in a process of its own (the check leaves a
+    thread in libnvidia-ml on a hung call by design; a listener must not),
+    with a minimal environment.  When another run holds the node's lock (the
+    health check gives up after 2 s), it tries again: the run holding it may
+    have read the events before this one was written.
+    """
+    from .. import runner
+    from ..runner import SAFE_PATH
+    argv = [sys.executable, "-m", "slurm_gpu", "health", "--slurm"] + (["--node", node] if node else [])
+    env = {"PATH": SAFE_PATH}
+    for k in ("SLURM_CONF", "SLURM_GPU_CONFIG"):
+        if os.environ.get(k):
+            env[k] = os.environ[k]
+    if node:
+        env["SLURMD_NODENAME"] = node
+
+    def run_now(why: str) -> None:
+        print(f"slurm-gpu: xid-watch: {why}: running the health check now", file=sys.stderr)
+        for attempt in range(retries):
+            try:
+                res = runner.run(argv, timeout, env=env, check=False)
+            except Exception as e:  # noqa: BLE001 - the periodic check still runs; never stop listening
+                print(f"slurm-gpu: xid-watch: health check did not run ({e})", file=sys.stderr)
+                return
+            if res.returncode == 0:
+                return
+            line = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+            print(f"slurm-gpu: xid-watch: health check: {line}", file=sys.stderr)
+            time.sleep(0.5)
+    return run_now

@@ -319,6 +319,25 @@ class Sandbox:
                                       preexec=enter_net)
             self._children.append(child)
             self._add_daemon(proc)
+        self._start_node_services(pre, by_node)
+
+    def _start_node_services(self, pre: list[str], by_node: dict[str, Any]) -> None:
+        """What the package runs on a GPU node beside slurmd: ``xid-watch`` (its
+        NVML event listener, which drains at once on a fault) for every node
+        whose GPUs the simulator models, when the health check is installed."""
+        hooks = self.state.get("hooks", {})
+        if not (hooks.get("health") and hooks.get("nvml_sim")):
+            return
+        from .install import install_node_service
+        L = self.layout
+        wrapper = install_node_service(L, self.options.venv, "xid-watch")
+        for name in self.node_names:
+            enter_net = netns.enter(by_node[name]) if name in by_node else None
+            proc, child = procs.spawn(f"xid-watch:{name}", [*pre, str(wrapper), "--node", name],
+                                      log=L.log / f"xid-watch-{name}.log", cwd=L.run,
+                                      env={"PATH": SAFE_PATH}, preexec=enter_net)
+            self._children.append(child)
+            self._add_daemon(proc)
 
     def _start_accounting(self, env: dict[str, str], pre: list[str]) -> None:
         """MariaDB, then slurmdbd, then the cluster's registration (before slurmctld).

@@ -86,6 +86,16 @@ def install_health(layout: Layout, venv: Path, args: Sequence[str] = ()) -> Path
     return out
 
 
+def install_node_service(layout: Layout, venv: Path, command: str) -> Path:
+    """``DIR/etc/<command>``: a node service (``xid-watch``) as the package's
+    systemd unit runs it, with the sandbox's config; ``--node N`` follows."""
+    exe = venv / "bin" / "slurm-gpu"
+    out = layout.etc / command
+    atomic_write(out, wrapper_script(layout, [str(exe), command], f"node service {command}",
+                                     python=str(venv / "bin" / "python")), mode=0o755)
+    return out
+
+
 def spank_available(venv: Path) -> bool:
     return any(venv.glob("lib/python3*/site-packages/slurm_gpu/commands/spank.py"))
 

@@ -51,7 +51,8 @@ class Drill:
     kernel: tuple[str, ...]                 # message templates ({pci}, {bus})
     overlay: Overlay                        # bus id -> fault overlay
     drains: bool                            # the documented outcome: drain, or not
-    reason: str                             # the drain reason ({bus}, {index}: a lost GPU has no bus id); "" if none
+    reason: str                             # the drain reason ({bus}, {index}: a lost GPU has no bus id),
+                                            # less Slurm's " (+N more)"; "" if none
     source: str = ""                        # where the kernel text comes from
     events: tuple[tuple[str, int], ...] = field(default=())   # NVML events (type, data)
 
@@ -64,6 +65,17 @@ class Drill:
 
     def reason_for(self, bus: str, index: int) -> str:
         return self.reason.format(bus=bus, index=index)
+
+    def matches(self, reason: str | None, bus: str, index: int) -> bool:
+        """True when *reason* (a node's drain reason, or None) is this drill's
+        documented outcome.  The " (+N more)" count is left out: it depends
+        on which of a fault's sources (its kernel line, NVML's event, a
+        counter) a run had read by then."""
+        if not self.drains:
+            return not reason
+        want = self.reason_for(bus, index)
+        return reason is not None and (reason == want or (
+            reason.startswith(want + " (+") and reason.endswith(" more)") and reason[len(want) + 3:-6].isdigit()))
 
     def kernel_lines(self, bus: str) -> list[str]:
         pci = bus.rsplit(".", 1)[0]
@@ -100,25 +112,25 @@ _XID_DOC = "NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors), tests/data
 DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("xid-79", "the GPU falls off the bus: Xid 79, NVML loses the GPU",
           ("NVRM: Xid (PCI:{pci}): 79, pid=4242, name=python3, GPU has fallen off the bus.",),
-          _lost, True, "slurm-gpu: gpu.count: GPU {index} lost (NVML_ERROR_GPU_IS_LOST) (+1 more)",
+          _lost, True, "slurm-gpu: gpu.count: GPU {index} lost (NVML_ERROR_GPU_IS_LOST)",
           "shared/realdata/xid A (NVIDIA/open-gpu-kernel-modules issue, dmesg of a real Xid 79)",
           (("xid", 79),)),
     Drill("xid-48", "an uncorrectable double-bit ECC error in the framebuffer: Xid 48, NVML's volatile count",
           ("NVRM: Xid (PCI:{pci}): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE) has "
            "been detected on GPU in the framebuffer at partition 0, subpartition 0.",),
-          _ecc(1), True, "slurm-gpu: gpu.ecc: 1 uncorrectable ECC errors on {bus} since the driver loaded (+1 more)",
+          _ecc(1), True, "slurm-gpu: gpu.ecc: 1 uncorrectable ECC errors on {bus} since the driver loaded",
           _XID_DOC, (("double_bit_ecc", 0), ("xid", 48))),
     Drill("xid-94", "a contained ECC error: Xid 94 kills the faulting process only; the node stays up",
           ("NVRM: Xid (PCI:{pci}): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No",),
           _none, False, "", _XID_DOC, (("xid", 94),)),
     Drill("ecc-dbe", "uncorrectable ECC errors counted by NVML, with a row remap pending (no kernel line)",
-          (), _ecc(2, (0, 1, 1, 0)), True, "slurm-gpu: gpu.ecc: 2 uncorrectable ECC errors on {bus} since the driver loaded (+1 more)",
+          (), _ecc(2, (0, 1, 1, 0)), True, "slurm-gpu: gpu.ecc: 2 uncorrectable ECC errors on {bus} since the driver loaded",
           "", (("double_bit_ecc", 0),)),
     Drill("gpu-lost", "NVML loses the GPU with no Xid line (the driver's multi-line 'fallen off the bus' notice)",
           ("NVRM: The NVIDIA GPU {bus}\n"
            "NVRM: (PCI ID: 10de:2330) installed in this system has\n"
            "NVRM: fallen off the bus and is not responding to commands.",),
-          _lost, True, "slurm-gpu: gpu.count: GPU {index} lost (NVML_ERROR_GPU_IS_LOST) (+1 more)",
+          _lost, True, "slurm-gpu: gpu.count: GPU {index} lost (NVML_ERROR_GPU_IS_LOST)",
           "shared/realdata/xid B (NVIDIA/NVSentinel issue 155, driver 570.158.01)"),
     Drill("row-remap-failure", "row remapping failed: the GPU needs replacing (NVML's remapped rows)",
           (), _remap((3, 5, 0, 1)), True,
@@ -126,7 +138,7 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           ""),
     Drill("recovery-reset", "the driver asks for a GPU reset: Xid 154, NVML's recovery action 1",
           ("NVRM: Xid (PCI:{pci}): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",),
-          _recovery(1), True, "slurm-gpu: gpu.recovery: driver says {bus} needs a GPU reset (+1 more)",
+          _recovery(1), True, "slurm-gpu: gpu.recovery: driver says {bus} needs a GPU reset",
           _XID_DOC, (("xid", 154),)),
 )}
 
