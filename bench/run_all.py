@@ -23,6 +23,7 @@ BENCHES = {
     "inventory": ["bench_inventory.py", "-n", "25"],
     "prolog": ["bench_prolog.py", "--runs", "20"],
     "confgen": ["bench_confgen.py", "--nodes", "10000,100000", "--sample", "0"],
+    "recovery": ["bench_recovery.py", "--runs", "7"],
 }
 
 

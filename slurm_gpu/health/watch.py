@@ -100,12 +100,52 @@ class KernelFollower:
         return lines
 
 
+class _Retry:
+    """When a triggered run left the node undrained, run it again a few times.
+
+    The check may rightly take no action now and owe the drain to a later run
+    (slurmd not responding, the node booting, its lock held): with a
+    ``HealthCheckInterval`` of minutes, "later" must come from here.  Bounded:
+    a fault the check decides not to drain is asked about ~60 s, then left.
+    """
+
+    DELAYS = (2.0, 4.0, 8.0, 15.0, 30.0)
+
+    def __init__(self) -> None:
+        self.why = ""
+        self.at: float | None = None
+        self.tries = 0
+
+    def after(self, why: str, settled: bool | None) -> None:
+        if settled is not False:
+            self.at, self.tries = None, 0
+            return
+        if why != self.why:
+            self.tries = 0
+        self.why = why
+        if self.tries >= len(self.DELAYS):
+            self.at, self.tries = None, 0
+            print(f"slurm-gpu: xid-watch: {why}: node still not drained; left to the periodic check",
+                  file=sys.stderr)
+            return
+        self.at = time.monotonic() + self.DELAYS[self.tries]
+        self.tries += 1
+
+    def due(self) -> bool:
+        if self.at is None or time.monotonic() < self.at:
+            return False
+        self.at = None
+        return True
+
+
 def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for: float = 0.0,
-          on_drain: Callable[[str], None] | None = None, kernel: KernelFollower | None = None) -> int:
+          on_drain: Callable[[str], bool | None] | None = None, kernel: KernelFollower | None = None) -> int:
     """Listen until SIGTERM/SIGINT (or *max_events* / *run_for*); returns the events written.
 
     With *on_drain*, a drain-class event (or a drain-class line *kernel*
-    follows) calls it with what was seen, after the event is in *path*.
+    follows) calls it with what was seen, after the event is in *path*.  When
+    it returns False (the node is not drained after the run) it is called
+    again later (:class:`_Retry`).
     """
     from ..errors import HardwareError
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -142,13 +182,21 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
         n = 0
         t0 = time.monotonic()
         last_lost = -LOST_REPEAT_S
+        retry = _Retry()
+
+        def trigger(why: str) -> None:
+            assert on_drain is not None
+            retry.after(why, on_drain(why))
+
         while not stop["now"]:
             if run_for and time.monotonic() - t0 >= run_for:
                 break
+            if on_drain is not None and retry.due():
+                trigger(retry.why)
             if kernel is not None and on_drain is not None:
                 why = drain_finding(lines=kernel.poll())
                 if why:
-                    on_drain(f"kernel log: {why}")
+                    trigger(f"kernel log: {why}")
             if registered == 0:
                 time.sleep(wait_ms / 1000)
                 continue
@@ -164,7 +212,7 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
                         n += 1
                         last_lost = time.monotonic()
                         if on_drain is not None:
-                            on_drain("NVML event: gpu.count: a GPU is lost")
+                            trigger("NVML event: gpu.count: a GPU is lost")
                     time.sleep(1.0)
                     continue
                 raise HardwareError(f"xid-watch: {e.call} failed ({e})") from None
@@ -176,7 +224,7 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
             if on_drain is not None:
                 why = drain_finding(records=[rec])
                 if why:
-                    on_drain(f"NVML event: {why}")
+                    trigger(f"NVML event: {why}")
             if max_events and n >= max_events:
                 break
         return n
@@ -186,15 +234,27 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
         signal.signal(signal.SIGTERM, old_term)
 
 
-def health_trigger(node: str | None, timeout: float, retries: int = 3) -> Callable[[str], None]:
+def _drained(node: str | None, timeout: float = 10.0) -> bool:
+    from .actions import show_node
+    try:
+        st = show_node(node or "", timeout) if node else None
+    except Exception:  # noqa: BLE001 - cannot tell: ask again later
+        return False
+    return st is None or st.drained
+
+
+def health_trigger(node: str | None, timeout: float, retries: int = 3,
+                   settled: Callable[[], bool] | None = None) -> Callable[[str], bool]:
     """An ``on_drain`` that runs this node's health check now, as slurmd would.
 
     ``slurm-gpu health --slurm`` in a process of its own (the check leaves a
     thread in libnvidia-ml on a hung call by design; a listener must not),
     with a minimal environment.  When another run holds the node's lock (the
     health check gives up after 2 s), it tries again: the run holding it may
-    have read the events before this one was written.
+    have read the events before this one was written.  Returns whether the
+    node stands drained afterwards (*settled*, default ``scontrol show node``).
     """
+    is_settled = settled or (lambda: _drained(node))
     from .. import runner
     from ..runner import SAFE_PATH
     argv = [sys.executable, "-m", "slurm_gpu", "health", "--slurm"] + (["--node", node] if node else [])
@@ -205,17 +265,20 @@ def health_trigger(node: str | None, timeout: float, retries: int = 3) -> Callab
     if node:
         env["SLURMD_NODENAME"] = node
 
-    def run_now(why: str) -> None:
+    def run_now(why: str) -> bool:
         print(f"slurm-gpu: xid-watch: {why}: running the health check now", file=sys.stderr)
         for attempt in range(retries):
             try:
                 res = runner.run(argv, timeout, env=env, check=False)
             except Exception as e:  # noqa: BLE001 - the periodic check still runs; never stop listening
                 print(f"slurm-gpu: xid-watch: health check did not run ({e})", file=sys.stderr)
-                return
+                return False
+            # What the check said (its notes, a failed scontrol) goes to this
+            # listener's log: it has no other reader.
+            for line in res.stderr.strip().splitlines()[-5:]:
+                print(f"slurm-gpu: xid-watch: health check: {line.removeprefix('slurm-gpu: ')}", file=sys.stderr)
             if res.returncode == 0:
-                return
-            line = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-            print(f"slurm-gpu: xid-watch: health check: {line}", file=sys.stderr)
+                break
             time.sleep(0.5)
+        return is_settled()
     return run_now

@@ -94,7 +94,7 @@ def test_trigger_runs_the_health_check_for_this_node(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run", fake_run)
     monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
     monkeypatch.setenv("LD_PRELOAD", "/tmp/evil.so")
-    watch.health_trigger("n7", timeout=30)("NVML event: gpu.xid: Xid 79")
+    assert watch.health_trigger("n7", timeout=30, settled=lambda: True)("NVML event: gpu.xid: Xid 79") is True
     (argv, env), = seen
     assert argv[1:] == ["-m", "slurm_gpu", "health", "--slurm", "--node", "n7"]
     assert env["SLURMD_NODENAME"] == "n7" and env["SLURM_CONF"] == "/etc/slurm/slurm.conf"
@@ -112,8 +112,48 @@ def test_trigger_retries_while_another_run_holds_the_lock(monkeypatch):
                                 stderr="slurm-gpu: health check broke: another health check is running")
     monkeypatch.setattr(runner, "run", fake_run)
     monkeypatch.setattr(watch.time, "sleep", lambda s: None)
-    watch.health_trigger("n1", timeout=30)("x")
+    watch.health_trigger("n1", timeout=30, settled=lambda: True)("x")
     assert len(seen) == 2
+
+
+def test_a_run_that_left_the_node_undrained_is_asked_again_then_given_up(monkeypatch):
+    """slurmd not responding (or booting): the check owes the drain to a later
+    run, and with HealthCheckInterval=300 that run must come from xid-watch."""
+    clock = [0.0]
+    monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
+    r = watch._Retry()
+    r.after("x", False)
+    assert not r.due()
+    fired = []
+    for _ in range(400):
+        clock[0] += 0.5
+        if r.due():
+            fired.append(clock[0])
+            r.after("x", False)
+    assert fired == [2.0, 6.0, 14.0, 29.0, 59.0]          # 2, 4, 8, 15, 30 s apart, then left
+    r.after("x", False)
+    clock[0] += 2.0
+    assert r.due()
+    r.after("x", True)                                      # drained: nothing more
+    clock[0] += 100
+    assert not r.due()
+
+
+def test_watch_reruns_until_the_node_is_drained(tmp_path, monkeypatch):
+    log = tmp_path / "kernel.log"
+    log.write_text("")
+    k = watch.KernelFollower(str(log))
+    with open(log, "a") as f:
+        f.write(KERNEL79.format(seq=1))
+    answers = iter([False, True])
+    calls: list[str] = []
+
+    def on_drain(why):
+        calls.append(why)
+        return next(answers)
+    monkeypatch.setattr(watch._Retry, "DELAYS", (0.3,) * 5)
+    watch.watch(opener({}), str(tmp_path / "ev.jsonl"), run_for=2.0, on_drain=on_drain, kernel=k)
+    assert len(calls) == 2 and calls[0] == calls[1]
 
 
 def test_cli_never_triggers_for_a_replay(tmp_path, monkeypatch):
