@@ -74,6 +74,7 @@ _OTHER_MODES = (
      "run ibnetdiscover without -l, -H, -S or -R"),
 )
 _HEADER = re.compile(r"[A-Za-z]\w*=")
+_BLANKS = re.compile(r"(?:[ \t]*\n)*")
 _IBERROR = re.compile(r"[\w.-]{1,64}: iberror: ")
 
 
@@ -129,7 +130,7 @@ Skipped = list[tuple[int, str]]   # (line number, line) of a message or -g heade
 # does not recognise is handed to the line-by-line reader below, which names
 # the exact line.
 _SKIP = re.compile(r"(?:[ \t]*\n|#[^\n]*\n)*")
-_PORT_TEXT = r'\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\]'
+_PORT_TEXT = r'\[(\d{1,5})\](?:\[ext \d{1,5}\])?(?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\]'
 _RECORD = re.compile(r'(?:[ \t]*\n|#[^\n]*\n)*(?:[A-Za-z]\w*=[^\n]*\n)*'
                      r'(Switch|Ca|Rt)[ \t]+\d+[ \t]+"([^"\n]+)"'
                      # the description: the first quoted string after the first '#'
@@ -142,10 +143,26 @@ def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabr
     """Parse a dump; raise :class:`InputError` naming ``source:line`` on bad or truncated input."""
     text = lines if isinstance(lines, str) else "".join(lines)
     start, skipped = _head(text)
-    nodes = _parse_records(text, start)
+    headers: list[int] = []
+    nodes = _parse_records(text, start, headers)
     if nodes is None or not _links_hold(nodes):
         return _parse_lines(_lines(text), source)
+    _add_headers(skipped, text, headers, 0, 0)
     return IbFabric(nodes, source, _notes(source, skipped))
+
+
+def _add_headers(skipped: Skipped, text: str, offsets: list[int], at: int, line: int) -> tuple[int, int]:
+    """Add the -g headers at *offsets* of *text* to *skipped* with their line numbers.
+
+    *at* is an offset of *text* known to start line *line* + 1; counting
+    goes on from there, so a whole dump is counted at most once.  The last
+    header's (offset, line) is returned for the next call.
+    """
+    for off in offsets:
+        line += text.count("\n", at, off)
+        at = off
+        skipped.append((line + 1, text[off:text.index("\n", off)]))
+    return at, line
 
 
 def _head(text: str, first_line: int = 1) -> tuple[int, Skipped]:
@@ -158,15 +175,17 @@ def _head(text: str, first_line: int = 1) -> tuple[int, Skipped]:
     skipped: Skipped = []
     no = first_line - 1
     while True:
+        blanks = _BLANKS.match(text, pos).end()     # runs of blank lines in one step
+        no += text.count("\n", pos, blanks)
+        pos = blanks
         end = text.find("\n", pos)
         if end < 0:
             break                 # an unfinished line is no whole message
-        no += 1
         line = text[pos:end]
-        if _MESSAGE.fullmatch(line):
-            skipped.append((no, line))
-        elif line.strip():
+        if not _MESSAGE.fullmatch(line):
             break
+        no += 1
+        skipped.append((no, line))
         pos = end + 1
     return (pos, skipped) if skipped else (0, [])
 
@@ -199,10 +218,10 @@ def _lines(text: str) -> Iterable[str]:
     return io.StringIO(text, newline="\n")
 
 
-def _parse_records(text: str, start: int = 0) -> dict[str, IbNode] | None:
+def _parse_records(text: str, start: int = 0, headers: list[int] | None = None) -> dict[str, IbNode] | None:
     """The fast reader, from *start*; None when the text needs the careful one."""
     nodes: dict[str, IbNode] = {}
-    end = _read_into(nodes, text, start)
+    end = _read_into(nodes, text, start, headers)
     return nodes if end is not None and _complete(nodes, text, end) else None
 
 
@@ -213,14 +232,37 @@ def _parse_slices(slices: Iterable[str], skipped: Skipped | None = None) -> dict
     every record ends before it); what follows waits for the next slice.  A
     record cut anywhere else, or a node-like text in a comment found before
     its record, is something between two records: None, and parse_file
-    reads the whole text again.  The libraries' warnings before the first
-    record (:func:`_head`) are skipped, and added to *skipped*.
+    reads the whole text again.  What of ibnetdiscover's own output is
+    skipped (the libraries' warnings first, :func:`_head`; -g headers) is
+    added to *skipped*.
     """
     nodes: dict[str, IbNode] = {}
     if skipped is None:
         skipped = []
     head = True                   # only warnings and blank lines read so far
-    lines_before = 0              # lines of the text before *text*, while in the head
+    # -g headers are read here only where their line numbers are known: lines
+    # are counted while they may come.  A -g dump prints one before its first
+    # record, and "Non-Chassis Nodes" is its last; any other is the careful
+    # reader's to judge.
+    counting = True
+    lines_before = 0              # lines before *text*, while counting
+
+    def read(text: str, start: int) -> int | None:
+        nonlocal counting, lines_before
+        had = bool(nodes)
+        offsets: list[int] | None = [] if counting else None
+        pos = _read_into(nodes, text, start, offsets)
+        if pos is None:
+            return None
+        if offsets:
+            _add_headers(skipped, text, offsets, 0, lines_before)
+            counting = not any(text.startswith("Non-Chassis Nodes", o) for o in offsets)
+        elif nodes and not had:
+            counting = False      # records without a header before them: no -g dump
+        if counting:
+            lines_before += text.count("\n", 0, pos)
+        return pos
+
     pending: list[str] = []
     for piece in slices:
         cut = piece.rfind("\n\n") + 1
@@ -232,14 +274,13 @@ def _parse_slices(slices: Iterable[str], skipped: Skipped | None = None) -> dict
         start = 0
         if head:
             start, more = _head(text, lines_before + 1)
+            skipped += more
             if more and start == len(text):
-                skipped += more            # still warnings: the records start in a later slice
-                lines_before += text.count("\n")
+                lines_before += text.count("\n")   # still warnings: the records start in a later slice
                 pending = [piece[cut:]]
                 continue
-            skipped += more
             head = False
-        pos = _read_into(nodes, text, start)
+        pos = read(text, start)
         if pos is None:
             return None
         pending = [text[pos:], piece[cut:]]
@@ -248,7 +289,7 @@ def _parse_slices(slices: Iterable[str], skipped: Skipped | None = None) -> dict
     if head:
         start, more = _head(text, lines_before + 1)
         skipped += more
-    pos = _read_into(nodes, text, start)
+    pos = read(text, start)
     return nodes if pos is not None and _complete(nodes, text, pos) else None
 
 
@@ -257,19 +298,24 @@ def _complete(nodes: dict[str, IbNode], text: str, pos: int) -> bool:
     return bool(nodes) and _SKIP.match(text, pos).end() == len(text)
 
 
-def _read_into(nodes: dict[str, IbNode], text: str, start: int = 0) -> int | None:
+def _read_into(nodes: dict[str, IbNode], text: str, start: int = 0,
+               headers: list[int] | None = None) -> int | None:
     """Add the records that fill *text* from *start* to *nodes*; where the last one ends.
 
     None for something between two records, an id seen before, an
     unreadable port line or ports not listed in increasing order (never so
-    in ibnetdiscover's output; the careful reader sorts them).
+    in ibnetdiscover's output; the careful reader sorts them).  With
+    *headers*, ``ibnetdiscover -g`` headers between records are read past
+    as the careful reader does, and their offsets in *text* added to it.
     """
     pos = start
+    fresh = not nodes            # no record before *start*: a header needs no blank line before it
     ports_re = _PORTS.findall
     kinds = _KINDS
     new = tuple.__new__
     for r in _RECORD.finditer(text, start):
-        if r.start() != pos:
+        if r.start() != pos and (headers is None or not _group_gap(text, pos, r.start(), fresh and pos == start,
+                                                                     headers)):
             return None          # something between two records: the careful reader names it
         pos = r.end()
         kind, nid, desc, port, peer, peer_port, more = r.groups()
@@ -294,6 +340,33 @@ def _read_into(nodes: dict[str, IbNode], text: str, start: int = 0) -> int | Non
             ports = tuple(listed)
         nodes[nid] = new(IbNode, (nid, kinds[kind], desc or "", ports))
     return pos
+
+
+def _group_gap(text: str, at: int, end: int, blank: bool, headers: list[int]) -> bool:
+    """Whether text[at:end], between two records, is blank lines, comments and -g headers (added to *headers*).
+
+    The careful reader's rule: a header only after a blank line (*blank*:
+    no record line before *at*), and an Xsigo ``Hostname:`` only right after
+    a chassis header.
+    """
+    if text[end - 1] != "\n" and text[end] != "\n":
+        return False             # a record starts inside a line
+    # (a record's match may start with the newline that ends the gap's last line)
+    chassis = False
+    while at < end:
+        eol = text.index("\n", at)
+        line = text[at:eol]
+        stripped = line.strip()
+        if not stripped:
+            blank = True
+        elif stripped[0] != "#":
+            if not blank or not (_GROUP_HEADER.fullmatch(line) or
+                                 (chassis and _XSIGO_HOSTNAME.fullmatch(line))):
+                return False
+            headers.append(at)
+            chassis = line.startswith("Chassis")
+        at = eol + 1
+    return True
 
 
 def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:

@@ -10,6 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fuzzlib import fuzz_settings, mutated
+from hypothesis import given
+from hypothesis import strategies as st
 
 from machinedata import ROOT
 from slurm_gpu.cli import main
@@ -188,3 +191,56 @@ def test_warnings_longer_than_a_read_slice(tmp_path: Path, monkeypatch: pytest.M
     fab = ibnet.parse_file(str(p))
     assert fab.nodes == ibnet.parse(_ungrouped(GROUPED.read_text()), "plain").nodes
     assert "skipped 152 lines" in fab.notes[0]
+
+
+def _fast_whole(text: str) -> tuple[dict[str, ibnet.IbNode], tuple[str, ...]] | None:
+    """parse()'s fast branch alone: the warnings first, then the records and -g headers."""
+    start, skipped = ibnet._head(text)
+    headers: list[int] = []
+    nodes = ibnet._parse_records(text, start, headers)
+    if nodes is None:
+        return None
+    ibnet._add_headers(skipped, text, headers, 0, 0)
+    return nodes, ibnet._notes("d", skipped)
+
+
+def test_the_fast_reader_reads_captures_itself() -> None:
+    """-g headers and leading warnings do not send a big dump to the careful reader (bench_confgen)."""
+    for text in (GROUPED_PLAIN, WARNINGS + GROUPED_PLAIN, GROUPED.read_text()):
+        fast = _fast_whole(text)
+        assert fast is not None
+        careful = ibnet._parse_lines(ibnet._lines(text), "d")
+        assert fast == (careful.nodes, careful.notes)
+        for size in (50, 4096, 1 << 16):
+            skipped: ibnet.Skipped = []
+            sliced = ibnet._parse_slices([text[i:i + size] for i in range(0, len(text), size)], skipped)
+            assert sliced == careful.nodes and ibnet._notes("d", skipped) == careful.notes, size
+
+
+_SMALL_G = ("#\n# Topology file: generated on Sat Nov 28 13:00:00 2026\n#\n"
+            + WARNINGS.splitlines(True)[0] + "\nChassis 1 (guid 0x2c90200000100)\n\n# Spine Nodes\n"
+            + GROUPED.read_text().split("# Spine Nodes\n", 1)[1])
+
+
+@fuzz_settings(1500)
+@given(mutated([WARNINGS + GROUPED.read_text(), _SMALL_G, WARNINGS + TEXT[:3000]],
+               ["Non-Chassis Nodes\n", "\nNon-Chassis Nodes\n", "Chassis 2\n", "\nChassis 3 (guid 0x1)\n",
+                "Hostname: x\n", "[ext 1]", WARNINGS.splitlines(True)[0], WARNINGS.splitlines(True)[2],
+                "\n\n", "# c\n", "vendid=0x1\n"]),
+       st.integers(min_value=1, max_value=300))
+def test_fast_and_sliced_readers_skip_what_the_careful_one_skips(text: str, size: int) -> None:
+    try:
+        careful = ibnet._parse_lines(ibnet._lines(text), "d")
+    except InputError:
+        careful = None
+    fast = _fast_whole(text)
+    skipped: ibnet.Skipped = []
+    sliced = ibnet._parse_slices([text[i:i + size] for i in range(0, len(text), size)], skipped)
+    for got in (fast, (sliced, ibnet._notes("d", skipped)) if sliced is not None else None):
+        if got is None:
+            continue          # declined: parse() reads it with the careful reader
+        if careful is None:
+            # the careful reader refuses only what the fast one passes on to it: a broken link
+            assert not ibnet._links_hold(got[0])
+            continue
+        assert got == (careful.nodes, careful.notes)
