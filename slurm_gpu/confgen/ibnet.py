@@ -53,7 +53,7 @@ _MESSAGE = re.compile(
     r"(?:[\w./+-]{0,200}/)?(?:ibnetdisc|query_smp|chassis)\.c:\d{1,6}; "
     r"(?:umad \(|mad \(|umad_recv failed|umad_init failed|can't open (?:UMAD|MAD) port|Failed to |"
     r"Duplicate (?:Node|Port): |Error Occurred when trying|Internal [Ee]rror|Invalid |OOM|add port |"
-    r"send failed|mad_build_pkt failed|outstanding SMP's|Unexpected node found|Node\(|"
+    r"send failed|mad_build_pkt failed|outstanding SMP's|Unexpected node found|"
     r"fill_mellanox_chassis_record: )[ -~]*"
     r"|ibwarn: \[\d{1,10}\] \w{1,64}: [ -~]*")
 # ibnetdiscover -g (dump_topology, out_chassis): a chassis' first line, an Xsigo
@@ -151,18 +151,16 @@ def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabr
     return IbFabric(nodes, source, _notes(source, skipped))
 
 
-def _add_headers(skipped: Skipped, text: str, offsets: list[int], at: int, line: int) -> tuple[int, int]:
+def _add_headers(skipped: Skipped, text: str, offsets: list[int], at: int, line: int) -> None:
     """Add the -g headers at *offsets* of *text* to *skipped* with their line numbers.
 
-    *at* is an offset of *text* known to start line *line* + 1; counting
-    goes on from there, so a whole dump is counted at most once.  The last
-    header's (offset, line) is returned for the next call.
+    *at* is an offset of *text* known to start line *line* + 1; each count
+    goes on from the last header, so the text is counted at most once.
     """
     for off in offsets:
         line += text.count("\n", at, off)
         at = off
         skipped.append((line + 1, text[off:text.index("\n", off)]))
-    return at, line
 
 
 def _head(text: str, first_line: int = 1) -> tuple[int, Skipped]:
@@ -399,10 +397,10 @@ def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
             continue
         if cur is None and not pending_header and raw.endswith("\n"):
             # ibnetdiscover -g headers, between records only
-            text = raw.rstrip("\n")
-            if _GROUP_HEADER.fullmatch(text) or (after_chassis and _XSIGO_HOSTNAME.fullmatch(text)):
-                skipped.append((no, text))
-                after_chassis = text.startswith("Chassis")
+            bare = raw.rstrip("\n")
+            if _GROUP_HEADER.fullmatch(bare) or (after_chassis and _XSIGO_HOSTNAME.fullmatch(bare)):
+                skipped.append((no, bare))
+                after_chassis = bare.startswith("Chassis")
                 continue
         after_chassis = False
         if c == "[":

@@ -244,3 +244,16 @@ def test_fast_and_sliced_readers_skip_what_the_careful_one_skips(text: str, size
             assert not ibnet._links_hold(got[0])
             continue
         assert got == (careful.nodes, careful.notes)
+
+
+def test_xsigo_hostname_only_right_after_a_chassis_header(tmp_path: Path) -> None:
+    """out_chassis() prints "Hostname: <desc>" after the chassis line of an Xsigo chassis, nowhere else."""
+    text = GROUPED.read_text()
+    chassis = "Chassis 1 (guid 0x2c90200000100)\n"
+    ok = text.replace(chassis, chassis + "Hostname: xsigo-01\n")
+    assert nodes_of(ok, tmp_path) == ibnet.parse(_ungrouped(text), "plain").nodes
+    assert "line 7 ('Hostname: xsigo-01', ibnetdiscover -g)" in ibnet.parse(ok, "d").notes[0]
+    bad = text.replace("Non-Chassis Nodes\n", "Non-Chassis Nodes\nHostname: xsigo-01\n")
+    with pytest.raises(InputError) as e:
+        nodes_of(bad, tmp_path)
+    assert e.value.where.endswith(":39")
