@@ -28,11 +28,13 @@ def _type_map(items: Sequence[str]) -> dict[str, str]:
 def build_options(ctx_opts: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
     """The :class:`~slurm_gpu.confgen.GresOptions` for the command line (pci.ids read only when needed)."""
     from ..confgen import GresOptions
-    from ..confgen.pciids import load_nvidia_names
+    from ..confgen.pciids import driver_name, load_nvidia_names
 
     if ctx_opts["mps_count"] < 0 or ctx_opts["shards"] < 0:
         raise UsageError("--mps-count and --shards must be >= 0")
-    need_pci = any(g.name is None for n in nodes.values() for g in n.gpus)
+    # pci.ids only for GPUs that neither NVML nor NVIDIA's shipped name table names
+    need_pci = any(g.name is None and driver_name(g.pci_device_id, g.pci_subsystem_id) is None
+                   for n in nodes.values() for g in n.gpus)
     pci = load_nvidia_names(ctx_opts["pci_ids"]) if need_pci else {}
     return GresOptions(dev_dir=ctx_opts["dev_dir"], type_map=_type_map(ctx_opts["type_map"]),
                        pci_names=pci, mps_count=ctx_opts["mps_count"], shards=ctx_opts["shards"],

@@ -57,6 +57,7 @@ def _render(kw: dict[str, Any]) -> str:
         raise UsageError("nothing to render: give --ibnetdiscover FILE and/or --snapshot")
     inputs: list[str] = []
     t = b = None
+    fabrics: list[Any] = []
     if want_tree:
         fabrics = [ibnet.parse_file(p) for p in kw["dumps"]]
         try:
@@ -79,7 +80,7 @@ def _render(kw: dict[str, Any]) -> str:
         srcs = sorted(set(os.path.dirname(w) or w for w in where.values()))
         inputs += [f"snapshots of {len(nodes)} nodes from {', '.join(srcs[:3])}" + (" ..." if len(srcs) > 3 else "")]
     text = topology.render_topology(t, b, fmt=kw["fmt"], inputs=inputs)
-    for n in (t.notes if t else ()) + (b.notes if b else ()):
+    for n in tuple(n for f in fabrics for n in f.notes) + (t.notes if t else ()) + (b.notes if b else ()):
         click.echo(f"slurm-gpu: note: {n}", err=True)
     return text
 

@@ -12,6 +12,12 @@ Every link appears twice, once from each end.  A dump cut short (a copy
 that stopped, a full disk) therefore shows up as a peer that is never
 described or a link seen from one end only; both are reported with the
 file and line, never turned into a silently smaller topology.
+
+Besides the records, a dump as admins capture it may hold what ibnetdiscover
+itself prints: its libraries' warnings when stderr was captured too (``2>&1``),
+and the grouping headers of ``ibnetdiscover -g``.  Those lines, and only
+those, are skipped, and :attr:`IbFabric.notes` says which were (see
+``_MESSAGE`` and ``_GROUP_HEADER`` for where each comes from).
 """
 from __future__ import annotations
 
@@ -28,11 +34,48 @@ from ..errors import InputError
 _NODE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([^"\n]+)"(.*)$')
 # Port numbers are read with int(): bounded, so a 5,000-digit one is an
 # unreadable line (one error naming it), not a ValueError from int().
-_PORT = re.compile(r'^\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?\s+"([^"\n]+)"\[(\d{1,5})\]')
+# ibnetdiscover -g prints a chassis port's front-panel number after its own:
+# "[13][ext 1]" (out_switch_port, out_ext_port); the port number is the first.
+_PORT = re.compile(r'^\[(\d{1,5})\](?:\[ext \d{1,5}\])?(?:\([0-9A-Fa-fx]+\))?\s+"([^"\n]+)"\[(\d{1,5})\]')
 _QUOTED = re.compile(r'"([^"]*)"')
 # A match's group is a new string each time: 825,000 records at 100,000
 # hosts made as many copies of "Ca" and "Switch" (42 MB); each kind is kept once.
 _KINDS = {k: k for k in ("Switch", "Ca", "Rt")}
+
+# What ibnetdiscover prints that is not topology (linux-rdma/rdma-core @ 691953d8).
+# Its stderr, which a capture with 2>&1 puts first: discovery ends before the
+# (buffered) dump is written.  libibnetdisc's IBND_ERROR (libibnetdisc/internal.h)
+# is "<__FILE__>:<__LINE__>; <message>", the messages those of ibnetdisc.c,
+# query_smp.c and chassis.c; libibmad's and libibumad's IBWARN (libibmad/mad.h,
+# libibumad/umad.c) is "ibwarn: [<pid>] <function>: <message>".  Printable
+# ASCII only: no escape sequence reaches the note an admin reads.
+_MESSAGE = re.compile(
+    r"(?:[\w./+-]{0,200}/)?(?:ibnetdisc|query_smp|chassis)\.c:\d{1,6}; "
+    r"(?:umad \(|mad \(|umad_recv failed|umad_init failed|can't open (?:UMAD|MAD) port|Failed to |"
+    r"Duplicate (?:Node|Port): |Error Occurred when trying|Internal [Ee]rror|Invalid |OOM|add port |"
+    r"send failed|mad_build_pkt failed|outstanding SMP's|Unexpected node found|"
+    r"fill_mellanox_chassis_record: )[ -~]*"
+    r"|ibwarn: \[\d{1,10}\] \w{1,64}: [ -~]*")
+# ibnetdiscover -g (dump_topology, out_chassis): a chassis' first line, an Xsigo
+# chassis' host name right after it, and the start of the switches in no chassis.
+# "# Spine Nodes", "# Line Nodes", "# Chassis Switches", "# Chassis CAs" are comments.
+_GROUP_HEADER = re.compile(r"Chassis \d{1,5}(?: \(guid 0x[0-9a-f]{1,16}\))?|Non-Chassis Nodes")
+_XSIGO_HOSTNAME = re.compile(r"Hostname: [ -~]{1,200}")
+# Output of other ibnetdiscover modes, which has no topology records:
+# dump_ports_report() (-p) "%2s %5d %2d 0x%016x ...", list_node() (-l/-H/-S/-R)
+# "%s\t : 0x%016x ports %d ...", and ibexit() (infiniband-diags/ibdiag_common.c)
+# "<prog>: iberror: ..." before ibnetdiscover exits with an error.
+_OTHER_MODES = (
+    (re.compile(r"(?:SW|CA|RT) +\d{1,5} +\d{1,3} 0x[0-9a-f]{16} "),
+     "this is `ibnetdiscover -p` (ports report) output, which has no topology records; "
+     "run ibnetdiscover without -p"),
+    (re.compile(r"(?:Switch|Ca|Router|\?\?\?)\t : 0x[0-9a-f]{16} ports \d+ "),
+     "this is `ibnetdiscover -l` (node list) output, which has no links; "
+     "run ibnetdiscover without -l, -H, -S or -R"),
+)
+_HEADER = re.compile(r"[A-Za-z]\w*=")
+_BLANKS = re.compile(r"(?:[ \t]*\n)*")
+_IBERROR = re.compile(r"[\w.-]{1,64}: iberror: ")
 
 
 Port = tuple[int, str, int]     # (port, peer id, peer port)
@@ -65,6 +108,10 @@ def _find(ports: tuple[Port, ...], number: int) -> Port | None:
 class IbFabric:
     nodes: dict[str, IbNode]
     source: str
+    notes: tuple[str, ...] = ()   # what of ibnetdiscover's own output was skipped
+
+
+Skipped = list[tuple[int, str]]   # (line number, line) of a message or -g header skipped
 
 
 # A fabric of 100,000 hosts is 825,000 nodes and 2.4 million ports, all kept
@@ -83,7 +130,7 @@ class IbFabric:
 # does not recognise is handed to the line-by-line reader below, which names
 # the exact line.
 _SKIP = re.compile(r"(?:[ \t]*\n|#[^\n]*\n)*")
-_PORT_TEXT = r'\[(\d{1,5})\](?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\]'
+_PORT_TEXT = r'\[(\d{1,5})\](?:\[ext \d{1,5}\])?(?:\([0-9A-Fa-fx]+\))?[ \t]+"([^"\n]+)"\[(\d{1,5})\]'
 _RECORD = re.compile(r'(?:[ \t]*\n|#[^\n]*\n)*(?:[A-Za-z]\w*=[^\n]*\n)*'
                      r'(Switch|Ca|Rt)[ \t]+\d+[ \t]+"([^"\n]+)"'
                      # the description: the first quoted string after the first '#'
@@ -95,10 +142,71 @@ _PORTS = re.compile(r'^' + _PORT_TEXT + r'[^\n]*$', re.M)
 def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabric:
     """Parse a dump; raise :class:`InputError` naming ``source:line`` on bad or truncated input."""
     text = lines if isinstance(lines, str) else "".join(lines)
-    nodes = _parse_records(text)
+    start, skipped = _head(text)
+    headers: list[int] = []
+    nodes = _parse_records(text, start, headers)
     if nodes is None or not _links_hold(nodes):
         return _parse_lines(_lines(text), source)
-    return IbFabric(nodes, source)
+    _add_headers(skipped, text, headers, 0, 0)
+    return IbFabric(nodes, source, _notes(source, skipped))
+
+
+def _add_headers(skipped: Skipped, text: str, offsets: list[int], at: int, line: int) -> None:
+    """Add the -g headers at *offsets* of *text* to *skipped* with their line numbers.
+
+    *at* is an offset of *text* known to start line *line* + 1; each count
+    goes on from the last header, so the text is counted at most once.
+    """
+    for off in offsets:
+        line += text.count("\n", at, off)
+        at = off
+        skipped.append((line + 1, text[off:text.index("\n", off)]))
+
+
+def _head(text: str, first_line: int = 1) -> tuple[int, Skipped]:
+    """Where the records start after the libraries' warnings a ``2>&1`` capture put first, and those lines.
+
+    (0, []) when the text starts with no warning: blank lines alone are the
+    records' reader's to judge.
+    """
+    pos = 0
+    skipped: Skipped = []
+    no = first_line - 1
+    while True:
+        blanks = _BLANKS.match(text, pos).end()     # runs of blank lines in one step
+        no += text.count("\n", pos, blanks)
+        pos = blanks
+        end = text.find("\n", pos)
+        if end < 0:
+            break                 # an unfinished line is no whole message
+        line = text[pos:end]
+        if not _MESSAGE.fullmatch(line):
+            break
+        no += 1
+        skipped.append((no, line))
+        pos = end + 1
+    return (pos, skipped) if skipped else (0, [])
+
+
+def _notes(source: str, skipped: Skipped) -> tuple[str, ...]:
+    """One note naming what of ibnetdiscover's own output was skipped (none when nothing was)."""
+    if not skipped:
+        return ()
+    parts: list[str] = []
+    warnings = [(no, line) for no, line in skipped if _MESSAGE.fullmatch(line)]
+    if warnings:
+        first, last = warnings[0][0], warnings[-1][0]
+        shown = warnings[0][1][:160]
+        parts.append(f"lines {first}-{last} (libibnetdisc/libibmad warnings printed before the dump: "
+                     f"'{shown}' ...)" if len(warnings) > 1 else
+                     f"line {first} (a libibnetdisc/libibmad warning printed before the dump: '{shown}')")
+    headers = [(no, line) for no, line in skipped if not _MESSAGE.fullmatch(line)]
+    parts += [f"line {no} ('{line}', ibnetdiscover -g)" for no, line in headers[:5]]
+    if len(headers) > 5:
+        parts.append(f"and {len(headers) - 5} more -g headers")
+    n = len(skipped)
+    return (f"{source}: skipped {n} line{'s' if n > 1 else ''} of ibnetdiscover's own output that "
+            f"{'are' if n > 1 else 'is'} not topology: " + ", ".join(parts),)
 
 
 def _lines(text: str) -> Iterable[str]:
@@ -108,23 +216,51 @@ def _lines(text: str) -> Iterable[str]:
     return io.StringIO(text, newline="\n")
 
 
-def _parse_records(text: str) -> dict[str, IbNode] | None:
-    """The fast reader; None when the text needs the careful one."""
+def _parse_records(text: str, start: int = 0, headers: list[int] | None = None) -> dict[str, IbNode] | None:
+    """The fast reader, from *start*; None when the text needs the careful one."""
     nodes: dict[str, IbNode] = {}
-    end = _read_into(nodes, text)
+    end = _read_into(nodes, text, start, headers)
     return nodes if end is not None and _complete(nodes, text, end) else None
 
 
-def _parse_slices(slices: Iterable[str]) -> dict[str, IbNode] | None:
+def _parse_slices(slices: Iterable[str], skipped: Skipped | None = None) -> dict[str, IbNode] | None:
     """The fast reader over a text given in consecutive slices, as read from a file.
 
     Each slice is read up to its last blank line (no record holds one, so
     every record ends before it); what follows waits for the next slice.  A
     record cut anywhere else, or a node-like text in a comment found before
     its record, is something between two records: None, and parse_file
-    reads the whole text again.
+    reads the whole text again.  What of ibnetdiscover's own output is
+    skipped (the libraries' warnings first, :func:`_head`; -g headers) is
+    added to *skipped*.
     """
     nodes: dict[str, IbNode] = {}
+    if skipped is None:
+        skipped = []
+    head = True                   # only warnings and blank lines read so far
+    # -g headers are read here only where their line numbers are known: lines
+    # are counted while they may come.  A -g dump prints one before its first
+    # record, and "Non-Chassis Nodes" is its last; any other is the careful
+    # reader's to judge.
+    counting = True
+    lines_before = 0              # lines before *text*, while counting
+
+    def read(text: str, start: int) -> int | None:
+        nonlocal counting, lines_before
+        had = bool(nodes)
+        offsets: list[int] | None = [] if counting else None
+        pos = _read_into(nodes, text, start, offsets)
+        if pos is None:
+            return None
+        if offsets:
+            _add_headers(skipped, text, offsets, 0, lines_before)
+            counting = not any(text.startswith("Non-Chassis Nodes", o) for o in offsets)
+        elif nodes and not had:
+            counting = False      # records without a header before them: no -g dump
+        if counting:
+            lines_before += text.count("\n", 0, pos)
+        return pos
+
     pending: list[str] = []
     for piece in slices:
         cut = piece.rfind("\n\n") + 1
@@ -133,12 +269,25 @@ def _parse_slices(slices: Iterable[str]) -> dict[str, IbNode] | None:
             continue
         pending.append(piece[:cut])
         text = "".join(pending)
-        pos = _read_into(nodes, text)
+        start = 0
+        if head:
+            start, more = _head(text, lines_before + 1)
+            skipped += more
+            if more and start == len(text):
+                lines_before += text.count("\n")   # still warnings: the records start in a later slice
+                pending = [piece[cut:]]
+                continue
+            head = False
+        pos = read(text, start)
         if pos is None:
             return None
         pending = [text[pos:], piece[cut:]]
     text = "".join(pending)
-    pos = _read_into(nodes, text)
+    start = 0
+    if head:
+        start, more = _head(text, lines_before + 1)
+        skipped += more
+    pos = read(text, start)
     return nodes if pos is not None and _complete(nodes, text, pos) else None
 
 
@@ -147,19 +296,24 @@ def _complete(nodes: dict[str, IbNode], text: str, pos: int) -> bool:
     return bool(nodes) and _SKIP.match(text, pos).end() == len(text)
 
 
-def _read_into(nodes: dict[str, IbNode], text: str) -> int | None:
-    """Add the records that fill *text* from its start to *nodes*; where the last one ends.
+def _read_into(nodes: dict[str, IbNode], text: str, start: int = 0,
+               headers: list[int] | None = None) -> int | None:
+    """Add the records that fill *text* from *start* to *nodes*; where the last one ends.
 
     None for something between two records, an id seen before, an
     unreadable port line or ports not listed in increasing order (never so
-    in ibnetdiscover's output; the careful reader sorts them).
+    in ibnetdiscover's output; the careful reader sorts them).  With
+    *headers*, ``ibnetdiscover -g`` headers between records are read past
+    as the careful reader does, and their offsets in *text* added to it.
     """
-    pos = 0
+    pos = start
+    fresh = not nodes            # no record before *start*: a header needs no blank line before it
     ports_re = _PORTS.findall
     kinds = _KINDS
     new = tuple.__new__
-    for r in _RECORD.finditer(text):
-        if r.start() != pos:
+    for r in _RECORD.finditer(text, start):
+        if r.start() != pos and (headers is None or not _group_gap(text, pos, r.start(), fresh and pos == start,
+                                                                     headers)):
             return None          # something between two records: the careful reader names it
         pos = r.end()
         kind, nid, desc, port, peer, peer_port, more = r.groups()
@@ -186,6 +340,33 @@ def _read_into(nodes: dict[str, IbNode], text: str) -> int | None:
     return pos
 
 
+def _group_gap(text: str, at: int, end: int, blank: bool, headers: list[int]) -> bool:
+    """Whether text[at:end], between two records, is blank lines, comments and -g headers (added to *headers*).
+
+    The careful reader's rule: a header only after a blank line (*blank*:
+    no record line before *at*), and an Xsigo ``Hostname:`` only right after
+    a chassis header.
+    """
+    if text[end - 1] != "\n" and text[end] != "\n":
+        return False             # a record starts inside a line
+    # (a record's match may start with the newline that ends the gap's last line)
+    chassis = False
+    while at < end:
+        eol = text.index("\n", at)
+        line = text[at:eol]
+        stripped = line.strip()
+        if not stripped:
+            blank = True
+        elif stripped[0] != "#":
+            if not blank or not (_GROUP_HEADER.fullmatch(line) or
+                                 (chassis and _XSIGO_HOSTNAME.fullmatch(line))):
+                return False
+            headers.append(at)
+            chassis = line.startswith("Chassis")
+        at = eol + 1
+    return True
+
+
 def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
     """The careful reader: line by line, naming the first line it cannot read."""
     # id -> (kind, desc, port -> Port): a port listed twice keeps its last line.
@@ -196,15 +377,32 @@ def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
     pending_header = 0           # line of a vendid=/...guid= header not yet followed by its node
     last_no = 0
     last_text = ""
+    skipped: Skipped = []        # ibnetdiscover's own lines that are not topology
+    head = True                  # nothing but blank lines and the libraries' warnings so far
+    after_chassis = False        # the last line that was not blank is a "Chassis N" header
     for no, raw in enumerate(lines, 1):
         last_no, last_text = no, raw
         line = raw.strip()
         if not line:
             cur = None
             continue
+        if head:
+            # the warnings of a 2>&1 capture come first, whole lines only
+            if raw.endswith("\n") and _MESSAGE.fullmatch(raw.rstrip("\n")):
+                skipped.append((no, raw.rstrip("\n")))
+                continue
+            head = False
         c = line[0]
         if c == "#":
             continue
+        if cur is None and not pending_header and raw.endswith("\n"):
+            # ibnetdiscover -g headers, between records only
+            bare = raw.rstrip("\n")
+            if _GROUP_HEADER.fullmatch(bare) or (after_chassis and _XSIGO_HOSTNAME.fullmatch(bare)):
+                skipped.append((no, bare))
+                after_chassis = bare.startswith("Chassis")
+                continue
+        after_chassis = False
         if c == "[":
             if cur is None:
                 raise InputError("ibnetdiscover dump: port line outside a node record", f"{source}:{no}")
@@ -228,14 +426,16 @@ def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
             node_lines[nid] = no
             pending_header = 0
             continue
-        if "=" in line:
-            # vendid=, devid=, sysimgguid=, switchguid=, caguid=, rtguid=
+        if _HEADER.match(line):
+            # vendid=, devid=, sysimgguid=, switchguid=, caguid=, rtguid= (the fast reader's rule)
             if not pending_header:
                 pending_header = no
             continue
-        raise InputError(_bad(raw, "unreadable line"), f"{source}:{no}")
+        raise InputError(_bad(raw, _unreadable(line)), f"{source}:{no}")
     if last_no == 0:
         raise InputError("ibnetdiscover dump is empty", source)
+    if not found and skipped and head:
+        raise InputError("ibnetdiscover dump holds no topology: only ibnetdiscover's own messages", source)
     if pending_header:
         raise InputError("truncated ibnetdiscover dump: ends inside a node record", f"{source}:{pending_header}")
     if last_text and not last_text.endswith("\n") and last_text.strip().startswith("["):
@@ -248,7 +448,18 @@ def _parse_lines(lines: Iterable[str], source: str) -> IbFabric:
         message, nid, port = broken
         line_no = node_lines[nid] if port is None else port_lines[(nid, port)]
         raise InputError(message, f"{source}:{line_no}")
-    return IbFabric(nodes, source)
+    return IbFabric(nodes, source, _notes(source, skipped))
+
+
+def _unreadable(line: str) -> str:
+    """What a line no record holds is: another ibnetdiscover mode's output, its error, or unreadable."""
+    for pattern, what in _OTHER_MODES:
+        if pattern.match(line):
+            return what
+    if _IBERROR.match(line):
+        shown = "".join(c if " " <= c <= "~" else "?" for c in line[:160])
+        return f"ibnetdiscover failed here ('{shown}')"
+    return "unreadable line"
 
 
 def _bad(raw: str, what: str) -> str:
@@ -343,9 +554,10 @@ _SLICE = 1 << 16
 def _read_file(f: TextIO, source: str) -> IbFabric:
     """Parse an open dump: the fast reader slice by slice; the whole text again when it declines."""
     if f.seekable():
-        nodes = _parse_slices(iter(partial(f.read, _SLICE), ""))
+        skipped: Skipped = []
+        nodes = _parse_slices(iter(partial(f.read, _SLICE), ""), skipped)
         if nodes is not None and _links_hold(nodes):
-            return IbFabric(nodes, source)
+            return IbFabric(nodes, source, _notes(source, skipped))
         f.seek(0)
         if nodes is not None:
             return _parse_lines(f, source)   # read, but a link is broken: this names its line

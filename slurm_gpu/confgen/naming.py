@@ -41,27 +41,47 @@ def gpu_type(gpu: Gpu, *, pci_names: Mapping[int, str] | None = None,
              type_map: Mapping[str, str] | None = None, where: str = "") -> str:
     """The Slurm GRES ``Type`` of a whole GPU.
 
-    Order: NVML name (AutoDetect naming); else the PCI device id looked up in
-    *pci_names* (device id -> pci.ids name of vendor 0x10de).  *type_map* then
-    maps the result (or the bus id, or ``0x<device id>``) to an admin's name.
-    An unknown GPU is an error, never a guessed name.
+    Order: NVML name (AutoDetect naming); else the name NVIDIA's driver
+    gives the PCI device and subsystem id (:func:`pciids.driver_name`, the
+    same AutoDetect naming); else the device id looked up in *pci_names*
+    (device id -> pci.ids name of vendor 0x10de; a different spelling, kept
+    for GPUs NVIDIA's table does not name).  *type_map* then maps the result
+    (or the bus id, or ``0x<device id>``) to an admin's name.  An unknown GPU
+    is an error, never a guessed name.
     """
+    from . import pciids
+
+    dev = gpu.pci_device_id
+    t = ""
     if gpu.name:
         t = autodetect_name(gpu.name)
-    elif gpu.pci_device_id is not None and pci_names and gpu.pci_device_id in pci_names:
-        t = pci_ids_name(pci_names[gpu.pci_device_id])
-    else:
-        t = ""
+    elif (driver := pciids.driver_name(dev, gpu.pci_subsystem_id)) is not None:
+        t = autodetect_name(driver)
+    elif dev is not None and pci_names and dev in pci_names:
+        t = pci_ids_name(pci_names[dev])
     if type_map:
-        for key in (gpu.pci_bus_id, f"0x{gpu.pci_device_id:04x}" if gpu.pci_device_id is not None else None,
-                    t or None):
+        for key in (gpu.pci_bus_id, f"0x{dev:04x}" if dev is not None else None, t or None):
             if key is not None and key in type_map:
                 return type_map[key]
     if not t:
-        dev = f"10de:{gpu.pci_device_id:04x}" if gpu.pci_device_id is not None else "unknown id"
-        raise InputError(f"unknown GPU {dev} at {gpu.pci_bus_id}: no NVML name and not in pci.ids; "
-                         f"give --type-map", where or None)
+        raise InputError(_unknown(gpu), where or None)
     return t
+
+
+def _unknown(gpu: Gpu) -> str:
+    from . import pciids
+
+    dev = gpu.pci_device_id
+    if dev is None:
+        return f"unknown GPU at {gpu.pci_bus_id}: no NVML name and no PCI device id; give --type-map"
+    listed = pciids.listed_subsystems(dev)
+    if listed:
+        sub = (f" (subsystem {pciids.format_subsystem(gpu.pci_subsystem_id)})"
+               if gpu.pci_subsystem_id is not None else "")
+        return (f"unknown GPU 10de:{dev:04x}{sub} at {gpu.pci_bus_id}: no NVML name, NVIDIA's name table "
+                f"lists this device only with subsystems {', '.join(listed)}, and it is not in pci.ids; "
+                f"give --type-map")
+    return f"unknown GPU 10de:{dev:04x} at {gpu.pci_bus_id}: no NVML name and not in pci.ids; give --type-map"
 
 
 def mig_type(parent_type: str, mig: MigInstance) -> str:

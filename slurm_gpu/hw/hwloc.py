@@ -147,6 +147,7 @@ class _Pci:
     class_id: int
     locality: int                 # cpuset of the non-I/O ancestor
     path: tuple[tuple[int, bool], ...]   # ancestors (gp_index, is host bridge), nearest first
+    subsystem: int = 0                   # (subsystem device << 16) | subsystem vendor
     osdevs: list[tuple[str, int, dict[str, str]]] = field(default_factory=list)
 
 
@@ -213,7 +214,7 @@ def _cpu_view(t: H.Topology, hostname: str | None) -> CpuView:
             bus_id=p.bus_id, vendor_id=p.vendor, device_id=p.device, class_id=p.class_id,
             name=_gpu_model(p), minor=_minor(p),
             numa_nodes=numa_in(p.locality), cores=cores_in(p.locality),
-            nics=_nearest_nics(p, candidates, numa_in),
+            nics=_nearest_nics(p, candidates, numa_in), subsystem_id=p.subsystem,
         ))
     gpus.sort(key=lambda g: g.bus_id)
 
@@ -260,7 +261,8 @@ def _pci_devices(t: H.Topology) -> list[_Pci]:
         if not t.is_null(anc):
             path.append((int(anc.gp_index), False))
         p = _Pci(bus_id=f"{a.domain:04x}:{a.bus:02x}:{a.dev:02x}.{a.func:x}", vendor=a.vendor_id,
-                 device=a.device_id, class_id=a.class_id, locality=locality, path=tuple(path))
+                 device=a.device_id, class_id=a.class_id, locality=locality, path=tuple(path),
+                 subsystem=(a.subdevice_id << 16) | a.subvendor_id)
         for c in t.io_children(o):
             if c.type == H.OBJ_OS_DEVICE:
                 p.osdevs.append((t.string(c.name) or "", int(c.attr.osdev.type), t.infos(c)))

@@ -41,6 +41,7 @@ def build_node(cpu: CpuView, nvml: NvmlView | None, *, sources: tuple[str, ...] 
                 index=pos, minor=p.minor if p.minor is not None else pos, uuid=None,
                 pci_bus_id=p.bus_id, pci_device_id=p.device_id, name=p.name, memory_bytes=None,
                 numa_nodes=p.numa_nodes, cores=p.cores, nics=p.nics,
+                pci_subsystem_id=p.subsystem_id,   # names the GPU when NVML cannot (confgen.pciids)
             ))
     return Node(
         hostname=cpu.hostname, packages=cpu.packages, numa_nodes=cpu.numa_nodes, cores=cpu.cores,

@@ -125,6 +125,9 @@ class Gpu:
     mig_instances: tuple[MigInstance, ...] = ()
     fabric: Fabric | None = None
     nics: tuple[str, ...] = ()       # names of the nearest NICs
+    # PCI subsystem id in NVML's pciSubSystemId layout (0x18be10de: subsystem 10de:18be);
+    # set for GPUs known from hwloc alone, whose name it gives (confgen.pciids)
+    pci_subsystem_id: int | None = None
 
     def nvlink_to(self, other: "Gpu", switch_links: dict[str, int] | None = None) -> int:
         """Number of NVLinks towards *other*, counting NVSwitch paths.
@@ -188,7 +191,7 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
             mig_enabled=g.get("mig_enabled"),
             mig_instances=tuple(MigInstance(**m) for m in g.get("mig_instances", ())),
             fabric=Fabric(**g["fabric"]) if g.get("fabric") else None,
-            nics=_tuple(g.get("nics", ())),
+            nics=_tuple(g.get("nics", ())), pci_subsystem_id=g.get("pci_subsystem_id"),
         )
 
     return Node(

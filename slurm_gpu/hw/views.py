@@ -23,6 +23,7 @@ class PciGpu:
     numa_nodes: tuple[int, ...]       # local CPU NUMA nodes (logical)
     cores: tuple[int, ...]            # local cores (logical)
     nics: tuple[str, ...] = ()        # nearest NICs, closest first
+    subsystem_id: int | None = None   # (subsystem device << 16) | subsystem vendor, as NVML's pciSubSystemId
 
 
 @dataclass(frozen=True)
