@@ -50,8 +50,8 @@ def parse_lines(lines: Iterable[Any]) -> list[dict[str, Any]]:
     """SXid reports in *lines* (kernel lines from ``hw/kmsg``), in order."""
     out = []
     for ln in lines:
-        if getattr(ln, "cont", False):
-            continue
+        if getattr(ln, "cont", False) or getattr(ln, "doubt", None):
+            continue                     # a continuation, or a line not proven the kernel's
         m = _SXID.match(ln.text)
         if m:
             out.append({"switch": int(m.group("dev")), "bus": m.group("bus").lower(), "code": int(m.group("code")),

@@ -128,7 +128,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     break                  # the last line, still being written
                 want *= 2
                 continue
-            out += scan_buffer(buf, 0, cut)
+            out += scan_buffer(buf, 0, cut, pos)
             pos += cut
             want = CHUNK
         return out, FileCursor(p, st.st_ino, pos, _mark(fd, pos))
