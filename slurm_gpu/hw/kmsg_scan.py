@@ -160,6 +160,11 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, 
     """
     if end is None:
         end = len(buf)
+    return _decide(buf, start, end, base, find_hits(buf, start, end), [])
+
+
+def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(line start, match start, match end) of every driver prefix in ``buf[start:end]``, in order."""
     hits: list[tuple[int, int, int]] = []
     for lit, pat in _PATTERNS:
         # What ``pat.finditer(buf, start, end)`` finds: a match can only
@@ -175,7 +180,11 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, 
             hits.append((_line_start(buf, m.start()), m.start(), m.end()))
             pos = m.end()
     hits.sort()
-    out: list[KernelLine] = []
+    return hits
+
+
+def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[tuple[int, int, int]],
+            out: list[KernelLine]) -> list[KernelLine]:
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     for ls, s, e in hits:
