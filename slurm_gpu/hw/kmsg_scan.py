@@ -31,6 +31,7 @@ _KTS = r"\[\s*(?P<kts>\d{1,10}\.\d{1,9})\]\s"          # the kernel's own "[  12
 # A month or weekday as a locale writes it (journalctl and dmesg use strftime's
 # %b/%a): "Aug", "Okt", "oct.", "окт", "10月".
 _WORD = r"[^\s\[\]:]{1,12}"
+_HOST = r"[^\s:\[\]]{1,255}"
 # Everything a trusted line may carry before the driver's text.  One
 # alternative per log format; the named groups say who wrote the line.
 _ENVELOPE = re.compile(
@@ -39,7 +40,8 @@ _ENVELOPE = re.compile(
     r"|(?P<kpri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]{0,200};"  # raw kmsg record
     r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>\d{1,10}\.\d{1,9})\]\s"        # dmesg -r
     r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s\[\s*(?P<xmono>\d{1,10}\.\d{1,9})\]\s"  # dmesg -x
-    r"|\[\s*(?P<mono>\d{1,10}\.\d{1,9})\]\s"                             # dmesg
+    # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
+    r"|\[\s*(?P<mono>\d{1,10}\.\d{1,9})\]\s(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
     r"|\[(?P<ctime>" + _WORD + " " + _WORD + r" [ \d]\d [\d:]{8} \d{4})\]\s"  # dmesg --ctime, any locale
     r"|(?P<iso>\d{4}-\d\d-\d\dT[\d:]{8}[,.\d]{0,10}(?:[+-]\d\d:?\d\d|Z)?)\s"
     r"(?:(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:" + _KTS.replace("kts", "ikts") + r")?)?"
@@ -52,6 +54,9 @@ _ENVELOPE = re.compile(
     r"|(?P<sys>" + _WORD + r" [ \d]\d [\d:]{8}(?:[.,]\d{1,9})?)\s(?:(?P<host>[^\s:\[\]]+)\s)?"
     r"(?P<tag>[^:\n]{1,64}?):\s(?:" + _KTS.replace("kts", "skts") + r")?"
     r"|(?P<bare>kernel):\s(?:" + _KTS.replace("kts", "bkts") + r")?"        # "kernel: NVRM: ..." excerpts
+    # journalctl -o short-unix / short-full ("Fri 2024-08-30 11:43:09 UTC", weekday in any locale)
+    r"|(?:(?P<unix>\d{9,11}\.\d{6})|(?P<full>" + _WORD + r" \d{4}-\d\d-\d\d [\d:]{8} [^\s\[\]:]{1,12}))"
+    r"\s" + _HOST + r"\s(?P<jtag>[^:\n]{1,64}?):\s"
     r")?")
 _AER_DEV = re.compile(r"[a-z][\w-]{0,31} (?P<dev>[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): ")
 
@@ -87,6 +92,8 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
         return int(g["rpri"]) >> 3 == KERN, g["rmono"], False
     if g["xfac"] is not None:
         return g["xfac"] == "kern", g["xmono"], False
+    if g["unix"] is not None or g["full"] is not None:
+        return g["jtag"] == "kernel", g["unix"] or g["full"], False
     if g["mono"] is not None or g["ctime"] is not None:
         return True, g["mono"] or g["ctime"], False
     if g["iso"] is not None:

@@ -197,3 +197,32 @@ def test_journal_json_export_still_needs_the_kernel_transport():
     assert verdicts(json.dumps(rec) + "\n") == [(79, "0000:02:00.0", DRAIN)]
     rec["_TRANSPORT"] = "syslog"
     assert verdicts(json.dumps(rec) + "\n") == []
+
+
+# journalctl's other short formats (systemd logs-show.c: short-monotonic
+# "[%5llu.%06llu] ", short-unix "%llu.%06llu ", short-full "%a %Y-%m-%d %H:%M:%S %Z ").
+JOURNAL_SHORT = {
+    "short-monotonic": "[ 1843.308145] n1 kernel: ",
+    "short-unix": "1725018189.123456 n1 kernel: ",
+    "short-full": "Fri 2024-08-30 11:43:09 UTC n1 kernel: ",
+    "short-full, de": "Fr 2024-08-30 11:43:09 CEST n1 kernel: ",
+}
+
+
+@pytest.mark.parametrize("name", sorted(JOURNAL_SHORT))
+def test_journalctl_short_formats(tmp_path, name):
+    env = JOURNAL_SHORT[name]
+    assert verdicts(env + XID79 + "\n") == [(79, "0000:02:00.0", DRAIN)]
+    for user in ("alice", "python3[7]", "x kernel"):
+        line = env.replace(" kernel: ", f" {user}: ") + XID79 + "\n"
+        assert verdicts(line) == [], line
+        assert health(tmp_path, line).status == "ok"
+
+
+def test_plain_dmesg_lines_keep_their_meaning():
+    # "[t] word kernel: " is the journal's; any other text after a dmesg stamp is a kernel message's own
+    assert verdicts(f"[1.000000] usb 1-1: Product: {XID79}\n") == []
+    assert verdicts(f"[1.000000] a.out[99]: {XID79}\n") == []
+    aer = "[1.000000] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010\n"
+    assert [ln.text for ln in kmsg.scan_buffer(aer.encode())] == [
+        "0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010"]
