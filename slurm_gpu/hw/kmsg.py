@@ -54,7 +54,7 @@ from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
 from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, scan_buffer  # noqa: F401
-from .kmsg_export import MAGIC, scan_export
+from .kmsg_export import MAGIC, Broken, scan_export
 
 DEV_KMSG = "/dev/kmsg"
 CHUNK = 8 << 20
@@ -136,7 +136,13 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                 break
             got: list[KernelLine] = []
             if export:
-                got, cut = scan_export(buf, 0, n, pos)
+                try:
+                    got, cut = scan_export(buf, 0, n, pos)
+                except Broken as e:
+                    if pos > start:
+                        break              # what came before is read; the next read says so
+                    raise InputError(f"not a journal export file from byte {pos + e.offset} on "
+                                     "(a value without its length or end)", p) from None
             else:
                 cut = buf.rfind(b"\n", 0, n) + 1
             if not cut:

@@ -37,11 +37,17 @@ MAX_FIELD = 64 << 20         # a value longer than this is no journal's: the res
 Binary = tuple[bytes, int, int, int]   # name, where its line starts, where its length starts, its value's end
 
 
-def _walk(buf: bytes | bytearray, start: int, end: int) -> tuple[list[Binary], int]:
-    """The binary fields in ``buf[start:end]``, and where the walk stopped.
+class Broken(ValueError):
+    """The bytes at ``offset`` are not the export format (a binary value without its length or end)."""
 
-    The walk stops at a binary field cut off by *end* (read on next time) or
-    at bytes that are not the export format.
+    def __init__(self, offset: int) -> None:
+        super().__init__(offset)
+        self.offset = offset
+
+
+def _walk(buf: bytes | bytearray, start: int, end: int) -> tuple[list[Binary], int, bool]:
+    """The binary fields in ``buf[start:end]``, where the walk stopped, and whether it stopped
+    at bytes that are not the export format (else at a value *end* cuts off: read on next time).
     """
     out: list[Binary] = []
     i = start
@@ -53,15 +59,17 @@ def _walk(buf: bytes | bytearray, start: int, end: int) -> tuple[list[Binary], i
             # from the newline that ends the field before (the previous value's)
             m = _BINARY_NAME.search(buf, i - 1 if i > start else i, end)
             if m is None:
-                return out, end
+                return out, end, False
             ns, ls = m.start() + 1, m.end()
         ds = ls + 8
         if ds > end:
-            return out, ns
+            return out, ns, False
         size = int.from_bytes(buf[ls:ds], "little")
         de = ds + size
-        if size > MAX_FIELD or de + 1 > end or buf[de:de + 1] != b"\n":
-            return out, ns                       # cut off here (read on next time), or not the format
+        if size > MAX_FIELD or (de < end and buf[de:de + 1] != b"\n"):
+            return out, ns, True
+        if de + 1 > end:
+            return out, ns, False
         out.append((bytes(buf[ns:ls - 1]), ns, ls, de))
         i = de + 1
 
@@ -129,11 +137,14 @@ def scan_export(buf: bytes | bytearray, start: int, end: int, base: int = 0) -> 
     """The kernel's driver lines in the whole entries of ``buf[start:end]``, and where the last one ends.
 
     *start* must be an entry boundary (the top of the file, or where the
-    last read stopped).
+    last read stopped).  Raises :class:`Broken` when the first entry is not
+    the export format (the entries before a broken one are read first).
     """
-    bins, stop = _walk(buf, start, end)
+    bins, stop, broken = _walk(buf, start, end)
     starts = [b[2] for b in bins]
     cut = _last_boundary(buf, bins, starts, start, stop)
+    if broken and cut == start:
+        raise Broken(stop)
     out: list[KernelLine] = []
     done: set[int] = set()
     for ls, s, _ in find_hits(buf, start, cut):

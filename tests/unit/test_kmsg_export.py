@@ -109,9 +109,19 @@ def test_cursor_stops_at_the_last_whole_entry(tmp_path, monkeypatch):
     assert kmsg.read_source(str(log), doc)[0] == []
 
 
-def test_a_broken_export_file_reads_what_is_whole(tmp_path):
-    data = entry("kernel", XID79) + b"MESSAGE\n" + struct.pack("<Q", 1 << 40) + b"x\n\n" + entry("kernel", XID79)
+@pytest.mark.parametrize("bad", [b"MESSAGE\n" + struct.pack("<Q", 1 << 40) + b"x\n\n",     # a length past any value
+                                 b"MESSAGE\n" + struct.pack("<Q", 1) + b"xy\n\n"])         # no newline after it
+def test_a_broken_export_file_is_read_up_to_the_break_then_said_so(tmp_path, bad):
+    from slurm_gpu.errors import InputError
+    first = entry("kernel", XID79)
     log = tmp_path / "kern.export"
-    log.write_bytes(data)
-    lines, _ = kmsg.read_file(log)
-    assert len(lines) == 1
+    log.write_bytes(first + bad + entry("kernel", XID79.replace("02:00", "03:00")))
+    lines, doc = kmsg.read_source(str(log), {})
+    assert [(e.code, e.gpu) for e in xid.parse_lines(lines)] == [(79, "0000:02:00.0")]
+    assert doc["files"][str(log)]["offset"] == len(first)
+    with pytest.raises(InputError) as e:                 # never a silent "ok" from then on
+        kmsg.read_source(str(log), doc)
+    assert f"not a journal export file from byte {len(first)} on" in e.value.line()
+    rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
+                                    only=["gpu.xid"], no_drain=True))
+    assert rep.status == DRAIN                          # the whole entries before the break still count
