@@ -175,11 +175,20 @@ def test_an_unproven_line_never_feeds_a_chain_or_a_trusted_finding():
     assert worst(fs) == WARN
 
 
-def test_sxid_parser_skips_unproven_lines():
+def test_an_unproven_sxid_line_warns_and_never_drains(tmp_path):
     line = "fluentd | nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n"
     lines = kmsg.scan_buffer(line.encode())
     assert lines and lines[0].doubt
-    assert sxid.parse_lines(lines) == []
+    fs = sxid.check_sxid(sxid.parse_lines(lines))
+    assert [(f.check, f.severity) for f in fs] == [("gpu.sxid", WARN)]
+    assert fs[0].message.startswith("SXid 20034 on NVSwitch 0000:06:00.0 link 48: ")
+    assert "not trusted (" in fs[0].message and "byte 0 of the kernel log" in fs[0].message
+    assert fs[0].message.endswith("not drained")
+    # a trusted report of the same code on the same switch keeps its own verdict
+    both = sxid.check_sxid(sxid.parse_lines(kmsg.scan_buffer((line + "[2.0] " + line.split("| ")[1]).encode())))
+    assert sorted(f.severity for f in both) == [DRAIN, WARN]
+    rep = health(tmp_path, line)
+    assert rep.status == WARN
 
 
 def test_unproven_line_offset_is_the_file_s_across_chunks(tmp_path, monkeypatch):
