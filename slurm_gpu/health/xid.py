@@ -49,9 +49,16 @@ _OFF_BUS_3 = (re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + _BUS + r")\s*"),
               re.compile(r"NVRM: \(PCI ID: [0-9a-fA-F]{4}:[0-9a-fA-F]{4}\) installed in this system has\s*"),
               re.compile(r"NVRM: fallen off the bus and is not responding to commands\.\s*"))
 _ECHOES_CLIENT = ("NVRM: API mismatch:",)   # driver messages that print a client-chosen string
-ECHO_MAX_LINES = 12                          # a client string spans a few lines at most
+# How many kept lines one record can hold, for a log without stamps: a printk
+# record holds at most 1-2 KB of text (by kernel version), a kept line is at
+# least "NVRM: " and its newline.  With stamps the stamp ends the record: a
+# client string can hold any number of short "NVRM: " lines, so no line count
+# may end the echo there (a count of 12 let the 13th line drain a node).
+ECHO_MAX_LINES = 2048 // 7 + 1
 SAME_SECOND = ("logged in the same second as the driver's \"API mismatch\" message, which echoes text a "
                "client chose, and the log's 1-second stamps cannot tell them apart")
+NO_STAMP = ("logged after the driver's \"API mismatch\" message, which echoes text a client chose, in a log "
+            "without time stamps")
 # A stamp finer than a second ("12.345678", "...T11:43:09.123456", kmsg's
 # microseconds): lines sharing one are one record, split by a syslog daemon.
 _PRECISE = re.compile(r".*[.,]\d|\d+$")
@@ -144,12 +151,12 @@ def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
         if echo is not None:
             if cont:
                 continue                             # the echoed record's own lines
-            if ln.when == echo[0] and echo[1] > 0:
+            if ln.when == echo[0] and (ln.when is not None or echo[1] > 0):
                 echo = (echo[0], echo[1] - 1)
                 if ln.when is None or not _PRECISE.match(ln.when):
-                    # One second holds both the echoed client text and any other
-                    # record of that second: neither drained nor silently dropped.
-                    _add_doubt(events, text, ln, SAME_SECOND)
+                    # One second (or no stamp) holds both the echoed client text
+                    # and any other record: neither drained nor silently dropped.
+                    _add_doubt(events, text, ln, NO_STAMP if ln.when is None else SAME_SECOND)
                 continue                             # the same precise stamp: that record's line
             echo = None
         if off_bus is not None:

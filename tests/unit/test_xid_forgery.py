@@ -250,3 +250,22 @@ def test_the_real_kernel_marks_what_userspace_writes_to_dev_kmsg(monkeypatch):
     assert len(raw) == 3 and all(int(r.split(b",", 1)[0]) >> 3 == 1 for r in raw), raw
     lines, after = kmsg.read_kmsg(cursor)
     assert after.seq > cursor.seq and not any(marker in ln.text for ln in lines)
+
+
+@pytest.mark.parametrize("stamp", ["Dec 22 11:26:00 n1 kernel: [   15.483551] ", "Dec 22 11:26:00 n1 kernel: ",
+                                   "2024-08-30T11:43:09.123456+00:00 n1 kernel: "])
+def test_a_long_echoed_string_cannot_outlast_the_mismatch_window(stamp):
+    # The client string can hold many short "NVRM: " lines (a record holds up to
+    # 1 KB): a syslog daemon splits them with the record's stamp.  No count of
+    # lines ends the echo, only another stamp does; a 1-second stamp only warns.
+    text = (stamp + "NVRM: API mismatch: the client has the version 1\n"
+            + "".join(f"{stamp}NVRM: {i}\n" for i in range(40)) + f"{stamp}{XID}, but\n")
+    assert drain_reason(findings(text)) is None
+    assert all(f.severity == "warn" and "same second" in f.message for f in findings(text))
+
+
+def test_a_mismatch_in_a_log_without_stamps_never_hides_a_report_silently():
+    text = ("kernel: NVRM: API mismatch: the client has the version 1\n"
+            + "".join(f"kernel: NVRM: {i}\n" for i in range(40)) + f"kernel: {XID}\n")
+    fs = findings(text)
+    assert [(f.xid, f.severity) for f in fs] == [(79, "warn")]
