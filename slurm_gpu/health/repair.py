@@ -13,7 +13,9 @@ and, where the driver reports one, NVML's recovery action
    a reset is impossible (off, not the fault's remedy) or did not help;
 3. **RMA**: the Nth failure of the same GPU (by UUID, else bus id) within
    the window drains with ``slurm-gpu: rma: ...``, a reason the health check
-   never resumes.
+   never resumes.  Failures while one job held the GPU (our job state) count
+   once, however often that job repeats them; the reason names the job of
+   the last failure.
 
 Every step is optional (``[repair]``, all off by default) and acts only
 while the node is drained by us: an admin's drain, another tool's reboot
@@ -32,7 +34,7 @@ from typing import Any, Callable
 from .. import runner
 from ..errors import CommandError
 from .findings import DRAIN, Finding
-from .repair_state import RepairState, append_log, load, log_path, save, state_path  # noqa: F401 - the API
+from .repair_state import JOB_ID, RepairState, append_log, load, log_path, save, state_path  # noqa: F401 - the API
 from .settings import RepairSettings
 
 # NVML_GPU_RECOVERY_ACTION_*: what the driver says this GPU needs.
@@ -167,16 +169,36 @@ class Ladder:
         ns = self.c.node_state
         return ns is not None and bool(ns.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 
+    def _job_of(self, bus: str) -> str:
+        """The job our job state says holds the GPU at *bus* ("" when none, or unknown)."""
+        uuid = self.st.gpus.get(bus, {}).get("uuid")
+        job = self.c.job_gpus.get(uuid or "", "")
+        return job if JOB_ID.fullmatch(job) else ""
+
     def _new_fault(self, f: Fault, recovery: int | None) -> None:
         s = self.c.settings
         key = self.key(f.bus)
         window = s.rma_window_hours * 3600.0
-        times = [t for t in self.st.failures.get(key, []) if self.c.now - t <= window] + [self.c.now]
-        self.st.failures[key] = times
+        job = self._job_of(f.bus)
+        times = self.st.failures.get(key, [])
+        jobs = self.st.failure_jobs.get(key, [])
+        if len(jobs) != len(times):
+            jobs = [""] * len(times)
+        kept = [(t, j) for t, j in zip(times, jobs) if self.c.now - t <= window] + [(self.c.now, job)]
+        self.st.failures[key] = [t for t, _ in kept]
+        self.st.failure_jobs[key] = [j for _, j in kept]
         if key in self.st.rma:
             return                               # already sent back: nothing more to try
-        if s.rma and len(times) >= s.rma_failures:
-            self._rma(key, f, len(times))
+        # A job that keeps making its GPU fail (its own doing, or an attack) is
+        # one failure however often it repeats: it must not send a healthy GPU
+        # back.  Failures with no job on the GPU count one each.
+        under_job = sum(1 for _, j in kept if j == job) if job else 0
+        if under_job > 1:
+            self.step(key, "rma", "same job", f"{f.what} under job {job} again: a job's repeated failures "
+                      f"count once toward an RMA ({under_job} under that job)")
+        counted = len({j for _, j in kept if j}) + sum(1 for _, j in kept if not j)
+        if s.rma and counted >= s.rma_failures:
+            self._rma(key, f, counted, job, sorted({j for _, j in kept if j}, key=int))
             return
         start = first_step(f.bucket, recovery, s)
         if start is None:
@@ -186,13 +208,14 @@ class Ladder:
                                  "since": round(self.c.now, 3), "failures": len(times),
                                  "recovery_action": recovery}
 
-    def _rma(self, key: str, f: Fault, n: int) -> None:
+    def _rma(self, key: str, f: Fault, n: int, job: str = "", jobs: list[str] | None = None) -> None:
         s = self.c.settings
         self.st.episodes.pop(key, None)
         ident = "" if key.startswith("bus:") else f" ({key})"
         reason = (f"slurm-gpu: rma: GPU {f.bus}{ident} failed {n} times in {s.rma_window_hours:g} h, "
-                  f"last {f.what}")
-        self.st.rma[key] = {"bus": f.bus, "time": round(self.c.now, 3), "failures": n, "reason": reason}
+                  f"last {f.what}" + (f" under job {job}" if job else ""))
+        self.st.rma[key] = {"bus": f.bus, "time": round(self.c.now, 3), "failures": n, "reason": reason,
+                            "jobs": jobs or []}
         ns = self.c.node_state
         if ns is None or (ns.reason and not ns.ours) or (ns.drained and not self.c.our_reason):
             why = "node state unknown" if ns is None else f"node held by someone else ({ns.reason or 'no reason'})"

@@ -18,6 +18,7 @@ from ..fsutil import atomic_write
 from .settings import RepairSettings
 
 SCHEMA = 1
+JOB_ID = re.compile(r"[0-9]{1,20}")
 
 
 def _tag(node: str) -> str:
@@ -36,12 +37,14 @@ def log_path(s: RepairSettings, node: str) -> str:
 class RepairState:
     gpus: dict[str, dict[str, str]] = field(default_factory=dict)     # bus -> {"uuid", "serial"}
     failures: dict[str, list[float]] = field(default_factory=dict)    # GPU key -> failure times
+    # GPU key -> the job that held the GPU at each failure ("" none), aligned with failures
+    failure_jobs: dict[str, list[str]] = field(default_factory=dict)
     episodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU key -> open repair
     rma: dict[str, dict[str, Any]] = field(default_factory=dict)      # GPU key -> RMA record
     counters: dict[str, int] = field(default_factory=dict)           # "step/result" -> total
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "gpus": self.gpus, "failures": self.failures,
+        return {"schema": SCHEMA, "gpus": self.gpus, "failures": self.failures, "failure_jobs": self.failure_jobs,
                 "episodes": self.episodes, "rma": self.rma, "counters": self.counters}
 
     @property
@@ -70,6 +73,11 @@ def load(path: str) -> RepairState:
     if _str_map(d.get("failures")):
         st.failures = {k: [float(t) for t in v if isinstance(t, (int, float)) and not isinstance(t, bool)]
                        for k, v in d["failures"].items() if isinstance(v, list)}
+    if _str_map(d.get("failure_jobs")):
+        # Only where it still lines up with the failure times; a job id is digits.
+        for k, v in d["failure_jobs"].items():
+            if isinstance(v, list) and k in st.failures and len(v) == len(st.failures[k]):
+                st.failure_jobs[k] = [j if isinstance(j, str) and JOB_ID.fullmatch(j) else "" for j in v]
     for name in ("episodes", "rma"):
         v = d.get(name)
         if _str_map(v):

@@ -8,7 +8,8 @@ The NVSwitch driver prints (open-gpu-kernel-modules, ``NVSWITCH_PRINT_SXID``)::
 
 The lines come from the same trusted reader as the XIDs (``hw/kmsg.py``:
 kernel-written records only, the driver's prefix at the start of the
-message); here an event must match the driver's exact form, and only its
+message; a line it cannot prove the kernel's only ever warns, like in
+``gpu.xid``); here an event must match the driver's exact form, and only its
 numbers are kept (the code, the switch's bus id, the link, Fatal or not),
 never free text.  The catalog (``slurm_gpu/data/sxid_catalog.json``, from
 NVIDIA's Fabric Manager User Guide via gpud) says whether a code is
@@ -54,9 +55,15 @@ def parse_lines(lines: Iterable[Any]) -> list[dict[str, Any]]:
             continue
         m = _SXID.match(ln.text)
         if m:
-            out.append({"switch": int(m.group("dev")), "bus": m.group("bus").lower(), "code": int(m.group("code")),
-                        "fatal": m.group("sev") == "Fatal",
-                        "link": int(m.group("link")) if m.group("link") else None, "when": ln.when})
+            ev = {"switch": int(m.group("dev")), "bus": m.group("bus").lower(), "code": int(m.group("code")),
+                  "fatal": m.group("sev") == "Fatal",
+                  "link": int(m.group("link")) if m.group("link") else None, "when": ln.when}
+            doubt = getattr(ln, "doubt", None)
+            if doubt is not None:
+                # not proven the kernel's (hw/kmsg): a warning, never a drain
+                at = getattr(ln, "at", -1)
+                ev["untrusted"] = f"{doubt}; byte {at} of the kernel log" if isinstance(at, int) and at >= 0 else doubt
+            out.append(ev)
     return out
 
 
@@ -78,17 +85,20 @@ def classify(ev: dict[str, Any]) -> tuple[str, str]:
 def check_sxid(events: list[dict[str, Any]]) -> list[Finding]:
     """One finding per (code, switch), with its worst severity and count."""
     rank = {INFO: 0, WARN: 1, DRAIN: 2}
-    groups: dict[tuple[int, str], tuple[str, str, dict[str, Any], int]] = {}
+    groups: dict[tuple[int, str, bool], tuple[str, str, dict[str, Any], int]] = {}
     for ev in events:
         sev, text = classify(ev)
-        key = (ev["code"], ev["bus"])
+        if ev.get("untrusted"):
+            sev = INFO if sev == INFO else WARN
+            text = f"{text}: not trusted ({ev['untrusted']}): not drained"
+        key = (ev["code"], ev["bus"], bool(ev.get("untrusted")))
         if key in groups:
             s0, t0, e0, n = groups[key]
             groups[key] = (sev, text, ev, n + 1) if rank[sev] > rank[s0] else (s0, t0, e0, n + 1)
         else:
             groups[key] = (sev, text, ev, 1)
     out = []
-    for (code, bus), (sev, text, ev, n) in groups.items():
+    for (code, bus, _), (sev, text, ev, n) in groups.items():
         where = f" link {ev['link']}" if ev["link"] is not None else ""
         msg = f"SXid {code} on NVSwitch {bus}{where}: {text}" + (f" ({n} reports)" if n > 1 else "")
         out.append(Finding(CHECK, sev, msg, None))

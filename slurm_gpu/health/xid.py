@@ -49,7 +49,19 @@ _OFF_BUS_3 = (re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + _BUS + r")\s*"),
               re.compile(r"NVRM: \(PCI ID: [0-9a-fA-F]{4}:[0-9a-fA-F]{4}\) installed in this system has\s*"),
               re.compile(r"NVRM: fallen off the bus and is not responding to commands\.\s*"))
 _ECHOES_CLIENT = ("NVRM: API mismatch:",)   # driver messages that print a client-chosen string
-ECHO_MAX_LINES = 12                          # a client string spans a few lines at most
+# How many kept lines one record can hold, for a log without stamps: a printk
+# record holds at most 1-2 KB of text (by kernel version), a kept line is at
+# least "NVRM: " and its newline.  With stamps the stamp ends the record: a
+# client string can hold any number of short "NVRM: " lines, so no line count
+# may end the echo there (a count of 12 let the 13th line drain a node).
+ECHO_MAX_LINES = 2048 // 7 + 1
+SAME_SECOND = ("logged in the same second as the driver's \"API mismatch\" message, which echoes text a "
+               "client chose, and the log's 1-second stamps cannot tell them apart")
+NO_STAMP = ("logged after the driver's \"API mismatch\" message, which echoes text a client chose, in a log "
+            "without time stamps")
+# A stamp finer than a second ("12.345678", "...T11:43:09.123456", kmsg's
+# microseconds): lines sharing one are one record, split by a syslog daemon.
+_PRECISE = re.compile(r".*[.,]\d|\d+$")
 _AER = re.compile(r"(?P<dev>" + _BUS + r"): AER: Uncorrected")
 # Only at the end of the line: the task name (name=...) comes before it.
 _CAUSE = re.compile(r"\bcaused by previous Xid (\d{1,4})\s*$", re.I)
@@ -105,6 +117,7 @@ class XidEvent:
     log_severity: str | None = None
     link: int | None = None
     words: tuple[int, ...] = ()
+    untrusted: str | None = None    # why the line is not proven the kernel's: warn, never drain
 
 
 @dataclass
@@ -129,10 +142,22 @@ def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
     for ln in lines:
         text: str = ln.text
         cont = bool(getattr(ln, "cont", False))
+        doubt = getattr(ln, "doubt", None)
+        if doubt is not None:
+            # Not proven the kernel's: reported (a warning), never part of a
+            # sequence and never an event that drains.
+            _add_doubt(events, text, ln, doubt)
+            continue
         if echo is not None:
-            if cont or (ln.when == echo[0] and echo[1] > 0):
-                echo = (echo[0], echo[1] - (0 if cont else 1))
-                continue
+            if cont:
+                continue                             # the echoed record's own lines
+            if ln.when == echo[0] and (ln.when is not None or echo[1] > 0):
+                echo = (echo[0], echo[1] - 1)
+                if ln.when is None or not _PRECISE.match(ln.when):
+                    # One second (or no stamp) holds both the echoed client text
+                    # and any other record: neither drained nor silently dropped.
+                    _add_doubt(events, text, ln, NO_STAMP if ln.when is None else SAME_SECOND)
+                continue                             # the same precise stamp: that record's line
             echo = None
         if off_bus is not None:
             bus, seen, first_when = off_bus
@@ -169,6 +194,23 @@ def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
         if m:
             off_bus = (normalize_bus(m.group("bus")), 1, ln.when)
     return events
+
+
+def _add_doubt(events: list[XidEvent], text: str, ln: Any, why: str) -> None:
+    """An event for a driver line that is not proven the kernel's (``untrusted`` says why and where)."""
+    at = getattr(ln, "at", -1)
+    where = f"{why}; byte {at} of the kernel log" if isinstance(at, int) and at >= 0 else why
+    m = _XID.fullmatch(text)
+    if m:
+        ev = _xid_event(m, ln.when, None)
+    else:
+        m = _OFF_BUS_ONE.fullmatch(text) or _OFF_BUS_3[0].fullmatch(text)
+        if m is None:
+            return
+        ev = XidEvent(code=79, gpu=normalize_bus(m.group("bus")), text="GPU has fallen off the bus (no Xid line)",
+                      when=ln.when, synthesized=True)
+    ev.untrusted = where
+    events.append(ev)
 
 
 def _xid_event(m: re.Match[str], when: str | None, last_aer: str | None) -> XidEvent:
@@ -335,7 +377,11 @@ def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None
         decoded[(int(code), gpu or None)] = Verdict(v["action"], v.get("kind", "nvlink5"), v.get("detail", ""))
     groups: dict[tuple[int, str | None], tuple[Verdict, XidEvent, int]] = {}
     rank = {INFO: 0, WARN: 1, DRAIN: 2}
+    doubts: list[XidEvent] = []
     for ev in events:
+        if ev.untrusted is not None:
+            doubts.append(ev)       # feeds no chain, no memo and no trusted report's verdict
+            continue
         v = classify(ev, decoded)
         key = (ev.code, ev.gpu)
         prev = decoded.get(key)
@@ -363,4 +409,28 @@ def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None
         if n > 1:
             msg += f" ({n} reports)"
         out.append(Finding(CHECK, v.action, msg, gpu, code))
+    return out + _doubt_findings(doubts)
+
+
+def _doubt_findings(events: list[XidEvent]) -> list[Finding]:
+    """One warning per (code, GPU) for reports whose kernel origin is not proven.
+
+    What the report would have meant decides only between info (an
+    application error) and warn; such a report never drains.
+    """
+    groups: dict[tuple[int, str | None], tuple[Verdict, XidEvent, int]] = {}
+    for ev in events:
+        v = classify(ev)
+        key = (ev.code, ev.gpu)
+        if key in groups:
+            gv, gev, n = groups[key]
+            groups[key] = (v, ev, n + 1) if gv.action == INFO and v.action != INFO else (gv, gev, n + 1)
+        else:
+            groups[key] = (v, ev, 1)
+    out: list[Finding] = []
+    for (code, gpu), (v, ev, n) in groups.items():
+        msg = f"Xid {code} on {gpu or 'unknown GPU'}: {v.detail}: not trusted ({ev.untrusted}): not drained"
+        if n > 1:
+            msg += f" ({n} reports)"
+        out.append(Finding(CHECK, INFO if v.action == INFO else WARN, msg, gpu, code))
     return out

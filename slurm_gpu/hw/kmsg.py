@@ -8,8 +8,10 @@ Two sources, one result (a list of :class:`KernelLine`):
 * a file (``--kernel-log FILE`` or ``[health] kernel_log``): ``dmesg`` output
   with monotonic ``[  12.345]``, ``--ctime`` ``[Fri Aug 30 11:43:09 2024]`` or
   ISO timestamps, syslog/journal lines (``... kernel: NVRM: ...``) or raw
-  kmsg records (``6,1234,5678,-;NVRM: ...``).  The cursor is the byte offset
-  plus the file's inode, so rotation or truncation restarts at the top.
+  kmsg records (``6,1234,5678,-;NVRM: ...``), or a journal export
+  (``journalctl -o export``, read entry by entry: ``kmsg_export``).  The
+  cursor is the byte offset plus the file's inode, so rotation or truncation
+  restarts at the top.
 
 Only lines the checks can use are kept (``NVRM:`` driver messages, the
 NVSwitch driver's ``nvidia-nvswitchN: SXid`` reports and PCIe AER reports),
@@ -20,13 +22,19 @@ must not be able to drain a node by logging text that looks like a fault.
   every record written to ``/dev/kmsg`` from userspace with facility 1
   (``user``) unless the writer names another non-zero one; facility 0 cannot
   be claimed (``devkmsg_write``; Documentation/ABI/testing/dev-kmsg).
-* A syslog or journal line counts only with the ``kernel`` tag; a journal
-  JSON export line (``journalctl -o json``) only with ``_TRANSPORT=kernel``
-  (a field journald sets itself) and facility 0.  ``dmesg -x`` / ``dmesg -r``
+* A syslog or journal line counts only with the ``kernel`` tag (with or
+  without a host name, month names in any locale); a journal JSON line
+  (``journalctl -o json``) or export entry (``-o export``) only with
+  ``_TRANSPORT=kernel`` (a field journald sets itself) and facility 0; a
+  ``talosctl dmesg`` line only with the facility ``kern`` (Talos reads it
+  from ``/dev/kmsg``).  ``dmesg -x`` / ``dmesg -r``
   output counts only with facility ``kern``.  Plain ``dmesg`` output names no
   facility: only root can write ``/dev/kmsg``.
 * The driver's prefix must start the message: text before it (a task name,
   a USB product string, another program's message) disqualifies the line.
+* A driver line after text no log format we know explains is not proven
+  either way: it never starts an event, and ``gpu.xid`` warns about it,
+  naming its byte offset (``KernelLine.doubt``).
 * The lines after the first one of a multi-line record (``\\x0a`` in kmsg,
   indented in dmesg and journal output, a newline in journal JSON) are
   *continuations*: they never start an event (see ``health/xid.py``).
@@ -46,6 +54,7 @@ from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
 from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, scan_buffer  # noqa: F401
+from .kmsg_export import MAGIC, Broken, scan_export
 
 DEV_KMSG = "/dev/kmsg"
 CHUNK = 8 << 20
@@ -115,6 +124,9 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         out: list[KernelLine] = []
         pos, want = start, CHUNK
         buf = bytearray(min(want, st.st_size - start))
+        # A journal export file (journalctl -o export) is read entry by entry
+        # (kmsg_export): its first bytes are journalctl's, never a program's.
+        export = os.pread(fd, len(MAGIC), 0) == MAGIC
         while pos < st.st_size:
             size = min(want, st.st_size - pos)
             if len(buf) < size:
@@ -122,13 +134,23 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
             n = os.preadv(fd, [memoryview(buf)[:size]], pos)
             if not n:
                 break
-            cut = buf.rfind(b"\n", 0, n) + 1
+            got: list[KernelLine] = []
+            if export:
+                try:
+                    got, cut = scan_export(buf, 0, n, pos)
+                except Broken as e:
+                    if pos > start:
+                        break              # what came before is read; the next read says so
+                    raise InputError(f"not a journal export file from byte {pos + e.offset} on "
+                                     "(a value without its length or end)", p) from None
+            else:
+                cut = buf.rfind(b"\n", 0, n) + 1
             if not cut:
                 if pos + n >= st.st_size:
-                    break                  # the last line, still being written
+                    break                  # the last line (entry), still being written
                 want *= 2
                 continue
-            out += scan_buffer(buf, 0, cut)
+            out += got if export else scan_buffer(buf, 0, cut, pos)
             pos += cut
             want = CHUNK
         return out, FileCursor(p, st.st_ino, pos, _mark(fd, pos))

@@ -28,6 +28,10 @@ _WINDOW = 29_000
 # The drivers' own prefixes: what a kept message (or its continuation) starts with.
 _DRIVER = re.compile(r"NVRM: |nvidia-nvswitch\d{1,3}: SXid ")
 _KTS = r"\[\s*(?P<kts>\d{1,10}\.\d{1,9})\]\s"          # the kernel's own "[  123.456789] "
+# A month or weekday as a locale writes it (journalctl and dmesg use strftime's
+# %b/%a): "Aug", "Okt", "oct.", "окт", "10月".
+_WORD = r"[^\s\[\]:]{1,12}"
+_HOST = r"[^\s:\[\]]{1,255}"
 # Everything a trusted line may carry before the driver's text.  One
 # alternative per log format; the named groups say who wrote the line.
 _ENVELOPE = re.compile(
@@ -36,13 +40,23 @@ _ENVELOPE = re.compile(
     r"|(?P<kpri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]{0,200};"  # raw kmsg record
     r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>\d{1,10}\.\d{1,9})\]\s"        # dmesg -r
     r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s\[\s*(?P<xmono>\d{1,10}\.\d{1,9})\]\s"  # dmesg -x
-    r"|\[\s*(?P<mono>\d{1,10}\.\d{1,9})\]\s"                             # dmesg
-    r"|\[(?P<ctime>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d [\d:]{8} \d{4})\]\s"  # dmesg --ctime
+    # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
+    r"|\[\s*(?P<mono>\d{1,10}\.\d{1,9})\]\s(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
+    r"|\[(?P<ctime>" + _WORD + " " + _WORD + r" [ \d]\d [\d:]{8} \d{4})\]\s"  # dmesg --ctime, any locale
     r"|(?P<iso>\d{4}-\d\d-\d\dT[\d:]{8}[,.\d]{0,10}(?:[+-]\d\d:?\d\d|Z)?)\s"
     r"(?:(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:" + _KTS.replace("kts", "ikts") + r")?)?"
-    r"|(?P<sys>[A-Z][a-z]{2} [ \d]\d [\d:]{8}(?:\.\d{1,9})?)\s(?P<host>[^\s:\[\]]+)\s(?P<tag>[^\s:]+):\s"
-    r"(?:" + _KTS.replace("kts", "skts") + r")?"                          # syslog / journalctl short
+    # talosctl dmesg: "<node>: <facility>: <level>: [<time>]: "; Talos reads
+    # /dev/kmsg, so the facility is the record's own (userspace writes: "user").
+    r"|(?P<tnode>[^\s\[\]]{1,64}?):\s(?P<tfac>[a-z]{2,8}):\s{1,8}(?P<tlvl>[a-z]{2,8}):\s"
+    r"\[(?P<tts>[\dT:.,+Z-]{10,40})\]:\s"
+    # syslog / journalctl short, any locale, with or without the host name; a
+    # tag may hold spaces ("x kernel" is a tag, not the kernel)
+    r"|(?P<sys>" + _WORD + r" [ \d]\d [\d:]{8}(?:[.,]\d{1,9})?)\s(?:(?P<host>[^\s:\[\]]+)\s)?"
+    r"(?P<tag>[^:\n]{1,64}?):\s(?:" + _KTS.replace("kts", "skts") + r")?"
     r"|(?P<bare>kernel):\s(?:" + _KTS.replace("kts", "bkts") + r")?"        # "kernel: NVRM: ..." excerpts
+    # journalctl -o short-unix / short-full ("Fri 2024-08-30 11:43:09 UTC", weekday in any locale)
+    r"|(?:(?P<unix>\d{9,11}\.\d{6})|(?P<full>" + _WORD + r" \d{4}-\d\d-\d\d [\d:]{8} [^\s\[\]:]{1,12}))"
+    r"\s" + _HOST + r"\s(?P<jtag>[^:\n]{1,64}?):\s"
     r")?")
 _AER_DEV = re.compile(r"[a-z][\w-]{0,31} (?P<dev>[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): ")
 
@@ -52,11 +66,19 @@ class KernelLine:
     """One kernel message line of interest: its timestamp as logged, and its text.
 
     ``cont``: the line continues a multi-line record (never the start of an event).
+    ``doubt``: why the line is not proven the kernel's (no log format we know
+    comes before the driver's text); such a line never starts an event, and
+    ``gpu.xid`` warns about it.  ``at``: the line's byte offset in what was read.
     """
 
     when: str | None
     text: str          # from the subsystem tag on: "NVRM: Xid (PCI:...): 79, ..." or "0000:00:02.0: AER: ..."
     cont: bool = False
+    doubt: str | None = None
+    at: int = -1
+
+
+UNKNOWN_FORMAT = "no log format slurm-gpu knows comes before the driver's text"
 
 
 def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
@@ -70,12 +92,16 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
         return int(g["rpri"]) >> 3 == KERN, g["rmono"], False
     if g["xfac"] is not None:
         return g["xfac"] == "kern", g["xmono"], False
+    if g["unix"] is not None or g["full"] is not None:
+        return g["jtag"] == "kernel", g["unix"] or g["full"], False
     if g["mono"] is not None or g["ctime"] is not None:
         return True, g["mono"] or g["ctime"], False
     if g["iso"] is not None:
         if g["ihost"] is None:
             return True, g["iso"], False                   # dmesg --time-format iso
         return g["itag"] == "kernel", g["ikts"] or g["iso"], False
+    if g["tfac"] is not None:
+        return g["tfac"] == "kern", g["tts"], False
     if g["sys"] is not None:
         return g["tag"] == "kernel", g["skts"] or g["sys"], False
     if g["bare"] is not None:
@@ -133,10 +159,19 @@ def _line_start(buf: bytes | bytearray, start: int) -> int:
     return buf.rfind(b"\n", 0, start) + 1
 
 
-def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> list[KernelLine]:
-    """Kernel-written lines of interest in ``buf[start:end]``, in log order."""
+def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0) -> list[KernelLine]:
+    """Kernel-written lines of interest in ``buf[start:end]``, in log order.
+
+    Also the driver lines whose origin cannot be proven (``doubt`` set);
+    ``base`` is the file offset of ``buf[0]`` (their ``at``).
+    """
     if end is None:
         end = len(buf)
+    return _decide(buf, start, end, base, find_hits(buf, start, end), [])
+
+
+def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(line start, match start, match end) of every driver prefix in ``buf[start:end]``, in order."""
     hits: list[tuple[int, int, int]] = []
     for lit, pat in _PATTERNS:
         # What ``pat.finditer(buf, start, end)`` finds: a match can only
@@ -152,7 +187,11 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None) 
             hits.append((_line_start(buf, m.start()), m.start(), m.end()))
             pos = m.end()
     hits.sort()
-    out: list[KernelLine] = []
+    return hits
+
+
+def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[tuple[int, int, int]],
+            out: list[KernelLine]) -> list[KernelLine]:
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     for ls, s, e in hits:
@@ -164,18 +203,20 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None) 
         if buf[ls:ls + 1] == b"{":
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
         else:
-            got = _scan_line(buf, ls, s, e, start, kept_end)
+            got = _scan_line(buf, ls, s, e, start, kept_end, base)
         if got:
             out += got
-            kept_end = le
+            if got[0].doubt is None:
+                kept_end = le
     return out
 
 
-def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept_end: int) -> list[KernelLine]:
+def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept_end: int,
+               base: int = 0) -> list[KernelLine]:
     """The kernel lines of one text line whose hit is at ``buf[s:e]`` (empty: not the kernel's)."""
     prefix = bytes(buf[ls:s]).decode("utf-8", "replace")
     if len(prefix) > 400:
-        return []
+        return _doubt(buf, s, e, ls + base)
     env = _ENVELOPE.match(prefix)
     if env is None:
         return []
@@ -193,10 +234,19 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
         dev = _AER_DEV.fullmatch(rest)
         return [] if cont or dev is None else [KernelLine(when, f"{dev.group('dev')}: {text}")]
     if rest:
+        if env.end() == 0:
+            # No envelope we know: neither proven the kernel's nor proven
+            # someone else's (a format of its own, a collector's prefix).
+            return _doubt(buf, s, e, ls + base)
         return []                  # text before the driver's prefix: not the driver's message
     if env.group("kpri") is not None:
         return _message_lines(text, when, sep="\\x0a")
-    return [KernelLine(when, text, cont)]
+    return [KernelLine(when, text, cont, at=ls + base)]
+
+
+def _doubt(buf: bytes | bytearray, s: int, e: int, at: int) -> list[KernelLine]:
+    text = bytes(buf[s:e]).decode("utf-8", "replace").rstrip("\r")
+    return [] if text.startswith("AER:") else [KernelLine(None, text, doubt=UNKNOWN_FORMAT, at=at)]
 
 
 def _has_envelope(buf: bytes | bytearray, ls: int, start: int) -> bool:

@@ -47,13 +47,20 @@ def _check_reason(findings):
         assert parse_show_node(shown).reason == reason
 
 
+# A real fault logged after whatever the mutated text holds: it must always be
+# found (a parser that stops early, or lets earlier text swallow later lines,
+# loses it), on a bus no corpus line names.
+SENTINEL = "[99999.999999] NVRM: Xid (PCI:0000:fe:00): 79, GPU has fallen off the bus.\n"
+
+
 @fuzz_settings(2000)
 @given(mutated(CORPUS, TOKENS))
 def test_scan_parse_and_classify(text):
-    lines = outcome(kmsg.scan_buffer, text.encode("utf-8", "surrogatepass"))
+    lines = outcome(kmsg.scan_buffer, (text + "\n" + SENTINEL).encode("utf-8", "surrogatepass"))
     events = outcome(xid.parse_lines, lines)
     findings = outcome(xid.check_xid, events, {})
     _check_reason(findings)
+    assert ("gpu.xid", 79, "0000:fe:00.0", "drain") in {(f.check, f.xid, f.gpu, f.severity) for f in findings}
 
 
 @fuzz_settings(1000)
@@ -123,8 +130,13 @@ def test_kmsg_device_records(recs, seq):
 @given(json_values(["event", "xid", "gpu", "data", "time", "dbe", "gpu_unavailable", "recovery_action"]))
 def test_xid_watch_records(rec):
     recs = rec if isinstance(rec, list) else [rec]
-    xids, direct = outcome(xid.events_from_nvml, [r for r in recs if isinstance(r, dict)])
-    _check_reason(direct + xid.check_xid(xids, {}))
+    tail = [{"event": "xid", "xid": 79, "gpu": "0000:fe:00.0"}, {"event": "dbe", "gpu": "0000:fd:00.0"}]
+    xids, direct = outcome(xid.events_from_nvml, [r for r in recs if isinstance(r, dict)] + tail)
+    findings = direct + xid.check_xid(xids, {})
+    _check_reason(findings)
+    # whatever came before, the records after it are read
+    got = {(f.check, f.gpu, f.severity) for f in findings}
+    assert ("gpu.xid", "0000:fe:00.0", "drain") in got and ("gpu.ecc", "0000:fd:00.0", "drain") in got
 
 
 def test_nasty_tokens_are_strings():

@@ -390,3 +390,76 @@ def test_an_intrusive_dcgm_gate_waits_for_the_drained_node_to_empty(tmp_path, cl
     run()
     assert _dcgmi_calls(cluster) == [["diag", "-r", "2", "-j"]]
     assert not cluster.node.drained
+
+
+def _job_runs_on_gpu(tmp_path: Path, jobid: str) -> None:
+    """A job state record as the prolog writes it (jobs/state.py), holding GPU 0."""
+    from slurm_gpu.jobs import state
+    state.save(str(tmp_path / "jobs"), {"version": state.VERSION, "jobid": jobid, "uid": 1000, "gid": 1000,
+                                        "user": "alice", "phase": "running", "gpus": [{"index": 0, "uuid": UUID}]})
+    assert gpus_held(str(tmp_path / "jobs"))[UUID] == jobid
+
+
+def _job_ends(tmp_path: Path, jobid: str) -> None:
+    for p in (tmp_path / "jobs" / "jobs").glob(f"{jobid}.json*"):
+        p.unlink()
+
+
+def test_one_job_s_repeated_faults_count_once_toward_an_rma(tmp_path, cluster):
+    # Issue 24 §5: a job that keeps causing reset-class Xids (its own doing, or
+    # a user's attack) must not push a healthy GPU to RMA.  Failures under the
+    # same job count once, and the ladder names the job.
+    rs = RepairSettings(rma=True, rma_failures=3, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    run = lambda: engine.run(_opts(tmp_path, cluster, rs))  # noqa: E731
+    run()
+    cluster.set_state("ALLOCATED")
+    _job_runs_on_gpu(tmp_path, "4242")
+    notes: list[str] = []
+    for _ in range(4):
+        _xid(tmp_path)
+        notes += run().notes
+    assert not cluster.node.reason.startswith("slurm-gpu: rma:")
+    st = repair.load(repair.state_path(rs, "n1"))
+    assert st.rma == {} and len(st.failures[UUID]) == 4
+    assert st.failure_jobs[UUID] == ["4242"] * 4
+    assert any("under job 4242 again" in n and "count once" in n for n in notes), notes
+    assert _steps(tmp_path).count(("rma", "same job")) == 3
+
+    # Another job's failure and one on the idle GPU are failures of their own: the 3rd is the RMA.
+    _job_ends(tmp_path, "4242")
+    _job_runs_on_gpu(tmp_path, "5151")
+    _xid(tmp_path)
+    run()
+    assert not cluster.node.reason.startswith("slurm-gpu: rma:")
+    _job_ends(tmp_path, "5151")
+    _xid(tmp_path)
+    run()
+    assert cluster.node.reason.startswith(f"slurm-gpu: rma: GPU {BUS} ({UUID}) failed 3 times in 168 h, last Xid 79"), \
+        cluster.node.reason
+    st = repair.load(repair.state_path(rs, "n1"))
+    assert st.rma[UUID]["jobs"] == ["4242", "5151"] and st.rma[UUID]["failures"] == 3
+
+
+def test_the_rma_reason_names_the_job_of_the_last_failure(tmp_path, cluster):
+    rs = RepairSettings(rma=True, rma_failures=2, state_dir=str(tmp_path / "var"))
+    (tmp_path / "kern.log").write_text("")
+    run = lambda: engine.run(_opts(tmp_path, cluster, rs))  # noqa: E731
+    run()
+    _xid(tmp_path)
+    run()                                           # idle GPU: a failure of its own
+    cluster.set_state("ALLOCATED")
+    _job_runs_on_gpu(tmp_path, "777")
+    _xid(tmp_path)
+    run()
+    assert cluster.node.reason.startswith(f"slurm-gpu: rma: GPU {BUS} ({UUID}) failed 2 times"), cluster.node.reason
+    assert cluster.node.reason.endswith("last Xid 79 under job 777"), cluster.node.reason
+
+
+def test_old_repair_state_without_jobs_still_loads(tmp_path):
+    p = tmp_path / "repair-state.n1.json"
+    p.write_text(json.dumps({"schema": 1, "failures": {UUID: [1.0, 2.0]}, "failure_jobs": {UUID: ["1"]}}))
+    st = repair.load(str(p))
+    assert st.failures[UUID] == [1.0, 2.0] and st.failure_jobs.get(UUID, []) in ([], ["", ""])
+    p.write_text(json.dumps({"schema": 1, "failures": {UUID: [1.0]}, "failure_jobs": {UUID: ["1;rm -rf"]}}))
+    assert repair.load(str(p)).failure_jobs.get(UUID, [""]) == [""]

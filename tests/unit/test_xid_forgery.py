@@ -55,9 +55,6 @@ FORGED = {
         "Dec 22 11:26:00 n1 kernel: [   15.483551] NVRM: API mismatch: the client has the version 1\n"
         f"Dec 22 11:26:00 n1 kernel: [   15.483551] {XID}, but\n"
         "Dec 22 11:26:00 n1 kernel: [   15.483551] NVRM: this kernel module has the version 550.54.15.  Please\n"),
-    "mismatch, syslog split, no kernel time": (
-        "Dec 22 11:26:00 n1 kernel: NVRM: API mismatch: the client has the version 1\n"
-        f"Dec 22 11:26:00 n1 kernel: {XID}, but\n"),
     "mismatch, fake terminator": (
         "[ 15.483551] NVRM: API mismatch: the client has the version 1\n"
         "[ 15.483551] NVRM: components have the same version.\n"
@@ -89,6 +86,46 @@ FORGED = {
         "_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0",
         "MESSAGE": f"NVRM: API mismatch: the client has the version 1\n{XID}, but"}) + "\n",
 }
+
+
+# With 1-second stamps a line of the echoed record and a record of its own
+# logged in the same second look alike (issue 24 §5): never a drain, never
+# silently "ok" either, but a warning that says why.
+AMBIGUOUS = {
+    "mismatch, syslog split, no kernel time": (
+        "Dec 22 11:26:00 n1 kernel: NVRM: API mismatch: the client has the version 1\n"
+        f"Dec 22 11:26:00 n1 kernel: {XID}, but\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AMBIGUOUS))
+def test_forged_fault_in_the_same_second_only_warns(tmp_path, name):
+    fs = findings(AMBIGUOUS[name])
+    assert [(f.xid, f.severity) for f in fs] == [(79, "warn")]
+    assert "same second" in fs[0].message and "not drained" in fs[0].message
+    log = tmp_path / "kern.log"
+    log.write_text(AMBIGUOUS[name])
+    rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
+                                    only=["gpu.xid"], no_drain=True))
+    assert rep.status == "warn" and drain_reason(rep.findings) is None
+
+
+MISMATCH_1S = ("Dec 22 11:26:00 n1 kernel: NVRM: API mismatch: the client has the version 550.1, but\n"
+               "Dec 22 11:26:00 n1 kernel: NVRM: this kernel module has the version 550.54.15.  Please\n")
+
+
+def test_a_real_xid_in_the_same_second_as_a_mismatch_is_not_hidden():
+    # Issue 24 §5: a user's "API mismatch" (any client can trigger one) used to
+    # swallow every line with the same 1-second stamp, a real Xid 48 included.
+    real = "Dec 22 11:26:00 n1 kernel: NVRM: Xid (PCI:0000:03:00): 48, pid=1, DBE\n"
+    fs = findings(MISMATCH_1S + real)
+    assert [(f.xid, f.gpu, f.severity) for f in fs] == [(48, "0000:03:00.0", "warn")]
+    assert f"byte {len(MISMATCH_1S)} of the kernel log" in fs[0].message
+    # a second later, or with kernel time in the line, it drains as before
+    assert [(f.xid, f.severity) for f in findings(MISMATCH_1S + real.replace(":00 n1", ":01 n1"))] == [(48, DRAIN)]
+    precise = (MISMATCH_1S.replace("kernel: NVRM", "kernel: [ 15.483551] NVRM")
+               + real.replace("kernel: NVRM", "kernel: [ 15.900000] NVRM"))
+    assert [(f.xid, f.severity) for f in findings(precise)] == [(48, DRAIN)]
 
 
 @pytest.mark.parametrize("name", sorted(FORGED))
@@ -213,3 +250,22 @@ def test_the_real_kernel_marks_what_userspace_writes_to_dev_kmsg(monkeypatch):
     assert len(raw) == 3 and all(int(r.split(b",", 1)[0]) >> 3 == 1 for r in raw), raw
     lines, after = kmsg.read_kmsg(cursor)
     assert after.seq > cursor.seq and not any(marker in ln.text for ln in lines)
+
+
+@pytest.mark.parametrize("stamp", ["Dec 22 11:26:00 n1 kernel: [   15.483551] ", "Dec 22 11:26:00 n1 kernel: ",
+                                   "2024-08-30T11:43:09.123456+00:00 n1 kernel: "])
+def test_a_long_echoed_string_cannot_outlast_the_mismatch_window(stamp):
+    # The client string can hold many short "NVRM: " lines (a record holds up to
+    # 1 KB): a syslog daemon splits them with the record's stamp.  No count of
+    # lines ends the echo, only another stamp does; a 1-second stamp only warns.
+    text = (stamp + "NVRM: API mismatch: the client has the version 1\n"
+            + "".join(f"{stamp}NVRM: {i}\n" for i in range(40)) + f"{stamp}{XID}, but\n")
+    assert drain_reason(findings(text)) is None
+    assert all(f.severity == "warn" and "same second" in f.message for f in findings(text))
+
+
+def test_a_mismatch_in_a_log_without_stamps_never_hides_a_report_silently():
+    text = ("kernel: NVRM: API mismatch: the client has the version 1\n"
+            + "".join(f"kernel: NVRM: {i}\n" for i in range(40)) + f"kernel: {XID}\n")
+    fs = findings(text)
+    assert [(f.xid, f.severity) for f in fs] == [(79, "warn")]
