@@ -103,7 +103,8 @@ def test_store_reads_snapshots_and_models_and_lists_every_bad_entry(tmp_path: Pa
     assert sorted(col.nodes) == ["n1", "n2"]
     assert col.nodes["n1"].gpus == col.nodes["n2"].gpus
     assert sorted(col.bad) == ["n10", "n3", "n4", "n5", "n6", "n7", "n9"]
-    assert col.bad["n9"].reason == col.bad["n10"].reason == "not a regular file"
+    assert (col.bad["n9"].reason, col.bad["n10"].reason) == ("a FIFO, not a regular file",
+                                                             "a directory, not a regular file")
     assert "not JSON" in col.bad["n3"].reason
     assert "unsupported schema 'slurm-gpu.snapshot/0'" in col.bad["n4"].reason
     assert "JSON" in col.bad["n5"].reason
