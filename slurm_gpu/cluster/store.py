@@ -65,37 +65,50 @@ class Collected:
     warnings: list[str] = field(default_factory=list)
 
     def refuse_unsafe(self, opts: Any = None) -> None:
-        """Move every node whose model holds a value no config may print to :attr:`bad`.
+        """Move every node whose model this render cannot use to :attr:`bad`.
 
-        A hostile entry is treated like an unreadable one (issue 24): named
-        in one line, then refused or, with ``--skip-unreadable``, left out.
-        Checked once per kind of hardware (models of one kind share their
-        parts, see :class:`SharedHardwareLoader`), every name on its own.
+        A hostile entry (a value no config line may carry, see
+        :mod:`slurm_gpu.confgen.confsafe`) is treated like an unreadable one
+        (issue 24): named in one line (``refused: ...``), then the render
+        refuses or, with ``--skip-unreadable``, leaves it out.  So is a node
+        whose GPUs cannot be named (no NVML name, not in pci.ids): one
+        node's file never stops the others.  Checked once per kind of
+        hardware (models of one kind share their parts, see
+        :class:`SharedHardwareLoader`); names and fabric ids, which differ
+        per node, for every node.
         """
         from ..confgen import block, confsafe
         from ..confgen.gres import GresOptions, _same_objects, gres_records
         opts = opts or GresOptions()
         seen: dict[Any, str | None] = {}
-        for name, node in list(self.nodes.items()):
-            key = _same_objects(node) + (id(node.notes),)
-            why = seen.get(key, "")
+
+        def problem(name: str, node: Any) -> str | None:
             try:
                 confsafe.node_name(name)
-                block.node_domain(name, node)    # fabric ids differ per node: never shared
-                if why == "":
-                    why = None
+                block.node_domain(name, node)
+                try:
+                    key: Any = _same_objects(node) + (id(node.notes),)
+                    hash(key)
+                except TypeError:     # a value of the wrong type (a list for a name): checked on its own
+                    key = object()
+                if key not in seen:
+                    seen[key] = None
                     try:
                         confsafe.check_node(name, node)
                         gres_records(node, opts, where=name)
                     except confsafe.UnsafeValue as e:
-                        why = e.what
-                    seen[key] = why
+                        seen[key] = f"refused: {e.what}"
+                    except SlurmGpuError as e:
+                        seen[key] = e.what
+                return seen[key]
             except confsafe.UnsafeValue as e:
-                why = e.what
+                return f"refused: {e.what}"
+
+        for name, node in list(self.nodes.items()):
+            why = problem(name, node)
             if why is not None:
-                path = self.where.pop(name, "")
+                self.bad[name] = BadEntry(name, self.where.pop(name, ""), why)
                 del self.nodes[name]
-                self.bad[name] = BadEntry(name, path, f"refused: {why}")
 
 
 class SharedHardwareLoader(SnapshotLoader):

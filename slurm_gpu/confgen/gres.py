@@ -232,8 +232,12 @@ def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, 
     by_same: dict[tuple[object, ...], list[str]] = {}
     first_same: dict[tuple[object, ...], Node] = {}
     for name, node in nodes.items():
-        same = _same_objects(node)
-        lst = by_same.get(same)
+        try:
+            same = _same_objects(node)
+            lst = by_same.get(same)
+        except TypeError:    # an unhashable value where a name or number belongs
+            confsafe.check_node(name, node, where.get(name, name))
+            raise
         if lst is None:
             # Every value printed below comes from these models: checked
             # once per kind of hardware (confsafe), every name on its own.
