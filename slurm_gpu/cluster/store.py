@@ -78,31 +78,41 @@ class Collected:
         per node, for every node.
         """
         from ..confgen import block, confsafe
-        from ..confgen.gres import GresOptions, _same_objects, gres_records
+        from ..confgen.gres import GresOptions, _gpu_key, _same_objects, gres_records
         opts = opts or GresOptions()
         seen: dict[Any, str | None] = {}
+        by_id: dict[Any, Any] = {}
+
+        def kind_problem(name: str, node: Any) -> str | None:
+            try:
+                confsafe.check_node(name, node)
+                gres_records(node, opts, where=name)
+            except confsafe.UnsafeValue as e:
+                return f"refused: {e.what}"
+            except SlurmGpuError as e:
+                return e.what
+            return None
 
         def problem(name: str, node: Any) -> str | None:
             try:
                 confsafe.node_name(name)
                 block.node_domain(name, node)
-                try:
-                    key: Any = _same_objects(node) + (id(node.notes),)
-                    hash(key)
-                except TypeError:     # a value of the wrong type (a list for a name): checked on its own
-                    key = object()
-                if key not in seen:
-                    seen[key] = None
-                    try:
-                        confsafe.check_node(name, node)
-                        gres_records(node, opts, where=name)
-                    except confsafe.UnsafeValue as e:
-                        seen[key] = f"refused: {e.what}"
-                    except SlurmGpuError as e:
-                        seen[key] = e.what
-                return seen[key]
             except confsafe.UnsafeValue as e:
                 return f"refused: {e.what}"
+            try:
+                # The parts shared by identity first (bulk loads share them
+                # between nodes of a kind), else what check_node and
+                # gres_records read, by value.
+                same = _same_objects(node) + (id(node.notes),)
+                if same in by_id:
+                    return by_id[same]
+                key = (tuple(_gpu_key(g) for g in node.gpus), node.memory_bytes, node.notes)
+                if key not in seen:
+                    seen[key] = kind_problem(name, node)
+                why = by_id[same] = seen[key]
+                return why
+            except TypeError:     # a value of the wrong type (a list for a name): checked on its own
+                return kind_problem(name, node)
 
         for name, node in list(self.nodes.items()):
             why = problem(name, node)
