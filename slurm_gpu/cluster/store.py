@@ -269,13 +269,18 @@ def load_entry(path: str, loader: Any) -> Any:
     return load_snapshot_node(path, loader)
 
 
+MAX_MODEL_BYTES = 16 << 20
+
+
 def _model_file_node(path: str, loader: Any) -> Any:
     import dataclasses
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_MODEL_BYTES + 1)
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror}", path) from None
+    if len(raw) > MAX_MODEL_BYTES:   # an 8-GPU model is about 14 KB: whoever wrote this wants our memory
+        raise InputError(f"model file over {MAX_MODEL_BYTES >> 20} MiB", path)
     text = raw.decode("utf-8", "replace")
     key = '"node":'
     at = text.rfind(key)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from slurm_gpu.cli import main
-from slurm_gpu.cluster import modelfile
+from slurm_gpu.cluster import modelfile, store
 from slurm_gpu.hw import snapshot as snap
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,3 +302,12 @@ def test_topology_render_refuses_a_hostile_fabric_value(tmp_path: Path, capsys: 
     cap = capsys.readouterr()
     assert rc == 1 and "PrologSlurmctld" not in cap.out
     assert len(cap.err.splitlines()) == 1 and "fabric cluster UUID" in cap.err, cap.err
+
+
+def test_an_oversized_model_file_is_one_unreadable_entry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 20 MB model file (an 8-GPU model is about 14 KB) is refused before it is read whole."""
+    d = tmp_path / "pub"
+    base = _collection(d, ["n1", "n2"])
+    _write_model(d, "n3", dict(base, notes=["x" * 1000] * 20_000))
+    col = store.load_dir(str(d))
+    assert sorted(col.nodes) == ["n1", "n2"] and col.bad["n3"].reason == "model file over 16 MiB"
