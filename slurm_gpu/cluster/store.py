@@ -102,11 +102,12 @@ class Collected:
             try:
                 # The parts shared by identity first (bulk loads share them
                 # between nodes of a kind), else what check_node and
-                # gres_records read, by value.
+                # gres_records read, by value; as text, since 0 == 0.0 == False
+                # would let a hostile 0.0 pass as a checked 0.
                 same = _same_objects(node) + (id(node.notes),)
                 if same in by_id:
                     return by_id[same]
-                key = (tuple(_gpu_key(g) for g in node.gpus), node.memory_bytes, node.notes)
+                key = repr((tuple(_gpu_key(g) for g in node.gpus), node.memory_bytes, node.notes))
                 if key not in seen:
                     seen[key] = kind_problem(name, node)
                 why = by_id[same] = seen[key]

@@ -165,7 +165,7 @@ def check_node(name: Any, node: Any, where: str | None = None) -> None:
         numbers(g.cores, f"{gw}: core index", where=where)
         for link in g.nvlinks:
             number(link.links, f"{gw}: NVLink count", 0, 1 << 16, where)
-        if g.mig_enabled not in (None, True, False):
+        if g.mig_enabled is not None and type(g.mig_enabled) is not bool:
             raise UnsafeValue(f"{gw}: mig_enabled is not true or false: {shown(g.mig_enabled)}", where)
         for m in g.mig_instances:
             number(m.gi_id, f"{gw}: MIG GPU instance id", 0, MAX_INDEX, where)

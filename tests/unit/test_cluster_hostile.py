@@ -148,6 +148,8 @@ def _hostile_edits() -> list[tuple[str, str, Any]]:
         ("minor-negative", H100, gpu("minor", -1)),
         ("minor-float", H100, gpu("minor", 1.5)),
         ("minor-bool", H100, gpu("minor", True)),
+        ("minor-zero-float", H100, gpu("minor", 0.0)),      # == 0, the healthy nodes' value (found by the campaign)
+        ("mig-enabled-zero", H100, gpu("mig_enabled", 0)),  # == False
         ("minor-huge", H100, gpu("minor", 1 << 70)),
         ("cores-text", H100, cores("0\nProlog=/tmp/evil.sh")),
         ("cores-negative", H100, cores(-3)),
