@@ -9,7 +9,6 @@ baseline, not the job's layout.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -28,15 +27,9 @@ MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[Path]:
-    from sandboxlib import new_sandbox_dir
-    from slurm_gpu.sim.state import init_state_for_machine
+    from sandboxlib import mig_sim_state, new_sandbox_dir
     d = new_sandbox_dir("cluster-mig-publish")
-    sim = d / "sim.json"
-    init_state_for_machine(str(MACHINE), str(sim))
-    st = json.loads(sim.read_text())
-    for g in st["facts"]["gpus"]:
-        g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
-    sim.write_text(json.dumps(st))
+    mig_sim_state(MACHINE, d / "sim.json")
     (d / "published").mkdir()
     yield d
     shutil.rmtree(d, ignore_errors=True)
