@@ -139,12 +139,127 @@ def publish_from_health(name: str, snapshot_node: Mapping[str, Any] | None,
     if not _due(state_dir, name, s.publish_interval, boot):
         return None
     directory = s.publish_dir.replace("%n", name)
+    from ..hw import live
+    jobs_dir = live.settings().state_dir
+    held, why = job_mig_gpus(jobs_dir)
     if snapshot_node is None:
         from ..hw import load_node
         snapshot_node = load_node().to_dict()
+    # Read again after the hardware: a prolog that started in between
+    # recorded its GPUs before changing them (jobs/migjob.py), so it shows here.
+    later, why_later = job_mig_gpus(jobs_dir)
+    held.update(later)
+    why = why or why_later
+    if why:
+        return f"model not published: {why}"
+    if held:
+        snapshot_node, why = with_baseline(snapshot_node, held, read_baseline(state_dir, name))
+        if why:
+            return f"model not published: {why}"
+    elif state_dir:
+        remember_baseline(state_dir, name, snapshot_node)
     written = publish(directory, name, snapshot_node)
     if s.publish_interval > 0 and state_dir:
         from ..fsutil import atomic_write
         os.makedirs(state_dir, exist_ok=True)
         atomic_write(_memo_path(state_dir, name), json.dumps({"at": time.time(), "boot_id": boot}) + "\n")
     return f"model published to {node_file(directory, name)}" if written else None
+
+
+# --- A job's own MIG layout is never the node's hardware (issue 24 §3) ---
+#
+# While a --gpu-mig job runs, its GPU holds the instances the job asked for
+# (jobs/migjob.py); the epilog puts the node's own layout back.  Published,
+# those instances would become gres.conf lines (seven 1g.10gb GRES for one
+# GPU) and drift for `cluster check`.  So the model published while a job
+# holds a GPU's MIG layout takes that GPU's MIG state from the last model
+# derived with no such job (node-local, beside the publish memo); the rest
+# of the node (a GPU lost meanwhile) is published as it is.
+
+def _baseline_path(state_dir: str, name: str) -> str:
+    return os.path.join(state_dir, f"cluster-baseline.{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json")
+
+
+def job_mig_gpus(jobs_state_dir: str | None) -> tuple[dict[str, str], str | None]:
+    """({GPU UUID or ``minor:N``: job id} of every GPU a job's MIG layout holds, why none can be told).
+
+    A job's record says it holds a GPU from before its first change to the
+    GPU until the epilog has put the baseline back (``mig`` is then None).
+    A record that cannot be read leaves the answer unknown: the caller
+    publishes nothing rather than maybe a job's layout.
+    """
+    if not jobs_state_dir:
+        return {}, None
+    from ..jobs import state as jobstate
+    out: dict[str, str] = {}
+    for jobid in jobstate.list_jobs(jobs_state_dir):
+        try:
+            st = jobstate.load(jobs_state_dir, jobid, warn=lambda _m: None)
+        except Exception as e:  # noqa: BLE001 - an unreadable record: we cannot tell what it holds
+            return {}, f"cannot read job {jobid}'s record: {getattr(e, 'what', type(e).__name__)}"
+        for rec in ((st or {}).get("mig") or {}).get("gpus", []):
+            if rec.get("uuid"):
+                out[str(rec["uuid"])] = jobid
+            if isinstance(rec.get("minor"), int):
+                out[f"minor:{rec['minor']}"] = jobid
+    return out, None
+
+
+def remember_baseline(state_dir: str, name: str, node: Mapping[str, Any]) -> None:
+    """Keep *node* (derived with no job holding a MIG layout) as this node's baseline, when it changed."""
+    from ..fsutil import atomic_write
+    digest = model_hash(node)
+    path = _baseline_path(state_dir, name)
+    if published_hash(path) == digest:
+        return
+    os.makedirs(state_dir, exist_ok=True)
+    atomic_write(path, model_text(name, node, digest), mode=0o600)
+
+
+def read_baseline(state_dir: str | None, name: str) -> dict[str, Any] | None:
+    """The model :func:`remember_baseline` kept (None: none, or not one this code wrote)."""
+    if not state_dir:
+        return None
+    try:
+        fd = os.open(_baseline_path(state_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            doc = json.loads(f.read(16 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+    node = doc.get("node") if isinstance(doc, dict) else None
+    return node if isinstance(node, dict) and isinstance(node.get("gpus"), list) else None
+
+
+def with_baseline(node: Mapping[str, Any], held: Mapping[str, str],
+                  baseline: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+    """*node* with each held GPU's MIG state taken from *baseline* (pure); or why that cannot be done."""
+    def key(g: Mapping[str, Any]) -> str | None:
+        if g.get("uuid") and g["uuid"] in held:
+            return str(g["uuid"])
+        k = f"minor:{g.get('minor')}"
+        return k if k in held else None
+
+    def ident(g: Mapping[str, Any]) -> tuple[Any, Any]:
+        return g.get("uuid"), g.get("minor")
+
+    base = {ident(g): g for g in (baseline or {}).get("gpus", []) if isinstance(g, dict)}
+    gpus = []
+    for g in node.get("gpus", []):
+        k = key(g)
+        if k is None:
+            gpus.append(g)
+            continue
+        b = base.get(ident(g))
+        if b is None:
+            return dict(node), (f"job {held[k]} holds its own MIG layout on GPU {g.get('minor')} and this node "
+                                f"has no baseline model{' for that GPU' if baseline else ' yet'}")
+        gpus.append(dict(g, mig_enabled=b.get("mig_enabled"), mig_instances=b.get("mig_instances", [])))
+    return dict(node, gpus=gpus), None

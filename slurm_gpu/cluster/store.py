@@ -14,7 +14,8 @@ import gc
 import json
 import os
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, SlurmGpuError
@@ -56,11 +57,69 @@ class BadEntry:
 
 @dataclass
 class Collected:
-    """Node name -> model, and the entries that could not be read."""
+    """Node name -> model, the entries that could not be read, and who else could write them."""
 
     nodes: dict[str, Any]
     where: dict[str, str]
     bad: dict[str, BadEntry]
+    warnings: list[str] = field(default_factory=list)
+
+    def refuse_unsafe(self, opts: Any = None) -> None:
+        """Move every node whose model this render cannot use to :attr:`bad`.
+
+        A hostile entry (a value no config line may carry, see
+        :mod:`slurm_gpu.confgen.confsafe`) is treated like an unreadable one
+        (issue 24): named in one line (``refused: ...``), then the render
+        refuses or, with ``--skip-unreadable``, leaves it out.  So is a node
+        whose GPUs cannot be named (no NVML name, not in pci.ids): one
+        node's file never stops the others.  Checked once per kind of
+        hardware (models of one kind share their parts, see
+        :class:`SharedHardwareLoader`); names and fabric ids, which differ
+        per node, for every node.
+        """
+        from ..confgen import block, confsafe
+        from ..confgen.gres import GresOptions, _gpu_key, _same_objects, gres_records
+        opts = opts or GresOptions()
+        seen: dict[Any, str | None] = {}
+        by_id: dict[Any, Any] = {}
+
+        def kind_problem(name: str, node: Any) -> str | None:
+            try:
+                confsafe.check_node(name, node)
+                gres_records(node, opts, where=name)
+            except confsafe.UnsafeValue as e:
+                return f"refused: {e.what}"
+            except SlurmGpuError as e:
+                return e.what
+            return None
+
+        def problem(name: str, node: Any) -> str | None:
+            try:
+                confsafe.node_name(name)
+                block.node_domain(name, node)
+            except confsafe.UnsafeValue as e:
+                return f"refused: {e.what}"
+            try:
+                # The parts shared by identity first (bulk loads share them
+                # between nodes of a kind), else what check_node and
+                # gres_records read, by value; as text, since 0 == 0.0 == False
+                # would let a hostile 0.0 pass as a checked 0.
+                same = _same_objects(node) + (id(node.notes),)
+                if same in by_id:
+                    return by_id[same]
+                key = repr((tuple(_gpu_key(g) for g in node.gpus), node.memory_bytes, node.notes))
+                if key not in seen:
+                    seen[key] = kind_problem(name, node)
+                why = by_id[same] = seen[key]
+                return why
+            except TypeError:     # a value of the wrong type (a list for a name): checked on its own
+                return kind_problem(name, node)
+
+        for name, node in list(self.nodes.items()):
+            why = problem(name, node)
+            if why is not None:
+                self.bad[name] = BadEntry(name, self.where.pop(name, ""), why)
+                del self.nodes[name]
 
 
 class SharedHardwareLoader(SnapshotLoader):
@@ -109,19 +168,71 @@ def entries(directory: str) -> list[tuple[str, str, bool]]:
     """``(node name, path, regular file)`` for every ``*.json`` in *directory*,
     sorted; dot files (temporaries) skipped.
 
-    A ``*.json`` that is not a regular file (a FIFO, a directory, a socket)
-    is listed too, flagged: :func:`load_dir` names it as unreadable instead
-    of skipping it without a word, and never opens it.  The flag comes from
-    the directory listing (d_type): no syscall per file.
+    A ``*.json`` that is not a regular file (a FIFO, a directory, a socket,
+    a symbolic link) is listed too, flagged: :func:`load_dir` names it as
+    unreadable instead of skipping it without a word, and never opens it.
     """
+    return [(n, p, kind == "") for n, p, kind, _ in _listing(directory)]
+
+
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory",
+          stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+
+
+def _listing(directory: str) -> list[tuple[str, str, str, bool]]:
+    """``(node, path, "" for a regular file or what else it is, others could write it)``, sorted.
+
+    One ``lstat`` per entry (never following a link): a link could point
+    anywhere this reader may read, and an entry that is not root's (or this
+    user's), or that group or others may write, is warned about.
+    """
+    me = os.geteuid()
     with _scandir(directory) as it:
         try:
-            found = [(e.name[:-5], e.path, e.is_file()) for e in it
-                     if e.name.endswith(".json") and not e.name.startswith(".")]
+            found = []
+            for e in it:
+                if not e.name.endswith(".json") or e.name.startswith("."):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    found.append((e.name[:-5], e.path, "gone while listed", False))
+                    continue
+                kind = "" if stat.S_ISREG(st.st_mode) else _KINDS.get(stat.S_IFMT(st.st_mode), "not a file")
+                found.append((e.name[:-5], e.path, kind, _others_may_write(st, me)))
         except OSError as e:
             raise InputError(f"cannot list collection directory: {e.strerror}", directory) from None
     from ..confgen.hostlist import natural_key
     return sorted(found, key=lambda x: natural_key(x[0]))
+
+
+def _others_may_write(st: os.stat_result, me: int) -> bool:
+    return st.st_uid not in (0, me) or bool(st.st_mode & 0o022)
+
+
+def _trust_warnings(directory: str, listed: list[tuple[str, str, str, bool]]) -> list[str]:
+    """Who besides root (or this user) could have written what a config is rendered from."""
+    out: list[str] = []
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return out
+    if st.st_uid not in (0, os.geteuid()):
+        out.append(f"the directory belongs to uid {st.st_uid}, not root: that user can add or replace "
+                   "node entries")
+    if st.st_mode & 0o022:
+        out.append("the directory is writable by group or others: any local user can add or replace "
+                   "node entries")
+    loose = [n for n, _, kind, others in listed if others and kind != "a symbolic link"]
+    if loose:
+        from ..confgen import confsafe
+        from ..confgen.hostlist import fold
+        names = [n for n in loose if confsafe.NODE_NAME.fullmatch(n)]
+        shown = fold(names) if len(names) == len(loose) else f"{len(loose)} entries"
+        out.append(f"entr{'ies' if len(loose) > 1 else 'y'} {shown} {'are' if len(loose) > 1 else 'is'} "
+                   f"not root's or {'are' if len(loose) > 1 else 'is'} writable by group or others: "
+                   f"{'they are' if len(loose) > 1 else 'it is'} trusted for the cluster's config")
+    return out
 
 
 def require_dir(directory: str) -> None:
@@ -159,13 +270,18 @@ def load_entry(path: str, loader: Any) -> Any:
     return load_snapshot_node(path, loader)
 
 
+MAX_MODEL_BYTES = 16 << 20
+
+
 def _model_file_node(path: str, loader: Any) -> Any:
     import dataclasses
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_MODEL_BYTES + 1)
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror}", path) from None
+    if len(raw) > MAX_MODEL_BYTES:   # an 8-GPU model is about 14 KB: whoever wrote this wants our memory
+        raise InputError(f"model file over {MAX_MODEL_BYTES >> 20} MiB", path)
     text = raw.decode("utf-8", "replace")
     key = '"node":'
     at = text.rfind(key)
@@ -190,11 +306,13 @@ def load_dir(directory: str, only: set[str] | None = None, *, identity: bool = T
     gc_was = gc.isenabled()
     gc.disable()  # thousands of models stay alive: cyclic GC passes only cost time (see confgen_io)
     try:
-        for name, path, regular in entries(directory):
+        listed = _listing(directory)
+        out.warnings = _trust_warnings(directory, listed)
+        for name, path, kind, _ in listed:
             if only is not None and name not in only:
                 continue
-            if not regular:
-                out.bad[name] = BadEntry(name, path, "not a regular file")
+            if kind:
+                out.bad[name] = BadEntry(name, path, f"{kind}, not a regular file")
                 continue
             try:
                 out.nodes[name] = load_entry(path, loader)

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..confgen.confsafe import comment
 from ..errors import InputError, UsageError
 from .gres import build_options, naming_options
 
@@ -55,6 +56,12 @@ def _beside_slurm_conf(name: str) -> str | None:
     return cands[0] if conf else None
 
 
+def _warn(col: Any, source: str) -> None:
+    """Who besides root could have written the entries (store.load_dir): one line each."""
+    for w in col.warnings:
+        click.echo(f"slurm-gpu: warning: {w} ({comment(source)})", err=True)
+
+
 @click.group()
 def cluster() -> None:
     """Collect every node's model through Slurm; render and check the whole cluster."""
@@ -84,6 +91,8 @@ def check(ctx: click.Context, source: str, nodes: str | None, partition: str | N
     scope = _scope(nodes, partition, slurm)
     col = store.load_dir(source, set(scope) if scope is not None else None, identity=False)
     opts = build_options(kw, col.nodes)
+    col.refuse_unsafe(opts)
+    _warn(col, source)
     notes: list[str] = []
     gres_path = gres_conf or _beside_slurm_conf("gres.conf")
     current_gres = None
@@ -143,14 +152,17 @@ def render(source: str, output: str | None, fmt: str, block_sizes: str | None, p
     from ..confgen.templating import render as render_template
     from .confgen_io import emit, node_notes
     col = store.load_dir(source)
+    opts = build_options(kw, col.nodes)
+    col.refuse_unsafe(opts)
+    _warn(col, source)
     for b in col.bad.values():
-        click.echo(f"slurm-gpu: {b.node}: unreadable entry: {b.reason} ({b.path})", err=True)
+        click.echo(f"slurm-gpu: {comment(b.node)}: unreadable entry: {comment(b.reason)} ({comment(b.path)})",
+                   err=True)
     if col.bad and not skip_unreadable:
         raise InputError(f"{len(col.bad)} unreadable entr{'y' if len(col.bad) == 1 else 'ies'}: fix or remove "
                          "them, or pass --skip-unreadable", source)
     if not col.nodes:
         raise InputError("no collected node models", source)
-    opts = build_options(kw, col.nodes)
     inputs = [f"{len(col.nodes)} node models from {source}"]
     view = build_gres_view(col.nodes, opts, inputs=inputs, where=col.where)
     for note in node_notes(col.nodes) + list(view.notes):

@@ -118,7 +118,8 @@ def node_notes(nodes: Mapping[str, Any]) -> list[str]:
     for name, node in nodes.items():
         for note in node.notes:
             by_note.setdefault(note, []).append(name)
-    return [f"{hostlist.fold(names)}: {note}" for note, names in by_note.items()]
+    from ..confgen.confsafe import comment
+    return [comment(f"{hostlist.fold(names)}: {note}") for note, names in by_note.items()]
 
 
 def emit(text: str, output: str | None) -> None:

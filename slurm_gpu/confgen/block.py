@@ -55,7 +55,11 @@ class BlockTopology:
 
 def node_domain(name: str, node: Node) -> tuple[str | None, str | None]:
     """(domain, why-not) for one node: ``("<uuid>/<clique>", None)`` or ``(None, reason)``."""
+    from .confsafe import check_fabric
     fabrics = [g.fabric for g in node.gpus if g.fabric is not None]
+    for g in node.gpus:
+        if g.fabric is not None:    # printed in comments and notes: one node's file must not add lines
+            check_fabric(g.fabric, f"{name}: GPU {g.pci_bus_id}")
     if not fabrics:
         return None, "no NVLink fabric"
     pairs = {(f.cluster_uuid, f.clique_id) for f in fabrics}

@@ -18,7 +18,7 @@ from typing import Iterable, Mapping, Sequence
 from .. import __version__
 from ..errors import InputError
 from ..hw.model import Gpu, Node
-from . import hostlist, naming
+from . import confsafe, hostlist, naming
 from . import nodeline
 from .nodeline import SocketLayout, gres_counts, socket_layout
 
@@ -92,6 +92,8 @@ def gres_records(node: Node, opts: GresOptions | None = None, *, where: str = ""
     """
     opts = opts or GresOptions()
     dev = opts.dev_dir.rstrip("/") or ""
+    if dev:
+        confsafe.dev_path(dev, "--dev-dir")
     gpus = sorted(node.gpus, key=lambda g: g.pci_bus_id)
     any_mig = any(_mig_active(g) for g in gpus)
     with_links = opts.links and not any_mig and len(gpus) > 1 and any(
@@ -101,7 +103,8 @@ def gres_records(node: Node, opts: GresOptions | None = None, *, where: str = ""
     for g in gpus:
         if g.minor is None:
             raise InputError(f"GPU {g.pci_bus_id} has no minor number (/dev/nvidiaN unknown)", where or None)
-        t = naming.gpu_type(g, pci_names=opts.pci_names, type_map=opts.type_map, where=where)
+        t = confsafe.gres_type(naming.gpu_type(g, pci_names=opts.pci_names, type_map=opts.type_map, where=where),
+                               f"GPU {g.pci_bus_id}: GRES type", where or None)
         cores = tuple(sorted(g.cores))
         gfile = f"{dev}/nvidia{g.minor}"
         if _mig_active(g):
@@ -110,7 +113,8 @@ def gres_records(node: Node, opts: GresOptions | None = None, *, where: str = ""
                 if gi is None or ci is None:
                     gi, ci = mig_cap_minors(g.minor, m.gi_id, m.ci_id)
                 out.append(GresLine(
-                    name="gpu", type=naming.mig_type(t, m),
+                    name="gpu", type=confsafe.gres_type(naming.mig_type(t, m), f"GPU {g.pci_bus_id}: MIG GRES type",
+                                                        where or None),
                     multiple_files=(gfile, f"{dev}/nvidia-caps/nvidia-cap{gi}",
                                     f"{dev}/nvidia-caps/nvidia-cap{ci}"),
                     cores=cores))
@@ -228,12 +232,20 @@ def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, 
     by_same: dict[tuple[object, ...], list[str]] = {}
     first_same: dict[tuple[object, ...], Node] = {}
     for name, node in nodes.items():
-        same = _same_objects(node)
-        lst = by_same.get(same)
+        try:
+            same = _same_objects(node)
+            lst = by_same.get(same)
+        except TypeError:    # an unhashable value where a name or number belongs
+            confsafe.check_node(name, node, where.get(name, name))
+            raise
         if lst is None:
+            # Every value printed below comes from these models: checked
+            # once per kind of hardware (confsafe), every name on its own.
+            confsafe.check_node(name, node, where.get(name, name))
             by_same[same] = [name]
             first_same[same] = node
         else:
+            confsafe.node_name(name, where.get(name, name))
             lst.append(name)
     by_fp: dict[tuple[object, ...], list[str]] = {}
     first: dict[tuple[object, ...], Node] = {}
@@ -286,9 +298,27 @@ def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, 
                      "slurmd; give each node group its own slurm.conf via configless includes or "
                      "choose --socket-mode explicitly")
     notes += autodetect_notes(opts.autodetect, nodes.values())
-    return GresView(generator=GENERATOR, version=__version__, inputs=tuple(inputs),
-                    autodetect=opts.autodetect, groups=tuple(groups), notes=tuple(notes),
-                    slurmd_parameters=tuple(params))
+    return checked_view(GresView(generator=GENERATOR, version=__version__, inputs=tuple(inputs),
+                                 autodetect=opts.autodetect, groups=tuple(groups), notes=tuple(notes),
+                                 slurmd_parameters=tuple(params)))
+
+
+def checked_view(v: GresView) -> GresView:
+    """*v* as the template may print it: every record one ``Key=Value`` line of plain values,
+    every comment escaped to printable ASCII (:mod:`.confsafe`, the last gate before the template)."""
+    from dataclasses import replace
+    if v.autodetect not in ("", "off", "nvml", "nvidia", "full"):
+        raise confsafe.UnsafeValue(f"AutoDetect {confsafe.shown(v.autodetect)} is not a Slurm choice")
+    for p in v.slurmd_parameters:
+        confsafe.record(f"SlurmdParameters={p}")
+    for g in v.groups:
+        confsafe.hostlist(g.nodes)
+        for line in g.lines:
+            confsafe.record(f"NodeName={g.nodes} {line}")
+        for nl in g.node_lines:
+            confsafe.record(nl)
+    return replace(v, inputs=tuple(confsafe.comment(i) for i in v.inputs),
+                   notes=tuple(confsafe.comment(n) for n in v.notes))
 
 
 def autodetect_notes(autodetect: str, nodes: Iterable[Node]) -> list[str]:

@@ -22,5 +22,12 @@ def _env() -> Any:
 
 
 def render(template: str, variables: Mapping[str, Any]) -> str:
-    """Render ``templates/<template>`` with *variables*."""
-    return _env().get_template(template).render(**variables)
+    """Render ``templates/<template>`` with *variables*.
+
+    The view models hand over checked values (:mod:`.confsafe`); the text
+    is checked once more as a whole, so no template can put a character
+    outside printable ASCII (a line break Slurm or a reader would see) into
+    a config file.
+    """
+    from .confsafe import check_text
+    return check_text(_env().get_template(template).render(**variables), template.removesuffix(".j2"))

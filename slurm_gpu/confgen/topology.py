@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import __version__
 from ..errors import InputError, UsageError
-from . import hostlist
+from . import confsafe, hostlist
 from .block import BlockTopology
 from .tree import Tree
 
@@ -78,10 +78,12 @@ def build_view(tree: Tree | None, blocks: BlockTopology | None, *, fmt: str = "c
     plugins: list[str] = []
     folded: dict[tuple[str, ...], str] = {}
 
-    def fold(names: tuple[str, ...]) -> str:
+    def fold(names: tuple[str, ...], check: Callable[[str, str], str] = confsafe.node_name) -> str:
         # Every spine of a rail lists the same leaves: fold each list once.
         text = folded.get(names)
         if text is None:
+            for n in names:     # names come from fabric descriptions and node files: input
+                check(n, "topology")
             text = folded[names] = hostlist.fold(names) if names else ""
         return text
 
@@ -90,23 +92,27 @@ def build_view(tree: Tree | None, blocks: BlockTopology | None, *, fmt: str = "c
         notes.extend(tree.notes)
         for sw in tree.switches:
             nodes = fold(sw.nodes)
-            children = fold(sw.switches)
+            children = fold(sw.switches, confsafe.switch_name)
             text = f"SwitchName={sw.name}" + (f" Nodes={nodes}" if nodes else "") + (
                 f" Switches={children}" if children else "")
-            lines.append(ConfLine(sw.comment, text))
+            confsafe.switch_name(sw.name, "topology")
+            comment = confsafe.comment(sw.comment)
+            lines.append(ConfLine(comment, confsafe.record(text)))
             switches.append(YamlSwitch(_q(sw.name), _q(nodes) if nodes else "",
-                                       _q(children) if children else "", sw.comment))
+                                       _q(children) if children else "", comment))
     if blocks is not None:
         plugins.append("topology/block")
         notes.extend(blocks.notes)
         for b in blocks.blocks:
-            nodes = hostlist.fold(b.nodes) if b.nodes else ""
-            comment = f"{b.name}={b.domain}" if b.domain else (f"{b.name}: placeholder" if not nodes else "")
-            lines.append(ConfLine(comment, f"BlockName={b.name}" + (f" Nodes={nodes}" if nodes else "")))
+            nodes = fold(b.nodes)
+            comment = confsafe.comment(f"{b.name}={b.domain}" if b.domain else
+                                       (f"{b.name}: placeholder" if not nodes else ""))
+            lines.append(ConfLine(comment, confsafe.record(f"BlockName={b.name}" + (f" Nodes={nodes}" if nodes else ""))))
             yblocks.append(YamlBlock(_q(b.name), _q(nodes) if nodes else "", comment))
         lines.append(ConfLine("", "BlockSizes=" + ",".join(str(s) for s in blocks.sizes)))
     return TopologyView(
-        generator=GENERATOR, version=__version__, inputs=tuple(inputs), notes=tuple(notes),
+        generator=GENERATOR, version=__version__, inputs=tuple(confsafe.comment(i) for i in inputs),
+        notes=tuple(confsafe.comment(n) for n in notes),
         plugin=" + ".join(plugins), lines=tuple(lines), tree_name="tree", block_name="block",
         tree_default=tree is not None, switches=tuple(switches), blocks=tuple(yblocks),
         block_sizes=blocks.sizes if blocks is not None else ())

@@ -261,6 +261,19 @@ def slurm_gpu_cli(*args: str, user: str | None = None, timeout: float = 120,
                           cwd="/", **kw)
 
 
+def mig_sim_state(machine: Path, sim: Path) -> Path:
+    """*sim*: the NVML simulator's state for *machine*, MIG mode on for every GPU, no instances."""
+    import json
+
+    from slurm_gpu.sim.state import init_state_for_machine
+    init_state_for_machine(str(machine), str(sim))
+    st = json.loads(sim.read_text())
+    for g in st["facts"]["gpus"]:
+        g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
+    sim.write_text(json.dumps(st))
+    return sim
+
+
 def mps_mig_node_files(tag: str, machine: Path, venv: str | os.PathLike[str] | None = None) -> dict[str, Path]:
     """A node's simulator state (MIG on, no instances) and NVIDIA's real MPS control binary.
 
@@ -270,17 +283,9 @@ def mps_mig_node_files(tag: str, machine: Path, venv: str | os.PathLike[str] | N
     *venv* is kept for callers that name a root's venv.
     Remove ``result["dir"]`` when done.
     """
-    import json
-
     from mpsbinary import install_real_mps_control
-    from slurm_gpu.sim.state import init_state_for_machine
     d = new_sandbox_dir(tag)
-    sim = d / "sim.json"
-    init_state_for_machine(str(machine), str(sim))
-    st = json.loads(sim.read_text())
-    for g in st["facts"]["gpus"]:
-        g["mig"] = {"mode": 1, "pending": 1, "max_devices": 7, "instances": []}
-    sim.write_text(json.dumps(st))
+    sim = mig_sim_state(machine, d / "sim.json")
     try:
         ctl = install_real_mps_control(d / "nvidia-cuda-mps-control")
     except BaseException:

@@ -103,7 +103,8 @@ def test_store_reads_snapshots_and_models_and_lists_every_bad_entry(tmp_path: Pa
     assert sorted(col.nodes) == ["n1", "n2"]
     assert col.nodes["n1"].gpus == col.nodes["n2"].gpus
     assert sorted(col.bad) == ["n10", "n3", "n4", "n5", "n6", "n7", "n9"]
-    assert col.bad["n9"].reason == col.bad["n10"].reason == "not a regular file"
+    assert (col.bad["n9"].reason, col.bad["n10"].reason) == ("a FIFO, not a regular file",
+                                                             "a directory, not a regular file")
     assert "not JSON" in col.bad["n3"].reason
     assert "unsupported schema 'slurm-gpu.snapshot/0'" in col.bad["n4"].reason
     assert "JSON" in col.bad["n5"].reason
@@ -426,3 +427,69 @@ def test_publish_interval_skips_the_step_until_due_or_reboot(tmp_path: Path, rec
     assert len(store.load_dir(str(pub)).nodes["n1"].gpus) == 7
     (state / "cluster-publish.n1.json").write_text("{broken")               # a broken memo: due
     assert mf.publish_from_health("n1", healthy, str(state)) is not None
+
+
+def _with_mig(node: dict, minor: int, profiles: list[str]) -> dict:
+    """*node* with MIG mode on for GPU *minor* and these instances on it."""
+    import copy
+    out = copy.deepcopy(node)
+    g = next(g for g in out["gpus"] if g["minor"] == minor)
+    g["mig_enabled"] = True
+    g["mig_instances"] = [{"gi_id": 7 + i, "ci_id": 0, "profile": p, "gi_profile_id": 19, "ci_profile_id": 0,
+                           "placement_start": i, "placement_size": 1, "memory_bytes": 10 << 30, "sm_count": 16,
+                           "uuid": f"MIG-job-{i}", "gi_cap_minor": None, "ci_cap_minor": None}
+                          for i, p in enumerate(profiles)]
+    return out
+
+
+def test_a_jobs_own_mig_layout_is_never_published_as_the_nodes_hardware(
+        tmp_path: Path, recorded: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24 §3: while a --gpu-mig job runs, the published model keeps the node's baseline."""
+    from slurm_gpu.cluster import modelfile as mf
+    from slurm_gpu.jobs import state as jobstate
+    pub, state = tmp_path / "pub", tmp_path / "state"
+    pub.mkdir()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{state}"\n[cluster]\npublish_dir = "{pub}"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    baseline = _with_mig(recorded["healthy"]["node"], 0, [])             # MIG on, no instance: the admin's layout
+    during = _with_mig(recorded["healthy"]["node"], 0, ["1g.10gb"] * 7)  # the job's own seven instances
+    gpu0 = next(g for g in baseline["gpus"] if g["minor"] == 0)
+    assert mf.publish_from_health("n1", baseline, str(state)) is not None
+    first = (pub / "n1.json").stat().st_mtime_ns
+
+    st = jobstate.new("4242", uid=1000, gid=1000, user="u")
+    st["gpus"] = [{"index": 0, "uuid": gpu0["uuid"], "minor": 0}]
+    st["mig"] = {"layout": "7x1g.10gb", "ready": True, "gpus": [
+        {"index": 0, "uuid": gpu0["uuid"], "minor": 0, "model": "h100-80gb", "baseline": [],
+         "baseline_removed": False, "instances": [{"profile": "1g.10gb", "gi_profile_id": 19, "start": i, "size": 1,
+                                                   "gi_id": 7 + i, "ci_id": 0, "uuid": f"MIG-job-{i}"}
+                                                  for i in range(7)]}]}
+    jobstate.save(str(state), st)
+    mf.publish_from_health("n1", during, str(state))
+    col = store.load_dir(str(pub))
+    g0 = next(g for g in col.nodes["n1"].gpus if g.minor == 0)
+    assert g0.mig_enabled is True and g0.mig_instances == ()
+    assert (pub / "n1.json").stat().st_mtime_ns == first                  # the baseline: nothing to rewrite
+    capsys.readouterr()
+    assert main(["cluster", "render", "--from", str(pub)]) == 0
+    assert "1g.10gb" not in capsys.readouterr().out
+    # Another GPU lost while the job runs: that is published, the job's layout still is not.
+    bus3 = next(g["pci_bus_id"] for g in during["gpus"] if g["minor"] == 3)
+    lost_during = dict(during, gpus=[g for g in during["gpus"] if g["pci_bus_id"] != bus3])
+    assert mf.publish_from_health("n1", lost_during, str(state)) is not None
+    n1 = store.load_dir(str(pub)).nodes["n1"]
+    assert len(n1.gpus) == 7 and next(g for g in n1.gpus if g.minor == 0).mig_instances == ()
+    # The job ended: what the node now has is published as before.
+    jobstate.remove(str(state), "4242")
+    assert mf.publish_from_health("n1", baseline, str(state)) is not None
+    assert len(store.load_dir(str(pub)).nodes["n1"].gpus) == 8
+    # A node that never published a baseline before a job changed its GPU publishes nothing.
+    jobstate.save(str(state), st)
+    fresh = tmp_path / "fresh-state"
+    cfg.write_text(f'[node]\nstate_dir = "{fresh}"\n[cluster]\npublish_dir = "{pub}"\n')
+    jobstate.save(str(fresh), st)
+    note = mf.publish_from_health("n2", during, str(fresh))
+    assert note == ("model not published: job 4242 holds its own MIG layout on GPU 0 and this node has no "
+                    "baseline model yet")
+    assert not (pub / "n2.json").exists()
