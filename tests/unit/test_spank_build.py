@@ -137,3 +137,8 @@ def test_install_writes_where_slurm_reads(plugin, tmp_path, monkeypatch, include
     if where == "plugstack.conf":
         assert written[:-1] == [l for l in (include.format(d=etc) + "optional /x/other.so").splitlines()]
         assert not (etc / "plugstack.conf.d").exists()
+
+
+def test_inner_half_records_its_interpreter_and_version(plugin):
+    from slurm_gpu import __version__, doctor
+    assert doctor.plugin_runs(str(plugin)) == (sys.executable, __version__)
