@@ -394,6 +394,10 @@ def check_plugin_tree(f: Facts) -> list[Finding]:
             out.append(Finding(CRITICAL, "spank.tree", f"{so} starts {python}, which no longer exists "
                                "(an upgrade removed that venv tree): every step with a --gpu-* "
                                "option fails; slurm-gpu spank install"))
+        elif os.path.realpath(os.path.dirname(os.path.dirname(python))) != os.path.realpath(f.venv):
+            out.append(Finding(WARNING, "spank.tree", f"{so} starts {python}, not this venv's "
+                               f"({f.venv}): an upgrade removes a tree it does not run from; "
+                               "slurm-gpu spank install"))
         elif version is not None and version != __version__:
             out.append(Finding(CRITICAL, "spank.tree", f"{so} was built by slurm-gpu {version}, the "
                                f"venv runs {__version__}: its options and Python side may not match; "

@@ -21,7 +21,7 @@ def plugin(tmp_path: Path, inner: bytes) -> str:
 
 
 def facts(so: str, **kw) -> d.Facts:
-    base = dict(slurm_conf_path="/etc/slurm/slurm.conf", conf={}, conf_readable=True,
+    base = dict(venv=sys.prefix, slurm_conf_path="/etc/slurm/slurm.conf", conf={}, conf_readable=True,
                 slurmd_version="24.11.5", plugstack_lines=[("/etc/slurm/plugstack.conf", f"required {so}")],
                 plugin_built_for={so: d.plugin_built_for(so)}, plugin_runs={so: d.plugin_runs(so)})
     base.update(kw)
@@ -92,3 +92,21 @@ def test_venv_writable_by_others_is_found(tmp_path):
     so = plugin(tmp_path, b"")
     assert found(facts(so, venv_writable=f"{tmp_path} (mode 0775)"), "venv.owner")[0].startswith(
         f"CRITICAL venv.owner: {tmp_path} (mode 0775) can be changed by someone but root")
+
+
+def test_plugin_of_another_tree_that_still_exists_is_a_warning(tmp_path):
+    # a copy `spank install` made before this change, one upgrade later: its tree is
+    # still there (kept one upgrade back), the next upgrade removes it
+    old = tmp_path / "venv-OLD"
+    (old / "bin").mkdir(parents=True)
+    (old / "bin" / "python").write_text("")
+    so = plugin(tmp_path, b"slurm-gpu-spank-py python=" + str(old / "bin" / "python").encode()
+                + b" version=" + __version__.encode())
+    got = found(facts(so), "spank.tree")
+    assert got == [f"WARNING spank.tree: {so} starts {old}/bin/python, not this venv's ({sys.prefix}): an "
+                   "upgrade removes a tree it does not run from; slurm-gpu spank install"]
+    # started through the venv link of this very tree: fine
+    (tmp_path / "venv").symlink_to(sys.prefix)
+    so = plugin(tmp_path, b"slurm-gpu-spank-py python=" + str(tmp_path / "venv" / "bin" / "python").encode()
+                + b" version=" + __version__.encode())
+    assert found(facts(so), "spank.tree")[0].startswith("OK spank.tree:")
