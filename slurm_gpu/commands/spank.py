@@ -43,11 +43,18 @@ def plugstack_conf(slurm_conf: str | None = None) -> Path:
 
 
 def plugstack_target(plugstack: Path) -> Path:
-    """Where our line goes: the drop-in when *plugstack* includes it (Debian's
-    plugstack.conf includes ``plugstack.conf.d/*.conf``), else *plugstack*
-    itself (EL ships no such include, and a drop-in nobody includes would
-    leave the options silently missing)."""
+    """Where our line goes: the file that has it already (one line, never two);
+    else the drop-in when *plugstack* includes it (Debian's plugstack.conf
+    includes ``plugstack.conf.d/*.conf``), else *plugstack* itself (EL ships
+    no such include, and a drop-in nobody includes would leave the options
+    silently missing)."""
     import fnmatch
+
+    from ..doctor import plugstack_lines
+    for src, line in plugstack_lines(plugstack):
+        words = line.split()
+        if len(words) >= 2 and words[1].endswith(PLUGIN_FILE):
+            return Path(src)
     dropin = plugstack.parent / DROPIN
     try:
         text = plugstack.read_text()

@@ -142,3 +142,19 @@ def test_install_writes_where_slurm_reads(plugin, tmp_path, monkeypatch, include
 def test_inner_half_records_its_interpreter_and_version(plugin):
     from slurm_gpu import __version__, doctor
     assert doctor.plugin_runs(str(plugin)) == (sys.executable, __version__)
+
+
+def test_install_replaces_our_line_where_it_already_is(plugin, tmp_path, monkeypatch):
+    _package_layout(tmp_path, monkeypatch)
+    etc = tmp_path / "etc"
+    (etc / "plugstack.conf.d").mkdir(parents=True)
+    (etc / "slurm.conf").write_text(f"PlugStackConfig={etc}/plugstack.conf\n")
+    # the admin wrote the line into plugstack.conf by hand, beside Debian's include
+    (etc / "plugstack.conf").write_text(f"include {etc}/plugstack.conf.d/*.conf\n"
+                                        "required /opt/slurm-gpu/venv-OLD/lib/slurm-gpu/slurm_gpu_spank.so\n")
+    monkeypatch.setenv("SLURM_CONF", str(etc / "slurm.conf"))
+    assert main(["spank", "install", "--plugin", str(plugin), "numa_bind=off"]) == 0
+    assert (etc / "plugstack.conf").read_text() == (
+        f"include {etc}/plugstack.conf.d/*.conf\n"
+        f"required {tmp_path}/venv/lib/slurm-gpu/slurm_gpu_spank.so numa_bind=off\n")
+    assert not list((etc / "plugstack.conf.d").iterdir())
