@@ -24,15 +24,16 @@ unit:
 bench:
 	$(PY) bench/run_all.py
 
-# Packages (docs/install.md): a .deb for Debian 12/13, an .rpm for EL8/9.
+# Packages (docs/install.md): a .deb for Debian 12/13, an .rpm for EL8/9, each built
+# from a throw-away build venv (python3 -m venv): no `make install` needed.
 deb:
-	SLURM_GPU_VENV=$(VENV) bash scripts/build-deb.sh
+	bash scripts/build-deb.sh
 
 test-deb:
-	SLURM_GPU_VENV=$(VENV) bash scripts/test-deb.sh
+	bash scripts/test-deb.sh
 
 rpm:
-	SLURM_GPU_VENV=$(VENV) bash scripts/build-rpm.sh
+	bash scripts/build-rpm.sh
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

@@ -9,30 +9,36 @@
 # HealthCheckProgram wrapper and a systemd unit for xid-watch.  The SPANK
 # plugin is compiled by postinst for the installed Slurm.
 #   scripts/build-deb.sh            -> prints the .deb's path
-# Needs the project's venv (SLURM_GPU_VENV, default /opt/slurm-gpu/venv) for
-# pip; the nvidia-ml-py wheel is the version that venv runs.
+# Needs python3 with its venv module, dpkg-deb, and the package index for
+# pip (nvidia-ml-py at packaging/wheels.txt's version, setuptools for the
+# wheel build): a throw-away build venv (scripts/build-env.sh), not the
+# development install of `make install`.
 set -euo pipefail
 umask 022
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-VENV=${SLURM_GPU_VENV:-/opt/slurm-gpu/venv}
 OUT=${SLURM_GPU_DIST:-$HERE/dist}
-PY="$VENV/bin/python"
-[ -x "$PY" ] || { echo "slurm-gpu: no venv at $VENV (run: make install)" >&2; exit 1; }
 command -v dpkg-deb >/dev/null || { echo "slurm-gpu: dpkg-deb not found (apt-get install dpkg)" >&2; exit 1; }
+# shellcheck source=build-env.sh
+. "$HERE/scripts/build-env.sh"
 
-version=$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import slurm_gpu; print(slurm_gpu.__version__)' "$HERE")
-nvml=$("$PY" -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')
+version=$(sg_version "$HERE")
+nvml=$(sed -n 's/^nvidia-ml-py==//p' "$HERE/packaging/wheels.txt")
+[ -n "$version" ] && [ -n "$nvml" ] || { echo "slurm-gpu: no version in slurm_gpu/__init__.py or packaging/wheels.txt" >&2; exit 1; }
 deb_version="$version-1"
 stage=$(mktemp -d /tmp/slurm-gpu-deb.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
+build_env "$stage/venv"
+export BPY
+PY=$BPY
 root=$stage/root
 mkdir -p "$root/DEBIAN" "$root/usr/share/slurm-gpu/wheels" "$root/usr/lib/slurm-gpu" \
-         "$root/usr/lib/systemd/system" "$root/usr/share/doc/slurm-gpu"
+         "$root/usr/lib/systemd/system" "$root/usr/share/doc/slurm-gpu" "$root/usr/bin"
 
 # Wheels: ours (scripts/build-wheel.sh) and nvidia-ml-py (not in Debian).
 bash "$HERE/scripts/build-wheel.sh" "$stage/wheels" >/dev/null
 "$PY" -m pip download -q --no-deps --only-binary=:all: --disable-pip-version-check \
-    -d "$stage/wheels" "nvidia-ml-py==$nvml" >/dev/null
+    -d "$stage/wheels" "nvidia-ml-py==$nvml" >"$stage/pip.log" 2>&1 ||
+    { echo "slurm-gpu: cannot fetch nvidia-ml-py==$nvml from the package index (or PIP_FIND_LINKS=DIR holding it): $(grep -E 'ERROR' "$stage/pip.log" | head -1)" >&2; exit 1; }
 cp "$stage"/wheels/slurm_gpu-"$version"-py3-none-any.whl "$stage"/wheels/nvidia_ml_py-*.whl \
    "$root/usr/share/slurm-gpu/wheels/"
 
@@ -40,6 +46,8 @@ cp "$stage"/wheels/slurm_gpu-"$version"-py3-none-any.whl "$stage"/wheels/nvidia_
 cp -r "$HERE/prolog.d" "$HERE/epilog.d" "$root/usr/lib/slurm-gpu/"
 install -m 755 "$HERE/packaging/common/healthcheck" "$root/usr/lib/slurm-gpu/healthcheck"
 install -m 755 "$HERE/packaging/common/venv-setup.sh" "$root/usr/lib/slurm-gpu/venv-setup.sh"
+# On PATH for admins; the venv link, so it follows every upgrade.
+ln -s /opt/slurm-gpu/venv/bin/slurm-gpu "$root/usr/bin/slurm-gpu"
 install -m 644 "$HERE/packaging/common/slurm-gpu-xid-watch.service" "$root/usr/lib/systemd/system/"
 install -m 644 "$HERE/packaging/common/slurm-gpu-monitor.service" "$root/usr/lib/systemd/system/"
 for f in README.md CHANGELOG.md docs/*.md; do install -m 644 "$HERE/$f" "$root/usr/share/doc/slurm-gpu/"; done

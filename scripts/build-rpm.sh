@@ -4,34 +4,35 @@
 #
 # Source0 holds every wheel the venv needs for CPython 3.11 on x86_64
 # (manylinux, glibc >= 2.17: EL8 has 2.28): slurm-gpu built from this tree,
-# and its dependencies in the versions the project's venv runs.  EL has no
+# and its dependencies at packaging/wheels.txt's versions.  EL has no
 # python3-click etc. for 3.11, so nothing comes from the system but python3.11.
+# Needs bash, python3 with its venv module (a throw-away build venv,
+# scripts/build-env.sh: not the development install of `make install`),
+# rpmbuild and tar: Debian (apt-get install rpm python3-venv) or EL
+# (dnf install rpm-build python3), and the package index for pip.
 # Exit 77 (one `slurm-gpu:` line) when rpmbuild is missing or the package
 # index cannot be reached.
 set -euo pipefail
 umask 022
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-VENV=${SLURM_GPU_VENV:-/opt/slurm-gpu/venv}
 OUT=${SLURM_GPU_DIST:-$HERE/dist}
-PY="$VENV/bin/python"
-[ -x "$PY" ] || { echo "slurm-gpu: no venv at $VENV (run: make install)" >&2; exit 1; }
-command -v rpmbuild >/dev/null || { echo "slurm-gpu: rpmbuild not found (apt-get install rpm)" >&2; exit 77; }
+command -v rpmbuild >/dev/null || { echo "slurm-gpu: rpmbuild not found (Debian: apt-get install rpm; EL: dnf install rpm-build)" >&2; exit 77; }
+# shellcheck source=build-env.sh
+. "$HERE/scripts/build-env.sh"
 
-version=$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import slurm_gpu; print(slurm_gpu.__version__)' "$HERE")
+version=$(sg_version "$HERE")
 stage=$(mktemp -d /tmp/slurm-gpu-rpm.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
+build_env "$stage/venv"
+export BPY
+PY=$BPY
 src=$stage/slurm-gpu-$version
 mkdir -p "$src/wheels" "$src/packaging" "$src/docs"
 
 bash "$HERE/scripts/build-wheel.sh" "$src/wheels" >/dev/null
 
-# Its dependencies, pinned to what the project's venv runs, for EL's python3.11.
-pins=$("$PY" - <<'PIN'
-import importlib.metadata as m
-req = ["click", "jinja2", "markupsafe", "cffi", "pycparser", "nvidia-ml-py", "clustershell", "pyyaml"]
-print(" ".join(f"{n}=={m.version(n)}" for n in req))
-PIN
-)
+# Its dependencies, pinned in packaging/wheels.txt, for EL's python3.11.
+pins=$(grep -E '^[A-Za-z0-9_.-]+==' "$HERE/packaging/wheels.txt" | tr '\n' ' ')
 # shellcheck disable=SC2086
 if ! "$PY" -m pip download -q --no-deps --only-binary=:all: --disable-pip-version-check \
         --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \

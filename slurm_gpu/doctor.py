@@ -8,6 +8,7 @@ WARNING, CRITICAL, UNKNOWN; the worst one is the exit status.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import sys
@@ -54,6 +55,10 @@ class Facts:
     persistenced: bool = False
     gres_drift: list[str] | None = None     # None: not checked
     gres_error: str | None = None
+    # so path -> (the interpreter its inner half starts, the slurm-gpu that built it)
+    plugin_runs: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    setup_failed: str | None = None         # the package's last venv setup that did not go live
+    venv_writable: str | None = None        # first path of the venv someone but root can change
 
 
 # -- reading ------------------------------------------------------------------
@@ -94,6 +99,65 @@ def plugin_built_for(so: str) -> str | None:
         return None
     end = data.find(b"\0", i)
     return data[i + len(MARKER):end].decode(errors="replace")
+
+
+INNER_MARKER = b"slurm-gpu-spank-py python="
+# an inner half built before it carried INNER_MARKER: its interpreter path, as compiled in
+_OLD_PYTHON = re.compile(rb"(/[\x21-\x7e]+/bin/python[0-9.]*)\x00")
+
+
+def plugin_runs(so: str) -> tuple[str | None, str | None]:
+    """The interpreter the inner half beside *so* starts, and the slurm-gpu that built it."""
+    try:
+        data = (Path(so).parent / "slurm_gpu_spank_py.so").read_bytes()
+    except OSError:
+        return None, None
+    i = data.find(INNER_MARKER)
+    if i < 0:
+        m = _OLD_PYTHON.search(data)
+        return (m.group(1).decode(), None) if m else (None, None)
+    rec = data[i + len(INNER_MARKER):data.find(b"\0", i)].decode(errors="replace")
+    python, _, version = rec.rpartition(" version=")
+    return python or None, version or None
+
+
+def first_writable(root: str) -> str | None:
+    """The first path of the venv *root* (its tree, and every directory above it)
+    that someone but root can change: the prolog, the health check and the
+    plugin in every job run that code, as root."""
+    def bad(path: str, st: os.stat_result) -> str | None:
+        if st.st_uid != 0:
+            return f"{path} (owner uid {st.st_uid})"
+        if stat.S_ISLNK(st.st_mode):
+            return None
+        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_mode & 0o022 and not sticky_dir:
+            return f"{path} (mode {stat.S_IMODE(st.st_mode):04o})"
+        return None
+    real = os.path.realpath(root)
+    up = os.path.dirname(real)
+    chain = [root] if os.path.islink(root) else []
+    while True:
+        chain.append(up)
+        if up == "/":
+            break
+        up = os.path.dirname(up)
+    for path in chain:
+        try:
+            why = bad(path, os.lstat(path))
+        except OSError:
+            continue
+        if why:
+            return why
+    for dirpath, _, filenames in os.walk(real):
+        for name in [dirpath, *(os.path.join(dirpath, f) for f in filenames)]:
+            try:
+                why = bad(name, os.lstat(name))
+            except OSError:
+                continue
+            if why:
+                return why
+    return None
 
 
 def first_unreadable(root: Path, limit: int = 200000) -> str | None:
@@ -150,14 +214,18 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     plugstack = Path(conf.get("plugstackconfig") or str(Path(path).parent / "plugstack.conf"))
     lines = plugstack_lines(plugstack)
     built = {}
+    runs = {}
     for _, line in lines:
         words = line.split()
         if len(words) >= 2 and words[1].endswith(PLUGIN_FILE):
             built[words[1]] = plugin_built_for(words[1])
+            runs[words[1]] = plugin_runs(words[1])
     facts = Facts(path, conf, readable, _slurmd_version(), lines, built,
                   gpus_present=os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia"),
-                  persistenced=_process_running("nvidia-persistenced"))
+                  persistenced=_process_running("nvidia-persistenced"), plugin_runs=runs)
     facts.venv_unreadable = first_unreadable(Path(sys.prefix))
+    facts.venv_writable = first_writable(sys.prefix)
+    facts.setup_failed = setup_failed()
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -166,6 +234,22 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
         except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
             facts.gres_error = getattr(e, "what", None) or f"{type(e).__name__}: {e}"
     return facts
+
+
+SETUP_FAILED = "setup-failed"   # packaging/common/venv-setup.sh writes it beside the venv link
+
+
+def setup_failed(prefix: str | None = None) -> str | None:
+    """What the package's last venv setup said when it kept the old tree (None: it did not)."""
+    from .paths import venv_link
+    link = venv_link(prefix)
+    if link == (prefix or sys.prefix):
+        return None                   # not the packages' layout
+    try:
+        text = Path(os.path.dirname(link), SETUP_FAILED).read_text(errors="replace")
+    except OSError:
+        return None
+    return " ".join(text.split()) or "(no reason recorded)"
 
 
 # -- checks (pure) ------------------------------------------------------------
@@ -299,7 +383,47 @@ def check_persistenced(f: Facts) -> list[Finding]:
     return [Finding(OK, "nvidia.persistenced", "running")]
 
 
-CHECKS = (check_slurm, check_plugin, check_prolog, check_health, check_gres, check_venv, check_persistenced)
+def check_plugin_tree(f: Facts) -> list[Finding]:
+    """The interpreter a plugin starts still exists, and it was built by this slurm-gpu."""
+    from . import __version__
+    out = []
+    for so, (python, version) in f.plugin_runs.items():
+        if python is None or not os.path.isfile(so):
+            continue                  # check_plugin says what is missing
+        if not os.path.exists(python):
+            out.append(Finding(CRITICAL, "spank.tree", f"{so} starts {python}, which no longer exists "
+                               "(an upgrade removed that venv tree): every step with a --gpu-* "
+                               "option fails; slurm-gpu spank install"))
+        elif os.path.realpath(os.path.dirname(os.path.dirname(python))) != os.path.realpath(f.venv):
+            out.append(Finding(WARNING, "spank.tree", f"{so} starts {python}, not this venv's "
+                               f"({f.venv}): an upgrade removes a tree it does not run from; "
+                               "slurm-gpu spank install"))
+        elif version is not None and version != __version__:
+            out.append(Finding(CRITICAL, "spank.tree", f"{so} was built by slurm-gpu {version}, the "
+                               f"venv runs {__version__}: its options and Python side may not match; "
+                               "slurm-gpu spank install"))
+        else:
+            out.append(Finding(OK, "spank.tree", f"{so} starts {python}"))
+    return out
+
+
+def check_setup(f: Facts) -> list[Finding]:
+    """The package's last venv setup went live (venv-setup.sh keeps the old tree when not)."""
+    if f.setup_failed:
+        return [Finding(CRITICAL, "package.setup", f"the last upgrade did not go live: {f.setup_failed}")]
+    return []
+
+
+def check_venv_writable(f: Facts) -> list[Finding]:
+    if f.venv_writable:
+        return [Finding(CRITICAL, "venv.owner", f"{f.venv_writable} can be changed by someone but "
+                        "root: slurmd runs this code as root in every prolog and health check "
+                        "(chown -R root:root; chmod -R go-w)")]
+    return [Finding(OK, "venv.owner", f"{f.venv} writable by root only")]
+
+
+CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
+          check_gres, check_venv, check_venv_writable, check_persistenced)
 
 
 def run_checks(f: Facts) -> list[Finding]:

@@ -48,3 +48,22 @@ def data_file(name: str) -> Path:
 def data_path(name: str) -> str:
     """:func:`data_file` as a string."""
     return os.path.join(_PACKAGE_DIR, "data", name)
+
+
+def venv_link(prefix: str | None = None) -> str:
+    """The name of the venv *prefix* (default: this one) that survives upgrades.
+
+    The packages make ``/opt/slurm-gpu/venv`` a link to a versioned tree
+    (``venv-STAMP``) and swap it on every upgrade, removing trees two
+    upgrades old: a path inside the tree (``sys.prefix``) goes stale, the link
+    does not.  Returns the link when it sits beside *prefix* and names it,
+    else *prefix* itself (a plain venv, as ``make install`` makes).
+    """
+    prefix = prefix or sys.prefix
+    link = os.path.join(os.path.dirname(prefix.rstrip("/")), "venv")
+    try:
+        if os.path.islink(link) and os.path.realpath(link) == os.path.realpath(prefix):
+            return link
+    except OSError:
+        pass
+    return prefix

@@ -103,6 +103,9 @@ def isolated_config(python: str) -> tuple[list[str], dict[str, str]]:
 
 GENERATED = "sg_build.h"
 MARKER = "slurm-gpu-spank built-for-slurm="   # doctor reads the version after it
+# doctor reads the interpreter the inner half starts, and the slurm-gpu that
+# built it, after this (a copy outside the venv names a tree an upgrade removes)
+INNER_MARKER = "slurm-gpu-spank-py python="
 
 
 def _c(s: str) -> str:
@@ -199,7 +202,10 @@ def build_inner(output: Path, *, python: str, include_dir: str | None = None,
     paths, prefixes = isolated_config(python)
     if sys_path is not None:
         paths = sys_path
+    from slurm_gpu import __version__
     source = (f"#define SG_PYTHON {_c_string(python)}\n"
+              f"#define SG_INNER_MARKER {_c_string(INNER_MARKER)}\n"
+              f"#define SG_VERSION {_c_string(__version__)}\n"
               f"#define SG_PATHS {{ {', '.join(_c_string(p) for p in paths)}, NULL }}\n"
               + "".join(f"#define SG_{k.upper()} {_c_string(v)}\n" for k, v in prefixes.items())
               + (HERE / "slurm_gpu_spank_py.c").read_text())

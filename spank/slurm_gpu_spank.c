@@ -129,28 +129,69 @@ static const char *sg_option_value(int which)
 
 static const struct sg_outer_api sg_api = { SG_API_VERSION, sg_option_value };
 
-/* Load the inner half (found next to this file) and start Python there.
- * Any failure is an error returned to Slurm, never an exit() of the host
- * process and never cffi's silent "returns 0". */
+/* The directory of the file this code runs from, as the kernel names the
+ * mapping (/proc/self/maps), with a trailing '/'.  plugstack.conf names the
+ * plugin through the venv link (/opt/slurm-gpu/venv -> venv-STAMP), and an
+ * upgrade may swap that link between Slurm's dlopen of this half and ours of
+ * the inner one: a path through the link (dladdr's) would then pair this
+ * half with another tree's inner half and Python.  0, or -1 with why. */
+static int sg_own_dir(char *dir, size_t len, const char **why)
+{
+    char line[PATH_MAX + 256];
+    uintptr_t self = (uintptr_t) &sg_own_dir;
+    FILE *f = fopen("/proc/self/maps", "re");
+    int rc = -1;
+
+    *why = "cannot read /proc/self/maps";
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        int off = 0;
+        char *path, *slash;
+        size_t n;
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &lo, &hi, &off) < 2 || off == 0
+            || self < lo || self >= hi)
+            continue;
+        path = line + off;
+        path[strcspn(path, "\n")] = '\0';
+        n = strlen(path);
+        if (n > 10 && strcmp(path + n - 10, " (deleted)") == 0) {
+            *why = "its file was removed since it was loaded (venv tree replaced twice?)";
+            break;
+        }
+        if (path[0] != '/' || !(slash = strrchr(path, '/'))
+            || (size_t) (slash - path) + 1 + sizeof(SG_INNER) > len) {
+            *why = "its mapping names no usable path";
+            break;
+        }
+        memcpy(dir, path, slash - path + 1);
+        dir[slash - path + 1] = '\0';
+        rc = 0;
+        break;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Load the inner half (found next to this file, in the same tree) and start
+ * Python there.  Any failure is an error returned to Slurm, never an exit()
+ * of the host process and never cffi's silent "returns 0". */
 static int sg_python(const char *where)
 {
-    Dl_info info;
     char path[PATH_MAX];
-    const char *slash;
+    const char *why;
     void *h;
     sg_start_f start;
 
     if (sg_py_state != 0)
         return sg_py_state == 1 ? 0 : -1;
     sg_py_state = -1;
-    if (!dladdr((void *) &sg_python, &info) || !info.dli_fname
-        || !(slash = strrchr(info.dli_fname, '/'))
-        || (size_t) (slash - info.dli_fname) + 1 + sizeof(SG_INNER) > sizeof(path)) {
-        slurm_error("slurm-gpu: cannot locate the plugin's own path in %s", where);
+    if (sg_own_dir(path, sizeof(path), &why) != 0) {
+        slurm_error("slurm-gpu: cannot locate the plugin's own file in %s: %s", where, why);
         return -1;
     }
-    memcpy(path, info.dli_fname, slash - info.dli_fname + 1);
-    strcpy(path + (slash - info.dli_fname + 1), SG_INNER);
+    strcat(path, SG_INNER);
     /* RTLD_GLOBAL: libpython's symbols must be visible to extension modules */
     h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     if (!h) {

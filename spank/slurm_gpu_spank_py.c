@@ -13,6 +13,9 @@
  *   SG_PREFIX, SG_EXEC_PREFIX, SG_BASE_PREFIX, SG_BASE_EXEC_PREFIX
  *               that interpreter's sys.prefix etc. (pinning sys.path would
  *               otherwise make sys.prefix the base /usr, not the venv)
+ *   SG_INNER_MARKER, SG_VERSION
+ *               a record of SG_PYTHON and the slurm-gpu version that built
+ *               this file, for `slurm-gpu doctor` (slurm_gpu/doctor.py)
  */
 #include <slurm/spank.h>
 #include <dlfcn.h>
@@ -34,6 +37,8 @@ int sg_py_hook(int hook, spank_t sp, int ac, char **av);
 int sg_py_option(int which, int remote);
 
 static const struct sg_outer_api *sg_outer;
+__attribute__((used)) static const char sg_inner_marker[] =
+    SG_INNER_MARKER SG_PYTHON " version=" SG_VERSION;
 static const char *sg_paths[] = SG_PATHS;
 
 /* Exported to Python through the cffi cdef. */

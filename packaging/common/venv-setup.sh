@@ -9,12 +9,19 @@
 # ClusterShell come from the distribution's packages (the .deb's
 # dependencies) and only nvidia-ml-py and slurm-gpu from WHEEL_DIR; 0: every
 # dependency comes from WHEEL_DIR (the .rpm ships them all).
+# SLURM_GPU_SLURM_INCLUDE: the directory holding slurm/spank.h when Slurm is
+# not under /usr (a prefix install: /opt/slurm/include).
+#
+# A plugin build that fails while the live tree has a plugin keeps the live
+# tree (exit 1, the reason in $BASE/setup-failed for `slurm-gpu doctor`):
+# swapping in a tree without one failed every srun/sbatch on the node.
 set -e
 umask 022
 WHEELS=${1:?usage: venv-setup.sh WHEEL_DIR}
 PYTHON=${SLURM_GPU_PYTHON:-/usr/bin/python3}
-BASE=/opt/slurm-gpu
+BASE=${SLURM_GPU_BASE:-/opt/slurm-gpu}   # tests only: another directory than the packages'
 VENV=$BASE/venv
+SETUP=$0
 # Built beside the live one and swapped in with one rename: slurmd runs our
 # prolog, epilog and health check at any moment, and a hook that found no
 # venv (the old rm -rf, then rebuild) exited 127 and drained the node.
@@ -25,7 +32,7 @@ VENV=$BASE/venv
 NAME=venv-$(date -u +%Y%m%dT%H%M%S.%N)-$$
 NEW=$BASE/$NAME
 mkdir -p "$BASE"
-trap 'rm -rf "$NEW" "$BASE/.venv.link.$$"' EXIT
+trap 'rm -rf "$NEW" "$BASE/.venv.link.$$" "$BASE/.setup-failed.$$"' EXIT
 if [ "${SLURM_GPU_SYSTEM_SITE:-1}" = 1 ]; then
     "$PYTHON" -m venv --system-site-packages "$NEW"
 else
@@ -40,7 +47,19 @@ env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/nonexistent PIP_CONFIG_FILE=/dev
 # never shipped, into the new tree before it goes live.  Best effort: a node
 # without a compiler still gets the rest.
 spank_ok=1
-out=$("$NEW/bin/slurm-gpu" spank build 2>&1) || spank_ok=0
+out=$("$NEW/bin/slurm-gpu" spank build ${SLURM_GPU_SLURM_INCLUDE:+--include-dir "$SLURM_GPU_SLURM_INCLUDE"} 2>&1) ||
+    spank_ok=0
+tools="needs gcc, Python headers, setuptools and Slurm's spank.h (Debian: gcc python3-dev python3-setuptools libslurm-dev; EL: gcc python3.11-devel slurm-devel; Slurm under a prefix: SLURM_GPU_SLURM_INCLUDE=<prefix>/include)"
+reason=$(echo "$out" | tail -1 | sed 's/^slurm-gpu: //')
+# The live tree's plugin works when both halves are there and its Python
+# starts: never trade that for a tree without a plugin.
+if [ $spank_ok = 0 ] && [ -f "$VENV/lib/slurm-gpu/slurm_gpu_spank.so" ] &&
+   [ -f "$VENV/lib/slurm-gpu/slurm_gpu_spank_py.so" ] && "$VENV/bin/python" -I -c '' 2>/dev/null; then
+    msg="slurm-gpu: SPANK plugin not built ($reason): the new venv was NOT put live, $VENV ($(readlink "$VENV" 2>/dev/null || echo a directory)) and its plugin stay; $tools, then run: ${SLURM_GPU_RETRY:-$SETUP $WHEELS}"
+    echo "$msg" >"$BASE/.setup-failed.$$" && mv -f "$BASE/.setup-failed.$$" "$BASE/setup-failed"
+    echo "$msg" >&2
+    exit 1
+fi
 # Slurm runs our code as root and inside every job user's processes: the
 # whole tree, plugin included, readable by all before it goes live.
 chmod a+rx "$BASE"
@@ -58,6 +77,7 @@ fi
 ln -s "$NAME" "$BASE/.venv.link.$$"
 mv -T "$BASE/.venv.link.$$" "$VENV"
 trap - EXIT
+rm -f "$BASE/setup-failed"
 for d in "$BASE"/venv-*; do
     [ -d "$d" ] && [ ! -L "$d" ] || continue
     case ${d##*/} in "$NAME"|"${OLD:-$NAME}") ;; *) rm -rf "$d" ;; esac
@@ -66,5 +86,5 @@ echo "slurm-gpu: installed $("$VENV/bin/slurm-gpu" --version 2>&1 | tail -1) int
 if [ $spank_ok = 1 ]; then
     echo "slurm-gpu: SPANK plugin built: $(echo "$out" | tail -1)"
 else
-    echo "slurm-gpu: SPANK plugin not built ($(echo "$out" | tail -1 | sed 's/^slurm-gpu: //')); needs gcc, Python headers, setuptools and Slurm's spank.h (Debian: gcc python3-dev python3-setuptools libslurm-dev; EL: gcc python3.11-devel slurm-devel), then run: $VENV/bin/slurm-gpu spank build"
+    echo "slurm-gpu: SPANK plugin not built ($reason); $tools, then run: $VENV/bin/slurm-gpu spank build${SLURM_GPU_SLURM_INCLUDE:+ --include-dir $SLURM_GPU_SLURM_INCLUDE}"
 fi

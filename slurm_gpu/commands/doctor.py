@@ -24,9 +24,11 @@ def doctor(ctx: click.Context, as_json: bool, slurm_conf: str | None, node: str 
     """Check this node's Slurm setup for slurm-gpu (exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
 
     Checks the plugstack line and that the SPANK plugin was built for this
-    slurmd's version, Prolog/Epilog/PrologFlags, HealthCheckProgram with its
-    Interval and NodeState, gres.conf against the hardware, that the venv is
-    readable by every user, and nvidia-persistenced.
+    slurmd's version and starts an interpreter that still exists,
+    Prolog/Epilog/PrologFlags, HealthCheckProgram with its Interval and
+    NodeState, gres.conf against the hardware, that the venv is readable by
+    every user and writable by root only, that the package's last upgrade
+    went live, and nvidia-persistenced.
     """
     from .. import doctor as d
     from .gres import drift

@@ -2,7 +2,10 @@
 
 Slurm checks a plugin's version on major.minor, so the plugin is compiled
 on each node against that node's ``slurm/spank.h`` and never shipped
-prebuilt.  ``install`` copies it in place and writes the plugstack line.
+prebuilt.  ``install`` builds it into the venv and writes the plugstack line
+naming it through the venv link, which every upgrade moves to the new tree
+(docs/install.md); a copy elsewhere (``--plugin-dir``) is the admin's to
+rebuild after each upgrade, and ``doctor`` checks it.
 """
 from __future__ import annotations
 
@@ -15,12 +18,55 @@ import click
 
 PLUGIN_FILE = "slurm_gpu_spank.so"         # outer half, named in plugstack.conf
 INNER_FILE = "slurm_gpu_spank_py.so"       # inner half (Python), loaded from beside it
-DEFAULT_PLUGIN_DIR = "/usr/lib/x86_64-linux-gnu/slurm-wlm"
-DEFAULT_PLUGSTACK = "/etc/slurm/plugstack.conf.d/slurm-gpu.conf"
+DROPIN = "plugstack.conf.d/slurm-gpu.conf"   # beside plugstack.conf, when it includes that
 
 
 def default_output() -> Path:
     return Path(sys.prefix) / "lib" / "slurm-gpu" / PLUGIN_FILE
+
+
+def linked_output() -> Path:
+    """:func:`default_output` through the venv link: the name plugstack.conf gets."""
+    from ..paths import venv_link
+    return Path(venv_link()) / "lib" / "slurm-gpu" / PLUGIN_FILE
+
+
+def plugstack_conf(slurm_conf: str | None = None) -> Path:
+    """The plugstack.conf Slurm reads: slurm.conf's PlugStackConfig, else beside slurm.conf."""
+    from ..slurmconfig import parse
+    conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        keys = parse(conf.read_text(), conf.parent)
+    except OSError:
+        keys = {}
+    return Path(keys.get("plugstackconfig") or conf.parent / "plugstack.conf")
+
+
+def plugstack_target(plugstack: Path) -> Path:
+    """Where our line goes: the file that has it already (one line, never two);
+    else the drop-in when *plugstack* includes it (Debian's plugstack.conf
+    includes ``plugstack.conf.d/*.conf``), else *plugstack* itself (EL ships
+    no such include, and a drop-in nobody includes would leave the options
+    silently missing)."""
+    import fnmatch
+
+    from ..doctor import plugstack_lines
+    for src, line in plugstack_lines(plugstack):
+        words = line.split()
+        if len(words) >= 2 and words[1].endswith(PLUGIN_FILE):
+            return Path(src)
+    dropin = plugstack.parent / DROPIN
+    try:
+        text = plugstack.read_text()
+    except OSError:
+        return plugstack
+    for raw in text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if len(words) == 2 and words[0] == "include":
+            pattern = words[1] if words[1].startswith("/") else str(plugstack.parent / words[1])
+            if fnmatch.fnmatchcase(str(dropin), pattern):
+                return dropin
+    return plugstack
 
 
 def build_script():  # -> the spank/build_plugin.py module
@@ -41,8 +87,9 @@ def build_script():  # -> the spank/build_plugin.py module
     return mod
 
 
-def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool = False) -> Path:
-    """Compile the plugin with this venv's cffi and interpreter."""
+def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool = False,
+                 python: str | None = None) -> Path:
+    """Compile the plugin with this venv's cffi; it starts *python* [this interpreter]."""
     from ..errors import SlurmGpuError
     header = Path(include_dir or "/usr/include") / "slurm" / "spank.h"
     if not header.is_file():
@@ -52,7 +99,7 @@ def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool 
     with tempfile.TemporaryDirectory(prefix="slurm-gpu-spank-") as tmp:
         try:
             if verbose:
-                return mod.build(output, include_dir=include_dir, tmpdir=tmp, verbose=True)
+                return mod.build(output, include_dir=include_dir, tmpdir=tmp, verbose=True, python=python)
             # the compiler's chatter goes to a log shown only on failure
             log = Path(tmp) / "build.log"
             with open(log, "w") as f:
@@ -60,7 +107,7 @@ def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool 
                 os.dup2(f.fileno(), 1)
                 os.dup2(f.fileno(), 2)
                 try:
-                    return mod.build(output, include_dir=include_dir, tmpdir=tmp)
+                    return mod.build(output, include_dir=include_dir, tmpdir=tmp, python=python)
                 finally:
                     os.dup2(saved[0], 1)
                     os.dup2(saved[1], 2)
@@ -124,32 +171,46 @@ def build(output: Path | None, include_dir: str | None, verbose: bool) -> None:
 @click.argument("keyvals", nargs=-1)
 @click.option("--plugin", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="An already built plugin (default: build one now).")
-@click.option("--plugin-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(DEFAULT_PLUGIN_DIR), show_default=True,
-              help="Where the plugin is installed.")
-@click.option("--plugstack", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path(DEFAULT_PLUGSTACK), show_default=True,
-              help="plugstack.conf (or a file in plugstack.conf.d) to write our line to.")
-def install(keyvals: tuple[str, ...], plugin: Path | None, plugin_dir: Path,
-            plugstack: Path) -> None:
+@click.option("--plugin-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Put a copy of the plugin here instead (rebuild it after every upgrade) "
+                   "[the venv, named through its link].")
+@click.option("--plugstack", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File to write our line to [plugstack.conf.d/slurm-gpu.conf when slurm.conf's "
+                   "plugstack.conf includes it, else that plugstack.conf].")
+def install(keyvals: tuple[str, ...], plugin: Path | None, plugin_dir: Path | None,
+            plugstack: Path | None) -> None:
     """Install the plugin and write `required <so> KEY=VALUE...` to plugstack.
 
-    Keys: config=PATH (slurm-gpu config file), numa_bind=strict|prefer|off
+    By default the plugin is built into this venv and the line names it
+    through the venv link (/opt/slurm-gpu/venv/lib/slurm-gpu/...), which each
+    upgrade moves to a tree with a freshly built plugin.  Keys:
+    config=PATH (slurm-gpu config file), numa_bind=strict|prefer|off
     (default for --gpu-numa-bind).  Unknown keys are an error.
     """
     from ..errors import SlurmGpuError
-    dest = plugin_dir.resolve() / PLUGIN_FILE
-    line = plugstack_line(dest, keyvals)     # check arguments before touching anything
+    from ..paths import venv_link
+    if plugin_dir is None:
+        dest, named = default_output(), linked_output()
+    else:
+        dest = named = plugin_dir.resolve() / PLUGIN_FILE
+    line = plugstack_line(named, keyvals)    # check arguments before touching anything
     if plugin is not None and not (plugin.parent / INNER_FILE).is_file():
         raise SlurmGpuError(f"{INNER_FILE} missing beside the plugin", str(plugin.parent))
-    plugin_dir.mkdir(parents=True, exist_ok=True)
+    target = plugstack or plugstack_target(plugstack_conf())
+    dest.parent.mkdir(parents=True, exist_ok=True)
     if plugin is None:
-        build_plugin(dest)                   # renames both halves into place
-    else:
+        # a copy starts Python through the link, so an upgrade's removal of
+        # the tree that built it does not strand it (doctor compares versions)
+        python = None if plugin_dir is None else str(Path(venv_link()) / "bin" / "python")
+        build_plugin(dest, python=python)    # renames both halves into place
+    elif plugin.resolve() != dest.resolve():
         for name, src in ((INNER_FILE, plugin.parent / INNER_FILE), (PLUGIN_FILE, plugin)):
-            tmp = plugin_dir.resolve() / f".{name}.tmp"
+            tmp = dest.parent / f".{name}.tmp"
             shutil.copyfile(src, tmp)
             os.chmod(tmp, 0o755)
-            os.replace(tmp, plugin_dir.resolve() / name)   # running steps keep their mapping
-    write_plugstack(plugstack, line)
-    click.echo(f"slurm-gpu: installed {dest}; {plugstack}: {line}")
+            os.replace(tmp, dest.parent / name)   # running steps keep their mapping
+    write_plugstack(target, line)
+    click.echo(f"slurm-gpu: installed {dest}; {target}: {line}")
+    if plugin_dir is not None:
+        click.echo(f"slurm-gpu: {dest} is a copy: run this again after every slurm-gpu or Slurm "
+                   "upgrade (slurm-gpu doctor says when)")

@@ -1,8 +1,13 @@
-"""`make deb` builds a package that installs, runs and purges cleanly in fresh
-Debian 12 and Debian 13 roots (``scripts/test-deb.sh``: a debootstrap minbase
-root per release, cached under /var/cache/slurm-gpu/<suite>-pkgroot, a
-throw-away overlay per run, and the root's file list compared before the
-install and after the purge).
+"""`make deb` builds a package that goes through an admin's lifecycle in fresh
+Debian 12 and Debian 13 roots with docs/install.md's own lines
+(``scripts/test-deb.sh``: a debootstrap minbase root per release, cached
+under /var/cache/slurm-gpu/<suite>-pkgroot, a throw-away overlay per run;
+install, configure, doctor, two upgrades, a failed plugin build, remove,
+purge, and the root's file list compared before the install and after the
+purge).
+
+The package is built as the guide says (``make deb``), with no development
+venv: SLURM_GPU_VENV and VENV name a directory that does not exist.
 
 Skipped, with the script's reason, when there is no debootstrap or no
 Debian mirror (exit 77), unless SLURM_GPU_REQUIRE_INTEGRATION=1.
@@ -19,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from sandboxlib import REPO
-from slurm_gpu.sandbox.install import DEFAULT_VENV
 
 CANNOT_RUN = 77
 
@@ -27,9 +31,9 @@ CANNOT_RUN = 77
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    res = subprocess.run(["bash", str(REPO / "scripts" / "build-deb.sh")], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "SLURM_GPU_VENV": str(DEFAULT_VENV),
-                                           "SLURM_GPU_DIST": str(out)})
+    res = subprocess.run(["make", "-s", "-C", str(REPO), "deb", "VENV=/nonexistent"], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "SLURM_GPU_VENV": "/nonexistent",
+                                                      "SLURM_GPU_DIST": str(out)})
     assert res.returncode == 0, res.stderr
     path = Path(res.stdout.strip().splitlines()[-1])
     assert path.parent == out and path.name.endswith("_all.deb")
@@ -39,12 +43,14 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_deb_contents(deb: Path) -> None:
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
                              check=True).stdout
-    paths = {line.split()[-1] for line in listing.splitlines()}
+    paths = {line.split()[5] for line in listing.splitlines()}
     for want in ("./usr/lib/slurm-gpu/prolog.d/50-slurm-gpu-jobs", "./usr/lib/slurm-gpu/epilog.d/50-slurm-gpu-jobs",
                  "./usr/lib/slurm-gpu/healthcheck", "./usr/lib/systemd/system/slurm-gpu-xid-watch.service",
                  "./usr/lib/systemd/system/slurm-gpu-monitor.service",
                  "./usr/share/doc/slurm-gpu/copyright", "./usr/share/doc/slurm-gpu/install.md"):
         assert want in paths, want
+    # slurm-gpu on PATH, through the venv link (it follows upgrades)
+    assert "./usr/bin/slurm-gpu -> /opt/slurm-gpu/venv/bin/slurm-gpu" in listing
     wheels = sorted(p for p in paths if p.startswith("./usr/share/slurm-gpu/wheels/"))
     assert [Path(w).name.split("-")[0] for w in wheels if w.endswith(".whl")] == ["nvidia_ml_py", "slurm_gpu"]
     # Nothing but the package's own tree: no venv, no byte code, no build leftovers.
@@ -69,3 +75,6 @@ def test_install_run_purge_leaves_nothing(deb: Path, suite: str) -> None:
     assert res.returncode == 0, res.stderr[-4000:]
     last = res.stderr.strip().splitlines()[-1]
     assert f"test-deb: {suite}: ok" in last and "files as they were" in last, last
+    assert "hooks the guide names exit 0" in last and "purged" in last, last
+    if suite != "bookworm":
+        assert "a failed plugin build kept the live plugin and doctor said so" in last, last

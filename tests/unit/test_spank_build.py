@@ -87,3 +87,74 @@ def test_build_without_header_is_one_line(tmp_path, capsys):
     rc = main(["spank", "build", "-o", str(tmp_path / "x.so"), "--include-dir", str(tmp_path)])
     assert rc == 1
     assert capsys.readouterr().err.startswith("slurm-gpu: slurm/spank.h not found")
+
+
+def _package_layout(tmp_path: Path, monkeypatch) -> Path:
+    """/opt/slurm-gpu as the packages make it: venv -> venv-STAMP, running from the tree."""
+    tree = tmp_path / "venv-20260101T000000.1-1"
+    tree.mkdir()
+    (tmp_path / "venv").symlink_to(tree.name)
+    monkeypatch.setattr(sys, "prefix", str(tree))
+    return tree
+
+
+def test_install_names_the_venv_link_not_a_tree_an_upgrade_removes(plugin, tmp_path, monkeypatch):
+    tree = _package_layout(tmp_path, monkeypatch)
+    ps = tmp_path / "plugstack.conf"
+    rc = main(["spank", "install", "--plugin", str(plugin), "--plugstack", str(ps), "numa_bind=prefer"])
+    assert rc == 0
+    assert (tree / "lib" / "slurm-gpu" / "slurm_gpu_spank.so").read_bytes() == plugin.read_bytes()
+    assert (tree / "lib" / "slurm-gpu" / "slurm_gpu_spank_py.so").is_file()
+    assert ps.read_text() == f"required {tmp_path}/venv/lib/slurm-gpu/slurm_gpu_spank.so numa_bind=prefer\n"
+
+
+def test_venv_link_only_when_it_names_this_tree(tmp_path):
+    from slurm_gpu.paths import venv_link
+    (tmp_path / "venv-A").mkdir()
+    (tmp_path / "venv-B").mkdir()
+    assert venv_link(str(tmp_path / "venv-A")) == str(tmp_path / "venv-A")      # no link: the tree
+    (tmp_path / "venv").symlink_to("venv-B")
+    assert venv_link(str(tmp_path / "venv-A")) == str(tmp_path / "venv-A")      # names another tree
+    assert venv_link(str(tmp_path / "venv-B")) == str(tmp_path / "venv")
+
+
+@pytest.mark.parametrize("include,where", [
+    ("", "plugstack.conf"),                                           # EL: no include
+    ("include {d}/plugstack.conf.d/*.conf\n", "plugstack.conf.d/slurm-gpu.conf"),   # Debian's
+    ("include plugstack.conf.d/*\n", "plugstack.conf.d/slurm-gpu.conf"),
+    ("include /elsewhere/*.conf\n", "plugstack.conf"),
+])
+def test_install_writes_where_slurm_reads(plugin, tmp_path, monkeypatch, include, where):
+    _package_layout(tmp_path, monkeypatch)
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "slurm.conf").write_text(f"ClusterName=c\nPlugStackConfig={etc}/plugstack.conf\n")
+    (etc / "plugstack.conf").write_text(include.format(d=etc) + "optional /x/other.so\n")
+    monkeypatch.setenv("SLURM_CONF", str(etc / "slurm.conf"))
+    assert main(["spank", "install", "--plugin", str(plugin)]) == 0
+    written = (etc / where).read_text().splitlines()
+    assert written[-1] == f"required {tmp_path}/venv/lib/slurm-gpu/slurm_gpu_spank.so"
+    if where == "plugstack.conf":
+        assert written[:-1] == [l for l in (include.format(d=etc) + "optional /x/other.so").splitlines()]
+        assert not (etc / "plugstack.conf.d").exists()
+
+
+def test_inner_half_records_its_interpreter_and_version(plugin):
+    from slurm_gpu import __version__, doctor
+    assert doctor.plugin_runs(str(plugin)) == (sys.executable, __version__)
+
+
+def test_install_replaces_our_line_where_it_already_is(plugin, tmp_path, monkeypatch):
+    _package_layout(tmp_path, monkeypatch)
+    etc = tmp_path / "etc"
+    (etc / "plugstack.conf.d").mkdir(parents=True)
+    (etc / "slurm.conf").write_text(f"PlugStackConfig={etc}/plugstack.conf\n")
+    # the admin wrote the line into plugstack.conf by hand, beside Debian's include
+    (etc / "plugstack.conf").write_text(f"include {etc}/plugstack.conf.d/*.conf\n"
+                                        "required /opt/slurm-gpu/venv-OLD/lib/slurm-gpu/slurm_gpu_spank.so\n")
+    monkeypatch.setenv("SLURM_CONF", str(etc / "slurm.conf"))
+    assert main(["spank", "install", "--plugin", str(plugin), "numa_bind=off"]) == 0
+    assert (etc / "plugstack.conf").read_text() == (
+        f"include {etc}/plugstack.conf.d/*.conf\n"
+        f"required {tmp_path}/venv/lib/slurm-gpu/slurm_gpu_spank.so numa_bind=off\n")
+    assert not list((etc / "plugstack.conf.d").iterdir())
