@@ -236,6 +236,10 @@ def gather_configs(lines: list[tuple[str, str]]) -> list[ConfigFile]:
         if not os.path.exists(path) and path != config.DEFAULT_PATH:
             out.append(ConfigFile(path, by, False))
             continue
+        if os.path.exists(path) and not os.path.isfile(path):
+            # a FIFO would block the read (and a directory cannot be one)
+            out.append(ConfigFile(path, by, True, error="not a regular file"))
+            continue
         try:
             out.append(ConfigFile(path, by, os.path.exists(path), unknown_sections=tuple(validate(path))))
         except SlurmGpuError as e:

@@ -63,6 +63,17 @@ def test_config_that_does_not_load_is_critical(tmp_path, text, want):
     assert str(site) in bad[0] and want in bad[0], bad
 
 
+def test_a_fifo_or_directory_is_reported_without_blocking(tmp_path):
+    import os
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for bad in (fifo, tmp_path):
+        conf = node(tmp_path, f"config={bad}")
+        res = CliRunner().invoke(doctor, ["--no-gres", "--slurm-conf", str(conf)])
+        crit = [l for l in config_lines(res) if l.startswith("CRITICAL")]
+        assert len(crit) == 1 and "not a regular file" in crit[0] and str(bad) in crit[0], res.output
+
+
 def test_missing_file_at_the_default_path_means_defaults(tmp_path):
     conf = node(tmp_path, f"config={config.DEFAULT_PATH}")
     res = CliRunner().invoke(doctor, ["--no-gres", "--json", "--slurm-conf", str(conf)])
