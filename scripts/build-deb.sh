@@ -50,6 +50,10 @@ install -m 755 "$HERE/packaging/common/venv-setup.sh" "$root/usr/lib/slurm-gpu/v
 ln -s /opt/slurm-gpu/venv/bin/slurm-gpu "$root/usr/bin/slurm-gpu"
 install -m 644 "$HERE/packaging/common/slurm-gpu-xid-watch.service" "$root/usr/lib/systemd/system/"
 install -m 644 "$HERE/packaging/common/slurm-gpu-monitor.service" "$root/usr/lib/systemd/system/"
+# The site config, every key commented out at its default: a conffile, so an
+# upgrade keeps the admin's edits (dpkg-deb adds nothing to conffiles itself).
+install -D -m 644 "$HERE/packaging/common/slurm-gpu.toml" "$root/etc/slurm-gpu/slurm-gpu.toml"
+echo /etc/slurm-gpu/slurm-gpu.toml >"$root/DEBIAN/conffiles"
 for f in README.md CHANGELOG.md docs/*.md; do install -m 644 "$HERE/$f" "$root/usr/share/doc/slurm-gpu/"; done
 cat >"$root/usr/share/doc/slurm-gpu/copyright" <<COPYRIGHT
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/

@@ -2,7 +2,12 @@
 
 Looked up like ClusterShell does: ``$SLURM_GPU_CONFIG``, then
 ``/etc/slurm-gpu/slurm-gpu.toml``, then ``<venv>/etc/slurm-gpu/slurm-gpu.toml``.
-A missing file means all defaults.  Each area (``[mps]``, ``[mig]``,
+No file found means all defaults, and so does a missing file at the default
+path when it is named (the plugstack line's ``config=``, or
+``$SLURM_GPU_CONFIG``): the packages ship it, and an admin who deletes it
+gets the defaults it lists.  Any other named file that is missing is an error:
+that name is a site's own file, and running without it would silently drop
+its settings.  Each area (``[mps]``, ``[mig]``,
 ``[health]``...) owns a dataclass of settings and builds it with
 :func:`section`, which rejects unknown keys: a typo in a root-run config must
 be an error, not a silently ignored setting.
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
     T = TypeVar("T")
 
 ENV_VAR = "SLURM_GPU_CONFIG"
+DEFAULT_PATH = "/etc/slurm-gpu/slurm-gpu.toml"   # the packages' conffile
 MAX_NUMBER = 10 ** 9        # no timeout, count or percentage is bigger
 
 def use_config(path: str | None) -> None:
@@ -57,7 +63,7 @@ def config_file() -> str | None:
     env = os.environ.get(ENV_VAR)
     if env:
         return env
-    for cand in ("/etc/slurm-gpu/slurm-gpu.toml", os.path.join(sys.prefix, "etc", "slurm-gpu", "slurm-gpu.toml")):
+    for cand in (DEFAULT_PATH, os.path.join(sys.prefix, "etc", "slurm-gpu", "slurm-gpu.toml")):
         if os.path.isfile(cand):
             return cand
     return None
@@ -92,6 +98,8 @@ def _load(path: str | None) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
+        if path == DEFAULT_PATH:        # named, but the default: see the module docstring
+            return {}
         raise InputError("config file not found", path) from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"bad config: {e}", path) from None

@@ -59,6 +59,20 @@ class Facts:
     plugin_runs: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     setup_failed: str | None = None         # the package's last venv setup that did not go live
     venv_writable: str | None = None        # first path of the venv someone but root can change
+    gres_skipped: bool = False              # --no-gres: no finding at all
+    configs: list[ConfigFile] | None = None  # None: not gathered (no finding)
+    slurm_from: str = "slurmd"              # whose version slurmd_version is ("srun" on a login node)
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """One slurm-gpu config file a Slurm-run part of slurm-gpu reads (see :func:`gather_configs`)."""
+
+    path: str
+    named_by: str                  # "plugstack config=", "$SLURM_GPU_CONFIG", "the default lookup"
+    exists: bool
+    error: str | None = None       # why it does not load (None: it loads)
+    unknown_sections: tuple[str, ...] = ()
 
 
 # -- reading ------------------------------------------------------------------
@@ -204,8 +218,8 @@ def _process_running(name: str) -> bool:
 
 
 def gather(slurm_conf: str | None = None, node: str | None = None,
-           gres_drift: Callable[[str, str], list[str]] | None = None) -> Facts:
-    """Read everything the checks need, once."""
+           gres_drift: Callable[[str, str], list[str]] | None = None, role: str = "gpu") -> Facts:
+    """Read everything the checks need, once (*role*: see :data:`ROLES`)."""
     path = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     try:
         conf, readable = parse_slurm_conf(Path(path).read_text(), Path(path).parent), True
@@ -220,12 +234,17 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
         if len(words) >= 2 and words[1].endswith(PLUGIN_FILE):
             built[words[1]] = plugin_built_for(words[1])
             runs[words[1]] = plugin_runs(words[1])
-    facts = Facts(path, conf, readable, _slurmd_version(), lines, built,
+    login = role == "login"
+    facts = Facts(path, conf, readable, _client_version() if login else _slurmd_version(), lines, built,
                   gpus_present=os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia"),
-                  persistenced=_process_running("nvidia-persistenced"), plugin_runs=runs)
+                  persistenced=_process_running("nvidia-persistenced"), plugin_runs=runs,
+                  gres_skipped=gres_drift is None, slurm_from="srun" if login else "slurmd")
     facts.venv_unreadable = first_unreadable(Path(sys.prefix))
     facts.venv_writable = first_writable(sys.prefix)
     facts.setup_failed = setup_failed()
+    facts.configs = gather_configs(lines)
+    if login:
+        return facts
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -252,6 +271,68 @@ def setup_failed(prefix: str | None = None) -> str | None:
     return " ".join(text.split()) or "(no reason recorded)"
 
 
+def _client_version() -> str | None:
+    """The Slurm a login node's srun/sbatch load the plugin into: ``srun -V``,
+    else libslurm's soname (srun -V needs a readable slurm.conf)."""
+    from .runner import run
+    from .errors import SlurmGpuError
+    for exe in ("/usr/bin/srun", "/usr/local/bin/srun"):
+        if os.access(exe, os.X_OK):
+            try:
+                res = run([exe, "-V"], timeout=10, check=False)
+                if res.returncode == 0 and slurmversion.parse(res.stdout):
+                    return slurmversion.parse(res.stdout)
+            except SlurmGpuError:
+                pass
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
+        try:
+            names = sorted(os.listdir(d), reverse=True)     # the newest soname first
+        except OSError:
+            continue
+        for name in names:
+            api = name[len("libslurm.so."):].split(".")[0] if name.startswith("libslurm.so.") else ""
+            if api.isdigit() and int(api) in slurmversion.API_RELEASES:
+                return slurmversion.API_RELEASES[int(api)]
+    return None
+
+
+def gather_configs(lines: list[tuple[str, str]]) -> list[ConfigFile]:
+    """The config file the plugstack line names, and the one the prolog, epilog
+    and health check find (``$SLURM_GPU_CONFIG``, else the default lookup), each
+    loaded through every section's own reader."""
+    from . import config
+    from .config_sections import validate
+    from .errors import SlurmGpuError
+    named: dict[str, str] = {}
+    for _, line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[1].endswith(PLUGIN_FILE):
+            for w in words[2:]:
+                if w.startswith("config=/"):
+                    named.setdefault(w[len("config="):], "plugstack config=")
+            break
+    config.use_config(None)
+    hooks = config.config_file()
+    named.setdefault(hooks or config.DEFAULT_PATH,
+                     "$SLURM_GPU_CONFIG" if os.environ.get(config.ENV_VAR) else "the default lookup")
+    out = []
+    for path, by in named.items():
+        if not os.path.exists(path) and path != config.DEFAULT_PATH:
+            out.append(ConfigFile(path, by, False))
+            continue
+        if os.path.exists(path) and not os.path.isfile(path):
+            # a FIFO would block the read (and a directory cannot be one)
+            out.append(ConfigFile(path, by, True, error="not a regular file"))
+            continue
+        try:
+            out.append(ConfigFile(path, by, os.path.exists(path), unknown_sections=tuple(validate(path))))
+        except SlurmGpuError as e:
+            out.append(ConfigFile(path, by, True, error=e.what))
+        except (ValueError, TypeError) as e:    # a settings class's own check (RepairSettings)
+            out.append(ConfigFile(path, by, True, error=str(e)))
+    return out
+
+
 # -- checks (pure) ------------------------------------------------------------
 def check_slurm(f: Facts) -> list[Finding]:
     out = []
@@ -259,9 +340,10 @@ def check_slurm(f: Facts) -> list[Finding]:
         out.append(Finding(CRITICAL, "slurm.conf", f"cannot read {f.slurm_conf_path} "
                            "(--slurm-conf or SLURM_CONF)"))
     if f.slurmd_version is None:
-        out.append(Finding(UNKNOWN, "slurm.version", "slurmd not found (/usr/sbin/slurmd -V)"))
+        how = "/usr/bin/srun -V" if f.slurm_from == "srun" else "/usr/sbin/slurmd -V"
+        out.append(Finding(UNKNOWN, "slurm.version", f"{f.slurm_from} not found ({how})"))
     else:
-        out.append(Finding(OK, "slurm.version", f"slurmd {f.slurmd_version}"))
+        out.append(Finding(OK, "slurm.version", f"{f.slurm_from} {f.slurmd_version}"))
     return out
 
 
@@ -297,14 +379,14 @@ def check_plugin(f: Facts) -> list[Finding]:
         out.append(Finding(WARNING, "spank.plugin", f"{so} records no Slurm version (built by an "
                            "older slurm-gpu): rebuild it (slurm-gpu spank build)"))
     elif f.slurmd_version is None:
-        out.append(Finding(UNKNOWN, "spank.plugin", f"built for Slurm {built}; slurmd not found "
+        out.append(Finding(UNKNOWN, "spank.plugin", f"built for Slurm {built}; {f.slurm_from} not found "
                            f"to compare ({so})"))
     elif slurmversion.major_minor(built) != slurmversion.major_minor(f.slurmd_version):
-        out.append(Finding(CRITICAL, "spank.plugin", f"built for Slurm {built} but slurmd is "
+        out.append(Finding(CRITICAL, "spank.plugin", f"built for Slurm {built} but {f.slurm_from} is "
                            f"{f.slurmd_version}: Slurm will refuse it; rebuild it "
                            f"(slurm-gpu spank build) ({so})"))
     else:
-        out.append(Finding(OK, "spank.plugin", f"built for Slurm {built}, slurmd is "
+        out.append(Finding(OK, "spank.plugin", f"built for Slurm {built}, {f.slurm_from} is "
                            f"{f.slurmd_version} ({so})"))
     return out
 
@@ -355,6 +437,8 @@ def check_health(f: Facts) -> list[Finding]:
 
 
 def check_gres(f: Facts) -> list[Finding]:
+    if f.gres_skipped and not f.gres_error:
+        return []
     if f.gres_error:
         return [Finding(UNKNOWN, "gres.conf", f"cannot compare with the hardware: {f.gres_error}")]
     if f.gres_drift is None:
@@ -422,12 +506,49 @@ def check_venv_writable(f: Facts) -> list[Finding]:
     return [Finding(OK, "venv.owner", f"{f.venv} writable by root only")]
 
 
+def check_config(f: Facts) -> list[Finding]:
+    """Each config file a Slurm-run part reads exists (or is the default path) and loads."""
+    from .config import DEFAULT_PATH
+    out: list[Finding] = []
+    for c in f.configs or ():
+        if not c.exists and c.path != DEFAULT_PATH:
+            out.append(Finding(CRITICAL, "config", f"{c.path} not found (named by {c.named_by}): "
+                               "every --gpu-profile, --gpu-mps and --gpu-mig step fails; create it "
+                               f"or name {DEFAULT_PATH}"))
+        elif c.error:
+            out.append(Finding(CRITICAL, "config", f"{c.error} ({c.path}, named by {c.named_by}): the "
+                               "jobs that need it fail"))
+        elif not c.exists:
+            out.append(Finding(OK, "config", f"{c.path} absent: every setting at its default "
+                               f"(named by {c.named_by})"))
+        else:
+            out.append(Finding(OK, "config", f"{c.path} loads (named by {c.named_by})"))
+        if c.unknown_sections:
+            out.append(Finding(WARNING, "config", f"[{c.unknown_sections[0]}] in {c.path} is read by "
+                               "nothing (misspelt?): its settings have no effect"))
+    paths = {c.named_by: c.path for c in f.configs or ()}
+    if len(paths) > 1:
+        plug = paths.pop("plugstack config=")
+        other, by = next((p, b) for b, p in paths.items())
+        out.append(Finding(WARNING, "config", f"plugstack config= names {plug} but the prolog, epilog "
+                           f"and health check read {other} ({by}): they see different settings"))
+    return out
+
+
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
-          check_gres, check_venv, check_venv_writable, check_persistenced)
+          check_gres, check_venv, check_venv_writable, check_persistenced, check_config)
+# What each kind of node needs.  A login node runs srun/sbatch/salloc, which
+# load the SPANK plugin and read its config to check the options; slurmd,
+# the prolog, the health check, gres.conf and the GPUs are a GPU node's.
+ROLES = {
+    "gpu": CHECKS,
+    "login": (check_slurm, check_plugin, check_plugin_tree, check_setup, check_venv, check_venv_writable,
+              check_config),
+}
 
 
-def run_checks(f: Facts) -> list[Finding]:
-    return [x for c in CHECKS for x in c(f)]
+def run_checks(f: Facts, role: str = "gpu") -> list[Finding]:
+    return [x for c in ROLES[role] for x in c(f)]
 
 
 def worst(findings: list[Finding]) -> int:

@@ -18,22 +18,26 @@ import click
 @click.option("--node", metavar="NAME", default=None,
               help="This node's Slurm name, for gres.conf [$SLURMD_NODENAME, else the hostname].")
 @click.option("--no-gres", is_flag=True, help="Skip the gres.conf comparison (it reads NVML).")
+@click.option("--role", type=click.Choice(["gpu", "login"]), default="gpu", show_default=True,
+              help="gpu: every check; login: the plugin, plugstack line, config file and venv "
+                   "that srun/sbatch/salloc load (no slurmd, prolog, health check, gres.conf, GPUs).")
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool, slurm_conf: str | None, node: str | None,
-           no_gres: bool) -> None:
+           no_gres: bool, role: str) -> None:
     """Check this node's Slurm setup for slurm-gpu (exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
 
     Checks the plugstack line and that the SPANK plugin was built for this
-    slurmd's version and starts an interpreter that still exists,
-    Prolog/Epilog/PrologFlags, HealthCheckProgram with its Interval and
-    NodeState, gres.conf against the hardware, that the venv is readable by
-    every user and writable by root only, that the package's last upgrade
-    went live, and nvidia-persistenced.
+    slurmd's version and starts an interpreter that still exists, that the
+    config file it names (and the one the prolog and health check find)
+    exists and loads, Prolog/Epilog/PrologFlags, HealthCheckProgram with its
+    Interval and NodeState, gres.conf against the hardware, that the venv is
+    readable by every user and writable by root only, that the package's
+    last upgrade went live, and nvidia-persistenced.
     """
     from .. import doctor as d
     from .gres import drift
-    facts = d.gather(slurm_conf, node, None if no_gres else drift)
-    findings = d.run_checks(facts)
+    facts = d.gather(slurm_conf, node, None if no_gres or role == "login" else drift, role=role)
+    findings = d.run_checks(facts, role)
     status = d.worst(findings)
     if as_json:
         click.echo(json.dumps({"status": d.NAMES[status], "slurmd": facts.slurmd_version,

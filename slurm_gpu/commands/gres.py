@@ -7,6 +7,7 @@ print or write atomically.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 import click
@@ -133,15 +134,44 @@ def drift(config: str, node: str) -> list[str]:
     return gresconf.differences(current, text, node)
 
 
+EXIT_REFUSED = 3      # gres apply would drop GPUs the deployed file has (docs/gres.md)
+_GPU_FILE = re.compile(r"nvidia(\d+)$")
+
+
+def gpu_count(ng: Any) -> int:
+    """Physical GPUs of one node's parsed GRES: distinct /dev/nvidiaN files of its
+    gpu lines (a MIG line's MultipleFiles= starts with its GPU's), plus File-less Count=."""
+    minors = {m.group(1) for name, files in ng.devices if name == "gpu"
+              for f in files.split(",") if (m := _GPU_FILE.search(f))}
+    return len(minors) + sum(c for (name, _), c in ng.counts.items() if name == "gpu")
+
+
+def _gres_summary(ng: Any) -> dict[tuple[str, str], int]:
+    """What slurm.conf's ``Gres=`` says of a node: a count per (name, type)."""
+    out: dict[tuple[str, str], int] = {}
+    for (name, _), d in ng.devices.items():
+        out[(name, d.type or "")] = out.get((name, d.type or ""), 0) + 1
+    for (name, key), c in ng.counts.items():
+        out[(name, key)] = out.get((name, key), 0) + c
+    return out
+
+
 @gres.command()
 @gres_options
 @click.option("--config", "config", required=True, metavar="PATH", help="gres.conf to write.")
 @click.option("--no-backup", is_flag=True, help="Do not keep PATH.bak.")
-def apply(config: str, no_backup: bool, **kw: Any) -> None:
-    """Write gres.conf when it changed (atomic, backup), then say what to restart."""
+@click.option("--force", is_flag=True, help="Write even when the hardware read shows fewer GPUs than "
+              "PATH has (a GPU really removed); without it that is refused, exit 3.")
+@click.pass_context
+def apply(ctx: click.Context, config: str, no_backup: bool, force: bool, **kw: Any) -> None:
+    """Write gres.conf when it changed (atomic, backup), then say what to restart.
+
+    Refuses (exit 3, nothing written) to drop GPUs the deployed file has:
+    NVML unavailable at boot reads as a node without GPUs.
+    """
     from ..confgen import gresconf
 
-    text, _, _ = _render(kw)
+    text, view, nodes = _render(kw)
     old = read_config(config) if os.path.exists(config) else None
     if old == text:
         click.echo(f"slurm-gpu: {config} is up to date; nothing written")
@@ -155,6 +185,14 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
         # advice gets coarser (treat every device as new).
         click.echo(f"slurm-gpu: note: previous file not understood: {e.what} ({e.where})", err=True)
         current, understood = {}, False
+    if not force:
+        for n in nodes:
+            had, has = gpu_count(gresconf.node_gres(current, n)), gpu_count(gresconf.node_gres(wanted, n))
+            if has < had:
+                click.echo(f"slurm-gpu: refusing to drop GPUs: {n} has {had} in the deployed file, the "
+                           f"hardware read shows {has}; nothing written (--force writes it anyway) ({config})",
+                           err=True)
+                ctx.exit(EXIT_REFUSED)
     target = gresconf.apply(config, text, backup=None if no_backup else ".bak")
     click.echo(f"slurm-gpu: wrote {target}" + (f" (previous kept as {target}.bak)" if old is not None
                                                and not no_backup else ""))
@@ -162,3 +200,13 @@ def apply(config: str, no_backup: bool, **kw: Any) -> None:
         click.echo(line)
     if not understood:
         click.echo("slurm-gpu: the previous file could not be compared: restart slurmctld too")
+    if not understood or any(_gres_summary(gresconf.node_gres(current, n))
+                             != _gres_summary(gresconf.node_gres(wanted, n)) for n in nodes):
+        # slurmctld checks a node's gres.conf against slurm.conf's Gres=: a node
+        # whose slurmd reports fewer GRES than that is drained (invalid).
+        click.echo("slurm-gpu: slurm.conf's node line must say the same (every node's copy):")
+        for g in view.groups:
+            for nl in g.node_lines:
+                click.echo(nl)
+        click.echo("slurm-gpu: then restart slurmctld and slurmd on every node (Slurm 22.05: "
+                   "node changes need a restart; 23.11 and later: or scontrol reconfigure)")

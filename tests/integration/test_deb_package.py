@@ -78,3 +78,18 @@ def test_install_run_purge_leaves_nothing(deb: Path, suite: str) -> None:
     assert "hooks the guide names exit 0" in last and "purged" in last, last
     if suite != "bookworm":
         assert "a failed plugin build kept the live plugin and doctor said so" in last, last
+
+
+def test_deb_ships_the_config_file_as_a_conffile(deb: Path) -> None:
+    # install.md's plugstack line names /etc/slurm-gpu/slurm-gpu.toml: the
+    # package holds it, commented, and dpkg keeps an admin's edits on upgrade
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
+    assert "./etc/slurm-gpu/slurm-gpu.toml" in {line.split()[-1] for line in listing.splitlines()}
+    conffiles = subprocess.run(["dpkg-deb", "-I", str(deb), "conffiles"], capture_output=True, text=True,
+                               check=True).stdout
+    assert conffiles.split() == ["/etc/slurm-gpu/slurm-gpu.toml"]
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+        member = tf.extractfile("./etc/slurm-gpu/slurm-gpu.toml")
+        assert member is not None
+        assert member.read() == (REPO / "packaging" / "common" / "slurm-gpu.toml").read_bytes()

@@ -76,3 +76,10 @@ def test_rpm_post_and_erase_in_a_debian12_root(rpm: Path) -> None:
     last = res.stderr.strip().splitlines()[-1]
     assert "test-deb: bookworm (rpm): ok" in last and "on Python 3.11" in last, last
     assert "files as they were" in last, last
+
+
+def test_rpm_ships_the_config_file_as_noreplace_config(rpm: Path) -> None:
+    # %config(noreplace): an upgrade keeps the admin's edits (the new one lands as .rpmnew)
+    assert _q(rpm, "--configfiles").split() == ["/etc/slurm-gpu/slurm-gpu.toml"]
+    flags = _q(rpm, "--queryformat", "[%{FILENAMES} %{FILEFLAGS:fflags}\n]")
+    assert "/etc/slurm-gpu/slurm-gpu.toml cn" in flags.splitlines()

@@ -215,6 +215,42 @@ def test_gpu_mig_job_gets_mig_devices_and_the_epilog_destroys_them(cluster: Clus
     assert counts == [0, 0]
 
 
+def test_hooks_run_in_the_order_they_need(cluster: Cluster) -> None:
+    """Slurm runs the scripts of one Prolog=/Epilog= glob in reverse name order
+    (slurm.conf(5) says so from 23.11.4; shown here on every version): the
+    project's names must make the MIG/MPS prolog run before the accounting
+    prolog (which registers the job's MIG instances), and the accounting
+    epilog (which never fails) before the MIG/MPS epilog (whose failure stops
+    the scripts after it).  A probe named ``<script>-probe`` sorts right after
+    each script, so it runs right before it; each probe logs its name."""
+    log = cluster.dir / "hook-order.log"
+    probes = []
+    try:
+        for kind in ("prolog.d", "epilog.d"):
+            for script in sorted((cluster.dir / "etc" / kind).iterdir()):
+                probe = script.with_name(script.name + "-probe")
+                probe.write_text(f"#!/bin/sh\necho {kind}/{script.name} >>{log}\n")
+                probe.chmod(0o755)
+                probes.append(probe)
+        res = cluster.srun("-w", "n1", "/bin/true", user="sgtest1")
+        assert res.returncode == 0, res.stderr
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not log.exists() or log.read_text().count("epilog.d/") < 2):
+            time.sleep(0.1)
+        ran = log.read_text().split()
+    finally:
+        for p in probes:
+            p.unlink(missing_ok=True)
+        log.unlink(missing_ok=True)
+    pro = [r.split("/")[1] for r in ran if r.startswith("prolog.d/")]
+    epi = [r.split("/")[1] for r in ran if r.startswith("epilog.d/")]
+    assert pro == sorted(pro, reverse=True) and epi == sorted(epi, reverse=True), ran
+    order = {kind: [next(n for n in names if what in n) for what in ("jobs", "acct")]
+             for kind, names in (("prolog", pro), ("epilog", epi))}
+    assert pro.index(order["prolog"][0]) < pro.index(order["prolog"][1]), f"prolog order {pro}"
+    assert epi.index(order["epilog"][1]) < epi.index(order["epilog"][0]), f"epilog order {epi}"
+
+
 def _node_cli(cluster: Cluster, *args: str) -> tuple[list[str], dict[str, str]]:
     """``slurm-gpu ARGS`` as node n1 runs it: inside the Debian root for 24.11
     and 26.05 (that version's sacct and sacctmgr), with the sandbox's config."""
@@ -305,6 +341,38 @@ def test_bad_plugstack_argument_on_the_node_fails_the_job_not_the_node(cluster: 
     assert "slurm-gpu: unknown plugstack argument 'bogus=1'" in log
     res = cluster.run(["sinfo", "-h", "-n", "n1", "-o", "%T %E"])
     assert res.stdout.split()[0] in ("idle", "mixed"), res.stdout   # never drained
+
+
+def test_install_guides_config_path_gives_working_job_options(cluster: Cluster) -> None:
+    """docs/install.md's plugstack line names /etc/slurm-gpu/slurm-gpu.toml; on a
+    node without that file (deleted, or never made) a --gpu-profile step must run
+    on the defaults, not fail with "config file not found"."""
+    from slurm_gpu import config
+    guide = (REPO / "docs" / "install.md").read_text()
+    line = next(l for l in guide.splitlines() if l.startswith("required ") and "slurm_gpu_spank.so" in l)
+    named = next(w for w in line.split() if w.startswith("config="))
+    assert named == f"config={config.DEFAULT_PATH}"
+    root = (cluster.sb.release.root if cluster.sb.release else None) or Path("/")
+    if (Path(str(root)) / config.DEFAULT_PATH.lstrip("/")).exists():
+        pytest.skip(f"{config.DEFAULT_PATH} exists on this machine")
+    plugstack = cluster.sb.layout.plugstack_conf
+    good = plugstack.read_text()
+    cache = Path("/run/slurm-gpu/node-facts")
+    run_dir_was = cache.parent.exists()
+    before = set(cache.iterdir()) if cache.is_dir() else set()
+    try:
+        plugstack.write_text(re.sub(r"config=\S+", named, good, count=1))
+        res = cluster.srun("-w", "n1", "--gpu-profile=inference", "/bin/sh", "-c",
+                           "grep THP_enabled /proc/self/status", user="sgtest1")
+    finally:
+        plugstack.write_text(good)
+        # the host's node-fact cache (22.05 runs unchrooted, on the default [node] state_dir)
+        if not run_dir_was:
+            shutil.rmtree(cache.parent, ignore_errors=True)
+        for p in (set(cache.iterdir()) if cache.is_dir() else set()) - before:
+            p.unlink(missing_ok=True)
+    assert res.returncode == 0 and "config file not found" not in res.stderr, res.stderr
+    assert re.search(r"THP_enabled:\s+0", res.stdout), res.stdout    # the profile acted
 
 
 def _plugin_for(version: str, out_dir: Path) -> Path:

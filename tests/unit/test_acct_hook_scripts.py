@@ -11,7 +11,7 @@ import pytest
 from machinedata import ROOT
 
 
-@pytest.mark.parametrize("script,step", [("prolog.d/60-slurm-gpu-acct", "prolog"),
+@pytest.mark.parametrize("script,step", [("prolog.d/40-slurm-gpu-acct", "prolog"),
                                          ("epilog.d/60-slurm-gpu-acct", "epilog")])
 def test_acct_hook_runs_main_with_c_not_m(tmp_path: Path, script: str, step: str) -> None:
     conf = tmp_path / "slurm-gpu.toml"

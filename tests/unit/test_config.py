@@ -80,3 +80,34 @@ def test_use_node_name_wins_over_environment(monkeypatch) -> None:
     finally:
         live.use_node_name(None)
     assert live.node_name() == "from-env"
+
+
+def test_named_default_path_that_is_missing_means_defaults(monkeypatch, tmp_path) -> None:
+    # install.md's plugstack line names the default path; a node without the
+    # file (deleted, or installed from a checkout) must get the defaults, not
+    # fail every --gpu-profile/--gpu-mps/--gpu-mig step with "config file not found"
+    missing = tmp_path / "etc" / "slurm-gpu.toml"
+    monkeypatch.setattr(config, "DEFAULT_PATH", str(missing))
+    config._load.cache_clear()
+    config.use_config(str(missing))
+    try:
+        assert config.load_raw() == {}
+        assert config.section(Demo, "demo") == Demo()
+        # any other named file that is missing stays an error naming it
+        other = tmp_path / "site.toml"
+        config.use_config(str(other))
+        with pytest.raises(InputError) as ei:
+            config.load_raw()
+        assert ei.value.line() == f"slurm-gpu: config file not found ({other})"
+    finally:
+        config.use_config(None)
+        config._load.cache_clear()
+
+
+def test_install_guide_plugstack_names_the_default_path() -> None:
+    from pathlib import Path
+
+    from slurm_gpu import joboptions
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+    line = next(l for l in guide.splitlines() if l.startswith("required ") and "slurm_gpu_spank.so" in l)
+    assert joboptions.parse_plugstack_args(line.split()[2:]).config == config.DEFAULT_PATH

@@ -193,3 +193,52 @@ def test_apply_replaces_a_file_it_cannot_parse(tmp_path: Path, capsys) -> None:
     assert f"slurm-gpu: note: previous file not understood: expected key=value, got 'Include' ({conf}:1)" in err
     assert "Name=gpu" in conf.read_text()
     assert (tmp_path / "gres.conf.bak").read_text() == "Include /etc/slurm/gres.d/site.conf\n"
+
+
+def _h100(tmp_path: Path, gpus: int | None = None) -> Path:
+    """n1.json: the recorded h100-sxm-8x, or with only its first *gpus* GPUs (NVML unavailable: 0)."""
+    data = json.loads((ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json").read_text())
+    if gpus is not None:
+        data["node"]["gpus"] = data["node"]["gpus"][:gpus]
+        data["node"]["notes"] = ["NVML unavailable: NVML Shared Library Not Found (NVML_ERROR_LIBRARY_NOT_FOUND)"]
+    d = tmp_path / f"in{gpus}"
+    d.mkdir(exist_ok=True)
+    (d / "n1.json").write_text(json.dumps(data))
+    return d / "n1.json"
+
+
+def test_apply_refuses_to_drop_gpus_the_deployed_file_has(tmp_path: Path, capsys) -> None:
+    """A boot script running apply while NVML is unavailable must not wipe the node's GPUs."""
+    conf = tmp_path / "gres.conf"
+    rc, out, _ = run(capsys, "gres", "apply", "--config", str(conf), "--snapshot", str(_h100(tmp_path)))
+    assert rc == 0 and conf.read_text().count("Name=gpu ") == 8
+    deployed = conf.read_text()
+    for gpus in (0, 5):
+        rc, out, err = run(capsys, "gres", "apply", "--config", str(conf), "--snapshot", str(_h100(tmp_path, gpus)))
+        assert rc == 3 and out == "", (rc, out, err)
+        last = err.splitlines()[-1]
+        assert last == (f"slurm-gpu: refusing to drop GPUs: n1 has 8 in the deployed file, the hardware read "
+                        f"shows {gpus}; nothing written (--force writes it anyway) ({conf})"), err
+        assert [l for l in err.splitlines() if not l.startswith("slurm-gpu: note:")] == [last]
+        assert conf.read_text() == deployed and not (tmp_path / "gres.conf.bak").exists()
+    rc, out, _ = run(capsys, "gres", "apply", "--config", str(conf), "--snapshot", str(_h100(tmp_path, 0)),
+                     "--force")
+    assert rc == 0 and "Name=gpu " not in conf.read_text()
+    # more GPUs, or the same number renumbered, are no loss
+    rc, out, _ = run(capsys, "gres", "apply", "--config", str(conf), "--snapshot", str(_h100(tmp_path, 5)))
+    assert rc == 0 and conf.read_text().count("Name=gpu ") == 5
+
+
+def test_apply_prints_the_node_line_slurm_conf_needs(tmp_path: Path, capsys) -> None:
+    conf = tmp_path / "gres.conf"
+    snap = _h100(tmp_path)
+    rc, out, _ = run(capsys, "gres", "render", "--snapshot", str(snap), "--node-lines")
+    node_line = out.strip().splitlines()[-1]
+    assert node_line.startswith("NodeName=n1 ") and "Gres=gpu:" in node_line
+    rc, out, _ = run(capsys, "gres", "apply", "--config", str(conf), "--snapshot", str(snap))
+    assert rc == 0
+    assert f"slurm-gpu: slurm.conf's node line must say the same (every node's copy):\n{node_line}\n" in out
+    assert "restart slurmctld" in out and "slurmd" in out
+    # nothing written: nothing to say about slurm.conf
+    rc, out, _ = run(capsys, "gres", "apply", "--config", str(conf), "--snapshot", str(snap))
+    assert rc == 0 and "node line" not in out
