@@ -139,6 +139,9 @@ def _prolog(ctx: Context) -> int:
 
     try:
         percentage = parse_mps(mps_opt) if mps_opt else None
+        if mps_opt:
+            from .mps import check_usable
+            check_usable(ctx.mps)      # before any MIG work: the job cannot run here anyway
         indices, whole = job_gpus(env)
         if not indices:
             raise JobFailed("--gpu-mps/--gpu-mig need GPUs: ask for them with --gpus or --gres=gpu",
