@@ -1136,3 +1136,40 @@ def test_mps_disabled_fails_the_job_with_one_line(node: Env) -> None:
     assert not (Path(node.mps.base_dir) / "100").exists()
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
 
+
+def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypatch) -> None:
+    """Issue 24 §5: the epilog's user-problem drain and the health check take the same
+    lock, so a fault drain the health check is making is never relabelled a user problem
+    (which would resume after one clean run, without the DCGM gate)."""
+    import fcntl
+    from slurm_gpu.health import engine
+    from slurm_gpu.health import userproblem as up
+    from slurm_gpu.hw import nvml_health
+    left = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1")   # the job's leftover on GPU 0
+    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, idx: nvml_health.NvmlHealth(
+        available=True, gpus=[SimpleNamespace(bus_id="00000000:1B:00.0", lost=None, memory_used=0,
+                                              processes=((left.pid, None),))]))
+    drains: list[str] = []
+    monkeypatch.setattr(up, "drain", lambda node_, reason, timeout: drains.append(reason) or "drained")
+    monkeypatch.setattr(up, "LOCK_WAIT", 0.0, raising=False)
+    health = node.base / "health"
+    health.mkdir()
+
+    def ctx(jobid: str) -> lifecycle.Context:
+        c = node.ctx(SLURM_JOB_ID=jobid, SLURM_JOB_GPUS="0")
+        c.health_state_dir, c.node_name = str(health), "n1"
+        return c
+    fd = os.open(engine.lock_file(str(health), "n1"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)                  # a health check is running
+        assert lifecycle.epilog(ctx("101")) == 0, node.logs
+        assert drains == [] and up.load_marker(up.marker_path(str(health), "n1")) is None
+        assert any("health check" in m and "not drained" in m for m in node.logs), node.logs
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert lifecycle.epilog(ctx("102")) == 0, node.logs
+        assert len(drains) == 1 and drains[0].startswith("slurm-gpu: user-problem: job 102 left")
+        assert up.load_marker(up.marker_path(str(health), "n1")).jobid == "102"
+    finally:
+        os.close(fd)
+        left.kill()
+        left.wait()
