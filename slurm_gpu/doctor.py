@@ -54,6 +54,12 @@ class Facts:
     persistenced: bool = False
     gres_drift: list[str] | None = None     # None: not checked
     gres_error: str | None = None
+    # [mps]: enabled, the control binary's path and (uid, mode) when it
+    # exists (None: missing); mps_error: the config could not be read
+    mps_enabled: bool = True
+    mps_control: str = ""
+    mps_control_stat: tuple[int, int] | None = None
+    mps_error: str | None = None
 
 
 # -- reading ------------------------------------------------------------------
@@ -158,6 +164,7 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
                   gpus_present=os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia"),
                   persistenced=_process_running("nvidia-persistenced"))
     facts.venv_unreadable = first_unreadable(Path(sys.prefix))
+    _gather_mps(facts)
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -166,6 +173,22 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
         except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
             facts.gres_error = getattr(e, "what", None) or f"{type(e).__name__}: {e}"
     return facts
+
+
+def _gather_mps(facts: Facts) -> None:
+    """``[mps] enabled`` and ``control`` from the config, and what is at that path."""
+    try:
+        from .jobs.settings import load
+        mps = load()[1]
+    except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
+        facts.mps_error = getattr(e, "what", None) or f"{type(e).__name__}: {e}"
+        return
+    facts.mps_enabled, facts.mps_control = bool(mps.enabled), str(mps.control)
+    try:
+        st = os.stat(mps.control)       # followed: the prolog execs what a link names
+        facts.mps_control_stat = (st.st_uid, st.st_mode)
+    except OSError:
+        facts.mps_control_stat = None
 
 
 # -- checks (pure) ------------------------------------------------------------
@@ -299,7 +322,34 @@ def check_persistenced(f: Facts) -> list[Finding]:
     return [Finding(OK, "nvidia.persistenced", "running")]
 
 
-CHECKS = (check_slurm, check_plugin, check_prolog, check_health, check_gres, check_venv, check_persistenced)
+def check_mps_control(f: Facts) -> list[Finding]:
+    """``[mps] control``: NVIDIA's ``nvidia-cuda-mps-control``, which every ``--gpu-mps``
+    job on this node runs (as the job user); without it those jobs fail (issue 23 #5)."""
+    name = "mps.control"
+    if f.mps_error:
+        return [Finding(UNKNOWN, name, f"[mps] not read: {f.mps_error}")]
+    if not f.mps_enabled:
+        return [Finding(OK, name, "--gpu-mps is off ([mps] enabled = false): such jobs fail "
+                        "with one line")]
+    if f.mps_control_stat is None:
+        if not f.gpus_present:
+            return [Finding(OK, name, f"{f.mps_control} missing; no NVIDIA driver on this node")]
+        return [Finding(CRITICAL, name, f"{f.mps_control} does not exist: every --gpu-mps job "
+                        "fails on this node (install NVIDIA's nvidia-cuda-mps package, or set "
+                        "[mps] enabled = false)")]
+    uid, mode = f.mps_control_stat
+    if not stat.S_ISREG(mode) or not mode & 0o111:
+        return [Finding(CRITICAL, name, f"{f.mps_control} is not an executable file: every "
+                        "--gpu-mps job fails on this node")]
+    if uid != 0 or mode & 0o022:
+        return [Finding(CRITICAL, name, f"{f.mps_control} is not root's, or is writable by group "
+                        "or others: whoever can change it runs code in every --gpu-mps job "
+                        "(chown root; chmod go-w)")]
+    return [Finding(OK, name, f"{f.mps_control} (root's, executable)")]
+
+
+CHECKS = (check_slurm, check_plugin, check_prolog, check_health, check_gres, check_venv, check_persistenced,
+          check_mps_control)
 
 
 def run_checks(f: Facts) -> list[Finding]:
