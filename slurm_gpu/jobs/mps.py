@@ -187,8 +187,23 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
         return children_of_ours(user.uid) if reaper else daemon_procs(pipe, user.uid)
 
     t0 = time.monotonic()
-    runner.run([settings.control, "-d"], settings.start_timeout, env=_env(pipe, log, devices),
-               run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups), cpus=use)
+    argv = [settings.control, "-d"]
+    res = runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices),
+                     run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups), cpus=use,
+                     check=False)
+    if not res.ok:
+        from .mpsdir import planted
+        why = planted(pipe)
+        if why:
+            # The directory was empty a moment ago: another process of the
+            # job's user filled it (a directory where a socket goes).
+            from .state import JobFailed
+            raise JobFailed(f"MPS control daemon could not start: its pipe directory was "
+                            f"changed by a process of the job's user ({why})", f"job {jobid}")
+        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        raise CommandError(f"{os.path.basename(settings.control)} failed: "
+                           f"{first[0] if first else f'exit status {res.returncode}'}",
+                           " ".join(argv))
     # One client session both asks whether the daemon answers and applies
     # the admin's defaults: the client reads stdin line by line and sends
     # every command over one connection (NVIDIA's 535 binary: one "NEW UI"

@@ -152,6 +152,35 @@ def sockets_tampered(pipe: str, pids: list[int], proc: str = "/proc") -> str | N
     return ", ".join(what) or None
 
 
+# What NVIDIA's daemon makes in its pipe directory before any client
+# connects (535: two sockets, a lock file, a FIFO), by file type.
+DAEMON_ENTRIES = {"control": stat.S_IFSOCK, "control_privileged": stat.S_IFSOCK,
+                  "control_lock": stat.S_IFREG, "log": stat.S_IFIFO}
+
+
+def planted(pipe: str) -> str | None:
+    """What is in the pipe directory that the daemon did not make, or None.
+
+    The prolog makes the directory empty just before it starts the daemon,
+    so a name the daemon never uses, or one of its names of another type
+    (a directory where its socket goes), was put there by another process
+    of the job user's: NVIDIA's daemon then exits 1 without a word.
+    """
+    try:
+        names = sorted(os.listdir(pipe))
+    except OSError:
+        return None
+    found = []
+    for n in names:
+        try:
+            kind = stat.S_IFMT(os.lstat(os.path.join(pipe, n)).st_mode)
+        except OSError:
+            continue
+        if DAEMON_ENTRIES.get(n) != kind:
+            found.append(repr(n))
+    return f"found {', '.join(found[:3])}{' ...' if len(found) > 3 else ''}" if found else None
+
+
 # -- mounts below the job directory ---------------------------------------
 
 def _unescape(field: str) -> str:

@@ -1173,3 +1173,35 @@ def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypa
         os.close(fd)
         left.kill()
         left.wait()
+
+
+@pytest.mark.parametrize("plant", ["dirs", "dir_with_entry"])
+def test_entries_planted_before_the_daemon_starts_fail_the_job_not_the_node(
+        node: Env, monkeypatch, plant: str) -> None:
+    """Between the prolog's mkdir of pipe/ and the daemon's start, another process of the
+    job user makes directories (or binds a socket of its own) at the daemon's socket
+    paths: NVIDIA's daemon then exits 1 with no word, which is the user's doing (a
+    file or socket there it unlinks and binds over)."""
+    from slurm_gpu import runner
+    _short_start(node)
+    code = ("for n in ('control', 'control_privileged'):\n    os.mkdir(arg + '/' + n)\n"
+            if plant == "dirs" else
+            "os.mkdir(arg + '/control_privileged')\nos.mkdir(arg + '/control_privileged/x')\n")
+    agent = Agent(code)
+    real = runner.run
+
+    def run(argv, *a, **kw):
+        if list(argv)[1:] == ["-d"]:
+            agent.do(kw["env"]["CUDA_MPS_PIPE_DIRECTORY"])
+        return real(argv, *a, **kw)
+    monkeypatch.setattr(runner, "run", run)
+    try:
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs
+        st = js.load(node.state_dir, "100")
+        assert st["phase"] == "failed" and "pipe directory" in st["error"], st["error"]
+        monkeypatch.setattr(runner, "run", real)
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert node.leftovers() == []
+    finally:
+        agent.close()
