@@ -33,7 +33,7 @@ from ..errors import CommandError, HardwareError
 from ..hw.plain import Plain
 from ..runner import RunAs
 from .mpsprocs import (_alive, _ids, _kill, _same, children_of_ours,  # noqa: F401 - _alive: re-exported
-                       daemon_pids, daemon_procs, daemon_tree, reap_new_zombies, wait_gone)
+                       daemon_pids, daemon_procs, daemon_tree, wait_gone)
 from .settings import MpsSettings
 
 
@@ -165,8 +165,9 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     # ``-d`` forks, and the daemon it leaves behind is orphaned, so as a
     # subreaper we get it as our child; nothing else of the user's can
     # become one.  Without subreapers (Linux < 3.4), the environment scan.
+    # The intermediate process -d leaves is our zombie until the prolog
+    # exits (init reaps it then): reaping it would cost another /proc pass.
     from .libc import set_child_subreaper
-    before = set(children_of_ours(None))
     reaper = set_child_subreaper(True)
     try:
         return _start_daemon(settings, jobid, user, devices, percentage, record, info, pipe, log,
@@ -174,7 +175,6 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     finally:
         if reaper:
             set_child_subreaper(False)
-            reap_new_zombies(before)
 
 
 def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
@@ -348,10 +348,8 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     procs = daemon_tree(pipe, uid) if uid != 0 and os.path.exists(jd) else {}
     # The daemon the prolog started, by PID and start time: found even when
     # its environment no longer names the pipe directory.
-    for rec in (info or {}).get("daemon") or ():
-        if isinstance(rec, list) and len(rec) == 2 and all(type(x) is int for x in rec) \
-                and uid not in (None, 0) and rec[0] not in procs and _same(rec[0], rec[1], uid):
-            procs[rec[0]] = (rec[1], uid)
+    for pid, ident in recorded_daemon(info, uid).items():
+        procs.setdefault(pid, ident)
     if procs and user is not None and os.path.isdir(pipe):
         try:
             control(settings, user, pipe, log, "quit", timeout=settings.quit_timeout,
@@ -380,6 +378,18 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
         return notes
     _remove_job_dir(jd)
     return notes
+
+
+def recorded_daemon(info: dict[str, Any] | None, uid: int | None) -> dict[int, tuple[int, int]]:
+    """The daemon the prolog recorded (PID, start time), while that process still runs as *uid*."""
+    out: dict[int, tuple[int, int]] = {}
+    if uid in (None, 0):
+        return out
+    for rec in (info or {}).get("daemon") or ():
+        if isinstance(rec, list) and len(rec) == 2 and all(type(x) is int for x in rec) \
+                and _same(rec[0], rec[1], uid):
+            out[rec[0]] = (rec[1], uid)
+    return out
 
 
 def _node_name() -> str:
@@ -498,7 +508,8 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
     cg = jobcgroup.make(dirs)
     moved: set[int] = set()
     for _ in range(3):              # again for anything forked while we moved its parent
-        tree = jobcgroup.descendants(daemon_procs(info["pipe_dir"], uid)) - moved
+        bound = set(daemon_procs(info["pipe_dir"], uid)) | set(recorded_daemon(info, uid))
+        tree = jobcgroup.descendants(bound) - moved
         if not tree:
             break
         for pid in sorted(tree):

@@ -243,9 +243,8 @@ def _my_children(proc: str = "/proc") -> list[int]:
         return [pid for pid, (_uids, ppid) in _table(proc).items() if ppid == me]
 
 
-def children_of_ours(uid: int | None, proc: str = "/proc") -> dict[int, tuple[int, int]]:
-    """{pid: (start time, uid)} of this process's live children running as *uid*
-    (every uid; *uid* None: every child, zombies included).
+def children_of_ours(uid: int, proc: str = "/proc") -> dict[int, tuple[int, int]]:
+    """{pid: (start time, uid)} of this process's live children running as *uid* (every uid).
 
     As a subreaper, the prolog gets the daemon that ``nvidia-cuda-mps-control
     -d`` leaves behind as its child: only processes descended from ours can
@@ -254,21 +253,6 @@ def children_of_ours(uid: int | None, proc: str = "/proc") -> dict[int, tuple[in
     out: dict[int, tuple[int, int]] = {}
     for pid in _my_children(proc):
         ids = _ids(pid, proc)
-        if ids is None:
-            continue
-        if uid is None:
-            out[pid] = (ids[1], ids[0][0])
-        elif set(ids[0]) == {uid} and _alive(pid):
+        if ids is not None and set(ids[0]) == {uid} and _alive(pid):
             out[pid] = (ids[1], uid)
     return out
-
-
-def reap_new_zombies(before: set[int] | dict[int, tuple[int, int]], proc: str = "/proc") -> None:
-    """Reap the children that ended and were not ours before (what ``-d``'s fork left us)."""
-    from ..procfs import state
-    for pid in children_of_ours(None, proc):
-        if pid not in before and state(pid, proc) == "Z":
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
