@@ -29,6 +29,7 @@ from slurm_gpu.mig import blockers, instances
 from slurm_gpu.hw import backend
 from slurm_gpu.sim.mig import open_mig_sim, set_holder
 from mpsbinary import mps_control_for_jobs
+from useragent import PLANT_DIRS, REPLACE_SOCKETS, Agent
 from slurm_gpu.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -957,46 +958,10 @@ def test_renamed_sockets_fail_the_job_not_the_node(node: Env, monkeypatch) -> No
     assert node.leftovers() == []
 
 
-class Agent:
-    """A process of the job user's that the prolog did not start (it forked away
-    before the prolog runs, as one of another job's would be), doing *code* with
-    ``arg`` on each request: what another of the user's processes can do."""
-
-    HEAD = ("import os, sys, socket\n"
-            "if os.fork():\n    os._exit(0)\n"
-            "print(os.getpid(), flush=True)\nkeep = []\n"
-            "def act(arg):\n")
-
-    def __init__(self, code: str, env: dict[str, str] | None = None) -> None:
-        body = "".join("    " + ln + "\n" for ln in code.splitlines()) or "    pass\n"
-        self.p = subprocess.Popen(
-            [sys.executable, "-I", "-c", self.HEAD + body +
-             "for line in sys.stdin:\n    act(line.strip())\n    print('done', flush=True)\n"],
-            user="sgtest1", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env or {})
-        self.pid = int(self.p.stdout.readline())
-        self.p.wait()
-
-    def do(self, arg: str) -> None:
-        self.p.stdin.write(arg + "\n")
-        self.p.stdin.flush()
-        assert self.p.stdout.readline().strip() == "done"
-
-    def close(self) -> None:
-        try:
-            os.kill(self.pid, 9)
-        except ProcessLookupError:
-            pass
-        self.p.stdin.close()
-        self.p.stdout.close()
-
-
 def test_replaced_sockets_fail_the_job_not_the_node(node: Env, monkeypatch) -> None:
     """The user binds sockets of their own, which never answer, in place of the daemon's."""
     _short_start(node)
-    agent = Agent("for n in ('control', 'control_privileged'):\n"
-                  "    os.rename(arg + '/' + n, arg + '/' + n + '.old')\n"
-                  "    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-                  "    s.bind(arg + '/' + n)\n    s.listen(8)\n    keep.append(s)\n")
+    agent = Agent(REPLACE_SOCKETS)
     try:
         _hook_first_control(monkeypatch, lambda pipe, log: agent.do(str(pipe)))
         ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
@@ -1184,8 +1149,7 @@ def test_entries_planted_before_the_daemon_starts_fail_the_job_not_the_node(
     file or socket there it unlinks and binds over)."""
     from slurm_gpu import runner
     _short_start(node)
-    code = ("for n in ('control', 'control_privileged'):\n    os.mkdir(arg + '/' + n)\n"
-            if plant == "dirs" else
+    code = (PLANT_DIRS if plant == "dirs" else
             "os.mkdir(arg + '/control_privileged')\nos.mkdir(arg + '/control_privileged/x')\n")
     agent = Agent(code)
     real = runner.run
