@@ -63,6 +63,13 @@ class Facts:
     configs: list[ConfigFile] | None = None  # None: not gathered (no finding)
     slurm_from: str = "slurmd"              # whose version slurmd_version is ("srun" on a login node)
 
+    # [mps]: enabled, the control binary's path and (uid, mode) when it
+    # exists (None: missing); mps_error: the config could not be read
+    mps_enabled: bool = True
+    mps_control: str = ""
+    mps_control_stat: tuple[int, int] | None = None
+    mps_error: str | None = None
+
 
 @dataclass(frozen=True)
 class ConfigFile:
@@ -243,6 +250,7 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     facts.venv_writable = first_writable(sys.prefix)
     facts.setup_failed = setup_failed()
     facts.configs = gather_configs(lines)
+    _gather_mps(facts)
     if login:
         return facts
     gres = Path(path).parent / "gres.conf"
@@ -331,6 +339,22 @@ def gather_configs(lines: list[tuple[str, str]]) -> list[ConfigFile]:
         except (ValueError, TypeError) as e:    # a settings class's own check (RepairSettings)
             out.append(ConfigFile(path, by, True, error=str(e)))
     return out
+
+
+def _gather_mps(facts: Facts) -> None:
+    """``[mps] enabled`` and ``control`` from the config, and what is at that path."""
+    try:
+        from .jobs.settings import load
+        mps = load()[1]
+    except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
+        facts.mps_error = getattr(e, "what", None) or f"{type(e).__name__}: {e}"
+        return
+    facts.mps_enabled, facts.mps_control = bool(mps.enabled), str(mps.control)
+    try:
+        st = os.stat(mps.control)       # followed: the prolog execs what a link names
+        facts.mps_control_stat = (st.st_uid, st.st_mode)
+    except OSError:
+        facts.mps_control_stat = None
 
 
 # -- checks (pure) ------------------------------------------------------------
@@ -491,6 +515,33 @@ def check_plugin_tree(f: Facts) -> list[Finding]:
     return out
 
 
+def check_mps_control(f: Facts) -> list[Finding]:
+    """``[mps] control``: NVIDIA's ``nvidia-cuda-mps-control``, which every ``--gpu-mps``
+    job on this node runs (as the job user); without it those jobs fail (issue 23 #5)."""
+    name = "mps.control"
+    if f.mps_error:
+        return [Finding(UNKNOWN, name, f"[mps] not read: {f.mps_error}")]
+    if not f.mps_enabled:
+        return [Finding(OK, name, "--gpu-mps is off ([mps] enabled = false): such jobs fail "
+                        "with one line")]
+    if f.mps_control_stat is None:
+        if not f.gpus_present:
+            return [Finding(OK, name, f"{f.mps_control} missing; no NVIDIA driver on this node")]
+        return [Finding(CRITICAL, name, f"{f.mps_control} does not exist: every --gpu-mps job "
+                        "fails on this node (install NVIDIA's nvidia-cuda-mps package, or set "
+                        "[mps] enabled = false)")]
+    uid, mode = f.mps_control_stat
+    if not stat.S_ISREG(mode) or not mode & 0o111:
+        return [Finding(CRITICAL, name, f"{f.mps_control} is not an executable file: every "
+                        "--gpu-mps job fails on this node")]
+    if uid != 0 or mode & 0o022:
+        return [Finding(CRITICAL, name, f"{f.mps_control} is not root's, or is writable by group "
+                        "or others: whoever can change it runs code in every --gpu-mps job "
+                        "(chown root; chmod go-w)")]
+    return [Finding(OK, name, f"{f.mps_control} (root's, executable)")]
+
+
+
 def check_setup(f: Facts) -> list[Finding]:
     """The package's last venv setup went live (venv-setup.sh keeps the old tree when not)."""
     if f.setup_failed:
@@ -536,7 +587,7 @@ def check_config(f: Facts) -> list[Finding]:
 
 
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
-          check_gres, check_venv, check_venv_writable, check_persistenced, check_config)
+          check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.

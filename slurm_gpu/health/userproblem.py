@@ -67,6 +67,36 @@ def save_marker(path: str, m: Marker) -> None:
     atomic_write(path, json.dumps(m.to_json(), sort_keys=True) + "\n", mode=0o600)
 
 
+# How long the epilog waits for a running health check before it gives up the drain.
+LOCK_WAIT = 10.0
+
+
+def health_lock(state_dir: str, node: str, wait: float | None = None) -> int | None:
+    """The health check's own lock (:func:`slurm_gpu.health.engine.lock_file`), held
+    on the returned fd until it is closed; None when a health check keeps it for
+    *wait* seconds (default :data:`LOCK_WAIT`).
+
+    The epilog marks and drains under it: a health check deciding a fault
+    drain meanwhile must not see its reason relabelled a user problem, which
+    resumes after one clean run and skips the DCGM gate.
+    """
+    import fcntl
+    import time
+    from .engine import lock_file
+    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    fd = os.open(lock_file(state_dir, node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    end = time.monotonic() + (LOCK_WAIT if wait is None else wait)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+
+
 def drop_marker(path: str) -> None:
     try:
         os.unlink(path)

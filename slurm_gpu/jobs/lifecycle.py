@@ -139,6 +139,9 @@ def _prolog(ctx: Context) -> int:
 
     try:
         percentage = parse_mps(mps_opt) if mps_opt else None
+        if mps_opt:
+            from .mps import check_usable
+            check_usable(ctx.mps)      # before any MIG work: the job cannot run here anyway
         indices, whole = job_gpus(env)
         if not indices:
             raise JobFailed("--gpu-mps/--gpu-mig need GPUs: ask for them with --gpus or --gres=gpu",
@@ -360,16 +363,24 @@ def _leftovers(ctx: Context, st: dict[str, Any], user: JobUser | None, api: Call
         return
     reason = up.reason_for(jobid, found)
     path = up.marker_path(ctx.health_state_dir, ctx.node_name)
-    if up.load_marker(path) is not None:
-        ctx.log(f"{reason} [not drained: an earlier user-problem drain is still open]")
+    lock = up.health_lock(ctx.health_state_dir, ctx.node_name)
+    if lock is None:
+        ctx.log(f"{reason} [not drained: the health check holds its lock for longer than "
+                f"{up.LOCK_WAIT:g} s]")
         return
-    # The marker first: a drain we make must always be one the health check can lift.
-    up.save_marker(path, up.Marker(reason, jobid, user.uid if user else None,
-                                   tuple(g.bus_id for g in h.gpus if g.bus_id)))
-    note = up.drain(ctx.node_name, reason, timeout=10.0)
-    if note != "drained":
-        up.drop_marker(path)
-    ctx.log(f"{reason} [{note}]")
+    try:
+        if up.load_marker(path) is not None:
+            ctx.log(f"{reason} [not drained: an earlier user-problem drain is still open]")
+            return
+        # The marker first: a drain we make must always be one the health check can lift.
+        up.save_marker(path, up.Marker(reason, jobid, user.uid if user else None,
+                                       tuple(g.bus_id for g in h.gpus if g.bus_id)))
+        note = up.drain(ctx.node_name, reason, timeout=10.0)
+        if note != "drained":
+            up.drop_marker(path)
+        ctx.log(f"{reason} [{note}]")
+    finally:
+        os.close(lock)
 
 
 def _epilog_untrusted_state(ctx: Context, jobid: str, e: InputError) -> int:

@@ -32,8 +32,8 @@ from .. import runner
 from ..errors import CommandError, HardwareError
 from ..hw.plain import Plain
 from ..runner import RunAs
-from .mpsprocs import (_alive, _ids, _kill, _same, daemon_pids,  # noqa: F401 - _alive: re-exported (tests)
-                       daemon_procs, daemon_tree, wait_gone)
+from .mpsprocs import (_alive, _ids, _kill, _same, children_of_ours,  # noqa: F401 - _alive: re-exported
+                       daemon_pids, daemon_procs, daemon_tree, wait_gone)
 from .settings import MpsSettings
 
 
@@ -118,6 +118,18 @@ def control(settings: MpsSettings, user: JobUser, pipe: str, log: str, command: 
                       env=_env(pipe, log, None), run_as=user.run_as(), check=check)
 
 
+def check_usable(settings: MpsSettings) -> None:
+    """Raise JobFailed when this node cannot give a job its MPS daemon for a reason
+    that is not a fault: MPS switched off, or NVIDIA's binary not installed here."""
+    from .state import JobFailed
+    if not settings.enabled:
+        raise JobFailed("--gpu-mps is disabled on this cluster", "[mps] enabled")
+    ctl = settings.control
+    found = [ctl] if "/" in ctl else [os.path.join(d, ctl) for d in runner.SAFE_PATH.split(":")]
+    if not any(os.path.isfile(p) and os.access(p, os.X_OK) for p in found):
+        raise JobFailed("--gpu-mps: this node has no MPS control binary", ctl)
+
+
 def _cpu_list(cpus: list[int]) -> str:
     return ",".join(str(c) for c in sorted(set(cpus)))
 
@@ -148,9 +160,50 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     record(info)
     online = os.sched_getaffinity(0)
     use = sorted({c for c in cpus if c in online}) if settings.bind_cpus else []
+    # The daemon is known by the process we start, never by its environment
+    # (any process of the user can name the pipe directory in its own):
+    # ``-d`` forks, and the daemon it leaves behind is orphaned, so as a
+    # subreaper we get it as our child; nothing else of the user's can
+    # become one.  Without subreapers (Linux < 3.4), the environment scan.
+    # The intermediate process -d leaves is our zombie until the prolog
+    # exits (init reaps it then): reaping it would cost another /proc pass.
+    from .libc import set_child_subreaper
+    reaper = set_child_subreaper(True)
+    try:
+        return _start_daemon(settings, jobid, user, devices, percentage, record, info, pipe, log,
+                             cgroups, use, reaper)
+    finally:
+        if reaper:
+            set_child_subreaper(False)
+
+
+def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
+                  percentage: int | None, record: Callable[[dict[str, Any]], None],
+                  info: dict[str, Any], pipe: str, log: str, cgroups: list[str], use: list[int],
+                  reaper: bool) -> dict[str, Any]:
+    from . import jobcgroup
+
+    def daemon() -> dict[int, tuple[int, int]]:
+        return children_of_ours(user.uid) if reaper else daemon_procs(pipe, user.uid)
+
     t0 = time.monotonic()
-    runner.run([settings.control, "-d"], settings.start_timeout, env=_env(pipe, log, devices),
-               run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups), cpus=use)
+    argv = [settings.control, "-d"]
+    res = runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices),
+                     run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups), cpus=use,
+                     check=False)
+    if not res.ok:
+        from .mpsdir import planted
+        why = planted(pipe)
+        if why:
+            # The directory was empty a moment ago: another process of the
+            # job's user filled it (a directory where a socket goes).
+            from .state import JobFailed
+            raise JobFailed(f"MPS control daemon could not start: its pipe directory was "
+                            f"changed by a process of the job's user ({why})", f"job {jobid}")
+        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        raise CommandError(f"{os.path.basename(settings.control)} failed: "
+                           f"{first[0] if first else f'exit status {res.returncode}'}",
+                           " ".join(argv))
     # One client session both asks whether the daemon answers and applies
     # the admin's defaults: the client reads stdin line by line and sends
     # every command over one connection (NVIDIA's 535 binary: one "NEW UI"
@@ -165,7 +218,7 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     # unless someone already ended it.  Seen here, its vanishing later is the
     # job user's doing even when it was killed before it wrote its first log
     # line (the only other evidence that it started).
-    procs = daemon_procs(pipe, user.uid)
+    procs = daemon()
     seen = bool(procs)
     while True:
         try:
@@ -174,19 +227,17 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
         except CommandError:
             # No answer in time.  A daemon that is stopped (SIGSTOP, or a
             # ptrace stop, from another process of its user: only they and
-            # root can) never answers: the user's doing, which must never
+            # root can) never answers, nor do sockets of the user's own put
+            # in place of the daemon's: the user's doing, which must never
             # drain the node.  One that runs and stays silent is the node's.
-            if _stopped(daemon_procs(pipe, user.uid)):
-                from .state import JobFailed
-                raise JobFailed("MPS control daemon was stopped before it answered "
-                                "(by a process of the job's user?)", f"job {jobid}") from None
+            _users_doing(jobid, pipe, daemon())
             raise
         if res.ok:
             break
-        procs = daemon_procs(pipe, user.uid)
+        procs = daemon()
         if procs:
             seen = True
-        elif seen or _log_says_started(log):
+        elif seen or _log_says_started(log, user.uid):
             # It started and is gone before answering.  The control daemon
             # touches no GPU before a client connects, and only its own user
             # (or root) can signal it: a user's mistake, which must never
@@ -195,6 +246,7 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
             raise JobFailed("MPS control daemon exited before it answered "
                             "(stopped by a process of the job's user?)", f"job {jobid}")
         if time.monotonic() > deadline:
+            _users_doing(jobid, pipe, procs)
             raise HardwareError(f"MPS control daemon did not answer within "
                                 f"{settings.start_timeout:g} s", str(pipe))
         time.sleep(delay)
@@ -202,11 +254,27 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     info["start_s"] = round(time.monotonic() - t0, 4)
     # The control daemon, as last scanned: it starts nothing more until a
     # client connects (the server then), and the epilog finds what is bound
-    # to the pipe by scanning again, never by these numbers alone.
+    # to the pipe by scanning again, and by this record (the daemon by PID
+    # and start time, even if it scrubbed its environment).
+    procs = procs or daemon()
     info["pids"] = sorted(procs) if procs else daemon_pids(pipe)
+    info["daemon"] = [[p, procs[p][0]] for p in sorted(procs)] if reaper else []
     info["ready"] = True
     record(info)
     return info
+
+
+def _users_doing(jobid: str, pipe: str, procs: dict[int, Any]) -> None:
+    """Raise JobFailed when the daemon (*procs*, ours) is silent through its user's doing."""
+    from .state import JobFailed
+    if _stopped(procs):
+        raise JobFailed("MPS control daemon was stopped before it answered "
+                        "(by a process of the job's user?)", f"job {jobid}") from None
+    from .mpsdir import sockets_tampered
+    why = sockets_tampered(pipe, sorted(procs)) if procs else None
+    if why:
+        raise JobFailed(f"MPS control daemon runs but its sockets are gone ({why}; by a "
+                        "process of the job's user?)", f"job {jobid}") from None
 
 
 def _stopped(procs: dict[int, Any]) -> bool:
@@ -229,14 +297,16 @@ def _settings_commands(settings: MpsSettings, devices: str | None,
     return out
 
 
-def _log_says_started(log: str) -> bool:
+def _log_says_started(log: str, uid: int) -> bool:
     """The daemon's control.log records its start (real binary and stand-in:
-    "Starting control daemon using socket <pipe>/control")."""
-    try:
-        with open(os.path.join(log, "control.log"), "rb") as f:
-            return b"Starting control daemon" in f.read(65536)
-    except OSError:
-        return False
+    "Starting control daemon using socket <pipe>/control").
+
+    The log directory is the user's: only a regular file of theirs is read,
+    never through a symlink, never blocking on a FIFO planted there.
+    """
+    from .mpsdir import read_own_file
+    head = read_own_file(os.path.join(log, "control.log"), uid)
+    return head is not None and b"Starting control daemon" in head
 
 
 def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: JobUser | None,
@@ -258,6 +328,12 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
             notes.append(f"MPS: ignored recorded directory {recorded!r}")
     pipe = os.path.join(jd, "pipe")
     log = os.path.join(jd, "log")
+    # A mount the user made inside (FUSE) would hang or block the walks
+    # below: detached first, whatever it is.
+    from .mpsdir import detach_mounts
+    detached, stuck = detach_mounts(jd)
+    if detached:
+        notes.append(f"MPS: detached mounts the job's user made in {jd}: {', '.join(detached)}")
     # Whose processes may be signalled: the job user's (the pipe directory's
     # owner when the environment and the state file lost it), never root's.
     uid = user.uid if user is not None else None
@@ -270,6 +346,10 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     # The scan finds what still has the pipe directory in its environment;
     # the process tree below it adds children that dropped it.
     procs = daemon_tree(pipe, uid) if uid != 0 and os.path.exists(jd) else {}
+    # The daemon the prolog started, by PID and start time: found even when
+    # its environment no longer names the pipe directory.
+    for pid, ident in recorded_daemon(info, uid).items():
+        procs.setdefault(pid, ident)
     if procs and user is not None and os.path.isdir(pipe):
         try:
             control(settings, user, pipe, log, "quit", timeout=settings.quit_timeout,
@@ -290,8 +370,26 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
             raise HardwareError(f"MPS processes {','.join(map(str, alive))} survive SIGKILL "
                                 f"for {kill_wait:g} s", str(pipe))
     _end_cgroups(info, jobid, uid, kill_wait)
+    if stuck:
+        # Not the node's fault, and nothing of the job runs any more: the
+        # directory stays for the admin, the node stays up.
+        notes.append(f"MPS: mounts in {jd} could not be detached ({'; '.join(stuck)}): "
+                     "the directory is left")
+        return notes
     _remove_job_dir(jd)
     return notes
+
+
+def recorded_daemon(info: dict[str, Any] | None, uid: int | None) -> dict[int, tuple[int, int]]:
+    """The daemon the prolog recorded (PID, start time), while that process still runs as *uid*."""
+    out: dict[int, tuple[int, int]] = {}
+    if uid in (None, 0):
+        return out
+    for rec in (info or {}).get("daemon") or ():
+        if isinstance(rec, list) and len(rec) == 2 and all(type(x) is int for x in rec) \
+                and _same(rec[0], rec[1], uid):
+            out[rec[0]] = (rec[1], uid)
+    return out
 
 
 def _node_name() -> str:
@@ -410,7 +508,8 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
     cg = jobcgroup.make(dirs)
     moved: set[int] = set()
     for _ in range(3):              # again for anything forked while we moved its parent
-        tree = jobcgroup.descendants(daemon_procs(info["pipe_dir"], uid)) - moved
+        bound = set(daemon_procs(info["pipe_dir"], uid)) | set(recorded_daemon(info, uid))
+        tree = jobcgroup.descendants(bound) - moved
         if not tree:
             break
         for pid in sorted(tree):

@@ -227,3 +227,32 @@ def _alive(pid: int) -> bool:
     from ..procfs import state
     s = state(pid)
     return s is not None and s != "Z"
+
+
+def _my_children(proc: str = "/proc") -> list[int]:
+    """PIDs of this process's children: ``/proc/self/task/*/children`` (a few
+    bytes per thread), or one pass over ``/proc`` where the kernel lacks it."""
+    me = os.getpid()
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"{proc}/{me}/task"):
+            with open(f"{proc}/{me}/task/{tid}/children", "rb") as f:
+                out += [int(p) for p in f.read().split()]
+        return out
+    except (OSError, ValueError):
+        return [pid for pid, (_uids, ppid) in _table(proc).items() if ppid == me]
+
+
+def children_of_ours(uid: int, proc: str = "/proc") -> dict[int, tuple[int, int]]:
+    """{pid: (start time, uid)} of this process's live children running as *uid* (every uid).
+
+    As a subreaper, the prolog gets the daemon that ``nvidia-cuda-mps-control
+    -d`` leaves behind as its child: only processes descended from ours can
+    become one, so no process of the user's can pass for it.
+    """
+    out: dict[int, tuple[int, int]] = {}
+    for pid in _my_children(proc):
+        ids = _ids(pid, proc)
+        if ids is not None and set(ids[0]) == {uid} and _alive(pid):
+            out[pid] = (ids[1], uid)
+    return out

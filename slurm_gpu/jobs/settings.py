@@ -18,6 +18,7 @@ class JobsSettings(config.Settings):
 class MpsSettings(config.Settings):
     """``[mps]``: per-job MPS control daemons."""
 
+    enabled: bool = True                  # false: --gpu-mps jobs fail with one line
     control: str = "/usr/bin/nvidia-cuda-mps-control"
     base_dir: str = "/run/slurm-gpu/mps"  # root-owned; per-job <base>/<jobid>/{pipe,log}; %n: node
     start_timeout: float = 10.0

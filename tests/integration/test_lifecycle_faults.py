@@ -9,8 +9,15 @@ prolog killed for real with SIGKILL, a node restart (the epilog runs in a
 fresh process/context with only the files on disk), the epilog run twice, a
 node fault half-way, the epilog killed (simulated at each state write, and
 for real), the state directory's disk full (a 256 KiB tmpfs), a corrupted
-state file, an NVML call that hangs.  After each lifecycle there must be no
-daemon, no MPS directory, no MIG instance and no state file left, no drain
+state file, an NVML call that hangs.  And a hostile job user (issue 24 §1),
+with a process of their own on the node that the prolog did not start
+(``tests/useragent.py``): the daemon's sockets moved away or replaced by
+sockets of their own, the daemon killed and a look-alike process kept that
+names the pipe directory, FIFOs and a symlink planted in the log directory,
+directories planted where the sockets go before the daemon starts, a mount
+in the pipe directory at the epilog; and slurmd restarted for real while a
+prolog runs.  After each lifecycle there must be no daemon, no MPS
+directory, no mount, no MIG instance and no state file left, no drain
 without a node fault and none caused by a user.
 """
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from sandboxlib import REPO, Cluster
+from useragent import PLANT_DIRS, PLANT_FIFOS, RENAME_SOCKETS, REPLACE_SOCKETS, Agent
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 N_LIFECYCLES = int(os.environ.get("SLURM_GPU_LIFECYCLES", "500"))
@@ -68,6 +76,9 @@ def _leftovers(node_files, state_dir: Path, jobid: str | None = None) -> list[st
     # any process anywhere bound to an MPS pipe under our base is an orphan
     for p in daemon_pids_under(node_files["mps"]):
         out.append(f"orphan process {p}")
+    with open("/proc/self/mountinfo") as f:
+        out += [f"mount {ln.split()[4]}" for ln in f
+                if ln.split()[4].startswith(f"{node_files['mps']}/")]
     gpus = backend.open_gpus(backend.GpuSource("sim", str(node_files["sim"])))
     for i in (0, 1):
         n = len(instances.list_instances(gpus, i))
@@ -95,6 +106,15 @@ def daemon_pids_under(base: Path) -> list[int]:
 # Faults that are the node's (or Slurm's): a drain (exit 1) is right for these only.
 NODE_FAULTS = {"fault", "killed", "sigkill", "full_disk", "nvml_hang", "epilog_killed",
                "epilog_sigkill"}
+# A hostile job user's doing (issue 24 §1): never a drain.  What another process of
+# theirs does to the job's MPS directories, and when (just before the prolog's first
+# client session, or just before it starts the daemon).
+ATTACKS = {"renamed_sockets": (RENAME_SOCKETS, "pipe", "session"),
+           "replaced_sockets": (REPLACE_SOCKETS, "pipe", "session"),
+           "look_alike": ("", "pipe", "session"),
+           "fifo": (PLANT_FIFOS, "log", "session"),
+           "planted": (PLANT_DIRS, "pipe", "start"),
+           "mount": ("", "pipe", "epilog")}
 
 
 def _fill(d: Path) -> Path:
@@ -193,6 +213,8 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
         kind = rng.choices(["mig", "mps", "both", "none", "bad"], [45, 20, 10, 10, 15])[0]
         event = rng.choice(["normal", "scancel", "killed", "restart", "twice", "fault",
                             "full_disk", "corrupt", "epilog_killed"])
+        if kind in ("mps", "both") and rng.random() < 0.5:
+            event = rng.choice(sorted(ATTACKS))
         if i % 50 == 7:
             event = "sigkill"          # a real SIGKILL of a real prolog process
         elif i % 50 == 27:
@@ -216,6 +238,38 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
                     SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"), **gate)
         rc: int | None = None
         filler: Path | None = None
+        agent: Agent | None = None
+        if event in ATTACKS:
+            code, where, when = ATTACKS[event]
+            pipe = node_files["mps"] / jobid / "pipe"
+            agent = Agent(code, user=u.pw_name,
+                          env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)} if event == "look_alike" else None)
+            target = str(node_files["mps"] / jobid / where)
+            from slurm_gpu import runner
+            from slurm_gpu.jobs import mps
+            if when == "session":
+                real_control = mps.control
+
+                def first_session(settings, user, pipe_, log, command, _r=real_control, _a=agent,
+                                  _t=target, _e=event, **kw):
+                    monkeypatch.setattr(mps, "control", _r)
+                    if _e == "look_alike":      # the user kills the daemon, keeps the look-alike
+                        for pid in mps.daemon_pids(pipe_):
+                            if pid != _a.pid:
+                                os.kill(pid, signal.SIGKILL)
+                    else:
+                        _a.do(_t)
+                    return _r(settings, user, pipe_, log, command, **kw)
+                monkeypatch.setattr(mps, "control", first_session)
+            elif when == "start":
+                real_run = runner.run
+
+                def before_start(argv, *a, _r=real_run, _a=agent, _t=target, **kw):
+                    if list(argv)[1:] == ["-d"]:
+                        monkeypatch.setattr(runner, "run", _r)
+                        _a.do(_t)
+                    return _r(argv, *a, **kw)
+                monkeypatch.setattr(runner, "run", before_start)
         if event == "sigkill":
             _run_killed("prolog.d/50-slurm-gpu-jobs", full, rng.uniform(0.0, 0.4))
         elif event == "nvml_hang":
@@ -275,7 +329,7 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
             except Killed:
                 pass
             monkeypatch.setattr(js, "save", real_save)
-            monkeypatch.undo() if event == "fault" else None
+            monkeypatch.undo() if event == "fault" or event in ATTACKS else None
             monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
             monkeypatch.setenv("SLURMD_NODENAME", node)
             monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "etc" / "slurm.conf"))
@@ -283,8 +337,17 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
                 filler.unlink()                       # the admin frees the disk
         if rc == 1:
             drains["node fault" if event in NODE_FAULTS else "wrong"] += 1
-            if kind == "bad" and event not in NODE_FAULTS:
+            if (kind == "bad" or event in ATTACKS) and event not in NODE_FAULTS:
                 drains["user"] += 1
+        user_mount: Path | None = None
+        if event == "mount" and (node_files["mps"] / jobid / "pipe").is_dir():
+            # The user mounts a filesystem in the pipe directory (FUSE on a real
+            # node; a tmpfs made as root here): the epilog must detach it, not drain.
+            user_mount = node_files["mps"] / jobid / "pipe" / "mnt"
+            subprocess.run(["/bin/mkdir", str(user_mount)], user=u.pw_name, check=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "sg-user", str(user_mount)],
+                           check=True)
+            counts["mount/made"] = counts.get("mount/made", 0) + 1
         if event == "corrupt":
             sf = state_dir / "jobs" / f"{jobid}.json"
             if sf.exists():
@@ -318,7 +381,11 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
             assert erc == 0, (jobid, event)
             if event == "twice":
                 assert lifecycle.epilog(ctx_of(epilog_env)) == 0
+        if agent is not None:
+            agent.close()
         left = _leftovers(node_files, state_dir, jobid)
+        if user_mount is not None and left:
+            subprocess.run(["umount", "-l", str(user_mount)], capture_output=True)
         assert left == [], f"lifecycle {i} ({kind}/{event}, job {jobid}): {left}"
         for f in small_jobs_fs.glob("*.corrupt"):   # the admin reads and removes them
             assert event == "corrupt" and f.name.startswith(jobid), f.name
@@ -427,3 +494,93 @@ def test_slurmd_restart_while_job_runs(cluster: Cluster, node_files) -> None:
         except subprocess.TimeoutExpired:
             new.kill()
         log.close()
+
+
+def _restart_slurmd(cluster: Cluster, name: str, how: int = signal.SIGTERM) -> subprocess.Popen:
+    conf = cluster.dir / "etc" / "slurm.conf"
+    old = _slurmd_pid(name, conf)
+    if old is not None:                 # none: an earlier test's restarted slurmd was stopped
+        os.kill(old, how)
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    log = open(cluster.dir / "log" / f"slurmd-{name}.restart.stdout", "ab")
+    try:
+        return subprocess.Popen(["/usr/sbin/slurmd", "-D", "-N", name, "-f", str(conf)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                cwd=str(cluster.dir), env=dict(cluster.env), start_new_session=True)
+    finally:
+        log.close()
+
+
+def test_slurmd_restart_during_prolog(cluster: Cluster, node_files) -> None:
+    """slurmd restarted for real while a --gpu-mps prolog runs (the daemon's start slowed
+    by a wrapper, so the restart lands inside it), stopped (SIGTERM: slurmd waits for
+    its prolog) or killed (SIGKILL) four times: whatever Slurm makes of
+    the job, nothing of it is left, and the node is never drained for it by us."""
+    name = cluster.nodes[0]
+    state_dir = cluster.dir / "var" / name
+    conf = cluster.dir / "etc" / "slurm-gpu.toml"
+    before = conf.read_text()
+    slow = node_files["dir"] / "slow-mps-control"
+    slow.write_text(f'#!/bin/sh\n[ "$1" = -d ] && sleep 2\nexec {node_files["ctl"]} "$@"\n')
+    slow.chmod(0o755)
+    conf.write_text(before.replace(f'control = "{node_files["ctl"]}"', f'control = "{slow}"', 1))
+    assert str(slow) in conf.read_text()
+    d = cluster.user_dir("sgtest1")
+    script = d / "short.sh"
+    script.write_text("#!/bin/sh\nsleep 1\n")
+    script.chmod(0o755)
+    outcomes: list[str] = []
+    drained: list[str] = []
+    slurmd: subprocess.Popen | None = None
+    try:
+        if _slurmd_pid(name, cluster.dir / "etc" / "slurm.conf") is None:
+            slurmd = _restart_slurmd(cluster, name)     # the test before stopped its own
+            cluster.wait_node_state(name, re.compile("idle|mixed"), timeout=30)
+        for how in (signal.SIGTERM, signal.SIGKILL, signal.SIGTERM, signal.SIGKILL):
+            jid = cluster.sbatch("--gres=gpu:1", "--gpu-mps=default", "-o", "/dev/null", str(script),
+                                 user="sgtest1", cwd=str(d))
+            sf = state_dir / "jobs" / f"{jid}.json"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (node_files["mps"] / str(jid) / "log").exists():
+                time.sleep(0.02)
+            assert sf.exists(), "the prolog did not start"
+            phase = json.loads(sf.read_text()).get("phase")
+            new = _restart_slurmd(cluster, name, how)
+            if slurmd is not None:
+                slurmd.wait(timeout=30)
+            slurmd = new
+            outcomes.append(f"{signal.Signals(how).name} in phase {phase}")
+            cluster.wait_node_state(name, re.compile(r"\S+"), timeout=30)
+            try:
+                info = cluster.wait_job(jid, timeout=30)
+                seen = info.get("JobState", "?")
+            except AssertionError:
+                # Still "RUNNING, Reason=Prolog" (slurmctld waits for the killed slurmd's
+                # prolog-complete message) or requeued: the admin or the user cancels it.
+                info = cluster.job(jid)
+                seen = f"{info.get('JobState')}({info.get('Reason')}), scancelled"
+                cluster.run(["scancel", str(jid)])
+                info = cluster.wait_job(jid, timeout=60)
+            deadline = time.monotonic() + 30
+            while _leftovers(node_files, state_dir) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _leftovers(node_files, state_dir) == []
+            node = cluster.node(name)
+            reason = node.get("Reason", "")
+            outcomes.append(f"{seen}/{node.get('State')}/{reason or '-'}")
+            if "DRAIN" in node.get("State", "") or reason:
+                drained.append(f"job {jid}: {node.get('State')} {reason}")
+                cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"])
+    finally:
+        conf.write_text(before)
+        if slurmd is not None:
+            slurmd.terminate()
+            try:
+                slurmd.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                slurmd.kill()
+                slurmd.wait()
+    print(f"\nslurmd restarted during a prolog: {outcomes}; drains: {drained}")
+    assert drained == []

@@ -120,3 +120,35 @@ def test_cli_json_and_exit_code(tmp_path, monkeypatch):
     assert res.exit_code == 1 and data["status"] == "WARNING"   # no plugin, prolog, health check
     assert {x["check"] for x in data["findings"]} >= {"spank.plugstack", "slurm.prolog",
                                                        "slurm.healthcheck", "venv"}
+
+
+@pytest.mark.parametrize("change,status,text", [
+    ({"gpus_present": True, "mps_control_stat": None}, "CRITICAL",
+     "/usr/bin/nvidia-cuda-mps-control does not exist: every --gpu-mps job fails on this node"),
+    ({"gpus_present": True, "mps_control_stat": (0, 0o100644)}, "CRITICAL", "is not an executable file"),
+    ({"gpus_present": True, "mps_control_stat": (1000, 0o100755)}, "CRITICAL", "is not root's"),
+    ({"gpus_present": True, "mps_control_stat": (0, 0o100775)}, "CRITICAL", "writable by group"),
+    ({"gpus_present": True, "mps_control_stat": (0, 0o040755)}, "CRITICAL", "is not an executable file"),
+    ({"gpus_present": True, "mps_control_stat": (0, 0o100755)}, "OK", "(root's, executable)"),
+    ({"gpus_present": True, "mps_enabled": False}, "OK", "[mps] enabled = false"),
+    ({"gpus_present": False, "mps_control_stat": None}, "OK", "no NVIDIA driver"),
+    ({"mps_error": "config key mps.x"}, "UNKNOWN", "[mps] not read"),
+])
+def test_mps_control_binary_is_checked(tmp_path, change, status, text):
+    """Issue 23 #5: [mps] control exists, is executable and root's (a node without it
+    drained on every --gpu-mps job before)."""
+    f = facts(tmp_path, mps_control="/usr/bin/nvidia-cuda-mps-control", **change)
+    got = [x for x in d.run_checks(f) if x.check == "mps.control"]
+    assert len(got) == 1 and d.NAMES[got[0].status] == status and text in got[0].message, got
+
+
+def test_gather_reads_the_mps_settings(tmp_path, monkeypatch):
+    ctl = tmp_path / "ctl"
+    ctl.write_text("#!/bin/sh\n")
+    ctl.chmod(0o755)
+    conf = tmp_path / "slurm-gpu.toml"
+    conf.write_text(f'[mps]\ncontrol = "{ctl}"\nenabled = false\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    f = d.gather(slurm_conf=str(tmp_path / "slurm.conf"))
+    assert (f.mps_enabled, f.mps_control, f.mps_control_stat) == \
+        (False, str(ctl), (os.getuid(), os.stat(ctl).st_mode))

@@ -145,3 +145,40 @@ def test_adopt_takes_the_sluid_the_prolog_recorded_never_the_steps_environment(
     assert mps.adopt(str(sd), "7", "s9victim") == [str(scope / "s7sluid" / jobcgroup.NAME)]
     assert not (scope / "s9victim" / jobcgroup.NAME).exists()
     assert js.load(sd, "7")["mps"]["cgroup"] == [str(scope / "s7sluid" / jobcgroup.NAME)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a process as a job user")
+def test_adopt_moves_the_recorded_daemon_even_without_the_pipe_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon is the process the prolog started (PID and start time in the state
+    file, issue 24 §1), not only what names the pipe directory in its environment:
+    one that scrubbed it is still moved into the job's cgroup."""
+    import pwd
+    import subprocess
+    from slurm_gpu.jobs import mps
+    from slurm_gpu.jobs import state as js
+    from slurm_gpu.procfs import start_time
+    try:
+        u = pwd.getpwnam("sgtest1")
+    except KeyError:
+        pytest.skip("user sgtest1 missing")
+    cg = tmp_path / "cg"
+    scope = cg / "system.slice" / "n1_slurmstepd.scope"
+    (scope / "job_7").mkdir(parents=True)
+    (scope / "job_7" / "cgroup.procs").write_text("")
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(cg), 2, ())])
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    daemon = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1", env={})
+    try:
+        sd = tmp_path / "state"
+        st = js.new("7", uid=u.pw_uid, gid=u.pw_gid, user="sgtest1")
+        st["mps"] = {"pipe_dir": str(tmp_path / "mps" / "7" / "pipe"),
+                     "daemon": [[daemon.pid, start_time(daemon.pid)]]}
+        js.save(sd, st)
+        got = mps.adopt(str(sd), "7")
+        assert got == [str(scope / "job_7" / jobcgroup.NAME)]
+        assert (scope / "job_7" / jobcgroup.NAME / "cgroup.procs").read_text().split() == \
+            [str(daemon.pid)]
+    finally:
+        daemon.kill()
+        daemon.wait()

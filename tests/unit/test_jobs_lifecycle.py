@@ -29,6 +29,7 @@ from slurm_gpu.mig import blockers, instances
 from slurm_gpu.hw import backend
 from slurm_gpu.sim.mig import open_mig_sim, set_holder
 from mpsbinary import mps_control_for_jobs
+from useragent import PLANT_DIRS, REPLACE_SOCKETS, Agent
 from slurm_gpu.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -308,16 +309,16 @@ def test_killed_mid_mig_prolog_before_id_recorded(node: Env, monkeypatch) -> Non
 
 def test_killed_mid_mps_start_daemon_found_by_pipe(node: Env, monkeypatch) -> None:
     from slurm_gpu.jobs import mps
-    real = mps.daemon_procs
+    real = mps.control
 
     def dying(*a, **k):             # the prolog dies right after the daemon started
         raise Killed()
 
-    monkeypatch.setattr(mps, "daemon_procs", dying)
+    monkeypatch.setattr(mps, "control", dying)
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     with pytest.raises(Killed):
         lifecycle.prolog(ctx)
-    monkeypatch.setattr(mps, "daemon_procs", real)
+    monkeypatch.setattr(mps, "control", real)
     assert daemon_pids(Path(node.mps.base_dir) / "100" / "pipe")   # it is running
     js.remove(node.state_dir, "100")                 # even with the state file lost
     assert lifecycle.epilog(node.ctx()) == 0
@@ -914,3 +915,257 @@ def test_leftovers_are_looked_at_only_on_gpus_the_job_held_whole(node: Env, monk
     assert seen == []
     assert lifecycle.epilog(ctx(SLURM_JOB_ID="102", SLURM_JOB_GPUS="1", CUDA_VISIBLE_DEVICES="1")) == 0
     assert seen == [[1]]
+
+
+# -- issue 24 §1: a job user must not be able to drain the node through --gpu-mps ------
+
+def _as_user(*argv: str) -> None:
+    subprocess.run(list(argv), user="sgtest1", check=True)
+
+
+def _hook_first_control(monkeypatch, act) -> None:
+    """Run *act(pipe, log)* just before the prolog's first client session: what
+    another process of the job user can do while the daemon starts."""
+    from slurm_gpu.jobs import mps
+    real = mps.control
+
+    def first(settings, user, pipe, log, cmd, **kw):
+        monkeypatch.setattr(mps, "control", real)
+        act(Path(pipe), Path(log))
+        return real(settings, user, pipe, log, cmd, **kw)
+    monkeypatch.setattr(mps, "control", first)
+
+
+def _short_start(node: Env, **kw) -> None:
+    node.mps = MpsSettings(control=kw.pop("control", str(node.ctl)), base_dir=node.mps.base_dir,
+                           start_timeout=1.0, quit_timeout=1, **kw)
+
+
+def test_renamed_sockets_fail_the_job_not_the_node(node: Env, monkeypatch) -> None:
+    """The daemon lives on, unreachable, because another process of the job user
+    moved its sockets away as they appeared: the user's doing (issue 24 §1)."""
+    _short_start(node)
+
+    def rename(pipe: Path, log: Path) -> None:
+        _as_user("/bin/mv", str(pipe / "control"), str(pipe / "elsewhere"))
+        _as_user("/bin/mv", str(pipe / "control_privileged"), str(pipe / "elsewhere2"))
+    _hook_first_control(monkeypatch, rename)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs                 # the node stays up
+    st = js.load(node.state_dir, "100")
+    assert st["phase"] == "failed" and "sockets" in st["error"], st["error"]
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
+
+
+def test_replaced_sockets_fail_the_job_not_the_node(node: Env, monkeypatch) -> None:
+    """The user binds sockets of their own, which never answer, in place of the daemon's."""
+    _short_start(node)
+    agent = Agent(REPLACE_SOCKETS)
+    try:
+        _hook_first_control(monkeypatch, lambda pipe, log: agent.do(str(pipe)))
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs
+        st = js.load(node.state_dir, "100")
+        assert st["phase"] == "failed" and "sockets" in st["error"], st["error"]
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert node.leftovers() == []
+    finally:
+        agent.close()
+
+
+def test_look_alike_process_is_not_the_daemon(node: Env, monkeypatch) -> None:
+    """Kill the daemon, keep a process whose environment names the pipe directory:
+    the daemon is the process the prolog started, not whatever claims the pipe."""
+    _short_start(node)
+    pipe = Path(node.mps.base_dir) / "100" / "pipe"
+    look = Agent("", env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+
+    def kill_daemon(pipe: Path, log: Path) -> None:
+        for pid in daemon_pids(pipe):
+            if pid != look.pid:
+                os.kill(pid, 9)
+    try:
+        _hook_first_control(monkeypatch, kill_daemon)
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs
+        st = js.load(node.state_dir, "100")
+        assert st["phase"] == "failed" and "exited before it answered" in st["error"], st["error"]
+        assert lifecycle.epilog(ctx) == 0, node.logs                # the look-alike is ended too
+        assert not _alive(look.pid)
+        assert node.leftovers() == []
+    finally:
+        look.close()
+
+
+def _fake_daemon(path: Path) -> Path:
+    """A control daemon that daemonizes as NVIDIA's does (fork, setsid, fork), binds
+    both sockets and then never answers: a hung daemon, the node's fault."""
+    path.write_text(
+        "#!/usr/bin/python3 -I\nimport os, socket, sys, time\n"
+        "pipe = os.environ['CUDA_MPS_PIPE_DIRECTORY']\n"
+        "if sys.argv[1:] == ['-d']:\n"
+        "    if os.fork():\n        sys.exit(0)\n"
+        "    os.setsid()\n"
+        "    if os.fork():\n        os._exit(0)\n"
+        "    ss = []\n"
+        "    for n in ('control', 'control_privileged'):\n"
+        "        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "        s.bind(pipe + '/' + n)\n        s.listen(8)\n        ss.append(s)\n"
+        "    os.close(0); os.close(1); os.close(2)\n"
+        "    time.sleep(600)\n"
+        "    sys.exit(0)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "try:\n    s.connect(pipe + '/control_privileged')\n"
+        "except OSError:\n    print('Cannot find MPS control daemon process'); sys.exit(1)\n"
+        "s.send(sys.stdin.read().encode())\ns.recv(100)\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_daemon_alive_with_its_own_sockets_but_silent_is_a_node_fault(node: Env) -> None:
+    _short_start(node, control=str(_fake_daemon(node.base / "hung-mps-control")))
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 1, node.logs                 # on_internal_error = drain
+    assert any("did not answer" in m or "timed out" in m for m in node.logs), node.logs
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
+
+
+def test_fifo_log_never_blocks_the_prolog(node: Env) -> None:
+    """A FIFO at log/control.log (planted here by the "binary", which runs as the
+    job user) is never opened with a blocking open(): the prolog is not stuck until
+    its watchdog."""
+    ctl = node.base / "fifo-mps-control"
+    ctl.write_text('#!/bin/sh\nif [ "$1" = -d ]; then mkfifo "$CUDA_MPS_LOG_DIRECTORY/control.log"; '
+                   'exit 0; fi\necho "Cannot find MPS control daemon process"; exit 1\n')
+    ctl.chmod(0o755)
+    conf = node.base / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
+                    f'[jobs]\ntimeout = 5\n'
+                    f'[mps]\ncontrol = "{ctl}"\nbase_dir = "{node.mps.base_dir}"\nstart_timeout = 1\n')
+    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "9", "PYTHONPATH": str(ROOT),
+           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
+           "SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MPS": "default"}
+    r = subprocess.run([sys.executable, "-m", "slurm_gpu.jobs", "prolog"], env=env,
+                       cwd="/", capture_output=True, text=True, timeout=60)
+    assert "watchdog" not in r.stderr, r.stderr
+    assert "did not answer within 1 s" in r.stderr, r.stderr  # nothing started: the binary's fault
+    assert lifecycle.epilog(node.ctx(SLURM_JOB_ID="9")) == 0
+    assert node.leftovers("9") == []
+
+
+def _mounts_under(d: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [ln.split()[4] for ln in f if ln.split()[4].startswith(d.rstrip("/") + "/")]
+
+
+@pytest.mark.parametrize("where", ["pipe/mnt", "log"])
+def test_mount_in_the_mps_dirs_does_not_fail_the_epilog(node: Env, where: str) -> None:
+    """A mount the user made inside the job's MPS directory (FUSE; here tmpfs, as root)
+    is detached by the epilog, which then removes the directory: no drain."""
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    target = Path(node.mps.base_dir) / "100" / where
+    if not target.exists():
+        _as_user("/bin/mkdir", str(target))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "sg-test", str(target)], check=True)
+    try:
+        (target / "inside").write_text("x")
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert _mounts_under(node.mps.base_dir) == [] and node.leftovers() == []
+    finally:
+        for m in reversed(_mounts_under(node.mps.base_dir)):
+            subprocess.run(["umount", "-l", m])
+
+
+def test_missing_mps_binary_fails_the_job_not_the_node(node: Env) -> None:
+    """Issue 23 #5: a node without NVIDIA's binary must not drain on a user's --gpu-mps."""
+    _short_start(node, control=str(node.base / "no-such-mps-control"))
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st["phase"] == "failed"
+    assert st["error"] == (f"slurm-gpu: --gpu-mps: this node has no MPS control binary "
+                           f"({node.base / 'no-such-mps-control'})")
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
+
+
+def test_mps_disabled_fails_the_job_with_one_line(node: Env) -> None:
+    _short_start(node, enabled=False)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st["error"] == "slurm-gpu: --gpu-mps is disabled on this cluster ([mps] enabled)"
+    assert not (Path(node.mps.base_dir) / "100").exists()
+    assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
+
+
+def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypatch) -> None:
+    """Issue 24 §5: the epilog's user-problem drain and the health check take the same
+    lock, so a fault drain the health check is making is never relabelled a user problem
+    (which would resume after one clean run, without the DCGM gate)."""
+    import fcntl
+    from slurm_gpu.health import engine
+    from slurm_gpu.health import userproblem as up
+    from slurm_gpu.hw import nvml_health
+    left = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1")   # the job's leftover on GPU 0
+    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, idx: nvml_health.NvmlHealth(
+        available=True, gpus=[SimpleNamespace(bus_id="00000000:1B:00.0", lost=None, memory_used=0,
+                                              processes=((left.pid, None),))]))
+    drains: list[str] = []
+    monkeypatch.setattr(up, "drain", lambda node_, reason, timeout: drains.append(reason) or "drained")
+    monkeypatch.setattr(up, "LOCK_WAIT", 0.0, raising=False)
+    health = node.base / "health"
+    health.mkdir()
+
+    def ctx(jobid: str) -> lifecycle.Context:
+        c = node.ctx(SLURM_JOB_ID=jobid, SLURM_JOB_GPUS="0")
+        c.health_state_dir, c.node_name = str(health), "n1"
+        return c
+    fd = os.open(engine.lock_file(str(health), "n1"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)                  # a health check is running
+        assert lifecycle.epilog(ctx("101")) == 0, node.logs
+        assert drains == [] and up.load_marker(up.marker_path(str(health), "n1")) is None
+        assert any("health check" in m and "not drained" in m for m in node.logs), node.logs
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert lifecycle.epilog(ctx("102")) == 0, node.logs
+        assert len(drains) == 1 and drains[0].startswith("slurm-gpu: user-problem: job 102 left")
+        assert up.load_marker(up.marker_path(str(health), "n1")).jobid == "102"
+    finally:
+        os.close(fd)
+        left.kill()
+        left.wait()
+
+
+@pytest.mark.parametrize("plant", ["dirs", "dir_with_entry"])
+def test_entries_planted_before_the_daemon_starts_fail_the_job_not_the_node(
+        node: Env, monkeypatch, plant: str) -> None:
+    """Between the prolog's mkdir of pipe/ and the daemon's start, another process of the
+    job user makes directories (or binds a socket of its own) at the daemon's socket
+    paths: NVIDIA's daemon then exits 1 with no word, which is the user's doing (a
+    file or socket there it unlinks and binds over)."""
+    from slurm_gpu import runner
+    _short_start(node)
+    code = (PLANT_DIRS if plant == "dirs" else
+            "os.mkdir(arg + '/control_privileged')\nos.mkdir(arg + '/control_privileged/x')\n")
+    agent = Agent(code)
+    real = runner.run
+
+    def run(argv, *a, **kw):
+        if list(argv)[1:] == ["-d"]:
+            agent.do(kw["env"]["CUDA_MPS_PIPE_DIRECTORY"])
+        return real(argv, *a, **kw)
+    monkeypatch.setattr(runner, "run", run)
+    try:
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs
+        st = js.load(node.state_dir, "100")
+        assert st["phase"] == "failed" and "pipe directory" in st["error"], st["error"]
+        monkeypatch.setattr(runner, "run", real)
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert node.leftovers() == []
+    finally:
+        agent.close()

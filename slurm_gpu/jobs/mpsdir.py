@@ -1,0 +1,270 @@
+"""What a job user can do to their MPS directories, told apart from a node fault.
+
+The pipe and log directories are the job user's (mode 0700, theirs), so any
+other process of theirs on the node can move, replace or plant entries
+there, or mount a filesystem (FUSE) inside.  Nothing found there is taken
+on trust:
+
+* :func:`sockets_tampered` tells whether the daemon's two sockets are
+  still the files at ``<pipe>/control`` and ``<pipe>/control_privileged``,
+  through the kernel's own record of the daemon's listening sockets
+  (``sock_diag``, what ``ss -xl`` shows): their bound path and inode.  A
+  daemon alive behind moved or replaced sockets is the user's doing;
+* :func:`detach_mounts` detaches every mount below the job directory
+  before the epilog walks it, so a FUSE server cannot hang the walk and a
+  busy mount cannot keep the directory;
+* :func:`read_own_file` opens a file there as :func:`slurm_gpu.jobs.state`
+  opens its own: never through a symlink, never blocking on a FIFO, and
+  only a regular file of the expected owner is read.
+
+Only failure paths and the epilog of a job whose directory holds a mount
+load more than ``os``.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+SOCKETS = ("control", "control_privileged")
+
+
+def read_own_file(path: str, uid: int, limit: int = 65536) -> bytes | None:
+    """The first *limit* bytes of *path* if it is a regular file owned by *uid*, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+# -- the daemon's sockets -------------------------------------------------
+
+def _socket_inodes(pids: list[int], proc: str = "/proc") -> set[int]:
+    """The socket inodes (``socket:[N]``) the processes *pids* hold open."""
+    out: set[int] = set()
+    for pid in pids:
+        d = f"{proc}/{pid}/fd"
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            try:
+                link = os.readlink(f"{d}/{n}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link.endswith("]") and link[8:-1].isdigit():
+                out.add(int(link[8:-1]))
+    return out
+
+
+def _listening_unix() -> dict[int, tuple[str, int, int] | None]:
+    """{socket inode: (bound path, vfs dev, vfs inode)} of every listening AF_UNIX socket.
+
+    One ``SOCK_DIAG_BY_FAMILY`` dump (``<linux/unix_diag.h>``) over netlink;
+    the device is the kernel's ``s_dev`` (major << 20 | minor).  Raises
+    OSError where the kernel has no ``unix_diag``.
+    """
+    import _socket
+    import struct
+    nl = _socket.socket(16, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC, 4)  # NETLINK_SOCK_DIAG
+    try:
+        # nlmsghdr (SOCK_DIAG_BY_FAMILY, REQUEST|DUMP) + unix_diag_req
+        # (AF_UNIX, states: LISTEN, show: NAME|VFS, cookie: none)
+        body = struct.pack("=BBHIIIII", 1, 0, 0, 1 << 10, 0, 1 | 2, 0xFFFFFFFF, 0xFFFFFFFF)
+        nl.sendto(struct.pack("=IHHII", 16 + len(body), 20, 0x301, 1, 0) + body, (0, 0))
+        out: dict[int, tuple[str, int, int] | None] = {}
+        while True:
+            data = nl.recv(1 << 16)
+            off = 0
+            while off + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, off)
+                if length < 16:
+                    return out
+                if kind == 3:                         # NLMSG_DONE
+                    return out
+                if kind == 2:                         # NLMSG_ERROR
+                    err = -struct.unpack_from("=i", data, off + 16)[0]
+                    if err:
+                        raise OSError(err, os.strerror(err))
+                    return out
+                ino = struct.unpack_from("=I", data, off + 16 + 4)[0]
+                name, vfs = None, None
+                a = off + 16 + 16
+                end = off + length
+                while a + 4 <= end:
+                    alen, atype = struct.unpack_from("=HH", data, a)
+                    if alen < 4:
+                        break
+                    payload = data[a + 4:a + alen]
+                    if atype == 0:                    # UNIX_DIAG_NAME
+                        name = os.fsdecode(payload.rstrip(b"\0"))
+                    elif atype == 1 and len(payload) >= 8:   # UNIX_DIAG_VFS: ino, dev
+                        vfs = struct.unpack_from("=II", payload)
+                    a += (alen + 3) & ~3
+                out[ino] = (name, vfs[1], vfs[0]) if name is not None and vfs else None
+                off += (length + 3) & ~3
+    finally:
+        nl.close()
+
+
+def _kdev(st_dev: int) -> int:
+    """A ``stat`` device number as the kernel's ``s_dev`` (what sock_diag reports)."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+def sockets_tampered(pipe: str, pids: list[int], proc: str = "/proc") -> str | None:
+    """How the daemon's sockets were taken from it ("moved", "replaced"), or None.
+
+    None also when nothing can be proven: the daemon (*pids*, the processes
+    the prolog started) listens on no socket under *pipe* yet, or the
+    kernel keeps no record of it.  Then a silent daemon stays a node fault.
+    """
+    mine = _socket_inodes(pids, proc)
+    if not mine:
+        return None
+    try:
+        listening = _listening_unix()
+    except OSError:
+        return None
+    bound = {rec[0]: rec[1:] for ino, rec in listening.items() if ino in mine and rec}
+    what: list[str] = []
+    for name in SOCKETS:
+        path = os.path.join(pipe, name)
+        vfs = bound.get(path)
+        if vfs is None:
+            continue                    # never bound (yet): nothing to compare
+        try:
+            st = os.lstat(path)
+        except OSError:
+            what.append(f"{name} moved away")
+            continue
+        if not stat.S_ISSOCK(st.st_mode) or (_kdev(st.st_dev), st.st_ino) != vfs:
+            what.append(f"{name} replaced")
+    return ", ".join(what) or None
+
+
+# What NVIDIA's daemon makes in its pipe directory before any client
+# connects (535: two sockets, a lock file, a FIFO), by file type.
+DAEMON_ENTRIES = {"control": stat.S_IFSOCK, "control_privileged": stat.S_IFSOCK,
+                  "control_lock": stat.S_IFREG, "log": stat.S_IFIFO}
+
+
+def planted(pipe: str) -> str | None:
+    """What is in the pipe directory that the daemon did not make, or None.
+
+    The prolog makes the directory empty just before it starts the daemon,
+    so a name the daemon never uses, or one of its names of another type
+    (a directory where its socket goes), was put there by another process
+    of the job user's: NVIDIA's daemon then exits 1 without a word.
+    """
+    try:
+        names = sorted(os.listdir(pipe))
+    except OSError:
+        return None
+    found = []
+    for n in names:
+        try:
+            kind = stat.S_IFMT(os.lstat(os.path.join(pipe, n)).st_mode)
+        except OSError:
+            continue
+        if DAEMON_ENTRIES.get(n) != kind:
+            found.append(repr(n))
+    return f"found {', '.join(found[:3])}{' ...' if len(found) > 3 else ''}" if found else None
+
+
+# -- mounts below the job directory ---------------------------------------
+
+def _unescape(field: str) -> str:
+    r"""A mountinfo path: the kernel writes space, tab, newline and ``\`` as ``\ooo``."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        c = field[i]
+        if c == "\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def mounts_below(d: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points strictly below *d*, the outermost only (detaching one detaches what is inside)."""
+    prefix = d.rstrip("/") + "/"
+    try:
+        with open(mountinfo, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    if prefix.encode() not in raw and b"\\" not in raw:
+        return []                       # the common case: one substring search
+    found = []
+    for line in raw.decode(errors="surrogateescape").splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            p = _unescape(fields[4])
+            if p.startswith(prefix):
+                found.append(p)
+    found.sort()
+    top: list[str] = []
+    for p in found:
+        if not any(p.startswith(t.rstrip("/") + "/") or p == t for t in top):
+            top.append(p)
+    return top
+
+
+def _open_below(d: str, path: str) -> int:
+    """An O_PATH descriptor of *path*, reached from *d* one component at a time, never
+    through a symlink: the user cannot redirect it elsewhere by swapping a component."""
+    rel = path[len(d.rstrip("/")) + 1:]
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") for p in parts):
+        raise OSError(22, "not a path below the job directory", path)
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(d, flags)
+    try:
+        for p in parts:
+            nxt = os.open(p, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def detach_mounts(d: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[list[str], list[str]]:
+    """Detach every mount below *d* (``umount2(MNT_DETACH)``): (detached, left with why)."""
+    done: list[str] = []
+    left: list[str] = []
+    for _ in range(3):                  # again for a mount made while we detached
+        todo = mounts_below(d, mountinfo)
+        if not todo:
+            return done, []
+        left = []
+        for m in todo:
+            try:
+                fd = _open_below(d, m)
+            except OSError as e:
+                left.append(f"{m}: {e.strerror}")
+                continue
+            try:
+                from .libc import detach_mount
+                detach_mount(f"/proc/self/fd/{fd}")
+                done.append(m)
+            except OSError as e:
+                left.append(f"{m}: {e.strerror}")
+            finally:
+                os.close(fd)
+    return done, left

@@ -1,0 +1,104 @@
+"""jobs/mpsdir.py: what a job user can do to their MPS directories, told apart from a node fault."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.jobs import mpsdir
+
+
+def _listen(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(str(path))
+    s.listen(1)
+    return s
+
+
+def test_sockets_moved_or_replaced_are_named(tmp_path: Path) -> None:
+    """The kernel's record of the daemon's listening sockets (here: this process's)
+    against the files at their paths."""
+    socks = [_listen(tmp_path / n) for n in mpsdir.SOCKETS]
+    try:
+        me = [os.getpid()]
+        assert mpsdir.sockets_tampered(str(tmp_path), me) is None          # its own, in place
+        os.rename(tmp_path / "control", tmp_path / "elsewhere")
+        assert mpsdir.sockets_tampered(str(tmp_path), me) == "control moved away"
+        os.rename(tmp_path / "elsewhere", tmp_path / "control")
+        os.rename(tmp_path / "control_privileged", tmp_path / "old")
+        (tmp_path / "control_privileged").write_text("")                  # a file in its place
+        assert mpsdir.sockets_tampered(str(tmp_path), me) == "control_privileged replaced"
+        os.unlink(tmp_path / "control_privileged")
+        # a socket of another process's at the path: a socket, but not the daemon's
+        other = subprocess.Popen(
+            [sys.executable, "-I", "-c", "import socket, sys, time\n"
+             "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+             "s.bind(sys.argv[1])\ns.listen(1)\nprint('ready', flush=True)\ntime.sleep(60)\n",
+             str(tmp_path / "control_privileged")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert other.stdout.readline().strip() == "ready"
+            assert mpsdir.sockets_tampered(str(tmp_path), me) == "control_privileged replaced"
+            assert mpsdir.sockets_tampered(str(tmp_path), [other.pid]) is None   # its own: in place
+        finally:
+            other.kill()
+            other.wait()
+        # a process that holds no socket proves nothing: a silent daemon stays the node's fault
+        assert mpsdir.sockets_tampered(str(tmp_path), [1 << 22]) is None
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_planted_names_what_the_daemon_never_makes(tmp_path: Path) -> None:
+    assert mpsdir.planted(str(tmp_path)) is None
+    (tmp_path / "control_lock").write_text("")
+    os.mkfifo(tmp_path / "log")
+    s = _listen(tmp_path / "control")
+    try:
+        assert mpsdir.planted(str(tmp_path)) is None                     # what NVIDIA's 535 makes
+        (tmp_path / "control_privileged").mkdir()
+        (tmp_path / "x").symlink_to("/etc")
+        assert mpsdir.planted(str(tmp_path)) == "found 'control_privileged', 'x'"
+    finally:
+        s.close()
+
+
+def test_read_own_file_refuses_fifos_symlinks_and_other_owners(tmp_path: Path) -> None:
+    uid = os.getuid()
+    f = tmp_path / "control.log"
+    f.write_bytes(b"Starting control daemon")
+    assert mpsdir.read_own_file(str(f), uid) == b"Starting control daemon"
+    assert mpsdir.read_own_file(str(f), uid + 1) is None                  # not the user's
+    (tmp_path / "link").symlink_to(f)
+    assert mpsdir.read_own_file(str(tmp_path / "link"), uid) is None      # never followed
+    os.mkfifo(tmp_path / "fifo")
+    assert mpsdir.read_own_file(str(tmp_path / "fifo"), uid) is None      # returns at once
+
+
+def test_mounts_below_reads_escaped_paths_and_keeps_the_outermost(tmp_path: Path) -> None:
+    mi = tmp_path / "mountinfo"
+    mi.write_text(
+        "22 1 0:21 / / rw - ext4 /dev/sda1 rw\n"
+        "40 22 0:40 / /run/mps/7/pipe/a\\040b rw - fuse.x x rw\n"
+        "41 40 0:41 / /run/mps/7/pipe/a\\040b/inner rw - tmpfs t rw\n"
+        "42 22 0:42 / /run/mps/7/log rw - tmpfs t rw\n"
+        "43 22 0:43 / /run/mps/77/log rw - tmpfs t rw\n"
+        "44 22 0:44 / /run/mps/7 rw - tmpfs t rw\n")
+    assert mpsdir.mounts_below("/run/mps/7", str(mi)) == ["/run/mps/7/log", "/run/mps/7/pipe/a b"]
+    assert mpsdir.mounts_below("/run/mps/8", str(mi)) == []
+
+
+def test_a_symlinked_component_never_leads_the_detach_elsewhere(tmp_path: Path) -> None:
+    (tmp_path / "job" / "pipe").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "m").mkdir(parents=True)
+    (tmp_path / "job" / "pipe" / "sub").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        mpsdir._open_below(str(tmp_path / "job"), str(tmp_path / "job" / "pipe" / "sub" / "m"))
+    with pytest.raises(OSError):
+        mpsdir._open_below(str(tmp_path / "job"), str(tmp_path / "job" / "pipe" / ".." / "x"))
+    fd = mpsdir._open_below(str(tmp_path / "job"), str(tmp_path / "job" / "pipe"))
+    os.close(fd)
