@@ -32,23 +32,9 @@ from .gpu_checks import run_gpu_checks
 from .registry import (ACT_MIN_SECONDS, ALL_CHECKS, KMSG, NVML, OS, OWN, KmsgGather, OsGather, OwnGather,
                        enabled_checks, of_gather)
 from .settings import HealthSettings
+from .statefiles import _node_tag, lock_file, state_file  # noqa: F401 - engine.state_file is their old home
 
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
-
-
-def _node_tag(node: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_"
-
-
-def state_file(state_dir: str | os.PathLike[str], node: str) -> str:
-    """This node's state file.  Named per node: several slurmd on one host
-    (multiple-slurmd, the sandbox) may share a state_dir without ``%n``, and
-    one node's memory (our drain, its slurmd, its cursors) must not be another's."""
-    return os.path.join(state_dir, f"health-state.{_node_tag(node)}.json")
-
-
-def lock_file(state_dir: str | os.PathLike[str], node: str) -> str:
-    return os.path.join(state_dir, f"health.{_node_tag(node)}.lock")
 EVENTS_FILE = "xid-events.jsonl"
 
 

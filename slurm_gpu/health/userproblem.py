@@ -72,7 +72,7 @@ LOCK_WAIT = 10.0
 
 
 def health_lock(state_dir: str, node: str, wait: float | None = None) -> int | None:
-    """The health check's own lock (:func:`slurm_gpu.health.engine.lock_file`), held
+    """The health check's own lock (:func:`slurm_gpu.health.statefiles.lock_file`), held
     on the returned fd until it is closed; None when a health check keeps it for
     *wait* seconds (default :data:`LOCK_WAIT`).
 
@@ -82,7 +82,7 @@ def health_lock(state_dir: str, node: str, wait: float | None = None) -> int | N
     """
     import fcntl
     import time
-    from .engine import lock_file
+    from .statefiles import lock_file
     os.makedirs(state_dir, mode=0o755, exist_ok=True)
     fd = os.open(lock_file(state_dir, node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     end = time.monotonic() + (LOCK_WAIT if wait is None else wait)
