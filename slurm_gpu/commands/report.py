@@ -59,6 +59,68 @@ def usage_cmd(since: str | None, until: str | None, by: str, gpus: float | None,
     click.echo(json.dumps(view, indent=2) if as_json else rep.format_usage(view))
 
 
+@report.command("placement")
+@click.option("--since", default=None, metavar="DATE", help="Jobs that ended since [default: 7 days ago].")
+@click.option("--until", default=None, metavar="DATE", help="... and before [default: now].")
+@click.option("--topology", "topo_path", default=None, metavar="FILE",
+              help="The deployed topology.conf or topology.yaml [default: beside slurm.conf].")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def placement_cmd(since: str | None, until: str | None, topo_path: str | None, as_json: bool) -> None:
+    """Did topology help?  Finished multi-node jobs: the leaf switches or blocks
+    each spanned against the fewest possible; free nodes per domain now."""
+    import os
+
+    from ..cluster import placement
+    from ..confgen import hostlist, topocheck
+    from ..errors import InputError, SlurmGpuError, UsageError
+    from ..runner import run
+    s = _settings()
+    now = time.time()
+    t1, until_s = _when(until, now, "--until")
+    t0, since_s = _when(since, t1 - 7 * 86400, "--since")
+    if t0 >= t1:
+        raise UsageError("--since must be before --until", "--since")
+    if topo_path is None:
+        base = os.path.dirname(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+        yml = os.path.join(base, "topology.yaml")
+        topo_path = yml if os.path.exists(yml) else os.path.join(base, "topology.conf")
+    try:
+        with open(topo_path, encoding="utf-8", errors="replace") as f:
+            text = f.read(16 << 20)
+    except OSError as e:
+        raise InputError(f"cannot read the topology file: {e.strerror}", topo_path) from None
+    yaml_file = topo_path.endswith((".yaml", ".yml"))
+    meaning = topocheck.parse_yaml(text, topo_path) if yaml_file else topocheck.parse_conf(
+        text.splitlines(True), topo_path)
+    kind, doms = placement.domains(meaning)
+    if not doms:
+        raise InputError("no leaf switch and no block with nodes", topo_path)
+    # sacct's -P lines: JobID|NNodes|NodeList (no field can hold a '|').
+    res = run([s.sacct, "-n", "-P", "-X", "-a", "-S", since_s, "-E", until_s,
+               "-s", "CD,F,TO,CA,NF,OOM,PR", "-o", "JobID,NNodes,NodeList"], s.dbd_timeout * 3, check=False)
+    if res.returncode != 0:
+        raise SlurmGpuError(f"sacct failed: {(res.stderr or res.stdout).strip()[:200]}", "sacct")
+    jobs = []
+    for line in res.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) < 2 or not parts[2] or "None" in parts[2]:
+            continue
+        try:
+            jobs.append((parts[0], hostlist.expand(parts[2], "sacct NodeList")))
+        except InputError:
+            continue
+    summary = placement.summarize(kind, doms, jobs)
+    states: dict[str, str] = {}
+    sres = run(["sinfo", "-h", "-N", "-o", "%N %t"], 15, check=False)
+    if sres.returncode == 0:
+        for line in sres.stdout.splitlines():
+            w = line.split()
+            if len(w) == 2:
+                states.setdefault(w[0], w[1])
+    v = placement.view(summary, placement.free_now(doms, states, kind))
+    click.echo(json.dumps(v, indent=2) if as_json else placement.format_view(v), nl=as_json)
+
+
 def local_parts(jobid: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """This node's live aggregates and unstored summary of *jobid* (None when there are none or
     accounting is not set up here)."""
