@@ -72,10 +72,11 @@ class Monitor:
         held = attribution.holders({j: r.get("devices", []) for j, r in regs.items()})
         cache: dict[int, str | None] = {}
         sluids = attribution.sluid_map(regs)
+        bases = attribution.v2_bases(s.proc_root)
 
         def pid_job(pid: int) -> str | None:
             if pid not in cache:
-                cache[pid] = attribution.job_of_pid(s.proc_root, pid, sluids)
+                cache[pid] = attribution.job_of_pid(s.proc_root, pid, sluids, bases)
             return cache[pid]
 
         dirty: set[str] = set()
