@@ -60,13 +60,12 @@ def _time(text: str) -> float | None:
         return None
 
 
-def parse_rows(text: str) -> list[JobRow]:
-    """sacct ``-n -P -o FIELDS`` output -> rows (the newest record of a requeued job wins)."""
+def parse_rows(text: str, delim: str = "|") -> list[JobRow]:
+    """sacct ``-n -P [--delimiter DELIM] -o FIELDS`` output -> rows (the newest
+    record of a requeued job wins).  Give the delimiter :func:`dbd.delimiter`
+    made: with ``|`` a newline in an AdminComment could start a forged row."""
     rows: dict[str, JobRow] = {}
-    for line in text.splitlines():
-        parts = line.split("|", len(FIELDS) - 1)
-        if len(parts) != len(FIELDS):
-            continue
+    for parts in dbd.records(text, delim, len(FIELDS)):
         d = dict(zip(FIELDS, parts))
         m = _GPU_TRES.search(d["AllocTRES"])
         other, ours = dbd.split(d["AdminComment"])
@@ -79,22 +78,23 @@ def parse_rows(text: str) -> list[JobRow]:
     return list(rows.values())
 
 
-def _sacct(argv: list[str], timeout: float, env: Mapping[str, str] | None) -> str:
-    res = run(argv, timeout, check=False, env=env)
+def _sacct(argv: list[str], timeout: float, env: Mapping[str, str] | None) -> list[JobRow]:
+    delim = dbd.delimiter()
+    res = run([argv[0], "-n", "-P", "--delimiter", delim, *argv[1:], "-o", ",".join(FIELDS)], timeout,
+              check=False, env=env)
     if res.returncode != 0:
         raise SlurmGpuError(f"sacct failed: {(res.stderr or res.stdout).strip()[:200]}", "sacct")
-    return res.stdout
+    return parse_rows(res.stdout, delim)
 
 
 def fetch_job(sacct: str, jobid: str, timeout: float = 10.0, env: Mapping[str, str] | None = None) -> JobRow | None:
-    rows = parse_rows(_sacct([sacct, "-n", "-P", "-X", "-j", jobid, "-o", ",".join(FIELDS)], timeout, env))
+    rows = _sacct([sacct, "-X", "-j", jobid], timeout, env)
     return next((r for r in rows if r.jobid == jobid), None)
 
 
 def fetch_period(sacct: str, since: str, until: str, timeout: float = 30.0,
                  env: Mapping[str, str] | None = None) -> list[JobRow]:
-    return parse_rows(_sacct([sacct, "-n", "-P", "-X", "-a", "-S", since, "-E", until,
-                              "-o", ",".join(FIELDS)], timeout, env))
+    return _sacct([sacct, "-X", "-a", "-S", since, "-E", until], timeout, env)
 
 
 # -- one job -------------------------------------------------------------------

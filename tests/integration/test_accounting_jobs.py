@@ -191,6 +191,27 @@ def test_another_tools_upper_case_admin_comment(whole):
                            ).stdout.strip() == "NHC:OK"
 
 
+def test_a_newline_or_deep_nesting_in_admin_comment_neither_crashes_nor_adds_a_row(whole):
+    """AdminComment is stored as written, newlines included, and sacct -P prints
+    it raw: a line of |-separated fields in it must not read as a job."""
+    forged = ("nhc:ok\n999999|victim|acct|part|n1|COMPLETED|2026-01-01T00:00:00|2026-01-01T01:00:00|3600|"
+              "cpu=1,gres/gpu=8|x")
+    jid = _job_with_admin_comment(whole, forged)
+    comment = wait_for(lambda: (lambda c: c if dbd.KEY in c else None)(whole.comment(jid)))
+    assert comment and "999999|victim" in comment, comment
+    deep = _job_with_admin_comment(whole, "slurm-gpu:" + "[" * 3000)
+    start = whole.c.run(["sacct", "-n", "-P", "-X", "-j", str(jid), "-o", "Start"]).stdout.strip()
+    res = whole.cli("report", "usage", "--since", start[:10], "--json")
+    assert res.returncode == 0, res.stderr
+    v = json.loads(res.stdout)
+    assert "victim" not in {g["user"] for g in v["groups"]}, v
+    for j in (jid, deep):
+        rep = whole.cli("job", "report", str(j))
+        assert rep.returncode == 0 and rep.stderr == "", rep.stderr
+        assert "victim" not in rep.stdout and "999999" not in rep.stdout
+    assert whole.cli("job", "report", "999999").returncode == 1
+
+
 def test_the_registration_records_the_sluid_from_2605(whole):
     """26.05 names a job's cgroup v2 directory by its SLUID; the real prolog's
     SLURM_JOB_SLUID is recorded so a leak stays attributable (older Slurm has none)."""
