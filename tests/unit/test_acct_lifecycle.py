@@ -258,48 +258,41 @@ def _energy(node, key: str) -> int:
     return int(node.sim.nvmlDeviceGetTotalEnergyConsumption(node.sim.nvmlDeviceGetHandleByIndex(int(key))))
 
 
-def test_a_shared_gpu_is_split_by_process_and_the_idle_job_looks_idle(node):
-    """gres/shard: jobs 7 and 8 both hold GPU 0.  Only 7 computes.  The newest
-    (8) got the whole GPU's use and energy, and 7 was "used but not allocated"."""
+def _jobs_7_and_8_on_gpu_0(node, procs: dict[int, tuple[str, float]], ticks: int) -> tuple[dict, dict, int]:
+    """Jobs 7 and 8 both hold GPU 0 (gres/shard) with processes pid -> (job, SM %):
+    their devices' summaries and the GPU's energy (J) over the ticks after the first."""
     for j in ("7", "8"):
         node.db[j] = ""
         node.prolog(j, ["0"])
-    node.process(100, "7")
-    _shared(node, "0", {100: 70.0})
+    for pid, (job, _) in procs.items():
+        node.process(pid, job)
+    _shared(node, "0", {pid: sm for pid, (_, sm) in procs.items()})
     node.advance()
     e0 = _energy(node, "0")
-    for _ in range(6):
+    for _ in range(ticks):
         node.advance()
     e1 = _energy(node, "0")
     node.epilog("7")
     node.epilog("8")
-    d7 = dbd.parse(node.db["7"])["n1"]["dev"]["0"]
-    d8 = dbd.parse(node.db["8"])["n1"]["dev"]["0"]
+    return (dbd.parse(node.db["7"])["n1"]["dev"]["0"], dbd.parse(node.db["8"])["n1"]["dev"]["0"],
+            (e1 - e0) // 1000)
+
+
+def test_a_shared_gpu_is_split_by_process_and_the_idle_job_looks_idle(node):
+    """gres/shard: jobs 7 and 8 both hold GPU 0.  Only 7 computes.  The newest
+    (8) got the whole GPU's use and energy, and 7 was "used but not allocated"."""
+    d7, d8, energy = _jobs_7_and_8_on_gpu_0(node, {100: ("7", 70.0)}, ticks=6)
     assert "leak" not in d7 and "leak" not in d8
     assert d7["sm"] == 70.0 and d7["idle"] == 0.0 and d7["mem"] == 1000 and d7["sh"] == 1
     assert d8["sm"] == 0.0 and d8["idle"] == 1.0 and d8["mem"] == 0 and d8["sh"] == 1
     assert d7["fr"] == d8["fr"] == 0.5
-    assert d7["j"] == (e1 - e0) // 1000 and d8["j"] == 0         # all of it the computing job's
+    assert d7["j"] == energy and d8["j"] == 0         # all of it the computing job's
 
 
 def test_two_computing_jobs_share_energy_by_their_sm(node):
-    for j in ("7", "8"):
-        node.db[j] = ""
-        node.prolog(j, ["0"])
-    node.process(100, "7")
-    node.process(200, "8")
-    _shared(node, "0", {100: 60.0, 200: 20.0})
-    node.advance()
-    e0 = _energy(node, "0")
-    for _ in range(4):
-        node.advance()
-    e1 = _energy(node, "0")
-    node.epilog("7")
-    node.epilog("8")
-    d7 = dbd.parse(node.db["7"])["n1"]["dev"]["0"]
-    d8 = dbd.parse(node.db["8"])["n1"]["dev"]["0"]
+    d7, d8, energy = _jobs_7_and_8_on_gpu_0(node, {100: ("7", 60.0), 200: ("8", 20.0)}, ticks=4)
     assert (d7["sm"], d8["sm"]) == (60.0, 20.0)
-    assert d7["j"] + d8["j"] in ((e1 - e0) // 1000, (e1 - e0) // 1000 - 1)
+    assert d7["j"] + d8["j"] in (energy, energy - 1)
     assert d7["j"] == pytest.approx(3 * d8["j"], abs=2)
     from slurm_gpu.acct import report
     view = report.job_view(report.JobRow("7", summary=dbd.parse(node.db["7"])), "7", None, None)
