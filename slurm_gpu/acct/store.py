@@ -45,17 +45,20 @@ class Store:
 
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._private(self.root, files=False)
+        # An older version made this one with the umask's mode (0775 under umask 002):
+        # what is in it is checked one by one (below, and by every read), so tighten it.
+        self._private(self.root, files=False, loose_ok=True)
         for kind in KINDS:
             d = self.root / kind
             d.mkdir(exist_ok=True, mode=0o700)
             self._private(d, files=True)
 
     @staticmethod
-    def _private(d: Path, files: bool) -> None:
+    def _private(d: Path, files: bool, loose_ok: bool = False) -> None:
         """Check *d* is root's and not writable by others; make it (and its files) private."""
         st = os.lstat(d)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or \
+                (st.st_mode & 0o022 and not loose_ok):
             from ..errors import InputError
             raise InputError("accounting directory must be root's and not writable by others", str(d))
         if not st.st_mode & 0o077:

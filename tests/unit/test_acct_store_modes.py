@@ -33,7 +33,7 @@ def test_records_an_older_version_left_readable_are_tightened(tmp_path):
     for kind in KINDS:
         (root / kind).mkdir(parents=True)
         os.chmod(root / kind, 0o755)
-    os.chmod(root, 0o755)
+    os.chmod(root, 0o775)                  # made under umask 002 by an older version
     old = root / "jobs" / "5.json"
     old.write_text('{"jobid": "5", "user": "alice", "devices": ["0"]}')
     os.chmod(old, 0o644)
@@ -44,3 +44,13 @@ def test_records_an_older_version_left_readable_are_tightened(tmp_path):
     assert mode(root) == 0o700 and all(mode(root / k) == 0o700 for k in KINDS)
     assert mode(old) == 0o600 and mode(root / "ended" / "4") == 0o600
     assert list(store.registrations()) == ["5"]
+
+
+def test_a_kind_directory_others_can_write_is_refused(tmp_path):
+    import pytest
+    from slurm_gpu.errors import InputError
+    store = Store(tmp_path / "acct")
+    store.ensure()
+    os.chmod(tmp_path / "acct" / "jobs", 0o777)
+    with pytest.raises(InputError):
+        Store(tmp_path / "acct").ensure()
