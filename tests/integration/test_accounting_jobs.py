@@ -351,7 +351,7 @@ def test_two_gres_mps_jobs_on_one_gpu_are_split_by_process(make_sandbox, sandbox
         jobs = [n.c.sbatch("--gres=mps:50", "--wrap", f"echo $$ >{pids}/$SLURM_JOB_ID; exec sleep 6",
                            user=u) for u in ("sgtest1", "sgtest2")]
         regs = [n.acct / "jobs" / f"{j}.json" for j in jobs]
-        assert wait_for(lambda: all(r.exists() for r in regs)), n.left()
+        assert wait_for(lambda: all(r.exists() for r in regs), timeout=60), n.left()
         reg = [json.loads(r.read_text()) for r in regs]
         assert reg[0]["devices"] == reg[1]["devices"] and len(reg[0]["devices"]) == 1, reg
         assert reg[0]["shared"] is True and reg[1]["shared"] is True      # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
@@ -364,7 +364,9 @@ def test_two_gres_mps_jobs_on_one_gpu_are_split_by_process(make_sandbox, sandbox
             n.c.wait_job(j)
         a, b = (dbd.parse(n.comment(j))[n.node.lower()]["dev"][gpu] for j in jobs)
         assert "leak" not in a and "leak" not in b, (a, b)
-        assert a["sh"] == b["sh"] == 1 and a["fr"] == b["fr"] == 0.5, (a, b)
+        # The job whose prolog ran first may have had the GPU alone for a sample or two
+        # (its part 1 then): the later one shared it throughout.
+        assert a["sh"] == b["sh"] == 1 and min(a["fr"], b["fr"]) == 0.5 and max(a["fr"], b["fr"]) < 1, (a, b)
         assert a["smx"] == 70 and a["idle"] < 1 and a["mem"] == 3000, a
         assert b["smx"] == 0 and b["idle"] == 1.0 and b["mem"] == 0, b
         assert a["j"] > b["j"], (a, b)
