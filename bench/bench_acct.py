@@ -141,12 +141,14 @@ def bench_report(base: Path, python: str, runs: int) -> dict:
     part = {"v": 1, "iv": 10.0, "held": [str(g) for g in range(8)],
             "dev": {str(g): {"sm": 50.0, "smx": 99.0, "mem": 1024, "mt": 81559, "idle": 0.1, "j": 3600000,
                              "n": 360, "s": 3600} for g in range(8)}}
-    line = "|".join(["77", "sgtest1", "acct", "debug", "n1", "COMPLETED", "2026-01-01T00:00:00",
+    # sacct prints the fields joined by --delimiter (the report asks for a random one).
+    line = "@@D@@".join(["77", "sgtest1", "acct", "debug", "n1", "COMPLETED", "2026-01-01T00:00:00",
                      "2026-01-01T01:00:00", "3600", "billing=8,cpu=8,gres/gpu=8,node=1",
                      dbd.merged("", "n1", part) or ""])
     (base / "sacct.out").write_text(line + "\n")
     sacct = base / "sacct"
-    sacct.write_text(f"#!/bin/sh\nexec cat {base / 'sacct.out'}\n")
+    sacct.write_text("#!/bin/sh\nd='|'\nwhile [ $# -gt 0 ]; do [ \"$1\" = --delimiter ] && d=$2; shift; done\n"
+                     f"exec sed \"s/@@D@@/$d/g\" {base / 'sacct.out'}\n")
     sacct.chmod(0o755)
     conf = base / "report.toml"
     conf.write_text(f'[node]\nstate_dir = "{base}/var"\n[acct]\nsacct = "{sacct}"\n')

@@ -2,10 +2,11 @@
 
 One aggregate per (job, device), where a device is a GPU (``"2"``) or a MIG
 GPU instance (``"2/gi1"``).  Its size is fixed whatever the job's length:
-counts, sums, maxima and the first/last energy counter reading, so memory
-and disk stay bounded.  Samples come at a fixed interval, so means and the
-idle fraction are per sample; energy is the difference of the driver's
-counter, exact whatever the interval.
+counts, sums, maxima and the energy counter's last reading with the energy
+counted so far, so memory and disk stay bounded.  Samples come at a fixed
+interval, so means and the idle fraction are per sample; energy is the sum
+of the driver's counter's increases (the job's weighted part of each on a
+shared GPU), exact whatever the interval.
 """
 from __future__ import annotations
 
@@ -23,18 +24,25 @@ def new_device(held: bool, uuid: str = "") -> dict[str, Any]:
 
 
 def add_sample(agg: dict[str, Any], t: float, *, sm: float | None, mem: int | None,
-               energy_mj: int | None, idle_threshold: float, busy: bool = False) -> None:
+               energy_mj: int | None, idle_threshold: float, busy: bool = False,
+               weight: float = 1.0, share: float | None = None) -> None:
     """Fold one sample into a device aggregate.
 
     *sm* None (NVML cannot say, e.g. the first GPM sample) counts towards
     the sample count but not towards means or idleness.  *busy* marks a
     sample whose device had the job's processes on it but no utilisation
-    figure: never counted as idle.
+    figure: never counted as idle.  *energy_mj* is the device's counter; the
+    job is given *weight* of its increase since the job's previous sample
+    (1 on a device it holds alone).  *share*: the device was shared
+    (gres/shard, gres/mps) and this was the job's part of it.
     """
     agg["n"] += 1
     if agg["t_first"] is None:
         agg["t_first"] = t
     agg["t_last"] = t
+    if share is not None:
+        agg["sh_n"] = agg.get("sh_n", 0) + 1
+        agg["sh_sum"] = agg.get("sh_sum", 0.0) + float(share)
     if sm is not None:
         agg["known"] += 1
         agg["sm_sum"] += float(sm)
@@ -49,9 +57,12 @@ def add_sample(agg: dict[str, Any], t: float, *, sm: float | None, mem: int | No
     if energy_mj is not None:
         if agg["e_first"] is None:
             agg["e_first"] = energy_mj
-        elif energy_mj < agg["e_last"]:
-            # The counter restarted (driver reload): keep what was counted so far.
-            agg["e_first"] = energy_mj - (agg["e_last"] - agg["e_first"])
+            agg["e_sum"] = 0.0
+        else:
+            # An aggregate from before e_sum: what it counted is last - first.
+            counted = agg.get("e_sum", agg["e_last"] - agg["e_first"])
+            # A counter that went back restarted (driver reload): keep what was counted so far.
+            agg["e_sum"] = counted + max(energy_mj - agg["e_last"], 0) * float(weight)
         agg["e_last"] = energy_mj
 
 
@@ -71,14 +82,19 @@ def device_summary(agg: Mapping[str, Any]) -> dict[str, Any]:
         "n": agg["n"],
     }
     if agg["e_first"] is not None and agg["e_last"] is not None:
-        out["j"] = int((agg["e_last"] - agg["e_first"]) // 1000)
+        out["j"] = int(agg.get("e_sum", agg["e_last"] - agg["e_first"]) // 1000)
     if agg["t_first"] is not None:
         out["s"] = int(round(agg["t_last"] - agg["t_first"]))
     if agg["xids"]:
         out["xid"] = list(agg["xids"])
     if agg.get("mt"):
         out["mt"] = int(agg["mt"] // (1024 * 1024))
-    if agg.get("fr", 1.0) != 1.0:
+    if agg.get("sh_n"):
+        # Shared (gres/shard, gres/mps): its figures are its processes', and it
+        # held on average this part of the GPU (whole while it was alone).
+        out["sh"] = 1
+        out["fr"] = round((agg["sh_sum"] + (agg["n"] - agg["sh_n"])) / agg["n"] * agg.get("fr", 1.0), 4)
+    elif agg.get("fr", 1.0) != 1.0:
         out["fr"] = agg["fr"]            # a MIG instance: its fraction of a whole GPU
     if not agg["held"]:
         out["leak"] = 1                  # used by the job's processes but not allocated to it

@@ -55,6 +55,10 @@ def register(s: AcctSettings, store: Store, env: Mapping[str, str], node: str,
            "uid": env.get("SLURM_JOB_UID", ""), "account": env.get("SLURM_JOB_ACCOUNT", ""),
            "partition": env.get("SLURM_JOB_PARTITION", ""), "devices": keys,
            "start": round(time.time() if now is None else now, 3)}
+    # gres/mps: Slurm gives the prolog the job's MPS thread percentage
+    # (gres_mps.c, prep env); its GPU is shared with other jobs' MPS clients.
+    if env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip():
+        reg["shared"] = True
     # 26.05: the job's cgroup v2 directory is named by it (attribution by process).
     sluid = env.get("SLURM_JOB_SLUID", "")
     if SLUID.fullmatch(sluid):

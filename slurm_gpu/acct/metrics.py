@@ -20,7 +20,7 @@ import fcntl
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..fsutil import atomic_write
 from ..hw.gpustats import DeviceStats
@@ -78,7 +78,7 @@ def _labels(d: DeviceStats, extra: Mapping[str, str] | None = None) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in lab.items()) + "}"
 
 
-def textfile(stats: Iterable[DeviceStats], holders: Mapping[str, str], idle_flags: Mapping[str, bool],
+def textfile(stats: Iterable[DeviceStats], holders: Mapping[str, Sequence[str]], idle_flags: Mapping[str, bool],
              job_labels: bool) -> str:
     """The Prometheus exposition text for this sample."""
     rows: dict[str, list[str]] = {}
@@ -91,7 +91,8 @@ def textfile(stats: Iterable[DeviceStats], holders: Mapping[str, str], idle_flag
         "slurm_gpu_idle_held": "1 when a job has held the device idle longer than [acct] idle_minutes",
     }
     for d in stats:
-        job = holders.get(d.key) or (holders.get(str(d.index)) if d.gi is not None else None)
+        jobs = holders.get(d.key) or (holders.get(str(d.index)) if d.gi is not None else None)
+        job = ",".join(jobs) if jobs else None        # a shared GPU: every holder, oldest first
         extra = {"jobid": job} if job_labels and job else None
         lab = _labels(d, extra)
         if d.sm is not None:

@@ -70,16 +70,18 @@ class Monitor:
         for err in self.reader.errors:
             self.log(f"slurm-gpu: monitor: {err}")
         held = attribution.holders({j: r.get("devices", []) for j, r in regs.items()})
+        shared = {k for r in regs.values() if r.get("shared") is True for k in r.get("devices", [])}
         cache: dict[int, str | None] = {}
         sluids = attribution.sluid_map(regs)
+        bases = attribution.v2_bases(s.proc_root)
 
         def pid_job(pid: int) -> str | None:
             if pid not in cache:
-                cache[pid] = attribution.job_of_pid(s.proc_root, pid, sluids)
+                cache[pid] = attribution.job_of_pid(s.proc_root, pid, sluids, bases)
             return cache[pid]
 
         dirty: set[str] = set()
-        for sh in attribution.attribute(stats, held, pid_job):
+        for sh in attribution.attribute(stats, held, pid_job, shared):
             if sh.jobid not in regs and self.store.ended(sh.jobid):
                 continue
             a = self.aggs.get(sh.jobid)
@@ -90,7 +92,8 @@ class Monitor:
                 d = a["devices"][sh.key] = aggregate.new_device(sh.held)
                 d["mt"], d["fr"] = sh.mem_total, sh.fraction
             aggregate.add_sample(d, t, sm=sh.sm, mem=sh.mem, energy_mj=sh.energy_mj,
-                                 idle_threshold=s.idle_threshold, busy=sh.busy and sh.sm is None)
+                                 idle_threshold=s.idle_threshold, busy=sh.busy and sh.sm is None,
+                                 weight=sh.weight, share=sh.share)
             a["updated"] = t
             dirty.add(sh.jobid)
         dirty |= self._xids(held)
@@ -108,7 +111,7 @@ class Monitor:
         if self.ticks % SWEEP_EVERY == 1:
             self.sweep(regs)
 
-    def _xids(self, held: dict[str, str]) -> set[str]:
+    def _xids(self, held: dict[str, list[str]]) -> set[str]:
         if not self.xid_file or self._xid_pos < 0:
             return set()
         try:
@@ -134,12 +137,13 @@ class Monitor:
             idx = self.bus_index.get(str(ev.get("gpu") or "").lower())
             if idx is None:
                 continue
-            for key, job in held.items():
+            for key, jobs in held.items():
                 if key == str(idx) or key.startswith(f"{idx}/gi"):
-                    a = self.aggs.get(job)
-                    if a is not None and key in a["devices"]:
-                        aggregate.add_xid(a["devices"][key], int(ev.get("xid", 0)))
-                        touched.add(job)
+                    for job in jobs:            # a shared GPU's XID is every holder's
+                        a = self.aggs.get(job)
+                        if a is not None and key in a["devices"]:
+                            aggregate.add_xid(a["devices"][key], int(ev.get("xid", 0)))
+                            touched.add(job)
         return touched
 
     def _bound(self, regs: dict[str, Any]) -> None:

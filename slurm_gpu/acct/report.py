@@ -10,6 +10,11 @@ fraction.  So:
 * cluster use      = Σ used / Σ capacity   (capacity: the nodes' GPUs × the period);
 * idle GPU-hours   = Σ idle fraction × held time × fraction.
 
+A GPU several jobs share (gres/shard, gres/mps; ``sh`` in the summary) is
+split by process: a job's SM % is its own processes' part of the whole GPU,
+so its used GPU-time is that × the time held, and its fraction is its part
+of the allocation (1 / the jobs holding the GPU, averaged over the samples).
+
 Time held is the job's elapsed time inside the period.  A job without a
 summary (accounting off, or not stored yet) counts its allocated GPUs from
 ``AllocTRES`` and no use.
@@ -60,13 +65,12 @@ def _time(text: str) -> float | None:
         return None
 
 
-def parse_rows(text: str) -> list[JobRow]:
-    """sacct ``-n -P -o FIELDS`` output -> rows (the newest record of a requeued job wins)."""
+def parse_rows(text: str, delim: str = "|") -> list[JobRow]:
+    """sacct ``-n -P [--delimiter DELIM] -o FIELDS`` output -> rows (the newest
+    record of a requeued job wins).  Give the delimiter :func:`dbd.delimiter`
+    made: with ``|`` a newline in an AdminComment could start a forged row."""
     rows: dict[str, JobRow] = {}
-    for line in text.splitlines():
-        parts = line.split("|", len(FIELDS) - 1)
-        if len(parts) != len(FIELDS):
-            continue
+    for parts in dbd.records(text, delim, len(FIELDS)):
         d = dict(zip(FIELDS, parts))
         m = _GPU_TRES.search(d["AllocTRES"])
         other, ours = dbd.split(d["AdminComment"])
@@ -79,22 +83,23 @@ def parse_rows(text: str) -> list[JobRow]:
     return list(rows.values())
 
 
-def _sacct(argv: list[str], timeout: float, env: Mapping[str, str] | None) -> str:
-    res = run(argv, timeout, check=False, env=env)
+def _sacct(argv: list[str], timeout: float, env: Mapping[str, str] | None) -> list[JobRow]:
+    delim = dbd.delimiter()
+    res = run([argv[0], "-n", "-P", "--delimiter", delim, *argv[1:], "-o", ",".join(FIELDS)], timeout,
+              check=False, env=env)
     if res.returncode != 0:
         raise SlurmGpuError(f"sacct failed: {(res.stderr or res.stdout).strip()[:200]}", "sacct")
-    return res.stdout
+    return parse_rows(res.stdout, delim)
 
 
 def fetch_job(sacct: str, jobid: str, timeout: float = 10.0, env: Mapping[str, str] | None = None) -> JobRow | None:
-    rows = parse_rows(_sacct([sacct, "-n", "-P", "-X", "-j", jobid, "-o", ",".join(FIELDS)], timeout, env))
+    rows = _sacct([sacct, "-X", "-j", jobid], timeout, env)
     return next((r for r in rows if r.jobid == jobid), None)
 
 
 def fetch_period(sacct: str, since: str, until: str, timeout: float = 30.0,
                  env: Mapping[str, str] | None = None) -> list[JobRow]:
-    return parse_rows(_sacct([sacct, "-n", "-P", "-X", "-a", "-S", since, "-E", until,
-                              "-o", ",".join(FIELDS)], timeout, env))
+    return _sacct([sacct, "-X", "-a", "-S", since, "-E", until], timeout, env)
 
 
 # -- one job -------------------------------------------------------------------
@@ -120,13 +125,16 @@ def verdicts(devs: Iterable[Mapping[str, Any]]) -> list[str]:
         if d.get("leak"):
             out.append(f"{name}: used by the job but not allocated to it")
             continue
+        if d.get("sh"):
+            out.append(f"{name}: shared with other jobs; SM, memory and energy are this job's share "
+                       f"(by process)")
         if d.get("sm") is None:
             out.append(f"{name}: no utilisation measured")
         elif (d.get("idle") or 0) >= IDLE_VERDICT:
             out.append(f"{name}: idle ({d['idle'] * 100:.0f}% of samples)")
         elif d["sm"] < LOW_VERDICT:
             out.append(f"{name}: low utilisation (mean {d['sm']:.0f}%)")
-        if d.get("mt") and d.get("mem") is not None and d["mem"] < HEADROOM_VERDICT * d["mt"] \
+        if d.get("mt") and not d.get("sh") and d.get("mem") is not None and d["mem"] < HEADROOM_VERDICT * d["mt"] \
                 and (d.get("idle") or 0) < IDLE_VERDICT:
             out.append(f"{name}: memory headroom (max {d['mem']} of {d['mt']} MiB)")
         energy += int(d.get("j") or 0)
@@ -166,7 +174,7 @@ def format_job(view: Mapping[str, Any]) -> str:
         lines.append(f"  {d['node']:<10} {d['device']:<8} {f(d.get('sm'), '.1f'):>8} "
                      f"{f(d.get('smx'), '.0f'):>7} {f(d.get('mem'), 'd'):>8} {idle:>6} "
                      f"{f(d.get('j'), 'd'):>9}  {','.join(map(str, d.get('xid', []))) or '-'}"
-                     f"{'  (not allocated)' if d.get('leak') else ''}")
+                     f"{'  (not allocated)' if d.get('leak') else ''}{'  (shared)' if d.get('sh') else ''}")
     for v in view["verdicts"]:
         lines.append(f"  - {v}")
     for n in view["notes"]:
@@ -210,7 +218,9 @@ def usage(rows: Iterable[JobRow], since: float, until: float, by: str) -> Usage:
                 fr = float(d.get("fr", 1.0))
                 alloc += fr * held_s
                 if d.get("sm") is not None:
-                    used += fr * held_s * float(d["sm"]) / 100.0
+                    # A MIG instance's SM % is of the instance; a share's (gres/shard,
+                    # gres/mps) is its processes' part of the whole GPU.
+                    used += (1.0 if d.get("sh") else fr) * held_s * float(d["sm"]) / 100.0
                 if d.get("idle") is not None:
                     idle += fr * held_s * float(d["idle"])
         else:

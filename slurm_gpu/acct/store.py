@@ -1,4 +1,4 @@
-"""The node's accounting records, under ``[acct] dir`` (root-owned, 0755).
+"""The node's accounting records, under ``[acct] dir`` (root's alone: 0700, files 0600).
 
 * ``jobs/<id>.json``: the prolog's registration (user, devices held, start);
   the epilog removes it.  dcgm-exporter's mapping files are derived from
@@ -13,7 +13,10 @@
 
 Every file is written atomically; every reader refuses a file that is not
 root's or is writable by others (a user must not plant a registration that
-points us at another job's GPU), and ignores what it cannot parse.
+points us at another job's GPU), and ignores what it cannot parse.  No one
+else reads them either: they name each job's user, account and GPUs, which
+Slurm's ``PrivateData`` may hide from other users; directories an older
+version left 0755 (files 0644) are tightened on first use.
 """
 from __future__ import annotations
 
@@ -41,13 +44,37 @@ class Store:
         return self.root / kind / f"{check_jobid(jobid)}{suffix}"
 
     def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # An older version made this one with the umask's mode (0775 under umask 002):
+        # what is in it is checked one by one (below, and by every read), so tighten it.
+        self._private(self.root, files=False, loose_ok=True)
         for kind in KINDS:
             d = self.root / kind
-            d.mkdir(parents=True, exist_ok=True, mode=0o755)
-            st = os.lstat(d)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                from ..errors import InputError
-                raise InputError("accounting directory must be root's and not writable by others", str(d))
+            d.mkdir(exist_ok=True, mode=0o700)
+            self._private(d, files=True)
+
+    @staticmethod
+    def _private(d: Path, files: bool, loose_ok: bool = False) -> None:
+        """Check *d* is root's and not writable by others; make it (and its files) private."""
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or \
+                (st.st_mode & 0o022 and not loose_ok):
+            from ..errors import InputError
+            raise InputError("accounting directory must be root's and not writable by others", str(d))
+        if not st.st_mode & 0o077:
+            return
+        os.chmod(d, 0o700)
+        if not files:
+            return
+        # Only root writes in here (checked above): no one can swap an entry for a link meanwhile.
+        for name in os.listdir(d):
+            p = d / name
+            try:
+                fst = os.lstat(p)
+                if stat.S_ISREG(fst.st_mode) and fst.st_mode & 0o077:
+                    os.chmod(p, 0o600)
+            except OSError:
+                pass
 
     def write(self, kind: str, jobid: str, data: dict[str, Any]) -> None:
         # Aggregates are rewritten every tick: no fsync (a crash loses one tick at most).
@@ -55,7 +82,7 @@ class Store:
             self.ensure()
             self._ready.add(kind)
         atomic_write(self.path(kind, jobid), json.dumps(data, separators=(",", ":"), sort_keys=True),
-                     mode=0o644, durable=kind != "agg")
+                     mode=0o600, durable=kind != "agg")
 
     def read(self, kind: str, jobid: str) -> dict[str, Any] | None:
         p = self.path(kind, jobid)
@@ -94,7 +121,7 @@ class Store:
     def mark_ended(self, jobid: str) -> None:
         # A tombstone needs no fsync: after a crash the sweep finds the job gone anyway.
         self.ensure()
-        atomic_write(self.path("ended", jobid), f"{time.time():.0f}\n", mode=0o644, durable=False)
+        atomic_write(self.path("ended", jobid), f"{time.time():.0f}\n", mode=0o600, durable=False)
 
     def ended(self, jobid: str) -> bool:
         return self.path("ended", jobid).exists()

@@ -13,7 +13,11 @@ What NVML offers, and so what is read:
   (mJ, a counter since the driver loaded: energy over a job is a
   difference, exact whatever the sampling interval) and
   ``nvmlDeviceGetComputeRunningProcesses`` (PIDs, memory, and the MIG
-  GPU/compute instance of each);
+  GPU/compute instance of each), and each process's own SM share from
+  ``nvmlDeviceGetProcessUtilization`` (samples newer than the last read;
+  a process without one since had no SM activity; NOT_SUPPORTED leaves it
+  unknown), so a GPU several jobs share (gres/shard, gres/mps) can be split
+  between them;
 * a MIG instance: utilisation, power and energy are not supported on MIG
   device handles.  On Hopper and later, GPM gives the SM utilisation of each
   GPU instance between two samples (``nvmlGpmMigSampleGet`` +
@@ -30,6 +34,7 @@ its field None.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +51,7 @@ class ProcUse:
     mem_bytes: int | None
     gi: int | None = None         # GPU instance id; None without MIG
     ci: int | None = None
+    sm: float | None = None       # its SM % (nvmlDeviceGetProcessUtilization); None: NVML cannot say
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class StatsReader:
     errors: list[str] = field(default_factory=list)
     _gpm: dict[str, Any] = field(default_factory=dict)
     _gpm_ok: dict[int, bool] = field(default_factory=dict)
+    _proc_ts: dict[int, int] = field(default_factory=dict)    # GPU -> newest per-process sample seen (µs)
 
     def _optional(self) -> tuple[int, ...]:
         return tuple(getattr(self.api, n) for n in _OPTIONAL if hasattr(self.api, n))
@@ -130,6 +137,10 @@ class StatsReader:
         uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
         procs = tuple(_procs(self._maybe("nvmlDeviceGetComputeRunningProcesses", h) or ()))
         mig_on = (self._maybe("nvmlDeviceGetMigMode", h) or [0])[0] == 1
+        if procs and not mig_on:
+            util = self._proc_util(i, h)
+            procs = tuple(dataclasses.replace(p, sm=util.get(p.pid, 0.0) if util is not None else None)
+                          for p in procs)
         mem = self._maybe("nvmlDeviceGetMemoryInfo", h)
         util = None if mig_on else self._maybe("nvmlDeviceGetUtilizationRates", h)
         gpu = DeviceStats(
@@ -143,6 +154,29 @@ class StatsReader:
         if mig_on:
             out.extend(self._mig(i, h, procs))
         return out
+
+    def _proc_util(self, i: int, h: Any) -> dict[int, float] | None:
+        """pid -> mean SM % of its samples since the last read; None when NVML cannot say.
+
+        NOT_FOUND means no process had SM activity since then (NVML lists
+        only processes with non-zero utilisation): every process is at 0.
+        """
+        api = self.api
+        call = getattr(api, "nvmlDeviceGetProcessUtilization", None)
+        if call is None:
+            return None
+        try:
+            samples = call(h, self._proc_ts.get(i, 0))
+        except api.NVMLError as e:
+            # pynvml raises NVMLError(NVML_SUCCESS) when the size probe finds no sample at all.
+            if e.value in (getattr(api, "NVML_ERROR_NOT_FOUND", -1), getattr(api, "NVML_SUCCESS", 0)):
+                return {}
+            return None          # optional: never a reason to lose the GPU's other figures
+        sums: dict[int, list[float]] = {}
+        for smp in samples or ():
+            sums.setdefault(int(smp.pid), []).append(float(smp.smUtil))
+            self._proc_ts[i] = max(self._proc_ts.get(i, 0), int(smp.timeStamp))
+        return {pid: min(sum(v) / len(v), 100.0) for pid, v in sums.items()}
 
     def _mig(self, i: int, h: Any, procs: tuple[ProcUse, ...]) -> list[DeviceStats]:
         api = self.api

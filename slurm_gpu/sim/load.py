@@ -12,9 +12,13 @@ adapter (:mod:`slurm_gpu.hw.gpustats`) and sampler run unchanged::
        "0":     [{"t": 0, "sm": 95, "mem_util": 40, "mem_mib": 30000, "power_w": 600,
                   "pids": [4242]},
                  {"t": 60, "sm": 0, "pids": []}],
-       "2/gi1": [{"t": 0, "sm": 50, "mem_mib": 4000, "pids": [{"pid": 77, "mem_mib": 4000}]}]
+       "2/gi1": [{"t": 0, "sm": 50, "mem_mib": 4000, "pids": [{"pid": 77, "mem_mib": 4000}]}],
+       "3":     [{"t": 0, "sm": 80, "pids": [{"pid": 5, "sm": 60}, {"pid": 6, "sm": 20}]}]
      }}
 
+A process's ``sm`` is its own SM percentage (NVML's per-process
+utilisation; a GPU shared by gres/shard or gres/mps); the device's ``sm``
+stays the whole GPU's figure, so a load gives both consistently.
 Keys are a GPU's NVML index, or ``<index>/gi<GPU instance id>`` for a MIG
 instance.  Each entry holds from its ``t`` until the next one; a field an
 entry leaves out keeps its earlier value.  Defaults: idle (0 %), no memory,
@@ -159,3 +163,9 @@ def pid_list(value: Any) -> list[tuple[int, int]]:
         else:
             out.append((int(p), 0))
     return out
+
+
+def pid_sm(value: Any) -> list[tuple[int, float]]:
+    """``pids`` of an entry as (pid, SM %) pairs (0 when the entry gives none)."""
+    return [(int(p["pid"]), float(p.get("sm", 0) or 0)) if isinstance(p, dict) else (int(p), 0.0)
+            for p in value or ()]

@@ -10,6 +10,17 @@ answers, and so what this answers:
   simulator's ``nvmlDeviceGetComputeRunningProcesses`` after the state's
   ``processes``): on the GPU, every process with its GPU/compute instance
   ids (0xFFFFFFFF without MIG);
+* per-process utilisation (``nvmlDeviceGetProcessUtilization(device,
+  lastSeenTimeStamp)``): NVML's documentation (NVML API Reference,
+  nvmlDeviceGetProcessUtilization) says it returns one
+  ``nvmlProcessUtilizationSample_t`` (pid, timeStamp in µs, smUtil, memUtil,
+  encUtil, decUtil) per running process "that had some non-zero utilization
+  during the last sample period", only samples newer than
+  ``lastSeenTimeStamp``, and NVML_ERROR_NOT_FOUND when there is none.  A
+  process's ``sm`` in the load (``{"pid": 7, "sm": 60}``) is its smUtil; the
+  sample is stamped with the load's clock.  Whole GPUs only: a MIG device
+  handle, or a GPU in MIG mode (whose utilisation NVML does not give either),
+  answers NOT_SUPPORTED;
 * GPM (``nvmlGpmQueryDeviceSupport``, ``nvmlGpmSampleAlloc/Get/Free``,
   ``nvmlGpmMigSampleGet``, ``nvmlGpmMetricsGet``): Hopper and later only;
   ``NVML_GPM_METRIC_SM_UTIL`` is the SM busy percentage between two samples;
@@ -126,6 +137,21 @@ class UsageMixin:
                                        "gpuInstanceId": gi, "computeInstanceId": ci}))
         return out
 
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Handle, timeStamp: int) -> list[NvmlStruct]:
+        i, g, key = self._no_mig(handle)
+        if int((g.get("mig") or {}).get("mode", 0) or 0) == 1:
+            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        now_us = int(L.now(self.state) * 1e6)
+        out = []
+        if now_us > int(timeStamp):
+            for pid, sm in L.pid_sm(self._now_values(key)["pids"]):
+                if sm > 0:
+                    out.append(NvmlStruct({"pid": pid, "timeStamp": now_us, "smUtil": int(round(sm)),
+                                           "memUtil": 0, "encUtil": 0, "decUtil": 0}))
+        if not out:
+            raise NVMLError(C.NVML_ERROR_NOT_FOUND)
+        return out
 
     # -- accounting ---------------------------------------------------------
 

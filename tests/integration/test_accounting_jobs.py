@@ -33,7 +33,7 @@ INTERVAL = 0.3
 class AcctNode:
     """A sandbox with accounting, one node, the simulator and a running monitor."""
 
-    def __init__(self, make_sandbox, sandbox_dir, machine: str, tag: str) -> None:
+    def __init__(self, make_sandbox, sandbox_dir, machine: str, tag: str, **opts) -> None:
         self.files = sandbox_dir(f"acct-{tag}")   # removed at the end of the session
         self.sim = self.files / "sim.json"
         self.load = self.files / "load.json"
@@ -46,18 +46,19 @@ class AcctNode:
         self.script({})
         for p in (self.files, self.sim, self.load):
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        self.c = make_sandbox(1, MACHINES / machine, prolog=True, accounting=True, extra_config={
+        self.c = make_sandbox(1, MACHINES / machine, prolog=True, accounting=True, **opts, extra_config={
             "node": {"nvml": f"sim:{self.sim}"},
             # The scripted load keeps memory in use after a job ends, which the
             # epilog's leftover check would (rightly) drain for; not tested here.
             "repair": {"user_problem": False},
             "acct": {"enabled": True, "interval": INTERVAL, "dcgm_mapping_dir": str(self.map),
                      "metrics_file": str(self.prom), "job_labels": True}})
+        self.node = self.c.nodes[0]
         argv, env = self.node_argv("monitor")
         self.monitor = subprocess.Popen(argv, env=env,
                                         stdout=subprocess.DEVNULL, stderr=open(self.files / "monitor.log", "wb"),
                                         start_new_session=True)
-        self.acct = self.c.dir / "var" / "n1" / "acct"
+        self.acct = self.c.dir / "var" / self.node / "acct"
 
     def node_argv(self, *args: str) -> tuple[list[str], dict[str, str]]:
         """``slurm-gpu ARGS`` as it runs on the node: on a Debian root's Slurm
@@ -65,7 +66,7 @@ class AcctNode:
         22.05 ones cannot replace: slurmdbd serves clients only a few releases back)."""
         venv = Path(os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv"))
         env = {**self.c.env, "SLURM_GPU_CONFIG": str(self.c.dir / "etc" / "slurm-gpu.toml"),
-               "SLURMD_NODENAME": "n1"}
+               "SLURMD_NODENAME": self.node}
         argv, _ = self.c.sb.client_argv([str(venv / "bin" / "slurm-gpu"), *args])
         if argv[0] != str(venv / "bin" / "slurm-gpu"):
             env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -191,6 +192,27 @@ def test_another_tools_upper_case_admin_comment(whole):
                            ).stdout.strip() == "NHC:OK"
 
 
+def test_a_newline_or_deep_nesting_in_admin_comment_neither_crashes_nor_adds_a_row(whole):
+    """AdminComment is stored as written, newlines included, and sacct -P prints
+    it raw: a line of |-separated fields in it must not read as a job."""
+    # Lower case: sacctmgr before 23.02 lower-cases AdminComment, and such text is never rewritten.
+    forged = "nhc:ok\n999999|victim|acct|part|n1|completed|none|none|3600|cpu=1,gres/gpu=8|x"
+    jid = _job_with_admin_comment(whole, forged)
+    comment = wait_for(lambda: (lambda c: c if dbd.KEY in c else None)(whole.comment(jid)))
+    assert comment and "999999|victim" in comment, comment
+    deep = _job_with_admin_comment(whole, "slurm-gpu:" + "[" * 3000)
+    start = whole.c.run(["sacct", "-n", "-P", "-X", "-j", str(jid), "-o", "Start"]).stdout.strip()
+    res = whole.cli("report", "usage", "--since", start[:10], "--json")
+    assert res.returncode == 0, res.stderr
+    v = json.loads(res.stdout)
+    assert "victim" not in {g["user"] for g in v["groups"]}, v
+    for j in (jid, deep):
+        rep = whole.cli("job", "report", str(j))
+        assert rep.returncode == 0 and rep.stderr == "", rep.stderr
+        assert "victim" not in rep.stdout and "999999" not in rep.stdout
+    assert whole.cli("job", "report", "999999").returncode == 1
+
+
 def test_the_registration_records_the_sluid_from_2605(whole):
     """26.05 names a job's cgroup v2 directory by its SLUID; the real prolog's
     SLURM_JOB_SLUID is recorded so a leak stays attributable (older Slurm has none)."""
@@ -299,6 +321,60 @@ def test_two_mig_jobs_on_one_gpu_get_separate_figures(make_sandbox, sandbox_dir,
         assert figures["2/gi7"]["sm"] == pytest.approx(70, abs=1) and figures["2/gi7"]["mem"] == 3000
         assert figures["2/gi8"]["sm"] == pytest.approx(10, abs=1) and figures["2/gi8"]["mem"] == 500
         assert figures["2/gi7"]["fr"] == pytest.approx(1 / 7, abs=0.01)
+        assert wait_for(lambda: n.left() == {"jobs": [], "agg": [], "map": []}), n.left()
+    finally:
+        n.stop()
+
+
+def test_two_gres_mps_jobs_on_one_gpu_are_split_by_process(make_sandbox, sandbox_dir, job_users):
+    """gres/mps: two jobs on one GPU (Slurm's default one_sharing puts every MPS job
+    of a node on the GPU already in use), only one computing.  The newest job got
+    the whole GPU's use and energy, the computing one was "used but not allocated".
+    With proctrack/cgroup each job's process is in its job cgroup, which the
+    sampler reads from the real /proc.
+
+    gres/shard goes through the same code (a GPU held by two jobs), but cannot
+    be shown here: the only machine model whose CPUs match this host's for
+    task/cgroup (mini-2numa, one core per socket) makes Slurm give each shard
+    job the GPU local to its own socket (_pick_specific_topo)."""
+    import random
+    import string
+    if not Path("/sys/fs/cgroup/freezer").is_dir() and not Path("/sys/fs/cgroup/cgroup.procs").exists():
+        pytest.skip("no cgroup filesystem")
+    prefix = "a" + "".join(random.choices(string.ascii_lowercase, k=5))   # cgroups are named by node
+    n = AcctNode(make_sandbox, sandbox_dir, "mini-2numa", "mps", cgroup=True, node_prefix=prefix,
+                 gres_options={"mps_count": 100})
+    try:
+        pids = n.files / "pids"
+        pids.mkdir(mode=0o777)
+        pids.chmod(0o777)
+        jobs = [n.c.sbatch("--gres=mps:50", "--wrap", f"echo $$ >{pids}/$SLURM_JOB_ID; exec sleep 6",
+                           user=u) for u in ("sgtest1", "sgtest2")]
+        regs = [n.acct / "jobs" / f"{j}.json" for j in jobs]
+        assert wait_for(lambda: all(r.exists() for r in regs), timeout=60), n.left()
+        reg = [json.loads(r.read_text()) for r in regs]
+        assert reg[0]["devices"] == reg[1]["devices"] and len(reg[0]["devices"]) == 1, reg
+        assert reg[0]["shared"] is True and reg[1]["shared"] is True      # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+        gpu = reg[0]["devices"][0]
+        pid = wait_for(lambda: (pids / str(jobs[0])).exists() and (pids / str(jobs[0])).read_text().strip())
+        assert pid, "the first job did not start"
+        n.script({gpu: [{"t": 0, "sm": 70, "mem_mib": 3000, "power_w": 400,
+                         "pids": [{"pid": int(pid), "sm": 70, "mem_mib": 3000}]}]})
+        for j in jobs:
+            n.c.wait_job(j)
+        a, b = (dbd.parse(n.comment(j))[n.node.lower()]["dev"][gpu] for j in jobs)
+        assert "leak" not in a and "leak" not in b, (a, b)
+        # The job whose prolog ran first may have had the GPU alone for a sample or two
+        # (its part 1 then): the later one shared it throughout.
+        assert a["sh"] == b["sh"] == 1 and min(a["fr"], b["fr"]) == 0.5 and max(a["fr"], b["fr"]) < 1, (a, b)
+        assert a["smx"] == 70 and a["idle"] < 1 and a["mem"] == 3000, a
+        assert b["smx"] == 0 and b["idle"] == 1.0 and b["mem"] == 0, b
+        assert a["j"] > b["j"], (a, b)
+        rep = n.cli("job", "report", str(jobs[1]))
+        assert rep.returncode == 0, rep.stderr
+        assert f"GPU {gpu} on {n.node}: shared with other jobs; SM, memory and energy are this job's share " \
+               "(by process)" in rep.stdout, rep.stdout
+        assert f"GPU {gpu} on {n.node}: idle (100% of samples)" in rep.stdout, rep.stdout
         assert wait_for(lambda: n.left() == {"jobs": [], "agg": [], "map": []}), n.left()
     finally:
         n.stop()

@@ -17,7 +17,10 @@ from slurm_gpu.acct import dbd
 
 # $DB/comment holds the stored AdminComment; $DB/version what `sacctmgr -V` says.
 SACCT = """#!/bin/sh
-printf '42|%s\\n' "$(cat "$(dirname "$0")/comment")"
+d='|'
+c=$(cat "$(dirname "$0")/comment")
+while [ $# -gt 0 ]; do [ "$1" = --delimiter ] && d=$2; shift; done
+printf '42%s%s\\n' "$d" "$c"
 """
 SACCTMGR = """#!/bin/sh
 d=$(dirname "$0")

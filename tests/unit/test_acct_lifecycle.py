@@ -244,3 +244,75 @@ def test_idle_policy_is_off_by_default_then_logs_flags_and_cancels(node, monkeyp
     assert ran == [[node.s.scancel, "21"]]
     node.advance()
     assert len(logged) == 1 and len(ran) == 1                              # once per job and GPU
+
+
+def _shared(node, key: str, procs: dict[int, float], power_w: float = 400.0) -> None:
+    """GPU *key* with processes pid -> own SM %: the GPU's SM is their sum."""
+    node.devices[key] = [{"t": node.clock - T0, "sm": min(sum(procs.values()), 100), "power_w": power_w,
+                          "mem_mib": 1000 * len(procs),
+                          "pids": [{"pid": p, "sm": sm, "mem_mib": 1000} for p, sm in procs.items()]}]
+    node._sync()
+
+
+def _energy(node, key: str) -> int:
+    return int(node.sim.nvmlDeviceGetTotalEnergyConsumption(node.sim.nvmlDeviceGetHandleByIndex(int(key))))
+
+
+def _jobs_7_and_8_on_gpu_0(node, procs: dict[int, tuple[str, float]], ticks: int) -> tuple[dict, dict, int]:
+    """Jobs 7 and 8 both hold GPU 0 (gres/shard) with processes pid -> (job, SM %):
+    their devices' summaries and the GPU's energy (J) over the ticks after the first."""
+    for j in ("7", "8"):
+        node.db[j] = ""
+        node.prolog(j, ["0"])
+    for pid, (job, _) in procs.items():
+        node.process(pid, job)
+    _shared(node, "0", {pid: sm for pid, (_, sm) in procs.items()})
+    node.advance()
+    e0 = _energy(node, "0")
+    for _ in range(ticks):
+        node.advance()
+    e1 = _energy(node, "0")
+    node.epilog("7")
+    node.epilog("8")
+    return (dbd.parse(node.db["7"])["n1"]["dev"]["0"], dbd.parse(node.db["8"])["n1"]["dev"]["0"],
+            (e1 - e0) // 1000)
+
+
+def test_a_shared_gpu_is_split_by_process_and_the_idle_job_looks_idle(node):
+    """gres/shard: jobs 7 and 8 both hold GPU 0.  Only 7 computes.  The newest
+    (8) got the whole GPU's use and energy, and 7 was "used but not allocated"."""
+    d7, d8, energy = _jobs_7_and_8_on_gpu_0(node, {100: ("7", 70.0)}, ticks=6)
+    assert "leak" not in d7 and "leak" not in d8
+    assert d7["sm"] == 70.0 and d7["idle"] == 0.0 and d7["mem"] == 1000 and d7["sh"] == 1
+    assert d8["sm"] == 0.0 and d8["idle"] == 1.0 and d8["mem"] == 0 and d8["sh"] == 1
+    assert d7["fr"] == d8["fr"] == 0.5
+    assert d7["j"] == energy and d8["j"] == 0         # all of it the computing job's
+
+
+def test_two_computing_jobs_share_energy_by_their_sm(node):
+    d7, d8, energy = _jobs_7_and_8_on_gpu_0(node, {100: ("7", 60.0), 200: ("8", 20.0)}, ticks=4)
+    assert (d7["sm"], d8["sm"]) == (60.0, 20.0)
+    assert d7["j"] + d8["j"] in (energy, energy - 1)
+    assert d7["j"] == pytest.approx(3 * d8["j"], abs=2)
+    from slurm_gpu.acct import report
+    view = report.job_view(report.JobRow("7", summary=dbd.parse(node.db["7"])), "7", None, None)
+    assert "GPU 0 on n1: shared with other jobs; SM, memory and energy are this job's share (by process)" \
+        in view["verdicts"]
+    assert "(shared)" in report.format_job(view)
+
+
+def test_a_gres_mps_job_alone_is_still_counted_by_its_processes(node):
+    """gres/mps: the prolog's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE marks the GPU as shared
+    even while the job is alone on it; another process on the GPU is not its use."""
+    node.db["7"] = ""
+    node.running.add("7")
+    hooks.register(node.s, node.store, {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0",
+                                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, "n1", lambda: DEVICES,
+                   None, now=node.clock)
+    node.process(100, "7")
+    _shared(node, "0", {100: 30.0, 999: 50.0})          # 999: not a job's process
+    for _ in range(3):
+        node.advance()
+    node.epilog("7")
+    d7 = dbd.parse(node.db["7"])["n1"]["dev"]["0"]
+    assert d7["sm"] == 30.0 and d7["sh"] == 1 and d7["fr"] == 1.0

@@ -85,7 +85,7 @@ def test_cgroup_names_the_job_and_a_leak_is_attributed(tmp_path):
     stats = [DeviceStats(0, None, "GPU-a", 90.0, 5 << 30, 80 << 30, 300_000, 10, (ProcUse(10, 1 << 30),
                                                                              ProcUse(11, 2 << 30))),
              DeviceStats(1, None, "GPU-b", 0.0, 0, 80 << 30, 60_000, 10, ())]
-    shares = attribute(stats, {"0": "77", "1": "78"}, lambda p: job_of_pid(str(tmp_path), p))
+    shares = attribute(stats, {"0": ["77"], "1": ["78"]}, lambda p: job_of_pid(str(tmp_path), p))
     got = {(s.jobid, s.key): s for s in shares}
     assert set(got) == {("77", "0"), ("78", "0"), ("78", "1")}
     assert got[("77", "0")].held and got[("77", "0")].mem == 5 << 30
@@ -166,3 +166,37 @@ def test_prolog_ignores_malformed_gpu_lists(tmp_path):
         assert hooks.main("epilog", {"SLURM_JOB_ID": "12"}) == 0
     finally:
         config.use_config(None)
+
+
+def test_a_shared_gpu_is_split_by_process(tmp_path):
+    jobs = {10: "5", 11: "9", 12: "5"}
+    st = DeviceStats(0, None, "GPU-a", 55.0, 9 << 30, 80 << 30, 300_000, 10_000,
+                     (ProcUse(10, 1 << 30, sm=30.0), ProcUse(11, 2 << 30, sm=15.0), ProcUse(12, 1 << 30, sm=10.0)))
+    got = {s.jobid: s for s in attribute([st], {"0": ["5", "6"]}, jobs.get)}
+    assert (got["5"].held, got["5"].sm, got["5"].mem, got["5"].weight, got["5"].share) == (True, 40.0, 2 << 30, 1.0, 0.5)
+    assert (got["6"].held, got["6"].sm, got["6"].mem, got["6"].weight, got["6"].busy) == (True, 0.0, 0, 0.0, False)
+    assert (got["9"].held, got["9"].sm, got["9"].energy_mj) == (False, 15.0, None)       # a leak: its own SM
+    # NVML gives no per-process figure: the job with processes is busy (never idle), not measured.
+    blind = DeviceStats(0, None, "GPU-a", 55.0, 9 << 30, 80 << 30, 300_000, 10_000, (ProcUse(10, 1 << 30),))
+    got = {s.jobid: s for s in attribute([blind], {"0": ["5", "6"]}, jobs.get)}
+    assert (got["5"].sm, got["5"].busy, got["5"].weight) == (None, True, 1.0)
+    assert (got["6"].sm, got["6"].weight) == (0.0, 0.0)
+    # Held alone, unless its holder registered it as shared (gres/mps): the whole device.
+    one = {s.jobid: s for s in attribute([st], {"0": ["5"]}, jobs.get)}
+    assert (one["5"].sm, one["5"].share) == (55.0, None)
+    one = {s.jobid: s for s in attribute([st], {"0": ["5"]}, jobs.get, {"0"})}
+    assert (one["5"].sm, one["5"].share) == (40.0, 1.0)
+
+
+def test_usage_counts_a_share_by_its_part_of_the_gpu():
+    row = report.JobRow("1", user="u1", start=0.0, end=100.0, elapsed=100.0, gpus=0,
+                        summary={"n1": {"dev": {"0": {"sm": 40.0, "idle": 0.25, "fr": 0.5, "sh": 1}}, "held": ["0"]}})
+    u = report.usage([row], 0.0, 100.0, "user")
+    assert (u.used, u.allocated, u.idle) == pytest.approx((40.0, 50.0, 12.5))
+
+
+def test_metrics_name_every_job_of_a_shared_gpu():
+    from slurm_gpu.acct import metrics
+    st = DeviceStats(0, None, "GPU-a", 55.0, 9 << 30, 80 << 30, 300_000, 10_000)
+    text = metrics.textfile([st], {"0": ["5", "6"]}, {}, True)
+    assert 'slurm_gpu_allocated{gpu="0",UUID="GPU-a",jobid="5,6"} 1' in text

@@ -98,3 +98,23 @@ def test_load_file_is_checked_and_reread(tmp_path):
     p.write_text(json.dumps({"schema": "nope"}))
     with pytest.raises(InputError):
         StatsReader(sim).read()
+
+
+def test_each_process_gets_its_own_sm_share_on_a_shared_gpu():
+    """nvmlDeviceGetProcessUtilization: one sample per process with SM activity
+    since the last read; one without a sample had none (0), not unknown."""
+    sim = sim_for("h100-sxm-8x", {"0": [{"t": 0, "sm": 80, "pids": [{"pid": 5, "sm": 60, "mem_mib": 100},
+                                                                     {"pid": 6, "sm": 20}, {"pid": 7}]}]},
+                  T0 + 10)
+    r = StatsReader(sim)
+    g0 = {d.key: d for d in r.read()}["0"]
+    assert {p.pid: p.sm for p in g0.procs} == {5: 60.0, 6: 20.0, 7: 0.0}
+    g0 = {d.key: d for d in r.read()}["0"]                 # nothing newer: every process idle
+    assert {p.pid: p.sm for p in g0.procs} == {5: 0.0, 6: 0.0, 7: 0.0}
+    tick(sim, T0 + 20)
+    assert {p.pid: p.sm for p in {d.key: d for d in r.read()}["0"].procs} == {5: 60.0, 6: 20.0, 7: 0.0}
+
+
+def test_per_process_utilisation_is_unknown_in_mig_mode():
+    sim = sim_for("h100-mig", {"2/gi2": [{"t": 0, "sm": 80, "pids": [{"pid": 5, "sm": 80}]}]}, T0)
+    assert [p.sm for p in {d.key: d for d in StatsReader(sim).read()}["2"].procs] == [None]
