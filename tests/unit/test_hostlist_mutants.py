@@ -8,6 +8,8 @@ has more than 8 GPUs) and the error lines free to change.
 from __future__ import annotations
 
 import pytest
+from ClusterShell.NodeSet import NodeSet
+from ClusterShell.RangeSet import RangeSet
 from fuzzlib import outcome
 from test_gres_generate import lines, make_node
 
@@ -155,3 +157,53 @@ def test_twelve_gpus_fold_past_nvidia9():
         "NodeName=n1 Name=gpu Type=nvidia_h100_80gb_hbm3 File=/dev/nvidia[0-5] Cores=0-3",
         "NodeName=n1 Name=gpu Type=nvidia_h100_80gb_hbm3 File=/dev/nvidia[6-11] Cores=4-7",
     ]
+
+
+def _clustershell_words(fn, text: str) -> str:
+    """What ClusterShell itself says about *text*, as our line quotes it (cut at 80)."""
+    try:
+        fn(text)
+    except Exception as e:  # noqa: BLE001 - ClusterShell raises several types
+        return str(e)[:80]
+    raise AssertionError(f"ClusterShell accepted {text!r}")
+
+
+@pytest.mark.parametrize("fn,what,text,cs", [
+    (hl.expand, "bad hostlist", "n[" + "1" * 5000 + "]", NodeSet),
+    (hl.parse_int_ranges, "bad range", "1" * 5000, RangeSet),
+    (hl.expand_files, "bad file list", "/dev/nvidia[" + "1" * 5000 + "]", lambda t: NodeSet(t, autostep=None)),
+])
+def test_error_lines_quote_60_characters_and_80_of_clustershells_words(fn, what, text, cs):
+    words = _clustershell_words(cs, text)
+    assert len(words) == 80
+    assert error(fn, text, "W") == f"slurm-gpu: {what} {text[:60]!r}: {words} (W)"
+    assert error(fn, text) == f"slurm-gpu: {what} {text[:60]!r}: {words}"
+
+
+def test_cap_lines_quote_60_characters():
+    text = "n[1-200000]" + ",m1" * 30
+    assert error(hl.expand, text) == f"slurm-gpu: hostlist {text[:60]!r} expands to 200001 entries (at most {CAP})"
+
+
+def test_a_bracket_on_one_side_only_is_no_range():
+    for text in ("5]", "0-3]", "[0-3"):
+        assert error(hl.parse_int_ranges, text).startswith(f"slurm-gpu: bad range {text!r}: ")
+
+
+def test_bounds_of_19_digits_are_left_to_clustershell():
+    assert error(hl.expand, "n[0-" + "9" * 19 + "]") == (
+        "slurm-gpu: bad hostlist 'n[0-9999999999999999999]': range too large")
+    assert error(hl.expand, "n[0-" + "9" * 18 + "]") == (
+        "slurm-gpu: hostlist 'n[0-999999999999999999]' spans 1000000000000000000 numbers (at most 1048576 are read)")
+
+
+def test_spans_count_every_range_exactly():
+    threshold = 8 * CAP
+    assert error(hl.expand, "n[0-2000000/0]") == (
+        f"slurm-gpu: hostlist 'n[0-2000000/0]' spans 2000001 numbers (at most {threshold} are read)")   # step 0 is 1
+    text = f"0-{threshold - 1},7-7"
+    assert error(hl.parse_int_ranges, text) == (
+        f"slurm-gpu: range {text!r} spans {threshold + 1} numbers (at most {threshold} are read)")
+    text = "0-99999999" + ",1" * 30
+    assert error(hl.parse_int_ranges, text) == (
+        f"slurm-gpu: range {text[:60]!r} spans 100000000 numbers (at most {threshold} are read)")
