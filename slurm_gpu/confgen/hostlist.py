@@ -66,7 +66,7 @@ def _spans(text: str, what: str, where: str, nodeset: bool = True) -> None:
     for lead, body in parts:
         for m in _RANGE.finditer(body):
             lo, hi = lead + m.group(1), lead + m.group(2)
-            if not lo or len(hi) > 18 or len(m.group(3) or "") > 18:
+            if not lo or len(lo) > 18 or len(hi) > 18 or len(m.group(3) or "") > 18:
                 continue
             step = int(m.group(3) or 1) or 1
             if int(hi) >= int(lo):

@@ -191,6 +191,11 @@ def test_a_bracket_on_one_side_only_is_no_range():
 
 
 def test_bounds_of_19_digits_are_left_to_clustershell():
+    # int() refuses 4,300 digits and more: a long lower bound is ClusterShell's to refuse, in one line
+    for fn, what in ((hl.parse_int_ranges, "bad range"), (hl.expand, "bad hostlist"),
+                     (hl.expand_files, "bad file list")):
+        text = "9" * 5001 + "0-51" if fn is hl.parse_int_ranges else "n[" + "9" * 5001 + "0-51]"
+        assert error(fn, text).startswith(f"slurm-gpu: {what} {text[:60]!r}: ")
     assert error(hl.expand, "n[0-" + "9" * 19 + "]") == (
         "slurm-gpu: bad hostlist 'n[0-9999999999999999999]': range too large")
     assert error(hl.expand, "n[0-" + "9" * 18 + "]") == (
