@@ -103,23 +103,32 @@ class Hang(Exception):
     pass
 
 
+# A call blocked without using CPU (a read that should not block) is caught
+# by wall-clock time, set far beyond what any load stretches an example to.
+BLOCKED_SECONDS = 300
+
+
 @contextmanager
 def deadline(seconds: float = EXAMPLE_SECONDS) -> Iterator[None]:
-    """Fail with :class:`Hang` when the block uses more than *seconds* of CPU time.
-
-    ITIMER_PROF counts the process's user and system time only, so time spent
-    waiting for a core (or stopped) never counts.  The parsers under test do
-    no I/O: a hang there is a loop, which burns CPU.
-    """
-    def fire(signum: int, frame: Any) -> None:
+    """Fail with :class:`Hang` when the block uses more than *seconds* of CPU time
+    (ITIMER_PROF: the process's user and system time; waiting for a core never
+    counts), or stays blocked for :data:`BLOCKED_SECONDS`."""
+    def busy(signum: int, frame: Any) -> None:
         raise Hang(f"no answer in {seconds} s of CPU time")
-    old = signal.signal(signal.SIGPROF, fire)
+
+    def blocked(signum: int, frame: Any) -> None:
+        raise Hang(f"blocked for {BLOCKED_SECONDS} s")
+    old_prof = signal.signal(signal.SIGPROF, busy)
+    old_alrm = signal.signal(signal.SIGALRM, blocked)
     signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_REAL, BLOCKED_SECONDS)
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, old)
+        signal.signal(signal.SIGALRM, old_alrm)
+        signal.signal(signal.SIGPROF, old_prof)
 
 
 def outcome(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
