@@ -95,3 +95,21 @@ def test_healthy_and_other_memory_is_kept():
     assert decide(node("IDLE"), None, mem, 3) == Plan("none", "healthy", memory=mem)
     assert decide(node("ALLOCATED", "RESERVED"), OURS, mem, 3) == Plan(
         "drain", "draining", reason=OURS, memory=Memory(OURS, 0, None, "s1", ["0000:02:00.0"], "b"))
+
+
+def test_a_new_fault_is_drained_with_its_own_reason_over_an_owed_one():
+    older = OURS.replace("Xid 79", "Xid 48")
+    assert decide(node("IDLE"), OURS, Memory(pending_reason=older), 3) == Plan(
+        "drain", "draining", reason=OURS, memory=Memory(drained_reason=OURS))
+
+
+def test_leaving_a_node_alone_or_resuming_keeps_the_rest_of_the_memory():
+    keep = dict(slurmd="s1", isolated=["0000:02:00.0"], boot_id="b")
+    mem = Memory(drained_reason=OURS, clean_runs=2, **keep)
+    assert decide(node("IDLE", "FAIL"), None, mem, 3).memory == Memory(**keep)
+    assert decide(node("IDLE", "DRAIN", reason="disk"), None, mem, 3).memory == Memory(**keep)
+    assert decide(node("IDLE", "DRAIN", reason=OURS), None, mem, 3) == Plan(
+        "resume", "3 clean runs in a row: resuming", memory=Memory(**keep))
+    assert Memory.from_json(mem.to_json()) == mem
+    assert mem.to_json() == {"drained_reason": OURS, "clean_runs": 2, "pending_reason": None, "slurmd": "s1",
+                             "isolated": ["0000:02:00.0"], "boot_id": "b"}
