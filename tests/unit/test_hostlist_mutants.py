@@ -190,6 +190,14 @@ def test_a_bracket_on_one_side_only_is_no_range():
         assert error(hl.parse_int_ranges, text).startswith(f"slurm-gpu: bad range {text!r}: ")
 
 
+def test_bounds_of_18_characters_are_counted_and_longer_ones_are_not():
+    lo, hi = "1" + "0" * 17, "9" * 18
+    assert error(hl.expand, f"n[{lo}-{hi}]") == (
+        f"slurm-gpu: hostlist 'n[{lo}-{hi}]' spans {int(hi) - int(lo) + 1} numbers (at most {8 * CAP} are read)")
+    padded = "0" * 18 + "1"                    # 19 characters: left to ClusterShell (which refuses the padding)
+    assert error(hl.expand, f"n[{padded}-{8 * CAP + 1}]").startswith(f"slurm-gpu: bad hostlist 'n[{padded}-")
+
+
 def test_bounds_of_19_digits_are_left_to_clustershell():
     # int() refuses 4,300 digits and more: a long lower bound is ClusterShell's to refuse, in one line
     for fn, what in ((hl.parse_int_ranges, "bad range"), (hl.expand, "bad hostlist"),
