@@ -139,5 +139,22 @@ def test_xid_watch_records(rec):
     assert ("gpu.xid", "0000:fe:00.0", "drain") in got and ("gpu.ecc", "0000:fd:00.0", "drain") in got
 
 
-def test_nasty_tokens_are_strings():
-    assert all(isinstance(t, str) for t in NASTY)
+@pytest.mark.parametrize("token", NASTY)
+def test_nasty_tokens_in_every_field_of_an_xid_line(token):
+    """Each token where the parser reads a field (bus, code, the free text, the cause, an NVLink5
+    link and word): a result or one line, and never a word of it in a finding."""
+    head = "NVRM: Xid (PCI:0000:02:00): "
+    for text in (f"{head}79, {token}", f"{head}79, {token} caused by previous Xid 13",
+                 f"{head}45, {token} caused by previous Xid {token}", f"NVRM: Xid (PCI:{token}): 79, x",
+                 f"{head}{token}, x", f"{head}145, RLW_REMAP Fatal XC0 i0 Link {token} (0x4 0x40)",
+                 f"{head}145, RLW_REMAP Fatal XC0 i0 Link 3 (0x4 {token})", f"{head}154, {token}"):
+        lines = outcome(kmsg.scan_buffer, (text + "\n").encode("utf-8", "surrogatepass"))
+        findings = outcome(xid.check_xid, outcome(xid.parse_lines, lines), {})
+        _check_reason(findings)
+        for f in findings:
+            words = f.message.split(": ", 1)[1]
+            assert len(token) < 3 or token.strip() == "" or token not in words, (text, f.message)
+    # the free text after the code never changes the verdict
+    lines = kmsg.scan_buffer(f"{head}79, {token}\n".encode("utf-8", "surrogatepass"))
+    assert [(f.severity, f.gpu, f.xid, f.message) for f in xid.check_xid(xid.parse_lines(lines))] == [
+        ("drain", "0000:02:00.0", 79, "Xid 79 on 0000:02:00.0: GPU has fallen off the bus")]
