@@ -83,6 +83,6 @@ def xid_watch(events_file: str | None, snapshot: str | None, overlay: str | None
         on_drain = health_trigger(_node(), timeout=float(s.watchdog_seconds) + 10.0)
         kernel = KernelFollower(s.kernel_log.replace("%n", _node()))
     n = watch(_opener(snapshot, overlay, s), path, max_events=max_events, run_for=run_for,
-              on_drain=on_drain, kernel=kernel)
+              on_drain=on_drain, kernel=kernel, skip=tuple(s.skip or ()))
     click.echo(f"slurm-gpu: xid-watch stopped after {n} events ({path})", err=True)
     return 0

@@ -81,10 +81,24 @@ def _text(value: Any, rx: re.Pattern[str], what: str, rule: str, where: str | No
     return value
 
 
+# Words slurm.conf reads as keywords, in any letter case: ``NodeName=DEFAULT``
+# sets the defaults of every later node line (read_config.c compares with
+# xstrcasecmp), ``Nodes=ALL`` names every node.  A node published as one of
+# them would rewrite other nodes' lines.
+RESERVED_NODE_NAMES = frozenset({"default", "all"})
+# GPUs one node model may carry: far above any machine (an HGX has 8, an NVL72
+# tray 4), and it bounds the Links= matrix a render prints (N^2 per node).
+MAX_GPUS = 256
+
+
 def node_name(value: Any, where: str | None = None) -> str:
     """A Slurm node name (see the module docstring)."""
-    return _text(value, NODE_NAME, "node name", "is not a Slurm node name (letters, digits, '.', '_', '-'; "
+    name = _text(value, NODE_NAME, "node name", "is not a Slurm node name (letters, digits, '.', '_', '-'; "
                  "at most 64, starting with a letter or digit)", where)
+    if name.lower() in RESERVED_NODE_NAMES:
+        raise UnsafeValue(f"node name {shown(name)} is a slurm.conf keyword (NodeName=DEFAULT sets every "
+                          "later node's defaults, ALL names every node)", where)
+    return name
 
 
 def switch_name(value: Any, where: str | None = None) -> str:
@@ -151,6 +165,8 @@ def check_node(name: Any, node: Any, where: str | None = None) -> None:
     """
     node_name(name, where)
     number(node.memory_bytes, "memory size", where=where)
+    if len(node.gpus) > MAX_GPUS:
+        raise UnsafeValue(f"{len(node.gpus)} GPUs in one node model (at most {MAX_GPUS})", where)
     for n in node.notes:
         line_text(n, "hardware note", where)
     for g in node.gpus:

@@ -59,7 +59,8 @@ def append(path: str, rec: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def drain_finding(records: Sequence[dict[str, Any]] = (), lines: Sequence[Any] = ()) -> str | None:
+def drain_finding(records: Sequence[dict[str, Any]] = (), lines: Sequence[Any] = (),
+                  skip: Sequence[str] = ()) -> str | None:
     """``check: message`` of the first drain-class finding these event records
     or kernel lines make, by the health check's own classification (the XID
     catalog, ``health/xid.py``), or None.  Only a trigger: the health run it
@@ -69,7 +70,7 @@ def drain_finding(records: Sequence[dict[str, Any]] = (), lines: Sequence[Any] =
     xids, direct = events_from_nvml(records)
     xids += parse_lines(lines)
     for f in direct + check_xid(xids):
-        if f.severity == DRAIN:
+        if f.severity == DRAIN and f.check not in skip:   # a check the site turned off drains nothing
             return f"{f.check}: {f.message}"
     return None
 
@@ -77,27 +78,91 @@ def drain_finding(records: Sequence[dict[str, Any]] = (), lines: Sequence[Any] =
 class KernelFollower:
     """The driver lines that reach the node's kernel log after the listener started.
 
-    Reads through ``hw.kmsg.read_source`` with a cursor of its own, kept in
-    memory: the same trust rules as the health check (a line a user could
-    have written never counts), and the health check's own cursor untouched.
+    A file is read through ``hw.kmsg.read_source`` with a cursor of its own,
+    kept in memory; ``/dev/kmsg`` through one descriptor kept open and moved
+    to the end at start (``SEEK_END``), so each poll reads only the records
+    written since, not the whole ring buffer again.  Either way the same
+    trust rules as the health check apply (a line a user could have written
+    never counts), and the check's own cursor is untouched.
     """
 
     def __init__(self, source: str) -> None:
-        from ..hw.kmsg import read_source
+        from ..hw.kmsg import DEV_KMSG, read_source
         self.source = source
+        self._fd: int | None = None
+        self._doc: dict[str, Any] = {}
         try:
-            _, self._doc = read_source(source, {})     # start at the end: what was there is the check's
+            if source == DEV_KMSG:
+                self._fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                os.lseek(self._fd, 0, os.SEEK_END)
+            else:
+                _, self._doc = read_source(source, {})     # start at the end: what was there is the check's
         except Exception as e:  # noqa: BLE001 - a log we cannot read is followed from when it appears
-            self._doc = {}
             print(f"slurm-gpu: xid-watch: not following {source} yet ({e})", file=sys.stderr)
 
     def poll(self) -> list[Any]:
         from ..hw.kmsg import read_source
+        if self._fd is not None:
+            return self._poll_kmsg(self._fd)
         try:
             lines, self._doc = read_source(self.source, self._doc)
         except Exception:  # noqa: BLE001 - rotated away or not there yet: the health check reports it
             return []
         return lines
+
+    @staticmethod
+    def _poll_kmsg(fd: int) -> list[Any]:
+        import errno
+        from ..hw.kmsg_scan import scan_buffer
+        recs: list[bytes] = []
+        for _ in range(100_000):          # bounded: a ring buffer holds far fewer
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno in (errno.EPIPE, errno.EINVAL):   # records overwritten meanwhile: go on
+                    continue
+                break
+            if not rec:
+                break
+            # Continuation lines (" KEY=value") carry device properties: drop them,
+            # as the check's own reader does.
+            recs.append(rec.split(b"\n", 1)[0] + b"\n")
+        return scan_buffer(b"".join(recs)) if recs else []
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _Gap:
+    """At most one triggered run per ``MIN_GAP`` seconds: the first at once (a
+    fault drains in about a second), later ones within the gap coalesced into
+    one run at its end.  A user who can make drain-class-looking lines the
+    check then refuses (an echo split across two polls) costs one run per gap,
+    not one per line."""
+
+    MIN_GAP = 5.0
+
+    def __init__(self) -> None:
+        self.last = -self.MIN_GAP
+        self.why: str | None = None
+
+    def now_or_later(self, why: str) -> bool:
+        """True when the run may happen now; else it is kept for :meth:`due`."""
+        if time.monotonic() - self.last >= self.MIN_GAP:
+            self.last, self.why = time.monotonic(), None
+            return True
+        self.why = self.why or why
+        return False
+
+    def due(self) -> str | None:
+        if self.why is not None and time.monotonic() - self.last >= self.MIN_GAP:
+            why, self.why, self.last = self.why, None, time.monotonic()
+            return why
+        return None
 
 
 class _Retry:
@@ -139,7 +204,8 @@ class _Retry:
 
 
 def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for: float = 0.0,
-          on_drain: Callable[[str], bool | None] | None = None, kernel: KernelFollower | None = None) -> int:
+          on_drain: Callable[[str], bool | None] | None = None, kernel: KernelFollower | None = None,
+          skip: Sequence[str] = ()) -> int:
     """Listen until SIGTERM/SIGINT (or *max_events* / *run_for*); returns the events written.
 
     With *on_drain*, a drain-class event (or a drain-class line *kernel*
@@ -182,19 +248,30 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
         n = 0
         t0 = time.monotonic()
         last_lost = -LOST_REPEAT_S
-        retry = _Retry()
+        retry, gap = _Retry(), _Gap()
 
         def trigger(why: str) -> None:
             assert on_drain is not None
+            if gap.now_or_later(why):
+                retry.after(why, on_drain(why))
+
+        def again(why: str) -> None:
+            # A retry is bounded by _Retry itself (5 in a minute): not held to the gap.
+            assert on_drain is not None
+            gap.last = time.monotonic()
             retry.after(why, on_drain(why))
 
         while not stop["now"]:
             if run_for and time.monotonic() - t0 >= run_for:
                 break
-            if on_drain is not None and retry.due():
-                trigger(retry.why)
+            if on_drain is not None:
+                late = gap.due()
+                if late is not None:
+                    retry.after(late, on_drain(late))
+                elif retry.due():
+                    again(retry.why)
             if kernel is not None and on_drain is not None:
-                why = drain_finding(lines=kernel.poll())
+                why = drain_finding(lines=kernel.poll(), skip=skip)
                 if why:
                     trigger(f"kernel log: {why}")
             if registered == 0:
@@ -222,7 +299,7 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
             append(path, rec)
             n += 1
             if on_drain is not None:
-                why = drain_finding(records=[rec])
+                why = drain_finding(records=[rec], skip=skip)
                 if why:
                     trigger(f"NVML event: {why}")
             if max_events and n >= max_events:
@@ -231,6 +308,8 @@ def watch(opener: Callable[[], Gpus], path: str, *, max_events: int = 0, run_for
     finally:
         events.close()
         gpus.close()
+        if kernel is not None:
+            kernel.close()
         signal.signal(signal.SIGTERM, old_term)
 
 

@@ -313,3 +313,38 @@ def test_an_oversized_model_file_is_one_unreadable_entry(tmp_path: Path, capsys:
     _write_model(d, "n3", dict(base, notes=["x" * 1000] * 20_000))
     col = store.load_dir(str(d))
     assert sorted(col.nodes) == ["n1", "n2"] and col.bad["n3"].reason == "model file over 16 MiB"
+
+
+@pytest.mark.parametrize("name", ["DEFAULT", "default", "Default", "ALL", "all"])
+def test_an_entry_named_after_a_slurm_conf_keyword_is_refused(tmp_path: Path, name: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """NodeName=DEFAULT sets every later node line's defaults (Slurm compares without
+    case): one node's file would rewrite the others' Gres= (security review F2)."""
+    d = tmp_path / "pub"
+    base = _collection(d, ["n1", "n2"])
+    small = copy.deepcopy(base)
+    small["gpus"] = small["gpus"][:1]
+    _write_model(d, name, small)
+    rc = main(["cluster", "render", "--from", str(d)])
+    cap = capsys.readouterr()
+    assert rc == 1 and "is a slurm.conf keyword" in cap.err, cap.err
+    assert not re.search(r"NodeName=(?i:default|all)\b", cap.out)
+    out = tmp_path / "out"
+    assert main(["cluster", "render", "--from", str(d), "--skip-unreadable", "-o", str(out)]) == 0
+    for f in out.iterdir():
+        assert not re.search(r"NodeName=(?i:default|all)\b", f.read_text()), f.name
+
+
+def test_a_model_with_absurdly_many_gpus_is_refused_before_the_render(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Links= grows with the square of the GPUs: 5,000 took minutes (security review F5)."""
+    d = tmp_path / "pub"
+    base = _collection(d, ["n1", "n2"])
+    big = copy.deepcopy(base)
+    g = big["gpus"][0]
+    big["gpus"] = [dict(g, index=i, minor=i, uuid=f"GPU-{i:08d}", pci_bus_id=f"0000:{i // 32:02x}:{i % 32:02x}.0",
+                        nvlinks=[]) for i in range(300)]
+    _write_model(d, "n3", big)
+    rc = main(["cluster", "render", "--from", str(d)])
+    cap = capsys.readouterr()
+    assert rc == 1 and "300 GPUs in one node model (at most 256)" in cap.err, cap.err

@@ -170,3 +170,44 @@ def test_cli_never_triggers_for_a_replay(tmp_path, monkeypatch):
     from slurm_gpu.cli import main
     assert main(["xid-watch", "--snapshot", H100, "--overlay", str(ov), "--events-file",
                  str(tmp_path / "e.jsonl"), "--max-events", "1", "--timeout", "5"]) == 0
+
+
+def test_triggers_within_the_gap_are_one_run_at_its_end(tmp_path, monkeypatch):
+    """A user who can write drain-class-looking lines the check then refuses
+    (an echo split across polls) costs one run per gap, not one per line
+    (security review F4)."""
+    log = tmp_path / "kernel.log"
+    log.write_text("")
+    k = watch.KernelFollower(str(log))
+    monkeypatch.setattr(watch._Gap, "MIN_GAP", 1.0)
+    calls: list[str] = []
+    import threading
+
+    def writer():
+        import time as t
+        for i in range(12):                 # a line every 0.1 s for 1.2 s
+            with open(log, "a") as f:
+                f.write(KERNEL79.format(seq=i + 1))
+            t.sleep(0.1)
+    th = threading.Thread(target=writer)
+    th.start()
+    watch.watch(opener({}), str(tmp_path / "ev.jsonl"), run_for=2.6, on_drain=lambda w: calls.append(w) or True,
+                kernel=k)
+    th.join()
+    assert 2 <= len(calls) <= 3, calls        # the first at once, the rest coalesced per second
+
+
+def test_a_skipped_check_triggers_nothing():
+    assert watch.drain_finding(records=[{"event": "xid", "xid": 79, "gpu": "0000:18:00.0"}]) is not None
+    assert watch.drain_finding(records=[{"event": "xid", "xid": 79, "gpu": "0000:18:00.0"}],
+                               skip=("gpu.xid",)) is None
+
+
+def test_kmsg_follower_reads_only_what_came_after_it(tmp_path):
+    """The /dev/kmsg follower keeps one descriptor at the end of the ring, not a
+    re-read of it every poll (security review, minor)."""
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("no readable /dev/kmsg")
+    k = watch.KernelFollower("/dev/kmsg")
+    assert k._fd is not None and k.poll() == []
+    k.close()
