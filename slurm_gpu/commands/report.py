@@ -27,6 +27,16 @@ def _when(text: str | None, default: float, opt: str) -> tuple[float, str]:
     raise UsageError(f"bad date {text!r}: expected YYYY-MM-DD[THH:MM[:SS]]", opt)
 
 
+def _period(since: str | None, until: str | None) -> tuple[float, float, str, str]:
+    """``--since``/``--until`` (default: the last 7 days) as times and as sacct's text."""
+    from ..errors import UsageError
+    t1, until_s = _when(until, time.time(), "--until")
+    t0, since_s = _when(since, t1 - 7 * 86400, "--since")
+    if t0 >= t1:
+        raise UsageError("--since must be before --until", "--since")
+    return t0, t1, since_s, until_s
+
+
 @click.group()
 def report() -> None:
     """Cluster GPU usage from the per-job summaries in slurmdbd."""
@@ -43,14 +53,9 @@ def report() -> None:
 def usage_cmd(since: str | None, until: str | None, by: str, gpus: float | None, as_json: bool) -> None:
     """Job efficiency and cluster utilisation over a period, GPU-hours held idle."""
     from ..acct import report as rep
-    from ..errors import UsageError
     from ..runner import run
     s = _settings()
-    now = time.time()
-    t1, until_s = _when(until, now, "--until")
-    t0, since_s = _when(since, t1 - 7 * 86400, "--since")
-    if t0 >= t1:
-        raise UsageError("--since must be before --until", "--since")
+    t0, t1, since_s, until_s = _period(since, until)
     rows = rep.fetch_period(s.sacct, since_s, until_s)
     if gpus is None:
         res = run(["sinfo", "-h", "-N", "-o", "%N %G"], 15, check=False)
@@ -72,14 +77,10 @@ def placement_cmd(since: str | None, until: str | None, topo_path: str | None, a
 
     from ..cluster import placement
     from ..confgen import hostlist, topocheck
-    from ..errors import InputError, SlurmGpuError, UsageError
+    from ..errors import InputError, SlurmGpuError
     from ..runner import run
     s = _settings()
-    now = time.time()
-    t1, until_s = _when(until, now, "--until")
-    t0, since_s = _when(since, t1 - 7 * 86400, "--since")
-    if t0 >= t1:
-        raise UsageError("--since must be before --until", "--since")
+    _, _, since_s, until_s = _period(since, until)
     if topo_path is None:
         base = os.path.dirname(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
         yml = os.path.join(base, "topology.yaml")
