@@ -38,6 +38,10 @@ must not be able to drain a node by logging text that looks like a fault.
 * The lines after the first one of a multi-line record (``\\x0a`` in kmsg,
   indented in dmesg and journal output, a newline in journal JSON) are
   *continuations*: they never start an event (see ``health/xid.py``).
+* Read from ``/proc/kmsg`` (imklog, klogd, ``dmesg -S``), every line of a
+  multi-line record carries the record's kernel time: a driver line with the
+  exact kernel time of the foreign kernel line before it may be a user's
+  newline in that record, and is a doubt (``kmsg_scan.SAME_RECORD``).
 
 The search finds each driver prefix with ``bytes.find`` over 8 MB chunks
 (``kmsg_scan._find``), so a 100 MB log is scanned in about 30 ms; the trust

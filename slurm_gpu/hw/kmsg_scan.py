@@ -79,6 +79,10 @@ class KernelLine:
 
 
 UNKNOWN_FORMAT = "no log format slurm-gpu knows comes before the driver's text"
+SAME_RECORD = ("the line before it, another message, has the same kernel time: "
+               "a newline in that message may have made this line")
+# The envelope groups that hold the kernel's own monotonic time ("[ 5123.456789]").
+_KSTAMPS = ("mono", "rmono", "xmono", "skts", "ikts", "bkts")
 
 
 def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
@@ -204,11 +208,36 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
         else:
             got = _scan_line(buf, ls, s, e, start, kept_end, base)
+        if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start):
+            # Read from /proc/kmsg (imklog, klogd, dmesg -S), every line of a
+            # multi-line record carries that record's stamp: a driver line with
+            # the stamp of a foreign line just before it may be that record's
+            # text (a user's newline).  Not proven either way: a warning.
+            got = _doubt(buf, s, e, ls + base, SAME_RECORD)
         if got:
             out += got
             if got[0].doubt is None:
                 kept_end = le
     return out
+
+
+def _kernel_stamp(prefix: str) -> str | None:
+    """The kernel's own monotonic time in a kernel-written line's envelope, else None."""
+    m = _ENVELOPE.match(prefix)
+    if m is None or not _trusted(m)[0]:
+        return None
+    return next((m.group(g) for g in _KSTAMPS if m.group(g) is not None), None)
+
+
+def _after_same_stamp(buf: bytes | bytearray, ls: int, s: int, start: int) -> bool:
+    """Whether the line at *ls* (its driver text at *s*) has the kernel time of the kernel line before it."""
+    if ls <= start:
+        return False
+    stamp = _kernel_stamp(bytes(buf[ls:s][:400]).decode("utf-8", "replace"))
+    if stamp is None:
+        return False
+    ps = max(buf.rfind(b"\n", start, ls - 1) + 1, start)
+    return _kernel_stamp(bytes(buf[ps:ls - 1][:400]).decode("utf-8", "replace")) == stamp
 
 
 def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept_end: int,
@@ -244,9 +273,9 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
     return [KernelLine(when, text, cont, at=ls + base)]
 
 
-def _doubt(buf: bytes | bytearray, s: int, e: int, at: int) -> list[KernelLine]:
+def _doubt(buf: bytes | bytearray, s: int, e: int, at: int, why: str = UNKNOWN_FORMAT) -> list[KernelLine]:
     text = bytes(buf[s:e]).decode("utf-8", "replace").rstrip("\r")
-    return [] if text.startswith("AER:") else [KernelLine(None, text, doubt=UNKNOWN_FORMAT, at=at)]
+    return [] if text.startswith("AER:") else [KernelLine(None, text, doubt=why, at=at)]
 
 
 def _has_envelope(buf: bytes | bytearray, ls: int, start: int) -> bool:
