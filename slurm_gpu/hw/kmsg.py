@@ -179,7 +179,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     break                  # the last line (entry), still being written
                 want *= 2
                 continue
-            out += got if export else scan_buffer(buf, 0, cut, pos)
+            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos))
             pos += cut
             want = CHUNK
         if lost >= 0:
@@ -188,6 +188,17 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         return out, FileCursor(p, st.st_ino, pos, _mark(fd, pos))
     finally:
         os.close(fd)
+
+
+def _line_before(fd: int, pos: int) -> bytes:
+    """The (first 400 bytes of the) line that ends at *pos*: what a read from *pos* needs for context."""
+    if pos <= 0:
+        return b""
+    tail = os.pread(fd, min(pos, 4096), max(0, pos - 4096))
+    if not tail.endswith(b"\n"):
+        return b""
+    ps = tail.rfind(b"\n", 0, len(tail) - 1) + 1
+    return tail[ps:len(tail) - 1][:400]
 
 
 AFTER_RESYNC = "read after bytes that are not the journal export format (see the warning about them)"

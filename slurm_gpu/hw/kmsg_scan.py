@@ -163,15 +163,17 @@ def _line_start(buf: bytes | bytearray, start: int) -> int:
     return buf.rfind(b"\n", 0, start) + 1
 
 
-def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0) -> list[KernelLine]:
+def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0,
+                before: bytes = b"") -> list[KernelLine]:
     """Kernel-written lines of interest in ``buf[start:end]``, in log order.
 
     Also the driver lines whose origin cannot be proven (``doubt`` set);
-    ``base`` is the file offset of ``buf[0]`` (their ``at``).
+    ``base`` is the file offset of ``buf[0]`` (their ``at``); *before* is the
+    line before ``buf[start]`` (a cursor or a chunk may split a record).
     """
     if end is None:
         end = len(buf)
-    return _decide(buf, start, end, base, find_hits(buf, start, end), [])
+    return _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
 
 
 def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -195,7 +197,7 @@ def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, i
 
 
 def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[tuple[int, int, int]],
-            out: list[KernelLine]) -> list[KernelLine]:
+            out: list[KernelLine], before: bytes = b"") -> list[KernelLine]:
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     for ls, s, e in hits:
@@ -208,7 +210,7 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
         else:
             got = _scan_line(buf, ls, s, e, start, kept_end, base)
-        if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start):
+        if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start, before):
             # Read from /proc/kmsg (imklog, klogd, dmesg -S), every line of a
             # multi-line record carries that record's stamp: a driver line with
             # the stamp of a foreign line just before it may be that record's
@@ -229,15 +231,20 @@ def _kernel_stamp(prefix: str) -> str | None:
     return next((m.group(g) for g in _KSTAMPS if m.group(g) is not None), None)
 
 
-def _after_same_stamp(buf: bytes | bytearray, ls: int, s: int, start: int) -> bool:
-    """Whether the line at *ls* (its driver text at *s*) has the kernel time of the kernel line before it."""
-    if ls <= start:
+def _after_same_stamp(buf: bytes | bytearray, ls: int, s: int, start: int, before: bytes = b"") -> bool:
+    """Whether the line at *ls* (its driver text at *s*) has the kernel time of the kernel line before it
+    (*before*: the line before ``buf[start]``)."""
+    if ls <= start and not before:
         return False
     stamp = _kernel_stamp(bytes(buf[ls:s][:400]).decode("utf-8", "replace"))
     if stamp is None:
         return False
-    ps = max(buf.rfind(b"\n", start, ls - 1) + 1, start)
-    return _kernel_stamp(bytes(buf[ps:ls - 1][:400]).decode("utf-8", "replace")) == stamp
+    if ls <= start:
+        prev = before                 # a driver line there was read by an earlier run: not kept in this one
+    else:
+        ps = max(buf.rfind(b"\n", start, ls - 1) + 1, start)
+        prev = bytes(buf[ps:ls - 1])
+    return _kernel_stamp(prev[:400].decode("utf-8", "replace")) == stamp
 
 
 def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept_end: int,

@@ -309,3 +309,17 @@ def test_a_real_multi_line_record_read_through_proc_kmsg_still_drains():
     # a real Xid a microsecond after another record's line, or after a kept line of its own stamp
     assert [(f.xid, f.severity) for f in findings(SPLIT["dmesg -S"].replace("5123.456789] NVRM", "5123.456790] NVRM"))
             ] == [(79, DRAIN)]
+
+
+def test_the_cursor_between_a_foreign_line_and_the_forged_one_changes_nothing(tmp_path):
+    # the health run read the log just after the record's first line was written
+    log = tmp_path / "kern.log"
+    first, rest = SPLIT["imklog kern.log"].split("\n", 1)
+    log.write_text(first + "\n")
+    lines, doc = kmsg.read_source(str(log), {})
+    assert lines == []
+    log.write_text(first + "\n" + rest)
+    lines, doc = kmsg.read_source(str(log), doc)
+    fs = xid.check_xid(xid.parse_lines(lines))
+    assert [(f.xid, f.severity) for f in fs] == [(79, "warn")]
+    assert f"byte {len(first) + 1} of the kernel log" in fs[0].message
