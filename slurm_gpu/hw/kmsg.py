@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
-from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, scan_buffer  # noqa: F401
+from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer  # noqa: F401
 from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
 DEV_KMSG = "/dev/kmsg"
@@ -191,14 +191,10 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
 
 
 def _line_before(fd: int, pos: int) -> bytes:
-    """The (first 400 bytes of the) line that ends at *pos*: what a read from *pos* needs for context."""
+    """The line that ends at *pos*, when a read from *pos* must compare with it (``kmsg_scan.line_before``)."""
     if pos <= 0:
         return b""
-    tail = os.pread(fd, min(pos, 4096), max(0, pos - 4096))
-    if not tail.endswith(b"\n"):
-        return b""
-    ps = tail.rfind(b"\n", 0, len(tail) - 1) + 1
-    return tail[ps:len(tail) - 1][:400]
+    return line_before(os.pread(fd, min(pos, 64 << 10), max(0, pos - (64 << 10))), pos <= 64 << 10)
 
 
 AFTER_RESYNC = "read after bytes that are not the journal export format (see the warning about them)"

@@ -231,6 +231,40 @@ def _kernel_stamp(prefix: str) -> str | None:
     return next((m.group(g) for g in _KSTAMPS if m.group(g) is not None), None)
 
 
+def _kept_driver_line(line: str) -> bool:
+    """Whether *line* is a kernel line whose message is a driver's (or an AER report)."""
+    m = _ENVELOPE.match(line)
+    if m is None or not _trusted(m)[0]:
+        return False
+    rest = line[m.end():]
+    dev = _AER_DEV.match(rest)
+    return bool(_DRIVER.match(rest)) or (dev is not None and rest[dev.end():].startswith("AER: Uncorrected"))
+
+
+def line_before(tail: bytes, whole: bool) -> bytes:
+    """The line before a read's start, for the same-stamp check (``scan_buffer``'s *before*).
+
+    *tail* ends with that line's newline (*whole*: it starts at the top of
+    the file).  Empty when that line is a kept driver line: the lines with its
+    kernel time back to one with another are all driver lines, as when the
+    earlier run kept them.
+    """
+    if not tail.endswith(b"\n"):
+        return b""
+    lines = tail[:-1].split(b"\n")
+    prev = lines[-1][:400]
+    stamp = _kernel_stamp(prev.decode("utf-8", "replace"))
+    if stamp is None:
+        return prev
+    for raw in reversed(lines if whole else lines[1:]):    # the first may be cut: not a line
+        text = raw[:400].decode("utf-8", "replace")
+        if _kernel_stamp(text) != stamp:
+            return b""
+        if not _kept_driver_line(text):
+            return prev
+    return b"" if whole else prev                      # the group reaches past what was read: not proven
+
+
 def _after_same_stamp(buf: bytes | bytearray, ls: int, s: int, start: int, before: bytes = b"") -> bool:
     """Whether the line at *ls* (its driver text at *s*) has the kernel time of the kernel line before it
     (*before*: the line before ``buf[start]``)."""

@@ -311,15 +311,17 @@ def test_a_real_multi_line_record_read_through_proc_kmsg_still_drains():
             ] == [(79, DRAIN)]
 
 
-def test_the_cursor_between_a_foreign_line_and_the_forged_one_changes_nothing(tmp_path):
-    # the health run read the log just after the record's first line was written
+@pytest.mark.parametrize("name,cut", [("imklog kern.log", 1), ("two forged lines", 2)])
+def test_the_cursor_between_a_foreign_line_and_the_forged_one_changes_nothing(tmp_path, name, cut):
+    # the health run read the log just after the record's first line(s) were written
     log = tmp_path / "kern.log"
-    first, rest = SPLIT["imklog kern.log"].split("\n", 1)
-    log.write_text(first + "\n")
+    parts = SPLIT[name].split("\n")
+    first, rest = "\n".join(parts[:cut]) + "\n", "\n".join(parts[cut:])
+    log.write_text(first)
     lines, doc = kmsg.read_source(str(log), {})
-    assert lines == []
-    log.write_text(first + "\n" + rest)
+    assert all(ln.doubt for ln in lines)
+    log.write_text(first + rest)
     lines, doc = kmsg.read_source(str(log), doc)
     fs = xid.check_xid(xid.parse_lines(lines))
     assert [(f.xid, f.severity) for f in fs] == [(79, "warn")]
-    assert f"byte {len(first) + 1} of the kernel log" in fs[0].message
+    assert f"byte {len(first)} of the kernel log" in fs[0].message
