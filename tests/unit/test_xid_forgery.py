@@ -281,8 +281,10 @@ SPLIT = {
     "dmesg -S": ("[ 5123.456789] tmpfs: Unknown parameter 'a\n"
                  "[ 5123.456789] NVRM: Xid (PCI:0000:07:00): 79\n"
                  "[ 5123.456789] b'\n"),
-    "rsyslog iso with kernel time": ("2026-11-28T15:10:23.1+00:00 gpu01 kernel: [ 5123.456789] tmpfs: Unknown parameter 'a\n"
-                                     "2026-11-28T15:10:23.1+00:00 gpu01 kernel: [ 5123.456789] NVRM: Xid (PCI:0000:07:00): 79\n"),
+    "rsyslog iso with kernel time": ("2026-11-28T15:10:23.1+00:00 gpu01 kernel: [ 5123.456789] "
+                                     "tmpfs: Unknown parameter 'a\n"
+                                     "2026-11-28T15:10:23.1+00:00 gpu01 kernel: [ 5123.456789] "
+                                     "NVRM: Xid (PCI:0000:07:00): 79\n"),
     "two forged lines": ("[ 5123.456789] tmpfs: Unknown parameter 'a\n"
                          "[ 5123.456789] NVRM: GPU 0000:07:00.0: GPU has fallen off the bus.\n"
                          "[ 5123.456789] NVRM: Xid (PCI:0000:07:00): 79\n"),
