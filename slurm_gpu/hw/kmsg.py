@@ -38,6 +38,10 @@ must not be able to drain a node by logging text that looks like a fault.
 * The lines after the first one of a multi-line record (``\\x0a`` in kmsg,
   indented in dmesg and journal output, a newline in journal JSON) are
   *continuations*: they never start an event (see ``health/xid.py``).
+* Read from ``/proc/kmsg`` (imklog, klogd, ``dmesg -S``), every line of a
+  multi-line record carries the record's kernel time: a driver line with the
+  exact kernel time of the foreign kernel line before it may be a user's
+  newline in that record, and is a doubt (``kmsg_scan.SAME_RECORD``).
 
 The search finds each driver prefix with ``bytes.find`` over 8 MB chunks
 (``kmsg_scan._find``), so a 100 MB log is scanned in about 30 ms; the trust
@@ -53,8 +57,8 @@ from dataclasses import dataclass
 from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
-from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, scan_buffer  # noqa: F401
-from .kmsg_export import MAGIC, Broken, scan_export
+from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer  # noqa: F401
+from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
 DEV_KMSG = "/dev/kmsg"
 CHUNK = 8 << 20
@@ -127,6 +131,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         # A journal export file (journalctl -o export) is read entry by entry
         # (kmsg_export): its first bytes are journalctl's, never a program's.
         export = os.pread(fd, len(MAGIC), 0) == MAGIC
+        lost = -1                          # where in ``out`` the export format broke (what follows is unproven)
         while pos < st.st_size:
             size = min(want, st.st_size - pos)
             if len(buf) < size:
@@ -138,11 +143,35 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
             if export:
                 try:
                     got, cut = scan_export(buf, 0, n, pos)
+                except Oversized as e:
+                    # A value too long to read (a program's, up to journald's
+                    # 768 MiB): stepped over by its length, never read.  From
+                    # its closing newline on, the rest of that entry reads as
+                    # no entry (not the kernel's, which has no such value).
+                    end_at = pos + e.value_end
+                    if end_at >= st.st_size:
+                        break              # still being written: read next time
+                    if os.pread(fd, 1, end_at) == b"\n":
+                        pos, want = end_at, CHUNK
+                        continue
+                    frm = pos
                 except Broken as e:
-                    if pos > start:
-                        break              # what came before is read; the next read says so
-                    raise InputError(f"not a journal export file from byte {pos + e.offset} on "
-                                     "(a value without its length or end)", p) from None
+                    frm = pos + e.offset
+                else:
+                    frm = -1
+                if frm >= 0:
+                    # Not the export format from ``frm`` on: stopping there would
+                    # blind every later run.  Resync at the next entry boundary,
+                    # say what was skipped (a warning), and trust nothing read
+                    # after it in this run: the boundary may be a program's text.
+                    to = _resync_at(fd, frm, st.st_size)
+                    if lost < 0:
+                        lost = len(out)
+                    out.append(KernelLine(None, "", doubt=f"journal export: bytes {frm} to {to} of the kernel log are "
+                                          "not the export format (a value without its length or end): skipped, "
+                                          "and no report after them is trusted", at=frm))
+                    pos, want = to, CHUNK
+                    continue
             else:
                 cut = buf.rfind(b"\n", 0, n) + 1
             if not cut:
@@ -150,12 +179,39 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     break                  # the last line (entry), still being written
                 want *= 2
                 continue
-            out += got if export else scan_buffer(buf, 0, cut, pos)
+            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos))
             pos += cut
             want = CHUNK
+        if lost >= 0:
+            out[lost:] = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, AFTER_RESYNC, ln.at)
+                          for ln in out[lost:]]
         return out, FileCursor(p, st.st_ino, pos, _mark(fd, pos))
     finally:
         os.close(fd)
+
+
+def _line_before(fd: int, pos: int) -> bytes:
+    """The line that ends at *pos*, when a read from *pos* must compare with it (``kmsg_scan.line_before``)."""
+    if pos <= 0:
+        return b""
+    return line_before(os.pread(fd, min(pos, 64 << 10), max(0, pos - (64 << 10))), pos <= 64 << 10)
+
+
+AFTER_RESYNC = "read after bytes that are not the journal export format (see the warning about them)"
+
+
+def _resync_at(fd: int, frm: int, size: int) -> int:
+    """The next entry boundary of an export file at or after *frm* (*size* when none)."""
+    at = frm
+    while at < size:
+        block = os.pread(fd, CHUNK, at)
+        k = resync(block, 0, len(block))
+        if k >= 0:
+            return at + k
+        if at + len(block) >= size or len(block) <= 128:
+            break
+        at += len(block) - 128           # a boundary across two blocks is found in the next
+    return size
 
 
 # ----------------------------------------------------------------- /dev/kmsg

@@ -31,10 +31,24 @@ MAGIC = b"__CURSOR="
 _BINARY_NAME = re.compile(rb"\n[A-Z0-9_]{1,64}\n")
 _FIRST_NAME = re.compile(rb"[A-Z0-9_]{1,64}\n")
 _FIELD = re.compile(rb"([A-Za-z0-9_]{1,64})=([^\n]*)\n")
-MAX_FIELD = 64 << 20         # a value longer than this is no journal's: the rest is not read
+MAX_FIELD = 768 << 20        # journald's DATA_SIZE_MAX: a longer value is no journal's (the file broke)
+# A value longer than this is stepped over by its length, never read (the
+# kernel's records are under 1 KiB: its entry is never one with such a value).
+STEP_OVER = 1 << 20
+# An entry boundary to resync at after bytes that are not the export format:
+# an empty line, then a field's name.
+_RESYNC = re.compile(rb"\n\n(?=[A-Za-z0-9_]{1,64}[=\n])")
 
 
 Binary = tuple[bytes, int, int, int]   # name, where its line starts, where its length starts, its value's end
+
+
+class Oversized(ValueError):
+    """The entry at the start holds a value longer than ``STEP_OVER``; it ends (its newline) at ``value_end``."""
+
+    def __init__(self, value_end: int) -> None:
+        super().__init__(value_end)
+        self.value_end = value_end
 
 
 class Broken(ValueError):
@@ -45,9 +59,10 @@ class Broken(ValueError):
         self.offset = offset
 
 
-def _walk(buf: bytes | bytearray, start: int, end: int) -> tuple[list[Binary], int, bool]:
-    """The binary fields in ``buf[start:end]``, where the walk stopped, and whether it stopped
-    at bytes that are not the export format (else at a value *end* cuts off: read on next time).
+def _walk(buf: bytes | bytearray, start: int, end: int) -> tuple[list[Binary], int, bool, int]:
+    """The binary fields in ``buf[start:end]``, where the walk stopped, whether it stopped
+    at bytes that are not the export format (else at a value *end* cuts off: read on next time),
+    and where a value longer than ``STEP_OVER`` that *end* cuts off ends (else -1).
     """
     out: list[Binary] = []
     i = start
@@ -59,17 +74,17 @@ def _walk(buf: bytes | bytearray, start: int, end: int) -> tuple[list[Binary], i
             # from the newline that ends the field before (the previous value's)
             m = _BINARY_NAME.search(buf, i - 1 if i > start else i, end)
             if m is None:
-                return out, end, False
+                return out, end, False, -1
             ns, ls = m.start() + 1, m.end()
         ds = ls + 8
         if ds > end:
-            return out, ns, False
+            return out, ns, False, -1
         size = int.from_bytes(buf[ls:ds], "little")
         de = ds + size
         if size > MAX_FIELD or (de < end and buf[de:de + 1] != b"\n"):
-            return out, ns, True
+            return out, ns, True, -1
         if de + 1 > end:
-            return out, ns, False
+            return out, ns, False, de if size > STEP_OVER else -1
         out.append((bytes(buf[ns:ls - 1]), ns, ls, de))
         i = de + 1
 
@@ -138,13 +153,16 @@ def scan_export(buf: bytes | bytearray, start: int, end: int, base: int = 0) -> 
 
     *start* must be an entry boundary (the top of the file, or where the
     last read stopped).  Raises :class:`Broken` when the first entry is not
-    the export format (the entries before a broken one are read first).
+    the export format, :class:`Oversized` when it holds a value too long to
+    read (the entries before either are read first).
     """
-    bins, stop, broken = _walk(buf, start, end)
+    bins, stop, broken, big = _walk(buf, start, end)
     starts = [b[2] for b in bins]
     cut = _last_boundary(buf, bins, starts, start, stop)
     if broken and cut == start:
         raise Broken(stop)
+    if big >= 0 and cut == start:
+        raise Oversized(big)
     out: list[KernelLine] = []
     done: set[int] = set()
     for ls, s, _ in find_hits(buf, start, cut):
@@ -172,3 +190,9 @@ def scan_export(buf: bytes | bytearray, start: int, end: int, base: int = 0) -> 
         got = _message_lines(msg.decode("utf-8", "replace"), w)
         out += [KernelLine(ln.when, ln.text, ln.cont, at=base + es) for ln in got]
     return out, cut
+
+
+def resync(buf: bytes | bytearray, start: int, end: int) -> int:
+    """Where the first entry after ``buf[start]`` starts (an empty line, then a field's name), else -1."""
+    m = _RESYNC.search(buf, start, end)
+    return -1 if m is None else m.start() + 2

@@ -79,6 +79,10 @@ class KernelLine:
 
 
 UNKNOWN_FORMAT = "no log format slurm-gpu knows comes before the driver's text"
+SAME_RECORD = ("the line before it, another message, has the same kernel time: "
+               "a newline in that message may have made this line")
+# The envelope groups that hold the kernel's own monotonic time ("[ 5123.456789]").
+_KSTAMPS = ("mono", "rmono", "xmono", "skts", "ikts", "bkts")
 
 
 def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
@@ -159,15 +163,17 @@ def _line_start(buf: bytes | bytearray, start: int) -> int:
     return buf.rfind(b"\n", 0, start) + 1
 
 
-def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0) -> list[KernelLine]:
+def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0,
+                before: bytes = b"") -> list[KernelLine]:
     """Kernel-written lines of interest in ``buf[start:end]``, in log order.
 
     Also the driver lines whose origin cannot be proven (``doubt`` set);
-    ``base`` is the file offset of ``buf[0]`` (their ``at``).
+    ``base`` is the file offset of ``buf[0]`` (their ``at``); *before* is the
+    line before ``buf[start]`` (a cursor or a chunk may split a record).
     """
     if end is None:
         end = len(buf)
-    return _decide(buf, start, end, base, find_hits(buf, start, end), [])
+    return _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
 
 
 def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -191,7 +197,7 @@ def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, i
 
 
 def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[tuple[int, int, int]],
-            out: list[KernelLine]) -> list[KernelLine]:
+            out: list[KernelLine], before: bytes = b"") -> list[KernelLine]:
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     for ls, s, e in hits:
@@ -204,11 +210,75 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
         else:
             got = _scan_line(buf, ls, s, e, start, kept_end, base)
+        if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start, before):
+            # Read from /proc/kmsg (imklog, klogd, dmesg -S), every line of a
+            # multi-line record carries that record's stamp: a driver line with
+            # the stamp of a foreign line just before it may be that record's
+            # text (a user's newline).  Not proven either way: a warning.
+            got = _doubt(buf, s, e, ls + base, SAME_RECORD)
         if got:
             out += got
             if got[0].doubt is None:
                 kept_end = le
     return out
+
+
+def _kernel_stamp(prefix: str) -> str | None:
+    """The kernel's own monotonic time in a kernel-written line's envelope, else None."""
+    m = _ENVELOPE.match(prefix)
+    if m is None or not _trusted(m)[0]:
+        return None
+    return next((m.group(g) for g in _KSTAMPS if m.group(g) is not None), None)
+
+
+def _kept_driver_line(line: str) -> bool:
+    """Whether *line* is a kernel line whose message is a driver's (or an AER report)."""
+    m = _ENVELOPE.match(line)
+    if m is None or not _trusted(m)[0]:
+        return False
+    rest = line[m.end():]
+    dev = _AER_DEV.match(rest)
+    return bool(_DRIVER.match(rest)) or (dev is not None and rest[dev.end():].startswith("AER: Uncorrected"))
+
+
+def line_before(tail: bytes, whole: bool) -> bytes:
+    """The line before a read's start, for the same-stamp check (``scan_buffer``'s *before*).
+
+    *tail* ends with that line's newline (*whole*: it starts at the top of
+    the file).  Empty when that line is a kept driver line: the lines with its
+    kernel time back to one with another are all driver lines, as when the
+    earlier run kept them.
+    """
+    if not tail.endswith(b"\n"):
+        return b""
+    lines = tail[:-1].split(b"\n")
+    prev = lines[-1][:400]
+    stamp = _kernel_stamp(prev.decode("utf-8", "replace"))
+    if stamp is None:
+        return prev
+    for raw in reversed(lines if whole else lines[1:]):    # the first may be cut: not a line
+        text = raw[:400].decode("utf-8", "replace")
+        if _kernel_stamp(text) != stamp:
+            return b""
+        if not _kept_driver_line(text):
+            return prev
+    return b"" if whole else prev                      # the group reaches past what was read: not proven
+
+
+def _after_same_stamp(buf: bytes | bytearray, ls: int, s: int, start: int, before: bytes = b"") -> bool:
+    """Whether the line at *ls* (its driver text at *s*) has the kernel time of the kernel line before it
+    (*before*: the line before ``buf[start]``)."""
+    if ls <= start and not before:
+        return False
+    stamp = _kernel_stamp(bytes(buf[ls:s][:400]).decode("utf-8", "replace"))
+    if stamp is None:
+        return False
+    if ls <= start:
+        prev = before                 # a driver line there was read by an earlier run: not kept in this one
+    else:
+        ps = max(buf.rfind(b"\n", start, ls - 1) + 1, start)
+        prev = bytes(buf[ps:ls - 1])
+    return _kernel_stamp(prev[:400].decode("utf-8", "replace")) == stamp
 
 
 def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept_end: int,
@@ -244,9 +314,9 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
     return [KernelLine(when, text, cont, at=ls + base)]
 
 
-def _doubt(buf: bytes | bytearray, s: int, e: int, at: int) -> list[KernelLine]:
+def _doubt(buf: bytes | bytearray, s: int, e: int, at: int, why: str = UNKNOWN_FORMAT) -> list[KernelLine]:
     text = bytes(buf[s:e]).decode("utf-8", "replace").rstrip("\r")
-    return [] if text.startswith("AER:") else [KernelLine(None, text, doubt=UNKNOWN_FORMAT, at=at)]
+    return [] if text.startswith("AER:") else [KernelLine(None, text, doubt=why, at=at)]
 
 
 def _has_envelope(buf: bytes | bytearray, ls: int, start: int) -> bool:

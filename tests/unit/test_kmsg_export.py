@@ -111,17 +111,61 @@ def test_cursor_stops_at_the_last_whole_entry(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bad", [b"MESSAGE\n" + struct.pack("<Q", 1 << 40) + b"x\n\n",     # a length past any value
                                  b"MESSAGE\n" + struct.pack("<Q", 1) + b"xy\n\n"])         # no newline after it
-def test_a_broken_export_file_is_read_up_to_the_break_then_said_so(tmp_path, bad):
-    from slurm_gpu.errors import InputError
+def test_a_broken_export_file_is_read_up_to_the_break_then_resynced_and_said_so(tmp_path, bad):
     first = entry("kernel", XID79)
     log = tmp_path / "kern.export"
     log.write_bytes(first + bad + entry("kernel", XID79.replace("02:00", "03:00")))
     lines, doc = kmsg.read_source(str(log), {})
-    assert [(e.code, e.gpu) for e in xid.parse_lines(lines)] == [(79, "0000:02:00.0")]
-    assert doc["files"][str(log)]["offset"] == len(first)
-    with pytest.raises(InputError) as e:                 # never a silent "ok" from then on
-        kmsg.read_source(str(log), doc)
-    assert f"not a journal export file from byte {len(first)} on" in e.value.line()
+    fs = xid.check_xid(xid.parse_lines(lines))
+    # the whole entries before the break count; what comes after the resync is not proven
+    assert [(f.xid, f.gpu, f.severity) for f in fs] == [(79, "0000:02:00.0", DRAIN), (79, "0000:03:00.0", "warn")]
+    assert doc["files"][str(log)]["offset"] == log.stat().st_size    # never stuck at the break
+    assert kmsg.read_source(str(log), doc)[0] == []
     rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
                                     only=["gpu.xid"], no_drain=True))
-    assert rep.status == DRAIN                          # the whole entries before the break still count
+    assert rep.status == DRAIN
+    assert any(f.severity == "warn" and f"bytes {len(first)} to " in f.message and "skipped" in f.message
+               for f in rep.findings), rep.findings
+
+
+def _big_user_entry(f, size: int) -> None:
+    """A user's journal entry with a *size*-byte binary MESSAGE, written sparse (never held in memory)."""
+    N[0] += 1
+    f.write(field("__CURSOR", f"s=0;i={N[0]:x}") + field("_TRANSPORT", "journal")
+            + b"MESSAGE\n" + struct.pack("<Q", size))
+    f.seek(size, 1)                                      # zeros: the binary form
+    f.write(b"\n" + field("_HOSTNAME", "n1") + b"\n")
+
+
+def test_one_huge_user_entry_does_not_blind_the_reader(tmp_path):
+    # journald takes fields up to 768 MiB (DATA_SIZE_MAX); 66 MiB was past the old limit
+    log = tmp_path / "kern.export"
+    first = entry("kernel", "NVRM: Xid (PCI:0000:07:00): 13, pid=1, Graphics Exception")
+    with open(log, "wb") as f:
+        f.write(first)
+        _big_user_entry(f, 66 << 20)
+    lines, doc = kmsg.read_source(str(log), {})
+    assert [e.code for e in xid.parse_lines(lines)] == [13]
+    assert doc["files"][str(log)]["offset"] == log.stat().st_size
+    with open(log, "ab") as f:                           # the next run, from the cursor
+        f.write(entry("kernel", "NVRM: Xid (PCI:0000:07:00): 79, pid=1"))
+    lines, doc = kmsg.read_source(str(log), doc)
+    assert [(f.xid, f.gpu, f.severity) for f in xid.check_xid(xid.parse_lines(lines))] == [
+        (79, "0000:07:00.0", DRAIN)]
+    rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
+                                    only=["gpu.xid"], no_drain=True))
+    assert rep.status == DRAIN and {f.xid for f in rep.findings} == {13, 79}
+
+
+def test_a_huge_value_is_stepped_over_by_its_length(tmp_path, monkeypatch):
+    monkeypatch.setattr(kmsg, "CHUNK", 4096)            # the value is far larger than a chunk
+    log = tmp_path / "kern.export"
+    fake = FAKE_ENTRY.encode() * 2000                    # a fake kernel entry all through the value
+    with open(log, "wb") as f:
+        N[0] += 1
+        f.write(field("__CURSOR", "s=0;i=1") + field("_TRANSPORT", "journal") + b"MESSAGE\n"
+                + struct.pack("<Q", len(fake) + (4 << 20)) + fake)
+        f.seek(4 << 20, 1)
+        f.write(b"\n" + field("_HOSTNAME", "n1") + b"\n" + entry("kernel", XID79))
+    lines, _ = kmsg.read_source(str(log), {})
+    assert [(e.code, e.gpu, e.untrusted) for e in xid.parse_lines(lines)] == [(79, "0000:02:00.0", None)]

@@ -269,3 +269,61 @@ def test_a_mismatch_in_a_log_without_stamps_never_hides_a_report_silently():
             + "".join(f"kernel: NVRM: {i}\n" for i in range(40)) + f"kernel: {XID}\n")
     fs = findings(text)
     assert [(f.xid, f.severity) for f in fs] == [(79, "warn")]
+
+
+# A user's newline inside a kernel record (tmpfs echoes a mount option it does not
+# know): read from /proc/kmsg (rsyslog imklog, busybox klogd, ``dmesg -S``) the
+# kernel puts its prefix and the record's own stamp on every line of the record.
+SPLIT = {
+    "imklog kern.log": ("Nov 28 15:10:23 gpu01 kernel: [ 5123.456789] tmpfs: Unknown parameter 'a\n"
+                        "Nov 28 15:10:23 gpu01 kernel: [ 5123.456789] NVRM: Xid (PCI:0000:07:00): 79\n"
+                        "Nov 28 15:10:23 gpu01 kernel: [ 5123.456789] b'\n"),
+    "dmesg -S": ("[ 5123.456789] tmpfs: Unknown parameter 'a\n"
+                 "[ 5123.456789] NVRM: Xid (PCI:0000:07:00): 79\n"
+                 "[ 5123.456789] b'\n"),
+    "rsyslog iso with kernel time": ("2026-11-28T15:10:23.1+00:00 gpu01 kernel: [ 5123.456789] "
+                                     "tmpfs: Unknown parameter 'a\n"
+                                     "2026-11-28T15:10:23.1+00:00 gpu01 kernel: [ 5123.456789] "
+                                     "NVRM: Xid (PCI:0000:07:00): 79\n"),
+    "two forged lines": ("[ 5123.456789] tmpfs: Unknown parameter 'a\n"
+                         "[ 5123.456789] NVRM: GPU 0000:07:00.0: GPU has fallen off the bus.\n"
+                         "[ 5123.456789] NVRM: Xid (PCI:0000:07:00): 79\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT))
+def test_a_newline_in_a_foreign_record_only_warns(tmp_path, name):
+    fs = findings(SPLIT[name])
+    assert fs and {f.severity for f in fs} == {"warn"} and all("not drained" in f.message for f in fs), fs
+    first_driver = SPLIT[name].index("\n") + 1
+    assert f"byte {first_driver} of the kernel log" in fs[0].message
+    log = tmp_path / "kern.log"
+    log.write_text(SPLIT[name])
+    rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
+                                    only=["gpu.xid"], no_drain=True))
+    assert rep.status == "warn" and drain_reason(rep.findings) is None
+
+
+def test_a_real_multi_line_record_read_through_proc_kmsg_still_drains():
+    stamp = "Nov 28 15:10:23 gpu01 kernel: [ 5123.456789] "
+    off_bus = "".join(stamp + part + "\n" for part in OFF_BUS.replace("02:00.0", "b3:00.0").split("\\x0a"))
+    assert [(f.xid, f.gpu, f.severity) for f in findings(off_bus)] == [(79, "0000:b3:00.0", DRAIN)]
+    # a real Xid a microsecond after another record's line, or after a kept line of its own stamp
+    assert [(f.xid, f.severity) for f in findings(SPLIT["dmesg -S"].replace("5123.456789] NVRM", "5123.456790] NVRM"))
+            ] == [(79, DRAIN)]
+
+
+@pytest.mark.parametrize("name,cut", [("imklog kern.log", 1), ("two forged lines", 2)])
+def test_the_cursor_between_a_foreign_line_and_the_forged_one_changes_nothing(tmp_path, name, cut):
+    # the health run read the log just after the record's first line(s) were written
+    log = tmp_path / "kern.log"
+    parts = SPLIT[name].split("\n")
+    first, rest = "\n".join(parts[:cut]) + "\n", "\n".join(parts[cut:])
+    log.write_text(first)
+    lines, doc = kmsg.read_source(str(log), {})
+    assert all(ln.doubt for ln in lines)
+    log.write_text(first + rest)
+    lines, doc = kmsg.read_source(str(log), doc)
+    fs = xid.check_xid(xid.parse_lines(lines))
+    assert [(f.xid, f.severity) for f in fs] == [(79, "warn")]
+    assert f"byte {len(first)} of the kernel log" in fs[0].message
