@@ -129,6 +129,34 @@ static const char *sg_option_value(int which)
 
 static const struct sg_outer_api sg_api = { SG_API_VERSION, sg_option_value };
 
+/* One hex number at *p, which is moved past it; 0 when there is none (or it
+ * is too long).  By hand, not sscanf/strtoul: under _GNU_SOURCE, glibc 2.38
+ * and later map those to __isoc23_* symbols, so a plugin built on a newer
+ * distribution would need that glibc wherever it is loaded. */
+static int sg_hex(const char **p, unsigned long *out)
+{
+    unsigned long v = 0;
+    size_t n = 0;
+
+    for (;; (*p)++, n++) {
+        char c = **p;
+        unsigned d;
+        if (c >= '0' && c <= '9')
+            d = (unsigned) (c - '0');
+        else if (c >= 'a' && c <= 'f')
+            d = (unsigned) (c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            d = (unsigned) (c - 'A' + 10);
+        else
+            break;
+        if (n >= sizeof(v) * 2)
+            return 0;
+        v = v << 4 | d;
+    }
+    *out = v;
+    return n > 0;
+}
+
 /* The directory of the file this code runs from, as the kernel names the
  * mapping (/proc/self/maps), with a trailing '/'.  plugstack.conf names the
  * plugin through the venv link (/opt/slurm-gpu/venv -> venv-STAMP), and an
@@ -147,13 +175,26 @@ static int sg_own_dir(char *dir, size_t len, const char **why)
         return -1;
     while (fgets(line, sizeof(line), f)) {
         unsigned long lo, hi;
-        int off = 0;
+        const char *p = line;
         char *path, *slash;
         size_t n;
-        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &lo, &hi, &off) < 2 || off == 0
-            || self < lo || self >= hi)
+        int field;
+        /* "lo-hi perms offset dev inode   path" */
+        if (!sg_hex(&p, &lo) || *p++ != '-' || !sg_hex(&p, &hi) || self < lo || self >= hi)
             continue;
-        path = line + off;
+        for (field = 0; field < 4; field++) {
+            while (*p == ' ')
+                p++;
+            if (*p == '\0' || *p == '\n')
+                break;
+            while (*p && *p != ' ' && *p != '\n')
+                p++;
+        }
+        if (field < 4)
+            continue;
+        while (*p == ' ')
+            p++;
+        path = line + (p - line);
         path[strcspn(path, "\n")] = '\0';
         n = strlen(path);
         if (n > 10 && strcmp(path + n - 10, " (deleted)") == 0) {
