@@ -119,14 +119,7 @@ def _boundary_after(buf: bytes | bytearray, bins: list, starts: list[int], pos: 
 
 def _last_boundary(buf: bytes | bytearray, bins: list, starts: list[int], start: int, stop: int) -> int:
     """The end of the last whole entry before *stop* (*start* when none ends there)."""
-    pos = stop
-    while True:
-        p = buf.rfind(b"\n\n", start, pos)
-        if p < 0:
-            return start
-        if _in_value(bins, starts, p + 1) < 0:
-            return p + 2
-        pos = p + 1
+    return _boundary_before(buf, bins, starts, stop, start)
 
 
 def _entry(buf: bytes | bytearray, bins: list, starts: list[int], es: int, ee: int) -> dict[bytes, bytes]:
