@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Mapping
 
     from .settings import JobsSettings, MigSettings, MpsSettings
+    from .state import JobRecord
 
 from .mps import JobUser
 
@@ -99,12 +100,13 @@ def _lazy_api(ctx: Context) -> Callable[[], Any]:
     return api
 
 
-def job_user(env: Mapping[str, str], st: dict[str, Any] | None = None) -> JobUser | None:
-    uid = env.get("SLURM_JOB_UID") or (str(st["uid"]) if st else "")
-    gid = env.get("SLURM_JOB_GID") or (str(st["gid"]) if st else "")
+def job_user(env: Mapping[str, str], st: JobRecord | None = None) -> JobUser | None:
+    """The job's user from slurmd's environment, else from the job's record."""
+    uid = env.get("SLURM_JOB_UID") or (str(st.uid) if st and st.uid is not None else "")
+    gid = env.get("SLURM_JOB_GID") or (str(st.gid) if st and st.gid is not None else "")
     if not uid.isdigit():
         return None
-    name = env.get("SLURM_JOB_USER") or (st or {}).get("user") or ""
+    name = env.get("SLURM_JOB_USER") or (st.user if st else "") or ""
     if not gid.isdigit():
         try:
             gid = str(pwd.getpwuid(int(uid)).pw_gid)
