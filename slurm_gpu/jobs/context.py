@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Mapping
 
     from .settings import JobsSettings, MigSettings, MpsSettings
-    from .state import JobRecord
+    from .state import GpuFact, JobRecord
 
 from .mps import JobUser
 
@@ -141,7 +141,7 @@ def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
     return out, bool(whole)
 
 
-def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
+def _gpu_facts(ctx: Context, indices: list[int]) -> list[GpuFact]:
     """Minor, UUID, name and local CPUs of each job GPU (node model, cached).
 
     Everything after this names the job's GPUs by UUID and minor: guessing
@@ -154,7 +154,7 @@ def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
         raise HardwareError("no node model to tell which GPUs the job holds")
     table = gpu_table(ctx.facts_dir or os.path.join(ctx.state_dir, "node-facts"), ctx.config_path,
                       ctx.node, ctx.gres_conf, ctx.node_name)
-    facts = []
+    facts: list[Any] = []
     for i in indices:
         if i not in table or not table[i].get("uuid"):
             raise HardwareError(f"Slurm GPU index {i} names no GPU of this node "

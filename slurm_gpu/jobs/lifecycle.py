@@ -24,21 +24,24 @@ means (docs/mps-mig.md):
 from __future__ import annotations
 
 import os
+
 TYPE_CHECKING = False
 
+from .. import joboptions as _options  # the one declaration of the SPANK options
 from ..errors import Consequence, InputError, SlurmGpuError, consequence, message
 from . import state as jobstate
+
 # The context and the job's user and GPUs (re-exported: lifecycle.Context and
 # lifecycle.default_context are the entry points of __main__, commands and tests).
 from .context import Context, _gpu_facts, _lazy_api, default_context, job_gpus, job_user
 from .mps import JobUser
 from .state import JobFailed, JobRecord, Phase
-from .steps import Job, cancel as _cancel, every_undo, parse_mps, policy_of, steps_for, undo
-
-from .. import joboptions as _options  # the one declaration of the SPANK options
+from .steps import Job, every_undo, parse_mps, policy_of, steps_for, undo
+from .steps import cancel as _cancel
 
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from collections.abc import Callable
+    from typing import Any
 
 __all__ = ["Context", "JobFailed", "JobUser", "default_context", "epilog", "job_gpus",
            "job_user", "mark_failed", "parse_mps", "prolog", "teardown"]

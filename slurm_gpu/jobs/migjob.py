@@ -126,7 +126,7 @@ def teardown(job: Job) -> None:
     """Destroy exactly what the job created, then restore each GPU's baseline."""
     ctx, st = job.ctx, job.record
     a = job.api()
-    for rec in (st.mig or {}).get("gpus", []):
+    for rec in st.mig["gpus"] if st.mig else []:
         idx = rec["index"]
         where = f"GPU {idx}"
         dev = _open(a, rec)

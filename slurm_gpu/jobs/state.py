@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     class MigInstance(TypedDict):
         """One instance the job creates: recorded ("pending", ids None) before it is created."""
         profile: str
-        gi_profile_id: int
+        gi_profile_id: int | None
         start: int
         size: int
         gi_id: int | None
@@ -72,9 +72,9 @@ READABLE = (1, 2)
 class Phase:
     """Where the job's prolog got to."""
 
-    PROLOG = "prolog"          # written before the first step acts; the steps run
-    READY = "ready"            # every step applied: the tasks get the environment
-    FAILED = "failed"          # ``error`` says why; the tasks fail with it
+    PROLOG: PhaseName = "prolog"      # written before the first step acts; the steps run
+    READY: PhaseName = "ready"        # every step applied: the tasks get the environment
+    FAILED: PhaseName = "failed"      # ``error`` says why; the tasks fail with it
 
 
 PHASES = (Phase.PROLOG, Phase.READY, Phase.FAILED)
@@ -146,7 +146,7 @@ class JobRecord:
     def mig_uuids(self) -> list[str]:
         """The job's MIG device UUIDs in GPU order, then placement order."""
         out: list[str] = []
-        for g in (self.mig or {}).get("gpus", []):
+        for g in self.mig["gpus"] if self.mig else ():
             out.extend(i["uuid"] for i in g.get("instances", []) if i.get("uuid"))
         return out
 

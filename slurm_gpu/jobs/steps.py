@@ -27,7 +27,8 @@ from .state import JobFailed, JobRecord, Phase
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from collections.abc import Callable
+    from typing import Any
 
     from .context import Context
     from .mps import JobUser

@@ -10,8 +10,9 @@ epilog can undo a change that was interrupted half-way.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..hw.gpus import GpuError, Gpus
 from . import blockers, instances

@@ -6,14 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
+from test_jobs_lifecycle import Env, Killed
 
 from slurm_gpu.errors import Consequence, HardwareError, UsageError
 from slurm_gpu.jobs import lifecycle, steps
 from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.jobs.state import JobFailed
-
-from test_jobs_lifecycle import Env, Killed  # noqa: E402 - the same simulated node
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="prolog/epilog run as root")
 
