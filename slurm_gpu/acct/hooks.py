@@ -173,7 +173,6 @@ def main(step: str, env: Mapping[str, str] | None = None) -> int:
                      "retried later")
         return 0
     except Exception as e:  # noqa: BLE001 - accounting never fails a job or drains a node
-        from ..errors import SlurmGpuError
-        line = e.line() if isinstance(e, SlurmGpuError) else f"slurm-gpu: internal error: {type(e).__name__}: {e}"
-        _log(f"{line} [acct {step}]")
+        from ..errors import message
+        _log(f"slurm-gpu: {message(e)} [acct {step}]")
         return 0

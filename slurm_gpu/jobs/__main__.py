@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import lifecycle
         ctx = lifecycle.default_context(health=args[0] == "epilog")
         if ctx.jobs.timeout > 0:
-            _watchdog(ctx.jobs.timeout, args[0],
-                      1 if ctx.jobs.on_internal_error == "drain" else 0,
+            _watchdog(ctx.jobs.timeout, args[0], lifecycle.policy_of(ctx).node_fault_exit(),
                       lambda line: lifecycle.mark_failed(ctx, line))
         return lifecycle.prolog(ctx) if args[0] == "prolog" else lifecycle.epilog(ctx)
     except Exception as e:  # noqa: BLE001 - settings unreadable, bad job id...: a node fault
