@@ -21,6 +21,7 @@ from . import state as jobstate
 from .state import JobFailed
 
 if TYPE_CHECKING:
+    from ..mig.instances import Existing
     from ..mig.planner import Placement
     from .state import MigGpu, MigInstance
     from .steps import Job
@@ -87,6 +88,10 @@ def setup(job: Job, wanted: str) -> None:
                  dev: int = facts.dev) -> None:
             inst = rec["instances"][-1]
             inst["gi_id"], inst["ci_id"] = gid, cid
+            if inst["gi_profile_id"] is None:
+                # A profile whose id NVIDIA does not publish: the driver chose it.
+                inst["gi_profile_id"] = next((e.profile_id for e in instances.list_instances(a, dev)
+                                              if e.gi_id == gid), None)
             inst["uuid"] = next((u for g2, c2, u in instances.mig_devices(a, dev)
                                  if g2 == gid and c2 == cid), None)
             if not inst["uuid"]:
@@ -146,12 +151,25 @@ def teardown(job: Job) -> None:
 
 
 def _destroy(a: Any, dev: int, inst: MigInstance, where: str) -> None:
-    """Destroy the recorded instance *inst*, by its id or, if creation was interrupted, its placement."""
-    gid = inst.get("gi_id")
+    """Destroy the recorded instance *inst*, by its id or, if creation was interrupted, its placement.
+
+    A placement names one GPU instance: the job's instances do not overlap,
+    and the baseline's come back only after the last of them is gone.  The
+    profile id is compared when the record has one (None: a profile whose id
+    is not published, and whose creation was interrupted before the driver
+    told it).
+    """
+    pid = inst.get("gi_profile_id")
+
+    def placed(e: Existing) -> bool:
+        if pid is None:
+            return (e.start, e.size) == (int(inst["start"]), int(inst["size"]))
+        return (e.profile_id, e.start) == (int(pid), int(inst["start"]))
+
     current = {e.gi_id: e for e in instances.list_instances(a, dev)}
-    if gid is None or gid not in current or \
-            (current[gid].profile_id, current[gid].start) != (inst["gi_profile_id"], inst["start"]):
+    gid = inst.get("gi_id")
+    if gid is None or gid not in current or not placed(current[gid]):
         # Creation interrupted before its id was recorded: find it by placement.
-        gid = instances.find_gi(a, dev, int(inst["gi_profile_id"]), int(inst["start"]))
+        gid = next((e.gi_id for e in current.values() if placed(e)), None)
     if gid is not None:
         instances.destroy_gi(a, dev, gid, where)

@@ -186,3 +186,42 @@ def test_run_user_error_cancel_and_success(tmp_path: Path) -> None:
     calls: list[str] = []
     assert steps.run([Recorder("a", calls), Recorder("b", calls)], job, pol) == 0
     assert calls == ["apply a", "apply b"] and js.load(job.ctx.state_dir, "5").phase == "ready"
+
+
+# -- profiles whose id NVIDIA does not publish (RTX PRO 6000 Blackwell) -----
+
+def _ids_unpublished(monkeypatch) -> None:
+    """Plan as for a model whose GI profile ids are not published: the driver
+    tells the id when the instance is created (mig/instances.create_placement)."""
+    import dataclasses
+
+    from slurm_gpu.jobs import migjob
+    real = migjob.plan_gpu
+    monkeypatch.setattr(migjob, "plan_gpu", lambda reqs, model: [
+        dataclasses.replace(p, gi_profile_id=None) for p in real(reqs, model)])
+
+
+def test_instances_of_unpublished_profile_ids_are_undone(node: Env, monkeypatch) -> None:
+    """The epilog destroys what the job made even when the record could not
+    name the profile id (it failed with a TypeError, so the node stayed drained)."""
+    _ids_unpublished(monkeypatch)
+    before = node.layout(3)
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="4g.40gb,2g.20gb,1g.10gb")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    assert node.layout(3) != before
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.layout(3) == before and node.leftovers() == []
+
+
+def test_pending_instance_of_an_unpublished_profile_id_is_undone(node: Env, monkeypatch) -> None:
+    """Killed after an instance was created but before its ids were recorded:
+    found by its placement, without a profile id to compare."""
+    from test_jobs_lifecycle import die_after_creating
+    _ids_unpublished(monkeypatch)
+    before = node.layout(3)
+    die_after_creating(monkeypatch, 2)
+    with pytest.raises(Killed):
+        lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="4g.40gb,2g.20gb,1g.10gb"))
+    assert node.layout(3) != before
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.layout(3) == before and node.leftovers() == []
