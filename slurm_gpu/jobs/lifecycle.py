@@ -28,7 +28,7 @@ import os
 TYPE_CHECKING = False
 
 from .. import joboptions as _options  # the one declaration of the SPANK options
-from ..errors import Consequence, InputError, SlurmGpuError, consequence, message
+from ..errors import Consequence, InputError, SlurmGpuError, message
 from . import state as jobstate
 
 # The context and the job's user and GPUs (re-exported: lifecycle.Context and
@@ -36,7 +36,7 @@ from . import state as jobstate
 from .context import Context, _gpu_facts, _lazy_api, default_context, job_gpus, job_user
 from .mps import JobUser
 from .state import JobFailed, JobRecord, Phase
-from .steps import Job, every_undo, parse_mps, policy_of, steps_for, undo
+from .steps import Job, every_undo, parse_mps, policy_of, run, steps_for, undo
 from .steps import cancel as _cancel
 
 if TYPE_CHECKING:
@@ -124,14 +124,13 @@ def _prolog(ctx: Context) -> int:
         except Exception as e:  # noqa: BLE001 - a node fault; the old record stays
             ctx.log(f"slurm-gpu: {message(e)} [job {jobid}: earlier run not cleaned up, "
                     f"on_internal_error={policy.on_internal_error}]")
-            earlier.record.fail(message(e), consequence(e))
+            earlier.record.fail(message(e), Consequence.NODE)   # an undo that fails: the node's
             earlier.save()
             return policy.node_fault_exit()
     st = jobstate.new(jobid, uid=user.uid, gid=user.gid, user=user.name)
     st.options = {"mps": mps_opt or None, "mig": mig_opt or None}
     job = Job(ctx, st, user, _lazy_api(ctx))
     job.save()
-    from .steps import run
     return run(steps_for(mps_opt, mig_opt), job, policy)
 
 
