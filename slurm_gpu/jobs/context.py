@@ -2,7 +2,7 @@
 user and GPUs as Slurm names them, and the GPUs' facts from the node model.
 
 Split from ``lifecycle.py`` (which re-exports these names); nothing here acts
-on the node.
+on the node.  :class:`Job` is what the steps (:mod:`.steps`) work on.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .settings import JobsSettings, MigSettings, MpsSettings
     from .state import GpuFact, JobRecord
 
+from . import state as jobstate
 from .mps import JobUser
 
 
@@ -161,3 +162,27 @@ def _gpu_facts(ctx: Context, indices: list[int]) -> list[GpuFact]:
                                 "(gres.conf and NVML disagree)", ctx.gres_conf or "gres.conf")
         facts.append({"index": i, **table[i]})
     return facts
+
+
+class Job:
+    """One job on this node: the context, its record, its user and NVML (opened on first use)."""
+
+    def __init__(self, ctx: Context, record: JobRecord, user: JobUser | None,
+                 api: Callable[[], Any]) -> None:
+        self.ctx = ctx
+        self.record = record
+        self.user = user
+        self.api = api
+        self.percentage: int | None = None      # --gpu-mps, parsed by Request
+
+    @property
+    def jobid(self) -> str:
+        return self.record.jobid
+
+    def save(self) -> None:
+        jobstate.save(self.ctx.state_dir, self.record)
+
+    def save_if_on_file(self) -> None:
+        """Keep an existing file up to date (an undo of a job without one writes none)."""
+        if self.record.uid is not None and jobstate.exists(self.ctx.state_dir, self.jobid):
+            self.save()

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..mig.instances import Existing
     from ..mig.planner import Placement
     from .state import MigGpu, MigInstance
-    from .steps import Job
+    from .context import Job
 
 
 def setup(job: Job, wanted: str) -> None:

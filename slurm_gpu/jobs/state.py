@@ -147,7 +147,7 @@ class JobRecord:
         """The job's MIG device UUIDs in GPU order, then placement order."""
         out: list[str] = []
         for g in self.mig["gpus"] if self.mig else ():
-            out.extend(i["uuid"] for i in g.get("instances", []) if i.get("uuid"))
+            out.extend(u for i in g.get("instances", []) if (u := i.get("uuid")))
         return out
 
 

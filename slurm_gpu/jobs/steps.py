@@ -23,7 +23,8 @@ from __future__ import annotations
 from .. import joboptions as _options
 from ..errors import Consequence, SlurmGpuError, UsageError, consequence, message
 from . import state as jobstate
-from .state import JobFailed, JobRecord, Phase
+from .context import Job
+from .state import JobFailed, Phase
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .context import Context
-    from .mps import JobUser
 
 
 def parse_mps(value: str) -> int | None:
@@ -45,30 +45,6 @@ def parse_mps(value: str) -> int | None:
         raise UsageError(f"bad --gpu-mps value {value!r}: expected a percentage 1-100 or "
                          "'default'", "--gpu-mps") from None
     return None if v == _options.MPS_DEFAULT else int(v)
-
-
-class Job:
-    """One job on this node: the context, its record, its user and NVML (opened on first use)."""
-
-    def __init__(self, ctx: Context, record: JobRecord, user: JobUser | None,
-                 api: Callable[[], Any]) -> None:
-        self.ctx = ctx
-        self.record = record
-        self.user = user
-        self.api = api
-        self.percentage: int | None = None      # --gpu-mps, parsed by Request
-
-    @property
-    def jobid(self) -> str:
-        return self.record.jobid
-
-    def save(self) -> None:
-        jobstate.save(self.ctx.state_dir, self.record)
-
-    def save_if_on_file(self) -> None:
-        """Keep an existing file up to date (an undo of a job without one writes none)."""
-        if self.record.uid is not None and jobstate.exists(self.ctx.state_dir, self.jobid):
-            self.save()
 
 
 class Step:
