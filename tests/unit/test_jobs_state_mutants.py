@@ -225,3 +225,47 @@ def test_list_jobs_only_job_files(tmp_path: Path) -> None:
     for junk in ("x.json", "9.json.corrupt", ".json", "1234567890123.json", "8.txt"):
         (tmp_path / "jobs" / junk).write_text("")
     assert js.list_jobs(tmp_path) == ["9", "10"]
+
+
+def test_task_share_bounds() -> None:
+    assert js.task_share(2, 0, 0) == [] and js.task_share(0, 0, 2) == []
+    with pytest.raises(InputError) as e:
+        js.task_share(4, 2, 2)
+    assert e.value.line() == "slurm-gpu: task id 2 out of range 0..1"
+    with pytest.raises(InputError):
+        js.task_share(4, -1, 2)
+
+
+def test_gpus_held_skips_a_record_set_aside(tmp_path: Path) -> None:
+    js.save(tmp_path, js.new("3", uid=1, gid=1, user="u"))
+    (tmp_path / "jobs" / "6.json").write_text("[]")           # corrupt: set aside, no record
+    assert js.gpus_held(str(tmp_path)) == {}
+
+
+def test_a_record_that_cannot_be_set_aside_says_so(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "5.json").write_text("[]")
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(os, "replace", refuse)
+    said: list[str] = []
+    assert js.load(tmp_path, "5", warn=said.append) is None
+    assert said == ["slurm-gpu: warning: dropped a corrupt job state file (not an object; left in "
+                    f"place: Permission denied) ({tmp_path}/jobs/5.json)"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_state_dir_under_a_user_directory_error_whole(tmp_path: Path) -> None:
+    import pwd
+    try:
+        uid = pwd.getpwnam("sgtest1").pw_uid
+    except KeyError:
+        pytest.skip("user sgtest1 missing")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, uid, -1)
+    with pytest.raises(InputError) as e:
+        js.load(shared / "state", "12")
+    assert e.value.line() == ("slurm-gpu: job state directory lies under a directory that users "
+                              f"other than root can change ({shared}) ({shared}/state/jobs)")
