@@ -269,3 +269,12 @@ def test_state_dir_under_a_user_directory_error_whole(tmp_path: Path) -> None:
         js.load(shared / "state", "12")
     assert e.value.line() == ("slurm-gpu: job state directory lies under a directory that users "
                               f"other than root can change ({shared}) ({shared}/state/jobs)")
+
+
+def test_a_record_of_undecodable_bytes_is_set_aside(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "5.json").write_bytes(b'{"version": 2, "user": "\xff"}')
+    said: list[str] = []
+    assert js.load(tmp_path, "5", warn=said.append) is None
+    assert said == ["slurm-gpu: warning: dropped a corrupt job state file (not JSON or too big; "
+                    f"moved to 5.json.corrupt) ({tmp_path}/jobs/5.json)"]
