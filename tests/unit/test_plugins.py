@@ -97,3 +97,17 @@ def test_an_unregistered_backend_is_one_input_error(tmp_path: Path) -> None:
                   "except InputError as e:\n    print(e.line())\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "slurm-gpu: unknown GPU backend 'absent' (absent:/x)"
+
+
+def test_entry_points_are_read_as_importlib_metadata_reads_them(tmp_path: Path) -> None:
+    # slurm_gpu.plugins reads entry_points.txt itself (importlib.metadata costs
+    # ~30 ms to import); it must find what the standard library finds.
+    site = _distribution(tmp_path)
+    out = _python(site, "import importlib.metadata as m\nfrom slurm_gpu import plugins\n"
+                        "for g in ('console_scripts', 'slurm_gpu.backends', 'slurm_gpu.commands'):\n"
+                        "    ours = sorted((e.name, e.value) for e in plugins.entry_points(g))\n"
+                        "    std = sorted({e.name: (e.name, e.value) for e in m.entry_points(group=g)}.values())\n"
+                        "    assert ours == std, (g, ours, std)\n"
+                        "print(sorted(e.name for e in plugins.entry_points('slurm_gpu.commands')))\n")
+    assert out.returncode == 0, out.stderr
+    assert "hello" in out.stdout
