@@ -131,6 +131,10 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 # The runtime and the devkit (simulator, sandbox, recorded machines: devkit/),
 # in one resolve so the devkit's "slurm-gpu" requirement is this checkout's.
+# pip builds in the tree, and setuptools' build/lib keeps files that the
+# checkout no longer has (the simulator before the devkit split would ship
+# again): build from a clean build/ every time.
+rm -rf "$HERE/build" "$HERE/devkit/build"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$HERE[test]" "$HERE/devkit"
 # The venv readable by all, and its parent passable: nothing else beside it
 # (SLURM_GPU_VENV=/opt/venv must not open all of /opt).
