@@ -17,7 +17,7 @@
  * anything this reader does not take, is "no table": the step goes to
  * Python, unchanged.
  *
- * No Slurm header here: the glue (slurm_gpu_spank.c) passes the step's
+ * No Slurm header here: the glue (sg_cbind.c) passes the step's
  * values and the system calls in, so the test harness can run this file.
  */
 #define _GNU_SOURCE

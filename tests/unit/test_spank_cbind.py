@@ -439,7 +439,7 @@ def test_keep_writes_rewrites_and_removes_the_table(cache, tmp_path) -> None:
 
 def c_takes(harness: str, value: str) -> bool:
     """What init_post_opt asks of each GPU variable before the C half binds the step
-    (slurm_gpu_spank.c sg_plain_var: sg_bind.c's sg_plain_env)."""
+    (sg_cbind.c sg_plain_var: sg_bind.c's sg_plain_env)."""
     res = subprocess.run([harness, "plain", value], capture_output=True, text=True, check=True)
     return res.stdout == "plain 1\n"
 
