@@ -18,6 +18,10 @@ from typing import Any, Callable
 
 from . import slurmversion
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .doctor_cgroup import CgroupFacts
+
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 PLUGIN_FILE = "slurm_gpu_spank.so"
@@ -69,6 +73,7 @@ class Facts:
     mps_control: str = ""
     mps_control_stat: tuple[int, int] | None = None
     mps_error: str | None = None
+    cgroup: "CgroupFacts | None" = None     # None: not gathered (login role, tests): no finding
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,8 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     _gather_mps(facts)
     if login:
         return facts
+    from . import doctor_cgroup
+    facts.cgroup = doctor_cgroup.gather(str(Path(path).parent))
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -586,8 +593,18 @@ def check_config(f: Facts) -> list[Finding]:
     return out
 
 
+def check_cgroup(f: Facts) -> list[Finding]:
+    """cgroup mode, cgroup.conf's constraints, slurmd's delegation, IgnoreSystemd,
+    26.05's job directory names and the job's device limit (:mod:`.doctor_cgroup`)."""
+    if f.cgroup is None:
+        return []
+    from .doctor_cgroup import check
+    return [Finding(*x) for x in check(f.cgroup, f.conf, f.slurmd_version)]
+
+
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
-          check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control)
+          check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
+          check_cgroup)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.
