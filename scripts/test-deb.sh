@@ -273,17 +273,19 @@ for SUITE in "${SUITES[@]}"; do
     # line.  Kept aside to be undone before the purge's comparison: they are
     # the admin's files, not the package's.
     mkdir -p "$R/etc/slurm"
-    for f in slurm.conf plugstack.conf; do
+    for f in slurm.conf plugstack.conf cgroup.conf; do
         if [ -e "$R/etc/slurm/$f" ]; then cp -p "$R/etc/slurm/$f" "$WORK/orig.$f"; fi
     done
     { echo "ClusterName=lifecycle"; doc_block slurm.conf | grep -v '^NodeName=.*\.\.\.'; } >"$R/etc/slurm/slurm.conf"
+    doc_block cgroup.conf | sed 's/ *#.*//' >"$R/etc/slurm/cgroup.conf"
     psline=$(doc_block plugstack.conf | grep .)
     [ "$(echo "$psline" | wc -l)" = 1 ] || fail "the guide's plugstack block is not one line: $psline"
     echo "$psline" >>"$R/etc/slurm/plugstack.conf"
     doctor configured
     doctor_says configured "OK slurm.prolog: Prolog=$(guide_key Prolog)" "OK slurm.epilog: Epilog=$(guide_key Epilog)" \
         "OK slurm.prologflags:" "OK slurm.healthcheck: HealthCheckProgram=$(guide_key HealthCheckProgram)" \
-        "OK spank.plugstack: $psline" "OK venv.owner:"
+        "OK spank.plugstack: $psline" "OK venv.owner:" \
+        "OK cgroup.conf: ConstrainDevices, ConstrainCores and ConstrainRAMSpace are yes (/etc/slurm/cgroup.conf)"
     doctor_not configured "package.setup"
     if [ $spank_expect = built ]; then
         slurm=$(in_root /usr/sbin/slurmd -V | awk '{print $2}')
@@ -413,8 +415,8 @@ for SUITE in "${SUITES[@]}"; do
         removed="removed ($hooks hooks the guide names exit 0), reinstalled, removed, purged"
     fi
     # The admin's own files as they were before configuring.
-    rm -f "$R/etc/slurm/slurm.conf" "$R/etc/slurm/plugstack.conf"
-    for f in slurm.conf plugstack.conf; do
+    rm -f "$R/etc/slurm/slurm.conf" "$R/etc/slurm/plugstack.conf" "$R/etc/slurm/cgroup.conf"
+    for f in slurm.conf plugstack.conf cgroup.conf; do
         if [ -e "$WORK/orig.$f" ]; then cp -p "$WORK/orig.$f" "$R/etc/slurm/$f"; fi
     done
     if [ -z "$(ls -A "$R/etc/slurm")" ] && ! grep -q ' ./etc/slurm$' "$WORK/before"; then rmdir "$R/etc/slurm"; fi
