@@ -358,5 +358,5 @@ def _devices(c: CgroupFacts, conf: dict[str, str] | None) -> list[tuple[int, str
                         "its tasks can open every GPU (is task/cgroup in TaskPlugin, and the cgroup "
                         "plugin the one cgroup.conf names?)")]
     if unknown:
-        return [finding(UNKNOWN, name, f"cannot read the device limit of {unknown[0]}")]
+        return [finding(UNKNOWN, name, f"cannot read the device limit of {unknown[0]} (bpftool needs root)")]
     return [finding(OK, name, f"{what} on {len(c.jobs)} job cgroup(s)")]
