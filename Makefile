@@ -41,4 +41,4 @@ gpu-check-bundle:
 	bash scripts/gpu-check-bundle.sh
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache
+	rm -rf build dist *.egg-info .pytest_cache devkit/build devkit/*.egg-info
