@@ -67,9 +67,10 @@ def problems(path: str, text: str) -> list[str]:
 
 def _files() -> list[Path]:
     out = [ROOT / "README.md", ROOT / "Makefile"]
-    for d in ("docs", "scripts", "templates", "packaging", "bench", "slurm_gpu", "tests", "prolog.d",
+    for d in ("docs", "scripts", "templates", "packaging", "bench", "slurm_gpu", "devkit", "tests", "prolog.d",
               "epilog.d", "spank"):
         out += [p for p in (ROOT / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                and "build" not in p.parts and not any(x.endswith(".egg-info") for x in p.parts)
                 and p.suffix not in (".json", ".xml", ".gz", ".so", ".whl", ".pyc")]
     return [p for p in out if p.is_file() and p.resolve() != Path(__file__).resolve()]
 
