@@ -89,7 +89,8 @@ def this_node(s: NodeSettings | None = None) -> Node:
         from . import snapshot
         return snapshot.node_from_file(s.snapshot)
     if s.sim_state:
-        sim, _ = backend.open_api(backend.GpuSource("sim", s.sim_state))
+        opened, _ = backend.open_api(backend.GpuSource("sim", s.sim_state))
+        sim: Any = opened   # beyond the contract: the simulator's hwloc XML and cap minors
         xml = sim.state.get("hwloc_xml")
         if xml:
             cpu = hwloc.read_cpu_view(xml_text=xml, source=f"{s.sim_state}: hwloc_xml")

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from ..hw import nvml_constants as C
 from ..hw.model import normalize_bus_id
-from ..hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from ..hw.nvml_api import Handle, NVMLError, NvmlStruct
 
 
 class EventsMixin:
@@ -39,8 +39,6 @@ class EventsMixin:
             if time.monotonic() >= deadline:
                 raise NVMLError(C.NVML_ERROR_TIMEOUT)
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-
-    nvmlEventSetWait = nvmlEventSetWait_v2
 
     def nvmlEventSetFree(self, eventSet: Handle) -> None:
         return None

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from ..hw import nvml_constants as C
 from ..hw.nvml import MIG_CAPS_PER_GI, MIG_GIS_PER_GPU, mig_cap_minor
-from ..hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from ..hw.nvml_api import Handle, NVMLError, NvmlStruct
 
 MIG_MINORS_PER_GPU = MIG_GIS_PER_GPU * MIG_CAPS_PER_GI   # 135: 15 GIs x (1 GI + 8 CI access entries)
 MIG_MAX_GPUS = 32
@@ -139,7 +139,6 @@ class MigReadMixin:
                            "gpuInstanceSliceCount": int(gi["slices"]), "computeInstanceSliceCount": int(ci["slices"]),
                            "memorySizeMB": int(gi["memory_mb"])})
 
-    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
 
     def _gi(self, h: Handle) -> tuple[int, dict[str, Any], dict[str, Any]]:
         parts = h.key.split("/")
@@ -189,7 +188,6 @@ class MigReadMixin:
                                                             "size": int(ci["slices"])})})
         raise NVMLError(C.NVML_ERROR_NOT_FOUND)
 
-    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
 
     def mig_minors(self) -> dict[str, int]:
         """What ``/proc/driver/nvidia-caps/mig-minors`` holds on this machine."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..hw import nvml_constants as C
-from ..hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from ..hw.nvml_api import Handle, NVMLError, NvmlStruct
 from . import load as L
 
 NO_INSTANCE = 0xFFFFFFFF
