@@ -1,6 +1,7 @@
 """``slurm-gpu snapshot record|show``: record this node, or replay a recording."""
 from __future__ import annotations
 
+from typing import Any
 import json
 
 import click
@@ -49,11 +50,13 @@ def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: 
         source = "live"
         if sim_state:
             from ..hw import backend
-            api, _ = backend.open_api(backend.GpuSource("sim", sim_state))
-            mig_minors = api.mig_minors()
+            opened, _ = backend.open_api(backend.GpuSource("sim", sim_state))
+            api = opened
+            sim: Any = opened   # beyond the contract: the simulator's cap minors and hwloc XML
+            mig_minors = sim.mig_minors()
             source = f"sim:{sim_state}"
             if xml is None:
-                xml = api.state.get("hwloc_xml")
+                xml = sim.state.get("hwloc_xml")
         data = snap.record(api=api, hwloc_xml=xml, hostname=hostname, mig_minors=mig_minors, source=source,
                            hwloc_source=hwloc_xml)
     node = data["node"]

@@ -102,7 +102,7 @@ class _Compiled:
                 self.wild.append((e["fn"], dev, e))
             else:
                 self.exact[(e["fn"], dev, args)] = e
-        self.events = []
+        self.events: list[dict[str, Any]] = []
         for ev in overlay.get("events") or ():
             et = ev.get("type", "xid")
             self.events.append({"dev": resolve(ev.get("gpu", 0)) or "gpu0",
@@ -150,7 +150,7 @@ class OverlayNvml(NvmlForward):
             return self._cache[1]
 
     def _resolver(self) -> Callable[[Any], str]:
-        from .model import normalize_bus_id
+        from .busid import normalize_bus_id
         buses: dict[str, str] = {}
 
         def bus_map() -> dict[str, str]:

@@ -88,7 +88,7 @@ def node_from_file(path: str, overlay: Mapping[str, Any] | None = None, *,
     (use :func:`slurm_gpu.hw.load_node` with :class:`~slurm_gpu.hw.sources.Snapshot`)."""
     path = os.fspath(path)
     data = read_snapshot(path)
-    sources = (f"snapshot:{path}",)
+    sources: tuple[str, ...] = (f"snapshot:{path}",)
     if not overlay and isinstance(data.get("node"), dict):
         from .model import Node
         try:

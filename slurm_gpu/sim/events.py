@@ -7,11 +7,12 @@ import time
 from typing import Any, Mapping
 
 from ..hw import nvml_constants as C
-from ..hw.model import normalize_bus_id
+from ..hw.busid import normalize_bus_id
 from ..hw.nvml_api import Handle, NVMLError, NvmlStruct
+from .base import SimBase
 
 
-class EventsMixin:
+class EventsMixin(SimBase):
     """NVML's event-set calls, answered from the state's event queue."""
 
     def nvmlEventSetCreate(self) -> Handle:

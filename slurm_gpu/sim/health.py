@@ -9,9 +9,10 @@ from typing import Any
 
 from ..hw import nvml_constants as C
 from ..hw.nvml_api import Handle, NVMLError, NvmlStruct
+from .base import SimBase
 
 
-class HealthMixin:
+class HealthMixin(SimBase):
     """The health queries of NVML, answered from ``facts.gpus[i].health``."""
 
     def _health(self, fn: str, handle: Handle, args: tuple[Any, ...] = ()) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from ..hw import nvml_constants as C
 from ..hw.nvml import MIG_CAPS_PER_GI, MIG_GIS_PER_GPU, mig_cap_minor
 from ..hw.nvml_api import Handle, NVMLError, NvmlStruct
+from .base import SimBase
 
 MIG_MINORS_PER_GPU = MIG_GIS_PER_GPU * MIG_CAPS_PER_GI   # 135: 15 GIs x (1 GI + 8 CI access entries)
 MIG_MAX_GPUS = 32
@@ -64,7 +65,7 @@ def mig_instances(gpu: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list(mig.get("instances") or [])
 
 
-class MigReadMixin:
+class MigReadMixin(SimBase):
     """The MIG queries of NVML, answered from the state."""
 
     def _mig_list(self, g: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:

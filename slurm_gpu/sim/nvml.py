@@ -36,7 +36,7 @@ import uuid as uuidlib
 from typing import Any, Iterator, Mapping
 
 from ..hw import nvml_constants as C
-from ..hw.model import normalize_bus_id
+from ..hw.busid import normalize_bus_id
 from ..hw.nvml_api import Handle, NVMLError, NvmlForward, NvmlStruct
 from ..hw.nvml_overlay import OverlayNvml
 from ..hw.nvml_replay import fill_struct
