@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import SlurmGpuError
-from ..fsutil import atomic_write
 from ..runner import run
 from .layout import Layout
 

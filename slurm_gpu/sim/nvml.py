@@ -5,8 +5,8 @@ a machine's facts (see :mod:`slurm_gpu.sim.state`).
 The project's real adapter (:mod:`slurm_gpu.hw.nvml`) and health reads run
 against it unchanged.  A call of the contract the simulator does not model
 answers NOT_SUPPORTED, like a driver without the feature; a name outside the
-contract (and the few MIG calls it models beyond it) does not exist.  Handles are :class:`~slurm_gpu.hw.nvml_replay.Handle`
-objects named like the recorder names them (``gpu0``, ``gpu0/mig1``,
+contract (and the few MIG calls it models beyond it) does not exist.  Handles
+are :class:`~slurm_gpu.hw.nvml_api.Handle` objects named like the recorder names them (``gpu0``, ``gpu0/mig1``,
 ``gpu0/gi2``, ``gpu0/gi2/ci0``), so recording the simulator gives the same
 keys as recording a real machine.
 

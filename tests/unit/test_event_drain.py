@@ -51,7 +51,6 @@ KERNEL79 = "3,{seq},5000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU
 def test_kernel_follower_sees_only_new_trusted_lines(tmp_path):
     log = tmp_path / "kernel.log"
     log.write_text(KERNEL79.format(seq=1))            # before the listener: the check's, not a trigger
-    calls: list[str] = []
     k = watch.KernelFollower(str(log))
     assert watch.drain_finding(lines=k.poll()) is None
     with open(log, "a") as f:                          # a user's /dev/kmsg write: facility 1

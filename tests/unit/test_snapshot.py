@@ -114,7 +114,8 @@ def test_overlay_events_and_hang() -> None:
     ({"gpu": {}}, "unknown overlay key 'gpu'"),
     ({"gpus": {"0000:99:00.0": {"lost": True}}}, "which the machine does not have"),
     ({"calls": [{"fn": "x", "error": "NVML_ERROR_BOGUS"}]}, "unknown NVML error"),
-    ({"calls": [{"fn": "nvmlDeviceGetFanSpeed", "error": 3}]}, "'nvmlDeviceGetFanSpeed' is no NVML call slurm-gpu makes"),
+    ({"calls": [{"fn": "nvmlDeviceGetFanSpeed", "error": 3}]},
+     "'nvmlDeviceGetFanSpeed' is no NVML call slurm-gpu makes"),
     ({"calls": [{"result": 1}]}, "needs \"fn\""),
 ])
 def test_bad_overlay_is_one_line(overlay: dict, msg: str) -> None:
@@ -221,7 +222,7 @@ def test_node_config_snapshot_and_sim(tmp_path: Path, monkeypatch: pytest.Monkey
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[node]\nsnapshot = "{H100}"\n')
     monkeypatch.setenv(config.ENV_VAR, str(cfg))
-    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
+    from slurm_gpu.hw import load_node
     assert len(load_node().gpus) == 8
 
 
