@@ -123,24 +123,19 @@ class NVMLError(Exception):
 
 def _error_classes() -> dict[str, type[NVMLError]]:
     out: dict[str, type[NVMLError]] = {}
-    for name, code in sorted(ERROR_NAMES.items(), key=lambda kv: kv[1]):
-        cls_name = "NVMLError_" + string.capwords(code.replace("NVML_ERROR_", ""), "_").replace("_", "")
+    for code, name in sorted(ERROR_NAMES.items(), key=lambda kv: kv[1]):
+        cls_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
 
-        def new(typ: type[NVMLError], *args: Any, _code: int = name) -> NVMLError:
+        def new(typ: type[NVMLError], *args: Any, _code: int = code) -> NVMLError:
             return NVMLError.__new__(typ, _code)
 
         cls = type(cls_name, (NVMLError,), {"__new__": new, "__module__": __name__})
-        NVMLError._by_code[name] = cls
+        NVMLError._by_code[code] = cls
         out[cls_name] = cls
     return out
 
 
 ERROR_CLASSES = _error_classes()
-
-
-def error_class(code: int) -> type[NVMLError]:
-    """The :class:`NVMLError` subclass of *code* (``NVMLError`` itself for a code NVML has no name for)."""
-    return NVMLError._by_code.get(code, NVMLError)
 
 
 # ----------------------------------------------------------- error policy
