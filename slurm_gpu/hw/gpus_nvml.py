@@ -8,14 +8,12 @@ call that failed; which codes mean "none" is :func:`~slurm_gpu.hw.nvml_api.class
 """
 from __future__ import annotations
 
-from ctypes import byref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from . import nvml_constants as C
 from .busid import normalize_bus_id
 from .gpudata import INSTANCE_LOOKUP, GpuError, GpuEvent, GpuInstance, MigDevice
-from .nvml_api import (ABSENT, NVMLError, NvmlApi, NvmlHandle, c_nvmlComputeInstancePlacement_t,
-                       c_nvmlGpuInstancePlacement_t, classify)
+from .nvml_api import ABSENT, NVMLError, NvmlApi, NvmlHandle, classify
 from .plain import Plain
 
 if TYPE_CHECKING:
@@ -169,12 +167,18 @@ class NvmlGpus:
                             int(self._call(api.nvmlDeviceGetComputeInstanceId, m)), _s(u))
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        from ctypes import byref
+
+        from .nvml_structs import c_nvmlGpuInstancePlacement_t
         api, dev = self.api, self._dev(index)
         pl = c_nvmlGpuInstancePlacement_t(start, size)
         gi = self._call(api.nvmlDeviceCreateGpuInstanceWithPlacement, dev, profile_id, byref(pl))
         return int(self._call(api.nvmlGpuInstanceGetInfo, gi).id)
 
     def create_compute_instance(self, index: int, gi_id: int, ci_profile: int, start: int, size: int) -> int:
+        from ctypes import byref
+
+        from .nvml_structs import c_nvmlComputeInstancePlacement_t
         api, dev = self.api, self._dev(index)
         gi = self._call(api.nvmlDeviceGetGpuInstanceById, dev, gi_id)
         pl = c_nvmlComputeInstancePlacement_t(start, size)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ..errors import HardwareError
 from . import nvml_constants as C
 from .busid import normalize_bus_id
-from .nvml_api import (NVMLError, NvmlApi, NvmlForward, NvmlHandle, Reader, c_nvmlGpuFabricInfo_t,
-                       c_nvmlGpuFabricInfo_v2_t, describe, optional)
+from .nvml_api import NVMLError, NvmlApi, NvmlForward, NvmlHandle, Reader, describe, optional
+from .nvml_structs import c_nvmlGpuFabricInfo_t, c_nvmlGpuFabricInfo_v2_t
 
 # The model's and the views' classes are imported where they are built: the
 # health check reads only fabric fields here (read_fabric_fields), and

@@ -21,7 +21,6 @@ pynvml's errors into it), with NVML's numeric ``value``.  What a code
 """
 from __future__ import annotations
 
-import ctypes
 import string
 from typing import Any, Callable, Mapping, Protocol
 
@@ -204,43 +203,6 @@ class Reader:
 def describe(e: BaseException) -> str:
     """``GPU is lost (NVML_ERROR_GPU_IS_LOST)`` for an NVML error, ``str(e)`` otherwise."""
     return f"{e} ({e.name})" if isinstance(e, NVMLError) else str(e)
-
-
-# ------------------------------------------------------- ctypes structures
-# Same field layout as nvml.h's, so a caller builds them the same whatever
-# the backend: pynvml hands them to the C library by reference, replay and
-# simulator fill them in.
-
-
-class c_nvmlGpuFabricInfo_t(ctypes.Structure):
-    _fields_ = [
-        ("clusterUuid", ctypes.c_uint8 * C.NVML_GPU_FABRIC_UUID_LEN),
-        ("status", ctypes.c_uint),
-        ("cliqueId", ctypes.c_uint32),
-        ("state", ctypes.c_uint),
-    ]
-
-
-class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("clusterUuid", ctypes.c_uint8 * C.NVML_GPU_FABRIC_UUID_LEN),
-        ("status", ctypes.c_uint),
-        ("cliqueId", ctypes.c_uint32),
-        ("state", ctypes.c_uint),
-        ("healthMask", ctypes.c_uint32),
-    ]
-
-    def __init__(self) -> None:
-        super().__init__(version=C.nvmlGpuFabricInfo_v2)
-
-
-class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
-    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
-
-
-class c_nvmlComputeInstancePlacement_t(ctypes.Structure):
-    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
 
 
 class Handle:

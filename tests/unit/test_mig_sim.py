@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.hw import nvml_constants as C
-from slurm_gpu.hw.nvml_api import NVMLError, c_nvmlGpuInstancePlacement_t
+from slurm_gpu.hw.nvml_api import NVMLError
+from slurm_gpu.hw.nvml_structs import c_nvmlGpuInstancePlacement_t
 from slurm_gpu.mig import instances
 from slurm_gpu.mig.planner import plan
 from slurm_gpu.mig.profiles import find_model
@@ -117,7 +118,7 @@ def test_state_shared_between_processes(sim) -> None:
     path, api = sim
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import ctypes\n"
             "from slurm_gpu.sim.mig import open_mig_sim\n"
-            "from slurm_gpu.hw.nvml_api import c_nvmlGpuInstancePlacement_t\n"
+            "from slurm_gpu.hw.nvml_structs import c_nvmlGpuInstancePlacement_t\n"
             f"a = open_mig_sim({path!r}); h = a.nvmlDeviceGetHandleByIndex(1)\n"
             "p = c_nvmlGpuInstancePlacement_t(); p.start, p.size = 0, 2\n"
             "gi = a.nvmlDeviceCreateGpuInstanceWithPlacement(h, 14, ctypes.byref(p))\n"

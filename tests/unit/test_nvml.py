@@ -8,7 +8,8 @@ import pytest
 from nvmlfake import Patched
 
 from slurm_gpu.hw import nvml, nvml_constants
-from slurm_gpu.hw.nvml_api import ERROR_CLASSES, NVMLError, c_nvmlGpuFabricInfo_t, error_name
+from slurm_gpu.hw.nvml_api import ERROR_CLASSES, NVMLError, error_name
+from slurm_gpu.hw.nvml_structs import c_nvmlGpuFabricInfo_t
 from slurm_gpu.hw.nvml_record import RecordingNvml
 from slurm_gpu.hw.nvml_replay import ReplayNvml
 from slurm_gpu.sim import SimNvml
