@@ -140,3 +140,16 @@ def test_gpu_instances_never_take_an_unreadable_compute_instance_for_none(code: 
         with pytest.raises(GpuError) as ei:
             gpus.gpu_instances(gpu)
         assert ei.value.code == code and ei.value.call == "nvmlGpuInstanceGetComputeInstanceById"
+
+
+def test_every_call_of_the_contract_is_pynvmls_with_the_same_arguments() -> None:
+    """What the pynvml adapter will call on a GPU node exists there and takes these arguments."""
+    import inspect
+    pynvml = pytest.importorskip("pynvml")
+    for call in sorted(CALLS):
+        fn = getattr(pynvml, call, None)
+        assert callable(fn), call
+        ours = [p for p in inspect.signature(getattr(NvmlApi, call)).parameters if p != "self"]
+        theirs = inspect.signature(fn).parameters
+        required = [p for p, v in theirs.items() if v.default is inspect.Parameter.empty]
+        assert len(required) <= len(ours) <= len(theirs), (call, ours, list(theirs))
