@@ -31,7 +31,7 @@ fi
 rc=0
 if [ $# = 0 ]; then
   "$VENV/bin/python" -m mypy || { echo "slurm-gpu: mypy found errors" >&2; rc=1; }
-  "$VENV/bin/python" -m ruff check --no-cache slurm_gpu tests bench scripts || { echo "slurm-gpu: ruff found errors" >&2; rc=1; }
+  "$VENV/bin/python" -m ruff check --no-cache slurm_gpu devkit tests bench scripts || { echo "slurm-gpu: ruff found errors" >&2; rc=1; }
 fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=10 "$@" tests || rc=$?
 # tests/integration/test_slurm_versions.py runs on 22.05, 24.11 and 26.05 in

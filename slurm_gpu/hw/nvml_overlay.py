@@ -2,7 +2,7 @@
 
 One implementation serves both places faults are injected: a snapshot replay
 (``load_node(Snapshot(path, overlay))``) and the simulator's state file
-(``set_overlay`` of the simulator).  :class:`OverlayNvml` wraps the api
+(the devkit simulator's ``set_overlay``).  :class:`OverlayNvml` wraps the api
 (replay, simulator, even the driver) and, per call of the contract:
 
 * sleeps first when a ``hang`` entry matches (watchdog tests);

@@ -17,8 +17,8 @@ from slurm_gpu.mig import instances
 from slurm_gpu.mig.planner import plan
 from slurm_gpu.mig.profiles import find_model
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
-from slurm_gpu.sim.mig import MigSimNvml, clear_holder, open_mig_sim, set_holder
-from slurm_gpu.sim.state import init_state_for_machine
+from slurm_gpu_devkit.sim.mig import MigSimNvml, clear_holder, open_mig_sim, set_holder
+from slurm_gpu_devkit.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = ROOT / "tests" / "data" / "machines" / "h100-mig"
@@ -117,7 +117,7 @@ def test_holder_blocks_with_in_use(sim) -> None:
 def test_state_shared_between_processes(sim) -> None:
     path, api = sim
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import ctypes\n"
-            "from slurm_gpu.sim.mig import open_mig_sim\n"
+            "from slurm_gpu_devkit.sim.mig import open_mig_sim\n"
             "from slurm_gpu.hw.nvml_structs import c_nvmlGpuInstancePlacement_t\n"
             f"a = open_mig_sim({path!r}); h = a.nvmlDeviceGetHandleByIndex(1)\n"
             "p = c_nvmlGpuInstancePlacement_t(); p.start, p.size = 0, 2\n"
@@ -149,5 +149,5 @@ def test_non_root_gets_no_permission(sim, monkeypatch) -> None:
 
 
 def test_is_a_simnvml_layer() -> None:
-    from slurm_gpu.sim.nvml import SimNvml
+    from slurm_gpu_devkit.sim.nvml import SimNvml
     assert issubclass(MigSimNvml, SimNvml)

@@ -16,9 +16,9 @@ from slurm_gpu.hw.nvml_health import _Watched, read_health
 from slurm_gpu.hw.nvml_overlay import OverlayNvml
 from slurm_gpu.hw.nvml_record import RecordingNvml
 from slurm_gpu.hw.nvml_replay import ReplayNvml
-from slurm_gpu.sim import SimNvml
-from slurm_gpu.sim.mig import MigSimNvml
-from slurm_gpu.sim.nvml import FaultySim
+from slurm_gpu_devkit.sim import SimNvml
+from slurm_gpu_devkit.sim.mig import MigSimNvml
+from slurm_gpu_devkit.sim.nvml import FaultySim
 
 MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
 HW = Path(nvml.__file__).resolve().parent
