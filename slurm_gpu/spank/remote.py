@@ -10,8 +10,8 @@ them through fork, so ``task_init`` (as the job user) only plans and applies.
 user cannot.
 
 Errors found in ``init_post_opt`` are logged there (slurmd's log: the step's
-output is not connected yet) and reported again by each task's ``task_init``: its stderr is the job's, so the user sees the
-``slurm-gpu:`` line and the task fails.  This module is imported in every
+output is not connected yet) and reported again by each task's ``task_init``: its stderr is the job's,
+so the user sees the ``slurm-gpu:`` line and the task fails.  This module is imported in every
 bound step: it imports only what that path needs.
 """
 from __future__ import annotations
