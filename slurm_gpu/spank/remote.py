@@ -34,7 +34,7 @@ _TASK_ENV = ("CUDA_VISIBLE_DEVICES", "SLURM_GPUS_PER_TASK")
 # SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP: slurmstepd sets (or unsets)
 # SLURM_JOB_GPUS in these steps and SLURM_STEP_GPUS in all others; the other
 # variable is whatever the user exported and says nothing about the step's
-# GPUs.  Keep in sync with spank/slurm_gpu_spank.c (sg_gpu_var).
+# GPUs.  Keep in sync with spank/sg_remote.c (sg_gpu_var).
 JOB_GPU_STEPS = (0xfffffffb, 0xfffffffa)
 
 
