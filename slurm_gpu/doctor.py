@@ -220,7 +220,8 @@ def _process_running(name: str) -> bool:
 def gather(slurm_conf: str | None = None, node: str | None = None,
            gres_drift: Callable[[str, str], list[str]] | None = None, role: str = "gpu") -> Facts:
     """Read everything the checks need, once (*role*: see :data:`ROLES`)."""
-    path = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    from .nodefacts import slurm_conf_path
+    path = slurm_conf or slurm_conf_path(os.environ)
     try:
         conf, readable = parse_slurm_conf(Path(path).read_text(), Path(path).parent), True
     except OSError:

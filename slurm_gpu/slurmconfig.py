@@ -13,7 +13,8 @@ SKIP = ("nodename", "partitionname", "nodeset", "frontendname", "downnodes")
 
 
 def default_path() -> str:
-    return os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    from .nodefacts import slurm_conf_path
+    return slurm_conf_path(os.environ)
 
 
 def parse(text: str, base: Path, depth: int = 0) -> dict[str, str]:

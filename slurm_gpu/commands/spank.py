@@ -34,7 +34,8 @@ def linked_output() -> Path:
 def plugstack_conf(slurm_conf: str | None = None) -> Path:
     """The plugstack.conf Slurm reads: slurm.conf's PlugStackConfig, else beside slurm.conf."""
     from ..slurmconfig import parse
-    conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    from ..nodefacts import slurm_conf_path
+    conf = Path(slurm_conf or slurm_conf_path(os.environ))
     try:
         keys = parse(conf.read_text(), conf.parent)
     except OSError:

@@ -35,8 +35,8 @@ _SWITCH_TYPE = re.compile(r"^\s*SwitchType\s*=\s*(\S+)", re.I | re.M)
 
 
 def slurm_conf_path(env: dict[str, str] | None = None) -> str:
-    env = dict(os.environ) if env is None else env
-    return env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    from ..nodefacts import slurm_conf_path as lookup
+    return lookup(os.environ if env is None else env)
 
 
 def imex_configured(slurm_conf: str) -> bool:

@@ -69,7 +69,8 @@ def find(proc: str = "/proc", slurm_conf: str | None = None) -> list[Blocker]:
             seen.add(comm)
             name, fix = PROCESSES[comm]
             out.append(Blocker(name, f"pid {pid}", fix))
-    conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    from ..nodefacts import slurm_conf_path
+    conf = slurm_conf or slurm_conf_path(os.environ)
     keys = _slurm_conf_keys(conf)
     energy = keys.get("acctgatherenergytype", "")
     if "gpu" in energy:
