@@ -42,6 +42,7 @@ def test_rpm_holds_every_wheel_for_python311_and_the_node_files(rpm: Path) -> No
     files = set(_q(rpm, "-l").split())
     for want in ("/usr/lib/slurm-gpu/prolog.d/50-slurm-gpu-jobs", "/usr/lib/slurm-gpu/epilog.d/50-slurm-gpu-jobs",
                  "/usr/lib/slurm-gpu/healthcheck", "/usr/lib/slurm-gpu/venv-setup.sh", "/usr/bin/slurm-gpu",
+                 "/usr/lib/slurm-gpu/setup-defaults",
                  "/usr/lib/systemd/system/slurm-gpu-xid-watch.service",
                  "/usr/lib/systemd/system/slurm-gpu-monitor.service"):
         assert want in files, want
@@ -63,6 +64,7 @@ def test_rpm_metadata_and_scriptlets(rpm: Path) -> None:
     scripts = _q(rpm, "--scripts")
     assert "SLURM_GPU_PYTHON=/usr/bin/python3.11 SLURM_GPU_SYSTEM_SITE=0" in scripts
     assert "rm -rf /opt/slurm-gpu/venv" in scripts          # erase removes what %post made
+    assert "slurm-gpu: package removed" in scripts          # ... and leaves harmless hooks
 
 
 def test_rpm_post_and_erase_in_a_debian12_root(rpm: Path) -> None:
