@@ -28,8 +28,9 @@ def rpm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if res.returncode == CANNOT_RUN and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1":
         pytest.skip(res.stderr.strip().splitlines()[-1])
     assert res.returncode == 0, res.stderr[-3000:]
-    path = Path(res.stdout.strip().splitlines()[-1])
-    assert path.parent == out and path.name.endswith(".x86_64.rpm")
+    paths = [Path(l) for l in res.stdout.strip().splitlines()]
+    assert all(p.parent == out for p in paths), paths
+    path = next(p for p in paths if p.name.endswith(".x86_64.rpm"))
     return path
 
 
@@ -54,6 +55,19 @@ def test_rpm_holds_every_wheel_for_python311_and_the_node_files(rpm: Path) -> No
         if f.endswith(".whl") and "-cp" in f:
             assert "-cp311-" in f and "manylinux2014_x86_64" in f, f
     assert not [f for f in files if f.startswith("/opt/") or "__pycache__" in f]
+
+
+def test_aarch64_rpm_holds_aarch64_wheels(rpm: Path) -> None:
+    """GH200 and GB200 nodes are aarch64: the same package, with the wheels for that arch."""
+    arm = rpm.with_name(rpm.name.replace(".x86_64.rpm", ".aarch64.rpm"))
+    if not arm.exists():
+        pytest.skip("no aarch64 RPM: build-rpm.sh said which wheels PyPI lacks")
+    assert _q(arm, "--queryformat", "%{NAME} %{ARCH}") == "slurm-gpu aarch64"
+    files = set(_q(arm, "-l").split())
+    compiled = sorted(Path(f).name for f in files if f.endswith(".whl") and "-cp" in f)
+    assert compiled and all("-cp311-" in f and "aarch64" in f and "x86_64" not in f for f in compiled), compiled
+    noarch = {Path(f).name.split("-")[0].lower() for f in files if f.endswith(".whl")}
+    assert noarch == {Path(f).name.split("-")[0].lower() for f in _q(rpm, "-l").split() if f.endswith(".whl")}
 
 
 def test_rpm_metadata_and_scriptlets(rpm: Path) -> None:
