@@ -78,6 +78,7 @@ class Report:
     action: str = "none"
     elapsed: float = 0.0
     repair: Any = None                     # repair.RepairState after this run (metrics)
+    jobs: list[dict[str, Any]] = field(default_factory=list)   # on_fatal's steps (requeue, cancel, release)
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "status": self.status, "findings": [f.to_json() for f in self.findings]}
@@ -288,6 +289,9 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                      and opts.slurm_healthy is None)
     if opts.slurm_healthy is not None and opts.parent_slurmd:
         mem.slurmd = opts.parent_slurmd
+    gpu_index = _gpu_index(opts, health, state.get("gpu_index"), first_run)
+    from .onfatal import load_owed
+    owed = load_owed(state.get("on_fatal_owed"))
     if not first_run and deadline - time.monotonic() < ACT_MIN_SECONDS:
         rep.broken = "watchdog: too little time left to call scontrol: nothing changed"
         return rep
@@ -335,12 +339,58 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             notes.append(out.error)
         elif rec is not None:
             rep.repair = rec.finish(out, mem, event_findings, boot)
+        if not out.error and not opts.kernel_log:
+            owed = _on_fatal(opts, out, event_findings, gpu_index, owed, deadline, rep)
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))
-        actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
-                                        "last_run": time.time(), "last_status": rep.status})
+        doc = {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
+               "last_run": time.time(), "last_status": rep.status}
+        if gpu_index:
+            doc["gpu_index"] = gpu_index
+        if owed:
+            doc["on_fatal_owed"] = owed
+        actions.save_state(state_path, doc)
     return rep
+
+
+def _gpu_index(opts: Options, health: Any, old: Any, fresh: bool) -> dict[str, int]:
+    """Bus id -> Slurm GPU index, kept in the state file for on_fatal (a GPU off the bus tells no minor).
+
+    Read again from gres.conf only when this run's NVML read shows a GPU the
+    map lacks, or on slurmd's first run (gres.conf changes need a slurmd restart).
+    """
+    from .onfatal import index_map
+    known = index_map(None, None, opts.node, old if isinstance(old, dict) else None)
+    gpus = getattr(health, "gpus", None) or []
+    if not fresh and all(g.bus_id in known for g in gpus if g.bus_id and isinstance(g.minor, int)):
+        return known
+    gres = opts.gres_conf if opts.gres_conf is not None else default_gres_conf(opts.settings)
+    return index_map(health, gres, opts.node, known)
+
+
+def _on_fatal(opts: Options, out: Any, event_findings: list[Finding], gpu_index: dict[str, int],
+              owed: dict[str, float], deadline: float, rep: Report) -> dict[str, float]:
+    """[health] on_fatal after the drain: requeue or cancel the jobs on a GPU a fatal fault hit."""
+    from . import onfatal
+    mode = opts.settings.on_fatal
+    drained = out.plan.action == "drain" or (out.node is not None and out.node.drained)
+    timeout = max(0.5, min(opts.settings.scontrol_timeout, (deadline - time.monotonic()) / 3))
+    res = onfatal.FatalOutcome(owed=dict(owed))
+    if mode != "none" and drained and onfatal.fatal_gpus(event_findings):
+        res = onfatal.act(opts.node, event_findings, gpu_index, mode, deadline - 0.5, timeout=timeout)
+        res.owed = {**owed, **res.owed}
+        if res.owed:
+            onfatal.release(res, deadline - 0.5, timeout=timeout)
+    elif owed:
+        onfatal.release(res, deadline - 0.5, timeout=timeout)
+    elif mode != "none" and onfatal.fatal_gpus(event_findings):
+        rep.notes.append("on_fatal: the node is not drained: no job requeued")
+    for st in res.steps:
+        rep.notes.append(f"on_fatal: {st['action']} job {st['job']}: {st['reason']}")
+    rep.jobs = res.steps
+    rep.notes.extend(res.errors)
+    return res.owed
 
 
 def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, deadline: float,

@@ -48,10 +48,15 @@ class HealthSettings(Settings):
     # HealthCheckProgram run; 2 and 3 wait for an idle node) and the most seconds it may take.
     dcgm_level: int = 0
     dcgm_timeout: float = 60.0
+    # A fatal fault on a GPU a running job holds (docs/health.md, "Jobs on a dead GPU"):
+    # "requeue" those jobs (cancel the ones that cannot be requeued), "cancel" them, or "none".
+    on_fatal: str = "requeue"
 
     def __post_init__(self) -> None:
         if self.skip is None:
             self.skip = []
+        if self.on_fatal not in ("requeue", "cancel", "none"):
+            raise ValueError('on_fatal must be "requeue", "cancel" or "none"')
 
 
 class RepairSettings(Settings):

@@ -72,7 +72,7 @@ _RECOVERY_TO = re.compile(r"^GPU recovery action changed from \S+(?: \([^)]*\))?
 
 
 # NVML recovery actions after which the GPU runs nothing until it is reset or
-# the machine restarts (nvml.h nvmlDeviceGpuRecoveryAction_t: GPU_RESET 1,
+# the machine restarts (the driver's recovery actions: GPU_RESET 1,
 # NODE_REBOOT 2, BUS_RESET 6, SYSTEM_REBOOT 7).  DRAIN_P2P (3) and
 # DRAIN_AND_RESET (4) let running work finish.
 FATAL_RECOVERY = frozenset({1, 2, 6, 7})
