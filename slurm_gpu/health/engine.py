@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ..errors import InputError, SlurmGpuError
 from ..procfs import parent_slurmd
 from .expected import default_gres_conf, expected_gpus
+from .events import finding_key
 from .findings import DRAIN, INFO, WARN, Finding, drain_reason, sort_findings, worst
 from .gpu_checks import run_gpu_checks
 from .registry import (ACT_MIN_SECONDS, ALL_CHECKS, KMSG, NVML, OS, OWN, KmsgGather, OsGather, OwnGather,
@@ -79,6 +80,8 @@ class Report:
     elapsed: float = 0.0
     repair: Any = None                     # repair.RepairState after this run (metrics)
     jobs: list[dict[str, Any]] = field(default_factory=list)   # on_fatal's steps (requeue, cancel, release)
+    events: list[dict[str, Any]] = field(default_factory=list)  # what went to [health] event_log
+    event_command: dict[str, int] = field(default_factory=dict)  # its runs by result, since the state began
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "status": self.status, "findings": [f.to_json() for f in self.findings]}
@@ -341,6 +344,8 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             rep.repair = rec.finish(out, mem, event_findings, boot)
         if not out.error and not opts.kernel_log:
             owed = _on_fatal(opts, out, event_findings, gpu_index, owed, deadline, rep)
+        if not opts.kernel_log:
+            _events_out(opts, rep, event_findings, state, health, rec, deadline)
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))
@@ -350,8 +355,106 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             doc["gpu_index"] = gpu_index
         if owed:
             doc["on_fatal_owed"] = owed
+        if acting and not opts.kernel_log:
+            doc["findings_seen"] = sorted({finding_key(f) for f in rep.findings if f.severity != INFO})
+            doc["event_command"] = rep.event_command
         actions.save_state(state_path, doc)
     return rep
+
+
+def event_log_path(opts: Options) -> str | None:
+    """Where this node's health events go ([health] event_log), or None when off."""
+    p = opts.settings.event_log
+    if p == "off":
+        return None
+    if not p:
+        base = opts.repair.state_dir if opts.repair is not None else opts.state_dir
+        if not base:
+            return None
+        from .statefiles import _node_tag
+        return os.path.join(_expand(base, opts.node), f"health-events.{_node_tag(opts.node)}.jsonl")
+    return _expand(p, opts.node)
+
+
+def _events_out(opts: Options, rep: Report, event_findings: list[Finding], state: dict, health: Any,
+                rec: Any, deadline: float) -> None:
+    """[health] event_log and event_command: never a reason for the run to fail."""
+    from . import events
+    s = opts.settings
+    counts = state.get("event_command")
+    rep.event_command = ({k: v for k, v in counts.items() if isinstance(k, str) and isinstance(v, int)}
+                         if isinstance(counts, dict) else {})
+    seen = state.get("findings_seen")
+    seen = [k for k in seen if isinstance(k, str)] if isinstance(seen, list) else []
+    uuid_of = {g.bus_id: g.uuid for g in (getattr(health, "gpus", None) or []) if g.bus_id and g.uuid}
+    repair_steps = getattr(rec, "steps", None) or []
+    holder: dict[str, str] = {}
+    want_events = rep.action in ("drain", "resume") or rep.jobs or repair_steps or any(
+        f.severity != INFO and finding_key(f) not in set(seen) for f in rep.findings) or any(
+        f.severity != INFO for f in event_findings)
+    if not want_events:
+        return
+    if opts.job_gpus is not None:
+        try:
+            held = opts.job_gpus()
+        except Exception:  # noqa: BLE001 - who held the GPU is a nicety of the record
+            held = {}
+        holder = {bus: held[u] for bus, u in uuid_of.items() if u in held}
+    reason = next((n for n in [drain_reason(rep.findings)] if rep.action == "drain"), None)
+    recs = events.from_run(opts.node, rep.findings, event_findings, seen, action=rep.action, reason=reason,
+                           uuid_of=uuid_of, holder_of=holder, job_steps=rep.jobs, repair_steps=repair_steps)
+    if not recs:
+        return
+    rep.events = recs
+    path = event_log_path(opts)
+    if path:
+        try:
+            events.append(path, recs, s.event_log_max_bytes, s.event_log_keep)
+        except OSError as e:
+            rep.notes.append(f"health events not written to {path}: {e.strerror or e}")
+    note = _publish_events(opts.node, recs, s.event_log_max_bytes, s.event_log_keep)
+    if note:
+        rep.notes.append(note)
+    if s.event_command:
+        left = deadline - time.monotonic() - 0.5
+        result = ("skipped" if left < 0.5 else
+                  events.run_command(s.event_command, recs, min(s.event_command_timeout, left)))
+        rep.event_command[result] = rep.event_command.get(result, 0) + 1
+        if result != "ok":
+            rep.notes.append(f"event_command {result}: {s.event_command[0]}")
+
+
+PUBLISH_EVENTS_SECONDS = 2.0
+
+
+def _publish_events(node: str, recs: list[dict[str, Any]], max_bytes: int, keep: int) -> str | None:
+    """The same lines to ``<[cluster] publish_dir>/health-events/<node>.jsonl``, where login nodes read them.
+
+    A shared file system that does not answer within PUBLISH_EVENTS_SECONDS
+    is left behind (a daemon thread, as the model's publication does): a
+    note, never a failed or slow health check.
+    """
+    from .. import config
+    pub = (config.load_raw().get("cluster") or {}).get("publish_dir")
+    if not pub or not isinstance(pub, str):
+        return None
+    import threading
+    from . import events
+    target = os.path.join(_expand(pub, node), "health-events", f"{node}.jsonl")
+    done: list[str] = []
+
+    def write() -> None:
+        try:
+            events.append(target, recs, max_bytes, keep)
+            done.append("")
+        except OSError as e:
+            done.append(f"health events not published to {target}: {e.strerror or e}")
+    t = threading.Thread(target=write, name="slurm-gpu-events", daemon=True)
+    t.start()
+    t.join(PUBLISH_EVENTS_SECONDS)
+    if not done:
+        return f"health events not published: {target} did not answer in {PUBLISH_EVENTS_SECONDS:g} s"
+    return done[0] or None
 
 
 def _gpu_index(opts: Options, health: Any, old: Any, fresh: bool) -> dict[str, int]:
