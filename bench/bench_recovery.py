@@ -53,15 +53,23 @@ def state(sb, node: str) -> str:
     return ""
 
 
-def wait(sb, node: str, pred, timeout: float) -> float:
+def until(probe, pred, timeout: float, what: str) -> float:
+    """Seconds until pred(probe()) holds; exit with what was last seen after *timeout*."""
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
-        if pred(state(sb, node)):
+        if pred(probe()):
             return time.perf_counter() - t0
         time.sleep(0.02)
+    raise SystemExit(f"bench_recovery: {what} not there after {timeout} s: {probe()}")
+
+
+def wait(sb, node: str, pred, timeout: float) -> float:
     log = sb.layout.log / f"xid-watch-{node}.log"
-    tail = log.read_text()[-1500:] if log.exists() else ""
-    raise SystemExit(f"bench_recovery: {node} not there after {timeout} s (state {state(sb, node)})\n{tail}")
+    try:
+        return until(lambda: state(sb, node), pred, timeout, f"node {node}")
+    except SystemExit:
+        print(log.read_text()[-1500:] if log.exists() else "", file=sys.stderr)
+        raise
 
 
 def scontrol(sb, *args: str) -> None:
@@ -94,12 +102,7 @@ def job(sb, jid: str) -> dict[str, str]:
 
 
 def wait_job(sb, jid: str, pred, timeout: float) -> float:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if pred(job(sb, jid)):
-            return time.perf_counter() - t0
-        time.sleep(0.05)
-    raise SystemExit(f"bench_recovery: job {jid} not there after {timeout} s: {job(sb, jid)}")
+    return until(lambda: job(sb, jid), pred, timeout, f"job {jid}")
 
 
 def running_on(node: str):

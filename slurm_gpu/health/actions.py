@@ -23,11 +23,8 @@ SCONTROL = "scontrol"
 
 def scontrol_path() -> str:
     """scontrol by absolute path: Slurm runs us with no PATH."""
-    for d in runner.SAFE_PATH.split(":") + ["/usr/local/bin", "/usr/local/sbin"]:
-        p = os.path.join(d, SCONTROL)
-        if os.access(p, os.X_OK):
-            return p
-    return SCONTROL
+    from .jobctl import slurm_bin
+    return slurm_bin(SCONTROL)
 
 
 @dataclass
