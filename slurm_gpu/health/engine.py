@@ -313,6 +313,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         # clean run could resume a node; change nothing, read events again next run.
         # (A first run still records its slurmd, or every run would count as first.)
         return rep
+    rec = None
     if first_run:
         # First run of this slurmd: it runs us before registering, and scontrol
         # can hang then.  Remember what we found; the next run applies it.
@@ -324,7 +325,6 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     else:
         # scontrol must finish before the watchdog: a child is never left behind.
         timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic() - 0.5) / 2))
-        rec = None
         if opts.repair is not None and not opts.kernel_log:
             from .recovery import Recovery
             rec = Recovery(opts, deadline, health, notes)
@@ -344,8 +344,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             rep.repair = rec.finish(out, mem, event_findings, boot)
         if not out.error and not opts.kernel_log:
             owed = _on_fatal(opts, out, event_findings, gpu_index, owed, deadline, rep)
-        if not opts.kernel_log:
-            _events_out(opts, rep, event_findings, state, health, rec, deadline)
+    if not opts.kernel_log:
+        old_boot = (state.get("memory") or {}).get("boot_id")
+        _events_out(opts, rep, event_findings, state, health, rec, deadline,
+                    rebooted=bool(old_boot and boot and old_boot != boot))
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))
@@ -377,7 +379,7 @@ def event_log_path(opts: Options) -> str | None:
 
 
 def _events_out(opts: Options, rep: Report, event_findings: list[Finding], state: dict, health: Any,
-                rec: Any, deadline: float) -> None:
+                rec: Any, deadline: float, rebooted: bool = False) -> None:
     """[health] event_log and event_command: never a reason for the run to fail."""
     from . import events
     s = opts.settings
@@ -389,7 +391,7 @@ def _events_out(opts: Options, rep: Report, event_findings: list[Finding], state
     uuid_of = {g.bus_id: g.uuid for g in (getattr(health, "gpus", None) or []) if g.bus_id and g.uuid}
     repair_steps = getattr(rec, "steps", None) or []
     holder: dict[str, str] = {}
-    want_events = rep.action in ("drain", "resume") or rep.jobs or repair_steps or any(
+    want_events = rebooted or rep.action in ("drain", "resume") or rep.jobs or repair_steps or any(
         f.severity != INFO and finding_key(f) not in set(seen) for f in rep.findings) or any(
         f.severity != INFO for f in event_findings)
     if not want_events:
@@ -403,6 +405,10 @@ def _events_out(opts: Options, rep: Report, event_findings: list[Finding], state
     reason = next((n for n in [drain_reason(rep.findings)] if rep.action == "drain"), None)
     recs = events.from_run(opts.node, rep.findings, event_findings, seen, action=rep.action, reason=reason,
                            uuid_of=uuid_of, holder_of=holder, job_steps=rep.jobs, repair_steps=repair_steps)
+    if rebooted:
+        # The node booted since the last run: the history shows it before what this run found.
+        recs.insert(0, events.record(opts.node, "boot", reason="the node rebooted since the last health run",
+                                     when=recs[0]["time"] if recs else None))
     if not recs:
         return
     rep.events = recs

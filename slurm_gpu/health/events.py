@@ -11,8 +11,9 @@ writing what it saw and did to ``[health] event_log`` (default
      "reason": "slurm-gpu: gpu.xid: Xid 79 on 0000:18:00.0: GPU has fallen off the bus"}
 
 ``action`` is ``finding`` (``severity`` beside it), ``drain``, ``resume``,
-``requeue``, ``cancel``, ``release`` (a requeued job made eligible now) or a
-repair step (``reset``, ``reboot``, ``rma``, with its ``result``).  A finding
+``requeue``, ``cancel``, ``release`` (a requeued job made eligible now),
+``boot`` (the node rebooted since the last run) or a repair step (``reset``,
+``reboot``, ``rma``, with its ``result``).  A finding
 is written once, when it appears: an event (a kernel line, an xid-watch
 record) every time, a condition (a pending remap, a lost GPU) when it was not
 in the previous run's findings.

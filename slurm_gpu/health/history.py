@@ -78,6 +78,9 @@ def episodes(recs: Iterable[dict[str, Any]]) -> list[Episode]:
         elif a == "resume":
             if cur is not None and cur.resume is None:
                 cur.resume = t
+        elif a == "boot":
+            if cur is not None and cur.resume is None:      # a reboot while the fault was open
+                cur.steps.append({"time": t, "action": "boot", "gpu": None, "job": None})
         elif a in JOB_STEPS or a in REPAIR_STEPS:
             if cur is None:
                 cur = Episode(first_signal=t)

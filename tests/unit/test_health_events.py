@@ -107,3 +107,15 @@ def test_an_unwritable_event_log_is_a_note_never_a_failed_check(tmp_path, slurm)
 def test_event_command_is_an_argv_list_never_a_shell_string():
     with pytest.raises(ValueError):
         HealthSettings(event_command=["/bin/sh", 3])
+
+
+def test_a_reboot_between_two_runs_is_an_event(tmp_path, slurm, monkeypatch):
+    from slurm_gpu.hw import kmsg
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    monkeypatch.setattr(kmsg, "boot_id", lambda: "boot-a")
+    run(tmp_path, log)
+    assert lines(tmp_path) == []
+    monkeypatch.setattr(kmsg, "boot_id", lambda: "boot-b")
+    run(tmp_path, log)
+    assert [e["action"] for e in lines(tmp_path)] == ["boot"]
