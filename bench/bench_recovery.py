@@ -111,6 +111,7 @@ def running_on(node: str):
 
 def job_runs(sb, layout, runs: int) -> tuple[list[float], list[float]]:
     """(fault to the job running on n2, Slurm's own requeue + release on a healthy node), per run."""
+    from slurm_gpu.health.watch import _Gap
     from slurm_gpu.sandbox import nodesim
     fault, floor = [], []
     for _ in range(runs):
@@ -132,12 +133,17 @@ def job_runs(sb, layout, runs: int) -> tuple[list[float], list[float]]:
         nodesim.drill(layout, "n1", "xid-79", gpu=gpu)
         wait_job(sb, jid, running_on("n2"), 60)
         fault.append(time.perf_counter() - t0)
+        print(f"  run {len(fault)}: fault to the job running on n2 {fault[-1]:.2f} s, floor {floor[-1]:.2f} s",
+              file=sys.stderr)
         client(sb, ["scancel", jid])
+        # xid-watch coalesces the fault's second half (its kernel line or NVML event,
+        # whichever came later) into one more run at the end of its 5 s gap: let it
+        # happen before the node is cleared and resumed, or it drains n1 again.
+        time.sleep(_Gap.MIN_GAP + 1.0)
         nodesim.set_fault(layout, "n1", {})
         wait(sb, "n1", lambda s: "DRAIN" in s and "ALLOC" not in s and "MIX" not in s, 60)
         scontrol(sb, "update", "nodename=n1", "state=resume")
         wait(sb, "n1", lambda s: s == "IDLE", 60)
-        time.sleep(5.5)      # xid-watch starts at most one triggered run per 5 s
     return fault, floor
 
 
