@@ -112,7 +112,7 @@ def running_on(node: str):
 def job_runs(sb, layout, runs: int) -> tuple[list[float], list[float]]:
     """(fault to the job running on n2, Slurm's own requeue + release on a healthy node), per run."""
     from slurm_gpu.health.watch import _Gap
-    from slurm_gpu.sandbox import nodesim
+    from slurm_gpu_devkit.sandbox import nodesim
     fault, floor = [], []
     for _ in range(runs):
         scontrol(sb, "update", "nodename=n2", "state=drain", "reason=bench: n1 first")
