@@ -186,7 +186,8 @@ def _history_source(from_dir: str | None) -> tuple[str | None, str]:
 def _local_log(node: str) -> str | None:
     """This node's own event log, as the health check writes it (engine.event_log_path)."""
     from .. import config
-    from ..health.engine import Options, event_log_path
+    from ..health.engine import Options
+    from ..health.events import log_path as event_log_path
     from ..health.settings import HealthSettings, RepairSettings
     from ..hw import live
     h = config.section(HealthSettings, "health")

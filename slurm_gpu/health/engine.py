@@ -292,9 +292,9 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                      and opts.slurm_healthy is None)
     if opts.slurm_healthy is not None and opts.parent_slurmd:
         mem.slurmd = opts.parent_slurmd
-    gpu_index = _gpu_index(opts, health, state.get("gpu_index"), first_run)
-    from .onfatal import load_owed
-    owed = load_owed(state.get("on_fatal_owed"))
+    from . import onfatal
+    gpu_index = onfatal.gpu_index_for(opts, health, state.get("gpu_index"), first_run)
+    owed = onfatal.load_owed(state.get("on_fatal_owed"))
     if not first_run and deadline - time.monotonic() < ACT_MIN_SECONDS:
         rep.broken = "watchdog: too little time left to call scontrol: nothing changed"
         return rep
@@ -343,11 +343,12 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         elif rec is not None:
             rep.repair = rec.finish(out, mem, event_findings, boot)
         if not out.error and not opts.kernel_log:
-            owed = _on_fatal(opts, out, event_findings, gpu_index, owed, deadline, rep)
+            owed = onfatal.after_act(opts, out, event_findings, gpu_index, owed, deadline, rep)
     if not opts.kernel_log:
         old_boot = (state.get("memory") or {}).get("boot_id")
-        _events_out(opts, rep, event_findings, state, health, rec, deadline,
-                    rebooted=bool(old_boot and boot and old_boot != boot))
+        from . import events
+        events.after_run(opts, rep, event_findings, state, health, rec, deadline,
+                         rebooted=bool(old_boot and boot and old_boot != boot))
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))
@@ -362,144 +363,6 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             doc["event_command"] = rep.event_command
         actions.save_state(state_path, doc)
     return rep
-
-
-def event_log_path(opts: Options) -> str | None:
-    """Where this node's health events go ([health] event_log), or None when off."""
-    p = opts.settings.event_log
-    if p == "off":
-        return None
-    if not p:
-        base = opts.repair.state_dir if opts.repair is not None else opts.state_dir
-        if not base:
-            return None
-        from .statefiles import _node_tag
-        return os.path.join(_expand(base, opts.node), f"health-events.{_node_tag(opts.node)}.jsonl")
-    return _expand(p, opts.node)
-
-
-def _events_out(opts: Options, rep: Report, event_findings: list[Finding], state: dict, health: Any,
-                rec: Any, deadline: float, rebooted: bool = False) -> None:
-    """[health] event_log and event_command: never a reason for the run to fail."""
-    from . import events
-    s = opts.settings
-    counts = state.get("event_command")
-    rep.event_command = ({k: v for k, v in counts.items() if isinstance(k, str) and isinstance(v, int)}
-                         if isinstance(counts, dict) else {})
-    seen = state.get("findings_seen")
-    seen = [k for k in seen if isinstance(k, str)] if isinstance(seen, list) else []
-    uuid_of = {g.bus_id: g.uuid for g in (getattr(health, "gpus", None) or []) if g.bus_id and g.uuid}
-    repair_steps = getattr(rec, "steps", None) or []
-    holder: dict[str, str] = {}
-    want_events = rebooted or rep.action in ("drain", "resume") or rep.jobs or repair_steps or any(
-        f.severity != INFO and finding_key(f) not in set(seen) for f in rep.findings) or any(
-        f.severity != INFO for f in event_findings)
-    if not want_events:
-        return
-    if opts.job_gpus is not None:
-        try:
-            held = opts.job_gpus()
-        except Exception:  # noqa: BLE001 - who held the GPU is a nicety of the record
-            held = {}
-        holder = {bus: held[u] for bus, u in uuid_of.items() if u in held}
-    reason = next((n for n in [drain_reason(rep.findings)] if rep.action == "drain"), None)
-    recs = events.from_run(opts.node, rep.findings, event_findings, seen, action=rep.action, reason=reason,
-                           uuid_of=uuid_of, holder_of=holder, job_steps=rep.jobs, repair_steps=repair_steps)
-    if rebooted:
-        # The node booted since the last run: the history shows it before what this run found.
-        recs.insert(0, events.record(opts.node, "boot", reason="the node rebooted since the last health run",
-                                     when=recs[0]["time"] if recs else None))
-    if not recs:
-        return
-    rep.events = recs
-    path = event_log_path(opts)
-    if path:
-        try:
-            events.append(path, recs, s.event_log_max_bytes, s.event_log_keep)
-        except OSError as e:
-            rep.notes.append(f"health events not written to {path}: {e.strerror or e}")
-    note = _publish_events(opts.node, recs, s.event_log_max_bytes, s.event_log_keep)
-    if note:
-        rep.notes.append(note)
-    if s.event_command:
-        left = deadline - time.monotonic() - 0.5
-        result = ("skipped" if left < 0.5 else
-                  events.run_command(s.event_command, recs, min(s.event_command_timeout, left)))
-        rep.event_command[result] = rep.event_command.get(result, 0) + 1
-        if result != "ok":
-            rep.notes.append(f"event_command {result}: {s.event_command[0]}")
-
-
-PUBLISH_EVENTS_SECONDS = 2.0
-
-
-def _publish_events(node: str, recs: list[dict[str, Any]], max_bytes: int, keep: int) -> str | None:
-    """The same lines to ``<[cluster] publish_dir>/health-events/<node>.jsonl``, where login nodes read them.
-
-    A shared file system that does not answer within PUBLISH_EVENTS_SECONDS
-    is left behind (a daemon thread, as the model's publication does): a
-    note, never a failed or slow health check.
-    """
-    from .. import config
-    pub = (config.load_raw().get("cluster") or {}).get("publish_dir")
-    if not pub or not isinstance(pub, str):
-        return None
-    import threading
-    from . import events
-    target = os.path.join(_expand(pub, node), "health-events", f"{node}.jsonl")
-    done: list[str] = []
-
-    def write() -> None:
-        try:
-            events.append(target, recs, max_bytes, keep)
-            done.append("")
-        except OSError as e:
-            done.append(f"health events not published to {target}: {e.strerror or e}")
-    t = threading.Thread(target=write, name="slurm-gpu-events", daemon=True)
-    t.start()
-    t.join(PUBLISH_EVENTS_SECONDS)
-    if not done:
-        return f"health events not published: {target} did not answer in {PUBLISH_EVENTS_SECONDS:g} s"
-    return done[0] or None
-
-
-def _gpu_index(opts: Options, health: Any, old: Any, fresh: bool) -> dict[str, int]:
-    """Bus id -> Slurm GPU index, kept in the state file for on_fatal (a GPU off the bus tells no minor).
-
-    Read again from gres.conf only when this run's NVML read shows a GPU the
-    map lacks, or on slurmd's first run (gres.conf changes need a slurmd restart).
-    """
-    from .onfatal import index_map
-    known = index_map(None, None, opts.node, old if isinstance(old, dict) else None)
-    gpus = getattr(health, "gpus", None) or []
-    if not fresh and all(g.bus_id in known for g in gpus if g.bus_id and isinstance(g.minor, int)):
-        return known
-    gres = opts.gres_conf if opts.gres_conf is not None else default_gres_conf(opts.settings)
-    return index_map(health, gres, opts.node, known)
-
-
-def _on_fatal(opts: Options, out: Any, event_findings: list[Finding], gpu_index: dict[str, int],
-              owed: dict[str, float], deadline: float, rep: Report) -> dict[str, float]:
-    """[health] on_fatal after the drain: requeue or cancel the jobs on a GPU a fatal fault hit."""
-    from . import onfatal
-    mode = opts.settings.on_fatal
-    drained = out.plan.action == "drain" or (out.node is not None and out.node.drained)
-    timeout = max(0.5, min(opts.settings.scontrol_timeout, (deadline - time.monotonic()) / 3))
-    res = onfatal.FatalOutcome(owed=dict(owed))
-    if mode != "none" and drained and onfatal.fatal_gpus(event_findings):
-        res = onfatal.act(opts.node, event_findings, gpu_index, mode, deadline - 0.5, timeout=timeout)
-        res.owed = {**owed, **res.owed}
-        if res.owed:
-            onfatal.release(res, deadline - 0.5, timeout=timeout)
-    elif owed:
-        onfatal.release(res, deadline - 0.5, timeout=timeout)
-    elif mode != "none" and onfatal.fatal_gpus(event_findings):
-        rep.notes.append("on_fatal: the node is not drained: no job requeued")
-    for st in res.steps:
-        rep.notes.append(f"on_fatal: {st['action']} job {st['job']}: {st['reason']}")
-    rep.jobs = res.steps
-    rep.notes.extend(res.errors)
-    return res.owed
 
 
 def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, deadline: float,

@@ -40,7 +40,7 @@ import os
 import time
 from typing import Any, Iterable, Sequence
 
-from .findings import Finding
+from .findings import INFO, Finding, drain_reason
 
 FIELDS = ("time", "node", "action", "check", "gpu", "uuid", "xid", "job", "reason")
 MAX_LINE = 4096          # one event; a longer one is cut (reasons are short, our words only)
@@ -171,3 +171,106 @@ def run_command(argv: Sequence[str], recs: Sequence[dict[str, Any]], timeout: fl
     except OSError:
         return "failed"
     return "ok" if res.returncode == 0 else "failed"
+
+
+# ------------------------------------------------------------ the health run's end
+
+def _expand_node(path: str, node: str) -> str:
+    return path.replace("%n", node)
+
+
+def log_path(opts: Any) -> str | None:
+    """Where this node's health events go ([health] event_log), or None when off."""
+    p = opts.settings.event_log
+    if p == "off":
+        return None
+    if not p:
+        base = opts.repair.state_dir if opts.repair is not None else opts.state_dir
+        if not base:
+            return None
+        from .statefiles import _node_tag
+        return os.path.join(_expand_node(base, opts.node), f"health-events.{_node_tag(opts.node)}.jsonl")
+    return _expand_node(p, opts.node)
+
+
+def after_run(opts: Any, rep: Any, event_findings: list[Finding], state: dict, health: Any,
+              rec: Any, deadline: float, rebooted: bool = False) -> None:
+    """[health] event_log and event_command at the end of an acting run: never a reason for it to fail."""
+    s = opts.settings
+    counts = state.get("event_command")
+    rep.event_command = ({k: v for k, v in counts.items() if isinstance(k, str) and isinstance(v, int)}
+                         if isinstance(counts, dict) else {})
+    seen = state.get("findings_seen")
+    seen = [k for k in seen if isinstance(k, str)] if isinstance(seen, list) else []
+    uuid_of = {g.bus_id: g.uuid for g in (getattr(health, "gpus", None) or []) if g.bus_id and g.uuid}
+    repair_steps = getattr(rec, "steps", None) or []
+    holder: dict[str, str] = {}
+    want_events = rebooted or rep.action in ("drain", "resume") or rep.jobs or repair_steps or any(
+        f.severity != INFO and finding_key(f) not in set(seen) for f in rep.findings) or any(
+        f.severity != INFO for f in event_findings)
+    if not want_events:
+        return
+    if opts.job_gpus is not None:
+        try:
+            held = opts.job_gpus()
+        except Exception:  # noqa: BLE001 - who held the GPU is a nicety of the record
+            held = {}
+        holder = {bus: held[u] for bus, u in uuid_of.items() if u in held}
+    reason = drain_reason(rep.findings) if rep.action == "drain" else None
+    recs = from_run(opts.node, rep.findings, event_findings, seen, action=rep.action, reason=reason,
+                           uuid_of=uuid_of, holder_of=holder, job_steps=rep.jobs, repair_steps=repair_steps)
+    if rebooted:
+        # The node booted since the last run: the history shows it before what this run found.
+        recs.insert(0, record(opts.node, "boot", reason="the node rebooted since the last health run",
+                                     when=recs[0]["time"] if recs else None))
+    if not recs:
+        return
+    rep.events = recs
+    path = log_path(opts)
+    if path:
+        try:
+            append(path, recs, s.event_log_max_bytes, s.event_log_keep)
+        except OSError as e:
+            rep.notes.append(f"health events not written to {path}: {e.strerror or e}")
+    note = _publish_events(opts.node, recs, s.event_log_max_bytes, s.event_log_keep)
+    if note:
+        rep.notes.append(note)
+    if s.event_command:
+        left = deadline - time.monotonic() - 0.5
+        result = ("skipped" if left < 0.5 else
+                  run_command(s.event_command, recs, min(s.event_command_timeout, left)))
+        rep.event_command[result] = rep.event_command.get(result, 0) + 1
+        if result != "ok":
+            rep.notes.append(f"event_command {result}: {s.event_command[0]}")
+
+
+PUBLISH_EVENTS_SECONDS = 2.0
+
+
+def _publish_events(node: str, recs: list[dict[str, Any]], max_bytes: int, keep: int) -> str | None:
+    """The same lines to ``<[cluster] publish_dir>/health-events/<node>.jsonl``, where login nodes read them.
+
+    A shared file system that does not answer within PUBLISH_EVENTS_SECONDS
+    is left behind (a daemon thread, as the model's publication does): a
+    note, never a failed or slow health check.
+    """
+    from .. import config
+    pub = (config.load_raw().get("cluster") or {}).get("publish_dir")
+    if not pub or not isinstance(pub, str):
+        return None
+    import threading
+    target = os.path.join(_expand_node(pub, node), "health-events", f"{node}.jsonl")
+    done: list[str] = []
+
+    def write() -> None:
+        try:
+            append(target, recs, max_bytes, keep)
+            done.append("")
+        except OSError as e:
+            done.append(f"health events not published to {target}: {e.strerror or e}")
+    t = threading.Thread(target=write, name="slurm-gpu-events", daemon=True)
+    t.start()
+    t.join(PUBLISH_EVENTS_SECONDS)
+    if not done:
+        return f"health events not published: {target} did not answer in {PUBLISH_EVENTS_SECONDS:g} s"
+    return done[0] or None

@@ -192,3 +192,43 @@ def load_owed(doc: object) -> dict[str, float]:
     return {k: float(v) for k, v in doc.items()
             if isinstance(k, str) and k.isdigit() and len(k) < 20 and isinstance(v, (int, float))
             and not isinstance(v, bool) and v == v}
+
+
+# ------------------------------------------------------------ in the health run
+
+def gpu_index_for(opts: Any, health: Any, old: Any, fresh: bool) -> dict[str, int]:
+    """Bus id -> Slurm GPU index, kept in the state file for on_fatal (a GPU off the bus tells no minor).
+
+    Read again from gres.conf only when this run's NVML read shows a GPU the
+    map lacks, or on slurmd's first run (gres.conf changes need a slurmd restart).
+    """
+    from .expected import default_gres_conf
+    known = index_map(None, None, opts.node, old if isinstance(old, dict) else None)
+    gpus = getattr(health, "gpus", None) or []
+    if not fresh and all(g.bus_id in known for g in gpus if g.bus_id and isinstance(g.minor, int)):
+        return known
+    gres = opts.gres_conf if opts.gres_conf is not None else default_gres_conf(opts.settings)
+    return index_map(health, gres, opts.node, known)
+
+
+def after_act(opts: Any, out: Any, event_findings: list[Finding], gpu_index: dict[str, int],
+              owed: dict[str, float], deadline: float, rep: Any) -> dict[str, float]:
+    """[health] on_fatal after the drain: requeue or cancel the jobs on a GPU a fatal fault hit."""
+    mode = opts.settings.on_fatal
+    drained = out.plan.action == "drain" or (out.node is not None and out.node.drained)
+    timeout = max(0.5, min(opts.settings.scontrol_timeout, (deadline - time.monotonic()) / 3))
+    res = FatalOutcome(owed=dict(owed))
+    if mode != "none" and drained and fatal_gpus(event_findings):
+        res = act(opts.node, event_findings, gpu_index, mode, deadline - 0.5, timeout=timeout)
+        res.owed = {**owed, **res.owed}
+        if res.owed:
+            release(res, deadline - 0.5, timeout=timeout)
+    elif owed:
+        release(res, deadline - 0.5, timeout=timeout)
+    elif mode != "none" and fatal_gpus(event_findings):
+        rep.notes.append("on_fatal: the node is not drained: no job requeued")
+    for st in res.steps:
+        rep.notes.append(f"on_fatal: {st['action']} job {st['job']}: {st['reason']}")
+    rep.jobs = res.steps
+    rep.notes.extend(res.errors)
+    return res.owed
