@@ -36,7 +36,8 @@ PY_FLOOR_MS, GREP_FLOOR_MS = 12.9, 17.0   # the floors beside those goals in iss
 SNAP = ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json"
 
 
-def measure(argv: list[str], env: dict[str, str], runs: int, stdout: Any = subprocess.DEVNULL) -> tuple[float, float, int]:
+def measure(argv: list[str], env: dict[str, str], runs: int,
+            stdout: Any = subprocess.DEVNULL) -> tuple[float, float, int]:
     """(median wall ms, min wall ms, max peak RSS KiB) over *runs* runs of *argv*."""
     walls, rss = [], 0
     for _ in range(runs):

@@ -23,7 +23,6 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from .. import runner
 from ..errors import CommandError
