@@ -281,7 +281,8 @@ def node_cmd(node: str, since: str | None, from_dir: str | None, as_json: bool) 
                    + (f" ({lead:.1f} s before the drain)" if lead is not None else "")
                    + f"; {'resumed ' + _stamp(d['resume']) if d['resume'] else 'still drained'}")
         if d["gpus"]:
-            click.echo(f"    GPUs: {', '.join(d['gpus'])}" + (f"; Xid {', '.join(map(str, d['xids']))}" if d["xids"] else ""))
+            xids = f"; Xid {', '.join(map(str, d['xids']))}" if d["xids"] else ""
+            click.echo(f"    GPUs: {', '.join(d['gpus'])}{xids}")
         for st in d["steps"]:
             what = f"job {st['job']}" if st.get("job") else (st.get("gpu") or "")
             click.echo(f"    {_stamp(st['time'])}  {st['action']} {what}"
@@ -323,7 +324,8 @@ def faults_cmd(since: str | None, from_dir: str | None, as_json: bool) -> None:
                f"{v['jobs_requeued_or_cancelled']} job(s) requeued or cancelled")
     click.echo("repeat offenders:")
     for o in v["offenders"][:20]:
-        click.echo(f"  {o['node']:<16} {o['drains']:>4}  {o['share'] * 100:5.1f} %  (cumulative {o['cumulative_share'] * 100:5.1f} %)")
+        click.echo(f"  {o['node']:<16} {o['drains']:>4}  {o['share'] * 100:5.1f} %  "
+                   f"(cumulative {o['cumulative_share'] * 100:5.1f} %)")
     click.echo("fault classes:")
     for c in v["classes"]:
         click.echo(f"  {c['class']:<24} {c['drains']:>4}")

@@ -346,9 +346,9 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             owed = onfatal.after_act(opts, out, event_findings, gpu_index, owed, deadline, rep)
     if not opts.kernel_log:
         old_boot = (state.get("memory") or {}).get("boot_id")
-        from . import events
-        events.after_run(opts, rep, event_findings, state, health, rec, deadline,
-                         rebooted=bool(old_boot and boot and old_boot != boot))
+        from .events import after_run as events_out
+        events_out(opts, rep, event_findings, state, health, rec, deadline,
+                   rebooted=bool(old_boot and boot and old_boot != boot))
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))

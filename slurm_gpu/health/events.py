@@ -154,7 +154,8 @@ def read(path: str, keep: int = 9) -> list[dict[str, Any]]:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)) and isinstance(rec.get("action"), str):
+            if (isinstance(rec, dict) and isinstance(rec.get("time"), (int, float))
+                    and isinstance(rec.get("action"), str)):
                 out.append(rec)
     return out
 

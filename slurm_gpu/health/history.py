@@ -21,7 +21,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 REPAIR_STEPS = ("reset", "reboot", "rma")
 JOB_STEPS = ("requeue", "cancel", "release")
@@ -116,7 +116,7 @@ def nodes_in(directory: str) -> list[str]:
     return sorted({n[:-6] for n in names if n.endswith(".jsonl") and not n.startswith(".")})
 
 
-def faults_summary(by_node: dict[str, Sequence[dict[str, Any]]]) -> dict[str, Any]:
+def faults_summary(by_node: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, Any]:
     """The cluster's repeat offenders and fault classes (``report faults``)."""
     drains: Counter[str] = Counter()
     classes: Counter[str] = Counter()
@@ -132,13 +132,13 @@ def faults_summary(by_node: dict[str, Sequence[dict[str, Any]]]) -> dict[str, An
                 gpus[(node, g)] += 1
             jobs_hit += sum(1 for s in ep.steps if s["action"] in ("requeue", "cancel"))
     total = sum(drains.values())
-    offenders = []
+    offenders: list[dict[str, Any]] = []
     acc = 0
     for node, n in sorted(drains.items(), key=lambda kv: (-kv[1], kv[0])):
         acc += n
         offenders.append({"node": node, "drains": n, "share": round(n / total, 3) if total else 0.0,
                           "cumulative_share": round(acc / total, 3) if total else 0.0})
-    half = next((i + 1 for i, o in enumerate(offenders) if o["cumulative_share"] > 0.5), 0)
+    half = next((i + 1 for i, o in enumerate(offenders) if float(o["cumulative_share"]) > 0.5), 0)
     return {"nodes_with_history": len(by_node), "nodes_drained": len(drains), "drains": total,
             "nodes_causing_half": half, "offenders": offenders,
             "classes": [{"class": c, "drains": n} for c, n in sorted(classes.items(), key=lambda kv: (-kv[1], kv[0]))],

@@ -118,9 +118,10 @@ def act(node: str, findings: Iterable[Finding], gpu_index: Mapping[str, int], mo
         if view is None or view.state not in ("RUNNING", "SUSPENDED"):
             continue
         mine = next((idx for nodes, idx in view.gpus.items() if node in _expand(expand, nodes)), ())
-        f = next((idx_hit[i] for i in mine if i in idx_hit), None)
-        if f is None:
+        hit_f = next((idx_hit[i] for i in mine if i in idx_hit), None)
+        if hit_f is None:
             continue                   # this job does not hold a GPU the fault hit: left alone
+        f = hit_f
         words = fault_words(f, node)
         can_requeue = mode == "requeue" and view.requeue and view.batch
         action = "requeue" if can_requeue else "cancel"
