@@ -26,6 +26,7 @@ directory and process tree (documented in docs/mps-mig.md).
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
 
@@ -33,7 +34,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable
 
-from .. import sig
 from ..procfs import parent
 
 NAME = "slurm_gpu_mps"
@@ -212,13 +212,13 @@ def _kill(pid: int) -> None:
         fd = os.pidfd_open(pid)
     except (ProcessLookupError, OSError):
         try:
-            os.kill(pid, sig.SIGKILL)    # no pidfds (Linux < 5.3): it is in our cgroup
+            os.kill(pid, signal.SIGKILL)    # no pidfds (Linux < 5.3): it is in our cgroup
         except ProcessLookupError:
             pass
         return
     try:
         if _start(pid) == start:            # still the process read from cgroup.procs
-            sig.pidfd_send_signal(fd, sig.SIGKILL)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
     except ProcessLookupError:
         pass
     finally:

@@ -7,11 +7,11 @@ for the epilog.  slurmstepd (through the SPANK plugin) reads it with
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
 
-from .. import jsontext
 from ..errors import InputError, SlurmGpuError
 from ..fsutil import atomic_write
 
@@ -81,7 +81,7 @@ def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
     d = jobs_dir(state_dir)
     os.makedirs(d, mode=0o755, exist_ok=True)
     _check_dir(d)
-    text = jsontext.dumps(state)
+    text = json.dumps(state, indent=1, sort_keys=True)
     # The copy first: whichever file a crash or a bad sector leaves broken,
     # the other holds this or the previous record (see load()).
     atomic_write(os.path.join(d, f"{state['jobid']}.json{COPY}"), text, mode=0o644)
@@ -143,7 +143,7 @@ def _read(p: str, jobid: str) -> tuple[dict[str, Any] | None, str | None]:
     except OSError as e:
         raise InputError(f"cannot read job state: {e.strerror or e}", str(p)) from None
     try:
-        data = jsontext.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
+        data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
     except (ValueError, RecursionError):
         data = None
     why = "not JSON or too big" if data is None else malformed(data, jobid)
