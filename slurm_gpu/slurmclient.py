@@ -108,7 +108,7 @@ def parse_conf(text: str, base: str, depth: int = 0) -> dict[str, str]:
             continue
         if line.lower().startswith("include ") and depth < _MAX_INCLUDE_DEPTH:
             pattern = line.split(None, 1)[1].strip()
-            for inc in sorted(glob.glob(os.path.join(base, pattern))):
+            for inc in sorted(glob.glob(os.path.join(glob.escape(base), pattern))):
                 try:
                     with open(inc, encoding="utf-8", errors="replace") as f:
                         out.update(parse_conf(f.read(), os.path.dirname(inc), depth + 1))

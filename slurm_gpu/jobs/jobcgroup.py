@@ -25,7 +25,6 @@ directory and process tree (documented in docs/mps-mig.md).
 """
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import stat
@@ -104,9 +103,29 @@ def job_dirs(jobid: str, uid: int | None, sluid: str | None = None, node: str | 
 
 def _expand(point: str, parts: tuple[str, ...]) -> list[str]:
     """The existing paths ``point/parts...``, sorted; a ``*`` in a part matches
-    any name that does not start with a dot.  The mount point (taken from
-    mountinfo) is never read as a pattern."""
-    return sorted(glob.glob(os.path.join(glob.escape(point), *parts)))
+    any name that does not start with a dot, as glob's would.
+
+    Not glob: only the ``*`` this module writes is a wildcard; glob would
+    also read the mount point (taken from mountinfo) and a node name (``[``,
+    ``?``) as patterns, and another node's job must never match.
+    """
+    paths = [point]
+    for part in parts:
+        nxt = []
+        for d in paths:
+            if "*" not in part:
+                if os.path.lexists(os.path.join(d, part)):
+                    nxt.append(os.path.join(d, part))
+                continue
+            head, _, tail = part.partition("*")
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            nxt += [os.path.join(d, n) for n in names if not n.startswith(".") and
+                    len(n) >= len(head) + len(tail) and n.startswith(head) and n.endswith(tail)]
+        paths = nxt
+    return sorted(paths)
 
 
 def _version(d: str) -> int:
