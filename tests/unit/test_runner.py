@@ -82,8 +82,8 @@ def test_timeout_returns_although_a_daemon_holds_the_pipes(tmp_path) -> None:
     assert took < 5, f"run() waited {took:.1f} s for a daemon's pipes"
 
 
-# The child is started by runner itself (fork + exec, no subprocess): what
-# Popen guaranteed must still hold.
+# What the runner guarantees the child, whether subprocess starts it alone or
+# through the pre-exec helper (cgroups, CPUs).
 
 def test_no_descriptor_but_stdio_reaches_the_child(tmp_path) -> None:
     f = open(tmp_path / "secret", "w")
@@ -181,3 +181,12 @@ def test_a_command_that_exits_while_its_daemon_holds_the_pipes(tmp_path) -> None
             os.kill(int(pidfile.read_text()), 9)
         except (OSError, ValueError):
             pass
+
+
+def test_without_the_pre_exec_helper_one_line_says_how_to_build_it(tmp_path, monkeypatch) -> None:
+    from slurm_gpu import runner
+    monkeypatch.setattr(runner, "helper_path", lambda: str(tmp_path / "slurm-gpu-exec"))
+    with pytest.raises(CommandError, match="cannot start /bin/true in its cgroup: slurm-gpu-exec "
+                                           r"is not built \(slurm-gpu spank build\)"):
+        run(["/bin/true"], timeout=5, join_cgroups=[str(tmp_path / "cgroup.procs")])
+    assert run(["/bin/true"], timeout=5).ok         # commands without cgroups or CPUs need no helper
