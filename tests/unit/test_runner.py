@@ -190,3 +190,12 @@ def test_without_the_pre_exec_helper_one_line_says_how_to_build_it(tmp_path, mon
                                            r"is not built \(slurm-gpu spank build\)"):
         run(["/bin/true"], timeout=5, join_cgroups=[str(tmp_path / "cgroup.procs")])
     assert run(["/bin/true"], timeout=5).ok         # commands without cgroups or CPUs need no helper
+
+
+def test_through_the_helper_the_command_gets_stdio_only_and_default_signals() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    fds = run(["/bin/ls", "/proc/self/fd"], timeout=5, cpus=[cpu]).stdout.split()
+    assert sorted(fds, key=int)[:3] == ["0", "1", "2"] and len(fds) == 4    # its report pipe closed at exec
+    line = next(ln for ln in run(["/bin/cat", "/proc/self/status"], timeout=5, cpus=[cpu]).stdout.splitlines()
+                if ln.startswith("SigIgn:"))
+    assert not int(line.split()[1], 16) & ((1 << 12) | (1 << 24))              # SIGPIPE, SIGXFSZ
