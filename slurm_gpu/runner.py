@@ -12,11 +12,12 @@ while a thread of its own may be hung inside libnvidia-ml, and a fork that
 runs Python (or only ``os.fork``'s at-fork hooks and import lock) could wait
 forever for a lock that thread holds.  What must happen before ``exec``
 and subprocess cannot do (joining cgroups, pinning CPUs, then dropping the
-identity, in that order) is done by a small C program,
-:mod:`slurm_gpu.exechelper` builds it.
+identity, in that order) is done by a small C program, ``slurm-gpu-exec``
+(``spank/sg_exec.c``, built on the node by :mod:`slurm_gpu.exechelper`).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -142,6 +143,12 @@ def _start(argv: tuple[str, ...], env: dict[str, str], has_input: bool, cwd: str
     if not os.access(helper, os.X_OK):
         raise _StartError("helper", 0)
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    if report_w < 3:
+        # a parent started with stdio closed: 0..2 become the child's
+        # stdin/stdout/stderr, so the report pipe must sit above them
+        lifted = fcntl.fcntl(report_w, fcntl.F_DUPFD_CLOEXEC, 3)
+        os.close(report_w)
+        report_w = lifted
     try:
         try:
             p = subprocess.Popen(_helper_argv(argv, report_w, procs_files, cpus, run_as),

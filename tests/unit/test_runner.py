@@ -149,10 +149,12 @@ def test_a_parent_with_stdio_closed(tmp_path) -> None:
     code = ("import os, sys; sys.path.insert(0, %r); from slurm_gpu.runner import run\n"
             "os.close(0); os.close(1); os.close(2)\n"
             "r = run(['/bin/sh', '-c', 'read x; echo out $x; echo err >&2'], 5, input='in\\n')\n"
-            "open(%r, 'w').write(repr((r.stdout, r.stderr)))\n"
+            "h = run(['/bin/sh', '-c', 'read x; echo out $x; echo err >&2'], 5, input='in\\n',\n"
+            "        cpus=sorted(os.sched_getaffinity(0))[-1:])\n"     # through the pre-exec helper
+            "open(%r, 'w').write(repr((r.stdout, r.stderr, h.stdout, h.stderr)))\n"
             % (str(__import__('pathlib').Path(__file__).resolve().parents[2]), str(tmp_path / "r")))
     subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, timeout=30, check=True)
-    assert (tmp_path / "r").read_text() == repr(("out in\n", "err\n"))
+    assert (tmp_path / "r").read_text() == repr(("out in\n", "err\n") * 2)
 
 
 def test_cpus_pin_the_command() -> None:
