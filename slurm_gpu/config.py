@@ -123,7 +123,7 @@ class Settings:
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and vars(other) == vars(self)
 
-    __hash__ = None  # type: ignore[assignment] - mutable, as a dataclass with eq
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in field_names(type(self)))

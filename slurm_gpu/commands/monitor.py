@@ -40,7 +40,7 @@ def build(interval: float | None = None) -> Any:
                                                                                   "xid-events.jsonl")
     try:
         model = live.this_node(node_s)
-        buses = {g.bus_id.lower(): g.index for g in model.gpus if g.bus_id}
+        buses = {g.pci_bus_id.lower(): g.index for g in model.gpus if g.pci_bus_id}
     except Exception:  # noqa: BLE001 - XIDs are then not attributed; sampling still works
         buses = {}
     from ..hw import backend

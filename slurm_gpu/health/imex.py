@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from .. import runner, slurmclient
 from ..errors import CommandError

@@ -20,6 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from slurm_gpu.errors import InputError
+from slurm_gpu.hw import nvml_constants
+from slurm_gpu.hw.nvml_api import NVMLError
 from slurm_gpu.jobs import lifecycle, migjob
 from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.mps import _alive, daemon_pids
@@ -707,7 +709,7 @@ def test_baseline_half_removed_is_restored(node: Env, monkeypatch, fail_at: str)
         # the second GI of the baseline, or the first one after its CIs went
         calls["gi"] += 1
         if calls["gi"] == (2 if fail_at == "second gi" else 1):
-            raise self.NVMLError(self.NVML_ERROR_UNKNOWN)
+            raise NVMLError(nvml_constants.NVML_ERROR_UNKNOWN)
         return real(self, gi)
 
     monkeypatch.setattr(MigSimNvml, "nvmlGpuInstanceDestroy", gi_destroy)
