@@ -5,7 +5,8 @@
    NVML check through the replay, gpu.xid over a kernel log, the os.* audit),
    wall time including interpreter start, and peak RSS.  Goal (issue 25):
    <= 10x ``python -I -c pass``, <= 20 MB; ``--old DIR`` (a checkout of the
-   code before) measures its full check interleaved with this one's.  Baselines: a bare interpreter, ``slurm-gpu --version`` and
+   code before) measures its full check interleaved with this one's.
+   Baselines: a bare interpreter, ``slurm-gpu --version`` and
    ``slurm-gpu inventory --snapshot`` on the same machine.
    The same check with ``[cluster] publish_dir`` set and the model unchanged
    since the last run (issue 16: no rewrite, one small read), same goal.

@@ -168,8 +168,8 @@ def _start(argv: tuple[str, ...], env: dict[str, str], has_input: bool, cwd: str
         return None
     if report:
         _reap(p)
-        stage, _, code = report.partition(b":")
-        raise _StartError(_STAGES.get(stage, "setup"), int(code) if code.isdigit() else 0)
+        tag, _, code = report.partition(b":")
+        raise _StartError(_STAGES.get(tag, "setup"), int(code) if code.isdigit() else 0)
     return p
 
 
