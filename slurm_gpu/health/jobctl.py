@@ -1,13 +1,13 @@
 """The Slurm job calls of ``[health] on_fatal``: which jobs hold a GPU, requeue, cancel, release.
 
 Small functions, one per call, each through :func:`slurm_gpu.runner.run`
-with a timeout (a shared Slurm client module may take them over later).
+with a timeout (``slurm_gpu.slurmclient`` may take them over; the command
+paths already come from it).
 Every argv is built from values Slurm gave us (job ids) and our own words;
 nothing here passes through a shell.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -17,11 +17,8 @@ from ..errors import CommandError
 
 def slurm_bin(name: str) -> str:
     """A Slurm client by absolute path: Slurm runs the health check with no PATH."""
-    for d in runner.SAFE_PATH.split(":") + ["/usr/local/bin", "/usr/local/sbin"]:
-        p = os.path.join(d, name)
-        if os.access(p, os.X_OK):
-            return p
-    return name
+    from ..slurmclient import command
+    return command(name)
 
 
 @dataclass
