@@ -1,0 +1,165 @@
+"""Per-job IMEX domains: the prolog/epilog flow (slurm_gpu.imex.job) over the
+test rig's nvidia-imex stand-in, two or three "nodes" on 127.0.0.x of this host."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_gpu import hw
+from slurm_gpu.imex import domain, job
+from slurm_gpu.imex.settings import ImexSettings
+from slurm_gpu.sim.imex_standin import write_wrappers
+
+MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
+GB200 = MACHINES / "gb200-nvl" / "snapshot.json"
+H100 = MACHINES / "h100-sxm-8x" / "snapshot.json"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the job directory is root's")
+
+
+def _model(path: Path, clique: int | None = None) -> dict[str, Any]:
+    d = hw.load_node(hw.Snapshot(str(path))).to_dict()
+    if clique is not None:
+        for g in d["gpus"]:
+            g["fabric"]["clique_id"] = clique
+    return d
+
+
+class Rig:
+    def __init__(self, tmp: Path, nodes: dict[str, dict[str, Any]]) -> None:
+        self.tmp = tmp
+        self.publish = tmp / "models"
+        self.publish.mkdir()
+        for name, model in nodes.items():
+            (self.publish / f"{name}.json").write_text(json.dumps({"schema": "x", "node": model}))
+        self.names = list(nodes)
+        lines = [f"NodeName={n} NodeAddr=127.0.0.{i + 1} CPUs=1" for i, n in enumerate(self.names)]
+        self.slurm_conf = tmp / "slurm.conf"
+        self.slurm_conf.write_text("ClusterName=t\n" + "\n".join(lines) + "\n")
+        self.port = 20000 + os.getpid() % 20000
+        self.logs: dict[str, list[str]] = {n: [] for n in nodes}
+        self.cancelled: list[str] = []
+
+    def ctx(self, name: str, env: dict[str, str], fault: str = "", **kw: Any) -> job.Ctx:
+        d = self.tmp / f"bin-{name}"
+        d.mkdir(exist_ok=True)
+        ff = ""
+        if fault:
+            (d / "fault").write_text(fault)
+            ff = str(d / "fault")
+        daemon, ctl = write_wrappers(str(d), sys.executable, ff)
+        i = self.names.index(name)
+        s = ImexSettings(mode="per-job", daemon=daemon, ctl=ctl, base_dir=str(self.tmp / f"run-{name}"),
+                         base_config=str(self.tmp / "no-base.cfg"), port_base=self.port, port_range=1,
+                         cmd_port=self.port + 1 + i, channels="off", **kw)
+        return job.Ctx({"SLURM_CONF": str(self.slurm_conf), **env}, vars(s), str(self.publish), name,
+                       log=self.logs[name].append, cancel=self.cancelled.append)
+
+
+def _env(jobid: str, nodelist: str, gpus: str = "0,1,2,3") -> dict[str, str]:
+    return {"SLURM_JOB_ID": jobid, "SLURM_JOB_NODELIST": nodelist, "SLURM_JOB_GPUS": gpus,
+            "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0"}
+
+
+def _both(ctxs: list[job.Ctx]) -> list[int]:
+    rcs = [0] * len(ctxs)
+
+    def run(i: int) -> None:
+        rcs[i] = job.prolog(ctxs[i])
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(ctxs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return rcs
+
+
+def _alive(st: dict[str, Any]) -> bool:
+    from slurm_gpu.imex import daemon
+    return daemon.alive(st["daemon"])
+
+
+def test_two_exclusive_nodes_get_one_ready_domain_and_the_epilog_removes_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
+    ctxs = [rig.ctx(n, _env("4242", "n[1-2]"), timeout=20.0) for n in ("n1", "n2")]
+    assert _both(ctxs) == [0, 0], rig.logs
+    states = [job.load(c.imex["base_dir"], "4242") for c in ctxs]
+    for st in states:
+        assert st and st["phase"] == "ready" and st["nodes"] == ["n1", "n2"], st
+        assert st["addresses"] == ["127.0.0.1", "127.0.0.2"] and _alive(st)
+    # every node writes the same nodes file: the IP map IMEX insists on
+    files = {Path(c.imex["base_dir"], "4242", "nodes_config.cfg").read_text() for c in ctxs}
+    assert files == {"127.0.0.1\n127.0.0.2\n"}
+    cfg = Path(ctxs[0].imex["base_dir"], "4242", "config.cfg").read_text()
+    assert f"SERVER_PORT={rig.port}\n" in cfg and "IMEX_WAIT_FOR_QUORUM=NONE\n" in cfg
+    for c, st in zip(ctxs, states):
+        assert job.epilog(c) == 0 and job.epilog(c) == 0       # idempotent
+        assert not _alive(st) and not Path(c.imex["base_dir"], "4242").exists()
+    assert rig.cancelled == []
+
+
+def test_a_peer_that_never_joins_fails_the_job_and_names_it_its_own_failure_drains(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
+    ok = rig.ctx("n1", _env("77", "n[1-2]"), timeout=1.5)
+    bad = rig.ctx("n2", _env("77", "n[1-2]"), fault="no-start", timeout=1.5)
+    assert _both([ok, bad]) == [0, 1]
+    assert rig.cancelled == ["77"]
+    line = next(m for m in rig.logs["n1"] if "not UP" in m)
+    assert "peer(s) n2 (UNAVAILABLE) not READY" in line and "this node stays up" in line
+    assert any("this node's nvidia-imex exited" in m and "node fault" in m for m in rig.logs["n2"])
+    st = job.load(ok.imex["base_dir"], "77")
+    assert st and st["phase"] == "failed" and not _alive(st)
+    assert job.epilog(ok) == 0 and job.epilog(bad) == 0
+
+
+def test_a_shared_node_is_refused_with_one_line_and_no_daemon(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
+    c = rig.ctx("n1", _env("9", "n[1-2]", gpus="0,1"))
+    assert job.prolog(c) == 0
+    (line,) = rig.logs["n1"]
+    assert line == ("slurm-gpu: imex: job 9: shares node n1 (holds 2 of 4 GPUs): per-job IMEX "
+                    "needs whole nodes (--exclusive); no IMEX domain")
+    st = job.load(c.imex["base_dir"], "9")
+    assert st and st["phase"] == "refused" and "daemon" not in st
+
+
+def test_a_node_without_nvlink_fabric_is_left_alone(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, {"n1": _model(H100)})
+    c = rig.ctx("n1", _env("9", "n1", gpus="0,1,2,3,4,5,6,7"))
+    assert job.prolog(c) == 0 and rig.logs["n1"] == []
+    assert not Path(c.imex["base_dir"], "9").exists()
+
+
+def test_one_domain_per_nvlink_domain() -> None:
+    a, b = _model(GB200), _model(GB200, clique=7)
+    doms = {"n1": domain.fabric_domain(a)[0], "n2": domain.fabric_domain(a)[0],
+            "n3": domain.fabric_domain(b)[0], "n4": None}
+    assert doms["n1"] != doms["n3"] and doms["n1"] and doms["n1"].endswith("/32766")
+    assert domain.group(["n1", "n3", "n2", "n4"], doms, "n1") == (["n1", "n2"], ["n3", "n4"])
+    assert domain.group(["n1", "n3", "n2", "n4"], doms, "n3") == (["n3"], ["n1", "n2", "n4"])
+    assert domain.fabric_domain(_model(H100)) == (None, "no NVLink fabric")
+
+
+@pytest.mark.parametrize("nodelist", ["n1,../../etc/passwd", "n1,n$(reboot)", "n1,'x'", "n[1-999999999]"])
+def test_a_hostile_nodelist_fails_the_job_never_reaches_a_file_or_the_config(tmp_path: Path,
+                                                                             nodelist: str) -> None:
+    rig = Rig(tmp_path, {"n1": _model(GB200)})
+    c = rig.ctx("n1", _env("5", nodelist))
+    assert job.prolog(c) == 0
+    assert rig.cancelled == ["5"] and "the job fails" in rig.logs["n1"][-1]
+    assert not Path(c.imex["base_dir"], "5", "nodes_config.cfg").exists()
+
+
+def test_the_port_rotates_per_job_and_the_site_config_is_kept_but_ours_wins() -> None:
+    assert domain.server_port("33", 33792, 16384) == 33825
+    assert domain.server_port(str(16384 + 33), 33792, 16384) == 33825 != domain.server_port("34", 33792, 16384)
+    text = domain.render_config("IMEX_ENABLE_AUTH_ENCRYPTION=1\nSERVER_PORT=50000\n# note\n",
+                                {"SERVER_PORT": "33825", "DAEMONIZE": "0"})
+    assert text.splitlines()[1:] == ["IMEX_ENABLE_AUTH_ENCRYPTION=1", "# note", "SERVER_PORT=33825", "DAEMONIZE=0"]
