@@ -86,7 +86,8 @@ def _alive(st: dict[str, Any]) -> bool:
     return daemon.alive(st["daemon"])
 
 
-def test_two_exclusive_nodes_get_one_ready_domain_and_the_epilog_removes_it(tmp_path: Path) -> None:
+def test_two_exclusive_nodes_get_one_ready_domain_and_the_epilog_removes_it(tmp_path: Path, monkeypatch,
+                                                                           capsys) -> None:
     rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
     ctxs = [rig.ctx(n, _env("4242", "n[1-2]"), timeout=20.0) for n in ("n1", "n2")]
     assert _both(ctxs) == [0, 0], rig.logs
@@ -99,6 +100,21 @@ def test_two_exclusive_nodes_get_one_ready_domain_and_the_epilog_removes_it(tmp_
     assert files == {"127.0.0.1\n127.0.0.2\n"}
     cfg = Path(ctxs[0].imex["base_dir"], "4242", "config.cfg").read_text()
     assert f"SERVER_PORT={rig.port}\n" in cfg and "IMEX_WAIT_FOR_QUORUM=NONE\n" in cfg
+    # `slurm-gpu imex status` inside the job: the domain, its nodes, each one's state
+    conf = tmp_path / "n1.toml"
+    conf.write_text(f'[imex]\nbase_dir = "{ctxs[0].imex["base_dir"]}"\nctl = "{ctxs[0].imex["ctl"]}"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    from slurm_gpu import config
+    from slurm_gpu.cli import main
+    config._load.cache_clear()
+    assert main(["imex", "status"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("job 4242  node n1  IMEX domain 7e3f1c22-") and out[0].endswith("status UP")
+    assert [ln.split() for ln in out[1:]] == [["n1", "127.0.0.1", "READY"], ["n2", "127.0.0.2", "READY"]]
+    assert main(["imex", "status", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ready"] and [n["state"] for n in doc["nodes"]] == ["READY", "READY"]
     for c, st in zip(ctxs, states):
         assert job.epilog(c) == 0 and job.epilog(c) == 0       # idempotent
         assert not _alive(st) and not Path(c.imex["base_dir"], "4242").exists()
@@ -117,6 +133,7 @@ def test_a_peer_that_never_joins_fails_the_job_and_names_it_its_own_failure_drai
     st = job.load(ok.imex["base_dir"], "77")
     assert st and st["phase"] == "failed" and not _alive(st)
     assert job.epilog(ok) == 0 and job.epilog(bad) == 0
+    assert not Path(ok.imex["base_dir"], "77").exists()
 
 
 def test_a_shared_node_is_refused_with_one_line_and_no_daemon(tmp_path: Path) -> None:
@@ -128,6 +145,9 @@ def test_a_shared_node_is_refused_with_one_line_and_no_daemon(tmp_path: Path) ->
                     "needs whole nodes (--exclusive); no IMEX domain")
     st = job.load(c.imex["base_dir"], "9")
     assert st and st["phase"] == "refused" and "daemon" not in st
+    from slurm_gpu.commands.imex import status_of
+    got = status_of(c.imex["base_dir"], c.imex["ctl"], "9")
+    assert not got["ready"] and got["error"] == line
 
 
 def test_a_node_without_nvlink_fabric_is_left_alone(tmp_path: Path) -> None:
