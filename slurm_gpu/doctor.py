@@ -69,6 +69,7 @@ class Facts:
     mps_control: str = ""
     mps_control_stat: tuple[int, int] | None = None
     mps_error: str | None = None
+    imex: Any = None                        # slurm_gpu.imex.doctor.ImexFacts (None: not gathered)
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,8 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     _gather_mps(facts)
     if login:
         return facts
+    from .imex.doctor import gather as gather_imex
+    facts.imex = gather_imex(conf, path)
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -586,8 +589,17 @@ def check_config(f: Facts) -> list[Finding]:
     return out
 
 
+def check_imex(f: Facts) -> list[Finding]:
+    """Per-job IMEX (docs/imex.md): ``imex.*`` findings, nothing when not gathered."""
+    if f.imex is None:
+        return []
+    from .imex.doctor import check
+    return [Finding(status, name, message) for status, name, message in check(f.imex)]
+
+
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
-          check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control)
+          check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
+          check_imex)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.
