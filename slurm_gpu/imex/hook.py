@@ -1,4 +1,4 @@
-"""``prolog.d/45-slurm-gpu-imex`` and ``epilog.d/45-slurm-gpu-imex`` call :func:`main`.
+"""``prolog.d/30-slurm-gpu-imex`` and ``epilog.d/55-slurm-gpu-imex`` call :func:`main`.
 
 Exit status is the contract with slurmd: non-zero drains the node (and
 requeues the job, for the prolog), returned only for this node's own faults

@@ -482,14 +482,17 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def write_wrappers(directory: str, python: str, fault_file: str = "") -> tuple[str, str]:
-    """``nvidia-imex`` and ``nvidia-imex-ctl`` scripts in *directory* running this module."""
+def write_wrappers(directory: str, python: str, fault_file: str = "",
+                   script: str | None = None) -> tuple[str, str]:
+    """``nvidia-imex`` and ``nvidia-imex-ctl`` scripts in *directory* running this
+    module (*script*: its path as the hooks see it, e.g. in a venv)."""
     # The file itself, not ``-m``: it needs the standard library only, so the
     # wrapper works from a checkout and from an installed package alike.
-    mod = os.path.abspath(__file__)
+    mod = script or os.path.abspath(__file__)
     paths = []
     for name, sub in (("nvidia-imex", "daemon"), ("nvidia-imex-ctl", "ctl")):
         extra = f" --fault '{fault_file}'" if (fault_file and sub == "daemon") else ""
+        # A missing fault file is no fault (the stand-in reads it at start).
         text = (f"#!/bin/sh\n# slurm-gpu test rig: stand-in for NVIDIA's {name} ({mod}).\n"
                 f"exec '{python}' -I '{mod}' {sub}{extra} \"$@\"\n")
         path = os.path.join(directory, name)

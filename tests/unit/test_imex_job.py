@@ -183,3 +183,34 @@ def test_the_port_rotates_per_job_and_the_site_config_is_kept_but_ours_wins() ->
     text = domain.render_config("IMEX_ENABLE_AUTH_ENCRYPTION=1\nSERVER_PORT=50000\n# note\n",
                                 {"SERVER_PORT": "33825", "DAEMONIZE": "0"})
     assert text.splitlines()[1:] == ["IMEX_ENABLE_AUTH_ENCRYPTION=1", "# note", "SERVER_PORT=33825", "DAEMONIZE=0"]
+
+
+def test_the_sh_gates_start_python_only_for_per_job_mode_and_a_left_job_dir(tmp_path: Path) -> None:
+    import subprocess
+    repo = Path(__file__).resolve().parents[2]
+    marker = tmp_path / "python-started"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {marker}\n")
+    fake.chmod(0o755)
+    conf = tmp_path / "sg.toml"
+    base = tmp_path / "imex-%n"
+    env = {"PATH": "/usr/bin:/bin", "SLURM_GPU_CONFIG": str(conf), "SLURM_GPU_PYTHON": str(fake),
+           "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}
+
+    def runs(kind: str) -> bool:
+        marker.unlink(missing_ok=True)
+        script = next((repo / f"{kind}.d").glob("*-slurm-gpu-imex"))
+        res = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        return marker.exists()
+
+    for text in ("", '[imex]\n# mode = "per-job"\n', '[imex]\nmode = "off"\n',
+                 '[other]\nmode = "per-job"\n[imex]\n'):
+        conf.write_text(text)
+        assert not runs("prolog") and not runs("epilog"), text
+    conf.write_text(f'[imex]\nmode = "per-job"   # on\nbase_dir = "{base}"\n')
+    assert runs("prolog") and not runs("epilog")
+    (tmp_path / "imex-n1" / "7").mkdir(parents=True)
+    assert runs("epilog")
+    conf.write_text(f"[imex]\nmode = 'off'\nbase_dir = '{base}'\n")   # turned off with a job left
+    assert not runs("prolog") and runs("epilog")

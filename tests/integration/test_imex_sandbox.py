@@ -1,0 +1,46 @@
+"""Per-job IMEX on the packaged gb200-nvl machine: a 2-node exclusive job gets
+a ready domain from the prolog (the test rig's nvidia-imex stand-in, through
+the same adapter as on a real node), and a domain that never becomes ready
+fails the job without draining a node (docs/imex.md)."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def cluster(make_sandbox, job_users):
+    return make_sandbox(nodes=2, machine="gb200-nvl", prolog=True, netns=True,
+                        extra_config={"imex": {"timeout": 4.0}})
+
+
+def _status_cmd(cluster) -> list[str]:
+    return ["env", f"SLURM_GPU_CONFIG={cluster.dir}/etc/slurm-gpu.toml",
+            str(cluster.venv / "bin" / "slurm-gpu"), "imex", "status"]
+
+
+def test_an_exclusive_two_node_job_gets_a_ready_domain(cluster):
+    res = cluster.srun("-N2", "--exclusive", "--gres=gpu:4", *_status_cmd(cluster), user="sgtest1",
+                       timeout=60)
+    assert res.returncode == 0, (res.stdout, res.stderr, cluster.log("n1")[-3000:])
+    heads = [ln for ln in res.stdout.splitlines() if ln.startswith("job ")]
+    assert len(heads) == 2 and all(h.endswith("status UP") for h in heads), res.stdout
+    rows = sorted({tuple(ln.split()[0::2]) for ln in res.stdout.splitlines() if ln.startswith("  n")})
+    assert rows == [("n1", "READY"), ("n2", "READY")], res.stdout
+    # the epilog stopped both daemons and removed the job's files
+    for n in cluster.nodes:
+        cluster.wait_node_state(n, "idle")
+        assert not any((cluster.dir / "var" / n / "imex").iterdir())
+
+
+def test_a_domain_that_never_becomes_ready_fails_the_job_and_drains_nothing(cluster):
+    fault = cluster.dir / "var" / "n2" / "imex-fault"
+    fault.write_text("isolated\n")          # n2's daemon runs but never meets n1
+    try:
+        jobid = cluster.sbatch("-N2", "--exclusive", "--gres=gpu:4", "--wrap", "sleep 30", user="sgtest1")
+        info = cluster.wait_job(jobid, timeout=60)
+        assert info["JobState"] in ("CANCELLED", "FAILED"), info
+        assert "peer(s) n2" in cluster.log("n1") and "peer(s) n1" in cluster.log("n2")
+        for n in cluster.nodes:
+            cluster.wait_node_state(n, "idle")
+    finally:
+        fault.unlink()
