@@ -214,3 +214,42 @@ def test_the_sh_gates_start_python_only_for_per_job_mode_and_a_left_job_dir(tmp_
     assert runs("epilog")
     conf.write_text(f"[imex]\nmode = 'off'\nbase_dir = '{base}'\n")   # turned off with a job left
     assert not runs("prolog") and runs("epilog")
+
+
+def test_imex_domains_are_topology_blocks_domains() -> None:
+    # one IMEX domain per NVLink domain is one per topology/block base block
+    # (confgen.block), which is where Slurm's per-segment channels match
+    import copy
+
+    from slurm_gpu.confgen.block import node_domain
+    from slurm_gpu.hw.model import Node
+    base = _model(GB200)
+    variants = [base, _model(GB200, clique=5), _model(H100)]
+    v = copy.deepcopy(base)
+    v["gpus"][1]["fabric"]["state"] = "in_progress"
+    variants.append(v)
+    v = copy.deepcopy(base)
+    v["gpus"][2]["fabric"]["clique_id"] = 9
+    variants.append(v)
+    for d in variants:
+        assert domain.fabric_domain(d)[0] == node_domain("n1", Node.from_dict(d))[0]
+
+
+def test_the_channel_is_the_job_users_alone_and_the_switch_plugin_keeps_its_own(tmp_path: Path) -> None:
+    import stat as st
+    proc = tmp_path / "devices"
+    proc.write_text("Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n")
+    path = job.make_channel(str(tmp_path / "ch"), 3, 4321, 4322, str(proc))
+    s = os.lstat(path)
+    assert path.endswith("/ch/channel3") and st.S_ISCHR(s.st_mode) and st.S_IMODE(s.st_mode) == 0o600
+    assert (os.major(s.st_rdev), os.minor(s.st_rdev), s.st_uid, s.st_gid) == (234, 3, 4321, 4322)
+    proc.write_text("Character devices:\n195 nvidia\n")
+    from slurm_gpu.errors import HardwareError
+    with pytest.raises(HardwareError, match="no nvidia-caps-imex-channels"):
+        job.make_channel(str(tmp_path / "ch"), 3, 1, 1, str(proc))
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SwitchType=switch/nvidia_imex\n")
+    assert job.channel_mode({"channels": "auto"}, str(conf)) == "slurm"
+    conf.write_text("SwitchType=switch/none\n")
+    assert job.channel_mode({"channels": "auto"}, str(conf)) == "create"
+    assert job.channel_mode({"channels": "off"}, str(conf)) == "off"
