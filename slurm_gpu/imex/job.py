@@ -186,8 +186,10 @@ def prolog(ctx: Ctx) -> int:
     held, whole = job_gpus(ctx.env)
     total = len(model.get("gpus") or ())
     base = s["base_dir"]
+    os.makedirs(os.path.dirname(base.rstrip("/")) or "/", 0o755, exist_ok=True)
     _root_dir(base, 0o755)
     path = job_dir(base, jobid)
+    _clean_earlier_run(ctx, base, jobid)
     if not whole or len(set(held)) < total:
         line = _fail_line(jobid, f"shares node {me} (holds {len(set(held))} of {total} GPUs): "
                                  "per-job IMEX needs whole nodes (--exclusive); no IMEX domain")
@@ -263,6 +265,20 @@ def prolog(ctx: Ctx) -> int:
             return 1
         ctx.cancel(jobid)
         return 0
+
+
+def _clean_earlier_run(ctx: Ctx, base: str, jobid: str) -> None:
+    """A requeued job's earlier run here (its epilog never ran): stop what it left first."""
+    try:
+        old = load(base, jobid)
+    except InputError:
+        old = None
+    if old is None:
+        return
+    note = daemon.stop(old.get("daemon"), float(ctx.imex["stop_timeout"]))
+    if note:
+        ctx.log(f"slurm-gpu: imex: job {jobid}: earlier run: {note}")
+    _remove_channel(old)
 
 
 def _wait_ready(ctx: Ctx, st: dict[str, Any], path: str, jobid: str) -> None:

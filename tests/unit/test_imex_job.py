@@ -253,3 +253,16 @@ def test_the_channel_is_the_job_users_alone_and_the_switch_plugin_keeps_its_own(
     conf.write_text("SwitchType=switch/none\n")
     assert job.channel_mode({"channels": "auto"}, str(conf)) == "create"
     assert job.channel_mode({"channels": "off"}, str(conf)) == "off"
+
+
+def test_a_requeued_job_stops_what_its_earlier_run_left(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, {"n1": _model(GB200)})
+    c = rig.ctx("n1", _env("31", "n1"), timeout=10.0)
+    assert job.prolog(c) == 0
+    first = job.load(c.imex["base_dir"], "31")
+    assert first and _alive(first)
+    assert job.prolog(c) == 0                   # no epilog in between (slurmd restarted, requeue)
+    second = job.load(c.imex["base_dir"], "31")
+    assert second and second["phase"] == "ready" and _alive(second) and not _alive(first)
+    assert any("earlier run: nvidia-imex" in m for m in rig.logs["n1"])
+    assert job.epilog(c) == 0 and not _alive(second)
