@@ -206,9 +206,9 @@ def prolog(ctx: Ctx) -> int:
         try:
             names = domain.node_names(ctx.env.get("SLURM_JOB_NODELIST") or ctx.env.get("SLURM_NODELIST", ""))
         except InputError as e:
-            raise PeerFailure(e.what, e.where) from None
+            raise PeerFailure(f"imex: {e.what}", e.where) from None
         if me not in names:
-            raise PeerFailure(f"this node {me} is not in SLURM_JOB_NODELIST", "imex")
+            raise PeerFailure(f"imex: this node {me} is not in SLURM_JOB_NODELIST", "imex")
         domains = {n: (mine if n == me else domain.fabric_domain(read_model(ctx.publish_dir, n))[0])
                    for n in names}
         same, other = domain.group(names, domains, me)
@@ -218,7 +218,7 @@ def prolog(ctx: Ctx) -> int:
         try:
             ips = addresses(s["addresses"], same, ctx.env.get("SLURM_CONF"))
         except InputError as e:
-            raise PeerFailure(e.what, e.where) from None
+            raise PeerFailure(f"imex: {e.what}", e.where) from None
         st["addresses"] = ips
         st["port"] = domain.server_port(jobid, s["port_base"], s["port_range"])
         _root_dir(path, 0o755)
@@ -291,7 +291,7 @@ def _wait_ready(ctx: Ctx, st: dict[str, Any], path: str, jobid: str) -> None:
     while True:
         code = daemon.reap(st["daemon"]["pid"])
         if code is not None or not daemon.alive(st["daemon"]):
-            raise HardwareError(f"this node's nvidia-imex exited (status {code}) before the domain "
+            raise HardwareError(f"imex: this node's nvidia-imex exited (status {code}) before the domain "
                                 "was UP; see its log", os.path.join(path, "imex.log"))
         status, nodes = daemon.domain_status(s["ctl"], st["config"])
         if domain.domain_up(status, nodes, len(same)):
@@ -303,12 +303,12 @@ def _wait_ready(ctx: Ctx, st: dict[str, Any], path: str, jobid: str) -> None:
     own = by_index.get(str(me)) or daemon.query(s["ctl"], st["config"])
     t = float(s["timeout"])
     if own != "READY":
-        raise HardwareError(f"this node's nvidia-imex is {own} after {t:g} s (domain {status})",
+        raise HardwareError(f"imex: this node's nvidia-imex is {own} after {t:g} s (domain {status})",
                             os.path.join(path, "imex.log"))
     late = [f"{same[int(k)]} ({v})" for k, v in sorted(by_index.items(), key=lambda kv: int(kv[0]))
             if v != "READY" and k.isdigit() and int(k) < len(same)]
     missing = [f"{same[i]} (no answer)" for i in range(len(same)) if str(i) not in by_index]
-    raise PeerFailure(f"IMEX domain not UP after {t:g} s (domain {status}): peer(s) "
+    raise PeerFailure(f"imex: IMEX domain not UP after {t:g} s (domain {status}): peer(s) "
                       f"{', '.join(late + missing) or '?'} not READY", f"job {jobid}")
 
 
