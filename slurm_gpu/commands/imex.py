@@ -65,4 +65,4 @@ def status(jobid: str | None, as_json: bool) -> None:
         for n in out["nodes"]:
             click.echo(f"  {n['name']:<16} {n['address']:<16} {n['state']}")
     if not out["ready"]:
-        raise SystemExit(1)
+        click.get_current_context().exit(1)

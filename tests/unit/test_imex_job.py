@@ -150,6 +150,27 @@ def test_a_shared_node_is_refused_with_one_line_and_no_daemon(tmp_path: Path) ->
     assert not got["ready"] and got["error"] == line
 
 
+def test_imex_status_exit_codes(tmp_path: Path, monkeypatch, capsys) -> None:
+    from slurm_gpu import config
+    from slurm_gpu.cli import main
+    base = tmp_path / "imex"
+    (base / "9").mkdir(parents=True)
+    (base / "9" / "state.json").write_text('{"jobid": "9", "node": "n1", "phase": "refused", '
+                                           '"error": "slurm-gpu: imex: job 9: shares node n1"}')
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[imex]\nbase_dir = "{base}"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    config._load.cache_clear()
+    assert main(["imex", "status", "--job", "9"]) == 1
+    assert "slurm-gpu: imex: job 9: shares node n1" in capsys.readouterr().out
+    assert main(["imex", "status", "--job", "10"]) == 1
+    assert capsys.readouterr().err.strip() == f"slurm-gpu: job 10 has no IMEX domain on this node ({base})"
+    assert main(["imex", "status", "--job", "x/1"]) == 2
+    assert main(["imex", "status"]) == 2
+    assert "run it inside a job" in capsys.readouterr().err
+
+
 def test_a_node_without_nvlink_fabric_is_left_alone(tmp_path: Path) -> None:
     rig = Rig(tmp_path, {"n1": _model(H100)})
     c = rig.ctx("n1", _env("9", "n1", gpus="0,1,2,3,4,5,6,7"))
