@@ -23,8 +23,10 @@ def context(env: dict[str, str] | None = None) -> "object":
     gres_conf = nodefacts.gres_conf_path(env)
     sec = cached(config_path, name, gres_conf)
     jobs = jobs_cached(config_path, name, gres_conf, health=False)["jobs"]
+    from .job import event_logger
     return Ctx(env, sec["imex"], sec["publish_dir"], name,
-               on_internal_error=jobs["on_internal_error"], scancel=jobs["scancel"])
+               on_internal_error=jobs["on_internal_error"], scancel=jobs["scancel"],
+               log=event_logger(sec["imex"]["base_dir"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,34 @@ class Ctx:
 
 # -- files ------------------------------------------------------------------------------
 
+EVENTS = "events.log"
+EVENTS_MAX = 1 << 20        # then the file starts over (the previous one kept as .1)
+
+
+def event_logger(base: str) -> Callable[[str], None]:
+    """Log to stderr and to ``<base_dir>/events.log``: slurmd keeps no prolog output
+    unless the prolog fails, and a job this prolog cancels ended with exit 0."""
+    import sys
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr)
+        path = os.path.join(base, EVENTS)
+        try:
+            try:
+                if os.lstat(path).st_size > EVENTS_MAX:
+                    os.replace(path, path + ".1")
+            except FileNotFoundError:
+                pass
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, (time.strftime("%Y-%m-%dT%H:%M:%S ") + line + "\n").encode(errors="replace"))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass                        # stderr has it
+    return log
+
+
 def job_dir(base: str, jobid: str) -> str:
     from ..jobs.state import check_jobid
     return os.path.join(base, check_jobid(jobid))

@@ -287,3 +287,14 @@ def test_a_requeued_job_stops_what_its_earlier_run_left(tmp_path: Path) -> None:
     assert second and second["phase"] == "ready" and _alive(second) and not _alive(first)
     assert any("earlier run: nvidia-imex" in m for m in rig.logs["n1"])
     assert job.epilog(c) == 0 and not _alive(second)
+
+
+def test_the_event_log_keeps_what_slurmd_throws_away(tmp_path: Path, capsys) -> None:
+    log = job.event_logger(str(tmp_path))
+    log("slurm-gpu: imex: job 1: something")
+    assert capsys.readouterr().err == "slurm-gpu: imex: job 1: something\n"
+    assert (tmp_path / "events.log").read_text().endswith(" slurm-gpu: imex: job 1: something\n")
+    (tmp_path / "events.log").write_text("x" * (job.EVENTS_MAX + 1))
+    log("next")
+    assert (tmp_path / "events.log.1").stat().st_size > job.EVENTS_MAX
+    assert (tmp_path / "events.log").read_text().endswith(" next\n")
