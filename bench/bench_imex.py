@@ -98,10 +98,11 @@ def _floor(sb, port: int, tmp: Path) -> float:
         if time.monotonic() > end:
             raise SystemExit("bench: the stand-in daemons never came UP")
         time.sleep(0.002)
-    for i, node in enumerate(nodes):
-        ctl = sb.layout.var / node / "imex-bin" / "nvidia-imex-ctl"
-        subprocess.run([str(ctl), "-i", addrs[i], str(port + 1), "-N", "-j"], stdout=subprocess.DEVNULL,
-                       check=True)
+    ctls = [subprocess.Popen([str(sb.layout.var / node / "imex-bin" / "nvidia-imex-ctl"), "-i", addrs[i],
+                              str(port + 1), "-N", "-j"], stdout=subprocess.DEVNULL)
+            for i, node in enumerate(nodes)]           # as the prologs do: one per node, at once
+    for c in ctls:
+        c.wait(30)
     for p in procs:
         p.send_signal(signal.SIGTERM)
     for p in procs:
