@@ -132,10 +132,19 @@ def check(f: ImexFacts) -> list[tuple[int, str, str]]:
                     "between jobs (systemctl disable nvidia-imex)"))
     else:
         out.append((OK, "imex.unit", f"{UNIT} not enabled at boot"))
-    auth = (f.base_config or {}).get("IMEX_ENABLE_AUTH_ENCRYPTION", "0")
-    if auth == "1":
-        mode = (f.base_config or {}).get("IMEX_AUTH_ENCRYPTION_MODE", "?")
-        out.append((OK, "imex.auth", f"peer connections authenticated and encrypted ({mode})"))
+    base = f.base_config or {}
+    auth = base.get("IMEX_ENABLE_AUTH_ENCRYPTION", "0")
+    mode = base.get("IMEX_AUTH_ENCRYPTION_MODE", "")
+    # NVIDIA's config.cfg: with auth on, "an empty or unexpected value [of the
+    # mode, and for SSL_TLS of IMEX_AUTH_SOURCE] will prevent initialization".
+    if auth == "1" and mode not in ("SSL_TLS", "GSS_AUTH_ENCRYPT", "GSS_AUTH_ONLY"):
+        out.append((CRITICAL, "imex.auth", f"IMEX_AUTH_ENCRYPTION_MODE={mode!r} in {s.get('base_config')}: "
+                    "nvidia-imex will not start, so every job's domain fails"))
+    elif auth == "1" and mode == "SSL_TLS" and base.get("IMEX_AUTH_SOURCE") not in ("FILE", "ENV_PATH", "ENV_VAL"):
+        out.append((CRITICAL, "imex.auth", f"IMEX_AUTH_SOURCE={base.get('IMEX_AUTH_SOURCE', '')!r} in "
+                    f"{s.get('base_config')}: nvidia-imex will not start with SSL_TLS"))
+    elif auth == "1":
+        out.append((OK, "imex.auth", f"peer connections authenticated ({mode})"))
     else:
         where = s.get("base_config") if f.base_config is not None else f"{s.get('base_config')} (absent)"
         out.append((WARNING, "imex.auth", "IMEX_ENABLE_AUTH_ENCRYPTION is not 1 in "

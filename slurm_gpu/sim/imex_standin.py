@@ -41,6 +41,13 @@ NVIDIA IMEX Service user's guide (docs.nvidia.com/multi-node-nvlink-systems/imex
   ``-N`` "gets the full status of the entire IMEX domain", ``-j`` makes
   that JSON, ``-H`` shows host names.
 
+The comments of NVIDIA's own ``config.cfg`` (reproduced with the file in AWS
+ParallelCluster's IMEX set-up script): ``IMEX_WAIT_FOR_QUORUM`` defaults to
+``RECOVERY``; an empty ``IMEX_CMD_BIND_INTERFACE_IP`` "will bind to all
+available interfaces" (the stand-in's ctl then asks 127.0.0.1); an empty
+``LOG_FILE_NAME`` logs to stderr; the systemd unit runs ``nvidia-imex -c
+<config>``.
+
 NVIDIA/DCGM ``dcgmlib/src/imex/DcgmImexManager.cpp`` and ``dcgm_fields.h``:
 
 * ``nvidia-imex-ctl -q`` prints one word, the daemon's state: INITIALIZING,
@@ -178,7 +185,7 @@ class Daemon:
         self.srv = self._listen(self.me_ip, self.port)
         self.sel.register(self.srv, selectors.EVENT_READ, ("accept", None))
         if self.cfg.get("IMEX_CMD_ENABLED", "0") == "1":
-            cmd_ip = self.cfg.get("IMEX_CMD_BIND_INTERFACE_IP") or "127.0.0.1"
+            cmd_ip = self.cfg.get("IMEX_CMD_BIND_INTERFACE_IP") or "0.0.0.0"
             self.cmd = self._listen(cmd_ip, int(self.cfg.get("IMEX_CMD_PORT", "50005")))
             self.sel.register(self.cmd, selectors.EVENT_READ, ("cmd", None))
         # connections.html: recovery waits only after an unclean stop, with the same nodes file.

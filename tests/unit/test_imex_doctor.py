@@ -54,7 +54,13 @@ def test_per_job_findings(tmp_path, monkeypatch) -> None:
 def test_per_job_clean(tmp_path, monkeypatch) -> None:
     toml = PER_JOB + '[cluster]\npublish_dir = "/shared/models"\n'
     f = _facts(tmp_path, monkeypatch, toml, "NodeName=gb[01-18] CPUs=144\n",
-               base="IMEX_ENABLE_AUTH_ENCRYPTION=1\nIMEX_AUTH_ENCRYPTION_MODE=SSL_TLS\n")
+               base="IMEX_ENABLE_AUTH_ENCRYPTION=1\nIMEX_AUTH_ENCRYPTION_MODE=SSL_TLS\nIMEX_AUTH_SOURCE=FILE\n")
     got = {name: status for status, name, _ in d.check(f)}
     assert got["imex.unit"] == got["imex.auth"] == got["imex.channels"] == d.OK
     assert "imex.domains" not in got
+
+
+def test_auth_on_with_a_mode_imex_refuses_is_critical(tmp_path, monkeypatch) -> None:
+    f = _facts(tmp_path, monkeypatch, PER_JOB, "", base="IMEX_ENABLE_AUTH_ENCRYPTION=1\nIMEX_AUTH_ENCRYPTION_MODE=SSL_TLS\n")
+    got = {name: (status, msg) for status, name, msg in d.check(f)}
+    assert got["imex.auth"][0] == d.CRITICAL and "IMEX_AUTH_SOURCE=''" in got["imex.auth"][1]
