@@ -115,7 +115,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
-    from slurm_gpu.sandbox import Sandbox, SandboxOptions
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     venv = Path(os.environ.get("SLURM_GPU_VENV", sys.prefix))
     d = Path(tempfile.mkdtemp(prefix="bench-imex-"))
     sb = Sandbox(d / "sb", SandboxOptions(nodes=2, machine="gb200-nvl", netns=True, prolog=False,

@@ -14,7 +14,7 @@ import pytest
 from slurm_gpu import hw
 from slurm_gpu.imex import domain, job
 from slurm_gpu.imex.settings import ImexSettings
-from slurm_gpu.sim.imex_standin import write_wrappers
+from slurm_gpu_devkit.sim.imex_standin import write_wrappers
 
 MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
 GB200 = MACHINES / "gb200-nvl" / "snapshot.json"
