@@ -30,6 +30,10 @@ OWN_KEYS = ("DAEMONIZE", "SERVER_PORT", "IMEX_NODE_CONFIG_FILE", "IMEX_CMD_ENABL
             "IMEX_CMD_BIND_INTERFACE_IP", "IMEX_WAIT_FOR_QUORUM", "LOG_FILE_NAME", "BIND_INTERFACE_IP")
 
 
+def plain_node_name(name: str) -> bool:
+    return bool(_NODE_NAME.match(name))
+
+
 def node_names(nodelist: str) -> list[str]:
     """The job's nodes, in Slurm's order; a name that is not a plain node name is refused."""
     from ..confgen.hostlist import expand
