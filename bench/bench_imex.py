@@ -117,7 +117,8 @@ def main() -> int:
     args = ap.parse_args()
     from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     venv = Path(os.environ.get("SLURM_GPU_VENV", sys.prefix))
-    d = Path(tempfile.mkdtemp(prefix="bench-imex-"))
+    d = Path(tempfile.mkdtemp(prefix="bench-imex-", dir="/tmp"))
+    os.chmod(d, 0o755)                  # munged and the job user walk through it
     sb = Sandbox(d / "sb", SandboxOptions(nodes=2, machine="gb200-nvl", netns=True, prolog=False,
                                           venv=venv))
     sb.up()
@@ -142,6 +143,8 @@ def main() -> int:
             diffs.append((got["hooks"] - got["floor"]) * 1000)
     finally:
         sb.down()
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
     med = statistics.median(diffs)
     print(f"imex prolog+epilog, 2 nodes: hooks median {statistics.median(hooks):.1f} ms, "
           f"stand-in start+UP+stop median {statistics.median(floors):.1f} ms, "
