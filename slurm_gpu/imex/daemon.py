@@ -11,8 +11,6 @@ shutdown", signals.html); SIGKILL only after ``stop_timeout``.
 from __future__ import annotations
 
 import os
-import signal
-import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,7 +18,7 @@ if TYPE_CHECKING:
 
 from .. import procfs, runner
 from ..errors import CommandError, HardwareError
-from . import domain
+from . import domain, teardown
 
 
 def start(exe: str, config: str, log: str) -> dict[str, Any]:
@@ -39,19 +37,13 @@ def start(exe: str, config: str, log: str) -> dict[str, Any]:
 
 
 def reap(pid: int) -> int | None:
-    """The exit status of our child *pid* when it has exited (None: still running, or not ours)."""
-    try:
-        got, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    return os.waitstatus_to_exitcode(status) if got == pid else None
+    return teardown.reap(pid)
 
 
 def alive(rec: dict[str, Any] | None) -> bool:
     if not rec or not isinstance(rec.get("pid"), int):
         return False
-    st = procfs.state(rec["pid"])
-    return st is not None and st != "Z" and procfs.start_time(rec["pid"]) == rec.get("start")
+    return teardown.alive(rec["pid"], rec.get("start"))
 
 
 def stop(rec: dict[str, Any] | None, wait: float) -> str | None:
@@ -59,17 +51,7 @@ def stop(rec: dict[str, Any] | None, wait: float) -> str | None:
     if not alive(rec):
         return None
     assert rec is not None
-    pid = rec["pid"]
-    os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + wait
-    while time.monotonic() < end:
-        reap(pid)
-        if not alive(rec):
-            return f"nvidia-imex {pid} stopped"
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    reap(pid)
-    return f"nvidia-imex {pid} killed after {wait:g} s"
+    return teardown.stop(rec["pid"], rec.get("start"), wait)
 
 
 def query(ctl: str, config: str, timeout: float = 5.0) -> str:

@@ -11,22 +11,28 @@ import os
 import sys
 
 
-def context(env: dict[str, str] | None = None) -> "object":
+def _settings(env: dict[str, str]) -> tuple[dict, str, dict]:
+    """([imex], [cluster] publish_dir, [jobs]) from the node-fact entry."""
     from .. import config, nodefacts
     from ..hw import live
     from ..jobs.settings import cached as jobs_cached
-    from .job import Ctx
     from .settings import cached
-    env = dict(os.environ) if env is None else env
     config_path = config.config_file() or None
     name = live.node_name()
     gres_conf = nodefacts.gres_conf_path(env)
     sec = cached(config_path, name, gres_conf)
-    jobs = jobs_cached(config_path, name, gres_conf, health=False)["jobs"]
-    from .job import event_logger
-    return Ctx(env, sec["imex"], sec["publish_dir"], name,
+    return sec["imex"], sec["publish_dir"], jobs_cached(config_path, name, gres_conf, health=False)["jobs"]
+
+
+def context(env: dict[str, str] | None = None) -> "object":
+    from ..hw import live
+    from .job import Ctx
+    from .teardown import event_logger
+    env = dict(os.environ) if env is None else env
+    imex, publish_dir, jobs = _settings(env)
+    return Ctx(env, imex, publish_dir, live.node_name(),
                on_internal_error=jobs["on_internal_error"], scancel=jobs["scancel"],
-               log=event_logger(sec["imex"]["base_dir"]))
+               log=event_logger(imex["base_dir"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,16 +42,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.umask(0o022)
     try:
-        from . import job
-        ctx = context()
-        assert isinstance(ctx, job.Ctx)
-        s = ctx.imex
+        env = dict(os.environ)
+        s, _, jobs = _settings(env)
         # The readiness wait plus a stop on each side, and room to spare: the
-        # watchdog only catches a hang (an NVML-free run never needs it).
+        # watchdog only catches a hang.
         limit = float(s["timeout"]) + 2 * float(s["stop_timeout"]) + 30.0
         from ..jobs.__main__ import _watchdog
-        _watchdog(limit, f"imex {args[0]}", 1 if ctx.on_internal_error == "drain" else 0, lambda line: None)
-        return job.prolog(ctx) if args[0] == "prolog" else job.epilog(ctx)
+        _watchdog(limit, f"imex {args[0]}", 1 if jobs["on_internal_error"] == "drain" else 0, lambda line: None)
+        if args[0] == "epilog":         # the light path: no json, re or socket (see .teardown)
+            from . import teardown
+            return teardown.epilog(env, s["base_dir"], float(s["stop_timeout"]),
+                                   teardown.event_logger(s["base_dir"]), jobs["on_internal_error"])
+        from . import job
+        ctx = context(env)
+        assert isinstance(ctx, job.Ctx)
+        return job.prolog(ctx)
     except Exception as e:  # noqa: BLE001 - settings unreadable, bad job id...: a node fault
         from ..errors import SlurmGpuError
         line = e.line() if isinstance(e, SlurmGpuError) else \

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Mapping
 
 from ..errors import HardwareError, InputError, SlurmGpuError
-from . import daemon, domain
+from . import daemon, domain, teardown
 
-POLL = 0.05                 # seconds between readiness polls (each one nvidia-imex-ctl run)
+POLL = 0.01                 # seconds between readiness polls (each one nvidia-imex-ctl run, ~1 ms for NVIDIA's)
 STATE = "state.json"
 
 
@@ -65,32 +65,7 @@ class Ctx:
 
 # -- files ------------------------------------------------------------------------------
 
-EVENTS = "events.log"
-EVENTS_MAX = 1 << 20        # then the file starts over (the previous one kept as .1)
-
-
-def event_logger(base: str) -> Callable[[str], None]:
-    """Log to stderr and to ``<base_dir>/events.log``: slurmd keeps no prolog output
-    unless the prolog fails, and a job this prolog cancels ended with exit 0."""
-    import sys
-
-    def log(line: str) -> None:
-        print(line, file=sys.stderr)
-        path = os.path.join(base, EVENTS)
-        try:
-            try:
-                if os.lstat(path).st_size > EVENTS_MAX:
-                    os.replace(path, path + ".1")
-            except FileNotFoundError:
-                pass
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, (time.strftime("%Y-%m-%dT%H:%M:%S ") + line + "\n").encode(errors="replace"))
-            finally:
-                os.close(fd)
-        except OSError:
-            pass                        # stderr has it
-    return log
+from .teardown import EVENTS, EVENTS_MAX, event_logger  # noqa: F401 - the hook's and tests' names
 
 
 def job_dir(base: str, jobid: str) -> str:
@@ -271,12 +246,14 @@ def prolog(ctx: Ctx) -> int:
         atomic_write(cfg, domain.render_config(base_text, own), mode=0o644, durable=False)
         save(path, st)
         st["daemon"] = daemon.start(s["daemon"], cfg, log)
+        teardown.write_record(path, st["daemon"]["pid"], st["daemon"]["start"], None)
         save(path, st)
         _wait_ready(ctx, st, path, jobid)
         if channel_mode(s, ctx.env.get("SLURM_CONF")) == "create":
             if st["uid"] is None or not gid.isdigit():
                 raise InputError("prolog environment lacks SLURM_JOB_UID/GID", "imex channel")
             st["channel"] = make_channel(s["channel_dir"], s["channel"], st["uid"], int(gid), ctx.proc_devices)
+            teardown.write_record(path, st["daemon"]["pid"], st["daemon"]["start"], st["channel"])
         st["phase"] = "ready"
         save(path, st)
         if other:
@@ -373,24 +350,6 @@ def _remove_channel(st: dict[str, Any]) -> None:
 # -- epilog -----------------------------------------------------------------------------
 
 def epilog(ctx: Ctx) -> int:
-    """Stop the job's daemon, remove its channel and its directory; idempotent."""
-    from ..jobs.state import check_jobid
-    jobid = check_jobid(ctx.env.get("SLURM_JOB_ID") or ctx.env.get("SLURM_JOBID", ""))
-    base = ctx.imex["base_dir"]
-    path = job_dir(base, jobid)
-    if not os.path.lexists(path):
-        return 0
-    try:
-        st = load(base, jobid)
-        if st is not None:
-            note = daemon.stop(st.get("daemon"), float(ctx.imex["stop_timeout"]))
-            if note:
-                ctx.log(f"slurm-gpu: imex: epilog job {jobid}: {note}")
-            _remove_channel(st)
-        import shutil
-        shutil.rmtree(path)
-        return 0
-    except Exception as e:  # noqa: BLE001
-        line = e.line() if isinstance(e, SlurmGpuError) else f"slurm-gpu: imex: {type(e).__name__}: {e}"
-        ctx.log(f"{line} [epilog job {jobid}: cleanup incomplete, on_internal_error={ctx.on_internal_error}]")
-        return 1 if ctx.on_internal_error == "drain" else 0
+    """Stop the job's daemon, remove its channel and its directory; idempotent (:mod:`.teardown`)."""
+    return teardown.epilog(ctx.env, ctx.imex["base_dir"], float(ctx.imex["stop_timeout"]), ctx.log,
+                           ctx.on_internal_error)

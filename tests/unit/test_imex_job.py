@@ -289,12 +289,25 @@ def test_a_requeued_job_stops_what_its_earlier_run_left(tmp_path: Path) -> None:
     assert job.epilog(c) == 0 and not _alive(second)
 
 
-def test_the_event_log_keeps_what_slurmd_throws_away(tmp_path: Path, capsys) -> None:
+def test_the_event_log_keeps_what_slurmd_throws_away(tmp_path: Path, capfd) -> None:
     log = job.event_logger(str(tmp_path))
     log("slurm-gpu: imex: job 1: something")
-    assert capsys.readouterr().err == "slurm-gpu: imex: job 1: something\n"
+    assert capfd.readouterr().err == "slurm-gpu: imex: job 1: something\n"
     assert (tmp_path / "events.log").read_text().endswith(" slurm-gpu: imex: job 1: something\n")
     (tmp_path / "events.log").write_text("x" * (job.EVENTS_MAX + 1))
     log("next")
     assert (tmp_path / "events.log.1").stat().st_size > job.EVENTS_MAX
     assert (tmp_path / "events.log").read_text().endswith(" next\n")
+
+
+def test_the_epilog_path_imports_no_json_re_or_socket() -> None:
+    import subprocess
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); "
+            "from slurm_gpu.imex import hook, teardown, settings; "
+            "from slurm_gpu import config, nodefacts; from slurm_gpu.hw import live; "
+            "from slurm_gpu.jobs import settings as js; from slurm_gpu.jobs.__main__ import _watchdog; "
+            "bad = {'json', 're', 'socket', 'slurm_gpu.imex.job', 'ClusterShell'} & set(sys.modules); "
+            "print(sorted(bad))")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.stdout.strip() == "[]", out
