@@ -36,9 +36,11 @@ def prepare(layout: Layout, model: Node, nodes: Sequence[str], venv: Path, netns
     from slurm_gpu.cluster.modelfile import publish
     from ..sim import imex_standin
     from .nodesim import site_packages
-    # The devkit's copy in the hooks' venv (a Debian root's venv is the same path inside it).
+    # The devkit's copy in the hooks' venv, found when the wrapper runs: a Debian
+    # root's venv has the same path but another python (another site-packages).
     installed = site_packages(venv)
-    script = installed / "slurm_gpu_devkit" / "sim" / "imex_standin.py" if installed else None
+    script = f"venv:{venv}" if installed and (installed / "slurm_gpu_devkit" / "sim" /
+                                              "imex_standin.py").is_file() else None
     models = layout.var / "models"
     models.mkdir(mode=0o755, exist_ok=True)
     data = model.to_dict()
@@ -47,7 +49,7 @@ def prepare(layout: Layout, model: Node, nodes: Sequence[str], venv: Path, netns
         (node_dir / BIN_DIR).mkdir(mode=0o755, parents=True, exist_ok=True)
         imex_standin.write_wrappers(str(node_dir / BIN_DIR), str(venv / "bin" / "python"),
                                     str(node_dir / FAULT_NAME),
-                                    script=str(script) if script and script.is_file() else None)
+                                    script=script)
         publish(str(models), name, data)
     return {"imex": {"mode": "per-job",
                      "daemon": f"{layout.var}/%n/{BIN_DIR}/nvidia-imex",

@@ -493,15 +493,22 @@ def write_wrappers(directory: str, python: str, fault_file: str = "",
                    script: str | None = None) -> tuple[str, str]:
     """``nvidia-imex`` and ``nvidia-imex-ctl`` scripts in *directory* running this
     module (*script*: its path as the hooks see it, e.g. in a venv)."""
-    # The file itself, not ``-m``: it needs the standard library only, so the
-    # wrapper works from a checkout and from an installed package alike.
-    mod = script or os.path.abspath(__file__)
+    # The file itself, not ``-m`` (importing the devkit's sim package costs ~90 ms a
+    # run): it needs the standard library only.  *script* "venv:<venv>" finds the
+    # venv's installed copy by a glob when the wrapper runs, so the same wrapper works
+    # in a Debian root, whose venv has the same path but another python3.N.
+    if script and script.startswith("venv:"):
+        rel = "/".join(__name__.split(".")) + ".py"
+        target = f"\"$f\""
+        find = f"for f in '{script[5:]}'/lib/python3*/site-packages/{rel}; do :; done\n"
+    else:
+        target, find = repr(script or os.path.abspath(__file__)), ""
     paths = []
     for name, sub in (("nvidia-imex", "daemon"), ("nvidia-imex-ctl", "ctl")):
         extra = f" --fault '{fault_file}'" if (fault_file and sub == "daemon") else ""
         # A missing fault file is no fault (the stand-in reads it at start).
-        text = (f"#!/bin/sh\n# slurm-gpu test rig: stand-in for NVIDIA's {name} ({mod}).\n"
-                f"exec '{python}' -I '{mod}' {sub}{extra} \"$@\"\n")
+        text = (f"#!/bin/sh\n# slurm-gpu test rig: stand-in for NVIDIA's {name} ({__name__}).\n"
+                f"{find}exec '{python}' -I {target} {sub}{extra} \"$@\"\n")
         path = os.path.join(directory, name)
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
