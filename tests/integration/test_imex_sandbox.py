@@ -19,13 +19,19 @@ def _status_cmd(cluster) -> list[str]:
 
 
 def test_an_exclusive_two_node_job_gets_a_ready_domain(cluster):
-    res = cluster.srun("-N2", "--exclusive", "--gres=gpu:4", *_status_cmd(cluster), user="sgtest1",
-                       timeout=60)
-    assert res.returncode == 0, (res.stdout, res.stderr, cluster.log("n1")[-3000:])
-    heads = [ln for ln in res.stdout.splitlines() if ln.startswith("job ")]
-    assert len(heads) == 2 and all(h.endswith("status UP") for h in heads), res.stdout
-    rows = sorted({tuple(ln.split()[0::2]) for ln in res.stdout.splitlines() if ln.startswith("  n")})
-    assert rows == [("n1", "READY"), ("n2", "READY")], res.stdout
+    # a batch job whose step runs `imex status` on both nodes (sbatch, not an
+    # interactive srun: a Debian root's client cannot take task I/O from a netns node)
+    d = cluster.user_dir("sgtest1")
+    out = d / "imex-status.out"
+    jobid = cluster.sbatch("-N2", "--exclusive", "--gres=gpu:4", "-o", str(out), "--wrap",
+                           "srun " + " ".join(_status_cmd(cluster)), user="sgtest1", cwd=str(d))
+    info = cluster.wait_job(jobid, timeout=60)
+    text = out.read_text() if out.exists() else ""
+    assert info["JobState"] == "COMPLETED", (info, text, cluster.log("n1")[-3000:])
+    heads = [ln for ln in text.splitlines() if ln.startswith("job ")]
+    assert len(heads) == 2 and all(h.endswith("status UP") for h in heads), text
+    rows = sorted({tuple(ln.split()[0::2]) for ln in text.splitlines() if ln.startswith("  n")})
+    assert rows == [("n1", "READY"), ("n2", "READY")], text
     # the epilog stopped both daemons and removed the job's files
     for n in cluster.nodes:
         cluster.wait_node_state(n, "idle")
