@@ -91,8 +91,8 @@ class ConfigFile:
 
 # -- reading ------------------------------------------------------------------
 def parse_slurm_conf(text: str, base: Path) -> dict[str, str]:
-    from .slurmconfig import parse
-    return parse(text, base)
+    from .slurmclient import parse_conf
+    return parse_conf(text, str(base))
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[tuple[str, str]]:
@@ -221,11 +221,10 @@ def _process_running(name: str) -> bool:
 def gather(slurm_conf: str | None = None, node: str | None = None,
            gres_drift: Callable[[str, str], list[str]] | None = None, role: str = "gpu") -> Facts:
     """Read everything the checks need, once (*role*: see :data:`ROLES`)."""
-    path = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    try:
-        conf, readable = parse_slurm_conf(Path(path).read_text(), Path(path).parent), True
-    except OSError:
-        conf, readable = {}, False
+    from .slurmclient import conf_path, read_conf
+    path = conf_path(slurm_conf)
+    read = read_conf(path)
+    conf, readable = read or {}, read is not None
     plugstack = Path(conf.get("plugstackconfig") or str(Path(path).parent / "plugstack.conf"))
     lines = plugstack_lines(plugstack)
     built = {}
