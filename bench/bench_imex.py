@@ -53,8 +53,9 @@ def _hooks(sb, kind: str, jobid: int, venv: Path) -> float:
                "SLURM_GPU_CONFIG": str(L.config_toml), "SLURM_JOB_NODELIST": "n[1-2]",
                "SLURM_JOB_GPUS": "0,1,2,3", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0",
                "SLURM_GPU_PYTHON": str(venv / "bin" / "python")}
+        script = ROOT / f"{kind}.d" / ("30-slurm-gpu-imex" if kind == "prolog" else "55-slurm-gpu-imex")
         argv = ["ip", "netns", "exec", _ns(sb, node), "/usr/bin/env", "-i",
-                *[f"{k}={v}" for k, v in env.items()], "/bin/sh", str(ROOT / f"{kind}.d" / ("30-slurm-gpu-imex" if kind == "prolog" else "55-slurm-gpu-imex"))]
+                *[f"{k}={v}" for k, v in env.items()], "/bin/sh", str(script)]
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     for p in procs:
         _, err = p.communicate(timeout=120)

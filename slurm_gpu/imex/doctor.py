@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -58,8 +58,8 @@ def fabric_domain(model: Mapping[str, Any] | None) -> tuple[str | None, str]:
     """
     if not isinstance(model, dict):
         return None, "no model"
-    fabrics = [g.get("fabric") for g in model.get("gpus") or () if isinstance(g, dict)]
-    fabrics = [f for f in fabrics if isinstance(f, dict)]
+    fabrics: list[dict[str, Any]] = [g["fabric"] for g in model.get("gpus") or ()
+                                     if isinstance(g, dict) and isinstance(g.get("fabric"), dict)]
     if not fabrics:
         return None, "no NVLink fabric"
     pairs = {(str(f.get("cluster_uuid")), f.get("clique_id")) for f in fabrics}
@@ -96,7 +96,7 @@ def server_port(jobid: str, base: int, span: int) -> int:
 def render_config(base_text: str, own: Mapping[str, str]) -> str:
     """The job's ``config.cfg``: the site's base config (auth, log level...)
     without the keys the job sets, then those keys."""
-    out = [f"# nvidia-imex config for one job, written by slurm-gpu (docs/imex.md)"]
+    out = ["# nvidia-imex config for one job, written by slurm-gpu (docs/imex.md)"]
     for line in base_text.splitlines():
         key = line.split("=", 1)[0].strip()
         if "=" in line and key in own:
@@ -126,7 +126,7 @@ def parse_domain(text: str) -> tuple[str | None, list[dict[str, str]]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("status"), str):
         return None, []
     nodes = []
-    raw = doc.get("nodes") if isinstance(doc.get("nodes"), dict) else {}
+    raw: dict[str, Any] = doc["nodes"] if isinstance(doc.get("nodes"), dict) else {}
     for k, v in raw.items():
         if isinstance(v, dict):
             nodes.append({"index": str(k), "host": str(v.get("host", "")), "status": str(v.get("status", "")).upper()})

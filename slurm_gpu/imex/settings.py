@@ -17,7 +17,8 @@ class ImexSettings(config.Settings):
     daemon: str = "/usr/bin/nvidia-imex"       # NVIDIA's daemon (run with DAEMONIZE=0, -c <job config>)
     ctl: str = "/usr/bin/nvidia-imex-ctl"
     base_config: str = "/etc/nvidia-imex/config.cfg"   # the site's keys (auth, logging) the job's config starts from
-    base_dir: str = "/run/slurm-gpu/imex"      # <base>/<jobid>/: config.cfg, nodes_config.cfg, imex.log, state.json; %n: node
+    # <base>/<jobid>/: config.cfg, nodes_config.cfg, imex.log, state.json, daemon; %n: node
+    base_dir: str = "/run/slurm-gpu/imex"
     port_base: int = 33792                     # SERVER_PORT = port_base + jobid % port_range
     port_range: int = 16384                    # (AWS ParallelCluster's and Azure's rotation, against a race
                                                #  between consecutive jobs)

@@ -150,10 +150,11 @@ class Daemon:
         self.port = port if port is not None else int(cfg.get("SERVER_PORT", "50000") or 50000)
         self.nodes = read_nodes(cfg.get("IMEX_NODE_CONFIG_FILE") or DEFAULT_NODES)
         self.key = nodes_key(self.nodes)
-        self.me_ip = cfg.get("BIND_INTERFACE_IP") or _local_ip(self.nodes, self.port)
-        if self.me_ip is None or self.me_ip not in self.nodes:
-            raise SystemExit(f"nvidia-imex: no address of this host is in the node configuration file")
-        self.me = self.nodes.index(self.me_ip)
+        me_ip = cfg.get("BIND_INTERFACE_IP") or _local_ip(self.nodes, self.port)
+        if me_ip is None or me_ip not in self.nodes:
+            raise SystemExit("nvidia-imex: no address of this host is in the node configuration file")
+        self.me_ip: str = me_ip
+        self.me = self.nodes.index(me_ip)
         self.state = "INITIALIZING"
         self.sel = selectors.DefaultSelector()
         self.peers: dict[int, _Conn] = {}
@@ -313,8 +314,9 @@ class Daemon:
                 st = c.state if c and c.ok else "UNAVAILABLE"
                 conns = {}
             ready += st == "READY"
+            name = socket.gethostname() if (hostnames and i == self.me) else ""
             nodes[str(i)] = {"status": st, "host": ip, "connections": conns, "changed": True,
-                             "version": VERSION, "hostName": socket.gethostname() if (hostnames and i == self.me) else ""}
+                             "version": VERSION, "hostName": name}
         connected = sum(1 for c in self.peers.values() if c.ok)
         if ready == len(self.nodes):
             status = "UP"
@@ -499,7 +501,7 @@ def write_wrappers(directory: str, python: str, fault_file: str = "",
     # in a Debian root, whose venv has the same path but another python3.N.
     if script and script.startswith("venv:"):
         rel = "/".join(__name__.split(".")) + ".py"
-        target = f"\"$f\""
+        target = "\"$f\""
         find = f"for f in '{script[5:]}'/lib/python3*/site-packages/{rel}; do :; done\n"
     else:
         target, find = repr(script or os.path.abspath(__file__)), ""
