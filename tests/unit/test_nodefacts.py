@@ -225,14 +225,14 @@ def configless(tmp_path: Path, monkeypatch) -> Path:
 
 
 def test_configless_node_finds_slurmd_s_cached_slurm_conf(configless: Path) -> None:
-    from slurm_gpu import slurmconfig
+    from slurm_gpu import slurmclient
     from slurm_gpu.health.expected import default_gres_conf
     from slurm_gpu.health.settings import HealthSettings
     link = str(configless / "run" / "conf")
     assert nodefacts.slurm_conf_path({}) == f"{link}/slurm.conf"
     assert nodefacts.gres_conf_path({}) == f"{link}/gres.conf"
     # the health check's HealthCheckTimeout and gres.conf, without SLURM_CONF
-    assert slurmconfig.health_check_timeout(slurmconfig.read()) == 40.0
+    assert slurmclient.health_check_timeout(slurmclient.read_conf()) == 40.0
     assert default_gres_conf(HealthSettings()) == f"{link}/gres.conf"
     # SLURM_CONF (the prolog's, slurmstepd's) and the built-in file come first
     assert nodefacts.slurm_conf_path({"SLURM_CONF": "/x/slurm.conf"}) == "/x/slurm.conf"
