@@ -232,6 +232,7 @@ def test_configless_node_finds_slurmd_s_cached_slurm_conf(configless: Path) -> N
     assert nodefacts.slurm_conf_path({}) == f"{link}/slurm.conf"
     assert nodefacts.gres_conf_path({}) == f"{link}/gres.conf"
     # the health check's HealthCheckTimeout and gres.conf, without SLURM_CONF
+    assert slurmclient.conf_path() == f"{link}/slurm.conf"          # doctor, spank install, gpu.imex
     assert slurmclient.health_check_timeout(slurmclient.read_conf()) == 40.0
     assert default_gres_conf(HealthSettings()) == f"{link}/gres.conf"
     # SLURM_CONF (the prolog's, slurmstepd's) and the built-in file come first
