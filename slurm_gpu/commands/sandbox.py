@@ -98,11 +98,13 @@ def sandbox() -> None:
 @click.option("--slurm", "slurm", default=None, metavar="VERSION",
               help="Slurm release to run: 22.05 (Debian 12's), 24.11 (Debian 13 root) or 26.05 "
                    "(sid root), built once under /var/cache/slurm-gpu.  [default: the host's]")
+@click.option("--vm", is_flag=True,
+              help="Run the nodes in a systemd + cgroup v2 Debian VM (QEMU); see docs/sandbox.md.")
 def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, netns: bool, prolog: bool | None,
            health: bool | None, health_interval: int, spank: bool | None,
            simulate: bool | None, mig_mode: str, spank_arg: tuple[str, ...],
            settings: tuple[str, ...], slurm_conf: tuple[str, ...], type_map: tuple[str, ...],
-           cgroup: bool, accounting: bool, timeout: float, slurm: str | None) -> None:
+           cgroup: bool, accounting: bool, timeout: float, slurm: str | None, vm: bool) -> None:
     """Start a sandbox and print `export SLURM_CONF=...`."""
     from ..errors import UsageError
     from ..runner import SAFE_PATH
@@ -120,7 +122,7 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         health_interval=health_interval, spank=spank, simulate=simulate, sim_mig=mig_mode, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
         accounting=accounting,
-        timeout=timeout, node_prefix=node_prefix, slurm=slurm,
+        timeout=timeout, node_prefix=node_prefix, slurm=slurm, vm=vm,
         gres_options={"type_map": dict(_pairs(type_map, "--type-map"))} if type_map else {})
     sb = Sandbox(directory, opts).up()
     hooks = [k for k, v in sb.state.get("hooks", {}).items() if v]
@@ -131,6 +133,11 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
     click.echo(f"slurm-gpu: sandbox up: Slurm {sb.slurm_version}, {len(names)} node(s) {span} modelled on "
                f"{sb.machine_label}, idle in {sb.state['up_seconds']:.2f} s"
                f"{' (' + ', '.join(hooks) + ')' if hooks else ''}", err=True)
+    if vm:
+        st = sb.state["vm"]
+        click.echo(f"slurm-gpu: sandbox up: VM ({st['accel']}) booted in {st['boot_seconds']:.1f} s; "
+                   f"run commands in it with: slurm-gpu sandbox run --dir {sb.dir} -- CMD", err=True)
+        return
     click.echo(f"export SLURM_CONF={sb.conf}")
     if sb.env["PATH"] != SAFE_PATH:   # a Slurm from a Debian root: its clients are wrappers
         click.echo(f"export PATH={sb.layout.bin}:$PATH")
@@ -229,30 +236,14 @@ def run_cmd(directory: str, user: str | None, timeout: float, argv: tuple[str, .
     on a Debian root's Slurm it runs inside that root.  Prints the command's
     output and exits with its status.
     """
-    import os
-    import pwd
-
-    from ..errors import SlurmGpuError, UsageError
-    from ..runner import SAFE_PATH, RunAs, run
+    from ..errors import SlurmGpuError
     from ..sandbox import Sandbox, require_root
     from ..sandbox.layout import Layout
 
     require_root()
     if not Layout.of(directory).state_file.exists():
         raise SlurmGpuError("no sandbox recorded here", str(Layout.of(directory).state_file))
-    sb = Sandbox.attach(directory)
-    run_as = None
-    if user is not None:
-        try:
-            pw = pwd.getpwnam(user)
-        except KeyError:
-            raise UsageError(f"no such user {user!r}", "--user") from None
-        run_as = RunAs(pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
-    full, drop = sb.client_argv(list(argv), run_as, cwd=str(sb.dir))
-    # The system PATH: inside a Debian root that finds the root's own clients
-    # (DIR/bin's wrappers are for root on the host).
-    env = {**sb.env, "PATH": SAFE_PATH}
-    res = run(full, timeout, env=env, check=False, run_as=drop, cwd=str(sb.dir))
+    res = Sandbox.attach(directory).run_client(list(argv), user, timeout)
     click.echo(res.stdout, nl=False)
     click.echo(res.stderr, nl=False, err=True)
     raise click.exceptions.Exit(res.returncode)

@@ -42,6 +42,7 @@ class SandboxOptions:
     timeout: float = 30.0
     venv: Path = install.DEFAULT_VENV
     slurm: str | None = None                              # "24.11", "26.05"; None: the host's
+    vm: bool = False                                      # the nodes in a systemd + cgroup v2 VM
 
 
 def require_root(what: str = "sandbox") -> None:
