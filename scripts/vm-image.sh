@@ -46,9 +46,17 @@ mkdir -p "$CACHE"
 exec 9>"$CACHE/vm-$SUITE.lock"
 flock 9
 
-# The cache key: every input's content.
+# Two layers, each rebuilt only when its inputs change:
+#   $CACHE/vm-SUITE-base/: the Debian root with every package but ours, the
+#     kernel and initramfs (keyed by the suite and the package list: minutes,
+#     once);
+#   $CACHE/vm-SUITE/: that root plus slurm-gpu's .deb and the guest's files,
+#     written as the image (keyed by everything: seconds, at each change).
+BASE=$CACHE/vm-$SUITE-base
+BASE_VERSION=1      # bump when the base's recipe below changes
+base_key=$(echo "$BASE_VERSION $SUITE $PACKAGES" | sha256sum | cut -d' ' -f1)
 key=$( {
-    echo "$SUITE $SIZE $PACKAGES"
+    echo "$base_key $SIZE"
     sha256sum "$0" "$DEB" | cut -d' ' -f1
     (cd "$GUEST" && find . -type f | sort | xargs sha256sum)
     [ -z "$MPS" ] || sha256sum "$MPS" | cut -d' ' -f1
@@ -56,41 +64,63 @@ key=$( {
 if [ -f "$OUT/inputs" ] && [ "$(cat "$OUT/inputs")" = "$key" ] && [ -f "$OUT/root.img" ]; then
     echo "$OUT"; exit 0
 fi
+fail() { echo "slurm-gpu: building the $SUITE VM image: $1 (see $LOG)" >&2; exit 1; }
+t0=$(date +%s)
+: >"$LOG"
+in_root() { chroot "$root" /usr/bin/env DEBIAN_FRONTEND=noninteractive PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+# No service may start while packages install; /proc for the maintainer scripts.
+enter_build() {
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"; chmod 755 "$root/usr/sbin/policy-rc.d"
+    mount -t proc proc "$root/proc"
+    trap 'umount "$root/proc" 2>/dev/null || true' EXIT
+}
+leave_build() {
+    rm -f "$root/usr/sbin/policy-rc.d"
+    umount "$root/proc"; trap - EXIT
+}
 
-case "$SUITE" in
-    bookworm) base=$CACHE/bookworm-pkgroot ;;
-    *) base=$CACHE/$SUITE-root ;;
-esac
+if ! { [ -f "$BASE/inputs" ] && [ "$(cat "$BASE/inputs")" = "$base_key" ]; }; then
+    case "$SUITE" in
+        bookworm) from=$CACHE/bookworm-pkgroot ;;
+        *) from=$CACHE/$SUITE-root ;;
+    esac
+    rm -rf --one-file-system "$BASE.partial"
+    mkdir -p "$BASE.partial"
+    root=$BASE.partial/root
+    if [ -f "$from/.slurm-gpu-complete" ]; then
+        cp -a "$from" "$root"
+        rm -f "$root/.slurm-gpu-complete" "$root/.slurm-gpu-packages" "$root/.slurm-version"
+    elif ! debootstrap --variant=minbase "$SUITE" "$root" "$MIRROR" >>"$LOG" 2>&1; then
+        fail "debootstrap $SUITE: $(grep -E '^[EW]: ' "$LOG" | tail -1 || true)"
+    fi
+    echo "base root $(( $(date +%s) - t0 ))s" >>"$LOG"
+    enter_build
+    # The initramfs needs only the virtio disk: build it small and fast.
+    mkdir -p "$root/etc/initramfs-tools/conf.d"
+    printf 'MODULES=list\nCOMPRESS=zstd\n' >"$root/etc/initramfs-tools/conf.d/slurm-gpu-vm"
+    printf 'virtio_pci\nvirtio_blk\next4\n' >"$root/etc/initramfs-tools/modules"
+    in_root apt-get -o Acquire::Check-Valid-Until=false update >>"$LOG" 2>&1 || fail "apt-get update: $(grep -E '^E: ' "$LOG" | tail -1)"
+    # shellcheck disable=SC2086
+    in_root apt-get install -y --no-install-recommends $PACKAGES >>"$LOG" 2>&1 || fail "apt-get install: $(grep -E '^E: ' "$LOG" | tail -1)"
+    in_root apt-get clean
+    leave_build
+    cp "$root"/boot/vmlinuz-* "$BASE.partial/vmlinuz" || fail "no kernel in the root (linux-image-amd64)"
+    cp "$root"/boot/initrd.img-* "$BASE.partial/initrd.img" || fail "no initramfs in the root"
+    rm -rf "$root/boot"/*
+    echo "$base_key" >"$BASE.partial/inputs"
+    rm -rf --one-file-system "$BASE"
+    mv "$BASE.partial" "$BASE"
+    echo "base packages $(( $(date +%s) - t0 ))s" >>"$LOG"
+fi
+
 work=$CACHE/vm-$SUITE.partial
 rm -rf --one-file-system "$work"
 mkdir -p "$work"
 root=$work/root
-t0=$(date +%s)
-if [ -f "$base/.slurm-gpu-complete" ]; then
-    cp -a "$base" "$root"
-    rm -f "$root/.slurm-gpu-complete" "$root/.slurm-gpu-packages" "$root/.slurm-version"
-else
-    if ! debootstrap --variant=minbase "$SUITE" "$root" "$MIRROR" >"$LOG" 2>&1; then
-        echo "slurm-gpu: debootstrap $SUITE failed: $(grep -E '^[EW]: ' "$LOG" | tail -1 || true) (see $LOG)" >&2
-        exit 1
-    fi
-fi
-echo "base $(( $(date +%s) - t0 ))s" >"$LOG"
-
-in_root() { chroot "$root" /usr/bin/env DEBIAN_FRONTEND=noninteractive PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
-# No service may start while packages install; /proc for the maintainer scripts.
-printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"; chmod 755 "$root/usr/sbin/policy-rc.d"
-mount -t proc proc "$root/proc"
-trap 'umount "$root/proc" 2>/dev/null || true' EXIT
-# The initramfs needs only the virtio disk: build it small and fast.
-mkdir -p "$root/etc/initramfs-tools/conf.d"
-printf 'MODULES=list\nCOMPRESS=zstd\n' >"$root/etc/initramfs-tools/conf.d/slurm-gpu-vm"
-printf 'virtio_pci\nvirtio_blk\next4\n' >"$root/etc/initramfs-tools/modules"
-fail() { echo "slurm-gpu: building the $SUITE VM image: $1 (see $LOG)" >&2; exit 1; }
-in_root apt-get -o Acquire::Check-Valid-Until=false update >>"$LOG" 2>&1 || fail "apt-get update: $(grep -E '^E: ' "$LOG" | tail -1)"
-# shellcheck disable=SC2086
-in_root apt-get install -y --no-install-recommends $PACKAGES >>"$LOG" 2>&1 || fail "apt-get install: $(grep -E '^E: ' "$LOG" | tail -1)"
-echo "packages $(( $(date +%s) - t0 ))s" >>"$LOG"
+cp -a "$BASE/root" "$root"
+cp "$BASE/vmlinuz" "$BASE/initrd.img" "$work/"
+echo "copy $(( $(date +%s) - t0 ))s" >>"$LOG"
+enter_build
 
 # slurm-gpu as the guide installs it (docs/install.md, its install-deb block).
 cp "$DEB" "$root/tmp/"
@@ -120,14 +150,11 @@ in_root systemctl mask systemd-networkd-wait-online.service apt-daily.timer apt-
     getty@tty1.service systemd-timesyncd.service >>"$LOG" 2>&1 || true
 echo 'LABEL=sgroot / ext4 rw,noatime 0 1' >"$root/etc/fstab"
 echo slurm-gpu-vm >"$root/etc/hostname"
-rm -f "$root/usr/sbin/policy-rc.d" "$root/etc/machine-id"
+rm -f "$root/etc/machine-id"
 : >"$root/etc/machine-id"      # systemd makes one at first boot
-umount "$root/proc"; trap - EXIT
-
-cp "$root"/boot/vmlinuz-* "$work/vmlinuz"
-cp "$root"/boot/initrd.img-* "$work/initrd.img" || fail "no initrd in the root"
+leave_build
 chroot "$root" /usr/sbin/slurmctld -V >"$work/slurm-version"
-rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*_* "$root/boot"/*
+rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*_*
 mke2fs -q -t ext4 -L sgroot -d "$root" "$work/root.img" "$SIZE" >>"$LOG" 2>&1 || fail "mke2fs -d"
 rm -rf --one-file-system "$root"
 echo "$key" >"$work/inputs"

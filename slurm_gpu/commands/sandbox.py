@@ -183,9 +183,8 @@ def fault_cmd(directory: str | None, node_opt: str | None, gpu: int, clear: bool
     hardware broke; `--clear` repairs the NVML half.
     """
     from ..errors import UsageError
-    from ..sandbox import nodesim, require_root
+    from ..sandbox import require_root
     from ..sim import drills
-    from ..sandbox.layout import Layout
 
     if list_:
         click.echo(drills.listing(), nl=False)
@@ -204,20 +203,8 @@ def fault_cmd(directory: str | None, node_opt: str | None, gpu: int, clear: bool
     require_root()   # the simulator state and the kernel log are root's, as a GPU is
     if clear == (fault is not None):
         raise UsageError("give a fault name (--list), an overlay file, or --clear", "sandbox fault")
-    layout = Layout.of(directory)
-    if clear:
-        nodesim.set_fault(layout, node, {})
-        click.echo(f"slurm-gpu: sandbox fault: cleared on {node}", err=True)
-        return
-    assert fault is not None
-    if fault in drills.DRILLS or not os.path.isfile(fault):
-        bus, reason = nodesim.drill(layout, node, fault, gpu)
-        then = f"expect: {reason}" if reason else "expect: no drain"
-        click.echo(f"slurm-gpu: sandbox fault: {fault} on {node} GPU {gpu} ({bus}); {then}", err=True)
-        return
-    from ..hw.snapshot import load_overlay
-    nodesim.set_fault(layout, node, load_overlay(fault))
-    click.echo(f"slurm-gpu: sandbox fault: injected {fault} on {node}", err=True)
+    from ..sandbox import Sandbox
+    click.echo(Sandbox.attach(directory).fault(node, None if clear else fault, gpu), err=True)
 
 
 @sandbox.command("run", context_settings={"ignore_unknown_options": True,

@@ -98,6 +98,11 @@ class Sandbox:
         """Run *argv* where the nodes run, as root or *user* (``sandbox run``)."""
         return self.place.run(self, argv, user, timeout)
 
+    def fault(self, node: str, fault: str | None, gpu: int = 0) -> str:
+        """Inject a named fault drill or an overlay file on *node* (None clears);
+        returns the line ``sandbox fault`` prints (the drain reason to expect)."""
+        return self.place.fault(self, node, fault, gpu)
+
     @property
     def place(self) -> "places.Place":
         """Where the nodes run (recorded in the state file)."""

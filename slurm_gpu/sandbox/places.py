@@ -46,6 +46,9 @@ class Place(Protocol):
     def node_states(self, sb: Any) -> dict[str, str]:
         """sinfo's state of each node (empty when its controller is not running)."""
 
+    def fault(self, sb: Any, node: str, fault: str | None, gpu: int) -> str:
+        """Inject a named drill or an overlay file on *node* (None: clear); the line to print."""
+
 
 class Host:
     """The host's own Slurm, its daemons this host's processes."""
@@ -87,6 +90,23 @@ class Host:
             return node_states(sb.env)
         except SlurmGpuError:
             return {}
+
+    def fault(self, sb: Any, node: str, fault: str | None, gpu: int) -> str:
+        import os
+
+        from ..sim import drills
+        from . import nodesim
+        layout = sb.layout
+        if fault is None:
+            nodesim.set_fault(layout, node, {})
+            return f"slurm-gpu: sandbox fault: cleared on {node}"
+        if fault in drills.DRILLS or not os.path.isfile(fault):
+            bus, reason = nodesim.drill(layout, node, fault, gpu)
+            then = f"expect: {reason}" if reason else "expect: no drain"
+            return f"slurm-gpu: sandbox fault: {fault} on {node} GPU {gpu} ({bus}); {then}"
+        from ..hw.snapshot import load_overlay
+        nodesim.set_fault(layout, node, load_overlay(fault))
+        return f"slurm-gpu: sandbox fault: injected {fault} on {node}"
 
 
 class DebianRoot(Host):

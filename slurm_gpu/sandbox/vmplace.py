@@ -24,7 +24,10 @@ from . import procs, registry, vm
 if TYPE_CHECKING:
     from ..runner import RunAs
 
-SIM_DIR = "/var/lib/slurm-gpu-sim"      # the simulated GPUs' state, per node (guest)
+# The guest's sandbox directory: what `sandbox fault` (run in the guest) finds
+# as DIR/var/<node>/{sim.json,kernel.log}, the simulated GPUs of each node.
+GUEST_DIR = "/var/lib/slurm-gpu-sandbox"
+SIM_DIR = GUEST_DIR + "/var"
 MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
 
 
@@ -246,6 +249,25 @@ class Vm:
             return self._sinfo(self.agent(sb))
         except (SlurmGpuError, OSError):
             return {}
+
+    def fault(self, sb: Any, node: str, fault: str | None, gpu: int) -> str:
+        # The same command, in the guest, on the guest's simulated GPUs; an
+        # overlay file travels on stdin.
+        argv = ["slurm-gpu", "sandbox", "fault", "--dir", GUEST_DIR, node]
+        stdin = b""
+        if fault is None:
+            argv.append("--clear")
+        elif os.path.isfile(fault):
+            argv = ["sh", "-c", 'f=$(mktemp) && cat >"$f" && "$@" "$f"; rc=$?; rm -f "$f"; exit $rc',
+                    "fault", *argv]
+            stdin = Path(fault).read_bytes()
+        else:
+            argv += [fault, "--gpu", str(gpu)]
+        r = self.agent(sb).run(argv, timeout=60, stdin=stdin)
+        if r.returncode != 0:
+            line = (r.stderr.strip().splitlines() or ["?"])[-1].removeprefix("slurm-gpu: ")
+            raise SlurmGpuError(line, f"in the VM, node {node}")
+        return r.stderr.strip()
 
     # -- stop ------------------------------------------------------------------
     def stop(self, sb: Any, grace: float) -> dict[str, Any]:
