@@ -100,11 +100,14 @@ def sandbox() -> None:
                    "(sid root), built once under /var/cache/slurm-gpu.  [default: the host's]")
 @click.option("--vm", is_flag=True,
               help="Run the nodes in a systemd + cgroup v2 Debian VM (QEMU); see docs/sandbox.md.")
+@click.option("--boot-timeout", type=click.FloatRange(1), default=240.0, show_default=True,
+              help="With --vm: seconds until the VM's guest answers.")
 def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, netns: bool, prolog: bool | None,
            health: bool | None, health_interval: int, spank: bool | None,
            simulate: bool | None, mig_mode: str, spank_arg: tuple[str, ...],
            settings: tuple[str, ...], slurm_conf: tuple[str, ...], type_map: tuple[str, ...],
-           cgroup: bool, accounting: bool, timeout: float, slurm: str | None, vm: bool) -> None:
+           cgroup: bool, accounting: bool, timeout: float, slurm: str | None, vm: bool,
+           boot_timeout: float) -> None:
     """Start a sandbox and print `export SLURM_CONF=...`."""
     from ..errors import UsageError
     from ..runner import SAFE_PATH
@@ -122,7 +125,7 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         health_interval=health_interval, spank=spank, simulate=simulate, sim_mig=mig_mode, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
         accounting=accounting,
-        timeout=timeout, node_prefix=node_prefix, slurm=slurm, vm=vm,
+        timeout=timeout, node_prefix=node_prefix, slurm=slurm, vm=vm, boot_timeout=boot_timeout,
         gres_options={"type_map": dict(_pairs(type_map, "--type-map"))} if type_map else {})
     sb = Sandbox(directory, opts).up()
     hooks = [k for k, v in sb.state.get("hooks", {}).items() if v]

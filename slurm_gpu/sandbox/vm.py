@@ -36,7 +36,6 @@ DEFAULT_MACHINE = "mini-2numa"    # 2 NUMA nodes x 1 CPU, 2 GPUs: the VM's own t
 QEMU = "qemu-system-x86_64"
 AGENT_PORT = 7000                 # inside the guest (scripts/vm/sg-vm-agent)
 MEMORY_MIB = 1536                 # the issue's bound: <= 2 GiB
-BOOT_TIMEOUT = 240.0              # TCG on 2 shared cores: ~30 s typical
 HOSTNAME = "sgvm"
 GUEST_CONF = "/etc/slurm/slurm.conf"
 GUEST_TOML = "/etc/slurm-gpu/slurm-gpu.toml"
@@ -73,8 +72,13 @@ def require_tools(names: dict[str, str]) -> None:
 
 def checkout() -> Path:
     """The slurm-gpu checkout the image is built from (its scripts/)."""
+    from ..paths import resource_dir
     here = Path(__file__).resolve()
-    for d in here.parents:
+    try:
+        cands = [resource_dir("scripts").parent]
+    except FileNotFoundError:
+        cands = []
+    for d in [*cands, *here.parents]:
         if (d / "scripts" / "vm-image.sh").is_file():
             return d
     raise SlurmGpuError("the VM image is built from a slurm-gpu checkout (scripts/vm-image.sh "
@@ -388,3 +392,28 @@ def kvm_usable(console: Path, probe: Callable[[str], bool]) -> bool:
 
 def new_token() -> str:
     return secrets.token_hex(24)
+
+
+def build(versions_: Sequence[str]) -> list[Path]:
+    """Build (or find cached) the image of each Slurm in *versions_*: what
+    ``scripts/test.sh`` runs in the background while the unit tests run."""
+    from . import versions
+    out = []
+    for v in versions_:
+        mm, suite = suite_of(v)
+        if versions.SUITES.get(mm):
+            versions.ensure_root(versions.SlurmRelease(mm, versions.SUITES[mm]))
+        log = cache_dir() / f"vm-{suite}-build.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out.append(ensure_image(suite, log).directory)
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+    try:
+        for d in build(sys.argv[1:] or list(SUITES)):
+            print(d)
+    except SlurmGpuError as e:
+        print(f"slurm-gpu: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -106,11 +106,11 @@ class Vm:
         sb.state["vm"]["accel"] = accel
         sb._save()
         qemu = procs.Proc.from_dict(next(d for d in sb.state["daemons"] if d["name"] == "qemu"))
-        boot_timeout = max(o.timeout, vm.BOOT_TIMEOUT)
+        boot_timeout = o.boot_timeout
         sb.state["vm"]["boot_seconds"] = round(vm.wait_boot(agent, console, boot_timeout,
                                                             lambda: procs.alive(qemu)), 3)
         sb._save()
-        self._wait_idle(sb, agent, names, boot_timeout - (time.monotonic() - t0), qemu)
+        self._wait_idle(sb, agent, names, max(o.timeout, 60.0), qemu)
         sb.state["idle_seconds"] = round(time.monotonic() - t0, 3)
 
     def _write_config(self, sb: Any, names: list[str], tree: Path, token: str) -> None:
@@ -194,7 +194,7 @@ class Vm:
 
     def _wait_idle(self, sb: Any, agent: vm.Agent, names: list[str], timeout: float,
                    qemu: procs.Proc) -> None:
-        deadline = time.monotonic() + max(timeout, 30.0)
+        deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
             if not procs.alive(qemu):
