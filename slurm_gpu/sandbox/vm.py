@@ -36,7 +36,6 @@ DEFAULT_MACHINE = "mini-2numa"    # 2 NUMA nodes x 1 CPU, 2 GPUs: the VM's own t
 QEMU = "qemu-system-x86_64"
 AGENT_PORT = 7000                 # inside the guest (scripts/vm/sg-vm-agent)
 MEMORY_MIB = 1536                 # the bound: <= 2 GiB
-HOSTNAME = "sgvm"
 GUEST_CONF = "/etc/slurm/slurm.conf"
 GUEST_TOML = "/etc/slurm-gpu/slurm-gpu.toml"
 # Host tools -> the Debian package that has them.
@@ -185,7 +184,9 @@ def guest_settings(cluster: str, model: Any, names: Sequence[str], *, prolog: bo
     params = ["config_overrides"] + ([lay.slurmd_parameters] if lay.slurmd_parameters else [])
     def_mem = max(model.memory_bytes // (1024 * 1024) // max(lay.cpus, 1), 1)
     s: list[tuple[str, str]] = [
-        ("ClusterName", cluster), ("SlurmctldHost", HOSTNAME),
+        # The VM is named after its first node, as a real node is (slurmd
+        # and the project's `%n` both take it from the hostname).
+        ("ClusterName", cluster), ("SlurmctldHost", names[0]),
         ("SlurmUser", "slurm"), ("AuthType", "auth/munge"), ("CredType", "cred/munge"),
         ("StateSaveLocation", "/var/lib/slurm/slurmctld"),
         ("SlurmdSpoolDir", "/var/lib/slurm/slurmd/%n"),
@@ -207,7 +208,7 @@ def guest_settings(cluster: str, model: Any, names: Sequence[str], *, prolog: bo
         s += [("HealthCheckProgram", "/usr/lib/slurm-gpu/healthcheck"),
               ("HealthCheckInterval", str(health_interval)), ("HealthCheckNodeState", "ANY")]
     lines = [node_line(n, model, options=opts,
-                       extra={"NodeHostname": HOSTNAME, "NodeAddr": "127.0.0.1",
+                       extra={"NodeHostname": names[0], "NodeAddr": "127.0.0.1",
                               "Port": str(6818 + i), "State": "UNKNOWN"})
              for i, n in enumerate(names)]
     return merge_settings(s, extra), lines
@@ -242,12 +243,12 @@ def config_tree(directory: Path, *, token: str, settings: list[tuple[str, str]],
     put("/etc/slurm/plugstack.conf.d/slurm-gpu.conf", "".join(f"{l}\n" for l in plugstack))
     put(GUEST_TOML, toml_text)
     put("/etc/munge/munge.key", munge_key, 0o400)
-    put("/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {HOSTNAME}\n")
+    put("/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {names[0]}\n")
     # Debian's slurmd.service is the first node; slurmd@NAME (scripts/vm) the others.
     put("/etc/default/slurmd", f"SLURMD_OPTIONS=\"-N {names[0]}\"\n")
     for rel, data in extra_files.items():
         put(rel, data)
-    (directory / "hostname").write_text(HOSTNAME + "\n")
+    (directory / "hostname").write_text(names[0] + "\n")
     (directory / "devices").write_text("".join(f"{p} {ma} {mi} 0666\n" for p, ma, mi in devices))
     (directory / "token").write_text(token + "\n")
     os.chmod(directory / "token", 0o400)

@@ -127,7 +127,7 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_goes_with_the_epilog(node: N
                     user="sgtest1").strip().split(";")[0]
     try:
         node.wait(f"scontrol show job -o {jobid} | grep -q JobState=RUNNING")
-        pid = node.wait("pgrep -f -o nvidia-cuda-mps-control", 30).strip()
+        pid = node.wait("pgrep -x -o nvidia-cuda-mps", 30).strip()
         cg = node.ok(f"cat /proc/{pid}/cgroup").strip()
         assert re.match(r"^0::/system\.slice/[^/]*slurmstepd\.scope/[^/]+/slurm_gpu_mps$", cg), cg
         job_dir = cg.split("::")[1].rsplit("/", 1)[0]
@@ -136,14 +136,16 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_goes_with_the_epilog(node: N
     finally:
         node.ok(f"scancel {jobid}")
     node.wait(f"scontrol show job -o {jobid} | grep -Eq 'JobState=(CANCELLED|COMPLETED)' && "
-              f"! pgrep -f nvidia-cuda-mps-control", 60)
+              f"! pgrep -x nvidia-cuda-mps", 60)
     assert node.sh(f"ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope/*/slurm_gpu_mps").returncode != 0
 
 
 def test_doctor_is_clean_on_the_node(node: Node) -> None:
     r = node.sh("slurm-gpu doctor")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "CRITICAL" not in r.stdout, r.stdout
+    findings = [l for l in r.stdout.splitlines() if l.strip() and not l.startswith("OK ")]
+    # The one thing a simulated GPU cannot have: NVIDIA's persistence daemon
+    # (it needs the driver).  Everything else doctor checks is right.
+    assert [l.split(":")[0] for l in findings] in ([], ["WARNING nvidia.persistenced"]), r.stdout
 
 
 def test_health_check_drains_on_a_fault_and_resumes_when_cleared(node: Node) -> None:
