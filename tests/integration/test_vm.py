@@ -75,6 +75,34 @@ def node(request: pytest.FixtureRequest, job_users: Any) -> Iterator[Node]:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def test_a_vm_that_does_not_boot_in_time_is_one_line_and_leaves_nothing(sandbox_dir, cli) -> None:
+    d = sandbox_dir("vmboot")
+    r = cli("sandbox", "up", "--vm", "--dir", str(d), "--slurm", VERSIONS[0], "--boot-timeout", "2",
+            timeout=600)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-gpu: the VM did not boot within 2 s: "), r.stderr
+    assert str(d / "log" / "console.log") in lines[0]
+    st = cli("sandbox", "status", "--dir", str(d), "--json")
+    assert st.returncode == 1 and not json.loads(st.stdout)["running"]
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), str(d))]
+
+
+def _cmdline_has(pid: int, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read() and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_second_up_on_a_running_vm_is_refused(node: Node, cli) -> None:
+    r = cli("sandbox", "up", "--vm", "--dir", str(node.sb.dir), "--slurm", node.sb.options.slurm)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert "already running here" in r.stderr
+    assert node.ok("sinfo -h -o %T").strip() == "idle"
+
+
 def test_a_systemd_cgroup_v2_node_runs_debians_units_and_our_deb(node: Node) -> None:
     out = node.ok("stat -fc %T /sys/fs/cgroup; ps -o comm= -p 1; "
                   "systemctl is-active munge slurmctld slurmd; "
