@@ -172,7 +172,7 @@ def _script(argv: list[str], env: dict[str, str], log: Path,
 
 
 # -- the guest's configuration --------------------------------------------------
-def guest_settings(cluster: str, model: Any, names: Sequence[str], *, prolog: bool,
+def guest_settings(cluster: str, model: Any, names: Sequence[str], *, version: str, prolog: bool,
                    health_interval: int | None, gres_options: dict[str, Any],
                    extra: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
     """slurm.conf of the VM's cluster: Debian's paths and units, cgroup v2,
@@ -190,7 +190,12 @@ def guest_settings(cluster: str, model: Any, names: Sequence[str], *, prolog: bo
         ("SlurmUser", "slurm"), ("AuthType", "auth/munge"), ("CredType", "cred/munge"),
         ("StateSaveLocation", "/var/lib/slurm/slurmctld"),
         ("SlurmdSpoolDir", "/var/lib/slurm/slurmd/%n"),
-        ("SlurmctldPidFile", "/run/slurmctld.pid"), ("SlurmdPidFile", "/run/slurmd-%n.pid"),
+        # Debian's units: 22.05's run as root with no runtime directory; from
+        # 24.11 slurmctld runs as slurm in /run/slurmctld, slurmd in /run/slurm.
+        *((("SlurmctldPidFile", "/run/slurmctld.pid"), ("SlurmdPidFile", "/run/slurmd-%n.pid"))
+          if version == "22.05" else
+          (("SlurmctldPidFile", "/run/slurmctld/slurmctld.pid"),
+           ("SlurmdPidFile", "/run/slurm/slurmd-%n.pid"))),
         ("SlurmctldLogFile", "/var/log/slurm/slurmctld.log"),
         ("SlurmdLogFile", "/var/log/slurm/slurmd-%n.log"),
         ("ProctrackType", "proctrack/cgroup"), ("TaskPlugin", "task/cgroup,task/affinity"),

@@ -122,7 +122,7 @@ class Vm:
         health = o.health if o.health is not None else True
         spank = o.spank if o.spank is not None else True
         settings, lines = vm.guest_settings(
-            L.cluster_name, sb.model, names, prolog=bool(prolog),
+            L.cluster_name, sb.model, names, version=sb.release.version, prolog=bool(prolog),
             health_interval=o.health_interval if health else None,
             gres_options=dict(o.gres_options), extra=dict(o.slurm_conf))
         gres = gresconf.render({n: sb.model for n in names},

@@ -70,7 +70,7 @@ def test_qemu_reaches_nothing_writes_no_image_and_fits_in_2_gib(tmp_path: Path) 
 
 
 def test_the_guest_runs_cgroup_v2_with_the_guides_hook_lines() -> None:
-    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], prolog=True,
+    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], version="24.11", prolog=True,
                                         health_interval=300, gres_options={},
                                         extra={"KillWait": "9"})
     s = dict(settings)
@@ -79,6 +79,7 @@ def test_the_guest_runs_cgroup_v2_with_the_guides_hook_lines() -> None:
     assert s["Prolog"] == "/usr/lib/slurm-gpu/prolog.d/*" and s["Epilog"] == "/usr/lib/slurm-gpu/epilog.d/*"
     assert s["HealthCheckProgram"] == "/usr/lib/slurm-gpu/healthcheck"
     assert s["KillWait"] == "9" and "config_overrides" in s["SlurmdParameters"]
+    assert s["SlurmctldPidFile"] == "/run/slurmctld/slurmctld.pid"     # 24.11's unit: User=slurm
     assert [l.split()[0] for l in lines] == ["NodeName=n1", "NodeName=n2"]
     assert "Port=6818" in lines[0] and "Port=6819" in lines[1]
     for key in ("CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainDevices=yes",
@@ -87,7 +88,7 @@ def test_the_guest_runs_cgroup_v2_with_the_guides_hook_lines() -> None:
 
 
 def test_the_config_disk_tree(tmp_path: Path) -> None:
-    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], prolog=False,
+    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], version="22.05", prolog=False,
                                         health_interval=None, gres_options={}, extra={})
     d = tmp_path / "cfg"
     vm.config_tree(d, token="t0k", settings=settings, node_lines=lines, gres_conf="# gres\n",
