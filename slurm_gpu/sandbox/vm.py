@@ -133,22 +133,37 @@ def ensure_image(suite: str, log: Path) -> Image:
         _check_kernel(img)
         return img
     require_tools(BUILD_TOOLS)
-    dist = Path(os.environ.get("TMPDIR", "/tmp")) / f"slurm-gpu-vm-deb.{os.getpid()}"
-    try:
-        env = {**os.environ, "SLURM_GPU_DIST": str(dist)}
-        _script(["bash", str(repo / "scripts" / "build-deb.sh")], env, log, "building the .deb")
-        deb = next(dist.glob("slurm-gpu_*_all.deb"))
-        mps = _script(["bash", str(repo / "scripts" / "fetch-mps.sh")], dict(os.environ), log,
-                      None)
-        argv = ["bash", str(repo / "scripts" / "vm-image.sh"), suite, str(deb)]
-        if mps and os.access(mps, os.X_OK):
-            argv.append(mps)
-        _script(argv, dict(os.environ), log, f"building the {suite} VM image")
-    finally:
-        shutil.rmtree(dist, ignore_errors=True)
+    deb = _deb(repo, log)
+    mps = _script(["bash", str(repo / "scripts" / "fetch-mps.sh")], dict(os.environ), log, None)
+    argv = ["bash", str(repo / "scripts" / "vm-image.sh"), suite, str(deb)]
+    if mps and os.access(mps, os.X_OK):
+        argv.append(mps)
+    _script(argv, dict(os.environ), log, f"building the {suite} VM image")
     atomic_write(img.directory / "source-key", key + "\n")
     _check_kernel(img)
     return img
+
+
+def _deb(repo: Path, log: Path) -> Path:
+    """The checkout's .deb (scripts/build-deb.sh), built once per source
+    state and shared by the three suites' images."""
+    key = source_key(repo, "deb")[:16]
+    debs = cache_dir() / "vm-deb"
+    deb = debs / f"slurm-gpu-{key}.deb"
+    if deb.is_file():
+        return deb
+    debs.mkdir(parents=True, exist_ok=True)
+    dist = debs / f".build.{os.getpid()}"
+    try:
+        env = {**os.environ, "SLURM_GPU_DIST": str(dist)}
+        _script(["bash", str(repo / "scripts" / "build-deb.sh")], env, log, "building the .deb")
+        built = next(dist.glob("slurm-gpu_*_all.deb"))
+        for old in debs.glob("slurm-gpu-*.deb"):
+            old.unlink(missing_ok=True)     # an older checkout's
+        os.replace(built, deb)
+    finally:
+        shutil.rmtree(dist, ignore_errors=True)
+    return deb
 
 
 def _check_kernel(img: Image) -> None:
