@@ -36,4 +36,4 @@ rpm:
 	bash scripts/build-rpm.sh
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache
+	rm -rf build dist *.egg-info .pytest_cache devkit/build devkit/*.egg-info

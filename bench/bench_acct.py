@@ -65,8 +65,8 @@ def med(xs: list[float]) -> float:
 
 
 def setup_node(base: Path) -> None:
-    from slurm_gpu.sim.load import LOAD_SCHEMA, write_load
-    from slurm_gpu.sim.state import init_state_for_machine
+    from slurm_gpu_devkit.sim.load import LOAD_SCHEMA, write_load
+    from slurm_gpu_devkit.sim.state import init_state_for_machine
     init_state_for_machine(str(MACHINE), str(base / "sim.json"))
     st = json.loads((base / "sim.json").read_text())
     st["load_file"] = str(base / "load.json")

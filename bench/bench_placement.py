@@ -44,7 +44,7 @@ def stream(n: int, seed: int) -> list[tuple[int, int]]:
 
 def run_stream(tree: bool, jobs: list[tuple[int, int]]) -> dict[str, list[str]]:
     from slurm_gpu.confgen import hostlist
-    from slurm_gpu.sandbox import Sandbox, SandboxOptions
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     d = Path(tempfile.mkdtemp(prefix="bench-placement."))
     os.chmod(d, 0o755)
     extra = {"slurm_conf": {"TopologyPlugin": "topology/tree"}, "etc_files": {"topology.conf": TOPOLOGY}} \

@@ -85,7 +85,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_prolog: run as root (the prolog runs as root and starts daemons as users)")
         return 2
-    from slurm_gpu.sim import mps_real
+    from slurm_gpu_devkit.sim import mps_real
     real, why = mps_real.fetch()
     if real is None:
         print(f"bench_prolog: no NVIDIA nvidia-cuda-mps-control: {why}")
@@ -101,10 +101,10 @@ def main() -> int:
     try:
         ctl = mps_real.install(base / "nvidia-cuda-mps-control")
         (base / "mps").mkdir(mode=0o755)
-        from slurm_gpu.paths import data_file
-        from slurm_gpu.sim.state import init_state_for_machine
+        from slurm_gpu_devkit import MACHINES_DIR
+        from slurm_gpu_devkit.sim.state import init_state_for_machine
         sim = base / "sim.json"     # NVML: the simulator of a recorded 2-GPU machine
-        init_state_for_machine(str(data_file("machines") / "mini-2numa"), str(sim))
+        init_state_for_machine(str(MACHINES_DIR / "mini-2numa"), str(sim))
         sim.chmod(0o644)
         conf = base / "slurm-gpu.toml"
         conf.write_text(f'[node]\nstate_dir = "{base}/var/%n"\nnvml = "sim:{sim}"\n'
@@ -202,7 +202,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from slurm_gpu.sandbox.hostrun import left_as_found
+    from slurm_gpu_devkit.sandbox.hostrun import left_as_found
     with left_as_found():       # the hooks keep node-fact entries under /run
         rc = main()
     sys.exit(rc)

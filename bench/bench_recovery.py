@@ -65,8 +65,8 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     runs = 1 if a.smoke else a.runs
-    from slurm_gpu.sandbox import Sandbox, SandboxOptions, nodesim
-    from slurm_gpu.sandbox.layout import Layout
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions, nodesim
+    from slurm_gpu_devkit.sandbox.layout import Layout
     d = Path(tempfile.mkdtemp(prefix="bench-recovery."))
     os.chmod(d, 0o755)
     sb = Sandbox(d, SandboxOptions(nodes=2, health=True, health_interval=300, simulate=True,

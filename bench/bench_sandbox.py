@@ -49,7 +49,7 @@ def cli_case(nodes: int, *extra: str):
 
 def api_case(nodes: int, **kw):
     def run(d: Path) -> tuple[float, float]:
-        from slurm_gpu.sandbox import Sandbox, SandboxOptions
+        from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
         t0 = time.perf_counter()
         sb = Sandbox(d, SandboxOptions(nodes=nodes, **kw)).up()
         up = time.perf_counter() - t0

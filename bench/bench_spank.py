@@ -40,7 +40,7 @@ GOALS = {"plugin, no option": 1.05, "plugin, 1 GPU --gpu-numa-bind=prefer": 1.25
 
 
 def _sandbox(base: Path, tag: str, machine: str, spank: bool, slurm: str | None):  # -> Sandbox
-    from slurm_gpu.sandbox import Sandbox, SandboxOptions
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     d = Path(tempfile.mkdtemp(prefix=f"bench-spank-{tag}-", dir=base))
     os.chmod(d, 0o755)
     opts = SandboxOptions(machine=machine, spank=spank, slurm=slurm,

@@ -35,7 +35,7 @@ GOAL_S = 60.0
 
 
 def floor_case(img, accel: str) -> float:
-    from slurm_gpu.sandbox import vm
+    from slurm_gpu_devkit.sandbox import vm
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "cfg.img"
         (Path(tmp) / "cfg").mkdir()
@@ -53,7 +53,7 @@ def floor_case(img, accel: str) -> float:
 
 
 def vm_case(slurm: str) -> tuple[float, float, str]:
-    from slurm_gpu.sandbox import Sandbox, SandboxOptions
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     d = Path(tempfile.mkdtemp(prefix="bench-vm."))
     try:
         sb = Sandbox(d, SandboxOptions(vm=True, slurm=slurm, prolog=None, health=True,
@@ -69,7 +69,7 @@ def vm_case(slurm: str) -> tuple[float, float, str]:
 
 def main() -> int:
     from benchrow import row
-    from slurm_gpu.sandbox import vm
+    from slurm_gpu_devkit.sandbox import vm
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=3)
     ap.add_argument("--slurm", default="22.05")

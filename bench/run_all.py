@@ -35,7 +35,7 @@ def main() -> int:
     skip = {x for x in a.skip.split(",") if x}
     rows, failed = [], []
     sys.path.insert(0, str(HERE.parent))
-    from slurm_gpu.sandbox.hostrun import left_as_found
+    from slurm_gpu_devkit.sandbox.hostrun import left_as_found
     # The prolog and SPANK benchmarks run the product's hooks, which keep
     # node-fact entries under /run: the machine keeps none of ours.
     with left_as_found():

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Install everything slurm-gpu needs on a Debian 12 machine, as root:
 # the Debian packages (Slurm 22.05, munge, hwloc, cffi build deps) and the
-# project itself into a venv made from Debian's /usr/bin/python3 that every
+# project itself (the runtime and its devkit) into a venv made from Debian's /usr/bin/python3 that every
 # user can read (Slurm runs our code as root with no PATH, and the SPANK
 # plugin runs inside job users' processes).
 #   scripts/install.sh            -> packages + venv + project
@@ -130,7 +130,13 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; sys.exit(
   /usr/bin/python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "$HERE[test]"
+# The runtime and the devkit (simulator, sandbox, recorded machines: devkit/),
+# in one resolve so the devkit's "slurm-gpu" requirement is this checkout's.
+# pip builds in the tree, and setuptools' build/lib keeps files that the
+# checkout no longer has (the simulator before the devkit split would ship
+# again): build from a clean build/ every time.
+rm -rf "$HERE/build" "$HERE/devkit/build"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "$HERE[test]" "$HERE/devkit"
 # The venv readable by all, and its parent passable: nothing else beside it
 # (SLURM_GPU_VENV=/opt/venv must not open all of /opt).
 chmod -R a+rX "$VENV"

@@ -255,11 +255,17 @@ for SUITE in "${SUITES[@]}"; do
     [ "$(in_root slurm-gpu --version)" = "$ver" ] || fail "/usr/bin/slurm-gpu is not the venv's slurm-gpu"
     chroot --userspec=nobody:nogroup "$R" /opt/slurm-gpu/venv/bin/slurm-gpu --version >/dev/null ||
         fail "slurm-gpu --version fails for an ordinary user (venv not readable by all)"
-    site=$(in_root /opt/slurm-gpu/venv/bin/python -c 'import slurm_gpu, os; print(os.path.dirname(slurm_gpu.__file__))')
-    in_root /opt/slurm-gpu/venv/bin/slurm-gpu inventory --hwloc-xml "$site/data/machines/h100-mig/hwloc.xml" >/dev/null ||
-        fail "inventory over a shipped machine failed (libhwloc through cffi)"
-    in_root /opt/slurm-gpu/venv/bin/slurm-gpu gres render --snapshot "n1=$site/data/machines/h100-mig/snapshot.json" |
-        grep -q '^NodeName=n1 Name=gpu' || fail "gres render over a shipped machine printed no gpu line"
+    # A recorded machine from the checkout's devkit (the package ships none),
+    # removed again before the purge's comparison.
+    in_root /opt/slurm-gpu/venv/bin/python -c 'import slurm_gpu_devkit' 2>/dev/null &&
+        fail "the package's venv has the devkit (slurm_gpu_devkit)"
+    mkdir -p "$R/tmp/sg-machine"
+    cp "$HERE/devkit/slurm_gpu_devkit/machines/h100-mig/hwloc.xml" "$HERE/devkit/slurm_gpu_devkit/machines/h100-mig/snapshot.json" "$R/tmp/sg-machine/"
+    in_root /opt/slurm-gpu/venv/bin/slurm-gpu inventory --hwloc-xml /tmp/sg-machine/hwloc.xml >/dev/null ||
+        fail "inventory over a recorded machine failed (libhwloc through cffi)"
+    in_root /opt/slurm-gpu/venv/bin/slurm-gpu gres render --snapshot "n1=/tmp/sg-machine/snapshot.json" |
+        grep -q '^NodeName=n1 Name=gpu' || fail "gres render over a recorded machine printed no gpu line"
+    rm -rf "$R/tmp/sg-machine"
     plugin=/opt/slurm-gpu/venv/lib/slurm-gpu/slurm_gpu_spank.so
     case $spank_expect in
         built) [ -f "$R$plugin" ] || fail "postinst built no SPANK plugin"

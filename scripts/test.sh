@@ -27,7 +27,7 @@ if [ $# = 0 ] && [ "$(id -u)" = 0 ] && command -v debootstrap >/dev/null; then
   # The VM tier's images (tests/integration/test_vm.py; each after its
   # suite's root, which it starts from): built while the unit tests run.
   if command -v qemu-system-x86_64 >/dev/null; then
-    "$VENV/bin/python" -m slurm_gpu.sandbox.vm >/dev/null 2>&1 &
+    "$VENV/bin/python" -m slurm_gpu_devkit.sandbox.vm >/dev/null 2>&1 &
   fi
 fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=10 "$@" tests

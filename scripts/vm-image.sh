@@ -13,11 +13,11 @@
 # when an input changes (this script, the guest files, the .deb, the MPS
 # binary).  Prints the cache directory on stdout; one `slurm-gpu:` line on
 # stderr and exit 1 on failure (2: bad usage).
-#   scripts/vm-image.sh SUITE DEB [MPS_CONTROL]
+#   scripts/vm-image.sh SUITE DEB [MPS_CONTROL|""] [DEVKIT_WHEEL]
 set -euo pipefail
 umask 022
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-SUITE=${1:-}; DEB=${2:-}; MPS=${3:-}
+SUITE=${1:-}; DEB=${2:-}; MPS=${3:-}; DEVKIT=${4:-}
 case "$SUITE" in
     bookworm|trixie|sid) ;;
     *) echo "slurm-gpu: usage: vm-image.sh bookworm|trixie|sid DEB [MPS_CONTROL]" >&2; exit 2 ;;
@@ -60,6 +60,7 @@ key=$( {
     sha256sum "$0" "$DEB" | cut -d' ' -f1
     (cd "$GUEST" && find . -type f | sort | xargs sha256sum)
     [ -z "$MPS" ] || sha256sum "$MPS" | cut -d' ' -f1
+    [ -z "$DEVKIT" ] || sha256sum "$DEVKIT" | cut -d' ' -f1
 } | sha256sum | cut -d' ' -f1)
 if [ -f "$OUT/inputs" ] && [ "$(cat "$OUT/inputs")" = "$key" ] && [ -f "$OUT/root.img" ]; then
     echo "$OUT"; exit 0
@@ -132,6 +133,14 @@ guide=$(echo "$guide" | sed "s#\./dist/slurm-gpu_[^ ]*_all\.deb#/tmp/$debname#")
 in_root sh -c "$guide -y" >>"$LOG" 2>&1 || fail "the guide's install line ($guide): $(grep -E '^(E: |slurm-gpu:)' "$LOG" | tail -1)"
 rm -f "$root/tmp/$debname"
 echo "slurm-gpu $(( $(date +%s) - t0 ))s" >>"$LOG"
+# The test rig, not the guide: the devkit (the NVML simulator behind the
+# guest's fake GPUs, `sandbox fault` in the guest), into the package's venv.
+if [ -n "$DEVKIT" ]; then
+    cp "$DEVKIT" "$root/tmp/"
+    in_root /opt/slurm-gpu/venv/bin/python -m pip install -q --no-index --no-deps --disable-pip-version-check \
+        "/tmp/$(basename "$DEVKIT")" >>"$LOG" 2>&1 || fail "installing the devkit wheel in the guest's venv"
+    rm -f "$root/tmp/$(basename "$DEVKIT")"
+fi
 
 # The guest's own pieces: the command agent, the per-boot setup from the
 # sandbox's config disk, and the test users.

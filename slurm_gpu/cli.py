@@ -1,7 +1,10 @@
 """The ``slurm-gpu`` command: a thin click front end.
 
 Subcommands are registered explicitly in :data:`COMMANDS` but imported only
-when used, so ``slurm-gpu inventory`` does not pay for jinja2 or cffi.  All
+when used, so ``slurm-gpu inventory`` does not pay for jinja2 or cffi.  Other
+installed distributions add commands through the ``slurm_gpu.commands``
+entry-point group (the devkit's ``sandbox``: :mod:`slurm_gpu.plugins`), looked
+up only for a name that is not one of ours, or to list them in ``--help``.  All
 errors become one line ``slurm-gpu: <what> (<where>)``; exit status 1 for a
 failure, 2 for a usage error; a traceback only with ``--debug``.
 """
@@ -21,7 +24,6 @@ from .errors import EXIT_FAILURE, EXIT_USAGE, SlurmGpuError
 COMMANDS: dict[str, str] = {
     "inventory": "slurm_gpu.commands.inventory:inventory",
     "snapshot": "slurm_gpu.commands.snapshot:snapshot",
-    "sandbox": "slurm_gpu.commands.sandbox:sandbox",
     "gres": "slurm_gpu.commands.gres:gres",
     "topology": "slurm_gpu.commands.topology:topology",
     "cluster": "slurm_gpu.commands.cluster:cluster",
@@ -38,7 +40,6 @@ COMMANDS: dict[str, str] = {
 HELP = {
     "inventory": "Show this node's GPUs, NUMA nodes and cores.",
     "snapshot": "Record or replay a node's hardware answers.",
-    "sandbox": "Run a real Slurm on this machine with fake GPUs.",
     "gres": "Generate and check gres.conf.",
     "topology": "Generate and check topology.conf.",
     "cluster": "Collect every node's model through Slurm; render and check the cluster.",
@@ -53,14 +54,25 @@ HELP = {
 }
 
 
+PLUGIN_GROUP = "slurm_gpu.commands"
+
+
+def _plugin_names() -> list[str]:
+    from . import plugins
+    return [n for n in plugins.names(PLUGIN_GROUP) if n not in COMMANDS]
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
+        return list(COMMANDS) + _plugin_names()
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
         if target is None:
-            return None
+            from . import plugins
+            ep = plugins.find(PLUGIN_GROUP, name)
+            cmd: click.Command | None = ep.load() if ep is not None else None
+            return cmd
         mod_name, attr = target.split(":")
         try:
             mod = importlib.import_module(mod_name)
@@ -73,6 +85,11 @@ class LazyGroup(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Listing help must not import every subcommand module.
         rows = [(n, HELP.get(n, "")) for n in COMMANDS]
+        # A plugin's one-line help is its command's: loading it imports only that
+        # module (its command group), and only where the plugin is installed.
+        for n in _plugin_names():
+            cmd = self.get_command(ctx, n)
+            rows.append((n, cmd.get_short_help_str() if cmd is not None else ""))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

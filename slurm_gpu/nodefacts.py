@@ -226,7 +226,7 @@ def _inputs(config_path: str | None, gres_conf: str | None) -> tuple[tuple[Any, 
                   os.path.join(sys.prefix, "etc", "slurm-gpu", "slurm-gpu.toml")]
     stamps = [_stamp(p) for p in dict.fromkeys(candidates)]
     n = live.settings()
-    stamps += [_stamp(n.snapshot or None), _stamp(n.sim_state), _stamp(gres_conf)]
+    stamps += [_stamp(n.snapshot or None), _stamp(n.nvml_plugin[1] if n.nvml_plugin else None), _stamp(gres_conf)]
     return tuple(st for st in stamps if st is not None), n.state_dir
 
 

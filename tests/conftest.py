@@ -38,6 +38,6 @@ def _host_context_per_test():
 # the end, so `make test` leaves the machine's /run as it found it.
 @pytest.fixture(autouse=True, scope="session")
 def _host_run_left_as_found():
-    from slurm_gpu.sandbox.hostrun import left_as_found
+    from slurm_gpu_devkit.sandbox.hostrun import left_as_found
     with left_as_found():
         yield

@@ -15,7 +15,7 @@ import pytest
 
 @lru_cache(maxsize=1)
 def _fetch() -> tuple[Path | None, str]:
-    from slurm_gpu.sim import mps_real
+    from slurm_gpu_devkit.sim import mps_real
     if os.geteuid() != 0 and mps_real.cached() is None:
         return None, "fetching it needs root (scripts/fetch-mps.sh)"
     # this checkout's script, whichever slurm_gpu (checkout or venv) is imported
@@ -35,7 +35,7 @@ def real_mps_control() -> Path:
 
 def install_real_mps_control(dest: Path) -> Path:
     """Copy the real binary to *dest* (a test's own directory, readable by job users)."""
-    from slurm_gpu.sim import mps_real
+    from slurm_gpu_devkit.sim import mps_real
     real_mps_control()
     out = mps_real.install(dest)
     assert out is not None
@@ -47,8 +47,8 @@ def mps_control_for_jobs(dest: Path) -> Path:
     stand-in (checked to answer as the real one by test_mps_control.py), so
     those tests still run where nothing can be fetched, except under
     ``SLURM_GPU_REQUIRE_INTEGRATION=1``, where its absence fails."""
-    from slurm_gpu.sim import mps_real
-    from slurm_gpu.sim.mps_control import write_wrapper
+    from slurm_gpu_devkit.sim import mps_real
+    from slurm_gpu_devkit.sim.mps_control import write_wrapper
     path, why = _fetch()
     if path is None:
         if os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") == "1":

@@ -58,7 +58,7 @@ def model_links(snapshot: str | None) -> dict[str, int] | None:
     from ..hw import live
     if snapshot is None:
         ns = live.settings()
-        if ns.sim_state or not ns.snapshot:
+        if ns.nvml_plugin or not ns.snapshot:
             return None
         snapshot = ns.snapshot
     node = _read_snapshot(snapshot).get("node") or {}
@@ -193,7 +193,7 @@ def _publish_now(name: str, snapshot: str | None) -> str | None:
     from ..cluster.modelfile import publish_from_health
     from ..errors import SlurmGpuError
     from ..hw import live
-    path = snapshot or (None if live.settings().sim_state else live.settings().snapshot or None)
+    path = snapshot or (None if live.settings().nvml_plugin else live.settings().snapshot or None)
     try:
         model = None
         if path:  # the replayed snapshot's derived model, already parsed for this run

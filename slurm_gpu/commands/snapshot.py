@@ -15,20 +15,21 @@ def snapshot() -> None:
 @click.option("-o", "--output", "output", required=True, metavar="FILE",
               help="Snapshot file to write (atomically); '-' for stdout; %n is the Slurm node name.")
 @click.option("--hwloc-xml", metavar="FILE", help="Use this lstopo XML instead of the live topology.")
-@click.option("--sim", "sim_state", metavar="STATE", help="Record the NVML simulator's state file, not the driver.")
+@click.option("--nvml", "nvml_source", metavar="BACKEND:PATH",
+              help="Record a registered GPU backend (the devkit's sim:STATE), not the driver.")
 @click.option("--hostname", metavar="NAME", help="Host name to record (default: this host's).")
 @click.option("--live", is_flag=True, help="Record the live NVML and hwloc even when [node] points elsewhere.")
-def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: str | None, live: bool) -> None:
+def record(output: str, hwloc_xml: str | None, nvml_source: str | None, hostname: str | None, live: bool) -> None:
     """Record this node's NVML answers and hwloc topology into FILE.
 
     "This node" is what every component sees: the [node] config section's
-    simulator or snapshot when one is set (the sandbox), else the live
+    backend or snapshot when one is set (the sandbox), else the live
     machine.  Without a usable NVML (no driver, no GPU) the snapshot records
     that, and replays as a node with zero GPUs and a note saying why.
     """
     import sys
 
-    from ..errors import InputError
+    from ..errors import InputError, UsageError
     from ..hw import live as hwlive
     from ..hw import snapshot as snap
     xml = None
@@ -38,22 +39,30 @@ def record(output: str, hwloc_xml: str | None, sim_state: str | None, hostname: 
                 xml = f.read()
         except OSError as e:
             raise InputError(f"cannot read hwloc XML: {e.strerror}", hwloc_xml) from None
-    configured = None if (live or sim_state or hwloc_xml) else hwlive.settings()
-    if configured is not None and configured.sim_state:
-        sim_state = configured.sim_state
-    if configured is not None and not sim_state and configured.snapshot:
+    plugin: tuple[str, str] | None = None
+    if nvml_source:
+        plugin = hwlive.NodeSettings(nvml=nvml_source).nvml_plugin
+        if plugin is None or not plugin[0] or not plugin[1]:
+            raise UsageError(f"expected BACKEND:PATH, got {nvml_source!r}", "--nvml")
+    configured = None if (live or plugin or hwloc_xml) else hwlive.settings()
+    if configured is not None and configured.nvml_plugin:
+        plugin = configured.nvml_plugin
+    if configured is not None and not plugin and configured.snapshot:
         data = snap.rerecord(configured.snapshot, hostname=hostname or hwlive.node_name())
     else:
         api = None
         mig_minors = None
         source = "live"
-        if sim_state:
+        if plugin:
             from ..hw import backend
-            api, _ = backend.open_api(backend.GpuSource("sim", sim_state))
-            mig_minors = api.mig_minors()
-            source = f"sim:{sim_state}"
+            api, _ = backend.open_api(backend.GpuSource(*plugin))
+            # The optional calls of a registered backend (hw/backend.py).
+            minors_of = getattr(api, "mig_minors", None)
+            mig_minors = minors_of() if minors_of is not None else None
+            source = f"{plugin[0]}:{plugin[1]}"
             if xml is None:
-                xml = api.state.get("hwloc_xml")
+                xml_of = getattr(api, "hwloc_xml", None)
+                xml = xml_of() if xml_of is not None else None
         data = snap.record(api=api, hwloc_xml=xml, hostname=hostname, mig_minors=mig_minors, source=source,
                            hwloc_source=hwloc_xml)
     node = data["node"]

@@ -7,16 +7,23 @@ pynvml's surface; :func:`open_gpus` wraps it in the one adapter
 * ``live``: the driver through pynvml (:mod:`slurm_gpu.hw.nvml`);
 * ``snapshot:<file>``: recorded answers replayed, optionally with a fault
   overlay (:mod:`slurm_gpu.hw.snapshot`);
-* ``sim:<state file>``: the simulator.  It lives outside hw/ and registers
-  itself (:func:`register`) when its package is imported; hw/ never imports
-  it, it only names the package to import in :data:`PLUGINS`.
+* ``<scheme>:<path>``: a backend another distribution registers in the
+  ``slurm_gpu.backends`` entry-point group (:data:`ENTRY_POINTS`), loaded only
+  when a source names its scheme.  The devkit's simulator is one (``sim:<state
+  file>``, ``slurm_gpu_devkit.sim``); the runtime never imports it nor knows its
+  name.  Tests may :func:`register` an opener directly.
+
+A registered backend's api may also answer two calls beyond NVML's, which
+:func:`slurm_gpu.hw.live.this_node` uses when they are there: ``hwloc_xml()``
+(the lstopo XML of the machine it models, or None: then this host's hwloc is
+read) and ``mig_minors()`` (what ``/proc/driver/nvidia-caps/mig-minors`` holds on
+that machine).
 
 Recording (``snapshot record``) wraps whichever api is open; it is not a
 source of its own.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Mapping
 
 from ..errors import InputError
@@ -25,18 +32,30 @@ from .plain import Plain
 Opener = Callable[[str], "tuple[Any, Callable[[Any], None] | None]"]
 
 _OPENERS: dict[str, Opener] = {}
-# Backends that live in another package and register themselves when imported.
-PLUGINS: dict[str, str] = {"sim": "slurm_gpu.sim"}
+# The entry-point group of backends that live in another distribution:
+# name = scheme, value = "module:opener".
+ENTRY_POINTS = "slurm_gpu.backends"
 
 
 def register(scheme: str, opener: Opener) -> None:
-    """Make *opener* answer sources of *scheme* (``sim`` registers itself this way)."""
+    """Make *opener* answer sources of *scheme* (without an entry point: tests)."""
     _OPENERS[scheme] = opener
+
+
+def _plugin(scheme: str) -> Opener | None:
+    """The opener the installed distributions register for *scheme*, loaded now."""
+    from .. import plugins
+    ep = plugins.find(ENTRY_POINTS, scheme)
+    if ep is None:
+        return None
+    opener: Opener = ep.load()
+    _OPENERS[scheme] = opener
+    return opener
 
 
 class GpuSource(Plain):
     """Where GPU answers come from: ``scheme`` ``live``, ``snapshot`` or a registered
-    one (``sim``); ``path``; for a snapshot, ``overlay_path`` (a fault overlay file,
+    one (``<scheme>:<path>``); ``path``; for a snapshot, ``overlay_path`` (a fault overlay file,
     read when opened) and ``data`` (the snapshot already parsed)."""
 
     __slots__ = ("scheme", "path", "overlay_path", "data")
@@ -63,7 +82,7 @@ def source_for(settings: Any, *, snapshot: str | None = None, overlay_path: str 
                data: Mapping[str, Any] | None = None, writes: bool = False) -> GpuSource:
     """The source for this node's ``[node]`` *settings*.
 
-    An explicit *snapshot* wins; then ``nvml = "sim:..."``; then ``[node]
+    An explicit *snapshot* wins; then ``nvml = "<scheme>:<path>"``; then ``[node]
     snapshot``, unless the caller *writes* (MIG, compute mode): a recording
     cannot change a GPU, so writes go to the driver.  *overlay_path* (faults
     for a replay) and *data* (the snapshot, already parsed) only apply to a
@@ -72,8 +91,8 @@ def source_for(settings: Any, *, snapshot: str | None = None, overlay_path: str 
     if snapshot:
         return GpuSource("snapshot", snapshot, overlay_path, data)
     assert settings is not None, "no snapshot given: the [node] settings choose"
-    if settings.sim_state:
-        return GpuSource("sim", settings.sim_state)
+    if settings.nvml_plugin:
+        return GpuSource(*settings.nvml_plugin)
     if settings.snapshot and not writes:
         return GpuSource("snapshot", settings.snapshot, overlay_path, data)
     return LIVE
@@ -97,10 +116,7 @@ def open_api(source: GpuSource = LIVE) -> tuple[Any, Callable[[Any], None] | Non
         return _open_live(source.path)
     if source.scheme == "snapshot":
         return _open_snapshot(source), None
-    opener = _OPENERS.get(source.scheme)
-    if opener is None and source.scheme in PLUGINS:
-        importlib.import_module(PLUGINS[source.scheme])   # registers itself
-        opener = _OPENERS.get(source.scheme)
+    opener = _OPENERS.get(source.scheme) or _plugin(source.scheme)
     if opener is None:
         raise InputError(f"unknown GPU backend {source.scheme!r}", str(source))
     return opener(source.path)

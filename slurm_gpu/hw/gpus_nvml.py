@@ -1,7 +1,7 @@
 """The one adapter from an NVML api object to the :class:`~slurm_gpu.hw.gpus.Gpus` protocol.
 
 The api object has pynvml's surface: the real pynvml module, a snapshot
-replay (:mod:`slurm_gpu.hw.nvml_replay`), the simulator (:mod:`slurm_gpu.sim`)
+replay (:mod:`slurm_gpu.hw.nvml_replay`), the simulator (:mod:`slurm_gpu_devkit.sim`)
 or a recorder around any of them; :mod:`slurm_gpu.hw.backend` picks it.
 Only documented pynvml calls are used, with pynvml's conventions (ctypes
 placement structs).  Every vendor error becomes a :class:`GpuError` with

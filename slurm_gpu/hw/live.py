@@ -6,13 +6,15 @@
 * ``snapshot = ""``: when set, "live" hardware is replayed from this
   snapshot file (the sandbox models a real server this way);
 * ``nvml = "live"``: where NVML answers come from: ``"live"`` (pynvml and the
-  driver) or ``"sim:<state file>"`` (the simulator, whose MIG and fault
-  state persist in that file);
+  driver) or ``"<scheme>:<path>"``, a backend an installed distribution
+  registers (:mod:`slurm_gpu.hw.backend`; the devkit's simulator is
+  ``"sim:<state file>"``, whose MIG and fault state persist in that file);
 * ``state_dir = "/run/slurm-gpu"``: per-node runtime state (job state files
   under ``<state_dir>/jobs/<jobid>.json``).
 
-With ``nvml = "sim:..."`` the CPU side comes from the state file's hwloc XML
-when it has one, else from ``snapshot``'s XML, else from live hwloc.
+With ``nvml = "<scheme>:<path>"`` the CPU side comes from the backend's
+``hwloc_xml()`` when it answers one, else from ``snapshot``'s XML, else from
+live hwloc.
 """
 from __future__ import annotations
 
@@ -26,9 +28,6 @@ from .plain import Plain
 if TYPE_CHECKING:
     from typing import Any
     from .model import Node
-
-SIM_PREFIX = "sim:"
-
 
 class NodeSettings(Plain):
     """The ``[node]`` section of the config file.
@@ -49,9 +48,10 @@ class NodeSettings(Plain):
                             state_dir=self.state_dir.replace("%n", name))
 
     @property
-    def sim_state(self) -> str | None:
-        """The simulator state file, when ``nvml = "sim:<file>"``."""
-        return self.nvml[len(SIM_PREFIX):] if self.nvml.startswith(SIM_PREFIX) else None
+    def nvml_plugin(self) -> tuple[str, str] | None:
+        """(scheme, path) when ``nvml = "<scheme>:<path>"`` names a registered backend."""
+        scheme, sep, path = self.nvml.partition(":")
+        return (scheme, path) if sep and scheme not in ("live", "snapshot") else None
 
 
 def use_node_name(name: str | None) -> None:
@@ -73,8 +73,9 @@ def settings(raw: dict[str, Any] | None = None) -> NodeSettings:
     """The ``[node]`` settings in effect, with ``%n`` expanded and ``nvml`` checked."""
     from .. import config
     s = config.section(NodeSettings, "node", raw).expanded()
-    if s.nvml != "live" and not (s.sim_state and s.sim_state.strip()):
-        raise InputError(f"node.nvml must be \"live\" or \"sim:<state file>\", not {s.nvml!r}",
+    plugin = s.nvml_plugin
+    if s.nvml != "live" and not (plugin and plugin[0].strip() and plugin[1].strip()):
+        raise InputError(f"node.nvml must be \"live\" or \"<backend>:<path>\", not {s.nvml!r}",
                          f"[node] in {config.config_path() or 'config'}")
     return s
 
@@ -85,14 +86,17 @@ def this_node(s: NodeSettings | None = None) -> Node:
     from . import backend, hwloc
     from .merge import build_node, derive_node
     s = s or settings()
-    if s.snapshot and not s.sim_state:
+    plugin = s.nvml_plugin
+    if s.snapshot and not plugin:
         from . import snapshot
         return snapshot.node_from_file(s.snapshot)
-    if s.sim_state:
-        sim, _ = backend.open_api(backend.GpuSource("sim", s.sim_state))
-        xml = sim.state.get("hwloc_xml")
+    if plugin:
+        api, close = backend.open_api(backend.GpuSource(*plugin))
+        # The two optional calls of a registered backend (hw/backend.py).
+        xml_of = getattr(api, "hwloc_xml", None)
+        xml = xml_of() if xml_of is not None else None
         if xml:
-            cpu = hwloc.read_cpu_view(xml_text=xml, source=f"{s.sim_state}: hwloc_xml")
+            cpu = hwloc.read_cpu_view(xml_text=xml, source=f"{plugin[1]}: hwloc_xml")
         elif s.snapshot:
             from .snapshot import read_snapshot
             snap = read_snapshot(s.snapshot)
@@ -100,7 +104,11 @@ def this_node(s: NodeSettings | None = None) -> Node:
                                       source=f"{s.snapshot}: hwloc_xml")
         else:
             cpu = hwloc.read_cpu_view()
-        return derive_node(cpu, sim, mig_minors=sim.mig_minors, sources=("hwloc", s.nvml))
+        try:
+            return derive_node(cpu, api, mig_minors=getattr(api, "mig_minors", None), sources=("hwloc", s.nvml))
+        finally:
+            if close is not None:
+                close(api)
     cpu = hwloc.read_cpu_view()
     from .nvml import NvmlUnavailable
     try:

@@ -3,7 +3,7 @@
 :func:`read_view` reads GPU identity, NVLink peers, MIG instances and NVLink
 fabric membership through an *api* object with pynvml's surface: the real
 ``pynvml`` module (:func:`open_api`), a :class:`~slurm_gpu.hw.nvml_replay.ReplayNvml`
-(snapshots), the simulator (:mod:`slurm_gpu.sim`), or a
+(snapshots), the simulator (:mod:`slurm_gpu_devkit.sim`), or a
 :class:`~slurm_gpu.hw.nvml_record.RecordingNvml` around any of them.  The
 same code runs in all four cases, which is what makes replay trustworthy.
 

@@ -2,7 +2,7 @@
 
 One implementation serves both places faults are injected: a snapshot replay
 (``load_node(Snapshot(path, overlay))``) and the simulator's state file
-(``slurm_gpu.sim.set_overlay``).  :class:`OverlayNvml` wraps the api (replay,
+(``slurm_gpu_devkit.sim.set_overlay``).  :class:`OverlayNvml` wraps the api (replay,
 simulator, even the real pynvml) and, per call:
 
 * sleeps first when a ``hang`` entry matches (watchdog tests);

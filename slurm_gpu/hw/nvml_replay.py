@@ -1,7 +1,7 @@
 """pynvml's surface without pynvml: error classes, structures, and recorded replay.
 
 Three things live here because the replay backend and the simulator
-(:mod:`slurm_gpu.sim`) both need them and neither may import pynvml:
+(:mod:`slurm_gpu_devkit.sim`) both need them and neither may import pynvml:
 
 * :class:`NVMLError` with ``.value`` and one subclass per ``NVML_ERROR_*``
   code, named like pynvml's (``NVMLError_NotSupported``...), so code written

@@ -16,7 +16,7 @@ compute mode.
 Everything talks to the daemon through the binary's client mode, exactly
 as an admin would (``echo quit | nvidia-cuda-mps-control``), so the code runs
 unchanged against the real binary (which the tests use without a GPU, see
-:mod:`slurm_gpu.sim.mps_real`) or the stand-in (:mod:`slurm_gpu.sim.mps_control`).
+:mod:`slurm_gpu_devkit.sim.mps_real`) or the stand-in (:mod:`slurm_gpu_devkit.sim.mps_control`).
 """
 from __future__ import annotations
 

@@ -22,13 +22,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
 
-HERE = Path(__file__).resolve().parent / "machines"   # -> slurm_gpu/data/machines
+HERE = Path(__file__).resolve().parent / "machines"   # -> devkit/slurm_gpu_devkit/machines
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from slurm_gpu.hw import snapshot as snap  # noqa: E402
 from slurm_gpu.runner import run  # noqa: E402
-from slurm_gpu.sim.nvml import SimNvml  # noqa: E402
+from slurm_gpu_devkit.sim.nvml import SimNvml  # noqa: E402
 
 REAL = Path("/work/shared/realdata")
 GIB = 1024 ** 3
@@ -320,7 +320,7 @@ def h100_mig() -> tuple[dict[str, Any], str]:
     # node's real `nvidia-smi mig -lgip`.  The GI ids are the recorded ones
     # (they depend on the driver's creation history, not only on placement);
     # H100 allows 4g.40gb only at {0}:4, so the 1g instances sit at 4, 5, 6.
-    from slurm_gpu.sim.nvml import mig_uuid
+    from slurm_gpu_devkit.sim.nvml import mig_uuid
     recorded_gi = {2: (2, (7, 8, 9)), 3: (1, (11, 12, 13))}
     buses = ["0000:06:00.0", "0000:0c:00.0", "0000:46:00.0", "0000:4c:00.0"]
     gpus = []

@@ -7,7 +7,7 @@
   skipping.
 * ``make_sandbox(...)`` (module scope) starts a sandbox in a fresh directory
   and always stops it at the end of the module.  It returns a
-  :class:`Cluster`: the :class:`~slurm_gpu.sandbox.Sandbox` plus helpers that
+  :class:`Cluster`: the :class:`~slurm_gpu_devkit.sandbox.Sandbox` plus helpers that
   run Slurm commands (as root or as a job user) and wait for jobs by polling
   ``scontrol`` every 0.1 s (never ``sbatch --wait``, which polls in seconds).
 * ``job_users`` (session scope) makes sure ``sgtest1`` and ``sgtest2`` exist.
@@ -96,7 +96,7 @@ def make_sandbox(request: pytest.FixtureRequest) -> Iterator[Any]:
     Every sandbox made is stopped when the module ends, even when a test or
     the start-up failed.
     """
-    from slurm_gpu.sandbox import Sandbox, SandboxOptions
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
 
     made: list[Any] = []
     tag = request.module.__name__.rsplit(".", 1)[-1]
@@ -129,7 +129,7 @@ def sandbox_dir() -> Iterator[Any]:
     and the directory removed (kept with ``SLURM_GPU_KEEP_SANDBOX=1``).
     Session scope, so module fixtures can use it too.
     """
-    from slurm_gpu.sandbox import Sandbox
+    from slurm_gpu_devkit.sandbox import Sandbox
 
     made: list[Path] = []
 

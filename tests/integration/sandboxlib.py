@@ -265,7 +265,7 @@ def mig_sim_state(machine: Path, sim: Path) -> Path:
     """*sim*: the NVML simulator's state for *machine*, MIG mode on for every GPU, no instances."""
     import json
 
-    from slurm_gpu.sim.state import init_state_for_machine
+    from slurm_gpu_devkit.sim.state import init_state_for_machine
     init_state_for_machine(str(machine), str(sim))
     st = json.loads(sim.read_text())
     for g in st["facts"]["gpus"]:

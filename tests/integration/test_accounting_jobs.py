@@ -18,9 +18,9 @@ import pytest
 
 from sandboxlib import REPO
 from slurm_gpu.acct import dbd
-from slurm_gpu.sandbox.accounting import BINARIES
-from slurm_gpu.sim.load import LOAD_SCHEMA, write_load
-from slurm_gpu.sim.state import init_state_for_machine
+from slurm_gpu_devkit.sandbox.accounting import BINARIES
+from slurm_gpu_devkit.sim.load import LOAD_SCHEMA, write_load
+from slurm_gpu_devkit.sim.state import init_state_for_machine
 
 pytestmark = pytest.mark.skipif(
     any(not os.access(b, os.X_OK) for b in BINARIES) and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1",

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from slurm_gpu.sandbox.accounting import BINARIES
+from slurm_gpu_devkit.sandbox.accounting import BINARIES
 
 pytestmark = pytest.mark.skipif(
     any(not os.access(b, os.X_OK) for b in BINARIES) and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1",
@@ -91,7 +91,7 @@ def test_database_initialises_where_no_host_name_resolves(tmp_path) -> None:
     empty.write_text("")
     nss = tmp_path / "nsswitch.conf"
     nss.write_text("hosts: files\n")
-    code = ("import sys; from pathlib import Path; from slurm_gpu.sandbox import accounting as a;"
+    code = ("import sys; from pathlib import Path; from slurm_gpu_devkit.sandbox import accounting as a;"
             f"a.init_db(a.Paths(Path({str(tmp_path / 'db')!r})))")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
                         # Where there is no /etc/hosts (CI's root) nothing to hide.

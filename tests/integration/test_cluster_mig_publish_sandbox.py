@@ -20,7 +20,7 @@ import pytest
 
 from sandboxlib import REPO, Cluster
 from slurm_gpu.cluster import store
-from slurm_gpu.sandbox.layout import Layout
+from slurm_gpu_devkit.sandbox.layout import Layout
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import pytest
 
 from slurm_gpu.hw import snapshot as snap
-from slurm_gpu.sandbox.layout import Layout
+from slurm_gpu_devkit.sandbox.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json"

@@ -61,9 +61,10 @@ def test_deb_contents(deb: Path) -> None:
         member = tf.extractfile(wheel)
         assert member is not None
         inside = zipfile.ZipFile(io.BytesIO(member.read())).namelist()
-    assert "slurm_gpu/data/machines/h100-mig/facts.json" in inside
-    assert "slurm_gpu/data/machines/h100-mig/PROVENANCE.md" in inside
-    assert not [n for n in inside if "build_machines" in n or "__pycache__" in n]
+    # The runtime only: no simulator, sandbox or recorded machine (the devkit's).
+    assert "slurm_gpu/hw/backend.py" in inside and "slurm_gpu/data/xid_catalog.json" in inside
+    assert not [n for n in inside if n.startswith(("slurm_gpu_devkit", "slurm_gpu/sim/", "slurm_gpu/sandbox/"))
+                or "/machines/" in n or "build_machines" in n or "__pycache__" in n]
 
 
 @pytest.mark.parametrize("suite", ["bookworm", "trixie"])

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from sandboxlib import REPO
-from slurm_gpu.sandbox.install import DEFAULT_VENV
+from slurm_gpu_devkit.sandbox.install import DEFAULT_VENV
 
 
 @pytest.mark.parametrize("slurm", ["", "24.11"])

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from slurm_gpu.sim import drills
+from slurm_gpu_devkit.sim import drills
 
 pytestmark = pytest.mark.integration
 

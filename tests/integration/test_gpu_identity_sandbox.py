@@ -34,7 +34,7 @@ def cluster(request, make_sandbox, job_users) -> Cluster:
 def test_prolog_sets_up_the_gpu_slurm_gave_the_job(cluster: Cluster) -> None:
     from slurm_gpu.hw import backend
     from slurm_gpu.mig import instances
-    from slurm_gpu.sim.mig import open_mig_sim
+    from slurm_gpu_devkit.sim.mig import open_mig_sim
     d = cluster.user_dir("sgtest1")
     probe = ("import errno\n"
              "for i in range(8):\n"

@@ -275,7 +275,7 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
         elif event == "nvml_hang":
             # Every MIG-mode read hangs for a minute (the simulator's fault overlay,
             # as a sick GPU would): the prolog's watchdog must end it as a node fault.
-            from slurm_gpu.sim.state import StateFile
+            from slurm_gpu_devkit.sim.state import StateFile
             sim = StateFile(str(node_files["sim"]))
             with sim.edit() as st:
                 st["overlay"] = {"calls": [{"fn": fn, "hang": 60} for fn in

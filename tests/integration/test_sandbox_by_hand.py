@@ -20,7 +20,7 @@ import pytest
 
 from sandboxlib import ensure_user
 from slurm_gpu.runner import SAFE_PATH, Completed, RunAs, run
-from slurm_gpu.sandbox.install import DEFAULT_VENV
+from slurm_gpu_devkit.sandbox.install import DEFAULT_VENV
 
 CLI = DEFAULT_VENV / "bin" / "slurm-gpu"
 
@@ -69,7 +69,7 @@ def test_machine_from_the_package_and_hardware_wired_in(by_hand: Path) -> None:
     conf = (by_hand / "etc" / "slurm-gpu.toml").read_text()
     assert f'nvml = "sim:{by_hand}/var/%n/sim.json"' in conf
     assert f'control = "{by_hand}/lib/nvidia-cuda-mps-control"' in conf
-    assert "site-packages/slurm_gpu/data/machines/h100-mig/snapshot.json" in conf
+    assert "site-packages/slurm_gpu_devkit/machines/h100-mig/snapshot.json" in conf
     for node in ("n1", "n2"):
         st = json.loads((by_hand / "var" / node / "sim.json").read_text())
         modes = [(g["mig"]["mode"], len(g["mig"]["instances"])) for g in st["facts"]["gpus"]]

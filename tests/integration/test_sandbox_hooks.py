@@ -35,7 +35,7 @@ def test_slurmctld_runs_with_our_hooks(cluster):
 
 
 def test_hook_wrappers_carry_the_sandbox_environment(cluster):
-    from slurm_gpu.sandbox.install import scripts
+    from slurm_gpu_devkit.sandbox.install import scripts
     etc = cluster.dir / "etc"
     for kind in ("prolog.d", "epilog.d"):
         names = sorted(p.name for p in (etc / kind).iterdir())

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.errors import SlurmGpuError
-from slurm_gpu.sandbox import Sandbox, SandboxOptions
-from slurm_gpu.sandbox import procs, registry
+from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
+from slurm_gpu_devkit.sandbox import procs, registry
 
 
 

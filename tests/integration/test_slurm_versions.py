@@ -27,7 +27,7 @@ import pytest
 from debianroot import unavailable
 from sandboxlib import REPO, VERSIONS, Cluster, mps_mig_node_files
 from slurm_gpu.acct import dbd
-from slurm_gpu.sim.load import LOAD_SCHEMA, write_load
+from slurm_gpu_devkit.sim.load import LOAD_SCHEMA, write_load
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 INTERVAL = 2
@@ -47,7 +47,7 @@ print("TASK", os.environ.get("CUDA_VISIBLE_DEVICES", "-"), cpus, mode,
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def cluster(request, make_sandbox, job_users, sandbox_dir):
-    from slurm_gpu.sandbox.install import DEFAULT_VENV
+    from slurm_gpu_devkit.sandbox.install import DEFAULT_VENV
     version = request.param
     venv = DEFAULT_VENV
     files = mps_mig_node_files(f"versions-{version}", MACHINE, venv)
@@ -92,7 +92,7 @@ def test_runs_the_asked_version(cluster: Cluster, request) -> None:
 
 
 def test_numa_bind_prefer_binds_cpus_and_memory_to_the_gpus_numa_node(cluster: Cluster) -> None:
-    from slurm_gpu.sandbox.machine import load, resolve
+    from slurm_gpu_devkit.sandbox.machine import load, resolve
     model = load(resolve(str(MACHINE)))
     res = cluster.srun("-w", "n1", "--gres=gpu:1", "--gpu-numa-bind=prefer", cluster.python, "-c",
                        PROBE, user="sgtest1")
@@ -378,8 +378,8 @@ def test_install_guides_config_path_gives_working_job_options(cluster: Cluster) 
 def _plugin_for(version: str, out_dir: Path) -> Path:
     """A plugin built for *version* (host's Slurm, or inside that version's Debian root)."""
     from slurm_gpu.runner import run
-    from slurm_gpu.sandbox import chroot, versions
-    from slurm_gpu.sandbox.install import DEFAULT_VENV
+    from slurm_gpu_devkit.sandbox import chroot, versions
+    from slurm_gpu_devkit.sandbox.install import DEFAULT_VENV
     out = out_dir / f"plugin-{version}" / "slurm_gpu_spank.so"
     rel = versions.resolve(version)
     if not rel.chrooted:
@@ -471,7 +471,7 @@ def test_a_sandbox_started_from_inside_a_chroot_runs_in_its_own_root(tmp_path: P
     directory and chrooted into, with fresh /tmp and /run as in CI."""
     from debianroot import debian_root
     debian_root("trixie", "a 24.11 sandbox")
-    from slurm_gpu.sandbox.install import DEFAULT_VENV
+    from slurm_gpu_devkit.sandbox.install import DEFAULT_VENV
     outer = tmp_path / "outer"
     outer.mkdir()
     inner = ("set -e; d=/tmp/sb; trap '" f"{DEFAULT_VENV}/bin/slurm-gpu sandbox down --dir $d >/dev/null 2>&1' EXIT; "

@@ -51,8 +51,8 @@ def _alive(pid: int) -> bool:
 
 def test_job_leaving_a_process_on_its_gpu_drains_as_user_problem_and_resumes(cluster: Cluster,
                                                                                node_files) -> None:
-    from slurm_gpu.sim import open_sim
-    from slurm_gpu.sim.nvml import add_process
+    from slurm_gpu_devkit.sim import open_sim
+    from slurm_gpu_devkit.sim.nvml import add_process
     out = cluster.user_dir("sgtest1") / "left.out"
     script = cluster.user_dir("sgtest1") / "left.sh"
     script.write_text("#!/bin/sh\n"

@@ -59,7 +59,7 @@ class Node:
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def node(request: pytest.FixtureRequest, job_users: Any) -> Iterator[Node]:
-    from slurm_gpu.sandbox import Sandbox, SandboxOptions
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     if shutil.which("qemu-system-x86_64") is None:
         pytest.fail("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86; "
                     "scripts/install.sh installs it)")

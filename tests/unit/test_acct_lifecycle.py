@@ -12,8 +12,8 @@ from slurm_gpu.acct.monitor import Monitor
 from slurm_gpu.acct.settings import AcctSettings
 from slurm_gpu.acct.store import Store
 from slurm_gpu.hw.gpustats import StatsReader
-from slurm_gpu.sim import SimNvml, load_facts
-from slurm_gpu.sim.load import LOAD_SCHEMA
+from slurm_gpu_devkit.sim import SimNvml, load_facts
+from slurm_gpu_devkit.sim.load import LOAD_SCHEMA
 
 MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
 T0 = 1_700_000_000.0

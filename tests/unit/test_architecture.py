@@ -11,8 +11,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "slurm_gpu"
 NVML_NAMES = re.compile(r"nvml[A-Z]|NVMLError|pynvml")
-# The hardware layer and the simulator are the only code that may speak NVML.
-NVML_ALLOWED = ("hw", "sim")
+# The hardware layer is the only code of the runtime that may speak NVML (the
+# devkit's simulator, outside slurm_gpu/, implements it).
+NVML_ALLOWED = ("hw",)
+DEVKIT = "slurm_gpu_devkit"
+DEVKIT_PKG = ROOT / "devkit" / DEVKIT
+DEVKIT_NVML_ALLOWED = ("sim",)
 
 
 def _modules() -> dict[str, Path]:
@@ -89,10 +93,12 @@ def _package(mod: str) -> str:
     return ".".join(mod.split(".")[:2])
 
 
-def test_no_nvml_names_outside_hw_and_sim() -> None:
+def test_no_nvml_names_outside_hw() -> None:
+    # The runtime's hw/ and the devkit's simulator; not the sandbox nor anything else.
     hits = []
-    for p in sorted(PKG.rglob("*.py")):
-        if p.relative_to(PKG).parts[0] in NVML_ALLOWED:
+    for p in sorted([*PKG.rglob("*.py"), *DEVKIT_PKG.rglob("*.py")]):
+        top = p.relative_to(PKG if p.is_relative_to(PKG) else DEVKIT_PKG).parts[0]
+        if top in (NVML_ALLOWED if p.is_relative_to(PKG) else DEVKIT_NVML_ALLOWED):
             continue
         for n, line in enumerate(p.read_text().splitlines(), 1):
             if NVML_NAMES.search(line):
@@ -111,10 +117,51 @@ def test_no_import_cycle_between_packages() -> None:
     assert _cycles(graph) == []
 
 
-def test_hw_never_imports_the_simulator() -> None:
-    graph = _imports(_modules())
-    assert {(m, t) for m, ts in graph.items() for t in ts
-            if m.startswith("slurm_gpu.hw") and t.startswith("slurm_gpu.sim")} == set()
+def _devkit_references(path: Path, root: Path = ROOT) -> list[str]:
+    """Where *path* imports the devkit or names it in a string that is not a
+    docstring (``importlib.import_module("slurm_gpu_devkit...")`` counts)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    hits = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names = [node.value] if DEVKIT in node.value else []
+        hits += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names
+                 if n == DEVKIT or n.startswith(DEVKIT + ".") or (DEVKIT in n and not isinstance(node, (ast.Import, ast.ImportFrom)))]
+    return hits
+
+
+def test_the_runtime_never_imports_the_devkit() -> None:
+    # The devkit (simulator, sandbox, machines) plugs in through entry points
+    # (slurm_gpu.plugins); a node has only the runtime installed.
+    assert [h for p in sorted(PKG.rglob("*.py")) for h in _devkit_references(p)] == []
+
+
+def test_the_devkit_check_finds_devkit_imports(tmp_path: Path) -> None:
+    # A checker that cannot fail proves nothing.
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""Mentions slurm_gpu_devkit in a docstring: fine."""\n'
+                   "import slurm_gpu_devkit.sim\nfrom slurm_gpu_devkit import sandbox\n"
+                   "x = __import__('slurm_gpu_devkit.sim')\n")
+    assert sorted(h.split(": ", 1)[1] for h in _devkit_references(bad, tmp_path)) == [
+        "slurm_gpu_devkit", "slurm_gpu_devkit.sim", "slurm_gpu_devkit.sim"]
+
+
+def test_no_simulator_branch_in_the_runtime() -> None:
+    # The runtime knows registered backends by their scheme, never the simulator's.
+    hits = []
+    for p in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(p.read_text(), str(p))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    (node.value == "sim" or node.value.startswith("sim:")):
+                hits.append(f"{p.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert hits == []
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

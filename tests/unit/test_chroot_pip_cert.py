@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_gpu.sandbox import chroot
+from slurm_gpu_devkit.sandbox import chroot
 
 
 def _capture(monkeypatch) -> list[dict]:

@@ -119,7 +119,7 @@ def mig_node(tmp_path, monkeypatch):
         pytest.skip("MIG changes need root (as NVML)")
     from slurm_gpu import config
     from slurm_gpu.hw import live
-    from slurm_gpu.sim.state import init_state_for_machine
+    from slurm_gpu_devkit.sim.state import init_state_for_machine
     sim = tmp_path / "sim.json"
     init_state_for_machine(str(ROOT / "tests/data/machines/mini-2numa"), str(sim))
     conf = tmp_path / "c.toml"

@@ -18,7 +18,7 @@ MACHINES = ROOT / "tests" / "data" / "machines"
 
 @pytest.fixture()
 def sim_state(tmp_path: Path) -> str:
-    from slurm_gpu.sim import init_state_for_machine
+    from slurm_gpu_devkit.sim import init_state_for_machine
     path = tmp_path / "sim.json"
     init_state_for_machine(str(MACHINES / "h100-sxm-8x"), str(path))
     st = json.loads(path.read_text())
@@ -41,11 +41,12 @@ def test_unknown_backend_is_one_line() -> None:
         backend.open_gpus(backend.GpuSource("nope", "x"))
 
 
-def test_sim_registers_itself_when_first_needed(sim_state: str) -> None:
-    # A fresh interpreter that never imported slurm_gpu.sim: the factory imports it by name.
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+def test_sim_is_loaded_through_its_entry_point_when_first_needed(sim_state: str) -> None:
+    # A fresh interpreter that never imported slurm_gpu_devkit.sim: the registry
+    # finds the devkit's "sim" entry point (slurm_gpu.backends) and loads it.
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'devkit')!r}]\n"
             "from slurm_gpu.hw import backend\n"
-            "assert 'slurm_gpu.sim' not in sys.modules\n"
+            "assert 'slurm_gpu_devkit.sim' not in sys.modules\n"
             f"g = backend.open_gpus(backend.GpuSource('sim', {sim_state!r}))\n"
             "print(g.count(), g.name(0))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -78,8 +79,8 @@ def test_reading_mig_and_compute_mode_over_the_simulator(sim_state: str) -> None
 
 
 def test_events_are_plain_data(sim_state: str) -> None:
-    from slurm_gpu.sim import inject_event
-    from slurm_gpu.sim.nvml import SimNvml
+    from slurm_gpu_devkit.sim import inject_event
+    from slurm_gpu_devkit.sim.nvml import SimNvml
     gpus = backend.open_gpus(backend.GpuSource("sim", sim_state))
     events = gpus.listen()
     for i in range(gpus.count()):

@@ -8,8 +8,8 @@ import pytest
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.hw.gpustats import StatsReader
-from slurm_gpu.sim import SimNvml, load_facts
-from slurm_gpu.sim.load import LOAD_SCHEMA, write_load
+from slurm_gpu_devkit.sim import SimNvml, load_facts
+from slurm_gpu_devkit.sim.load import LOAD_SCHEMA, write_load
 
 MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
 T0 = 1_700_000_000.0

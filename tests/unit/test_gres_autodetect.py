@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurm_gpu.confgen import GresOptions, render_gres_conf
-from slurm_gpu.sandbox.machine import load, resolve
+from slurm_gpu_devkit.sandbox.machine import load, resolve
 
 MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
 

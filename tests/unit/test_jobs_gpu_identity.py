@@ -26,9 +26,9 @@ from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.mig import instances
 from slurm_gpu.hw import backend
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
-from slurm_gpu.sim.mig import open_mig_sim
+from slurm_gpu_devkit.sim.mig import open_mig_sim
 from mpsbinary import mps_control_for_jobs
-from slurm_gpu.sim.state import init_state_for_machine
+from slurm_gpu_devkit.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "tests" / "data" / "machines"

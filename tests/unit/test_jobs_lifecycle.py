@@ -27,10 +27,10 @@ from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.jobs.state import JobFailed
 from slurm_gpu.mig import blockers, instances
 from slurm_gpu.hw import backend
-from slurm_gpu.sim.mig import open_mig_sim, set_holder
+from slurm_gpu_devkit.sim.mig import open_mig_sim, set_holder
 from mpsbinary import mps_control_for_jobs
 from useragent import PLANT_DIRS, REPLACE_SOCKETS, Agent
-from slurm_gpu.sim.state import init_state_for_machine
+from slurm_gpu_devkit.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = ROOT / "tests" / "data" / "machines" / "h100-mig"
@@ -252,7 +252,7 @@ def test_node_fault_policy_and_blocker_named(node: Env, policy: str, rc: int,
     st = js.load(node.state_dir, "100")
     assert st is not None and "In use" in st["error"]
     assert node.layout(2) != before
-    from slurm_gpu.sim.mig import clear_holder
+    from slurm_gpu_devkit.sim.mig import clear_holder
     clear_holder(node.sim, "dcgm")
     assert lifecycle.epilog(ctx) == 0
     assert node.layout(2) == before and node.leftovers() == []
@@ -697,7 +697,7 @@ def test_baseline_half_removed_is_restored(node: Env, monkeypatch, fail_at: str)
     """NVML fails while the job's prolog clears the node's baseline instances."""
     before = node.layout(3)
     assert len(before) == 2 and all(cis for _, _, cis in before)
-    from slurm_gpu.sim.mig import MigSimNvml
+    from slurm_gpu_devkit.sim.mig import MigSimNvml
     real = MigSimNvml.nvmlGpuInstanceDestroy
     calls = {"gi": 0}
 

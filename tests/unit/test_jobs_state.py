@@ -147,7 +147,7 @@ def test_blockers_found_in_proc_and_slurm_conf(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="MIG changes need root (as NVML)")
 def test_mig_apply_acts_only_on_drift(tmp_path: Path, monkeypatch, capsys) -> None:
     from slurm_gpu import config
-    from slurm_gpu.sim.state import init_state_for_machine
+    from slurm_gpu_devkit.sim.state import init_state_for_machine
     sim = tmp_path / "sim.json"
     init_state_for_machine(str(ROOT / "tests/data/machines/mini-2numa"), str(sim))
     conf = tmp_path / "c.toml"

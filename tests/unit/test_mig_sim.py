@@ -15,8 +15,8 @@ from slurm_gpu.mig import instances
 from slurm_gpu.mig.planner import plan
 from slurm_gpu.mig.profiles import find_model
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
-from slurm_gpu.sim.mig import MigSimNvml, clear_holder, open_mig_sim, set_holder
-from slurm_gpu.sim.state import init_state_for_machine
+from slurm_gpu_devkit.sim.mig import MigSimNvml, clear_holder, open_mig_sim, set_holder
+from slurm_gpu_devkit.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = ROOT / "tests" / "data" / "machines" / "h100-mig"
@@ -113,7 +113,7 @@ def test_holder_blocks_with_in_use(sim) -> None:
 def test_state_shared_between_processes(sim) -> None:
     path, api = sim
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import ctypes\n"
-            "from slurm_gpu.sim.mig import open_mig_sim\n"
+            "from slurm_gpu_devkit.sim.mig import open_mig_sim\n"
             f"a = open_mig_sim({path!r}); h = a.nvmlDeviceGetHandleByIndex(1)\n"
             "p = a.c_nvmlGpuInstancePlacement_t(); p.start, p.size = 0, 2\n"
             "gi = a.nvmlDeviceCreateGpuInstanceWithPlacement(h, 14, ctypes.byref(p))\n"
@@ -144,5 +144,5 @@ def test_non_root_gets_no_permission(sim, monkeypatch) -> None:
 
 
 def test_is_a_simnvml_layer() -> None:
-    from slurm_gpu.sim.nvml import SimNvml
+    from slurm_gpu_devkit.sim.nvml import SimNvml
     assert issubclass(MigSimNvml, SimNvml)

@@ -20,7 +20,7 @@ from mpsbinary import install_real_mps_control, real_mps_control
 from slurm_gpu import runner
 from slurm_gpu.jobs.mps import daemon_pids
 from slurm_gpu.runner import RunAs
-from slurm_gpu.sim.mps_control import write_wrapper
+from slurm_gpu_devkit.sim.mps_control import write_wrapper
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
 

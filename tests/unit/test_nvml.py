@@ -9,8 +9,8 @@ import pytest
 from slurm_gpu.hw import nvml, nvml_constants
 from slurm_gpu.hw.nvml_record import RecordingNvml
 from slurm_gpu.hw.nvml_replay import NVMLError, ReplayNvml, error_name
-from slurm_gpu.sim import SimNvml
-from slurm_gpu.sim.nvml import gi_id_for_placement, mig_minors_text
+from slurm_gpu_devkit.sim import SimNvml
+from slurm_gpu_devkit.sim.nvml import gi_id_for_placement, mig_minors_text
 
 MACHINES = Path(__file__).resolve().parents[1] / "data" / "machines"
 
@@ -178,7 +178,7 @@ def test_uninitialised_sim_answers_like_pynvml() -> None:
 
 
 def test_sim_state_file_is_shared_between_processes(tmp_path: Path) -> None:
-    from slurm_gpu.sim import init_state, inject_event, open_sim, set_overlay
+    from slurm_gpu_devkit.sim import init_state, inject_event, open_sim, set_overlay
     state = tmp_path / "state.json"
     init_state(str(MACHINES / "mini-2numa" / "facts.json"), str(state))
     a, b = open_sim(str(state)), open_sim(str(state))
@@ -198,7 +198,7 @@ def test_sim_state_file_is_shared_between_processes(tmp_path: Path) -> None:
 
 def test_sim_state_for_machine_models_whole_node(tmp_path: Path) -> None:
     from slurm_gpu.hw import live, snapshot
-    from slurm_gpu.sim import init_state_for_machine
+    from slurm_gpu_devkit.sim import init_state_for_machine
     state = tmp_path / "dgx2.state"
     init_state_for_machine(str(MACHINES / "dgx2"), str(state))
     node = live.this_node(live.NodeSettings(nvml=f"sim:{state}"))
@@ -209,7 +209,7 @@ def test_sim_state_for_machine_models_whole_node(tmp_path: Path) -> None:
 def test_sim_faults_use_the_snapshot_overlay_format(tmp_path: Path) -> None:
     import time
     from slurm_gpu.errors import InputError
-    from slurm_gpu.sim import init_state_for_machine, open_sim, set_overlay
+    from slurm_gpu_devkit.sim import init_state_for_machine, open_sim, set_overlay
     state = tmp_path / "gb.state"
     init_state_for_machine(str(MACHINES / "gb200-nvl"), str(state))
     sim = open_sim(str(state))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.errors import SlurmGpuError
-from slurm_gpu.sandbox import accounting
-from slurm_gpu.sandbox.chroot import CLIENTS
+from slurm_gpu_devkit.sandbox import accounting
+from slurm_gpu_devkit.sandbox.chroot import CLIENTS
 
 
 def _root(tmp_path: Path, binaries: tuple[str, ...]) -> Path:

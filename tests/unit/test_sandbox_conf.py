@@ -8,9 +8,9 @@ import pytest
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.hw.model import Node
-from slurm_gpu.sandbox import conf, machine, registry
-from slurm_gpu.sandbox.layout import Layout
-from slurm_gpu.sandbox.toml import dumps
+from slurm_gpu_devkit.sandbox import conf, machine, registry
+from slurm_gpu_devkit.sandbox.layout import Layout
+from slurm_gpu_devkit.sandbox.toml import dumps
 
 
 def small_node(ngpus: int = 2) -> Node:

@@ -11,7 +11,7 @@ import pytest
 
 from slurm_gpu.cli import main
 from slurm_gpu.health.findings import Finding, drain_reason
-from slurm_gpu.sim import drills
+from slurm_gpu_devkit.sim import drills
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "tests" / "data" / "machines"

@@ -1,4 +1,4 @@
-"""The sandbox's per-node NVML simulator and MPS control binary, and the shipped machines."""
+"""The sandbox's per-node NVML simulator and MPS control binary, and the machines the devkit ships."""
 from __future__ import annotations
 
 import json
@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.errors import InputError, UsageError
-from slurm_gpu.paths import data_file
-from slurm_gpu.sandbox import nodesim
-from slurm_gpu.sandbox.layout import Layout
-from slurm_gpu.sandbox.machine import resolve
+from slurm_gpu_devkit import MACHINES_DIR
+from slurm_gpu_devkit.sandbox import nodesim
+from slurm_gpu_devkit.sandbox.layout import Layout
+from slurm_gpu_devkit.sandbox.machine import resolve
 
-MACHINES = data_file("machines")
+MACHINES = MACHINES_DIR
 
 
-def test_recorded_machines_ship_in_the_package_with_provenance() -> None:
+def test_recorded_machines_ship_in_the_devkit_with_provenance() -> None:
     names = sorted(p.name for p in MACHINES.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert {"h100-mig", "h100-sxm-8x", "dgx-h100", "mini-2numa", "dgx2"} <= set(names)
     for n in names:
@@ -38,7 +38,7 @@ def test_a_machine_name_resolves_from_any_directory(tmp_path: Path, monkeypatch)
 
 
 def _state(machine: str) -> dict:
-    from slurm_gpu.sim.state import new_state, load_facts
+    from slurm_gpu_devkit.sim.state import new_state, load_facts
     return new_state(load_facts(str(MACHINES / machine / "facts.json")))
 
 
@@ -131,7 +131,7 @@ def test_mps_base_dir_expands_the_node_name(tmp_path: Path, monkeypatch) -> None
 
 def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
     from slurm_gpu.errors import SlurmGpuError
-    from slurm_gpu.sim import open_sim
+    from slurm_gpu_devkit.sim import open_sim
     L = Layout.of(tmp_path / "sb")
     for d in (L.root, *L.dirs()):
         d.mkdir(parents=True)
@@ -152,7 +152,7 @@ def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
 
 
 def test_set_values_parse_toml_inline_tables() -> None:
-    from slurm_gpu.commands.sandbox import _toml_value
+    from slurm_gpu_devkit.commands.sandbox import _toml_value
     assert _toml_value('{"1" = 0}') == {"1": 0}
     assert _toml_value("[1, 2]") == [1, 2]
     assert _toml_value("5") == 5 and _toml_value("true") is True and _toml_value("/x") == "/x"

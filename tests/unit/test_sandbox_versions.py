@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.errors import UsageError
-from slurm_gpu.sandbox import chroot, versions
-from slurm_gpu.sandbox.layout import Layout
+from slurm_gpu_devkit.sandbox import chroot, versions
+from slurm_gpu_devkit.sandbox.layout import Layout
 
 
 @pytest.fixture

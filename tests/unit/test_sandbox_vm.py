@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.errors import SlurmGpuError, UsageError
-from slurm_gpu.sandbox import machine, places, vm
-from slurm_gpu.sandbox.options import SandboxOptions
+from slurm_gpu_devkit.sandbox import machine, places, vm
+from slurm_gpu_devkit.sandbox.options import SandboxOptions
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "scripts" / "vm" / "sg-vm-agent"

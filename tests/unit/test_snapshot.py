@@ -49,7 +49,7 @@ def test_replay_equals_recorded_model(name: str) -> None:
 def test_record_then_replay_round_trip(name: str, tmp_path: Path) -> None:
     """Record the simulator through the real adapter, write, load: same node as live."""
     from slurm_gpu.hw import hwloc, merge
-    from slurm_gpu.sim import SimNvml
+    from slurm_gpu_devkit.sim import SimNvml
     d = MACHINES_DIR / name
     facts = json.loads((d / "facts.json").read_text())
     xml = snap.read_snapshot(str(d / "snapshot.json"))["hwloc_xml"]
@@ -166,12 +166,12 @@ def test_record_this_gpu_less_machine(tmp_path: Path) -> None:
 
 def test_cli_record_sim_and_show_overlay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from slurm_gpu.cli import main
-    from slurm_gpu.sim import init_state
+    from slurm_gpu_devkit.sim import init_state
     state = tmp_path / "state.json"
     d = MACHINES_DIR / "h100-mig"
     init_state(str(d / "facts.json"), str(state), hwloc_xml_path=str(d / "hwloc.xml"))
     out = tmp_path / "rec.json"
-    assert main(["snapshot", "record", "--sim", str(state), "-o", str(out)]) == 0
+    assert main(["snapshot", "record", "--nvml", f"sim:{state}", "-o", str(out)]) == 0
     assert "recorded 4 GPU(s)" in capsys.readouterr().out
     ov = tmp_path / "ov.json"
     ov.write_text(json.dumps({"gpus": {"0000:46:00.0": {"lost": True}}}))
@@ -186,13 +186,13 @@ def test_cli_record_sim_and_show_overlay(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_cli_record_bad_hwloc_xml_names_that_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from slurm_gpu.cli import main
-    from slurm_gpu.sim import init_state
+    from slurm_gpu_devkit.sim import init_state
     state = tmp_path / "state.json"
     init_state(str(MACHINES_DIR / "mini-2numa" / "facts.json"), str(state))
     bad = tmp_path / "cut.xml"
     bad.write_text('<?xml version="1.0"?>\n<topology version="2.0">\n<object type="Machine"')
     out = tmp_path / "rec.json"
-    assert main(["snapshot", "record", "--sim", str(state), "--hwloc-xml", str(bad), "-o", str(out)]) == 1
+    assert main(["snapshot", "record", "--nvml", f"sim:{state}", "--hwloc-xml", str(bad), "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("slurm-gpu: malformed hwloc XML") and f"({bad} line " in err
     assert not out.exists()
@@ -201,7 +201,7 @@ def test_cli_record_bad_hwloc_xml_names_that_file(tmp_path: Path, capsys: pytest
 def test_node_config_snapshot_and_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_gpu import config
     from slurm_gpu.hw import live
-    from slurm_gpu.sim import init_state
+    from slurm_gpu_devkit.sim import init_state
     monkeypatch.setenv("SLURMD_NODENAME", "n7")
     s = live.settings({"node": {"snapshot": "/x/%n.json", "state_dir": "/run/sg/%n"}})
     assert (s.snapshot, s.state_dir, s.nvml) == ("/x/n7.json", "/run/sg/n7", "live")

@@ -20,9 +20,9 @@ from slurm_gpu.health.nodestate import Memory, decide, parse_show_node
 from slurm_gpu.health.settings import HealthSettings, RepairSettings
 from slurm_gpu.hw import nvml_health
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
-from slurm_gpu.sim import open_sim
-from slurm_gpu.sim.nvml import add_process
-from slurm_gpu.sim.state import init_state_for_machine
+from slurm_gpu_devkit.sim import open_sim
+from slurm_gpu_devkit.sim.nvml import add_process
+from slurm_gpu_devkit.sim.state import init_state_for_machine
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MACHINE = DATA / "machines" / "mini-2numa"

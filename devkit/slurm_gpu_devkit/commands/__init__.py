@@ -1,0 +1,1 @@
+"""The devkit's ``slurm-gpu`` subcommands (entry-point group ``slurm_gpu.commands``)."""

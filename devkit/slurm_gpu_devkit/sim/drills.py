@@ -1,0 +1,195 @@
+"""Named fault drills: what a real GPU fault shows a node, both halves at once.
+
+A real fault reaches the health check two ways: the driver's kernel line
+(``NVRM: Xid ...``) and NVML's view (an event, a counter, a lost handle).  A
+drill writes both into a sandbox node: the kernel line into the node's
+simulated kernel log (raw ``/dev/kmsg`` records of facility 0, the one form a
+user cannot forge, see ``hw/kmsg.py``), and the NVML half as a fault overlay
+on the node's simulator (``docs/snapshots.md``).  Clearing removes the NVML
+half; the kernel line stays, as it does on a real node, and has been counted
+once by then.
+
+Each drill names the outcome the health check gives it, exactly as
+docs/health.md shows it, so a test can hold the product to it.  Texts follow
+the driver's own (cited per drill); ``{pci}`` is the driver's short bus id
+(``0000:18:00``), ``{bus}`` the full one NVML gives (``0000:18:00.0``).
+
+This module is one registry (``DRILLS``): a new drill (the fabric ones of the
+GB200 work) is one entry here, with its test in
+tests/unit/test_sandbox_drills.py.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from slurm_gpu.errors import UsageError
+
+Overlay = Callable[[str], dict[str, Any]]
+
+# nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) as nvml.h
+# returns it: field 230, an unsigned int (valueType 1).
+_RECOVERY_FIELD = 230
+
+
+def _recovery(action: int) -> Overlay:
+    def make(bus: str) -> dict[str, Any]:
+        return {"calls": [{"fn": "nvmlDeviceGetFieldValues", "gpu": bus, "result": [
+            {"fieldId": _RECOVERY_FIELD, "scopeId": 0, "timestamp": 0, "latencyUsec": 0, "valueType": 1,
+             "nvmlReturn": 0, "value": {"uiVal": action, "ullVal": action}}]}]}
+    return make
+
+
+@dataclass(frozen=True)
+class Drill:
+    """One named fault: its kernel lines, its NVML overlay, and its documented outcome."""
+
+    name: str
+    what: str                               # one line for `sandbox fault --list`
+    kernel: tuple[str, ...]                 # message templates ({pci}, {bus})
+    overlay: Overlay                        # bus id -> fault overlay
+    drains: bool                            # the documented outcome: drain, or not
+    reason: str                             # the drain reason ({bus}, {index}: a lost GPU has no bus id),
+                                            # less Slurm's " (+N more)"; "" if none
+    source: str = ""                        # where the kernel text comes from
+    events: tuple[tuple[str, int], ...] = field(default=())   # NVML events (type, data)
+
+    def overlay_for(self, bus: str) -> dict[str, Any]:
+        out = dict(self.overlay(bus))
+        if self.events:
+            out["events"] = [{"gpu": bus, "type": t, "data": d} for t, d in self.events]
+        out["comment"] = f"sandbox fault {self.name} on {bus}"
+        return out
+
+    def reason_for(self, bus: str, index: int) -> str:
+        return self.reason.format(bus=bus, index=index)
+
+    def matches(self, reason: str | None, bus: str, index: int) -> bool:
+        """True when *reason* (a node's drain reason, or None) is this drill's
+        documented outcome.  The " (+N more)" count is left out: it depends
+        on which of a fault's sources (its kernel line, NVML's event, a
+        counter) a run had read by then."""
+        if not self.drains:
+            return not reason
+        want = self.reason_for(bus, index)
+        return reason is not None and (reason == want or (
+            reason.startswith(want + " (+") and reason.endswith(" more)") and reason[len(want) + 3:-6].isdigit()))
+
+    def kernel_lines(self, bus: str) -> list[str]:
+        pci = bus.rsplit(".", 1)[0]
+        return [k.format(pci=pci, bus=bus) for k in self.kernel]
+
+
+def _lost(bus: str) -> dict[str, Any]:
+    return {"gpus": {bus: {"lost": True}}}
+
+
+def _none(bus: str) -> dict[str, Any]:
+    return {}
+
+
+def _ecc(count: int, remap: tuple[int, int, int, int] | None = None) -> Overlay:
+    def make(bus: str) -> dict[str, Any]:
+        calls: list[dict[str, Any]] = [
+            # nvmlDeviceGetTotalEccErrors(UNCORRECTED=1, VOLATILE=0)
+            {"fn": "nvmlDeviceGetTotalEccErrors", "gpu": bus, "args": [1, 0], "result": count}]
+        if remap is not None:
+            calls.append({"fn": "nvmlDeviceGetRemappedRows", "gpu": bus, "result": list(remap)})
+        return {"calls": calls}
+    return make
+
+
+def _remap(rows: tuple[int, int, int, int]) -> Overlay:
+    def make(bus: str) -> dict[str, Any]:
+        return {"calls": [{"fn": "nvmlDeviceGetRemappedRows", "gpu": bus, "result": list(rows)}]}
+    return make
+
+
+_XID_DOC = "NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors), tests/data/xid"
+
+DRILLS: dict[str, Drill] = {d.name: d for d in (
+    Drill("xid-79", "the GPU falls off the bus: Xid 79, NVML loses the GPU",
+          ("NVRM: Xid (PCI:{pci}): 79, pid=4242, name=python3, GPU has fallen off the bus.",),
+          _lost, True, "slurm-gpu: gpu.count: GPU {index} lost (NVML_ERROR_GPU_IS_LOST)",
+          "shared/realdata/xid A (NVIDIA/open-gpu-kernel-modules issue, dmesg of a real Xid 79)",
+          (("xid", 79),)),
+    Drill("xid-48", "an uncorrectable double-bit ECC error in the framebuffer: Xid 48, NVML's volatile count",
+          ("NVRM: Xid (PCI:{pci}): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE) has "
+           "been detected on GPU in the framebuffer at partition 0, subpartition 0.",),
+          _ecc(1), True, "slurm-gpu: gpu.ecc: 1 uncorrectable ECC errors on {bus} since the driver loaded",
+          _XID_DOC, (("double_bit_ecc", 0), ("xid", 48))),
+    Drill("xid-94", "a contained ECC error: Xid 94 kills the faulting process only; the node stays up",
+          ("NVRM: Xid (PCI:{pci}): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No",),
+          _none, False, "", _XID_DOC, (("xid", 94),)),
+    Drill("ecc-dbe", "uncorrectable ECC errors counted by NVML, with a row remap pending (no kernel line)",
+          (), _ecc(2, (0, 1, 1, 0)), True, "slurm-gpu: gpu.ecc: 2 uncorrectable ECC errors on {bus} since the driver loaded",
+          "", (("double_bit_ecc", 0),)),
+    Drill("gpu-lost", "NVML loses the GPU with no Xid line (the driver's multi-line 'fallen off the bus' notice)",
+          ("NVRM: The NVIDIA GPU {bus}\n"
+           "NVRM: (PCI ID: 10de:2330) installed in this system has\n"
+           "NVRM: fallen off the bus and is not responding to commands.",),
+          _lost, True, "slurm-gpu: gpu.count: GPU {index} lost (NVML_ERROR_GPU_IS_LOST)",
+          "shared/realdata/xid B (NVIDIA/NVSentinel issue 155, driver 570.158.01)"),
+    Drill("row-remap-failure", "row remapping failed: the GPU needs replacing (NVML's remapped rows)",
+          (), _remap((3, 5, 0, 1)), True,
+          "slurm-gpu: gpu.remap: row remapping failed on {bus} (5 uncorrectable, 3 correctable rows remapped): replace the GPU",
+          ""),
+    Drill("recovery-reset", "the driver asks for a GPU reset: Xid 154, NVML's recovery action 1",
+          ("NVRM: Xid (PCI:{pci}): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",),
+          _recovery(1), True, "slurm-gpu: gpu.recovery: driver says {bus} needs a GPU reset",
+          _XID_DOC, (("xid", 154),)),
+)}
+
+
+def get(name: str) -> Drill:
+    """The drill called *name*; an unknown name is one line with the list."""
+    try:
+        return DRILLS[name]
+    except KeyError:
+        raise UsageError(f"unknown fault {name!r}; known: {', '.join(DRILLS)}", "sandbox fault") from None
+
+
+def listing() -> str:
+    """`sandbox fault --list`: one line a drill, with what it does and what the health check does."""
+    width = max(map(len, DRILLS))
+    out = []
+    for d in DRILLS.values():
+        then = "drains" if d.drains else "does not drain"
+        out.append(f"{d.name:<{width}}  {d.what}; {then}")
+    return "\n".join(out) + "\n"
+
+
+def kmsg_records(lines: list[str], first_seq: int, usec: int | None = None) -> str:
+    """The lines as the kernel's own /dev/kmsg records: facility 0 (kern), level 3 (err).
+
+    A message of several lines is one record whose later lines the kernel
+    escapes as ``\\x0a`` (Documentation/ABI/testing/dev-kmsg).
+    """
+    usec = int(time.monotonic() * 1e6) if usec is None else usec
+    return "".join(f"3,{first_seq + i},{usec},-;{m.replace(chr(10), chr(92) + 'x0a')}\n"
+                   for i, m in enumerate(lines))
+
+
+def append_kernel(path: str, lines: list[str]) -> None:
+    """Append records to the node's simulated kernel log (root's file, as the ring buffer is)."""
+    if not lines:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        seq = os.fstat(fd).st_size  # grows with every record: unique and increasing, as the kernel's
+        os.write(fd, kmsg_records(lines, seq).encode())
+    finally:
+        os.close(fd)
+
+
+def gpu_bus(facts: Mapping[str, Any], index: int) -> str:
+    """The PCI bus id of the node's GPU of NVML index *index* (what nvidia-smi
+    numbers; not always Slurm's order, which follows device minors)."""
+    from slurm_gpu.hw.busid import normalize_bus_id
+    gpus = facts.get("gpus") or []
+    for g in gpus:
+        if g.get("index") == index:
+            return normalize_bus_id(str(g["bus_id"]))   # NVML's 00000000:18:00.0 -> 0000:18:00.0
+    raise UsageError(f"--gpu {index}: the node has {len(gpus)} GPU(s)", "sandbox fault")
