@@ -69,34 +69,41 @@ def test_qemu_reaches_nothing_writes_no_image_and_fits_in_2_gib(tmp_path: Path) 
     assert vm.vm_topology(big) == (2, [[0, 1]])
 
 
-def test_the_guest_runs_cgroup_v2_with_the_guides_hook_lines() -> None:
-    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], version="24.11", prolog=True,
-                                        health_interval=300, gres_options={},
-                                        extra={"KillWait": "9"})
+def test_the_guest_runs_cgroup_v2_with_the_guides_own_lines() -> None:
+    guide = vm.guide_hooks(prolog=True, health_interval=7, repo=REPO)
+    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], version="24.11", guide=guide,
+                                        gres_options={}, extra={"KillWait": "9"})
     s = dict(settings)
     assert s["ProctrackType"] == "proctrack/cgroup"
     assert s["TaskPlugin"] == "task/cgroup,task/affinity"
     assert s["Prolog"] == "/usr/lib/slurm-gpu/prolog.d/*" and s["Epilog"] == "/usr/lib/slurm-gpu/epilog.d/*"
+    assert s["PrologFlags"] == "Alloc" and s["PrologEpilogTimeout"] == "180"
     assert s["HealthCheckProgram"] == "/usr/lib/slurm-gpu/healthcheck"
+    assert s["HealthCheckInterval"] == "7"
     assert s["KillWait"] == "9" and "config_overrides" in s["SlurmdParameters"]
     assert s["SlurmctldPidFile"] == "/run/slurmctld/slurmctld.pid"     # 24.11's unit: User=slurm
     assert [l.split()[0] for l in lines] == ["NodeName=n1", "NodeName=n2"]
     assert "Port=6818" in lines[0] and "Port=6819" in lines[1]
-    for key in ("CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainDevices=yes",
-                "ConstrainRAMSpace=yes"):
-        assert key in vm.CGROUP_CONF.splitlines()
+    bare = dict(vm.guide_hooks(prolog=False, health_interval=None, repo=REPO))
+    assert bare == {"ProctrackType": "proctrack/cgroup", "TaskPlugin": "task/cgroup,task/affinity",
+                    "GresTypes": "gpu"}
+    assert vm.guide_block("cgroup.conf", REPO).split() == [
+        "CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainDevices=yes", "ConstrainRAMSpace=yes"]
 
 
 def test_the_config_disk_tree(tmp_path: Path) -> None:
-    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], version="22.05", prolog=False,
-                                        health_interval=None, gres_options={}, extra={})
+    settings, lines = vm.guest_settings("sgabc", mini(), ["n1", "n2"], version="22.05",
+                                        guide=vm.guide_hooks(False, None, REPO), gres_options={},
+                                        extra={})
     d = tmp_path / "cfg"
-    vm.config_tree(d, token="t0k", settings=settings, node_lines=lines, gres_conf="# gres\n",
+    vm.config_tree(d, token="t0k", settings=settings, cgroup_conf="ConstrainDevices=yes\n",
+                   node_lines=lines, gres_conf="# gres\n",
                    plugstack=["required x.so"], toml_text="[node]\n", munge_key=b"k" * 32,
                    names=["n1", "n2"], devices=[("/dev/nvidia0", 195, 0), ("/dev/nvidiactl", 195, 255)],
                    extra_files={"/etc/slurm-gpu/machine/snapshot.json": b"{}"}, machine="mini")
     f = d / "files"
     assert "ProctrackType=proctrack/cgroup" in (f / "etc/slurm/slurm.conf").read_text()
+    assert "ConstrainDevices=yes" in (f / "etc/slurm/cgroup.conf").read_text().splitlines()
     assert stat.S_IMODE((f / "etc/munge/munge.key").stat().st_mode) == 0o400
     assert stat.S_IMODE((d / "token").stat().st_mode) == 0o400
     assert (d / "devices").read_text() == "/dev/nvidia0 195 0 0666\n/dev/nvidiactl 195 255 0666\n"
