@@ -151,3 +151,19 @@ def test_the_agent_runs_commands_and_refuses_a_wrong_token(agent: vm.Agent) -> N
     r = bad.run(["touch", "/tmp/should-not-exist"], timeout=5)
     assert r.returncode == 126 and "bad token" in r.stderr
     assert not bad.ping()
+
+
+@pytest.mark.parametrize("v2_base", ["", "unified/"])
+def test_down_removes_a_nodes_empty_cgroups_on_v1_and_v2(tmp_path: Path, v2_base: str) -> None:
+    """cgroup/v1 names a node's cgroups slurm_<node>; cgroup/v2 <node>_slurmstepd.scope
+    under system.slice (at the root, or in a hybrid's unified mount).  Both go at down."""
+    from slurm_gpu_devkit.sandbox import teardown
+    v1 = tmp_path / "memory" / "slurm_n1" / "uid_0" / "job_3"
+    v2 = tmp_path / v2_base / "system.slice" / "n1_slurmstepd.scope" / "job_3" / "step_0"
+    other = tmp_path / v2_base / "system.slice" / "n2_slurmstepd.scope"
+    for d in (v1, v2, other):
+        d.mkdir(parents=True)
+    teardown.remove_cgroups(["n1"], root=tmp_path)
+    assert not (tmp_path / "memory" / "slurm_n1").exists()
+    assert not (tmp_path / v2_base / "system.slice" / "n1_slurmstepd.scope").exists()
+    assert other.is_dir()
