@@ -200,7 +200,7 @@ def guide_block(name: str, repo: Path | None = None) -> str:
     """The code block after ``<!-- lifecycle: NAME -->`` in docs/install.md:
     the VM is configured with the guide's own lines, as scripts/test-deb.sh
     installs with them (the guide cannot drift from what is tested)."""
-    text = ((repo or checkout()) / "docs" / "install.md").read_text()
+    text = ((repo or checkout()) / "docs" / "install.md").read_text()   # first block of the name
     marker = f"<!-- lifecycle: {name} -->"
     if marker not in text:
         raise SlurmGpuError(f"docs/install.md has no {name!r} block", "docs/install.md")
@@ -263,7 +263,7 @@ def guide_hooks(prolog: bool, health_interval: int | None,
                 repo: Path | None = None) -> list[tuple[str, str]]:
     """The guide's slurm.conf lines the sandbox's options keep: its cgroup
     lines always, its hook lines for the hooks asked for."""
-    out = guide_settings("slurm.conf-cgroup", repo)
+    out = []
     for k, v in guide_settings("slurm.conf", repo):
         if k.startswith(("Prolog", "Epilog")) and not prolog:
             continue
