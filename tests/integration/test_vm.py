@@ -156,6 +156,9 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_goes_with_the_epilog(node: N
     try:
         node.wait(f"scontrol show job -o {jobid} | grep -q JobState=RUNNING")
         pid = node.wait("pgrep -x -o nvidia-cuda-mps", 30).strip()
+        # The prolog starts it before Slurm makes the job's cgroup; the job's
+        # first step (the batch step) moves it in (docs/mps-mig.md).
+        node.wait(f"grep -q '/slurm_gpu_mps$' /proc/{pid}/cgroup", 30)
         cg = node.ok(f"cat /proc/{pid}/cgroup").strip()
         assert re.match(r"^0::/system\.slice/[^/]*slurmstepd\.scope/[^/]+/slurm_gpu_mps$", cg), cg
         job_dir = cg.split("::")[1].rsplit("/", 1)[0]

@@ -72,10 +72,11 @@ def require_tools(names: dict[str, str]) -> None:
 def checkout() -> Path:
     """The slurm-gpu checkout the image is built from (its scripts/ and devkit/):
     ``$SLURM_GPU_CHECKOUT``, the current directory (``make test``), or the
-    one this code runs from."""
+    one the runtime or this code is imported from."""
+    import slurm_gpu
     here = Path(__file__).resolve()
     cands = [Path(os.environ["SLURM_GPU_CHECKOUT"])] if os.environ.get("SLURM_GPU_CHECKOUT") else []
-    cands += [Path.cwd(), *here.parents]
+    cands += [Path.cwd(), Path(slurm_gpu.__file__).resolve().parents[1], *here.parents]
     for d in cands:
         if (d / "scripts" / "vm-image.sh").is_file() and (d / "devkit").is_dir():
             return d
