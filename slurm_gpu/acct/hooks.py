@@ -165,7 +165,7 @@ def main(step: str, env: Mapping[str, str] | None = None) -> int:
             from .devices import slurm_device_keys
             js = jobstate.load(node_s.state_dir, jobid)
             register(s, store, env, node, lambda: slurm_device_keys(live.this_node(node_s)),
-                     (js or {}).get("mig") if js and (js.get("mig") or {}).get("ready") else None)
+                     js.mig if js and js.mig and js.mig.get("ready") else None)
         else:
             out = finish(s, store, jobid, node)
             if out is not None and not out.stored:
@@ -173,7 +173,6 @@ def main(step: str, env: Mapping[str, str] | None = None) -> int:
                      "retried later")
         return 0
     except Exception as e:  # noqa: BLE001 - accounting never fails a job or drains a node
-        from ..errors import SlurmGpuError
-        line = e.line() if isinstance(e, SlurmGpuError) else f"slurm-gpu: internal error: {type(e).__name__}: {e}"
-        _log(f"{line} [acct {step}]")
+        from ..errors import message
+        _log(f"slurm-gpu: {message(e)} [acct {step}]")
         return 0
