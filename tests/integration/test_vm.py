@@ -155,12 +155,25 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_goes_with_the_epilog(node: N
                     user="sgtest1").strip().split(";")[0]
     try:
         node.wait(f"scontrol show job -o {jobid} | grep -q JobState=RUNNING")
-        pid = node.wait("pgrep -x -o nvidia-cuda-mps", 30).strip()
-        # The prolog starts it before Slurm makes the job's cgroup; the job's
-        # first step (the batch step) moves it in (docs/mps-mig.md).
-        node.wait(f"grep -q '/slurm_gpu_mps$' /proc/{pid}/cgroup", 30)
-        cg = node.ok(f"cat /proc/{pid}/cgroup").strip()
-        assert re.match(r"^0::/system\.slice/[^/]*slurmstepd\.scope/[^/]+/slurm_gpu_mps$", cg), cg
+        # The prolog starts the control daemon before Slurm makes the job's
+        # cgroup; the job's first step (the batch step) moves it in
+        # (docs/mps-mig.md).  Its clients (the prolog's own queries) are
+        # short-lived processes of the same name.
+        daemon = ("for p in $(pgrep -x nvidia-cuda-mps); do "
+                  "tr '\\0' ' ' </proc/$p/cmdline | grep -q -- ' -d' || continue; "
+                  "c=$(cat /proc/$p/cgroup) || continue; echo \"$p $c\"; "
+                  "case $c in */slurm_gpu_mps) exit 0;; esac; done; exit 1")
+        r = None
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            r = node.sh(daemon)
+            if r.returncode == 0:
+                break
+            time.sleep(0.5)
+        assert r is not None and r.returncode == 0, (
+            r and r.stdout, node.ok("pgrep -a nvidia-cuda; tail -n 5 /var/log/slurm/slurmd-n1.log; "
+                                    f"scontrol show job -o {jobid} | tr ' ' '\\n' | grep -E 'State|Reason'"))
+        pid, cg = r.stdout.strip().splitlines()[-1].split(" ", 1)
         job_dir = cg.split("::")[1].rsplit("/", 1)[0]
         # The job's limits hold it: its memory limit and device program are the job's.
         node.ok(f"test \"$(cat /sys/fs/cgroup{job_dir}/memory.max)\" != max")
