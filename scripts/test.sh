@@ -1,6 +1,6 @@
 #!/bin/bash
-# Run the whole suite (unit, integration on real Slurm sandboxes, GPU tests
-# that skip without a GPU) with the project's venv.
+# Run the whole suite (mypy and ruff, unit, integration on real Slurm
+# sandboxes, GPU tests that skip without a GPU) with the project's venv.
 #   scripts/test.sh [pytest args]      e.g. scripts/test.sh -k sandbox
 # As root, integration tests must run: a missing Slurm/munge fails them
 # instead of skipping them (SLURM_GPU_REQUIRE_INTEGRATION=1).
@@ -30,8 +30,15 @@ if [ $# = 0 ] && [ "$(id -u)" = 0 ] && command -v debootstrap >/dev/null; then
     "$VENV/bin/python" -m slurm_gpu_devkit.sandbox.vm >/dev/null 2>&1 &
   fi
 fi
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=10 "$@" tests
-rc=$?
+# Static checks first, for the whole suite (setup.cfg [mypy], pyproject.toml
+# [tool.ruff]; both pinned in the test extras): seconds, and a type or lint
+# error fails the run like a test.
+rc=0
+if [ $# = 0 ]; then
+  "$VENV/bin/python" -m mypy || { echo "slurm-gpu: mypy found errors" >&2; rc=1; }
+  "$VENV/bin/python" -m ruff check --no-cache slurm_gpu devkit tests bench scripts || { echo "slurm-gpu: ruff found errors" >&2; rc=1; }
+fi
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=10 "$@" tests || rc=$?
 # tests/integration/test_slurm_versions.py runs on 22.05, 24.11 and 26.05 in
 # every run.  SLURM_GPU_TEST_VERSIONS="24.11 26.05" also runs these modules,
 # unchanged, on each of those (about 65 s per version here, and about 50 s

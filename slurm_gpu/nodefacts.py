@@ -126,7 +126,7 @@ def _open_dir(cache_dir: str, *, create: bool) -> int | None:
 
 
 def _key(config_path: str | None, node: str, gres_conf: str | None) -> str:
-    # spank/slurm_gpu_spank.c builds the same key (and cache_file's name) for
+    # spank/sg_cbind.c builds the same key (and cache_file's name) for
     # the binding table: keep the two in step
     return f"{__version__}:{FORMAT}:{node}:{config_path or ''}:{gres_conf or ''}"
 

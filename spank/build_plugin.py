@@ -4,8 +4,9 @@ Run by ``slurm-gpu spank build`` with the venv's interpreter, against the
 node's own ``slurm/spank.h`` (Slurm refuses plugins built for another
 major.minor, so the plugin is never shipped prebuilt):
 
-* ``slurm_gpu_spank.so`` (outer, plain C, the file plugstack.conf names):
-  options, the decision whether Python is needed, nothing else.  It is not
+* ``slurm_gpu_spank.so`` (outer, plain C, the file plugstack.conf names,
+  built from :data:`OUTER_SOURCES`): options, the decision whether Python is
+  needed, plain prefer binding, nothing else.  It is not
   linked to libpython, so slurmd and steps without our options never map it.
 * ``slurm_gpu_spank_py.so`` (inner, cffi embedding + libpython), loaded by the
   outer half next to itself only when needed.
@@ -31,6 +32,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 OUTER = "slurm_gpu_spank"
 INNER = "slurm_gpu_spank_py"
+# The outer half, one file per context (spank/sg_plugin.h says which is which).
+OUTER_SOURCES = ("sg_dispatch.c", "sg_args.c", "sg_options.c", "sg_local.c", "sg_remote.c",
+                 "sg_cbind.c", "sg_python.c", "sg_bind.c")
 
 # The part of spank.h the Python side calls.  Enums declared with "..." take
 # their values from the real header at compile time.
@@ -181,7 +185,7 @@ def build_outer(output: Path, *, include_dir: str | None = None,
     (gen / GENERATED).write_text(generate_header(include_dir))
     argv = ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{gen}",
             f"-Wl,--version-script={HERE / 'exports.map'}", "-Wl,-z,now",
-            "-o", str(output), str(HERE / "slurm_gpu_spank.c"), str(HERE / "sg_bind.c"), "-ldl"]
+            "-o", str(output), *(str(HERE / c) for c in OUTER_SOURCES), "-ldl"]
     if include_dir:
         argv.insert(1, f"-I{include_dir}")
     run(argv, timeout=300)

@@ -17,7 +17,7 @@
  * anything this reader does not take, is "no table": the step goes to
  * Python, unchanged.
  *
- * No Slurm header here: the glue (slurm_gpu_spank.c) passes the step's
+ * No Slurm header here: the glue (sg_cbind.c) passes the step's
  * values and the system calls in, so the test harness can run this file.
  */
 #define _GNU_SOURCE
@@ -115,17 +115,18 @@ static int sb_ints(struct sg_str *s, const long long *v, int n)
 
 void sg_table_free(struct sg_table *t)
 {
-    free(t->ids);
+    free(t->ranges);
     free(t->gpus);
     memset(t, 0, sizeof(*t));
 }
 
 /* One list "0-3,8" (sorted, ascending, as binding.cpulist writes it) or
- * "-" (empty) into t->ids; -1 on anything else. */
+ * "-" (empty) into t->ranges, kept as ranges (a table of a few hundred bytes
+ * can name 65536 CPUs per GPU); -1 on anything else. */
 static int parse_ids(struct sg_table *t, const char *p, int *off, int *n)
 {
     long prev = -1;
-    *off = t->nids;
+    *off = t->nranges;
     *n = 0;
     if (strcmp(p, "-") == 0)
         return 0;
@@ -154,13 +155,13 @@ static int parse_ids(struct sg_table *t, const char *p, int *off, int *n)
             p++;
         else if (*p)
             return -1;              /* another character, or a trailing comma */
-        if (lo <= prev || hi > SG_BIND_MAXID || t->nids + (hi - lo + 1) > SG_BIND_MAXIDS)
+        if (lo <= prev || hi > SG_BIND_MAXID || t->nranges >= t->maxranges)
             return -1;
-        for (; lo <= hi; lo++)
-            t->ids[t->nids++] = (int) lo;
+        t->ranges[t->nranges].lo = (int) lo;
+        t->ranges[t->nranges++].hi = (int) hi;
         prev = hi;
     }
-    *n = t->nids - *off;
+    *n = t->nranges - *off;
     return 0;
 }
 
@@ -279,9 +280,18 @@ int sg_table_load(struct sg_table *t, const char *dir, const char *name, const c
         return -1;
     if (strlen(buf) != size)
         goto out;                    /* a NUL inside */
-    t->ids = malloc(sizeof(int) * SG_BIND_MAXIDS);
-    t->gpus = calloc(SG_BIND_MAXGPUS, sizeof(*t->gpus));
-    if (!t->ids || !t->gpus)
+    /* Sized from the file, not its limits: every range takes at least two
+     * of its bytes (a digit and what ends it), every GPU a line. */
+    {
+        size_t lines = 0, k;
+        for (k = 0; k < size; k++)
+            lines += buf[k] == '\n';
+        t->maxgpus = lines < SG_BIND_MAXGPUS ? (int) lines : SG_BIND_MAXGPUS;
+        t->maxranges = (int) (size / 2 + 1);
+    }
+    t->ranges = malloc(sizeof(*t->ranges) * (size_t) t->maxranges);
+    t->gpus = calloc((size_t) t->maxgpus + 1, sizeof(*t->gpus));
+    if (!t->ranges || !t->gpus)
         goto out;
     for (line = buf; line && *line; line = next) {
         char *nl = strchr(line, '\n');
@@ -318,7 +328,7 @@ int sg_table_load(struct sg_table *t, const char *dir, const char *name, const c
             state = 4;
         } else if (strcmp(line, "missing") == 0 || strncmp(line, "gpu ", 4) == 0) {
             struct sg_gpu *g;
-            if (t->ngpus >= SG_BIND_MAXGPUS)
+            if (t->ngpus >= t->maxgpus)
                 goto out;
             g = &t->gpus[t->ngpus++];
             state = 5;
@@ -531,10 +541,11 @@ static int in_list(long long v, const long long *l, int n)
 }
 
 /* binding.task_gpus: the task's GPUs as Slurm indices (table positions) into
- * *ids; returns their number or SG_UNSUPPORTED. */
-static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long long *ids)
+ * *ids; returns their number or SG_UNSUPPORTED.  step and cvd are the
+ * caller's scratch (SG_MAX_GPU_IDS each). */
+static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long long *ids,
+                     long long *step, long long *cvd)
 {
-    static long long step[SG_MAX_GPU_IDS], cvd[SG_MAX_GPU_IDS];
     int nstep, ncvd = 0, n = 0, i, k, full;
     const char *cvd_text = in->cvd ? in->cvd : "";
     if (!sg_plain(in->step_gpus) || !sg_plain(in->cvd) || !sg_plain(in->per_task))
@@ -637,8 +648,11 @@ static void bits_of(const struct sg_table *t, const long long *ids, int n, int w
         int off = which ? g->mems : g->cpus, cnt = which ? g->nmems : g->ncpus;
         if (g->missing)
             continue;
-        for (k = 0; k < cnt; k++)
-            BIT_SET(bits, t->ids[off + k]);
+        for (k = 0; k < cnt; k++) {
+            int m;
+            for (m = t->ranges[off + k].lo; m <= t->ranges[off + k].hi; m++)
+                BIT_SET(bits, m);
+        }
     }
 }
 
@@ -651,16 +665,30 @@ static int any_bit(const unsigned char *b)
     return 0;
 }
 
+/* One plan's scratch, on the heap: nothing of a call outlives it. */
+struct sg_work {
+    long long ids[SG_MAX_GPU_IDS], model[SG_MAX_GPU_IDS], missing[SG_MAX_GPU_IDS];
+    long long step[SG_MAX_GPU_IDS], cvd[SG_MAX_GPU_IDS];
+    unsigned char local[NBYTES], mems[NBYTES], cpus[NBYTES], bound[NBYTES];
+};
+
 int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_plan *out)
 {
-    static long long ids[SG_MAX_GPU_IDS], model[SG_MAX_GPU_IDS], missing[SG_MAX_GPU_IDS];
-    static unsigned char local[NBYTES], mems[NBYTES], cpus[NBYTES], bound[NBYTES];
+    struct sg_work *w = calloc(1, sizeof(*w));
+    long long *ids, *model, *missing;
+    unsigned char *local, *mems, *cpus, *bound;
     int n, i, nmodel = 0, nmissing = 0, m;
     struct sg_str problem = { 0 };
     memset(out, 0, sizeof(*out));
-    n = task_gpus(t, in, ids);
-    if (n < 0)
+    if (!w)
         return -1;
+    ids = w->ids, model = w->model, missing = w->missing;
+    local = w->local, mems = w->mems, cpus = w->cpus, bound = w->bound;
+    n = task_gpus(t, in, ids, w->step, w->cvd);
+    if (n < 0) {
+        free(w);
+        return -1;
+    }
     for (i = 0; i < n; i++) {
         if (t->gpus[ids[i]].missing)
             missing[nmissing++] = ids[i];
@@ -706,9 +734,13 @@ int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_pla
                     if (g->missing)
                         continue;
                     for (k = 0; k < g->nmems; k++) {
-                        int mm = t->ids[g->mems + k], h = map_node(t, mm);
-                        if (h < SG_BIND_HOSTBITS && BIT_ON(in->bound_host, h))
-                            BIT_SET(bound, mm);
+                        int mm;
+                        for (mm = t->ranges[g->mems + k].lo; mm <= t->ranges[g->mems + k].hi;
+                             mm++) {
+                            int h = map_node(t, mm);
+                            if (h < SG_BIND_HOSTBITS && BIT_ON(in->bound_host, h))
+                                BIT_SET(bound, mm);
+                        }
                     }
                 }
                 for (i = 0; i < NBYTES; i++)
@@ -757,8 +789,10 @@ int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_pla
                     out->host_node = h;
             }
     }
+    free(w);
     return 0;
 oom:
+    free(w);
     sg_str_free(&problem);
     sg_plan_free(out);
     return -1;
@@ -851,7 +885,7 @@ static void say_error(const struct sg_ops *ops, const char *text)
 
 int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct sg_ops *ops)
 {
-    static unsigned char allowed[SG_BIND_NBYTES], host[SG_BIND_HOSTBITS / 8];
+    unsigned char allowed[SG_BIND_NBYTES], host[SG_BIND_HOSTBITS / 8];
     struct sg_plan plan;
     struct sg_str warning = { 0 }, msg = { 0 };
     int mode, err, rc = -1, i, first = 1;

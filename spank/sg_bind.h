@@ -9,7 +9,6 @@
 
 #define SG_BIND_MAX      65536        /* bytes of a table (bindtable.MAX_BYTES) */
 #define SG_BIND_MAXID    65535        /* CPU and NUMA ids (bindtable.MAX_ID) */
-#define SG_BIND_MAXIDS   (1 << 20)    /* ids of all lists together */
 #define SG_BIND_MAXGPUS  1024
 #define SG_BIND_MAXMAP   1024
 #define SG_BIND_HOSTBITS 1024         /* nodes get_mempolicy reports (effects._MASK_BITS) */
@@ -20,14 +19,14 @@ struct sg_gpu {
     int missing;                      /* a gres.conf GPU NVML does not have */
     long long index;                  /* NVML index */
     char uuid[128];                   /* "" when unknown */
-    int cpus, ncpus, mems, nmems;     /* offsets and lengths in sg_table.ids */
+    int cpus, ncpus, mems, nmems;     /* offsets and lengths in sg_table.ranges */
 };
 
 struct sg_table {
     struct sg_gpu *gpus;              /* at Slurm's GPU index */
-    int ngpus;
-    int *ids;
-    int nids;
+    int ngpus, maxgpus;               /* maxgpus: sized from the table's lines */
+    struct sg_range { int lo, hi; } *ranges;  /* "0-3,8": {0,3},{8,8}, as the table writes them */
+    int nranges, maxranges;           /* maxranges: sized from the table's bytes */
     int nmap;                         /* [spank] numa_node_map, by model node */
     int map_from[SG_BIND_MAXMAP], map_to[SG_BIND_MAXMAP];
 };

@@ -1,7 +1,7 @@
 /*
  * slurm-gpu SPANK plugin, inner half: cffi embedding + libpython.
  *
- * Loaded by the outer half (slurm_gpu_spank.c) with dlopen(RTLD_GLOBAL) only
+ * Loaded by the outer half (sg_python.c) with dlopen(RTLD_GLOBAL) only
  * when a hook needs Python.  cffi's embedding API compiles this file with the
  * generated glue; the Python side is slurm_gpu.spank.dispatch.
  *

@@ -64,7 +64,7 @@ def load_machine(name: str):  # -> slurm_gpu.hw.model.Node (frozen, safe to shar
 @functools.lru_cache(maxsize=None)
 def load_machine_from_xml(name: str):
     """The machine's Node from its hwloc.xml alone (no NVML answers)."""
-    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
+    from slurm_gpu.hw import HwlocXml, load_node
 
     return load_node(HwlocXml(str(machine_xml(name)), hostname=name))
 

@@ -43,6 +43,11 @@ fi
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/nonexistent PIP_CONFIG_FILE=/dev/null \
     "$NEW/bin/python" -m pip install -q --no-index --no-cache-dir --disable-pip-version-check \
     --find-links "$WHEELS" slurm-gpu
+# The runner's pre-exec helper (MPS daemons join the job's cgroups through
+# it): built here like the plugin; best effort, its absence is one clear
+# line when a --gpu-mps job needs it.
+"$NEW/bin/python" -I -m slurm_gpu.exechelper >/dev/null ||
+    echo "slurm-gpu: warning: slurm-gpu-exec not built (needs gcc and libc6-dev/glibc-devel); --gpu-mps jobs fail until: $VENV/bin/python -m slurm_gpu.exechelper" >&2
 # The SPANK plugin must match the installed Slurm's major version: built here,
 # never shipped, into the new tree before it goes live.  Best effort: a node
 # without a compiler still gets the rest.
@@ -78,6 +83,11 @@ ln -s "$NAME" "$BASE/.venv.link.$$"
 mv -T "$BASE/.venv.link.$$" "$VENV"
 trap - EXIT
 rm -f "$BASE/setup-failed"
+# How to run this setup again, as the package ran it: what `slurm-gpu
+# doctor` names to rebuild a plugin built for another Slurm, and what the
+# packages' triggers run when Slurm's major changes under the plugin.
+rerun="${SLURM_GPU_PYTHON:+SLURM_GPU_PYTHON=$SLURM_GPU_PYTHON }${SLURM_GPU_SYSTEM_SITE:+SLURM_GPU_SYSTEM_SITE=$SLURM_GPU_SYSTEM_SITE }${SLURM_GPU_SLURM_INCLUDE:+SLURM_GPU_SLURM_INCLUDE=$SLURM_GPU_SLURM_INCLUDE }$SETUP $WHEELS"
+echo "$rerun" >"$BASE/.setup-command.$$" && mv -f "$BASE/.setup-command.$$" "$BASE/setup-command"
 for d in "$BASE"/venv-*; do
     [ -d "$d" ] && [ ! -L "$d" ] || continue
     case ${d##*/} in "$NAME"|"${OLD:-$NAME}") ;; *) rm -rf "$d" ;; esac
@@ -85,6 +95,8 @@ done
 echo "slurm-gpu: installed $("$VENV/bin/slurm-gpu" --version 2>&1 | tail -1) into $VENV ($NEW)"
 if [ $spank_ok = 1 ]; then
     echo "slurm-gpu: SPANK plugin built: $(echo "$out" | tail -1)"
+    # The Slurm major it was built for (the .so records it; libslurm's soname says which is installed).
+    "$VENV/bin/python" -I -m slurm_gpu.slurminstall check "$VENV/lib/slurm-gpu/slurm_gpu_spank.so" 2>&1 || true
 else
     echo "slurm-gpu: SPANK plugin not built ($reason); $tools, then run: $VENV/bin/slurm-gpu spank build${SLURM_GPU_SLURM_INCLUDE:+ --include-dir $SLURM_GPU_SLURM_INCLUDE}"
 fi

@@ -63,7 +63,8 @@ def naming_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True, help="What slurm.conf Sockets= counts (numa needs "
                      "SlurmdParameters=numa_node_as_socket)."),
         click.option("--autodetect", type=click.Choice(["off", "nvml", "nvidia", "full", "none"]), default="off",
-                     show_default=True, help="Global AutoDetect= line (none: omit it; nvidia needs Slurm >= 24.11, full >= 26.05)."),
+                     show_default=True,
+                     help="Global AutoDetect= line (none: omit it; nvidia needs Slurm >= 24.11, full >= 26.05)."),
     ]
     for o in reversed(opts):
         f = o(f)

@@ -51,7 +51,8 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
 @click.option("--events-file", type=click.Path(dir_okay=False), metavar="PATH",
               help="Append events here (default: <state_dir>/xid-events.jsonl, where health reads them).")
 @click.option("--snapshot", type=click.Path(dir_okay=False), metavar="FILE", help="Replay NVML from a snapshot.")
-@click.option("--overlay", type=click.Path(dir_okay=False), metavar="FILE", help="Fault overlay (events) for the replay.")
+@click.option("--overlay", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Fault overlay (events) for the replay.")
 @click.option("--max-events", type=int, default=0, help="Stop after this many events (0: run until stopped).")
 @click.option("--timeout", "run_for", type=float, default=0.0, help="Stop after this many seconds (0: never).")
 @click.option("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the host name).")

@@ -12,8 +12,9 @@ import click
 def _running_jobs(node: str, timeout: float) -> set[str] | None:
     from ..errors import SlurmGpuError
     from ..runner import run
+    from ..slurmclient import command
     try:
-        res = run(["squeue", "-h", "-w", node, "-o", "%A", "-t", "CF,R,S,CG,ST,SO"], timeout, check=False)
+        res = run([command("squeue"), "-h", "-w", node, "-o", "%A", "-t", "CF,R,S,CG,ST,SO"], timeout, check=False)
     except SlurmGpuError:
         return None
     if res.returncode != 0:
@@ -39,7 +40,7 @@ def build(interval: float | None = None) -> Any:
                                                                                   "xid-events.jsonl")
     try:
         model = live.this_node(node_s)
-        buses = {g.bus_id.lower(): g.index for g in model.gpus if g.bus_id}
+        buses = {g.pci_bus_id.lower(): g.index for g in model.gpus if g.pci_bus_id}
     except Exception:  # noqa: BLE001 - XIDs are then not attributed; sampling still works
         buses = {}
     from ..hw import backend

@@ -54,11 +54,12 @@ def usage_cmd(since: str | None, until: str | None, by: str, gpus: float | None,
     """Job efficiency and cluster utilisation over a period, GPU-hours held idle."""
     from ..acct import report as rep
     from ..runner import run
+    from ..slurmclient import command
     s = _settings()
     t0, t1, since_s, until_s = _period(since, until)
     rows = rep.fetch_period(s.sacct, since_s, until_s)
     if gpus is None:
-        res = run(["sinfo", "-h", "-N", "-o", "%N %G"], 15, check=False)
+        res = run([command("sinfo"), "-h", "-N", "-o", "%N %G"], 15, check=False)
         gpus = rep.capacity_gpus(res.stdout) if res.returncode == 0 else 0.0
     view = rep.usage_view(rep.usage(rows, t0, t1, by), t0, t1, gpus, by)
     click.echo(json.dumps(view, indent=2) if as_json else rep.format_usage(view))
@@ -79,6 +80,7 @@ def placement_cmd(since: str | None, until: str | None, topo_path: str | None, a
     from ..confgen import hostlist, topocheck
     from ..errors import InputError, SlurmGpuError
     from ..runner import run
+    from ..slurmclient import command
     s = _settings()
     _, _, since_s, until_s = _period(since, until)
     if topo_path is None:
@@ -112,7 +114,7 @@ def placement_cmd(since: str | None, until: str | None, topo_path: str | None, a
             continue
     summary = placement.summarize(kind, doms, jobs)
     states: dict[str, str] = {}
-    sres = run(["sinfo", "-h", "-N", "-o", "%N %t"], 15, check=False)
+    sres = run([command("sinfo"), "-h", "-N", "-o", "%N %t"], 15, check=False)
     if sres.returncode == 0:
         for line in sres.stdout.splitlines():
             w = line.split()

@@ -107,7 +107,8 @@ def build_view(tree: Tree | None, blocks: BlockTopology | None, *, fmt: str = "c
             nodes = fold(b.nodes)
             comment = confsafe.comment(f"{b.name}={b.domain}" if b.domain else
                                        (f"{b.name}: placeholder" if not nodes else ""))
-            lines.append(ConfLine(comment, confsafe.record(f"BlockName={b.name}" + (f" Nodes={nodes}" if nodes else ""))))
+            line = f"BlockName={b.name}" + (f" Nodes={nodes}" if nodes else "")
+            lines.append(ConfLine(comment, confsafe.record(line)))
             yblocks.append(YamlBlock(_q(b.name), _q(nodes) if nodes else "", comment))
         lines.append(ConfLine("", "BlockSizes=" + ",".join(str(s) for s in blocks.sizes)))
     return TopologyView(

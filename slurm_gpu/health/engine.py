@@ -364,5 +364,6 @@ def _try_isolate(opts: Options, findings: list[Finding], health: Any, mem: Any, 
     return sort_findings(soften(findings, bad))
 
 
-__all__ = ["ACT_MIN_SECONDS", "ALL_CHECKS", "Options", "Report", "run", "select_checks", "expected_gpus", "parent_slurmd",
+__all__ = ["ACT_MIN_SECONDS", "ALL_CHECKS", "Options", "Report", "run", "select_checks", "expected_gpus",
+           "parent_slurmd",
            "DRAIN", "INFO", "WARN", "SlurmGpuError"]

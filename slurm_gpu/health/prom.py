@@ -56,7 +56,8 @@ def _repair_lines(node: str, st: Any) -> list[str]:
               "# TYPE slurm_gpu_repair_gpu_failures gauge"]
     for key, times in sorted(st.failures.items()):
         gpu = key[4:] if key.startswith("bus:") else bus_of.get(key, "")
-        lines.append(f'slurm_gpu_repair_gpu_failures{{node="{node}",gpu="{_esc(gpu)}",uuid="{_esc(key)}"}} {len(times)}')
+        labels = f'node="{node}",gpu="{_esc(gpu)}",uuid="{_esc(key)}"'
+        lines.append(f'slurm_gpu_repair_gpu_failures{{{labels}}} {len(times)}')
     lines += ["# HELP slurm_gpu_repair_open Open repairs by GPU and next step.",
               "# TYPE slurm_gpu_repair_open gauge"]
     for key, ep in sorted(st.episodes.items()):

@@ -1,7 +1,8 @@
 """Which backend answers GPU calls: chosen here, and nowhere else.
 
-A backend is a function ``open(path) -> (api, closer)`` giving an object with
-pynvml's surface; :func:`open_gpus` wraps it in the one adapter
+A backend is a function ``open(path) -> (api, closer)`` giving an
+implementation of the NVML contract (:class:`~slurm_gpu.hw.nvml_api.NvmlApi`);
+:func:`open_gpus` wraps it in the one adapter
 (:class:`~slurm_gpu.hw.gpus_nvml.NvmlGpus`).  The backends:
 
 * ``live``: the driver through pynvml (:mod:`slurm_gpu.hw.nvml`);
@@ -24,12 +25,17 @@ source of its own.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
 
 from ..errors import InputError
 from .plain import Plain
 
-Opener = Callable[[str], "tuple[Any, Callable[[Any], None] | None]"]
+if TYPE_CHECKING:
+    from .gpus_nvml import NvmlGpus
+    from .nvml_api import NvmlApi
+
+Closer = Callable[["NvmlApi"], None]
+Opener = Callable[[str], Tuple["NvmlApi", Optional[Closer]]]
 
 _OPENERS: dict[str, Opener] = {}
 # The entry-point group of backends that live in another distribution:
@@ -98,20 +104,20 @@ def source_for(settings: Any, *, snapshot: str | None = None, overlay_path: str 
     return LIVE
 
 
-def _open_live(path: str) -> tuple[Any, Callable[[Any], None] | None]:
+def _open_live(path: str) -> tuple[NvmlApi, Closer | None]:
     from . import nvml
     return nvml.open_api(), nvml.close_api
 
 
-def _open_snapshot(source: GpuSource) -> Any:
+def _open_snapshot(source: GpuSource) -> NvmlApi:
     from . import snapshot as snap
     data = source.data if source.data is not None else snap.read_snapshot(source.path)
     ov = snap.load_overlay(source.overlay_path) if source.overlay_path else None
     return snap.replay_api(data, source.path, ov, source.overlay_path or "overlay")
 
 
-def open_api(source: GpuSource = LIVE) -> tuple[Any, Callable[[Any], None] | None]:
-    """The raw api (pynvml's surface) for *source* and how to close it; for hw/ only."""
+def open_api(source: GpuSource = LIVE) -> tuple[NvmlApi, Closer | None]:
+    """The NVML contract's implementation for *source* and how to close it; for hw/ only."""
     if source.scheme == "live":
         return _open_live(source.path)
     if source.scheme == "snapshot":
@@ -122,13 +128,13 @@ def open_api(source: GpuSource = LIVE) -> tuple[Any, Callable[[Any], None] | Non
     return opener(source.path)
 
 
-def open_gpus(source: GpuSource = LIVE) -> Any:
+def open_gpus(source: GpuSource = LIVE) -> NvmlGpus:
     """The :class:`~slurm_gpu.hw.gpus.Gpus` of *source* (initialised; ``close()`` when done)."""
     from .gpus_nvml import NvmlGpus
     api, closer = open_api(source)
     return NvmlGpus(api, closer)
 
 
-def opener(source: GpuSource) -> Callable[[], Any]:
+def opener(source: GpuSource) -> Callable[[], NvmlGpus]:
     """A function opening :func:`open_gpus` of *source* later (in a worker thread, lazily)."""
     return lambda: open_gpus(source)

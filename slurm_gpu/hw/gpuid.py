@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import HardwareError
+from .nvml_api import NVMLError, NvmlApi, NvmlHandle, Reader
 
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def handle_by_minor(api: Any, minor: int) -> Any:
+def handle_by_minor(api: NvmlApi, minor: int) -> NvmlHandle:
     """The NVML handle of ``/dev/nvidia<minor>`` (scans the GPUs' minor numbers)."""
     try:
         count = int(api.nvmlDeviceGetCount())
@@ -25,12 +26,12 @@ def handle_by_minor(api: Any, minor: int) -> Any:
             h = api.nvmlDeviceGetHandleByIndex(i)
             if int(api.nvmlDeviceGetMinorNumber(h)) == int(minor):
                 return h
-    except api.NVMLError as e:
+    except NVMLError as e:
         raise HardwareError(f"cannot find GPU by minor number: {e}", f"/dev/nvidia{minor}") from None
     raise HardwareError("no GPU has this minor number", f"/dev/nvidia{minor}")
 
 
-def open_gpu(api: Any, *, uuid: str | None = None, minor: int | None = None) -> Any:
+def open_gpu(api: NvmlApi, *, uuid: str | None = None, minor: int | None = None) -> NvmlHandle:
     """The handle of the GPU with *uuid* (preferred) or *minor*.
 
     With both, the UUID's GPU must have that minor: a mismatch means the
@@ -40,13 +41,14 @@ def open_gpu(api: Any, *, uuid: str | None = None, minor: int | None = None) -> 
     if uuid:
         try:
             h = api.nvmlDeviceGetHandleByUUID(uuid)
-        except api.NVMLError as e:
+        except NVMLError as e:
             raise HardwareError(f"cannot open GPU by UUID: {e}", uuid) from None
         if minor is not None:
             try:
-                have = int(api.nvmlDeviceGetMinorNumber(h))
-            except api.NVMLError:
-                have = None        # not supported (some VMs): the UUID alone decides
+                # absent (some VMs) or denied: the UUID alone decides
+                have = Reader(api).maybe(api.nvmlDeviceGetMinorNumber, h)
+            except NVMLError as e:
+                raise HardwareError(f"cannot read the GPU's minor number: {e}", uuid) from None
             if have is not None and have != int(minor):
                 raise HardwareError(f"GPU {uuid} is /dev/nvidia{have}, not /dev/nvidia{minor} "
                                     "as recorded", uuid)
@@ -56,14 +58,14 @@ def open_gpu(api: Any, *, uuid: str | None = None, minor: int | None = None) -> 
     raise HardwareError("GPU has neither UUID nor minor number recorded")
 
 
-def uuid_of(api: Any, handle: Any) -> str:
+def uuid_of(api: NvmlApi, handle: NvmlHandle) -> str:
     return _s(api.nvmlDeviceGetUUID(handle))
 
 
-def nvml_index(api: Any, *, uuid: str | None = None, minor: int | None = None) -> int:
+def nvml_index(api: NvmlApi, *, uuid: str | None = None, minor: int | None = None) -> int:
     """NVML's index of the GPU with *uuid* or *minor* (for code that works by index)."""
     h = open_gpu(api, uuid=uuid, minor=minor)
     try:
         return int(api.nvmlDeviceGetIndex(h))
-    except api.NVMLError as e:
+    except NVMLError as e:
         raise HardwareError(f"cannot read the GPU's NVML index: {e}", uuid or f"/dev/nvidia{minor}") from None

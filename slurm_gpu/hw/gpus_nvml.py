@@ -1,41 +1,41 @@
-"""The one adapter from an NVML api object to the :class:`~slurm_gpu.hw.gpus.Gpus` protocol.
+"""The one adapter from the NVML contract to the :class:`~slurm_gpu.hw.gpus.Gpus` protocol.
 
-The api object has pynvml's surface: the real pynvml module, a snapshot
-replay (:mod:`slurm_gpu.hw.nvml_replay`), the simulator (:mod:`slurm_gpu_devkit.sim`)
-or a recorder around any of them; :mod:`slurm_gpu.hw.backend` picks it.
-Only documented pynvml calls are used, with pynvml's conventions (ctypes
-placement structs).  Every vendor error becomes a :class:`GpuError` with
-the vendor's message, code and the call that failed.
+The api implements :class:`~slurm_gpu.hw.nvml_api.NvmlApi`: the driver, a
+snapshot replay (:mod:`slurm_gpu.hw.nvml_replay`), the simulator or a
+recorder around any of them; :mod:`slurm_gpu.hw.backend` picks it.  Every
+NVML error becomes a :class:`GpuError` with NVML's message, code and the
+call that failed; which codes mean "none" is :func:`~slurm_gpu.hw.nvml_api.classify`'s.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from .gpudata import INSTANCE_LOOKUP, GpuError, GpuEvent, GpuInstance, MigDevice
+from . import nvml_constants as C
 from .busid import normalize_bus_id
+from .gpudata import INSTANCE_LOOKUP, GpuError, GpuEvent, GpuInstance, MigDevice
+from .nvml_api import ABSENT, NVMLError, NvmlApi, NvmlHandle, classify
 from .plain import Plain
 
 if TYPE_CHECKING:
+    from .gpustats import StatsReader
     from .views import NvmlView
 
 MAX_GI_ID = 15   # GI ids are partition numbers 0..14 on every MIG GPU so far
 MAX_CI_ID = 8
 
 # The event kinds xid-watch listens to, with the names its records use.
-_EVENT_KINDS = (("nvmlEventTypeXidCriticalError", "xid"), ("nvmlEventTypeDoubleBitEccError", "dbe"),
-                ("nvmlEventTypeGpuUnavailableError", "gpu_unavailable"),
-                ("nvmlEventTypeGpuRecoveryAction", "recovery_action"))
+_EVENT_KINDS = ((C.nvmlEventTypeXidCriticalError, "xid"), (C.nvmlEventTypeDoubleBitEccError, "dbe"),
+                (C.nvmlEventTypeGpuUnavailableError, "gpu_unavailable"),
+                (C.nvmlEventTypeGpuRecoveryAction, "recovery_action"))
 
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def gpu_error(api: Any, e: Exception, call: str) -> GpuError:
-    """The vendor exception *e* of *call* as our :class:`GpuError`."""
-    code = getattr(e, "value", None)
-    from .nvml_replay import error_name
-    return GpuError(str(e), code, error_name(code) if isinstance(code, int) else "", call)
+def gpu_error(e: NVMLError, call: str) -> GpuError:
+    """The NVML error *e* of *call* as our :class:`GpuError`."""
+    return GpuError(str(e), e.value, e.name, call)
 
 
 class GpuProcess(Plain):
@@ -47,49 +47,46 @@ class GpuProcess(Plain):
 
 
 class NvmlGpus:
-    """:class:`~slurm_gpu.hw.gpus.Gpus` over an api object with pynvml's surface.
+    """:class:`~slurm_gpu.hw.gpus.Gpus` over an :class:`~slurm_gpu.hw.nvml_api.NvmlApi`.
 
     ``api`` stays reachable for the rest of ``slurm_gpu.hw`` (the health
     reader watches each raw call under a deadline); nothing outside hw/ uses it.
     """
 
-    def __init__(self, api: Any, closer: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, api: NvmlApi, closer: Callable[[NvmlApi], None] | None = None) -> None:
         self.api = api
         self._closer = closer
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, NvmlHandle] = {}
 
     # -- helpers -------------------------------------------------------------
-    def _call(self, call: str, *args: Any) -> Any:
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            return getattr(self.api, call)(*args)
-        except self.api.NVMLError as e:
-            raise gpu_error(self.api, e, call) from None
+            return fn(*args)
+        except NVMLError as e:
+            raise gpu_error(e, fn.__name__) from None
 
-    def _dev(self, index: int) -> Any:
+    def _dev(self, index: int) -> NvmlHandle:
         h = self._handles.get(index)
         if h is None:
-            h = self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
+            h = self._handles[index] = self._call(self.api.nvmlDeviceGetHandleByIndex, index)
         return h
-
-    def _codes(self, *names: str) -> tuple[int, ...]:
-        return tuple(int(getattr(self.api, n)) for n in names if hasattr(self.api, n))
 
     # -- reading -------------------------------------------------------------
     def count(self) -> int:
-        return int(self._call("nvmlDeviceGetCount"))
+        return int(self._call(self.api.nvmlDeviceGetCount))
 
     def find(self, *, uuid: str | None = None, minor: int | None = None) -> int:
         from .gpuid import nvml_index
         return nvml_index(self.api, uuid=uuid, minor=minor)
 
     def name(self, index: int) -> str:
-        return _s(self._call("nvmlDeviceGetName", self._dev(index)))
+        return _s(self._call(self.api.nvmlDeviceGetName, self._dev(index)))
 
     def pci_device_id(self, index: int) -> int:
-        return int(self._call("nvmlDeviceGetPciInfo", self._dev(index)).pciDeviceId)
+        return int(self._call(self.api.nvmlDeviceGetPciInfo, self._dev(index)).pciDeviceId)
 
     def bus_id(self, index: int) -> str:
-        return normalize_bus_id(_s(self._call("nvmlDeviceGetPciInfo", self._dev(index)).busId))
+        return normalize_bus_id(_s(self._call(self.api.nvmlDeviceGetPciInfo, self._dev(index)).busId))
 
     def read_view(self, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None
                   ) -> NvmlView:
@@ -97,15 +94,15 @@ class NvmlGpus:
         return read_view(self.api, mig_minors=mig_minors)
 
     def processes(self, index: int) -> list[GpuProcess]:
-        out = self._call("nvmlDeviceGetComputeRunningProcesses", self._dev(index))
+        out = self._call(self.api.nvmlDeviceGetComputeRunningProcesses, self._dev(index))
         return [GpuProcess(int(p.pid), getattr(p, "usedGpuMemory", None)) for p in out]
 
     # -- compute mode --------------------------------------------------------
     def compute_mode(self, index: int) -> int:
-        return int(self._call("nvmlDeviceGetComputeMode", self._dev(index)))
+        return int(self._call(self.api.nvmlDeviceGetComputeMode, self._dev(index)))
 
     def set_compute_mode(self, index: int, mode: int) -> None:
-        self._call("nvmlDeviceSetComputeMode", self._dev(index), int(mode))
+        self._call(self.api.nvmlDeviceSetComputeMode, self._dev(index), int(mode))
 
     # -- MIG -----------------------------------------------------------------
     def check(self, index: int) -> None:
@@ -115,37 +112,38 @@ class NvmlGpus:
         dev = self._dev(index)
         try:
             return int(self.api.nvmlDeviceGetMigMode(dev)[0])
-        except self.api.NVMLError as e:
-            if e.value == self.api.NVML_ERROR_NOT_SUPPORTED:
+        except NVMLError as e:
+            if classify(e.value) == ABSENT:      # a GPU without MIG; denied is not "no MIG"
                 return None
-            raise gpu_error(self.api, e, "nvmlDeviceGetMigMode") from None
+            raise gpu_error(e, "nvmlDeviceGetMigMode") from None
 
     def set_mig_mode(self, index: int, enabled: bool) -> None:
-        self._call("nvmlDeviceSetMigMode", self._dev(index), 1 if enabled else 0)
+        self._call(self.api.nvmlDeviceSetMigMode, self._dev(index), 1 if enabled else 0)
 
     def gpu_instance_profile_id(self, index: int, profile: int) -> int:
-        return int(self._call("nvmlDeviceGetGpuInstanceProfileInfo", self._dev(index), profile).id)
+        return int(self._call(self.api.nvmlDeviceGetGpuInstanceProfileInfo, self._dev(index), profile).id)
 
     def gpu_instances(self, index: int) -> list[GpuInstance]:
         # Probing ids: the simulator's handles are not ctypes arrays.
         api, dev = self.api, self._dev(index)
-        absent = self._codes("NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT")
         out = []
         for gid in range(MAX_GI_ID):
             try:
                 gi = api.nvmlDeviceGetGpuInstanceById(dev, gid)
-            except api.NVMLError as e:
-                if e.value in absent:
+            except NVMLError as e:
+                if classify(e.value) == ABSENT:     # no instance with this id
                     continue
-                raise gpu_error(api, e, "nvmlDeviceGetGpuInstanceById") from None
-            info = self._call("nvmlGpuInstanceGetInfo", gi)
+                raise gpu_error(e, "nvmlDeviceGetGpuInstanceById") from None
+            info = self._call(api.nvmlGpuInstanceGetInfo, gi)
             cis = []
             for cid in range(MAX_CI_ID):
                 try:
                     ci = api.nvmlGpuInstanceGetComputeInstanceById(gi, cid)
-                except api.NVMLError:
-                    continue
-                cinfo = self._call("nvmlComputeInstanceGetInfo", ci)
+                except NVMLError as e:
+                    if classify(e.value) == ABSENT:
+                        continue
+                    raise gpu_error(e, "nvmlGpuInstanceGetComputeInstanceById") from None
+                cinfo = self._call(api.nvmlComputeInstanceGetInfo, ci)
                 cis.append((cid, int(cinfo.profileId), int(cinfo.placement.start)))
             out.append(GpuInstance(gid, int(info.profileId), int(info.placement.start),
                                    int(info.placement.size), tuple(cis)))
@@ -156,53 +154,54 @@ class NvmlGpus:
 
     def _iter_mig_devices(self, index: int) -> Iterator[MigDevice]:
         api, dev = self.api, self._dev(index)
-        n = self._call("nvmlDeviceGetMaxMigDeviceCount", dev)
+        n = self._call(api.nvmlDeviceGetMaxMigDeviceCount, dev)
         for j in range(n):
             try:
                 m = api.nvmlDeviceGetMigDeviceHandleByIndex(dev, j)
-            except api.NVMLError:
-                continue
-            u = self._call("nvmlDeviceGetUUID", m)
-            yield MigDevice(int(self._call("nvmlDeviceGetGpuInstanceId", m)),
-                            int(self._call("nvmlDeviceGetComputeInstanceId", m)), _s(u))
+            except NVMLError as e:
+                if classify(e.value) == ABSENT:     # no MIG device at this index
+                    continue
+                raise gpu_error(e, "nvmlDeviceGetMigDeviceHandleByIndex") from None
+            u = self._call(api.nvmlDeviceGetUUID, m)
+            yield MigDevice(int(self._call(api.nvmlDeviceGetGpuInstanceId, m)),
+                            int(self._call(api.nvmlDeviceGetComputeInstanceId, m)), _s(u))
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
-        import ctypes
+        from ctypes import byref
+
+        from .nvml_structs import c_nvmlGpuInstancePlacement_t
         api, dev = self.api, self._dev(index)
-        pl = api.c_nvmlGpuInstancePlacement_t()
-        pl.start = start
-        pl.size = size
-        gi = self._call("nvmlDeviceCreateGpuInstanceWithPlacement", dev, profile_id, ctypes.byref(pl))
-        return int(self._call("nvmlGpuInstanceGetInfo", gi).id)
+        pl = c_nvmlGpuInstancePlacement_t(start, size)
+        gi = self._call(api.nvmlDeviceCreateGpuInstanceWithPlacement, dev, profile_id, byref(pl))
+        return int(self._call(api.nvmlGpuInstanceGetInfo, gi).id)
 
     def create_compute_instance(self, index: int, gi_id: int, ci_profile: int, start: int, size: int) -> int:
-        import ctypes
+        from ctypes import byref
+
+        from .nvml_structs import c_nvmlComputeInstancePlacement_t
         api, dev = self.api, self._dev(index)
-        gi = self._call("nvmlDeviceGetGpuInstanceById", dev, gi_id)
-        pl = api.c_nvmlComputeInstancePlacement_t()
-        pl.start = start
-        pl.size = size
-        ci = self._call("nvmlGpuInstanceCreateComputeInstanceWithPlacement", gi, ci_profile, ctypes.byref(pl))
-        return int(self._call("nvmlComputeInstanceGetInfo", ci).id)
+        gi = self._call(api.nvmlDeviceGetGpuInstanceById, dev, gi_id)
+        pl = c_nvmlComputeInstancePlacement_t(start, size)
+        ci = self._call(api.nvmlGpuInstanceCreateComputeInstanceWithPlacement, gi, ci_profile, byref(pl))
+        return int(self._call(api.nvmlComputeInstanceGetInfo, ci).id)
 
     def destroy_gpu_instance(self, index: int, gi_id: int) -> bool:
         api, dev = self.api, self._dev(index)
-        absent = self._codes("NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT")
         try:
             gi = api.nvmlDeviceGetGpuInstanceById(dev, gi_id)
-        except api.NVMLError as e:
-            if e.value in absent:
+        except NVMLError as e:
+            if classify(e.value) == ABSENT:
                 return False
-            raise gpu_error(api, e, INSTANCE_LOOKUP) from None
+            raise gpu_error(e, INSTANCE_LOOKUP) from None
         for cid in range(MAX_CI_ID):
             try:
                 ci = api.nvmlGpuInstanceGetComputeInstanceById(gi, cid)
-            except api.NVMLError as e:
-                if e.value in absent:
+            except NVMLError as e:
+                if classify(e.value) == ABSENT:
                     continue
-                raise gpu_error(api, e, "nvmlGpuInstanceGetComputeInstanceById") from None
-            self._call("nvmlComputeInstanceDestroy", ci)
-        self._call("nvmlGpuInstanceDestroy", gi)
+                raise gpu_error(e, "nvmlGpuInstanceGetComputeInstanceById") from None
+            self._call(api.nvmlComputeInstanceDestroy, ci)
+        self._call(api.nvmlGpuInstanceDestroy, gi)
         return True
 
     # -- events --------------------------------------------------------------
@@ -210,7 +209,7 @@ class NvmlGpus:
         return NvmlEvents(self)
 
     # -- usage ---------------------------------------------------------------
-    def stats_reader(self) -> Any:
+    def stats_reader(self) -> StatsReader:
         from .gpustats import StatsReader
         return StatsReader(self.api)
 
@@ -220,7 +219,7 @@ class NvmlGpus:
             self._closer(self.api)
 
 
-def _bus(api: Any, h: Any) -> str | None:
+def _bus(api: NvmlApi, h: NvmlHandle) -> str | None:
     try:
         return normalize_bus_id(_s(api.nvmlDeviceGetPciInfo(h).busId))
     except Exception:  # noqa: BLE001 - a lost GPU has no PCI info; the event still counts
@@ -232,11 +231,10 @@ class NvmlEvents:
 
     def __init__(self, gpus: NvmlGpus) -> None:
         self._gpus = gpus
-        api = gpus.api
         self.wanted = 0
-        for const, _ in _EVENT_KINDS:
-            self.wanted |= int(getattr(api, const, 0))
-        self._set = gpus._call("nvmlEventSetCreate")
+        for kind, _ in _EVENT_KINDS:
+            self.wanted |= kind
+        self._set = gpus._call(gpus.api.nvmlEventSetCreate)
         self._buses: dict[Any, str | None] = {}
 
     def register(self, index: int) -> None:
@@ -245,23 +243,23 @@ class NvmlEvents:
             h = api.nvmlDeviceGetHandleByIndex(index)
             try:
                 supported = int(api.nvmlDeviceGetSupportedEventTypes(h))
-            except api.NVMLError:
-                supported = self.wanted
+            except NVMLError:
+                supported = self.wanted     # cannot tell: ask for all, the driver refuses what it lacks
             api.nvmlDeviceRegisterEvents(h, self.wanted & supported, self._set)
-        except api.NVMLError as e:
-            raise gpu_error(api, e, "nvmlDeviceRegisterEvents") from None
+        except NVMLError as e:
+            raise gpu_error(e, "nvmlDeviceRegisterEvents") from None
         self._buses[getattr(h, "key", id(h))] = _bus(api, h)
 
     def wait(self, timeout_ms: int) -> GpuEvent | None:
         api = self._gpus.api
         try:
             ev = api.nvmlEventSetWait_v2(self._set, timeout_ms)
-        except api.NVMLError as e:
-            if e.value == api.NVML_ERROR_TIMEOUT:
+        except NVMLError as e:
+            if e.value == C.NVML_ERROR_TIMEOUT:
                 return None
-            raise gpu_error(api, e, "nvmlEventSetWait") from None
+            raise gpu_error(e, "nvmlEventSetWait") from None
         etype = int(ev.eventType)
-        kind = next((name for const, name in _EVENT_KINDS if etype & int(getattr(api, const, 0))), "other")
+        kind = next((name for bit, name in _EVENT_KINDS if etype & bit), "other")
         dev = ev.device
         gpu = self._buses.get(getattr(dev, "key", id(dev))) or _bus(api, dev)
         return GpuEvent(kind, gpu, int(ev.eventData), etype)

@@ -1,7 +1,7 @@
 """Usage reads: what each GPU and MIG instance is doing now (for ``slurm-gpu monitor``).
 
-Plain data out (:class:`DeviceStats`), an *api* with pynvml's surface in
-(the real pynvml, the simulator, a replay), so the same code runs on a GPU
+Plain data out (:class:`DeviceStats`), an :class:`~slurm_gpu.hw.nvml_api.NvmlApi`
+in (the driver, the simulator, a replay), so the same code runs on a GPU
 node and in the sandbox.  This is the sampling half of the narrow GPU
 interface; it takes no job or Slurm knowledge.
 
@@ -38,9 +38,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import nvml_constants as C
+from .nvml_api import NVMLError, NvmlApi, NvmlHandle, Reader
+
 NO_INSTANCE = 0xFFFFFFFF
-_OPTIONAL = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
-             "NVML_ERROR_NOT_FOUND", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_NO_DATA")
 
 
 @dataclass(frozen=True)
@@ -76,47 +77,18 @@ class DeviceStats:
         return str(self.index) if self.gi is None else f"{self.index}/gi{self.gi}"
 
 
-class _PlainMetric:
-    def __init__(self) -> None:
-        self.metricId = 0
-        self.nvmlReturn = 0
-        self.value = 0.0
-
-
-class _PlainMetricsGet:
-    """``c_nvmlGpmMetricsGet_t``'s fields, for an api without the ctypes type."""
-
-    def __init__(self) -> None:
-        self.version = 1
-        self.numMetrics = 0
-        self.sample1: Any = None
-        self.sample2: Any = None
-        self.metrics = [_PlainMetric() for _ in range(4)]
-
-
 @dataclass
 class StatsReader:
     """Reads every GPU and MIG instance; keeps GPM samples between reads."""
 
-    api: Any
+    api: NvmlApi
     errors: list[str] = field(default_factory=list)
     _gpm: dict[str, Any] = field(default_factory=dict)
     _gpm_ok: dict[int, bool] = field(default_factory=dict)
     _proc_ts: dict[int, int] = field(default_factory=dict)    # GPU -> newest per-process sample seen (µs)
 
-    def _optional(self) -> tuple[int, ...]:
-        return tuple(getattr(self.api, n) for n in _OPTIONAL if hasattr(self.api, n))
-
-    def _maybe(self, fn: str, *args: Any) -> Any:
-        call = getattr(self.api, fn, None)
-        if call is None:
-            return None
-        try:
-            return call(*args)
-        except self.api.NVMLError as e:
-            if e.value in self._optional():
-                return None
-            raise
+    def _maybe(self, fn: Any, *args: Any) -> Any:
+        return Reader(self.api).maybe(fn, *args)
 
     def read(self) -> list[DeviceStats]:
         """Every device's stats now (GPUs in index order, each followed by its MIG instances)."""
@@ -126,50 +98,46 @@ class StatsReader:
         for i in range(int(api.nvmlDeviceGetCount())):
             try:
                 out.extend(self._gpu(i))
-            except api.NVMLError as e:
+            except NVMLError as e:
                 self.errors.append(f"GPU {i}: {e}")
         return out
 
     def _gpu(self, i: int) -> list[DeviceStats]:
         api = self.api
         h = api.nvmlDeviceGetHandleByIndex(i)
-        uuid = api.nvmlDeviceGetUUID(h)
-        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-        procs = tuple(_procs(self._maybe("nvmlDeviceGetComputeRunningProcesses", h) or ()))
-        mig_on = (self._maybe("nvmlDeviceGetMigMode", h) or [0])[0] == 1
+        uuid = _s(api.nvmlDeviceGetUUID(h))
+        procs = tuple(_procs(self._maybe(api.nvmlDeviceGetComputeRunningProcesses, h) or ()))
+        mig_on = (self._maybe(api.nvmlDeviceGetMigMode, h) or [0])[0] == C.NVML_DEVICE_MIG_ENABLE
         if procs and not mig_on:
             util = self._proc_util(i, h)
             procs = tuple(dataclasses.replace(p, sm=util.get(p.pid, 0.0) if util is not None else None)
                           for p in procs)
-        mem = self._maybe("nvmlDeviceGetMemoryInfo", h)
-        util = None if mig_on else self._maybe("nvmlDeviceGetUtilizationRates", h)
+        mem = self._maybe(api.nvmlDeviceGetMemoryInfo, h)
+        util = None if mig_on else self._maybe(api.nvmlDeviceGetUtilizationRates, h)
         gpu = DeviceStats(
             index=i, gi=None, uuid=uuid, sm=float(util.gpu) if util is not None else None,
             mem_used=int(mem.used) if mem is not None else None,
             mem_total=int(mem.total) if mem is not None else None,
-            power_mw=_int(self._maybe("nvmlDeviceGetPowerUsage", h)),
-            energy_mj=_int(self._maybe("nvmlDeviceGetTotalEnergyConsumption", h)),
+            power_mw=_int(self._maybe(api.nvmlDeviceGetPowerUsage, h)),
+            energy_mj=_int(self._maybe(api.nvmlDeviceGetTotalEnergyConsumption, h)),
             procs=procs, sm_source="util" if util is not None else "")
         out = [gpu]
         if mig_on:
             out.extend(self._mig(i, h, procs))
         return out
 
-    def _proc_util(self, i: int, h: Any) -> dict[int, float] | None:
+    def _proc_util(self, i: int, h: NvmlHandle) -> dict[int, float] | None:
         """pid -> mean SM % of its samples since the last read; None when NVML cannot say.
 
         NOT_FOUND means no process had SM activity since then (NVML lists
         only processes with non-zero utilisation): every process is at 0.
         """
-        api = self.api
-        call = getattr(api, "nvmlDeviceGetProcessUtilization", None)
-        if call is None:
-            return None
         try:
-            samples = call(h, self._proc_ts.get(i, 0))
-        except api.NVMLError as e:
-            # pynvml raises NVMLError(NVML_SUCCESS) when the size probe finds no sample at all.
-            if e.value in (getattr(api, "NVML_ERROR_NOT_FOUND", -1), getattr(api, "NVML_SUCCESS", 0)):
+            samples = self.api.nvmlDeviceGetProcessUtilization(h, self._proc_ts.get(i, 0))
+        except NVMLError as e:
+            # NOT_FOUND here is NVML's "no sample since then", not "absent"; pynvml
+            # raises NVMLError(NVML_SUCCESS) when the size probe finds no sample at all.
+            if e.value in (C.NVML_ERROR_NOT_FOUND, C.NVML_SUCCESS):
                 return {}
             return None          # optional: never a reason to lose the GPU's other figures
         sums: dict[int, list[float]] = {}
@@ -178,26 +146,25 @@ class StatsReader:
             self._proc_ts[i] = max(self._proc_ts.get(i, 0), int(smp.timeStamp))
         return {pid: min(sum(v) / len(v), 100.0) for pid, v in sums.items()}
 
-    def _mig(self, i: int, h: Any, procs: tuple[ProcUse, ...]) -> list[DeviceStats]:
+    def _mig(self, i: int, h: NvmlHandle, procs: tuple[ProcUse, ...]) -> list[DeviceStats]:
         api = self.api
-        count = self._maybe("nvmlDeviceGetMaxMigDeviceCount", h) or 0
+        count = self._maybe(api.nvmlDeviceGetMaxMigDeviceCount, h) or 0
         # A GPU has as many compute slices as MIG devices at most (7 on A100/H100, 4 on A30).
         seen: dict[int, DeviceStats] = {}
         for j in range(int(count)):
-            mh = self._maybe("nvmlDeviceGetMigDeviceHandleByIndex", h, j)
+            mh = self._maybe(api.nvmlDeviceGetMigDeviceHandleByIndex, h, j)
             if mh is None:
                 continue
             gi = int(api.nvmlDeviceGetGpuInstanceId(mh))
             if gi in seen:          # one entry per GPU instance (its first compute instance's UUID)
                 continue
-            uuid = api.nvmlDeviceGetUUID(mh)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            mem = self._maybe("nvmlDeviceGetMemoryInfo", mh)
+            uuid = _s(api.nvmlDeviceGetUUID(mh))
+            mem = self._maybe(api.nvmlDeviceGetMemoryInfo, mh)
             mine = tuple(p for p in procs if p.gi == gi)
             sm, source = self._gpm_util(i, h, gi)
             if sm is None:
                 sm, source = self._accounting_util(h, mine)
-            attrs = self._maybe("nvmlDeviceGetAttributes", mh)
+            attrs = self._maybe(api.nvmlDeviceGetAttributes, mh)
             slices = int(getattr(attrs, "gpuInstanceSliceCount", 0) or 0) if attrs is not None else 0
             frac = min(slices / int(count), 1.0) if slices and count else 1.0
             seen[gi] = DeviceStats(index=i, gi=gi, uuid=uuid, sm=sm,
@@ -207,10 +174,10 @@ class StatsReader:
                                    fraction=round(frac, 4))
         return list(seen.values())
 
-    def _gpm_util(self, i: int, h: Any, gi: int) -> tuple[float | None, str]:
+    def _gpm_util(self, i: int, h: NvmlHandle, gi: int) -> tuple[float | None, str]:
         api = self.api
         if i not in self._gpm_ok:
-            sup = self._maybe("nvmlGpmQueryDeviceSupport", h)
+            sup = self._maybe(api.nvmlGpmQueryDeviceSupport, h)
             self._gpm_ok[i] = bool(sup is not None and getattr(sup, "isSupportedDevice", 0))
         if not self._gpm_ok[i]:
             return None, ""
@@ -218,7 +185,7 @@ class StatsReader:
         sample = api.nvmlGpmSampleAlloc()
         try:
             api.nvmlGpmMigSampleGet(h, gi, sample)
-        except api.NVMLError:
+        except NVMLError:
             api.nvmlGpmSampleFree(sample)
             return None, ""
         prev = self._gpm.pop(key, None)
@@ -226,26 +193,26 @@ class StatsReader:
         if prev is None:
             return None, ""
         try:
-            mg = getattr(api, "c_nvmlGpmMetricsGet_t", _PlainMetricsGet)()
-            mg.version = getattr(api, "NVML_GPM_METRICS_GET_VERSION", 1)
+            mg = api.new_gpm_metrics()
+            mg.version = C.NVML_GPM_METRICS_GET_VERSION
             mg.numMetrics = 1
             mg.sample1, mg.sample2 = prev, sample
-            mg.metrics[0].metricId = api.NVML_GPM_METRIC_SM_UTIL
+            mg.metrics[0].metricId = C.NVML_GPM_METRIC_SM_UTIL
             api.nvmlGpmMetricsGet(mg)
             if mg.metrics[0].nvmlReturn != 0:
                 return None, ""
             return float(mg.metrics[0].value), "gpm"
-        except api.NVMLError:
+        except NVMLError:
             return None, ""
         finally:
             api.nvmlGpmSampleFree(prev)
 
-    def _accounting_util(self, h: Any, procs: tuple[ProcUse, ...]) -> tuple[float | None, str]:
-        if not procs or self._maybe("nvmlDeviceGetAccountingMode", h) != 1:
+    def _accounting_util(self, h: NvmlHandle, procs: tuple[ProcUse, ...]) -> tuple[float | None, str]:
+        if not procs or self._maybe(self.api.nvmlDeviceGetAccountingMode, h) != C.NVML_FEATURE_ENABLED:
             return None, ""
         best = None
         for p in procs:
-            st = self._maybe("nvmlDeviceGetAccountingStats", h, p.pid)
+            st = self._maybe(self.api.nvmlDeviceGetAccountingStats, h, p.pid)
             if st is not None:
                 best = max(best or 0.0, float(st.gpuUtilization))
         return (best, "accounting") if best is not None else (None, "")
@@ -255,11 +222,15 @@ class StatsReader:
         for k in [k for k in self._gpm if k not in keys]:
             try:
                 self.api.nvmlGpmSampleFree(self._gpm.pop(k))
-            except self.api.NVMLError:
+            except NVMLError:
                 pass
 
     def close(self) -> None:
         self.forget(set())
+
+
+def _s(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _int(v: Any) -> int | None:

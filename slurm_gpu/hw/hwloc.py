@@ -28,7 +28,8 @@ from typing import Any
 from ..errors import InputError
 from . import hwloc_ffi as H
 from .hwloc_xml import _malformed, _why_rejected
-from .model import Core, GpuMemoryNode, Nic, NumaNode, Package, normalize_bus_id
+from .busid import normalize_bus_id
+from .model import Core, GpuMemoryNode, Nic, NumaNode, Package
 from .views import CpuView, PciGpu
 
 NVIDIA_VENDOR = 0x10DE

@@ -60,6 +60,10 @@ from ..errors import InputError
 from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer  # noqa: F401
 from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
+TYPE_CHECKING = False   # not typing's: the health check imports this module (~2 ms)
+if TYPE_CHECKING:
+    from typing import Any
+
 DEV_KMSG = "/dev/kmsg"
 CHUNK = 8 << 20
 @dataclass
@@ -278,7 +282,7 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
 
 # ------------------------------------------------------------------ cursors
 
-def read_source(source: str, doc: dict) -> tuple[list[KernelLine], dict]:
+def read_source(source: str, doc: dict[str, Any]) -> tuple[list[KernelLine], dict[str, Any]]:
     """Read *source* (``/dev/kmsg`` or a file) after the cursor in *doc*.
 
     Returns the lines and the advanced cursor document; the caller saves it
@@ -300,7 +304,7 @@ def read_source(source: str, doc: dict) -> tuple[list[KernelLine], dict]:
     return lines, doc
 
 
-def read_events(path: str, doc: dict) -> tuple[list[dict], dict]:
+def read_events(path: str, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """New records of the ``xid-watch`` event file (JSON lines) after the cursor in *doc*."""
     doc = json.loads(json.dumps(doc))
     ev = doc.get("events") or {}

@@ -22,6 +22,10 @@ from bisect import bisect_right
 
 from .kmsg_scan import KernelLine, _message_lines, find_hits
 
+TYPE_CHECKING = False   # not typing's: the health check imports this module (~2 ms)
+if TYPE_CHECKING:
+    from typing import Any
+
 MAGIC = b"__CURSOR="
 # A line that is a field's name alone: in a walk that starts at a field,
 # the name of a binary field (journald's field names are A-Z, 0-9 and "_").
@@ -95,7 +99,7 @@ def _in_value(bins: list[Binary], starts: list[int], pos: int) -> int:
     return k if k >= 0 and pos <= bins[k][3] else -1
 
 
-def _boundary_before(buf: bytes | bytearray, bins: list, starts: list[int], pos: int, start: int) -> int:
+def _boundary_before(buf: bytes | bytearray, bins: list[Any], starts: list[int], pos: int, start: int) -> int:
     """Where the entry holding *pos* starts (after the empty line before it)."""
     while True:
         p = buf.rfind(b"\n\n", start, pos)
@@ -106,7 +110,7 @@ def _boundary_before(buf: bytes | bytearray, bins: list, starts: list[int], pos:
         pos = p + 1                       # a newline inside a value: look further back
 
 
-def _boundary_after(buf: bytes | bytearray, bins: list, starts: list[int], pos: int, end: int) -> int:
+def _boundary_after(buf: bytes | bytearray, bins: list[Any], starts: list[int], pos: int, end: int) -> int:
     """Where the entry holding *pos* ends (its empty line), or -1 when *end* cuts it."""
     while True:
         p = buf.find(b"\n\n", pos, end)
@@ -117,12 +121,12 @@ def _boundary_after(buf: bytes | bytearray, bins: list, starts: list[int], pos: 
         pos = p + 1
 
 
-def _last_boundary(buf: bytes | bytearray, bins: list, starts: list[int], start: int, stop: int) -> int:
+def _last_boundary(buf: bytes | bytearray, bins: list[Any], starts: list[int], start: int, stop: int) -> int:
     """The end of the last whole entry before *stop* (*start* when none ends there)."""
     return _boundary_before(buf, bins, starts, stop, start)
 
 
-def _entry(buf: bytes | bytearray, bins: list, starts: list[int], es: int, ee: int) -> dict[bytes, bytes]:
+def _entry(buf: bytes | bytearray, bins: list[Any], starts: list[int], es: int, ee: int) -> dict[bytes, bytes]:
     """The fields of the entry ``buf[es:ee]`` (the first value of each name)."""
     fields: dict[bytes, bytes] = {}
     k = bisect_right(starts, es)

@@ -5,6 +5,7 @@ from typing import Any
 
 from ..errors import HardwareError
 from .model import Gpu, Node
+from .nvml_api import NvmlApi
 from .views import CpuView, NvmlView
 
 
@@ -50,7 +51,7 @@ def build_node(cpu: CpuView, nvml: NvmlView | None, *, sources: tuple[str, ...] 
     )
 
 
-def derive_node(cpu: Any, api: Any, *, mig_minors: Any, sources: tuple[str, ...], init: bool = False) -> Node:
+def derive_node(cpu: Any, api: NvmlApi, *, mig_minors: Any, sources: tuple[str, ...], init: bool = False) -> Node:
     """Merge hwloc's view with what NVML (*api*, already opened) answers.
 
     An NVML that fails as a whole (``nvmlInit`` recorded as failing, the
@@ -58,12 +59,13 @@ def derive_node(cpu: Any, api: Any, *, mig_minors: Any, sources: tuple[str, ...]
     why, like the live inventory on a machine without a driver.
     """
     from . import nvml
+    from .nvml_api import NVMLError, describe
     try:
         if init:  # a replay answers nvmlInit as recorded (a GPU-less machine: an error)
             api.nvmlInit()
         view = nvml.read_view(api, mig_minors=mig_minors)
-    except api.NVMLError as e:
-        note = f"NVML unavailable: {e} ({nvml._err_name(api, e.value)})"
+    except NVMLError as e:
+        note = f"NVML unavailable: {describe(e)}"
         return build_node(cpu, NvmlView(None, ()), sources=sources, notes=(note,))
     except HardwareError as e:
         return build_node(cpu, NvmlView(None, ()), sources=sources, notes=(e.what,))

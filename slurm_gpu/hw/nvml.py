@@ -1,16 +1,19 @@
-"""NVML adapter: the only module that imports pynvml.
+"""NVML adapter: the only module that imports pynvml, and the node model's GPU read.
 
-:func:`read_view` reads GPU identity, NVLink peers, MIG instances and NVLink
-fabric membership through an *api* object with pynvml's surface: the real
-``pynvml`` module (:func:`open_api`), a :class:`~slurm_gpu.hw.nvml_replay.ReplayNvml`
-(snapshots), the simulator (:mod:`slurm_gpu_devkit.sim`), or a
-:class:`~slurm_gpu.hw.nvml_record.RecordingNvml` around any of them.  The
-same code runs in all four cases, which is what makes replay trustworthy.
+:class:`PynvmlApi` is the driver behind the contract
+(:class:`~slurm_gpu.hw.nvml_api.NvmlApi`); :func:`read_view` reads GPU
+identity, NVLink peers, MIG instances and NVLink fabric membership through
+any implementation of it: the driver (:func:`open_api`), a
+:class:`~slurm_gpu.hw.nvml_replay.ReplayNvml` (snapshots), the simulator,
+or a :class:`~slurm_gpu.hw.nvml_record.RecordingNvml` around any of them.
+The same code runs in all four cases, which is what makes replay trustworthy.
 
-Errors: a failure of the whole library (init, device count) raises
+Errors (the policy is :func:`slurm_gpu.hw.nvml_api.classify`'s): a failure
+of the whole library (init, device count) raises
 :class:`~slurm_gpu.errors.HardwareError` with one line; a GPU that cannot be
-read (lost, no permission) is left out with a note; an optional query the
-driver does not support (NVLink on PCIe cards, MIG, fabric) just degrades.
+read (lost, no permission on its identity) is left out with a note; an
+optional query that is absent (NVLink on PCIe cards, MIG, fabric) or denied
+(NO_PERMISSION) just degrades.
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ from ctypes import byref
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..errors import HardwareError
+from . import nvml_constants as C
 from .busid import normalize_bus_id
+from .nvml_api import NVMLError, NvmlApi, NvmlForward, NvmlHandle, Reader, describe, optional
+from .nvml_structs import c_nvmlGpuFabricInfo_t, c_nvmlGpuFabricInfo_v2_t
 
 # The model's and the views' classes are imported where they are built: the
 # health check reads only fabric fields here (read_fabric_fields), and
@@ -29,10 +35,6 @@ if TYPE_CHECKING:
     from .views import NvmlGpu, NvmlView
 
 MIB = 1024 * 1024
-
-# Answers meaning "this query does not apply here", not "the GPU is broken".
-_OPTIONAL = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
-             "NVML_ERROR_NOT_FOUND", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_NO_DATA")
 
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 
@@ -47,66 +49,51 @@ class NvmlUnavailable(HardwareError):
         self.code = code
 
 
-def open_api() -> Any:
-    """The real pynvml module, initialised, or :class:`NvmlUnavailable` saying why not."""
+class PynvmlApi(NvmlForward):
+    """The driver, through nvidia-ml-py: each call of the contract is pynvml's.
+
+    pynvml's errors become :class:`~slurm_gpu.hw.nvml_api.NVMLError` with
+    the same code, so every backend fails alike; a function this
+    nvidia-ml-py does not have (an old one on an old node) fails as
+    ``FUNCTION_NOT_FOUND``, as the driver's own lookup would.
+    """
+
+    def __init__(self, module: Any) -> None:
+        self._m = module
+
+    def _call(self, fn: str, args: tuple[Any, ...]) -> Any:
+        f = getattr(self._m, fn, None)
+        if f is None:
+            raise NVMLError(C.NVML_ERROR_FUNCTION_NOT_FOUND)
+        try:
+            return f(*args)
+        except self._m.NVMLError as e:
+            raise NVMLError(int(e.value)) from None
+
+    def new_gpm_metrics(self) -> Any:
+        return self._m.c_nvmlGpmMetricsGet_t()
+
+
+def open_api() -> PynvmlApi:
+    """The driver, initialised, or :class:`NvmlUnavailable` saying why not."""
     try:
         import pynvml
     except ImportError:
         raise NvmlUnavailable("NVML unavailable: nvidia-ml-py (pynvml) is not installed", 12) from None
+    api = PynvmlApi(pynvml)
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        raise NvmlUnavailable(f"NVML unavailable: {e} ({_err_name(pynvml, e.value)})", e.value) from None
-    return pynvml
+        api.nvmlInit()
+    except NVMLError as e:
+        raise NvmlUnavailable(f"NVML unavailable: {describe(e)}", e.value) from None
+    return api
 
 
-def close_api(api: Any) -> None:
+def close_api(api: NvmlApi) -> None:
     """nvmlShutdown, ignoring errors: we are done with it either way."""
     try:
         api.nvmlShutdown()
     except Exception:  # noqa: BLE001 - shutdown failures change nothing for the caller
         pass
-
-
-def _err_name(api: Any, code: int) -> str:
-    # The codes are NVML's, identical for pynvml, the replay and the simulator.
-    from .nvml_replay import error_name
-    return error_name(code)
-
-
-class _Reader:
-    """Holds the api and the few helpers every query needs."""
-
-    def __init__(self, api: Any) -> None:
-        self.api = api
-        self.optional = tuple(getattr(api, n) for n in _OPTIONAL if hasattr(api, n))
-
-    def err(self, e: Exception) -> str:
-        code = getattr(e, "value", None)
-        return f"{e} ({_err_name(self.api, code)})" if isinstance(code, int) else str(e)
-
-    def must(self, fn: str, *args: Any) -> Any:
-        """A call that must work; any NVML error is a HardwareError."""
-        try:
-            return getattr(self.api, fn)(*args)
-        except self.api.NVMLError as e:
-            raise HardwareError(f"NVML {fn} failed: {self.err(e)}") from None
-
-    def maybe(self, fn: str, *args: Any, default: Any = None) -> Any:
-        """An optional query: 'not supported' and its kind give *default*.
-
-        A function this pynvml does not have at all (an old nvidia-ml-py on
-        an old node) is "not supported" too: the driver would not have it either.
-        """
-        call = getattr(self.api, fn, None)
-        if call is None:
-            return default
-        try:
-            return call(*args)
-        except self.api.NVMLError as e:
-            if e.value in self.optional:
-                return default
-            raise
 
 
 # /proc/driver/nvidia-caps/mig-minors as the driver lays it out: "config 1",
@@ -143,7 +130,7 @@ def read_mig_minors(root: str = "/") -> dict[str, int]:
         return {}
 
 
-def read_view(api: Any, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None
+def read_view(api: NvmlApi, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None
               ) -> NvmlView:
     """Read every GPU's identity, NVLink peers, MIG instances and fabric.
 
@@ -152,11 +139,13 @@ def read_view(api: Any, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[
     ``/proc`` only when a GPU has MIG enabled.
     """
     from .views import NvmlGpu, NvmlView
-    r = _Reader(api)
-    driver = r.maybe("nvmlSystemGetDriverVersion")
-    if driver is not None:
-        driver = _s(driver)  # pynvml before 11.515 returns bytes
-    count = r.must("nvmlDeviceGetCount")
+    r = Reader(api)
+    raw_driver = r.maybe(api.nvmlSystemGetDriverVersion)
+    driver = _s(raw_driver) if raw_driver is not None else None  # pynvml before 11.515 returns bytes
+    try:
+        count = api.nvmlDeviceGetCount()
+    except NVMLError as e:
+        raise HardwareError(f"NVML nvmlDeviceGetCount failed: {describe(e)}") from None
     notes: list[str] = []
     gpus: list[NvmlGpu] = []
     raw: list[tuple[int, Any, NvmlGpu]] = []
@@ -164,8 +153,8 @@ def read_view(api: Any, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[
         try:
             handle = api.nvmlDeviceGetHandleByIndex(index)
             g = _read_gpu(r, index, handle)
-        except api.NVMLError as e:
-            notes.append(f"GPU index {index} unreadable: {r.err(e)}")
+        except NVMLError as e:
+            notes.append(f"GPU index {index} unreadable: {describe(e)}")
             continue
         raw.append((index, handle, g))
     known = {g.bus_id for _, _, g in raw}
@@ -186,8 +175,8 @@ def read_view(api: Any, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[
             links = _read_nvlinks(r, handle, known)
             mig_enabled, insts = _read_mig(r, handle, g, minors, notes)
             fabric = _read_fabric(r, handle)
-        except api.NVMLError as e:
-            notes.append(f"GPU {g.bus_id} unreadable: {r.err(e)}")
+        except NVMLError as e:
+            notes.append(f"GPU {g.bus_id} unreadable: {describe(e)}")
             continue
         gpus.append(NvmlGpu(index=g.index, minor=g.minor, uuid=g.uuid, bus_id=g.bus_id, device_id=g.device_id,
                             name=g.name, memory_bytes=g.memory_bytes, nvlinks=links, mig_enabled=mig_enabled,
@@ -195,13 +184,13 @@ def read_view(api: Any, *, mig_minors: Mapping[str, int] | Callable[[], Mapping[
     return NvmlView(driver_version=driver, gpus=tuple(gpus), notes=tuple(notes))
 
 
-def _read_gpu(r: _Reader, index: int, h: Any) -> NvmlGpu:
+def _read_gpu(r: Reader, index: int, h: NvmlHandle) -> NvmlGpu:
     from .views import NvmlGpu
     api = r.api
     pci = api.nvmlDeviceGetPciInfo(h)
     bus = normalize_bus_id(pci.busId if isinstance(pci.busId, str) else pci.busId.decode())
-    mem = r.maybe("nvmlDeviceGetMemoryInfo", h)
-    minor = r.maybe("nvmlDeviceGetMinorNumber", h)
+    mem = r.maybe(api.nvmlDeviceGetMemoryInfo, h)
+    minor = r.maybe(api.nvmlDeviceGetMinorNumber, h)
     return NvmlGpu(
         index=index, minor=minor, uuid=_s(api.nvmlDeviceGetUUID(h)), bus_id=bus,
         device_id=(pci.pciDeviceId >> 16) & 0xFFFF, name=_s(api.nvmlDeviceGetName(h)),
@@ -215,27 +204,27 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _read_nvlinks(r: _Reader, h: Any, gpu_buses: set[str]) -> tuple[NvLink, ...]:
+def _read_nvlinks(r: Reader, h: NvmlHandle, gpu_buses: set[str]) -> tuple[NvLink, ...]:
     from .model import PEER_CPU, PEER_GPU, PEER_NVSWITCH, NvLink
     api = r.api
     counts: dict[tuple[str, str], int] = {}
-    for link in range(api.NVML_NVLINK_MAX_LINKS):
+    for link in range(C.NVML_NVLINK_MAX_LINKS):
         try:
             active = api.nvmlDeviceGetNvLinkState(h, link)
-        except api.NVMLError as e:
-            if e.value in r.optional:
+        except NVMLError as e:
+            if optional(e.value):
                 break  # no NVLink at all, or past this GPU's last link
             raise
         if not active:
             continue
-        pci = r.maybe("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+        pci = r.maybe(api.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
         peer = normalize_bus_id(_s(pci.busId)) if pci is not None and _s(pci.busId) else ""
-        kind_code = r.maybe("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
-        if kind_code == getattr(api, "NVML_NVLINK_DEVICE_TYPE_UNKNOWN", 0xFF):
+        kind_code = r.maybe(api.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+        if kind_code == C.NVML_NVLINK_DEVICE_TYPE_UNKNOWN:
             kind_code = None  # the driver could not tell: judge by the remote PCI address, as Slurm does
-        if kind_code == api.NVML_NVLINK_DEVICE_TYPE_GPU or (kind_code is None and peer in gpu_buses):
+        if kind_code == C.NVML_NVLINK_DEVICE_TYPE_GPU or (kind_code is None and peer in gpu_buses):
             kind = PEER_GPU
-        elif kind_code == api.NVML_NVLINK_DEVICE_TYPE_IBMNPU:
+        elif kind_code == C.NVML_NVLINK_DEVICE_TYPE_IBMNPU:
             kind = PEER_CPU
         else:
             kind = PEER_NVSWITCH
@@ -245,19 +234,19 @@ def _read_nvlinks(r: _Reader, h: Any, gpu_buses: set[str]) -> tuple[NvLink, ...]
     return tuple(NvLink(k, p, n) for (k, p), n in sorted(counts.items()))
 
 
-def _read_mig(r: _Reader, h: Any, g: NvmlGpu, minors: Callable[[], Mapping[str, int]],
+def _read_mig(r: Reader, h: NvmlHandle, g: NvmlGpu, minors: Callable[[], Mapping[str, int]],
               notes: list[str]) -> tuple[bool | None, tuple[MigInstance, ...]]:
     from .model import MigInstance
     api = r.api
-    mode = r.maybe("nvmlDeviceGetMigMode", h)
+    mode = r.maybe(api.nvmlDeviceGetMigMode, h)
     if mode is None:
         return None, ()
     current = mode[0]
-    if current != api.NVML_DEVICE_MIG_ENABLE:
+    if current != C.NVML_DEVICE_MIG_ENABLE:
         return False, ()
     insts: list[MigInstance] = []
-    for j in range(r.maybe("nvmlDeviceGetMaxMigDeviceCount", h, default=0) or 0):
-        mig = r.maybe("nvmlDeviceGetMigDeviceHandleByIndex", h, j)
+    for j in range(r.maybe(api.nvmlDeviceGetMaxMigDeviceCount, h, default=0) or 0):
+        mig = r.maybe(api.nvmlDeviceGetMigDeviceHandleByIndex, h, j)
         if mig is None:
             continue  # NOT_FOUND: no MIG device at this index
         gi_id = api.nvmlDeviceGetGpuInstanceId(mig)
@@ -265,8 +254,8 @@ def _read_mig(r: _Reader, h: Any, g: NvmlGpu, minors: Callable[[], Mapping[str, 
         # Attributes are optional like in Slurm's gpu_nvml.c: the profile
         # comes from the name first, and a driver that refuses attributes on
         # a MIG handle must not cost the whole GPU.
-        attrs = r.maybe("nvmlDeviceGetAttributes", mig)
-        name = _s(r.maybe("nvmlDeviceGetName", mig, default="") or "")
+        attrs = r.maybe(api.nvmlDeviceGetAttributes, mig)
+        name = _s(r.maybe(api.nvmlDeviceGetName, mig, default="") or "")
         try:
             profile = mig_profile_name(name, attrs)
         except ValueError:
@@ -275,13 +264,13 @@ def _read_mig(r: _Reader, h: Any, g: NvmlGpu, minors: Callable[[], Mapping[str, 
             continue
         gi_profile = ci_profile = start = -1
         size = int(attrs.gpuInstanceSliceCount) if attrs is not None else -1
-        gi = r.maybe("nvmlDeviceGetGpuInstanceById", h, gi_id)
+        gi = r.maybe(api.nvmlDeviceGetGpuInstanceById, h, gi_id)
         if gi is not None:
-            info = r.maybe("nvmlGpuInstanceGetInfo", gi)
+            info = r.maybe(api.nvmlGpuInstanceGetInfo, gi)
             if info is not None:
                 gi_profile, start, size = int(info.profileId), int(info.placement.start), int(info.placement.size)
-            ci = r.maybe("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id)
-            cinfo = r.maybe("nvmlComputeInstanceGetInfo", ci) if ci is not None else None
+            ci = r.maybe(api.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id)
+            cinfo = r.maybe(api.nvmlComputeInstanceGetInfo, ci) if ci is not None else None
             if cinfo is not None:
                 ci_profile = int(cinfo.profileId)
         else:
@@ -328,12 +317,7 @@ def format_fabric_uuid(raw: Any) -> str:
     return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def _version_mismatch(api: Any) -> int:
-    # pynvml versions before R525 lack the constant; the code is NVML's 25.
-    return int(getattr(api, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25))
-
-
-def _read_fabric(r: _Reader, h: Any) -> Fabric | None:
+def _read_fabric(r: Reader, h: NvmlHandle) -> Fabric | None:
     fields = read_fabric_fields(r, h)
     if fields is None:
         return None
@@ -341,28 +325,29 @@ def _read_fabric(r: _Reader, h: Any) -> Fabric | None:
     return Fabric(**fields)
 
 
-def read_fabric_fields(r: _Reader, h: Any) -> dict[str, Any] | None:
+def read_fabric_fields(r: Reader, h: NvmlHandle) -> dict[str, Any] | None:
     """The GPU's NVLink fabric membership as :class:`~slurm_gpu.hw.model.Fabric`'s
     fields (None: not supported); the health check's ``gpu.fabric`` reads these."""
     api = r.api
     health = 0
+    info: c_nvmlGpuFabricInfo_t | c_nvmlGpuFabricInfo_v2_t
     try:
-        info = api.c_nvmlGpuFabricInfoV_t()
+        info = c_nvmlGpuFabricInfo_v2_t()
         api.nvmlDeviceGetGpuFabricInfoV(h, byref(info))
         health = int(info.healthMask)
-    except (api.NVMLError, AttributeError) as e:
+    except NVMLError as e:
         # A driver older than the structure version answers ARGUMENT_VERSION_MISMATCH.
-        if isinstance(e, api.NVMLError) and e.value not in r.optional + (_version_mismatch(api),):
+        if not optional(e.value) and e.value != C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
             raise
         try:  # drivers before the versioned call (R535 and older)
-            info = api.c_nvmlGpuFabricInfo_t()
+            info = c_nvmlGpuFabricInfo_t()
             api.nvmlDeviceGetGpuFabricInfo(h, byref(info))
-        except (api.NVMLError, AttributeError) as e2:
-            if isinstance(e2, api.NVMLError) and e2.value not in r.optional:
+        except NVMLError as e2:
+            if not optional(e2.value):
                 raise
             return None
     state = int(info.state)
-    if state == api.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+    if state == C.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
         return None
     return {"cluster_uuid": format_fabric_uuid(info.clusterUuid), "clique_id": int(info.cliqueId),
             "state": FABRIC_STATES.get(state, str(state)), "status": int(info.status), "health_mask": health}

@@ -1,7 +1,7 @@
 """NVML health reads: plain data for the ``gpu.*`` checks.
 
-:func:`read_health` reads through the same pynvml-surface *api* object as
-:mod:`slurm_gpu.hw.nvml` (real pynvml, snapshot replay, simulator, or a
+:func:`read_health` reads through the same :class:`~slurm_gpu.hw.nvml_api.NvmlApi`
+as :mod:`slurm_gpu.hw.nvml` (the driver, snapshot replay, simulator, or a
 recorder around any of them), so snapshots can record these answers and
 fault overlays can change them (remapped rows, ECC counts, a lost GPU...).
 
@@ -10,9 +10,11 @@ single NVML call a deadline: a GPU whose driver hangs in a call cannot hang
 the health check (the worker is a daemon thread, abandoned when it hangs,
 and the answer says which call hung).
 
-"Not supported" answers become ``None``: an optional query that a GPU does
-not support is not a fault.  Any other NVML error is kept by name in
-``GpuHealth.errors`` for the checks to judge.
+The error policy is :func:`slurm_gpu.hw.nvml_api.classify`'s: an absent
+answer (not supported...) becomes ``None``, it is not a fault.  A denied
+one (NO_PERMISSION) is ``None`` too, and kept by name in ``GpuHealth.errors``
+like any other NVML error, so that "unknown" is never read as "none" (an
+unreadable process list is not an empty one).
 """
 from __future__ import annotations
 
@@ -22,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import HardwareError, SlurmGpuError
+from . import nvml_constants as C
 from .busid import normalize_bus_id
-
-_OPTIONAL = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT",
-             "NVML_ERROR_NOT_FOUND", "NVML_ERROR_NO_DATA")
-_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: row remapping replaced page retirement
+from .nvml_api import ABSENT, NVMLError, NvmlApi, NvmlForward, NvmlHandle, Reader, classify
 
 
 @dataclass
@@ -76,36 +76,30 @@ class NvmlHealth:
     slow: bool = False
 
 
-def _err_name(api: Any, code: Any) -> str:
-    from .nvml_replay import ERROR_NAMES  # NVML's codes are the same in every backend
-    return ERROR_NAMES.get(code, f"NVML_ERROR_{code}")
-
-
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class _Calls:
-    """Query helpers sharing the api, its 'optional' error codes and the GPU being read."""
+    """Optional queries of one GPU under the one policy; what is not absent goes to its ``errors``."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: NvmlApi) -> None:
         self.api = api
-        self.optional = tuple(getattr(api, n) for n in _OPTIONAL if hasattr(api, n))
 
-    def opt(self, g: GpuHealth, key: str, fn: str, *args: Any) -> Any:
+    def opt(self, g: GpuHealth, key: str, fn: Any, *args: Any) -> Any:
+        r = Reader(self.api)
         try:
-            return getattr(self.api, fn)(*args)
-        except self.api.NVMLError as e:
-            if e.value not in self.optional:
-                g.errors[key] = _err_name(self.api, e.value)
+            got = r.maybe(fn, *args, key=key)
+        except NVMLError as e:
+            g.errors[key] = e.name
             return None
-        except AttributeError:       # an old pynvml without this function
-            return None
+        g.errors.update(r.denied)
+        return got
 
 
-def read_health(api: Any, gpu_indices: list[int] | None = None, *, include_fabric: bool = True,
+def read_health(api: NvmlApi, gpu_indices: list[int] | None = None, *, include_fabric: bool = True,
                 out: NvmlHealth | None = None, include_processes: bool = False) -> NvmlHealth:
-    """Read every GPU's health through *api* (an initialised pynvml surface).
+    """Read every GPU's health through *api* (initialised).
 
     *out*, when given, is filled as the read goes, so a caller that gives up
     on a hung call still has what was read and knows which GPU hung (the
@@ -116,8 +110,8 @@ def read_health(api: Any, gpu_indices: list[int] | None = None, *, include_fabri
     c = _Calls(api)
     try:
         out.count = int(api.nvmlDeviceGetCount())
-    except api.NVMLError as e:
-        return NvmlHealth(available=False, error=f"nvmlDeviceGetCount: {_err_name(api, e.value)}")
+    except NVMLError as e:
+        return NvmlHealth(available=False, error=f"nvmlDeviceGetCount: {e.name}")
     for i in (range(out.count) if gpu_indices is None else gpu_indices):
         g = GpuHealth(index=i)
         out.gpus.append(g)
@@ -125,8 +119,8 @@ def read_health(api: Any, gpu_indices: list[int] | None = None, *, include_fabri
             h = api.nvmlDeviceGetHandleByIndex(i)
             pci = api.nvmlDeviceGetPciInfo(h)
             g.bus_id = normalize_bus_id(_s(pci.busId))
-        except api.NVMLError as e:
-            g.lost = _err_name(api, e.value)
+        except NVMLError as e:
+            g.lost = e.name
             continue
         _read_one(c, g, h, include_fabric)
         if include_processes and g.lost is None:
@@ -140,109 +134,106 @@ def read_processes(gpus: Any, indices: list[int]) -> NvmlHealth:
     return read_health(gpus.api, indices, include_fabric=False, include_processes=True)
 
 
-def _read_processes(c: _Calls, g: GpuHealth, h: Any) -> None:
+def _read_processes(c: _Calls, g: GpuHealth, h: NvmlHandle) -> None:
     """Compute and graphics processes holding a context on the GPU, and its used memory."""
     procs: dict[int, int | None] = {}
-    for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+    for fn in (c.api.nvmlDeviceGetComputeRunningProcesses, c.api.nvmlDeviceGetGraphicsRunningProcesses):
         got = c.opt(g, "processes", fn, h)
         for p in got or ():
             used = getattr(p, "usedGpuMemory", None)
             procs[int(p.pid)] = int(used) if isinstance(used, int) else None
     if "processes" not in g.errors:
         g.processes = tuple(sorted(procs.items()))
-    mem = c.opt(g, "memory", "nvmlDeviceGetMemoryInfo", h)
+    mem = c.opt(g, "memory", c.api.nvmlDeviceGetMemoryInfo, h)
     if mem is not None:
         g.memory_used = int(mem.used)
 
 
-def _read_one(c: _Calls, g: GpuHealth, h: Any, include_fabric: bool) -> None:
+def _read_one(c: _Calls, g: GpuHealth, h: NvmlHandle, include_fabric: bool) -> None:
     api = c.api
-    uuid = c.opt(g, "uuid", "nvmlDeviceGetUUID", h)
+    uuid = c.opt(g, "uuid", api.nvmlDeviceGetUUID, h)
     g.uuid = _s(uuid) if uuid is not None else None
-    name = c.opt(g, "name", "nvmlDeviceGetName", h)
+    name = c.opt(g, "name", api.nvmlDeviceGetName, h)
     g.name = _s(name) if name is not None else None
-    g.minor = c.opt(g, "minor", "nvmlDeviceGetMinorNumber", h)
+    g.minor = c.opt(g, "minor", api.nvmlDeviceGetMinorNumber, h)
     if "GPU_IS_LOST" in g.errors.get("uuid", "") or "GPU_IS_LOST" in g.errors.get("name", ""):
         g.lost = "NVML_ERROR_GPU_IS_LOST"
         return
-    g.architecture = c.opt(g, "architecture", "nvmlDeviceGetArchitecture", h)
-    rows = c.opt(g, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
+    g.architecture = c.opt(g, "architecture", api.nvmlDeviceGetArchitecture, h)
+    rows = c.opt(g, "remapped_rows", api.nvmlDeviceGetRemappedRows, h)
     if rows is not None:
         g.remapped_rows = tuple(int(x) for x in rows)  # type: ignore[assignment]
-    if rows is None and (g.architecture is None or g.architecture < _AMPERE):
-        sbe = c.opt(g, "retired_pages", "nvmlDeviceGetRetiredPages", h,
-                    api.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
-        dbe = c.opt(g, "retired_pages", "nvmlDeviceGetRetiredPages", h,
-                    api.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+    # Row remapping replaced page retirement with Ampere.
+    if rows is None and (g.architecture is None or g.architecture < C.NVML_DEVICE_ARCH_AMPERE):
+        sbe = c.opt(g, "retired_pages", api.nvmlDeviceGetRetiredPages, h,
+                    C.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        dbe = c.opt(g, "retired_pages", api.nvmlDeviceGetRetiredPages, h,
+                    C.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
         if sbe is not None or dbe is not None:
             g.retired_pages = (len(sbe or ()), len(dbe or ()))
-            g.retired_pending = c.opt(g, "retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
-    g.ecc_volatile_uncorrected = c.opt(g, "ecc", "nvmlDeviceGetTotalEccErrors", h,
-                                       api.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, api.NVML_VOLATILE_ECC)
-    fi = getattr(api, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
-    vals = c.opt(g, "recovery_action", "nvmlDeviceGetFieldValues", h, [fi])
+            g.retired_pending = c.opt(g, "retired_pending", api.nvmlDeviceGetRetiredPagesPendingStatus, h)
+    g.ecc_volatile_uncorrected = c.opt(g, "ecc", api.nvmlDeviceGetTotalEccErrors, h,
+                                       C.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, C.NVML_VOLATILE_ECC)
+    vals = c.opt(g, "recovery_action", api.nvmlDeviceGetFieldValues, h, [C.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
     if vals:
         v = vals[0]
         if int(getattr(v, "nvmlReturn", 0)) == 0:
             val = getattr(v, "value", None)
             g.recovery_action = int(getattr(val, "uiVal", getattr(val, "ullVal", val if isinstance(val, int) else 0)))
     if include_fabric:
-        from .nvml import _Reader, read_fabric_fields  # the model's own fabric reader: one copy of that logic
+        from .nvml import read_fabric_fields  # the model's own fabric reader: one copy of that logic
         try:
-            fab = read_fabric_fields(_Reader(api), h)
-        except api.NVMLError as e:
-            g.errors["fabric"] = _err_name(api, e.value)
+            fab = read_fabric_fields(Reader(api), h)
+        except NVMLError as e:
+            g.errors["fabric"] = e.name
             fab = None
         if fab is not None:
             g.fabric_state, g.fabric_status, g.fabric_health_mask = fab["state"], fab["status"], fab["health_mask"]
     states: list[int] = []
-    for link in range(int(getattr(api, "NVML_NVLINK_MAX_LINKS", 18))):
+    for link in range(C.NVML_NVLINK_MAX_LINKS):
         try:
             states.append(int(api.nvmlDeviceGetNvLinkState(h, link)))
-        except api.NVMLError as e:
-            if e.value not in c.optional:
-                g.errors["nvlink"] = _err_name(api, e.value)
+        except NVMLError as e:
+            if classify(e.value) != ABSENT:     # past the last link is INVALID_ARGUMENT: absent
+                g.errors["nvlink"] = e.name
             break
     g.nvlink_states = tuple(states) if states else None
-    cg = c.opt(g, "pcie", "nvmlDeviceGetCurrPcieLinkGeneration", h)
-    mg = c.opt(g, "pcie", "nvmlDeviceGetMaxPcieLinkGeneration", h)
-    cw = c.opt(g, "pcie", "nvmlDeviceGetCurrPcieLinkWidth", h)
-    mw = c.opt(g, "pcie", "nvmlDeviceGetMaxPcieLinkWidth", h)
+    cg = c.opt(g, "pcie", api.nvmlDeviceGetCurrPcieLinkGeneration, h)
+    mg = c.opt(g, "pcie", api.nvmlDeviceGetMaxPcieLinkGeneration, h)
+    cw = c.opt(g, "pcie", api.nvmlDeviceGetCurrPcieLinkWidth, h)
+    mw = c.opt(g, "pcie", api.nvmlDeviceGetMaxPcieLinkWidth, h)
     if cg is not None and mg is not None:
         g.pcie_gen = (int(cg), int(mg))
     if cw is not None and mw is not None:
         g.pcie_width = (int(cw), int(mw))
-    reasons = c.opt(g, "clocks", "nvmlDeviceGetCurrentClocksEventReasons", h)
+    reasons = c.opt(g, "clocks", api.nvmlDeviceGetCurrentClocksEventReasons, h)
     if reasons is None:
         g.errors.pop("clocks", None)
-        reasons = c.opt(g, "clocks", "nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        reasons = c.opt(g, "clocks", api.nvmlDeviceGetCurrentClocksThrottleReasons, h)
     g.clock_reasons = int(reasons) if reasons is not None else None
-    g.persistence_mode = c.opt(g, "persistence", "nvmlDeviceGetPersistenceMode", h)
+    g.persistence_mode = c.opt(g, "persistence", api.nvmlDeviceGetPersistenceMode, h)
 
 
 # ------------------------------------------------------------- deadlines
 
-class _Watched:
+class _Watched(NvmlForward):
     """Wraps an api so the watcher knows which call is running and when it began."""
 
-    def __init__(self, api: Any, state: dict[str, Any]) -> None:
+    def __init__(self, api: NvmlApi, state: dict[str, Any]) -> None:
         self._api = api
         self._state = state
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._api, name)
-        if not (name.startswith("nvml") and callable(attr)):
-            return attr
+    def new_gpm_metrics(self) -> Any:
+        return self._api.new_gpm_metrics()
 
-        def call(*args: Any) -> Any:
-            self._state["call"] = (name, args[:1], time.monotonic())
-            try:
-                return attr(*args)
-            finally:
-                self._state["call"] = None
-                self._state["calls"] += 1
-
-        return call
+    def _call(self, fn: str, args: tuple[Any, ...]) -> Any:
+        target = getattr(self._api, fn)
+        self._state["call"] = (fn, args[:1], time.monotonic())
+        try:
+            return target(*args)
+        finally:
+            self._state["call"] = None
+            self._state["calls"] += 1
 
 
 def read_health_bounded(open_gpus: Callable[[], Any], *, call_timeout: float = 5.0, total_timeout: float = 12.0,

@@ -1,9 +1,9 @@
-"""Fault overlays: patch the answers of any pynvml-surface api object.
+"""Fault overlays: patch the answers of any :class:`~slurm_gpu.hw.nvml_api.NvmlApi`.
 
 One implementation serves both places faults are injected: a snapshot replay
 (``load_node(Snapshot(path, overlay))``) and the simulator's state file
-(``slurm_gpu_devkit.sim.set_overlay``).  :class:`OverlayNvml` wraps the api (replay,
-simulator, even the real pynvml) and, per call:
+(the devkit simulator's ``set_overlay``).  :class:`OverlayNvml` wraps the api
+(replay, simulator, even the driver) and, per call of the contract:
 
 * sleeps first when a ``hang`` entry matches (watchdog tests);
 * raises ``NVML_ERROR_GPU_IS_LOST`` for every call on a lost GPU, including
@@ -11,7 +11,7 @@ simulator, even the real pynvml) and, per call:
 * answers a matching entry's ``error`` or ``result`` (an object ``result``
   is merged into the real structure, so ``{"state": 2}`` changes one field),
   or fills a matching ``out`` into the caller's out-parameter;
-* hands out the overlay's ``events`` once each from ``nvmlEventSetWait``.
+* hands out the overlay's ``events`` once each from ``nvmlEventSetWait_v2``.
 
 Format (also in docs/snapshots.md)::
 
@@ -28,8 +28,8 @@ import time
 from typing import Any, Callable, Mapping
 
 from . import nvml_constants as C
-from .nvml_replay import (Handle, NvmlStruct, call_key, error_code, fill_struct, from_plain,
-                          is_out_param, to_plain)
+from .nvml_api import CALLS, Handle, NvmlApi, NVMLError, NvmlForward, NvmlHandle, NvmlStruct, error_code
+from .nvml_replay import call_key, fill_struct, from_plain, is_out_param, to_plain
 
 EVENT_TYPES = {"xid": C.nvmlEventTypeXidCriticalError, "double_bit_ecc": C.nvmlEventTypeDoubleBitEccError,
                "single_bit_ecc": C.nvmlEventTypeSingleBitEccError}
@@ -73,6 +73,8 @@ def check_overlay(overlay: Any) -> None:
                 raise ValueError(f"overlay calls[{i}]: {err}") from None
         if "hang" in e and not isinstance(e["hang"], (int, float)):
             raise ValueError(f"overlay calls[{i}].hang must be seconds")
+        if e["fn"] not in CALLS:     # it would never apply: no one makes that call
+            raise ValueError(f"overlay calls[{i}].fn: {e['fn']!r} is no NVML call slurm-gpu makes")
     for i, ev in enumerate(overlay.get("events") or ()):
         if not isinstance(ev, Mapping):
             raise ValueError(f"overlay events[{i}] must be an object")
@@ -100,7 +102,7 @@ class _Compiled:
                 self.wild.append((e["fn"], dev, e))
             else:
                 self.exact[(e["fn"], dev, args)] = e
-        self.events = []
+        self.events: list[dict[str, Any]] = []
         for ev in overlay.get("events") or ():
             et = ev.get("type", "xid")
             self.events.append({"dev": resolve(ev.get("gpu", 0)) or "gpu0",
@@ -123,10 +125,10 @@ class _Compiled:
                    if hfn == fn and (not hdev or hdev == dev) and (hargs is None or hargs == args))
 
 
-class OverlayNvml:
+class OverlayNvml(NvmlForward):
     """Wrap *api* and apply a fault overlay (static dict, or a callable read per call)."""
 
-    def __init__(self, api: Any, overlay: Mapping[str, Any] | Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, api: NvmlApi, overlay: Mapping[str, Any] | Callable[[], Mapping[str, Any]]) -> None:
         self._api = api
         self._source = overlay
         self._cache: tuple[str, _Compiled] | None = None
@@ -148,7 +150,7 @@ class OverlayNvml:
             return self._cache[1]
 
     def _resolver(self) -> Callable[[Any], str]:
-        from .model import normalize_bus_id
+        from .busid import normalize_bus_id
         buses: dict[str, str] = {}
 
         def bus_map() -> dict[str, str]:
@@ -159,7 +161,7 @@ class OverlayNvml:
                         pci = api.nvmlDeviceGetPciInfo(api.nvmlDeviceGetHandleByIndex(i))
                         bus = pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId
                         buses[normalize_bus_id(bus)] = f"gpu{i}"
-                    except api.NVMLError:
+                    except NVMLError:
                         continue
             return buses
 
@@ -184,23 +186,16 @@ class OverlayNvml:
 
         return resolve
 
-    # -- the pynvml surface -------------------------------------------------
+    # -- the contract -------------------------------------------------------
 
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._api, name)
-        if not (name.startswith("nvml") and name[4:5].isupper() and callable(target)
-                and not isinstance(target, type)):
-            return target
-        if name in ("nvmlEventSetWait", "nvmlEventSetWait_v2"):
-            return lambda eventSet, timeoutms: self._event_wait(target, eventSet, timeoutms)
+    def new_gpm_metrics(self) -> Any:
+        return self._api.new_gpm_metrics()
 
-        def call(*args: Any, _fn: str = name, _target: Any = target) -> Any:
-            return self._call(_fn, _target, args)
+    def nvmlEventSetWait_v2(self, eventSet: NvmlHandle, timeoutms: int) -> Any:
+        return self._event_wait(self._api.nvmlEventSetWait_v2, eventSet, timeoutms)
 
-        call.__name__ = name
-        return call
-
-    def _call(self, fn: str, target: Any, args: tuple[Any, ...]) -> Any:
+    def _call(self, fn: str, args: tuple[Any, ...]) -> Any:
+        target = getattr(self._api, fn)
         ov = self._compiled()
         _, dev, rest = call_key(fn, args)
         secs = ov.hang(fn, dev, rest)
@@ -208,18 +203,18 @@ class OverlayNvml:
             time.sleep(secs)
         if (dev and dev.split("/")[0] in ov.lost) or (
                 fn == "nvmlDeviceGetHandleByIndex" and rest and f"gpu{rest[0]}" in ov.lost):
-            raise self._api.NVMLError(C.NVML_ERROR_GPU_IS_LOST)
+            raise NVMLError(C.NVML_ERROR_GPU_IS_LOST)
         e = ov.entry(fn, dev, rest)
         if e is None:
             return target(*args)
         if "error" in e:
-            raise self._api.NVMLError(error_code(e["error"]))
+            raise NVMLError(error_code(e["error"]))
         if "result" in e:
             res = e["result"]
             if isinstance(res, Mapping):
                 try:
                     base = to_plain(target(*args))
-                except self._api.NVMLError:
+                except NVMLError:
                     base = None
                 if isinstance(base, dict):
                     res = {**base, **res}
@@ -227,7 +222,7 @@ class OverlayNvml:
         outs = [a for a in args if is_out_param(a)]
         try:
             ret = target(*args)
-        except self._api.NVMLError:
+        except NVMLError:
             ret = C.NVML_SUCCESS
         if outs:
             fill_struct(outs[0], e["out"])

@@ -1,7 +1,7 @@
 """Record every NVML answer that flows through an api object.
 
-:class:`RecordingNvml` wraps anything with pynvml's surface (the pynvml
-module, the simulator, even a replay) and keeps, for each call, its answer or
+:class:`RecordingNvml` wraps any :class:`~slurm_gpu.hw.nvml_api.NvmlApi`
+(the driver, the simulator, even a replay) and keeps, for each call, its answer or
 its error code, keyed by function name, handle key and the other arguments.
 Handles are replaced by :class:`~slurm_gpu.hw.nvml_replay.Handle` objects
 named by how they were obtained (``gpu3``, ``gpu3/mig0``, ``gpu3/gi1/ci0``),
@@ -9,46 +9,38 @@ so :class:`~slurm_gpu.hw.nvml_replay.ReplayNvml` can answer the same calls in
 another process, on another machine.
 
 Because the adapter (:mod:`slurm_gpu.hw.nvml`) and the health reads go
-through this proxy unchanged, what is recorded is exactly what they asked.
+through this wrapper unchanged, what is recorded is exactly what they asked.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-from .nvml_replay import Handle, call_key, handle_key_for, is_out_param, to_plain
+from .nvml_api import Handle, NvmlApi, NVMLError, NvmlForward
+from .nvml_replay import call_key, handle_key_for, is_out_param, to_plain
 
 # Calls whose answers mean nothing in another process (event sets carry live
-# pointers; init/shutdown only change library state): passed through, not kept.
+# pointers; init/shutdown only change library state; GPM samples are
+# buffers): passed through, not kept.
 PASS_THROUGH = frozenset({
-    "nvmlEventSetCreate", "nvmlEventSetFree", "nvmlEventSetWait", "nvmlEventSetWait_v2",
-    "nvmlDeviceRegisterEvents", "nvmlShutdown", "nvmlInit", "nvmlInitWithFlags",
+    "nvmlEventSetCreate", "nvmlEventSetFree", "nvmlEventSetWait_v2",
+    "nvmlDeviceRegisterEvents", "nvmlShutdown", "nvmlInit",
 })
 
 
-class RecordingNvml:
-    """A proxy that records each call's answer (see module docstring)."""
+class RecordingNvml(NvmlForward):
+    """Records each call's answer, then answers as *api* did (see module docstring)."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: NvmlApi) -> None:
         self._api = api
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str, tuple[Any, ...]], dict[str, Any]] = {}
 
-    # The proxy must look like pynvml: constants, NVMLError, structure
-    # classes and every nvml* function come from the wrapped api.
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._api, name)
-        if not (name.startswith("nvml") and name[4:5].isupper() and callable(target)
-                and not isinstance(target, type)):
-            return target
+    def new_gpm_metrics(self) -> Any:
+        return self._api.new_gpm_metrics()
 
-        def call(*args: Any, _fn: str = name, _target: Any = target) -> Any:
-            return self._call(_fn, _target, args)
-
-        call.__name__ = name
-        return call
-
-    def _call(self, fn: str, target: Any, args: tuple[Any, ...]) -> Any:
+    def _call(self, fn: str, args: tuple[Any, ...]) -> Any:
+        target = getattr(self._api, fn)
         # A raw device handle (e.g. from an event) is named like ByIndex names it.
         args = tuple(Handle(self._name_device(a), a) if _is_raw_handle(a) else a for a in args)
         real_args = tuple(_unwrap(a) for a in args)
@@ -58,7 +50,7 @@ class RecordingNvml:
         rec: dict[str, Any] = {"fn": fn, "dev": key[1], "args": list(key[2])}
         try:
             result = target(*real_args)
-        except self._api.NVMLError as e:
+        except NVMLError as e:
             rec["error"] = e.value
             self._keep(key, rec)
             raise

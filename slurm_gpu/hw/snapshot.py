@@ -29,6 +29,7 @@ from ..errors import InputError
 
 if TYPE_CHECKING:   # the health check reads a snapshot's NVML answers, not its node
     from .model import Node
+    from .nvml_api import NvmlApi
 
 SCHEMA = "slurm-gpu.snapshot/1"
 
@@ -87,7 +88,7 @@ def node_from_file(path: str, overlay: Mapping[str, Any] | None = None, *,
     (use :func:`slurm_gpu.hw.load_node` with :class:`~slurm_gpu.hw.sources.Snapshot`)."""
     path = os.fspath(path)
     data = read_snapshot(path)
-    sources = (f"snapshot:{path}",)
+    sources: tuple[str, ...] = (f"snapshot:{path}",)
     if not overlay and isinstance(data.get("node"), dict):
         from .model import Node
         try:
@@ -106,11 +107,12 @@ def _with_sources(node: Node, sources: tuple[str, ...]) -> Node:
 
 
 def replay_api(data: Mapping[str, Any], path: str, overlay: Mapping[str, Any] | None = None,
-               overlay_source: str = "overlay") -> Any:
+               overlay_source: str = "overlay") -> NvmlApi:
     """A :class:`ReplayNvml` over a parsed snapshot, with the fault overlay applied."""
     from .nvml_replay import ReplayNvml
+    api: NvmlApi
     try:
-        api: Any = ReplayNvml(data["nvml"]["calls"], where=path)
+        api = ReplayNvml(data["nvml"]["calls"], where=path)
     except (KeyError, TypeError) as e:
         raise InputError(f"bad recorded call: {e}", f"{path}: nvml.calls") from None
     if overlay:
@@ -147,7 +149,7 @@ def replay(data: Mapping[str, Any], path: str, *, overlay: Mapping[str, Any] | N
 REPLAY_DATA_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError)
 
 
-def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | None = None,
+def record(*, api: NvmlApi | None = None, hwloc_xml: str | None = None, hostname: str | None = None,
            mig_minors: Mapping[str, int] | None = None, source: str = "live",
            init_error: int | None = None, hwloc_source: str | None = None) -> dict[str, Any]:
     """Record this machine (or *api*, e.g. the simulator) as snapshot data.
@@ -168,13 +170,13 @@ def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | Non
     calls: list[dict[str, Any]] = []
     used_minors: dict[str, int] = {}
     opened = False
-    if api is None and init_error is None:
+    if api is None and init_error is None:  # the driver
         try:
             api = nvml.open_api()
             opened = True
         except nvml.NvmlUnavailable as e:
             init_error = e.code
-    if init_error is not None:
+    if init_error is not None or api is None:
         calls = [{"fn": "nvmlInit", "dev": "", "args": [], "error": init_error}]
     else:
         rec = RecordingNvml(api)
@@ -205,7 +207,7 @@ def record(*, api: Any = None, hwloc_xml: str | None = None, hostname: str | Non
     return data
 
 
-def _record_health(rec: Any) -> None:
+def _record_health(rec: NvmlApi) -> None:
     """Run the health reads through the recorder so snapshots carry them too."""
     try:
         from . import nvml_health
@@ -236,9 +238,10 @@ def rerecord(path: str, *, hostname: str, overlay: Mapping[str, Any] | None = No
     data = read_snapshot(path)
     api = replay_api(data, path, overlay)
     init_error = None
+    from .nvml_api import NVMLError
     try:
         api.nvmlInit()
-    except api.NVMLError as e:  # recorded on a machine without a usable NVML
+    except NVMLError as e:  # recorded on a machine without a usable NVML
         init_error = e.value
     return record(api=None if init_error is not None else api, hwloc_xml=data["hwloc_xml"], hostname=hostname,
                   mig_minors=data["nvml"].get("mig_minors") or {}, source=f"snapshot:{path}",

@@ -33,7 +33,7 @@ from . import state as jobstate
 
 # The context and the job's user and GPUs (re-exported: lifecycle.Context and
 # lifecycle.default_context are the entry points of __main__, commands and tests).
-from .context import Context, _gpu_facts, _lazy_api, default_context, job_gpus, job_user
+from .context import Context, _gpu_facts, _lazy_api, default_context, job_gpus, job_user  # noqa: F401 - default_context: the entry points import it from here
 from .mps import JobUser
 from .state import JobFailed, JobRecord, Phase
 from .steps import Job, every_undo, parse_mps, policy_of, run, steps_for, undo

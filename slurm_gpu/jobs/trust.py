@@ -22,7 +22,7 @@ def _owner_ok(st: os.stat_result) -> bool:
 def _parents(p: str) -> list[str]:
     """The directories above the normalized absolute path *p*, nearest first
     (``Path.parents`` without pathlib's ~3 ms of imports)."""
-    out = []
+    out: list[str] = []
     while True:
         d = os.path.dirname(p)
         if d == p:

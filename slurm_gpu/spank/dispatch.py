@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-# Hook ids shared with spank/slurm_gpu_spank.c (SG_HOOK_*).
+# Hook ids shared with spank/sg_plugin.h (SG_HOOK_*).
 # (2 was user_init: the remote work moved to init_post_opt, which runs as root.)
 HOOKS = {1: "init_post_opt", 3: "task_init_privileged", 4: "task_init"}
 

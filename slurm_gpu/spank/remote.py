@@ -10,8 +10,8 @@ them through fork, so ``task_init`` (as the job user) only plans and applies.
 user cannot.
 
 Errors found in ``init_post_opt`` are logged there (slurmd's log: the step's
-output is not connected yet) and reported again by each task's ``task_init``: its stderr is the job's, so the user sees the
-``slurm-gpu:`` line and the task fails.  This module is imported in every
+output is not connected yet) and reported again by each task's ``task_init``: its stderr is the job's,
+so the user sees the ``slurm-gpu:`` line and the task fails.  This module is imported in every
 bound step: it imports only what that path needs.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ _TASK_ENV = ("CUDA_VISIBLE_DEVICES", "SLURM_GPUS_PER_TASK")
 # SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP: slurmstepd sets (or unsets)
 # SLURM_JOB_GPUS in these steps and SLURM_STEP_GPUS in all others; the other
 # variable is whatever the user exported and says nothing about the step's
-# GPUs.  Keep in sync with spank/slurm_gpu_spank.c (sg_gpu_var).
+# GPUs.  Keep in sync with spank/sg_remote.c (sg_gpu_var).
 JOB_GPU_STEPS = (0xfffffffb, 0xfffffffa)
 
 

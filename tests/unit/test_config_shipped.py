@@ -2,7 +2,6 @@
 lists every key of every section at the code's default, and reads as defaults."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tomllib

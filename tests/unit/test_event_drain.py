@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from nvmlfake import Patched
+
+from slurm_gpu.hw import nvml_constants
+from slurm_gpu.hw.nvml_api import NVMLError
 from slurm_gpu.health import watch
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.hw import snapshot as snap
@@ -47,7 +51,6 @@ KERNEL79 = "3,{seq},5000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU
 def test_kernel_follower_sees_only_new_trusted_lines(tmp_path):
     log = tmp_path / "kernel.log"
     log.write_text(KERNEL79.format(seq=1))            # before the listener: the check's, not a trigger
-    calls: list[str] = []
     k = watch.KernelFollower(str(log))
     assert watch.drain_finding(lines=k.poll()) is None
     with open(log, "a") as f:                          # a user's /dev/kmsg write: facility 1
@@ -65,23 +68,20 @@ def test_listener_without_nvml_events_follows_the_kernel_log(tmp_path):
     """No GPU takes event registration (NOT_SUPPORTED): the kernel log alone triggers."""
     base = snap.replay_api(snap.read_snapshot(H100), H100, None)
 
-    class NoEvents:
-        def __getattr__(self, name):
-            return getattr(base, name)
-
-        def nvmlDeviceRegisterEvents(self, h, types, es):
-            raise base.NVMLError(base.NVML_ERROR_NOT_SUPPORTED)
+    def refuse(real, h, types, es):
+        raise NVMLError(nvml_constants.NVML_ERROR_NOT_SUPPORTED)
+    no_events = Patched(base, nvmlDeviceRegisterEvents=refuse)
     log = tmp_path / "kernel.log"
     log.write_text("")
     k = watch.KernelFollower(str(log))
     with open(log, "a") as f:
         f.write(KERNEL79.format(seq=1))
     calls: list[str] = []
-    watch.watch(lambda: NvmlGpus(NoEvents()), str(tmp_path / "ev.jsonl"), run_for=1.0, on_drain=calls.append,
+    watch.watch(lambda: NvmlGpus(no_events), str(tmp_path / "ev.jsonl"), run_for=1.0, on_drain=calls.append,
                 kernel=k)
     assert calls == ["kernel log: gpu.xid: Xid 79 on 0000:18:00.0: GPU has fallen off the bus"]
     with pytest.raises(Exception, match="no GPU accepts NVML event registration"):
-        watch.watch(lambda: NvmlGpus(NoEvents()), str(tmp_path / "ev.jsonl"), run_for=0.5)
+        watch.watch(lambda: NvmlGpus(no_events), str(tmp_path / "ev.jsonl"), run_for=0.5)
 
 
 def test_trigger_runs_the_health_check_for_this_node(tmp_path, monkeypatch):

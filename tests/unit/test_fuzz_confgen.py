@@ -6,7 +6,7 @@ from unittest import mock
 
 import pytest
 from fuzzlib import fuzz_settings, mutated, outcome
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_gpu.confgen import grescheck, hostlist, ibnet, topocheck

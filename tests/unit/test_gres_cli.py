@@ -132,7 +132,7 @@ def test_stale_derived_model_falls_back_to_raw_answers(tmp_path: Path, monkeypat
 
 
 def test_live_node_named_after_slurmd(monkeypatch, capsys) -> None:
-    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
+    from slurm_gpu.hw import HwlocXml, load_node
 
     node = load_node(HwlocXml(XML, hostname="whatever"))
     monkeypatch.setattr("slurm_gpu.hw.load_node", lambda *a, **k: node)

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from nvmlfake import Patched
+
+from slurm_gpu.hw import nvml_constants
+from slurm_gpu.hw.nvml_api import NVMLError
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.cli import main
 
@@ -192,19 +196,15 @@ def test_xid_watch_gpu_without_event_support_is_not_a_lost_gpu(tmp_path):
     from slurm_gpu.hw import snapshot as snap
     base = snap.replay_api(snap.read_snapshot(H100), H100, None)
 
-    class NoEvents:
-        seen = 0
+    seen = [0]
 
-        def __getattr__(self, name):
-            return getattr(base, name)
-
-        def nvmlDeviceRegisterEvents(self, h, types, es):
-            NoEvents.seen += 1
-            if NoEvents.seen == 3:                         # the third GPU has no event support
-                raise base.NVMLError(base.NVML_ERROR_NOT_SUPPORTED)
-            return base.nvmlDeviceRegisterEvents(h, types, es)
+    def register(real, h, types, es):
+        seen[0] += 1
+        if seen[0] == 3:                         # the third GPU has no event support
+            raise NVMLError(nvml_constants.NVML_ERROR_NOT_SUPPORTED)
+        return real(h, types, es)
     ev = tmp_path / "events.jsonl"
-    watch.watch(lambda: NvmlGpus(NoEvents()), str(ev), run_for=0.2)
+    watch.watch(lambda: NvmlGpus(Patched(base, nvmlDeviceRegisterEvents=register)), str(ev), run_for=0.2)
     recs = [json.loads(l) for l in ev.read_text().splitlines()] if ev.exists() else []
     evs, direct = xid.events_from_nvml(recs)
     assert [f for f in xid.check_xid(evs) + direct if f.severity == "drain"] == []
@@ -215,13 +215,9 @@ def test_xid_watch_lost_gpu_is_recorded_once_a_minute_not_every_second(tmp_path)
     from slurm_gpu.hw import snapshot as snap
     base = snap.replay_api(snap.read_snapshot(H100), H100, None)
 
-    class Lost:
-        def __getattr__(self, name):
-            return getattr(base, name)
-
-        def nvmlEventSetWait_v2(self, es, ms):
-            raise base.NVMLError(base.NVML_ERROR_GPU_IS_LOST)
+    def lost(real, es, ms):
+        raise NVMLError(nvml_constants.NVML_ERROR_GPU_IS_LOST)
     ev = tmp_path / "events.jsonl"
-    watch.watch(lambda: NvmlGpus(Lost()), str(ev), run_for=2.5)
+    watch.watch(lambda: NvmlGpus(Patched(base, nvmlEventSetWait_v2=lost)), str(ev), run_for=2.5)
     recs = [json.loads(l) for l in ev.read_text().splitlines()]
     assert [r["event"] for r in recs] == ["gpu_unavailable"]

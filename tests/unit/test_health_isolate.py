@@ -89,7 +89,8 @@ def test_shared_gres_conf_is_never_rewritten_node_drains(tmp_path, node_env):
 
 def test_which_faults_may_be_isolated():
     gpus = ["0000:18:00.0", "0000:2a:00.0"]
-    f = lambda check, gpu, xid=None: Finding(check, DRAIN, "x", gpu, xid)
+    def f(check, gpu, xid=None):
+        return Finding(check, DRAIN, "x", gpu, xid)
     assert bad_gpus([f("gpu.remap", gpus[0])], gpus) == {gpus[0]}
     assert bad_gpus([f("gpu.remap", gpus[0]), f("gpu.ecc", gpus[1])], gpus) is None      # all of them
     assert bad_gpus([f("gpu.xid", gpus[0], 79)], gpus) is None                           # off the bus

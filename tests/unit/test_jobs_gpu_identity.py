@@ -70,7 +70,7 @@ class Node:
 
     def __init__(self, machine: str, gres_style: str) -> None:
         from slurm_gpu.confgen import render_gres_conf
-        from slurm_gpu.hw import HwlocXml, Snapshot, load_node
+        from slurm_gpu.hw import Snapshot, load_node
         self.base = Path(tempfile.mkdtemp(prefix="sg-gpuid-"))
         os.chmod(self.base, 0o755)
         self.sim = str(self.base / "sim.json")
@@ -141,7 +141,7 @@ def skewed(request):
 
 
 def test_the_machines_really_are_skewed() -> None:
-    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
+    from slurm_gpu.hw import Snapshot, load_node
     for m in SKEWED:
         node = load_node(Snapshot(str(MACHINES / m / "snapshot.json")))
         assert any(g.index != g.minor for g in node.gpus), m

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu.hw import nvml_constants as C
+from slurm_gpu.hw.nvml_api import NVMLError
+from slurm_gpu.hw.nvml_structs import c_nvmlGpuInstancePlacement_t
 from slurm_gpu.mig import instances
 from slurm_gpu.mig.planner import plan
 from slurm_gpu.mig.profiles import find_model
@@ -20,6 +22,8 @@ from slurm_gpu_devkit.sim.state import init_state_for_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = ROOT / "tests" / "data" / "machines" / "h100-mig"
+
+GPU_INSTANCE_PROFILE_3_SLICE = 2      # nvml.h
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="MIG changes need root (as NVML)")
 
@@ -36,13 +40,13 @@ def sim(tmp_path: Path):
 
 
 def _code(api, fn, *args) -> int:
-    with pytest.raises(api.NVMLError) as ei:
+    with pytest.raises(NVMLError) as ei:
         fn(*args)
     return ei.value.value
 
 
 def _pl(api, start: int, size: int):
-    p = api.c_nvmlGpuInstancePlacement_t()
+    p = c_nvmlGpuInstancePlacement_t()
     p.start, p.size = start, size
     return ctypes.byref(p)
 
@@ -50,16 +54,16 @@ def _pl(api, start: int, size: int):
 def test_possible_placements_v2_protocol(sim) -> None:
     _, api = sim
     h = api.nvmlDeviceGetHandleByIndex(1)
-    info = api.nvmlDeviceGetGpuInstanceProfileInfo(h, C.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+    info = api.nvmlDeviceGetGpuInstanceProfileInfo(h, GPU_INSTANCE_PROFILE_3_SLICE)
     assert (info.id, info.sliceCount, info.instanceCount) == (9, 3, 2)
     n = ctypes.c_uint(0)
-    api.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, None, ctypes.byref(n))
+    api.sim.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, None, ctypes.byref(n))
     assert n.value == 2
     small = ctypes.c_uint(1)
-    arr = (api.c_nvmlGpuInstancePlacement_t * 2)()
-    assert _code(api, api.nvmlDeviceGetGpuInstancePossiblePlacements, h, info.id, arr,
+    arr = (c_nvmlGpuInstancePlacement_t * 2)()
+    assert _code(api, api.sim.nvmlDeviceGetGpuInstancePossiblePlacements, h, info.id, arr,
                  ctypes.byref(small)) == C.NVML_ERROR_INSUFFICIENT_SIZE
-    api.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(n))
+    api.sim.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(n))
     assert [(p.start, p.size) for p in arr] == [(0, 4), (4, 4)]
 
 
@@ -82,12 +86,12 @@ def test_error_codes(sim) -> None:
         == C.NVML_ERROR_INSUFFICIENT_RESOURCES
     # 4g (0:4) + 3g = 7 compute slices; a 1g more has no room
     api.nvmlDeviceCreateGpuInstanceWithPlacement(h1, 5, _pl(api, 0, 4))
-    assert _code(api, api.nvmlDeviceCreateGpuInstance, h1, 19) \
+    assert _code(api, api.sim.nvmlDeviceCreateGpuInstance, h1, 19) \
         == C.NVML_ERROR_INSUFFICIENT_RESOURCES
     # CI: a 4-slice CI does not exist in a 3g GI; a 3c fits once
-    assert _code(api, api.nvmlGpuInstanceCreateComputeInstance, gi, 3) == C.NVML_ERROR_NOT_SUPPORTED
-    ci = api.nvmlGpuInstanceCreateComputeInstance(gi, 2)
-    assert _code(api, api.nvmlGpuInstanceCreateComputeInstance, gi, 0) \
+    assert _code(api, api.sim.nvmlGpuInstanceCreateComputeInstance, gi, 3) == C.NVML_ERROR_NOT_SUPPORTED
+    ci = api.sim.nvmlGpuInstanceCreateComputeInstance(gi, 2)
+    assert _code(api, api.sim.nvmlGpuInstanceCreateComputeInstance, gi, 0) \
         == C.NVML_ERROR_INSUFFICIENT_RESOURCES
     # GI with a CI -> IN_USE; after the CI goes, the GI goes
     assert _code(api, api.nvmlGpuInstanceDestroy, gi) == C.NVML_ERROR_IN_USE
@@ -114,10 +118,11 @@ def test_state_shared_between_processes(sim) -> None:
     path, api = sim
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import ctypes\n"
             "from slurm_gpu_devkit.sim.mig import open_mig_sim\n"
+            "from slurm_gpu.hw.nvml_structs import c_nvmlGpuInstancePlacement_t\n"
             f"a = open_mig_sim({path!r}); h = a.nvmlDeviceGetHandleByIndex(1)\n"
-            "p = a.c_nvmlGpuInstancePlacement_t(); p.start, p.size = 0, 2\n"
+            "p = c_nvmlGpuInstancePlacement_t(); p.start, p.size = 0, 2\n"
             "gi = a.nvmlDeviceCreateGpuInstanceWithPlacement(h, 14, ctypes.byref(p))\n"
-            "a.nvmlGpuInstanceCreateComputeInstance(gi, 1)\n")
+            "a.sim.nvmlGpuInstanceCreateComputeInstance(gi, 1)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
     h1 = api.nvmlDeviceGetHandleByIndex(1)
     devs = list(instances.mig_devices(NvmlGpus(api), 1))

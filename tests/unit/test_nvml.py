@@ -5,10 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
+from nvmlfake import Patched
 
 from slurm_gpu.hw import nvml, nvml_constants
+from slurm_gpu.hw.nvml_api import ERROR_CLASSES, NVMLError, error_name
+from slurm_gpu.hw.nvml_structs import c_nvmlGpuFabricInfo_t
 from slurm_gpu.hw.nvml_record import RecordingNvml
-from slurm_gpu.hw.nvml_replay import NVMLError, ReplayNvml, error_name
+from slurm_gpu.hw.nvml_replay import ReplayNvml
 from slurm_gpu_devkit.sim import SimNvml
 from slurm_gpu_devkit.sim.nvml import gi_id_for_placement, mig_minors_text
 
@@ -24,9 +27,21 @@ def _sim(name: str) -> SimNvml:
 def test_constants_equal_pynvml() -> None:
     pynvml = pytest.importorskip("pynvml")
     names = [n for n in dir(nvml_constants) if n.startswith(("NVML_", "nvml"))]
-    assert len(names) > 1000
     for n in names:
         assert getattr(pynvml, n) == getattr(nvml_constants, n), n
+
+
+def test_constants_are_only_what_the_code_uses() -> None:
+    """No dump of pynvml: each constant is read somewhere, by the runtime or the devkit's
+    simulator (error codes name any error; architectures are looked up by name from the
+    simulator's table)."""
+    repo = Path(__file__).resolve().parents[2]
+    code = "\n".join(p.read_text() for d in (repo / "slurm_gpu", repo / "devkit") for p in d.rglob("*.py")
+                     if p.name != "nvml_constants.py")
+    names = [n for n in dir(nvml_constants) if n.startswith(("NVML_", "nvml"))]
+    unused = [n for n in names if not n.startswith(("NVML_ERROR_", "NVML_DEVICE_ARCH_")) and f"C.{n}" not in code]
+    assert unused == []
+    assert len(names) < 80
 
 
 def test_error_classes_mirror_pynvml() -> None:
@@ -34,7 +49,7 @@ def test_error_classes_mirror_pynvml() -> None:
     e = NVMLError(nvml_constants.NVML_ERROR_GPU_IS_LOST)
     assert type(e).__name__ == type(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)).__name__ == "NVMLError_GpuIsLost"
     assert e.value == 15 and str(e) == "GPU is lost"
-    assert isinstance(e, ReplayNvml([]).NVMLError_GpuIsLost)
+    assert isinstance(e, ERROR_CLASSES["NVMLError_GpuIsLost"])
     assert error_name(12) == "NVML_ERROR_LIBRARY_NOT_FOUND"
 
 
@@ -137,7 +152,7 @@ def test_fabric_clique_and_v1_fallback() -> None:
     rec = RecordingNvml(sim)
     nvml.read_view(rec)
     for i in range(4):
-        rec.nvmlDeviceGetGpuFabricInfo(rec.nvmlDeviceGetHandleByIndex(i), byref(rec.c_nvmlGpuFabricInfo_t()))
+        rec.nvmlDeviceGetGpuFabricInfo(rec.nvmlDeviceGetHandleByIndex(i), byref(c_nvmlGpuFabricInfo_t()))
     calls = [c for c in rec.records() if c["fn"] != "nvmlDeviceGetGpuFabricInfoV"]
     old = nvml.read_view(ReplayNvml(calls + [{"fn": "nvmlDeviceGetGpuFabricInfoV", "dev": f"gpu{i}", "args": [],
                                               "error": 13} for i in range(4)]))
@@ -169,9 +184,11 @@ def test_uninitialised_sim_answers_like_pynvml() -> None:
         sim.nvmlDeviceGetCount()
     assert ei.value.value == nvml_constants.NVML_ERROR_UNINITIALIZED
     sim.nvmlInit()
-    with pytest.raises(sim.NVMLError_InvalidArgument):
+    with pytest.raises(ERROR_CLASSES["NVMLError_InvalidArgument"]):
         sim.nvmlDeviceGetHandleByIndex(2)
-    with pytest.raises(sim.NVMLError_NotSupported):     # a query the simulator does not model
+    with pytest.raises(ERROR_CLASSES["NVMLError_NotSupported"]):     # a call of the contract it does not model
+        sim.nvmlDeviceSetMigMode(sim.nvmlDeviceGetHandleByIndex(0), 1)
+    with pytest.raises(AttributeError):                              # a call outside the contract
         sim.nvmlDeviceGetFanSpeed(sim.nvmlDeviceGetHandleByIndex(0))
     # Power is modelled (the scripted load; idle power without one).
     assert sim.nvmlDeviceGetPowerUsage(sim.nvmlDeviceGetHandleByIndex(0)) == 60_000
@@ -183,16 +200,16 @@ def test_sim_state_file_is_shared_between_processes(tmp_path: Path) -> None:
     init_state(str(MACHINES / "mini-2numa" / "facts.json"), str(state))
     a, b = open_sim(str(state)), open_sim(str(state))
     h = a.nvmlDeviceGetHandleByIndex(1)
-    a.nvmlDeviceSetComputeMode(h, a.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    a.nvmlDeviceSetComputeMode(h, nvml_constants.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
     assert b.nvmlDeviceGetComputeMode(b.nvmlDeviceGetHandleByIndex(1)) == 3
     inject_event(a, "0000:ae:00.0", 79)
     es = b.nvmlEventSetCreate()
     ev = b.nvmlEventSetWait_v2(es, 100)
-    assert (ev.eventType, ev.eventData, ev.device.key) == (b.nvmlEventTypeXidCriticalError, 79, "gpu1")
-    with pytest.raises(b.NVMLError_Timeout):
+    assert (ev.eventType, ev.eventData, ev.device.key) == (nvml_constants.nvmlEventTypeXidCriticalError, 79, "gpu1")
+    with pytest.raises(ERROR_CLASSES["NVMLError_Timeout"]):
         a.nvmlEventSetWait_v2(es, 10)   # consumed once, by either process
     set_overlay(a, {"gpus": {"0000:ad:00.0": {"lost": True}}})
-    with pytest.raises(b.NVMLError_GpuIsLost):
+    with pytest.raises(ERROR_CLASSES["NVMLError_GpuIsLost"]):
         b.nvmlDeviceGetUUID(b.nvmlDeviceGetHandleByIndex(0))
 
 
@@ -215,14 +232,14 @@ def test_sim_faults_use_the_snapshot_overlay_format(tmp_path: Path) -> None:
     sim = open_sim(str(state))
     set_overlay(sim, {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": "0009:01:00.0", "out": {"state": 2}},
                                 {"fn": "nvmlDeviceGetRemappedRows", "gpu": 0, "result": [0, 1, 1, 0]},
-                                {"fn": "nvmlDeviceGetTemperature", "hang": 0.2}]})
+                                {"fn": "nvmlDeviceGetPersistenceMode", "hang": 0.2}]})
     other = open_sim(str(state))   # another process's view of the same state
     view = nvml.read_view(other)
     assert [g.fabric.state for g in view.gpus] == ["completed", "in_progress", "completed", "completed"]
     assert view.gpus[1].fabric.clique_id == 32766          # only the patched field changed
     assert other.nvmlDeviceGetRemappedRows(other.nvmlDeviceGetHandleByIndex(0)) == [0, 1, 1, 0]
     t = time.monotonic()
-    assert other.nvmlDeviceGetTemperature(other.nvmlDeviceGetHandleByIndex(0), 0) == 34
+    assert other.nvmlDeviceGetPersistenceMode(other.nvmlDeviceGetHandleByIndex(0)) == 1
     assert time.monotonic() - t >= 0.2
     with pytest.raises(InputError, match="which the machine does not have"):
         set_overlay(sim, {"gpus": {"0000:01:00.0": {"lost": True}}})
@@ -230,42 +247,47 @@ def test_sim_faults_use_the_snapshot_overlay_format(tmp_path: Path) -> None:
     assert nvml.read_view(other).gpus[1].fabric.state == "completed"
 
 
-class _OldStackNvml:
-    """The simulator as an old nvidia-ml-py on an old driver answers.
+def _old_stack(sim: SimNvml) -> nvml.PynvmlApi:
+    """The simulator as an old nvidia-ml-py on an old driver answers, through the pynvml adapter.
 
     * char arrays come back as ``bytes`` (pynvml before 11.515);
     * ``nvmlDeviceGetNvLinkRemoteDeviceType`` does not exist in the module;
     * the driver refuses the v2 fabric structure (ARGUMENT_VERSION_MISMATCH);
     * MIG device handles refuse ``nvmlDeviceGetAttributes`` (NOT_SUPPORTED).
     """
+    import types
+    from slurm_gpu.hw.nvml_api import CALLS
 
-    def __init__(self, sim: SimNvml) -> None:
-        self._sim = sim
+    def refuse(code):
+        def f(*a):
+            raise NVMLError(code)
+        return f
 
-    def __getattr__(self, name: str):
-        if name == "nvmlDeviceGetNvLinkRemoteDeviceType":
-            raise AttributeError(name)
-        real = getattr(self._sim, name)
+    def attrs(real):
+        def f(h):
+            if "/mig" in h.key:
+                raise NVMLError(nvml_constants.NVML_ERROR_NOT_SUPPORTED)
+            return real(h)
+        return f
+
+    module = types.SimpleNamespace(NVMLError=NVMLError)
+    for name in CALLS - {"nvmlDeviceGetNvLinkRemoteDeviceType"}:
+        real = getattr(sim, name)
         if name in ("nvmlSystemGetDriverVersion", "nvmlDeviceGetName", "nvmlDeviceGetUUID"):
-            return lambda *a: real(*a).encode()
-        if name == "nvmlDeviceGetGpuFabricInfoV":
-            def refuse(*a):
-                raise NVMLError(nvml_constants.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-            return refuse
-        if name == "nvmlDeviceGetAttributes":
-            def attrs(h):
-                if "/mig" in h.key:
-                    raise NVMLError(nvml_constants.NVML_ERROR_NOT_SUPPORTED)
-                return real(h)
-            return attrs
-        return real
+            real = (lambda r: lambda *a: r(*a).encode())(real)
+        elif name == "nvmlDeviceGetGpuFabricInfoV":
+            real = refuse(nvml_constants.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        elif name == "nvmlDeviceGetAttributes":
+            real = attrs(real)
+        setattr(module, name, real)
+    return nvml.PynvmlApi(module)
 
 
 @pytest.mark.parametrize("name", ["h100-sxm-8x", "gb200-nvl", "h100-mig", "dgx2"])
 def test_old_pynvml_and_old_driver_give_the_same_gpus(name: str) -> None:
     minors = nvml.parse_mig_minors(mig_minors_text(16))
     new = nvml.read_view(_sim(name), mig_minors=minors)
-    old = nvml.read_view(_OldStackNvml(_sim(name)), mig_minors=minors)
+    old = nvml.read_view(_old_stack(_sim(name)), mig_minors=minors)
     assert isinstance(old.driver_version, str) and old.driver_version == new.driver_version
     assert len(old.gpus) == len(new.gpus) and old.notes == new.notes
     for o, n in zip(old.gpus, new.gpus):
@@ -288,20 +310,13 @@ def test_gpu_lost_mid_read_is_left_out_with_a_note() -> None:
     """GPU_IS_LOST after the identity reads (during NVLink) drops that GPU only, saying which."""
     sim = _sim("h100-sxm-8x")
 
-    class Losing:
-        def __getattr__(self, name: str):
-            real = getattr(sim, name)
-            if name != "nvmlDeviceGetNvLinkState":
-                return real
-
-            def state(h, link):
-                if h.key == "gpu3" and link == 2:
-                    raise NVMLError(nvml_constants.NVML_ERROR_GPU_IS_LOST)
-                return real(h, link)
-            return state
+    def state(real, h, link):
+        if h.key == "gpu3" and link == 2:
+            raise NVMLError(nvml_constants.NVML_ERROR_GPU_IS_LOST)
+        return real(h, link)
 
     full = nvml.read_view(sim, mig_minors={})
-    view = nvml.read_view(Losing(), mig_minors={})
+    view = nvml.read_view(Patched(sim, nvmlDeviceGetNvLinkState=state), mig_minors={})
     lost = full.gpus[3].bus_id
     assert [g.bus_id for g in view.gpus] == [g.bus_id for g in full.gpus if g.bus_id != lost]
     assert view.notes == (f"GPU {lost} unreadable: GPU is lost (NVML_ERROR_GPU_IS_LOST)",)
@@ -320,14 +335,10 @@ def test_remote_type_unknown_is_judged_by_pci_address(name: str) -> None:
     """A driver answering NVLINK_DEVICE_TYPE_UNKNOWN: a peer at a local GPU's address is a GPU, else a switch."""
     sim = _sim(name)
 
-    class Unknown:
-        def __getattr__(self, attr: str):
-            if attr == "nvmlDeviceGetNvLinkRemoteDeviceType":
-                return lambda h, link: nvml_constants.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
-            return getattr(sim, attr)
-
+    unknown = Patched(sim, nvmlDeviceGetNvLinkRemoteDeviceType=lambda real, h, link:
+                       nvml_constants.NVML_NVLINK_DEVICE_TYPE_UNKNOWN)
     expected = nvml.read_view(sim, mig_minors={})
-    got = nvml.read_view(Unknown(), mig_minors={})
+    got = nvml.read_view(unknown, mig_minors={})
     assert [g.nvlinks for g in got.gpus] == [g.nvlinks for g in expected.gpus]
     kinds = {l.peer_kind for g in got.gpus for l in g.nvlinks}
     assert kinds == ({"gpu"} if name == "mini-2numa" else {"nvswitch"})

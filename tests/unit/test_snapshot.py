@@ -9,6 +9,7 @@ import pytest
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.hw import snapshot as snap
+from slurm_gpu.hw.nvml_api import ERROR_CLASSES
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -100,12 +101,12 @@ def test_overlay_events_and_hang() -> None:
     import time
     data = snap.read_snapshot(H100)
     api = snap.replay_api(data, H100, {"events": [{"gpu": "0000:db:00.0", "type": "xid", "data": 79}],
-                                       "calls": [{"fn": "nvmlDeviceGetTemperature", "hang": 0.2}]})
+                                       "calls": [{"fn": "nvmlDeviceGetPowerUsage", "hang": 0.2}]})
     ev = api.nvmlEventSetWait_v2(api.nvmlEventSetCreate(), 100)
     assert (ev.eventData, ev.device.key) == (79, "gpu7")
     t = time.monotonic()
-    with pytest.raises(api.NVMLError_NotSupported):
-        api.nvmlDeviceGetTemperature(api.nvmlDeviceGetHandleByIndex(0), 0)
+    with pytest.raises(ERROR_CLASSES["NVMLError_NotSupported"]):     # not recorded
+        api.nvmlDeviceGetPowerUsage(api.nvmlDeviceGetHandleByIndex(0))
     assert time.monotonic() - t >= 0.2
 
 
@@ -113,6 +114,8 @@ def test_overlay_events_and_hang() -> None:
     ({"gpu": {}}, "unknown overlay key 'gpu'"),
     ({"gpus": {"0000:99:00.0": {"lost": True}}}, "which the machine does not have"),
     ({"calls": [{"fn": "x", "error": "NVML_ERROR_BOGUS"}]}, "unknown NVML error"),
+    ({"calls": [{"fn": "nvmlDeviceGetFanSpeed", "error": 3}]},
+     "'nvmlDeviceGetFanSpeed' is no NVML call slurm-gpu makes"),
     ({"calls": [{"result": 1}]}, "needs \"fn\""),
 ])
 def test_bad_overlay_is_one_line(overlay: dict, msg: str) -> None:
@@ -219,7 +222,7 @@ def test_node_config_snapshot_and_sim(tmp_path: Path, monkeypatch: pytest.Monkey
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[node]\nsnapshot = "{H100}"\n')
     monkeypatch.setenv(config.ENV_VAR, str(cfg))
-    from slurm_gpu.hw import HwlocXml, Snapshot, load_node
+    from slurm_gpu.hw import load_node
     assert len(load_node().gpus) == 8
 
 

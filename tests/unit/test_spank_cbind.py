@@ -44,6 +44,7 @@ def harness(tmp_path_factory) -> str:
         pytest.skip("no gcc")
     out = tmp_path_factory.mktemp("cbind") / "harness"
     subprocess.run(["gcc", "-O2", "-Wall", "-Werror", f"-I{ROOT / 'spank'}", "-o", str(out),
+                    "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc",
                     str(ROOT / "tests/unit/cbind/harness.c"), str(ROOT / "spank/sg_bind.c")],
                    check=True)
     return str(out)
@@ -261,7 +262,30 @@ def table(harness, cache, tmp_path):
                      None, node=node)
     assert "setenv SLURM_GPU_BINDING=prefer;gpus=0;cpus=" in run()
     return {"path": path, "run": run, "cfg": cfg, "gres": gres, "absent": absent,
-            "cache": cache, "gpus": gpus, "stamps": stamps}
+            "cache": cache, "gpus": gpus, "stamps": stamps, "harness": harness}
+
+
+def test_loading_a_table_allocates_after_its_size(table) -> None:
+    """The reader sizes its arrays from the file (a few hundred bytes), not from
+    its limits: it used to take 4 MiB for ids in every bound step."""
+    res = subprocess.run([table["harness"], str(table["cache"]), PREFIX, NODE, CONFIG,
+                          str(table["gres"]), "0", "@unset", "@unset", "0", "1", "0-3", "@none",
+                          "0", "0"], capture_output=True, text=True, check=True)
+    size = table["path"].stat().st_size
+    most = int(res.stderr.split("load-maxalloc ")[1].split()[0])
+    assert 0 < most <= 8 * size, (most, size)
+
+
+def test_the_c_planner_keeps_no_state_between_calls(tmp_path) -> None:
+    """No static or global data in sg_bind.c: each call's scratch is its own."""
+    if not shutil.which("gcc") or not shutil.which("nm"):
+        pytest.skip("no gcc or nm")
+    obj = tmp_path / "sg_bind.o"
+    subprocess.run(["gcc", "-c", "-O2", f"-I{ROOT / 'spank'}", "-o", str(obj),
+                    str(ROOT / "spank/sg_bind.c")], check=True)
+    syms = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+    data = [line for line in syms.splitlines() if line.split()[-2:-1] in (["b"], ["B"], ["d"], ["D"])]
+    assert data == []
 
 
 REFUSED = "load refused\n"
@@ -415,7 +439,7 @@ def test_keep_writes_rewrites_and_removes_the_table(cache, tmp_path) -> None:
 
 def c_takes(harness: str, value: str) -> bool:
     """What init_post_opt asks of each GPU variable before the C half binds the step
-    (slurm_gpu_spank.c sg_plain_var: sg_bind.c's sg_plain_env)."""
+    (sg_cbind.c sg_plain_var: sg_bind.c's sg_plain_env)."""
     res = subprocess.run([harness, "plain", value], capture_output=True, text=True, check=True)
     return res.stdout == "plain 1\n"
 

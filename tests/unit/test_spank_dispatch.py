@@ -418,7 +418,6 @@ def test_cached_step_imports_neither_config_nor_hw() -> None:
     budget of a bound step (issue 3: <= 2x a step without the plugin)."""
     import subprocess
     import sys
-    from pathlib import Path
     root = Path(__file__).resolve().parents[2]
     # A fresh interpreter with only the plugin's own imports (this test module
     # imports the model through test_binding).

@@ -10,7 +10,12 @@ import pytest
 from slurm_gpu.errors import UsageError
 from slurm_gpu import joboptions as o
 
-SHIM = Path(__file__).resolve().parents[2] / "spank" / "slurm_gpu_spank.c"
+SPANK = Path(__file__).resolve().parents[2] / "spank"
+
+
+def _shim_text() -> str:
+    """The outer half's own C sources and its internal header, together."""
+    return "".join((SPANK / f).read_text() for f in ("sg_plugin.h", *_build_script().OUTER_SOURCES))
 
 
 @pytest.mark.parametrize("value,expect", [
@@ -112,7 +117,7 @@ def _build_script():
 def test_c_option_table_is_generated_from_the_python_declaration(monkeypatch):
     """SG_OPT_* ids, the spank_option table, env names and plugstack keys of the
     C shim come from options.OPTIONS: the .c file spells none of them."""
-    c = SHIM.read_text()
+    c = _shim_text()
     assert '#include "sg_build.h"' in c
     for opt in o.OPTIONS:
         assert f'"{opt.name}"' not in c and f'"{opt.env}"' not in c
@@ -147,7 +152,7 @@ def test_prolog_gate_reads_the_declaration():
     ``prolog``; the jobs code reads the option values under the declared names."""
     from slurm_gpu.jobs import lifecycle
     from slurm_gpu.spank import local
-    root = SHIM.parents[1]
+    root = SPANK.parent
     gate = "${" + o.prolog_env(o.PROLOG_GATE) + "}"
     for script in ("prolog.d/50-slurm-gpu-jobs", "epilog.d/50-slurm-gpu-jobs"):
         text = (root / script).read_text()

@@ -122,7 +122,8 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         extra.setdefault(sec, {})[name] = _toml_value(val)
     opts = SandboxOptions(
         nodes=nodes, machine=machine, netns=netns, prolog=prolog, health=health,
-        health_interval=health_interval, spank=spank, simulate=simulate, sim_mig=mig_mode, spank_args=dict(_pairs(spank_arg, "--spank-arg")),
+        health_interval=health_interval, spank=spank, simulate=simulate, sim_mig=mig_mode,
+        spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
         accounting=accounting,
         timeout=timeout, node_prefix=node_prefix, slurm=slurm, vm=vm, boot_timeout=boot_timeout,

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Callable
 
 from slurm_gpu.errors import SlurmGpuError
-from slurm_gpu.fsutil import atomic_write
 from slurm_gpu.runner import run
 from .layout import Layout
 

@@ -1,6 +1,6 @@
 """The NVML simulator: a faithful fake of pynvml for machines without GPUs.
 
-``open_sim("<state file>")`` gives an object with pynvml's surface (see
+``open_sim("<state file>")`` gives the NVML contract over a simulated machine (see
 :mod:`slurm_gpu_devkit.sim.nvml`); ``slurm_gpu_devkit.sim.state.init_state`` creates the
 state file from a machine's ``facts.json``.  ``[node] nvml = "sim:<file>"``
 makes every component of the project use it as "this node's NVML" (the
@@ -10,25 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .nvml import SimNvml, inject_event, set_overlay
+from .nvml import FaultySim, SimNvml, inject_event, set_overlay
 from .state import init_state, init_state_for_machine, load_facts
 
 __all__ = ["SimNvml", "init_state", "init_state_for_machine", "inject_event", "load_facts", "open_sim", "set_overlay"]
 
 
-def open_sim(state_path: str) -> Any:
+def open_sim(state_path: str) -> FaultySim:
     """The simulator over *state_path*, initialised like ``pynvml.nvmlInit()`` leaves it.
 
-    It is wrapped in :class:`~slurm_gpu.hw.nvml_overlay.OverlayNvml` reading
+    It is wrapped in :class:`~slurm_gpu_devkit.sim.nvml.FaultySim`, which applies
     the state's ``overlay`` on every call, so faults injected by another
-    process (:func:`set_overlay`) take effect at once.  Non-NVML attributes
-    (``state``, ``edit``, ``mig_minors``) pass through to the simulator.
+    process (:func:`set_overlay`) take effect at once.
     """
-    from slurm_gpu.hw.nvml_overlay import OverlayNvml
     sim = SimNvml.from_state_file(state_path)
     sim.state  # noqa: B018 - fail now, with the file named, if the state is unreadable
     sim.nvmlInit()
-    return OverlayNvml(sim, lambda: sim.state.get("overlay") or {})
+    return FaultySim(sim)
 
 
 def open_backend(state_path: str) -> tuple[Any, None]:

@@ -124,7 +124,8 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           ("NVRM: Xid (PCI:{pci}): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No",),
           _none, False, "", _XID_DOC, (("xid", 94),)),
     Drill("ecc-dbe", "uncorrectable ECC errors counted by NVML, with a row remap pending (no kernel line)",
-          (), _ecc(2, (0, 1, 1, 0)), True, "slurm-gpu: gpu.ecc: 2 uncorrectable ECC errors on {bus} since the driver loaded",
+          (), _ecc(2, (0, 1, 1, 0)), True,
+          "slurm-gpu: gpu.ecc: 2 uncorrectable ECC errors on {bus} since the driver loaded",
           "", (("double_bit_ecc", 0),)),
     Drill("gpu-lost", "NVML loses the GPU with no Xid line (the driver's multi-line 'fallen off the bus' notice)",
           ("NVRM: The NVIDIA GPU {bus}\n"
@@ -134,7 +135,8 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           "shared/realdata/xid B (NVIDIA/NVSentinel issue 155, driver 570.158.01)"),
     Drill("row-remap-failure", "row remapping failed: the GPU needs replacing (NVML's remapped rows)",
           (), _remap((3, 5, 0, 1)), True,
-          "slurm-gpu: gpu.remap: row remapping failed on {bus} (5 uncorrectable, 3 correctable rows remapped): replace the GPU",
+          "slurm-gpu: gpu.remap: row remapping failed on {bus} (5 uncorrectable, 3 correctable rows remapped): "
+          "replace the GPU",
           ""),
     Drill("recovery-reset", "the driver asks for a GPU reset: Xid 154, NVML's recovery action 1",
           ("NVRM: Xid (PCI:{pci}): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",),

@@ -7,11 +7,12 @@ import time
 from typing import Any, Mapping
 
 from slurm_gpu.hw import nvml_constants as C
-from slurm_gpu.hw.model import normalize_bus_id
-from slurm_gpu.hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from slurm_gpu.hw.busid import normalize_bus_id
+from slurm_gpu.hw.nvml_api import Handle, NVMLError, NvmlStruct
+from .base import SimBase
 
 
-class EventsMixin:
+class EventsMixin(SimBase):
     """NVML's event-set calls, answered from the state's event queue."""
 
     def nvmlEventSetCreate(self) -> Handle:
@@ -39,8 +40,6 @@ class EventsMixin:
             if time.monotonic() >= deadline:
                 raise NVMLError(C.NVML_ERROR_TIMEOUT)
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-
-    nvmlEventSetWait = nvmlEventSetWait_v2
 
     def nvmlEventSetFree(self, eventSet: Handle) -> None:
         return None

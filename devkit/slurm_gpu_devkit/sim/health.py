@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from slurm_gpu.hw import nvml_constants as C
-from slurm_gpu.hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from slurm_gpu.hw.nvml_api import Handle, NVMLError, NvmlStruct
+from .base import SimBase
 
 
-class HealthMixin:
+class HealthMixin(SimBase):
     """The health queries of NVML, answered from ``facts.gpus[i].health``."""
 
     def _health(self, fn: str, handle: Handle, args: tuple[Any, ...] = ()) -> dict[str, Any]:

@@ -26,14 +26,13 @@ media-extension instance), and so are NVML's documented return codes:
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import Any
 
 from slurm_gpu.hw import nvml_constants as C
-from slurm_gpu.hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from slurm_gpu.hw.nvml_api import Handle, NVMLError, NvmlStruct
 from slurm_gpu.mig.profiles import CI_PLACEMENTS, CIP_BY_SLICES, GpuModel, identify
-from .nvml import SimNvml, gi_id_for_placement, mig_instances, mig_uuid
+from .nvml import FaultySim, SimNvml, gi_id_for_placement, mig_instances, mig_uuid
 
 _CI_SLICES = {v: k for k, v in CIP_BY_SLICES.items()}
 
@@ -43,21 +42,8 @@ def gi_id_for(model: GpuModel, start: int, size: int) -> int:
     return gi_id_for_placement(start, size, model.memory_slices)
 
 
-class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
-    """Same layout as pynvml's (start, size)."""
-
-    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
-
-
-class c_nvmlComputeInstancePlacement_t(ctypes.Structure):
-    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
-
-
 class MigSimNvml(SimNvml):
     """SimNvml plus MIG mode, GPU/compute instance create and destroy."""
-
-    c_nvmlGpuInstancePlacement_t = c_nvmlGpuInstancePlacement_t
-    c_nvmlComputeInstancePlacement_t = c_nvmlComputeInstancePlacement_t
 
     # -- helpers ----------------------------------------------------------
     def _model(self, g: dict[str, Any]) -> GpuModel:
@@ -124,7 +110,6 @@ class MigSimNvml(SimNvml):
             raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
         raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
 
-    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(self, device: Handle, profileId: int,
                                                    placementsRef: Any, countRef: Any) -> int:
@@ -145,7 +130,6 @@ class MigSimNvml(SimNvml):
         count.value = n
         return C.NVML_SUCCESS
 
-    nvmlDeviceGetGpuInstancePossiblePlacements_v2 = nvmlDeviceGetGpuInstancePossiblePlacements
 
     @staticmethod
     def _fit_error(m: GpuModel, mig: dict[str, Any], p: Any, start: int) -> int | None:
@@ -262,7 +246,6 @@ class MigSimNvml(SimNvml):
                            "sharedEncoderCount": 0, "sharedJpegCount": 0, "sharedOfaCount": 0,
                            "name": f"MIG {name}"})
 
-    nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
 
     def _create_ci(self, gpuInstance: Handle, profileId: int, placement: Any) -> Handle:
         i, g, gi = self._gi(gpuInstance)
@@ -326,13 +309,12 @@ class MigSimNvml(SimNvml):
         return C.NVML_SUCCESS
 
 
-def open_mig_sim(state_path: str) -> Any:
+def open_mig_sim(state_path: str) -> FaultySim:
     """The MIG-capable simulator over *state_path*, initialised, fault overlay applied."""
-    from slurm_gpu.hw.nvml_overlay import OverlayNvml
     sim = MigSimNvml.from_state_file(state_path)
     sim.state  # noqa: B018 - fail now, naming the file, if the state is unreadable
     sim.nvmlInit()
-    return OverlayNvml(sim, lambda: sim.state.get("overlay") or {})
+    return FaultySim(sim)
 
 
 def set_holder(state_path: str, name: str, *, gpus: list[int] | None = None,

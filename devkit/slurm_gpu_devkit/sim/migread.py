@@ -11,7 +11,8 @@ from typing import Any, Mapping
 
 from slurm_gpu.hw import nvml_constants as C
 from slurm_gpu.hw.nvml import MIG_CAPS_PER_GI, MIG_GIS_PER_GPU, mig_cap_minor
-from slurm_gpu.hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from slurm_gpu.hw.nvml_api import Handle, NVMLError, NvmlStruct
+from .base import SimBase
 
 MIG_MINORS_PER_GPU = MIG_GIS_PER_GPU * MIG_CAPS_PER_GI   # 135: 15 GIs x (1 GI + 8 CI access entries)
 MIG_MAX_GPUS = 32
@@ -64,7 +65,7 @@ def mig_instances(gpu: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list(mig.get("instances") or [])
 
 
-class MigReadMixin:
+class MigReadMixin(SimBase):
     """The MIG queries of NVML, answered from the state."""
 
     def _mig_list(self, g: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -139,7 +140,6 @@ class MigReadMixin:
                            "gpuInstanceSliceCount": int(gi["slices"]), "computeInstanceSliceCount": int(ci["slices"]),
                            "memorySizeMB": int(gi["memory_mb"])})
 
-    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
 
     def _gi(self, h: Handle) -> tuple[int, dict[str, Any], dict[str, Any]]:
         parts = h.key.split("/")
@@ -189,7 +189,6 @@ class MigReadMixin:
                                                             "size": int(ci["slices"])})})
         raise NVMLError(C.NVML_ERROR_NOT_FOUND)
 
-    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
 
     def mig_minors(self) -> dict[str, int]:
         """What ``/proc/driver/nvidia-caps/mig-minors`` holds on this machine."""

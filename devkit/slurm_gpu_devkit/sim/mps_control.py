@@ -36,6 +36,7 @@ Run it through :func:`write_wrapper`, which makes an executable file the
 """
 from __future__ import annotations
 
+from typing import Any
 import os
 import signal
 import socket
@@ -245,7 +246,10 @@ def _daemon_main() -> int:
         _log(log, f"Starting control daemon using socket {sock_path}")
         _log(log, "To connect CUDA applications to this daemon, set env "
                   f"CUDA_MPS_PIPE_DIRECTORY={pipe}")
-        signal.signal(signal.SIGTERM, lambda *_: setattr(d, "quitting", True) or sock.close())
+        def _quit(*_: Any) -> None:
+            d.quitting = True
+            sock.close()
+        signal.signal(signal.SIGTERM, _quit)
         os.write(wfd, b"1")
         os.close(wfd)
         try:

@@ -1,9 +1,12 @@
-"""A faithful fake NVML: pynvml's function names, signatures, structures and
-error codes, answering from a machine's facts (see :mod:`slurm_gpu_devkit.sim.state`).
+"""A faithful fake NVML: the NVML contract (:class:`slurm_gpu.hw.nvml_api.NvmlApi`)
+with pynvml's names, signatures, structures and error codes, answering from
+a machine's facts (see :mod:`slurm_gpu_devkit.sim.state`).
 
 The project's real adapter (:mod:`slurm_gpu.hw.nvml`) and health reads run
-against it unchanged.  Handles are :class:`~slurm_gpu.hw.nvml_replay.Handle`
-objects named like the recorder names them (``gpu0``, ``gpu0/mig1``,
+against it unchanged.  A call of the contract the simulator does not model
+answers NOT_SUPPORTED, like a driver without the feature; a name outside the
+contract (and the few MIG calls it models beyond it) does not exist.  Handles
+are :class:`~slurm_gpu.hw.nvml_api.Handle` objects named like the recorder names them (``gpu0``, ``gpu0/mig1``,
 ``gpu0/gi2``, ``gpu0/gi2/ci0``), so recording the simulator gives the same
 keys as recording a real machine.
 
@@ -33,8 +36,10 @@ import uuid as uuidlib
 from typing import Any, Iterator, Mapping
 
 from slurm_gpu.hw import nvml_constants as C
-from slurm_gpu.hw.model import normalize_bus_id
-from slurm_gpu.hw.nvml_replay import Handle, NVMLError, NvmlStruct, NvmlSurface, fill_struct
+from slurm_gpu.hw.busid import normalize_bus_id
+from slurm_gpu.hw.nvml_api import Handle, NVMLError, NvmlForward, NvmlStruct
+from slurm_gpu.hw.nvml_overlay import OverlayNvml
+from slurm_gpu.hw.nvml_replay import fill_struct
 from .arch import architecture
 from .events import EventsMixin, inject_event
 from .health import HealthMixin
@@ -43,7 +48,7 @@ from .migread import (MIG_MAX_GPUS, MIG_MINORS_PER_GPU, MigReadMixin, gi_id_for_
 from .state import MemoryState, StateFile, new_state
 from .usage import UsageMixin
 
-__all__ = ["MIG_MAX_GPUS", "MIG_MINORS_PER_GPU", "SimNvml", "add_process", "gi_id_for_placement",
+__all__ = ["FaultySim", "MIG_MAX_GPUS", "MIG_MINORS_PER_GPU", "SimNvml", "add_process", "gi_id_for_placement",
            "inject_event", "iter_gpu_facts", "mig_instances", "mig_minors_text", "mig_uuid", "set_overlay"]
 
 
@@ -70,7 +75,7 @@ def _int(v: Any) -> int:
     return int(v, 0) if isinstance(v, str) else int(v)
 
 
-class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlSurface):
+class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlForward):
     """pynvml's surface over a simulated machine (see module docstring).
 
     Usage queries (utilisation, power, energy, processes, GPM, accounting)
@@ -125,9 +130,6 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlSurface):
     # -- library ----------------------------------------------------------
 
     def nvmlInit(self) -> None:
-        self.nvmlInitWithFlags(0)
-
-    def nvmlInitWithFlags(self, flags: int) -> None:
         self._initialised += 1
 
     def nvmlShutdown(self) -> None:
@@ -141,8 +143,6 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlSurface):
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._check_init()
         return int(self.state["facts"].get("cuda_driver_version", 12070))
-
-    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
 
     def nvmlSystemGetNVMLVersion(self) -> str:
         self._check_init()
@@ -232,8 +232,6 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlSurface):
         i, g = self._simple("nvmlDeviceGetPciInfo", handle)
         return _pci(g["bus_id"], _int(g["pci_device_id"]), _int(g.get("pci_subsystem_id", 0)))
 
-    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
-
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> NvmlStruct:
         i, g = self._simple("nvmlDeviceGetMemoryInfo", handle)
         total = int(g["memory_mib"]) * 1024 * 1024
@@ -271,8 +269,6 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlSurface):
                             "usedGpuMemory": int(p.get("used_memory_mib", 0)) * 1024 * 1024,
                             "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})
                 for p in self._live_processes(i)] + self.scripted_processes(handle)
-
-    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[NvmlStruct]:
         self._simple("nvmlDeviceGetGraphicsRunningProcesses", handle)
@@ -327,8 +323,6 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlSurface):
         dev = {"gpu": 0x233010DE, "switch": 0x22A310DE, "npu": 0}.get(peer["type"], 0)
         return _pci(peer["bus_id"], _int(peer.get("pci_device_id", dev)), 0)
 
-    nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
-
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Handle, link: int) -> int:
         peer = self._link(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", link)
         if peer is None:
@@ -363,19 +357,39 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlSurface):
     def nvmlDeviceGetGpuFabricInfoV(self, device: Handle, gpuFabricInfo: Any) -> int:
         return self._fabric(device, "nvmlDeviceGetGpuFabricInfoV", gpuFabricInfo, True)
 
-    # -- what else pynvml has ---------------------------------------------
+    # -- the rest of the contract ----------------------------------------
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("nvml") and name[4:5].isupper() and not hasattr(C, name):
-            # A real driver lacking a feature answers NOT_SUPPORTED; the
-            # simulator does the same for the parts of NVML it does not model.
-            def unsupported(*args: Any, _name: str = name) -> Any:
-                self._check_init()
-                raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+    def _call(self, fn: str, args: tuple[Any, ...]) -> Any:
+        # A real driver lacking a feature answers NOT_SUPPORTED; the
+        # simulator does the same for the contract's calls it does not model.
+        self._check_init()
+        raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
 
-            unsupported.__name__ = name
-            return unsupported
-        return super().__getattr__(name)
+
+class FaultySim(OverlayNvml):
+    """The simulator with its state's fault overlay applied (read again on every call).
+
+    Beyond the contract it offers what the simulator's own users need:
+    its ``state`` and ``edit()``, and the backend's two optional calls
+    (:mod:`slurm_gpu.hw.backend`): ``mig_minors()`` and ``hwloc_xml()``.
+    """
+
+    def __init__(self, sim: SimNvml) -> None:
+        super().__init__(sim, lambda: sim.state.get("overlay") or {})
+        self.sim = sim
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.sim.state
+
+    def edit(self) -> Any:
+        return self.sim.edit()
+
+    def mig_minors(self) -> dict[str, int]:
+        return self.sim.mig_minors()
+
+    def hwloc_xml(self) -> str | None:
+        return self.sim.hwloc_xml()
 
 
 def add_process(sim: Any, gpu: int, pid: int, used_memory_mib: int = 0) -> None:

@@ -33,7 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 from slurm_gpu.hw import nvml_constants as C
-from slurm_gpu.hw.nvml_replay import Handle, NVMLError, NvmlStruct
+from slurm_gpu.hw.nvml_api import Handle, NVMLError, NvmlStruct
+from .base import SimBase
 from . import load as L
 
 NO_INSTANCE = 0xFFFFFFFF
@@ -50,15 +51,8 @@ class SimGpmSample:
         self.freed = False
 
 
-class UsageMixin:
+class UsageMixin(SimBase):
     """NVML usage queries answered from ``state["load"]`` (see module docstring)."""
-
-    state: dict[str, Any]
-
-    # provided by SimNvml
-    def _gpu(self, h: Any) -> tuple[int, dict[str, Any]]: ...  # pragma: no cover
-    def _mig_of(self, h: Handle) -> Any: ...  # pragma: no cover
-    def _check_init(self) -> None: ...  # pragma: no cover
 
     # -- helpers ------------------------------------------------------------
 
@@ -103,7 +97,9 @@ class UsageMixin:
             return None
         used = sum(int(self._now_values(k)["mem_mib"]) for k in keys) * MIB
         if is_mig:
-            total = int(self._mig_of(handle)[0]["memory_mb"]) * MIB
+            mig = self._mig_of(handle)
+            assert mig is not None      # is_mig: a MIG device handle
+            total = int(mig[0]["memory_mb"]) * MIB
         else:
             total = int(g["memory_mib"]) * MIB
         return used, total

@@ -9,6 +9,10 @@
  *
  * "@unset" stands for an unset variable; ALLOWED and BOUND are cpu lists
  * (BOUND "@none": no MPOL_BIND policy in place).
+ *
+ * Linked with --wrap=malloc,calloc,realloc: on stderr it says the largest
+ * single allocation sg_table_load made ("load-maxalloc N"), which must
+ * follow the table's size, not the reader's limits.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -16,6 +20,36 @@
 #include <string.h>
 
 #include "sg_bind.h"
+
+static size_t maxalloc;
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+
+static void note(size_t n)
+{
+    if (n > maxalloc)
+        maxalloc = n;
+}
+
+void *__wrap_malloc(size_t n)
+{
+    note(n);
+    return __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+    note(n * size);
+    return __real_calloc(n, size);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    note(n);
+    return __real_realloc(p, n);
+}
 
 static const char *allowed_text, *bound_text;
 static int aff_err, mpol_err;
@@ -126,10 +160,12 @@ int main(int argc, char **argv)
         return 0;
     }
     printf("name %s\n", name);
+    maxalloc = 0;
     if (sg_table_load(&t, argv[1], name, key)) {
         printf("load refused\n");
         return 0;
     }
+    fprintf(stderr, "load-maxalloc %zu\n", maxalloc);
     memset(&in, 0, sizeof(in));
     in.step_gpus = arg(argv[6]);
     in.cvd = arg(argv[7]);
