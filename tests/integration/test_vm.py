@@ -181,7 +181,7 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_goes_with_the_epilog(node: N
         node.ok(f"scancel {jobid}")
     node.wait(f"scontrol show job -o {jobid} | grep -Eq 'JobState=(CANCELLED|COMPLETED)' && "
               f"! pgrep -x nvidia-cuda-mps", 60)
-    assert node.sh(f"ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope/*/slurm_gpu_mps").returncode != 0
+    assert node.sh("ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope/*/slurm_gpu_mps").returncode != 0
 
 
 def test_doctor_is_clean_on_the_node(node: Node) -> None:

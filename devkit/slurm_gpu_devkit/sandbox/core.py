@@ -22,10 +22,10 @@ from slurm_gpu.errors import SlurmGpuError, UsageError
 from slurm_gpu.fsutil import atomic_write
 from slurm_gpu.hw.model import Node
 from slurm_gpu.runner import RunAs
-from . import accounting, chroot, conf, configs, devices, netns, places, procs, registry, teardown, versions
+from . import accounting, chroot, conf, configs, devices, netns, places, procs, registry, versions
 from .layout import Layout
 from .machine import Machine, load, resolve
-from .options import SandboxOptions, require_root, require_slurm
+from .options import SandboxOptions, require_root
 from .versions import SlurmRelease
 
 STATE_VERSION = 1
@@ -190,6 +190,7 @@ class Sandbox:
         t0 = time.monotonic()
         self._place = places.choose(o)
         self.place.prepare(self)
+        assert self.release is not None     # every place's prepare sets it
         if self.model is None:
             self.machine = resolve(o.machine or getattr(self.place, "default_machine", None))
             self.model = load(self.machine)

@@ -42,7 +42,8 @@ GUEST_TOML = "/etc/slurm-gpu/slurm-gpu.toml"
 TOOLS = {QEMU: "qemu-system-x86", "mke2fs": "e2fsprogs"}
 BUILD_TOOLS = {"debootstrap": "debootstrap", "dpkg-deb": "dpkg"}
 # What the image is built from, inside a checkout (its cache key, with the suite).
-SOURCES = ("slurm_gpu", "devkit/slurm_gpu_devkit", "devkit/pyproject.toml", "prolog.d", "epilog.d", "spank", "templates", "packaging",
+SOURCES = ("slurm_gpu", "devkit/slurm_gpu_devkit", "devkit/pyproject.toml", "prolog.d", "epilog.d",
+           "spank", "templates", "packaging",
            "scripts/vm", "scripts/vm-image.sh", "scripts/build-deb.sh", "scripts/build-wheel.sh",
            "scripts/build-env.sh", "pyproject.toml", "setup.cfg", "docs/install.md")
 
@@ -332,7 +333,8 @@ def qemu_argv(img: Image, config: Path, console: Path, port: int, accel: str,
     serial console into a file, user-mode network that reaches nothing."""
     argv = [QEMU, "-name", "slurm-gpu-sandbox", "-nodefaults", "-no-user-config",
             "-accel", accel, "-cpu", "max" if accel == "tcg" else "host",
-            "-m", str(MEMORY_MIB), "-smp", f"{cpus},sockets={max(len(numa), 1)},cores={cpus // max(len(numa), 1)},threads=1",
+            "-m", str(MEMORY_MIB),
+            "-smp", f"{cpus},sockets={max(len(numa), 1)},cores={cpus // max(len(numa), 1)},threads=1",
             "-kernel", str(img.kernel), "-initrd", str(img.initrd),
             "-append", "root=/dev/vda rw console=ttyS0 quiet panic=-1",
             # snapshot=on: the cached image is never written; the guest's
