@@ -75,6 +75,7 @@ class Facts:
     mps_error: str | None = None
     cgroup: "CgroupFacts | None" = None     # None: not gathered (login role, tests): no finding
     rebuild: str = "slurm-gpu spank build"  # the command that rebuilds the plugin here (:func:`rebuild_command`)
+    imex: Any = None                        # slurm_gpu.imex.doctor.ImexFacts (None: not gathered)
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,8 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
         return facts
     from . import doctor_cgroup
     facts.cgroup = doctor_cgroup.gather(str(Path(path).parent))
+    from .imex.doctor import gather as gather_imex
+    facts.imex = gather_imex(conf, path)
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -616,9 +619,17 @@ def check_cgroup(f: Facts) -> list[Finding]:
     return [Finding(*x) for x in check(f.cgroup, f.conf, f.slurmd_version)]
 
 
+def check_imex(f: Facts) -> list[Finding]:
+    """Per-job IMEX (docs/imex.md): ``imex.*`` findings, nothing when not gathered."""
+    if f.imex is None:
+        return []
+    from .imex.doctor import check
+    return [Finding(status, name, message) for status, name, message in check(f.imex)]
+
+
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
           check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
-          check_cgroup)
+          check_cgroup, check_imex)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.

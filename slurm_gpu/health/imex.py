@@ -120,8 +120,25 @@ def check(major: int | None, st: ImexStatus, busy: bool) -> list[Finding]:
     return [Finding(CHECK, sev, f"IMEX not ready: {'; '.join(problems)}{tail}")]
 
 
+def per_job() -> bool:
+    """Whether ``[imex] mode = "per-job"``: then there is no node-wide domain to look at."""
+    from .. import config
+    try:
+        sec = config.load_raw().get("imex")
+    except Exception:  # noqa: BLE001 - a bad config is doctor's finding, not this check's
+        return False
+    return isinstance(sec, dict) and sec.get("mode") == "per-job"
+
+
 def run_check(timeout: float, slurm_conf: str | None = None, root: str = "/") -> list[Finding]:
-    """gpu.imex for this node: nothing at all unless Slurm hands out IMEX channels."""
+    """gpu.imex for this node: nothing at all unless Slurm hands out IMEX channels.
+
+    Under per-job IMEX (docs/imex.md) each job's prolog starts and checks its
+    own domain, and between jobs no daemon runs: the node-wide check would
+    only ever see "not ready", so it says once that it does not apply."""
+    if per_job():
+        return [Finding(CHECK, INFO, "not applicable: per-job IMEX ([imex] mode = \"per-job\"): "
+                        "each job's prolog starts and checks its own domain")]
     if not imex_configured(slurmclient.conf_path(slurm_conf)):
         return []
     st = query(timeout)
