@@ -19,7 +19,6 @@ no entry for its model falls back to that comparison.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Mapping
 
 from ..errors import InputError
