@@ -13,7 +13,7 @@ def record(out: str | None, snapshot: str | None, overlay: str | None) -> int:
     from ..health import baseline
     from ..hw.ib import read_ports
     from ..hw.nvml_health import read_health_bounded
-    from .health_run import _opener, _settings
+    from .health_run import _node, _opener, _settings
     s = _settings()
     path = out or s.baseline
     if not path:
@@ -22,7 +22,7 @@ def record(out: str | None, snapshot: str | None, overlay: str | None) -> int:
                             total_timeout=max(10.0, s.watchdog_seconds), include_nvlink_speed=True)
     if not h.available or h.hung:
         raise SlurmGpuError(f"cannot read the GPUs: {h.error or h.hung}", "health baseline record")
-    new = baseline.entry_for(h, read_ports(s.fabric_root))
+    new = baseline.entry_for(h, read_ports(s.fabric_root.replace("%n", _node())))
     if not new:
         raise SlurmGpuError("no GPU answered: nothing to record", "health baseline record")
     doc = baseline.merged(baseline.load(path), new)

@@ -59,6 +59,11 @@ def memory(opts: Any) -> dict[str, Any]:
     return doc
 
 
+def fabric_root(opts: Any) -> str:
+    """``[health] fabric_root`` for this node ("%n": the node's name, as the sandbox sets it)."""
+    return opts.settings.fabric_root.replace("%n", opts.node)
+
+
 def uptime(root: str) -> float | None:
     try:
         with open(os.path.join(root, "proc/uptime")) as f:
@@ -78,7 +83,7 @@ def settle(findings: list[Finding], opts: Any) -> list[Finding]:
     """Apply boot grace and debounce to this run's findings; save the memory when acting."""
     s = opts.settings
     doc = memory(opts)
-    up = uptime(s.fabric_root) if s.boot_grace_seconds > 0 else None
+    up = uptime(fabric_root(opts)) if s.boot_grace_seconds > 0 else None
     grace_left = s.boot_grace_seconds - up if up is not None else 0.0
     counts = debounce_counts(s)
     old = doc.get("debounce") or {}

@@ -84,10 +84,10 @@ def run_check(opts: Any, health: Any, want: frozenset[str] = frozenset({CHECK, E
     """``ib.port`` and ``ib.errors`` (those in *want*) over this node's sysfs
     (``[health] fabric_root``), with their memory: one read for both."""
     from ..hw.ib import read_ports
-    from .fabric_state import memory
+    from .fabric_state import fabric_root, memory
     s = opts.settings
     doc = memory(opts)
-    findings, keep = check_ports(read_ports(s.fabric_root), expected_rates(opts, health),
+    findings, keep = check_ports(read_ports(fabric_root(opts)), expected_rates(opts, health),
                                  doc.get("ib") or {}, s.ib_error_rise, time.time())
     doc["ib"] = keep
     return [f for f in findings if f.check in want]

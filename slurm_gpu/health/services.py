@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .fabric_state import fabric_root
 from .findings import DRAIN, WARN, Finding, not_applicable
 
 NVIDIA = "0x10de"
@@ -82,7 +83,7 @@ def _running(names: frozenset[str], comm: str) -> bool:
 
 
 def check_fabricmanager(g: Any) -> list[Finding]:
-    root = g.opts.settings.fabric_root
+    root = fabric_root(g.opts)
     n = local_nvswitches(root)
     if not n:
         return [not_applicable("svc.fabricmanager", "no NVSwitch on this node")]
@@ -93,7 +94,7 @@ def check_fabricmanager(g: Any) -> list[Finding]:
 
 
 def check_imex(g: Any) -> list[Finding]:
-    root = g.opts.settings.fabric_root
+    root = fabric_root(g.opts)
     if not imex_expected(root):
         return [not_applicable("svc.imex", "no node-wide IMEX domain here")]
     if _running(processes(root, g.deadline), "nvidia-imex"):
@@ -106,6 +107,6 @@ def check_hostengine(g: Any) -> list[Finding]:
     gate = getattr(g.opts.repair, "dcgm_gate", 0) if g.opts.repair is not None else 0
     if not (s.dcgm_level or gate):
         return [not_applicable("svc.hostengine", "DCGM checks are off")]
-    if _running(processes(s.fabric_root, g.deadline), "nv-hostengine"):
+    if _running(processes(fabric_root(g.opts), g.deadline), "nv-hostengine"):
         return []
     return [Finding("svc.hostengine", WARN, "nv-hostengine is not running (DCGM checks are on)")]

@@ -155,10 +155,15 @@ def test_fabric_registration_on_gb200_and_hgx():
 
 # ---------------------------------------------------------------- daemons
 
+RUNS = iter(range(1, 10 ** 6))
+
+
 class G:
+    """What an OWN check gets: the run's options and its deadline (one process scan per run)."""
+
     def __init__(self, root, dcgm=0) -> None:
         self.opts = engine.Options("n1", HealthSettings(fabric_root=str(root), dcgm_level=dcgm), "")
-        self.deadline = id(self)
+        self.deadline = float(next(RUNS))
 
 
 def test_fabric_daemons_are_product_aware(tmp_path):
@@ -221,3 +226,17 @@ def test_baseline_record_merges_and_names_models(tmp_path, capsys):
     with pytest.raises(InputError, match="not JSON"):
         baseline.load(str(tmp_path / "broken.json"))
     assert main(["health", "baseline", "forget"]) != 0
+
+
+BASELINED = sorted(p.parent.name for p in MACHINES.glob("*/baseline.json"))
+
+
+@pytest.mark.parametrize("machine", BASELINED)
+def test_packaged_machines_carry_their_baseline_and_pass_it(machine):
+    assert BASELINED and (MACHINES / machine / "snapshot.json").is_file()
+    doc = baseline.load(str(MACHINES / machine / "baseline.json"))
+    h = gather(machine)
+    assert {k: {x: y for x, y in v.items() if x != "ib"} for k, v in doc["models"].items()} == baseline.entry_for(h)
+    from slurm_gpu.health import gpu_checks as gc
+    fs = gc.run_gpu_checks(h, None, gc.NVML_CHECKS, 60, None, doc)
+    assert [f for f in fs if f.severity == DRAIN] == []

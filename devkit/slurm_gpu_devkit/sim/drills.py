@@ -249,7 +249,8 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           _FABRIC_DOC, files=_files({f"proc/{FM_PID}/comm": None}), fabric=True),
     Drill("imex-down", "nvidia-imex exits on a node of a node-wide IMEX domain", (), _none, True,
           "slurm-gpu: svc.imex: nvidia-imex is not running (node-wide IMEX domain in "
-          "/etc/nvidia-imex/nodes_config.cfg)", _FABRIC_DOC, files=_files({f"proc/{IMEX_PID}/comm": None}), fabric=True),
+          "/etc/nvidia-imex/nodes_config.cfg)", _FABRIC_DOC, files=_files({"etc/nvidia-imex/nodes_config.cfg": "10.0.0.1\n10.0.0.2\n", f"proc/{IMEX_PID}/comm": None}),
+          fabric=True),
     Drill("ib-port-down", "InfiniBand port mlx5_0/1 goes DOWN, polling for a peer", (), _none, True,
           "slurm-gpu: ib.port: InfiniBand port mlx5_0/1 is DOWN (Polling), expected ACTIVE", _FABRIC_DOC,
           files=_files({f"{IB_PORT}/state": "1: DOWN\n", f"{IB_PORT}/phys_state": "2: Polling\n"}), runs=2, fabric=True),
