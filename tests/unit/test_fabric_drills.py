@@ -104,6 +104,19 @@ def test_fabric_drill_inside_boot_grace_does_not_drain(tmp_path, monkeypatch, ca
         assert any("boot grace: 558 s left" in f["message"] for f in doc["findings"]), doc
 
 
+def test_a_drill_says_which_machines_it_fits():
+    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
+    gb = json.loads((MACHINES / "gb200-nvl" / "facts.json").read_text())
+    a100 = json.loads((MACHINES / "dgx-a100-permuted" / "facts.json").read_text())
+    clique, fm, down = (drills.DRILLS[n] for n in ("fabric-clique-lost", "fabricmanager-down", "nvlink-down"))
+    assert clique.applies(gb, 0) is None and "multi-node NVLink domain" in clique.applies(hgx, 0)
+    assert fm.applies(hgx, 0) is None and fm.applies(gb, 0) == "needs NVSwitches on the node"
+    assert down.applies(hgx, 1) is None and down.applies(a100, 1) == "needs a GPU with 18 NVLinks (this one has 12)"
+    for name, (machine, gpu) in WHERE.items():
+        facts = json.loads((MACHINES / machine / "facts.json").read_text())
+        assert drills.DRILLS[name].applies(facts, gpu) is None, name
+
+
 def test_listing_names_every_fabric_drill():
     text = drills.listing()
     for name in WHERE:

@@ -154,6 +154,9 @@ def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
     assert (L.var / "n1" / "fabric/sys/class/infiniband/mlx5_0/ports/1/state").read_text() == "4: ACTIVE\n"
     nodesim.set_fault(L, "n2", {})
     assert port.read_text() == "4: ACTIVE\n"
+    with pytest.raises(UsageError, match="fault fabric-clique-lost does not apply to n2 GPU 0: it needs a GPU "
+                                         "in a multi-node NVLink domain"):
+        nodesim.drill(L, "n2", "fabric-clique-lost", 0)
     with pytest.raises(InputError, match="bad overlay"):
         nodesim.set_fault(L, "n2", {"gpu": {}})
     with pytest.raises(SlurmGpuError, match="node n3 has no NVML simulator"):

@@ -157,7 +157,11 @@ def drill(layout: Layout, node: str, name: str, gpu: int = 0) -> tuple[str, str]
     from ..sim import drills
     d = drills.get(name)
     path = _state_path(layout, node)
-    bus = drills.gpu_bus(json.loads(path.read_text())["facts"], gpu)
+    facts = json.loads(path.read_text())["facts"]
+    bus = drills.gpu_bus(facts, gpu)
+    why = d.applies(facts, gpu)
+    if why:
+        raise UsageError(f"fault {name} does not apply to {node} GPU {gpu}: it {why}", "sandbox fault")
     set_fault(layout, node, d.overlay_for(bus))
     drills.write_files(str(layout.var / node / FABRIC_NAME), d.files())
     drills.append_kernel(str(layout.var / node / KERNEL_LOG_NAME), d.kernel_lines(bus))

@@ -62,6 +62,9 @@ class Drill:
     # check's default debounce count); every run before that only warns.
     runs: int = 1
     fabric: bool = False                    # a fabric drill (issue 28): tests/unit/test_fabric_drills.py
+    # What the node's machine must have for this fault to mean anything
+    # (facts, GPU index -> why not, or None): see applies().
+    needs: Callable[[Mapping[str, Any], int], str | None] = field(default=lambda facts, gpu: None)
 
     def overlay_for(self, bus: str) -> dict[str, Any]:
         out = dict(self.overlay(bus))
@@ -83,6 +86,10 @@ class Drill:
         want = self.reason_for(bus, index)
         return reason is not None and (reason == want or (
             reason.startswith(want + " (+") and reason.endswith(" more)") and reason[len(want) + 3:-6].isdigit()))
+
+    def applies(self, facts: Mapping[str, Any], gpu: int) -> str | None:
+        """None when this fault fits the machine's GPU *gpu*; else why not (one phrase)."""
+        return self.needs(facts, gpu)
 
     def kernel_lines(self, bus: str) -> list[str]:
         pci = bus.rsplit(".", 1)[0]
@@ -154,6 +161,27 @@ def _pcie_width(width: int) -> Overlay:
 # (fabric_root_files); the drills take them away or change them.
 FM_PID, IMEX_PID = 4201, 4202
 IB_PORT = "sys/class/infiniband/mlx5_0/ports/1"
+
+
+def _gpu(facts: Mapping[str, Any], gpu: int) -> Mapping[str, Any]:
+    return next((g for g in facts.get("gpus") or [] if g.get("index") == gpu), {})
+
+
+def _links(n: int) -> Callable[[Mapping[str, Any], int], str | None]:
+    def need(facts: Mapping[str, Any], gpu: int) -> str | None:
+        have = int((_gpu(facts, gpu).get("nvlink") or {}).get("count") or 0)
+        return None if have == n else f"needs a GPU with {n} NVLinks (this one has {have})"
+    return need
+
+
+def _multi_node_fabric(facts: Mapping[str, Any], gpu: int) -> str | None:
+    uuid = str((_gpu(facts, gpu).get("fabric") or {}).get("cluster_uuid") or "")
+    return None if uuid.strip("0-") else "needs a GPU in a multi-node NVLink domain (GB200/GB300)"
+
+
+def _local_switches(facts: Mapping[str, Any], gpu: int) -> str | None:
+    return None if any(p.get("type") == "switch" and p.get("bus_id") for g in facts.get("gpus") or []
+                       for p in (g.get("nvlink") or {}).get("peers", [])) else "needs NVSwitches on the node"
 
 
 def _files(changes: dict[str, str | None]) -> Callable[[], dict[str, str | None]]:
@@ -235,18 +263,20 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           _XID_DOC, (("xid", 154),)),
     # The fabric drills (issue 28): NVML overlays and fabric-root files, no kernel line.
     Drill("nvlink-down", "NVLink 3 of an 18-link GPU goes down (NVML's link state)", (), _nvlink_down(3), True,
-          "slurm-gpu: gpu.nvlink: NVLink down on {bus}: 17/18 links up (inactive: 3)", _FABRIC_DOC, fabric=True),
+          "slurm-gpu: gpu.nvlink: NVLink down on {bus}: 17/18 links up (inactive: 3)", _FABRIC_DOC, fabric=True,
+          needs=_links(18)),
     Drill("nvlink-downtrained", "NVLink 3 of an H100 trains at half speed: up, but slow (NVML's link speed field)",
           (), _nvlink_slow(3), True, "slurm-gpu: gpu.nvlink_speed: NVLink downtrained on {bus}: link 3 at "
-          f"{_H100_LINK_MBPS // 2} MB/s, expected {_H100_LINK_MBPS} MB/s", _FABRIC_DOC, runs=3, fabric=True),
+          f"{_H100_LINK_MBPS // 2} MB/s, expected {_H100_LINK_MBPS} MB/s", _FABRIC_DOC, runs=3, fabric=True,
+          needs=_links(18)),
     Drill("fabric-clique-lost", "a GB200 GPU leaves its NVLink domain: registered, cluster UUID zero",
           (), _clique_lost, True, "slurm-gpu: gpu.fabric_registration: {bus} is in no NVLink domain: "
-          "cluster UUID is zero, expected non-zero", _FABRIC_DOC, fabric=True),
+          "cluster UUID is zero, expected non-zero", _FABRIC_DOC, fabric=True, needs=_multi_node_fabric),
     Drill("pcie-downtrained", "the GPU's PCIe link trains at x8 of x16", (), _pcie_width(8), True,
           "slurm-gpu: gpu.pcie: PCIe link of {bus} is x8, expected x16", _FABRIC_DOC, runs=3, fabric=True),
     Drill("fabricmanager-down", "nv-fabricmanager exits on a node with local NVSwitches", (), _none, True,
           "slurm-gpu: svc.fabricmanager: nvidia-fabricmanager is not running on a node with NVSwitches",
-          _FABRIC_DOC, files=_files({f"proc/{FM_PID}/comm": None}), fabric=True),
+          _FABRIC_DOC, files=_files({f"proc/{FM_PID}/comm": None}), fabric=True, needs=_local_switches),
     Drill("imex-down", "nvidia-imex exits on a node of a node-wide IMEX domain", (), _none, True,
           "slurm-gpu: svc.imex: nvidia-imex is not running (node-wide IMEX domain in "
           "/etc/nvidia-imex/nodes_config.cfg)", _FABRIC_DOC, files=_files({"etc/nvidia-imex/nodes_config.cfg": "10.0.0.1\n10.0.0.2\n", f"proc/{IMEX_PID}/comm": None}),
