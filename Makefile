@@ -4,7 +4,7 @@
 VENV ?= /opt/slurm-gpu/venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test unit integration bench clean deb test-deb rpm
+.PHONY: install demo test unit integration bench clean deb test-deb rpm gpu-check-bundle
 
 install:
 	SLURM_GPU_VENV=$(VENV) bash scripts/install.sh
@@ -34,6 +34,11 @@ test-deb:
 
 rpm:
 	bash scripts/build-rpm.sh
+
+# One directory to carry to a GPU machine (docs/development.md): wheels for
+# CPython 3.10-3.13 on x86_64 and aarch64, tests/gpu, and gpu-check.sh.
+gpu-check-bundle:
+	bash scripts/gpu-check-bundle.sh
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache devkit/build devkit/*.egg-info

@@ -71,6 +71,7 @@ License: BSD-3-Clause
 COPYRIGHT
 
 for s in postinst prerm postrm; do install -m 755 "$HERE/packaging/debian/$s" "$root/DEBIAN/$s"; done
+install -m 644 "$HERE/packaging/debian/triggers" "$root/DEBIAN/triggers"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 sed -e "s/@VERSION@/$deb_version/" -e "s/@SIZE@/$size/" \
     -e "s/@MAINTAINER@/${DEBFULLNAME:-slurm-gpu maintainers} <${DEBEMAIL:-slurm-gpu@localhost}>/" \

@@ -27,7 +27,9 @@
 #   7. trixie: a failed plugin build (spank.h moved away) on a third
 #      upgrade: dpkg must fail, the live tree and its plugin stay, doctor
 #      must report package.setup; with spank.h back, `dpkg --configure -a`
-#      goes live and doctor is clean again;
+#      goes live and doctor is clean again; then the dpkg trigger on Slurm's
+#      headers: a no-op over a plugin that fits, a rebuild (and doctor
+#      clean) over one whose record names another Slurm major;
 #   8. the guide's `apt-get remove`: every script the guide's Prolog=,
 #      Epilog= and HealthCheckProgram= lines name must still exist and exit 0
 #      (for a job that asked for our prolog too); then the guide's
@@ -279,17 +281,19 @@ for SUITE in "${SUITES[@]}"; do
     # line.  Kept aside to be undone before the purge's comparison: they are
     # the admin's files, not the package's.
     mkdir -p "$R/etc/slurm"
-    for f in slurm.conf plugstack.conf; do
+    for f in slurm.conf plugstack.conf cgroup.conf; do
         if [ -e "$R/etc/slurm/$f" ]; then cp -p "$R/etc/slurm/$f" "$WORK/orig.$f"; fi
     done
     { echo "ClusterName=lifecycle"; doc_block slurm.conf | grep -v '^NodeName=.*\.\.\.'; } >"$R/etc/slurm/slurm.conf"
+    doc_block cgroup.conf | sed 's/ *#.*//' >"$R/etc/slurm/cgroup.conf"
     psline=$(doc_block plugstack.conf | grep .)
     [ "$(echo "$psline" | wc -l)" = 1 ] || fail "the guide's plugstack block is not one line: $psline"
     echo "$psline" >>"$R/etc/slurm/plugstack.conf"
     doctor configured
     doctor_says configured "OK slurm.prolog: Prolog=$(guide_key Prolog)" "OK slurm.epilog: Epilog=$(guide_key Epilog)" \
         "OK slurm.prologflags:" "OK slurm.healthcheck: HealthCheckProgram=$(guide_key HealthCheckProgram)" \
-        "OK spank.plugstack: $psline" "OK venv.owner:"
+        "OK spank.plugstack: $psline" "OK venv.owner:" \
+        "OK cgroup.conf: ConstrainDevices, ConstrainCores and ConstrainRAMSpace are yes (/etc/slurm/cgroup.conf)"
     doctor_not configured "package.setup"
     if [ $spank_expect = built ]; then
         slurm=$(in_root /usr/sbin/slurmd -V | awk '{print $2}')
@@ -384,6 +388,28 @@ for SUITE in "${SUITES[@]}"; do
         doctor_not "fixed" "package.setup" "CRITICAL spank"
         doctor_says "fixed" "OK spank.plugin: built for Slurm $slurm"
         upgrades="$upgrades; a failed plugin build kept the live plugin and doctor said so"
+
+        # A Slurm of another major under the plugin: the root has one Slurm, so
+        # the plugin's record is made another major's (same length), then the
+        # package's dpkg trigger on Slurm's headers fires as a Slurm upgrade
+        # would fire it. A trigger over a plugin that fits changes nothing.
+        live=$(readlink "$R/opt/slurm-gpu/venv")
+        in_root dpkg-trigger --no-await /usr/include/slurm/spank.h && in_root dpkg --triggers-only -a >"$WORK/trigger.log" 2>&1 ||
+            fail "dpkg --triggers-only failed: $(tail -3 "$WORK/trigger.log")"
+        [ "$(readlink "$R/opt/slurm-gpu/venv")" = "$live" ] || fail "a trigger over a plugin that fits rebuilt it"
+        other=22.05.8; [ "${slurm%%.*}" != 22 ] || other=24.11.5
+        python3 -c 'import sys; p, a, b = sys.argv[1:]; d = open(p, "rb").read(); a, b = (b"built-for-slurm=" + x.encode() for x in (a, b)); assert a in d and len(a) == len(b); open(p, "wb").write(d.replace(a, b))' \
+            "$R/opt/slurm-gpu/$live/lib/slurm-gpu/slurm_gpu_spank.so" "$slurm" "$other" || fail "cannot age the plugin's record"
+        doctor "stale plugin"
+        doctor_says "stale plugin" "CRITICAL spank.plugin: built for Slurm $other but slurmd is $slurm: Slurm will refuse it; rebuild it (/usr/lib/slurm-gpu/venv-setup.sh /usr/share/slurm-gpu/wheels)"
+        in_root dpkg-trigger --no-await /usr/include/slurm/spank.h && in_root dpkg --triggers-only -a >"$WORK/trigger.log" 2>&1 ||
+            fail "dpkg --triggers-only failed: $(tail -3 "$WORK/trigger.log")"
+        grep '^slurm-gpu:' "$WORK/trigger.log" | sed 's/^/    trigger: /' >&2 || true
+        [ "$(readlink "$R/opt/slurm-gpu/venv")" != "$live" ] || fail "the trigger did not rebuild a plugin built for Slurm $other"
+        doctor "triggered"
+        doctor_not "triggered" "package.setup" "CRITICAL spank"
+        doctor_says "triggered" "OK spank.plugin: built for Slurm $slurm"
+        upgrades="$upgrades; a plugin of another Slurm major was rebuilt by the dpkg trigger"
     fi
 
     # State a node's runs keep where the product puts it by default: the repair
@@ -419,8 +445,8 @@ for SUITE in "${SUITES[@]}"; do
         removed="removed ($hooks hooks the guide names exit 0), reinstalled, removed, purged"
     fi
     # The admin's own files as they were before configuring.
-    rm -f "$R/etc/slurm/slurm.conf" "$R/etc/slurm/plugstack.conf"
-    for f in slurm.conf plugstack.conf; do
+    rm -f "$R/etc/slurm/slurm.conf" "$R/etc/slurm/plugstack.conf" "$R/etc/slurm/cgroup.conf"
+    for f in slurm.conf plugstack.conf cgroup.conf; do
         if [ -e "$WORK/orig.$f" ]; then cp -p "$WORK/orig.$f" "$R/etc/slurm/$f"; fi
     done
     if [ -z "$(ls -A "$R/etc/slurm")" ] && ! grep -q ' ./etc/slurm$' "$WORK/before"; then rmdir "$R/etc/slurm"; fi

@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import slurmversion
+from .slurminstall import MARKER, plugin_built_for  # noqa: F401 - doctor's names for them
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .doctor_cgroup import CgroupFacts
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 PLUGIN_FILE = "slurm_gpu_spank.so"
-MARKER = b"slurm-gpu-spank built-for-slurm="
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class Facts:
     mps_control: str = ""
     mps_control_stat: tuple[int, int] | None = None
     mps_error: str | None = None
+    cgroup: "CgroupFacts | None" = None     # None: not gathered (login role, tests): no finding
+    rebuild: str = "slurm-gpu spank build"  # the command that rebuilds the plugin here (:func:`rebuild_command`)
 
 
 @dataclass(frozen=True)
@@ -107,19 +113,6 @@ def plugstack_lines(path: Path, depth: int = 0) -> list[tuple[str, str]]:
             continue
         out.append((str(path), line))
     return out
-
-
-def plugin_built_for(so: str) -> str | None:
-    """The Slurm version recorded in a built plugin (None: not ours, or too old to say)."""
-    try:
-        data = Path(so).read_bytes()
-    except OSError:
-        return None
-    i = data.find(MARKER)
-    if i < 0:
-        return None
-    end = data.find(b"\0", i)
-    return data[i + len(MARKER):end].decode(errors="replace")
 
 
 INNER_MARKER = b"slurm-gpu-spank-py python="
@@ -246,6 +239,8 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
                   gpus_present=os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia"),
                   persistenced=_process_running("nvidia-persistenced"), plugin_runs=runs,
                   gres_skipped=gres_drift is None, slurm_from="srun" if login else "slurmd")
+    so = next(iter(built), None)
+    facts.rebuild = rebuild_command(so)
     facts.venv_unreadable = first_unreadable(Path(sys.prefix))
     facts.venv_writable = first_writable(sys.prefix)
     facts.setup_failed = setup_failed()
@@ -253,6 +248,8 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     _gather_mps(facts)
     if login:
         return facts
+    from . import doctor_cgroup
+    facts.cgroup = doctor_cgroup.gather(str(Path(path).parent))
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -264,6 +261,38 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
 
 
 SETUP_FAILED = "setup-failed"   # packaging/common/venv-setup.sh writes it beside the venv link
+SETUP_COMMAND = "setup-command"  # ... and the command that runs it again, as the package ran it
+
+
+def rebuild_command(so: str | None, prefix: str | None = None, root: str = "/") -> str:
+    """The command that rebuilds the plugin *so* for the installed Slurm.
+
+    A package's venv: the package's own setup (``SETUP_COMMAND`` beside the
+    venv link: a new tree with a new plugin, swapped in whole).  Else
+    ``slurm-gpu spank build``, with ``-o`` when *so* is not this venv's
+    plugin and ``--include-dir`` when the installed Slurm's ``spank.h`` is
+    not under /usr/include (:func:`slurm_gpu.slurminstall.include_dir`).
+    """
+    from .paths import venv_link
+    from .slurminstall import include_dir
+    prefix = prefix or sys.prefix
+    link = venv_link(prefix)
+    if link != prefix and so is not None and \
+            os.path.realpath(os.path.dirname(so)) == os.path.realpath(os.path.join(prefix, "lib", "slurm-gpu")):
+        try:
+            text = Path(os.path.dirname(link), SETUP_COMMAND).read_text(errors="replace")
+            if text.strip() and "\n" not in text.strip():
+                return text.strip()
+        except OSError:
+            pass
+    argv = ["slurm-gpu", "spank", "build"]
+    if so is not None and os.path.realpath(so) != os.path.realpath(os.path.join(prefix, "lib", "slurm-gpu",
+                                                                                 PLUGIN_FILE)):
+        argv += ["-o", so]
+    inc = include_dir(root)
+    if inc and inc != "/usr/include":
+        argv += ["--include-dir", inc]
+    return " ".join(argv)
 
 
 def setup_failed(prefix: str | None = None) -> str | None:
@@ -292,16 +321,9 @@ def _client_version() -> str | None:
                     return slurmversion.parse(res.stdout)
             except SlurmGpuError:
                 pass
-    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
-        try:
-            names = sorted(os.listdir(d), reverse=True)     # the newest soname first
-        except OSError:
-            continue
-        for name in names:
-            api = name[len("libslurm.so."):].split(".")[0] if name.startswith("libslurm.so.") else ""
-            if api.isdigit() and int(api) in slurmversion.API_RELEASES:
-                return slurmversion.API_RELEASES[int(api)]
-    return None
+    from .slurminstall import find
+    inst = find()        # Debian's, SchedMD's slurm-smd, EL's or a prefix's libslurm.so.NN
+    return inst.release if inst is not None else None
 
 
 def gather_configs(lines: list[tuple[str, str]]) -> list[ConfigFile]:
@@ -401,14 +423,14 @@ def check_plugin(f: Facts) -> list[Finding]:
         out.append(Finding(CRITICAL, "spank.plugin", f"slurm_gpu_spank_py.so missing beside {so}"))
     elif built is None:
         out.append(Finding(WARNING, "spank.plugin", f"{so} records no Slurm version (built by an "
-                           "older slurm-gpu): rebuild it (slurm-gpu spank build)"))
+                           f"older slurm-gpu): rebuild it ({f.rebuild})"))
     elif f.slurmd_version is None:
         out.append(Finding(UNKNOWN, "spank.plugin", f"built for Slurm {built}; {f.slurm_from} not found "
                            f"to compare ({so})"))
     elif slurmversion.major_minor(built) != slurmversion.major_minor(f.slurmd_version):
         out.append(Finding(CRITICAL, "spank.plugin", f"built for Slurm {built} but {f.slurm_from} is "
                            f"{f.slurmd_version}: Slurm will refuse it; rebuild it "
-                           f"(slurm-gpu spank build) ({so})"))
+                           f"({f.rebuild}) ({so})"))
     else:
         out.append(Finding(OK, "spank.plugin", f"built for Slurm {built}, {f.slurm_from} is "
                            f"{f.slurmd_version} ({so})"))
@@ -586,8 +608,18 @@ def check_config(f: Facts) -> list[Finding]:
     return out
 
 
+def check_cgroup(f: Facts) -> list[Finding]:
+    """cgroup mode, cgroup.conf's constraints, slurmd's delegation, IgnoreSystemd,
+    26.05's job directory names and the job's device limit (:mod:`.doctor_cgroup`)."""
+    if f.cgroup is None:
+        return []
+    from .doctor_cgroup import check
+    return [Finding(*x) for x in check(f.cgroup, f.conf, f.slurmd_version)]
+
+
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
-          check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control)
+          check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
+          check_cgroup)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.

@@ -78,6 +78,11 @@ ln -s "$NAME" "$BASE/.venv.link.$$"
 mv -T "$BASE/.venv.link.$$" "$VENV"
 trap - EXIT
 rm -f "$BASE/setup-failed"
+# How to run this setup again, as the package ran it: what `slurm-gpu
+# doctor` names to rebuild a plugin built for another Slurm, and what the
+# packages' triggers run when Slurm's major changes under the plugin.
+rerun="${SLURM_GPU_PYTHON:+SLURM_GPU_PYTHON=$SLURM_GPU_PYTHON }${SLURM_GPU_SYSTEM_SITE:+SLURM_GPU_SYSTEM_SITE=$SLURM_GPU_SYSTEM_SITE }${SLURM_GPU_SLURM_INCLUDE:+SLURM_GPU_SLURM_INCLUDE=$SLURM_GPU_SLURM_INCLUDE }$SETUP $WHEELS"
+echo "$rerun" >"$BASE/.setup-command.$$" && mv -f "$BASE/.setup-command.$$" "$BASE/setup-command"
 for d in "$BASE"/venv-*; do
     [ -d "$d" ] && [ ! -L "$d" ] || continue
     case ${d##*/} in "$NAME"|"${OLD:-$NAME}") ;; *) rm -rf "$d" ;; esac
@@ -85,6 +90,8 @@ done
 echo "slurm-gpu: installed $("$VENV/bin/slurm-gpu" --version 2>&1 | tail -1) into $VENV ($NEW)"
 if [ $spank_ok = 1 ]; then
     echo "slurm-gpu: SPANK plugin built: $(echo "$out" | tail -1)"
+    # The Slurm major it was built for (the .so records it; libslurm's soname says which is installed).
+    "$VENV/bin/python" -I -m slurm_gpu.slurminstall check "$VENV/lib/slurm-gpu/slurm_gpu_spank.so" 2>&1 || true
 else
     echo "slurm-gpu: SPANK plugin not built ($reason); $tools, then run: $VENV/bin/slurm-gpu spank build${SLURM_GPU_SLURM_INCLUDE:+ --include-dir $SLURM_GPU_SLURM_INCLUDE}"
 fi

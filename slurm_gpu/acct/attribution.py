@@ -90,10 +90,21 @@ def job_of_pid(proc_root: str, pid: int, sluids: Mapping[str, str] | None = None
     return job_in_cgroup(text, sluids, v2_bases(proc_root) if bases is None else bases)
 
 
+def sluids_of(registration: Mapping[str, object]) -> list[str]:
+    """Every SLUID a registration recorded, oldest first: one per run of the
+    job on this node (a requeue gives a new one), the current one last."""
+    seen = registration.get("sluids")
+    out = [x for x in seen if isinstance(x, str) and SLUID.fullmatch(x)] if isinstance(seen, list) else []
+    cur = registration.get("sluid")
+    if isinstance(cur, str) and SLUID.fullmatch(cur) and cur not in out:
+        out.append(cur)
+    return out
+
+
 def sluid_map(registrations: Mapping[str, Mapping[str, object]]) -> dict[str, str]:
-    """SLUID -> job id, from the registrations that recorded one (26.05+)."""
-    return {str(r["sluid"]): j for j, r in registrations.items()
-            if isinstance(r.get("sluid"), str) and SLUID.fullmatch(str(r["sluid"]))}
+    """SLUID -> job id, from the registrations that recorded one (26.05+), every
+    run's SLUID of a requeued job included."""
+    return {x: j for j, r in registrations.items() for x in sluids_of(r)}
 
 
 @dataclass(frozen=True)

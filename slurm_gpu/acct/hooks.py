@@ -21,11 +21,12 @@ from typing import Any, Callable, Mapping
 
 from ..jobs.state import check_jobid
 from . import aggregate, dbd, metrics
-from .attribution import SLUID
+from .attribution import SLUID, sluids_of
 from .settings import AcctSettings
 from .store import Store
 
 MAX_RETRIES_PER_EPILOG = 3
+MAX_SLUIDS = 16          # a job's last SLUIDs (one per requeue) kept for attribution
 VERIFY_AFTER_S = 60.0
 
 
@@ -60,10 +61,18 @@ def register(s: AcctSettings, store: Store, env: Mapping[str, str], node: str,
     if env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip():
         reg["shared"] = True
     # 26.05: the job's cgroup v2 directory is named by it (attribution by process).
+    # Each requeue gives the job a new SLUID (job_record_set_sluid() in Slurm's
+    # src/common/job_record.c), so an earlier run's directory, and a process it
+    # left there, keeps the SLUID that run had: the earlier SLUIDs are kept too.
     sluid = env.get("SLURM_JOB_SLUID", "")
+    earlier = store.read("jobs", jobid)
+    before = store.ended_sluids(jobid) + (sluids_of(earlier) if earlier is not None else [])
     if SLUID.fullmatch(sluid):
         reg["sluid"] = sluid
-    if store.read("jobs", jobid) is not None:
+        before.append(sluid)
+    if before:
+        reg["sluids"] = list(dict.fromkeys(reversed(before)))[:MAX_SLUIDS][::-1]
+    if earlier is not None:
         _log(f"slurm-gpu: acct prolog job {jobid}: replacing an earlier run's registration")
     store.remove("agg", jobid)
     store.remove("ended", jobid)
@@ -83,7 +92,7 @@ def finish(s: AcctSettings, store: Store, jobid: str, node: str, *, store_dbd: b
     """
     agg = store.read("agg", jobid)
     reg = store.read("jobs", jobid)
-    store.mark_ended(jobid)
+    store.mark_ended(jobid, sluids_of(reg) if reg is not None else ())
     part = None
     if agg is not None and agg.get("devices"):
         part = aggregate.summary(node, agg["devices"], s.interval, s.summary_max_bytes)
@@ -165,7 +174,7 @@ def main(step: str, env: Mapping[str, str] | None = None) -> int:
             from .devices import slurm_device_keys
             js = jobstate.load(node_s.state_dir, jobid)
             register(s, store, env, node, lambda: slurm_device_keys(live.this_node(node_s)),
-                     (js or {}).get("mig") if js and (js.get("mig") or {}).get("ready") else None)
+                     js.mig if js and js.mig and js.mig.get("ready") else None)
         else:
             out = finish(s, store, jobid, node)
             if out is not None and not out.stored:
@@ -173,7 +182,6 @@ def main(step: str, env: Mapping[str, str] | None = None) -> int:
                      "retried later")
         return 0
     except Exception as e:  # noqa: BLE001 - accounting never fails a job or drains a node
-        from ..errors import SlurmGpuError
-        line = e.line() if isinstance(e, SlurmGpuError) else f"slurm-gpu: internal error: {type(e).__name__}: {e}"
-        _log(f"{line} [acct {step}]")
+        from ..errors import message
+        _log(f"slurm-gpu: {message(e)} [acct {step}]")
         return 0

@@ -25,7 +25,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ..fsutil import atomic_write
 from ..jobs.state import check_jobid
@@ -118,10 +118,27 @@ class Store:
                 out.append(base)
         return sorted(out, key=int)
 
-    def mark_ended(self, jobid: str) -> None:
+    def mark_ended(self, jobid: str, sluids: Iterable[str] = ()) -> None:
+        """The tombstone; *sluids* (26.05: the job's SLUIDs so far) on its second
+        line, for the prolog of a requeued run (:meth:`ended_sluids`)."""
         # A tombstone needs no fsync: after a crash the sweep finds the job gone anyway.
         self.ensure()
-        atomic_write(self.path("ended", jobid), f"{time.time():.0f}\n", mode=0o600, durable=False)
+        atomic_write(self.path("ended", jobid), f"{time.time():.0f}\n{' '.join(sluids)}\n", mode=0o600,
+                     durable=False)
+
+    def ended_sluids(self, jobid: str) -> list[str]:
+        """The SLUIDs the tombstone of *jobid* kept (checked as every read is)."""
+        from .attribution import SLUID
+        try:
+            fd = os.open(self.path("ended", jobid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return []
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                return []
+            lines = f.read(4096).decode(errors="replace").splitlines()
+        return [x for x in (lines[1].split() if len(lines) > 1 else []) if SLUID.fullmatch(x)]
 
     def ended(self, jobid: str) -> bool:
         return self.path("ended", jobid).exists()

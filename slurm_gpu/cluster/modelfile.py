@@ -197,7 +197,7 @@ def job_mig_gpus(jobs_state_dir: str | None) -> tuple[dict[str, str], str | None
             st = jobstate.load(jobs_state_dir, jobid, warn=lambda _m: None)
         except Exception as e:  # noqa: BLE001 - an unreadable record: we cannot tell what it holds
             return {}, f"cannot read job {jobid}'s record: {getattr(e, 'what', type(e).__name__)}"
-        for rec in ((st or {}).get("mig") or {}).get("gpus", []):
+        for rec in ((st.mig if st else None) or {}).get("gpus", []):
             if rec.get("uuid"):
                 out[str(rec["uuid"])] = jobid
             if isinstance(rec.get("minor"), int):

@@ -32,7 +32,9 @@ def doctor(ctx: click.Context, as_json: bool, slurm_conf: str | None, node: str 
     exists and loads, Prolog/Epilog/PrologFlags, HealthCheckProgram with its
     Interval and NodeState, gres.conf against the hardware, that the venv is
     readable by every user and writable by root only, that the package's
-    last upgrade went live, and nvidia-persistenced.
+    last upgrade went live, and nvidia-persistenced; on a cgroup node, the
+    cgroup mode, cgroup.conf's constraints, slurmd's Delegate=yes,
+    IgnoreSystemd, 26.05's CgroupJobIdPaths and a running job's device limit.
     """
     from .. import doctor as d
     from .gres import drift

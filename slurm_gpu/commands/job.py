@@ -43,23 +43,23 @@ def show(jobid: str, as_json: bool) -> None:
     if st is None:
         raise SlurmGpuError(f"job {jobid} has no GPU state on this node", sd)
     if as_json:
-        click.echo(json.dumps(st, indent=2, sort_keys=True))
+        click.echo(json.dumps(st.to_dict(), indent=2, sort_keys=True))
         return
-    click.echo(f"job {st['jobid']}  user {st.get('user') or st.get('uid')}  phase {st['phase']}")
-    if st.get("error"):
-        click.echo(f"  error: {st['error']}")
-    for g in st.get("gpus", []):
+    click.echo(f"job {st.jobid}  user {st.user or st.uid}  phase {st.phase}")
+    if st.error:
+        click.echo(f"  error: {st.error}")
+    for g in st.gpus:
         cpus = ",".join(map(str, g.get("cpus") or [])) or "-"
         click.echo(f"  GPU {g['index']}  {g.get('name') or ''}  {g.get('uuid') or ''}  "
                    f"local CPUs {cpus}")
-    m = st.get("mps")
+    m = st.mps
     if m:
         live_pids = daemon_pids(m["pipe_dir"]) if os.path.isdir(m["pipe_dir"]) else []
         click.echo(f"  MPS: {'ready' if m.get('ready') else 'starting'}  pipe {m['pipe_dir']}  "
                    f"log {m['log_dir']}  pids {','.join(map(str, live_pids)) or 'none'}  "
                    f"CPUs {m.get('cpus') or '-'}  active threads "
                    f"{m.get('percentage') or 'default'}")
-    mig = st.get("mig")
+    mig = st.mig
     if mig:
         click.echo(f"  MIG layout {mig['layout']} ({'ready' if mig.get('ready') else 'incomplete'})")
         for g in mig.get("gpus", []):

@@ -119,7 +119,8 @@ def apply_cmd(config: str, select: str | None, check_only: bool, gres_conf: str 
     # Jobs record their GPUs by UUID (their "index" is Slurm's, not NVML's).
     busy: dict[int, str] = {}
     for jobid in jobstate.list_jobs(node.state_dir):
-        for g in (jobstate.load(node.state_dir, jobid) or {}).get("gpus", []):
+        st = jobstate.load(node.state_dir, jobid)
+        for g in st.gpus if st else ():
             if isinstance(g, dict) and (g.get("uuid") or g.get("minor") is not None):
                 busy[gpus.find(uuid=g.get("uuid"), minor=g.get("minor"))] = jobid
             else:   # recorded by an older version: which GPU is unknown, so every one is busy

@@ -91,9 +91,12 @@ def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool 
                  python: str | None = None) -> Path:
     """Compile the plugin with this venv's cffi; it starts *python* [this interpreter]."""
     from ..errors import SlurmGpuError
+    from ..slurminstall import DEV_PACKAGES, include_dir as installed_include
+    if include_dir is None and not Path("/usr/include/slurm/spank.h").is_file():
+        include_dir = installed_include()      # the installed Slurm's, e.g. /usr/local/include
     header = Path(include_dir or "/usr/include") / "slurm" / "spank.h"
     if not header.is_file():
-        raise SlurmGpuError("slurm/spank.h not found: install libslurm-dev", str(header))
+        raise SlurmGpuError(f"slurm/spank.h not found: install {DEV_PACKAGES}", str(header))
     mod = build_script()
     import tempfile
     with tempfile.TemporaryDirectory(prefix="slurm-gpu-spank-") as tmp:
@@ -155,7 +158,8 @@ def spank() -> None:
 @spank.command()
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help=f"Where to write the plugin [{default_output()}].")
-@click.option("--include-dir", default=None, help="Directory holding slurm/spank.h [/usr/include].")
+@click.option("--include-dir", default=None,
+              help="Directory holding slurm/spank.h [/usr/include, else the installed Slurm's].")
 @click.option("-v", "--verbose", is_flag=True, help="Show the compiler's output.")
 def build(output: Path | None, include_dir: str | None, verbose: bool) -> None:
     """Compile the plugin against this node's slurm/spank.h.

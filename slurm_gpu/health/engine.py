@@ -226,7 +226,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                 lines, new_cursor = kmsg.read_source(_expand(s.kernel_log, opts.node), cursor)
             except InputError as e:
                 lines = []
-                incomplete = "; ".join(filter(None, [incomplete, e.line().removeprefix("slurm-gpu: ")]))
+                incomplete = "; ".join(filter(None, [incomplete, e.message()]))
         # Most runs find no driver line and no record: the XID parser (its
         # regexes) is then never loaded, here or in the checks (registry.py).
         events: list = []
@@ -239,7 +239,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                 records, new_cursor = kmsg.read_events(ev_path, new_cursor)
             except InputError as e:
                 records = []
-                incomplete = "; ".join(filter(None, [incomplete, e.line().removeprefix("slurm-gpu: ")]))
+                incomplete = "; ".join(filter(None, [incomplete, e.message()]))
             if records:
                 from . import xid
                 more, direct = xid.events_from_nvml(records)

@@ -59,15 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         from . import lifecycle
         ctx = lifecycle.default_context(health=args[0] == "epilog")
         if ctx.jobs.timeout > 0:
-            _watchdog(ctx.jobs.timeout, args[0],
-                      1 if ctx.jobs.on_internal_error == "drain" else 0,
+            _watchdog(ctx.jobs.timeout, args[0], lifecycle.policy_of(ctx).node_fault_exit(),
                       lambda line: lifecycle.mark_failed(ctx, line))
         return lifecycle.prolog(ctx) if args[0] == "prolog" else lifecycle.epilog(ctx)
     except Exception as e:  # noqa: BLE001 - settings unreadable, bad job id...: a node fault
-        from ..errors import SlurmGpuError
-        line = e.line() if isinstance(e, SlurmGpuError) else \
-            f"slurm-gpu: internal error: {type(e).__name__}: {e}"
-        print(f"{line} [{args[0]}]", file=sys.stderr)
+        from ..errors import message
+        print(f"slurm-gpu: {message(e)} [{args[0]}]", file=sys.stderr)
         return 1
 
 

@@ -2,7 +2,7 @@
 user and GPUs as Slurm names them, and the GPUs' facts from the node model.
 
 Split from ``lifecycle.py`` (which re-exports these names); nothing here acts
-on the node.
+on the node.  :class:`Job` is what the steps (:mod:`.steps`) work on.
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Mapping
 
     from .settings import JobsSettings, MigSettings, MpsSettings
+    from .state import GpuFact, JobRecord
 
+from . import state as jobstate
 from .mps import JobUser
 
 
@@ -99,12 +101,13 @@ def _lazy_api(ctx: Context) -> Callable[[], Any]:
     return api
 
 
-def job_user(env: Mapping[str, str], st: dict[str, Any] | None = None) -> JobUser | None:
-    uid = env.get("SLURM_JOB_UID") or (str(st["uid"]) if st else "")
-    gid = env.get("SLURM_JOB_GID") or (str(st["gid"]) if st else "")
+def job_user(env: Mapping[str, str], st: JobRecord | None = None) -> JobUser | None:
+    """The job's user from slurmd's environment, else from the job's record."""
+    uid = env.get("SLURM_JOB_UID") or (str(st.uid) if st and st.uid is not None else "")
+    gid = env.get("SLURM_JOB_GID") or (str(st.gid) if st and st.gid is not None else "")
     if not uid.isdigit():
         return None
-    name = env.get("SLURM_JOB_USER") or (st or {}).get("user") or ""
+    name = env.get("SLURM_JOB_USER") or (st.user if st else "") or ""
     if not gid.isdigit():
         try:
             gid = str(pwd.getpwuid(int(uid)).pw_gid)
@@ -139,7 +142,7 @@ def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
     return out, bool(whole)
 
 
-def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
+def _gpu_facts(ctx: Context, indices: list[int]) -> list[GpuFact]:
     """Minor, UUID, name and local CPUs of each job GPU (node model, cached).
 
     Everything after this names the job's GPUs by UUID and minor: guessing
@@ -152,10 +155,34 @@ def _gpu_facts(ctx: Context, indices: list[int]) -> list[dict[str, Any]]:
         raise HardwareError("no node model to tell which GPUs the job holds")
     table = gpu_table(ctx.facts_dir or os.path.join(ctx.state_dir, "node-facts"), ctx.config_path,
                       ctx.node, ctx.gres_conf, ctx.node_name)
-    facts = []
+    facts: list[Any] = []
     for i in indices:
         if i not in table or not table[i].get("uuid"):
             raise HardwareError(f"Slurm GPU index {i} names no GPU of this node "
                                 "(gres.conf and NVML disagree)", ctx.gres_conf or "gres.conf")
         facts.append({"index": i, **table[i]})
     return facts
+
+
+class Job:
+    """One job on this node: the context, its record, its user and NVML (opened on first use)."""
+
+    def __init__(self, ctx: Context, record: JobRecord, user: JobUser | None,
+                 api: Callable[[], Any]) -> None:
+        self.ctx = ctx
+        self.record = record
+        self.user = user
+        self.api = api
+        self.percentage: int | None = None      # --gpu-mps, parsed by Request
+
+    @property
+    def jobid(self) -> str:
+        return self.record.jobid
+
+    def save(self) -> None:
+        jobstate.save(self.ctx.state_dir, self.record)
+
+    def save_if_on_file(self) -> None:
+        """Keep an existing file up to date (an undo of a job without one writes none)."""
+        if self.record.uid is not None and jobstate.exists(self.ctx.state_dir, self.jobid):
+            self.save()

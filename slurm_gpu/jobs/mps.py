@@ -496,10 +496,10 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
     from . import jobcgroup
     from . import state as jobstate
     st = jobstate.load(state_dir, jobid)
-    info: dict[str, Any] = (st or {}).get("mps") or {}
-    if not info.get("pipe_dir") or info.get("cgroup"):
+    info: dict[str, Any] = (st.mps if st else None) or {}
+    if st is None or not info.get("pipe_dir") or info.get("cgroup") or st.uid is None:
         return list(info.get("cgroup") or [])
-    uid = int(st["uid"])
+    uid = st.uid
     recorded = info.get("sluid")
     dirs = jobcgroup.job_dirs(jobid, uid, recorded if isinstance(recorded, str) else None,
                               _node_name())

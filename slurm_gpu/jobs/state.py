@@ -1,25 +1,154 @@
-"""The per-job state file ``<state_dir>/jobs/<jobid>.json``.
+"""The per-job record :class:`JobRecord` and its file ``<state_dir>/jobs/<jobid>.json``.
 
-The prolog writes it *before* it creates anything and rewrites it (atomically)
-after each step, so whatever a killed prolog managed to create is on record
-for the epilog.  slurmstepd (through the SPANK plugin) reads it with
-:func:`load` and gives each task :func:`task_env`.
+The prolog writes it *before* it creates anything, and each step
+(:mod:`slurm_gpu.jobs.steps`) rewrites it (atomically) before it acts, so
+whatever a killed prolog managed to create is on record for the epilog.
+slurmstepd (through the SPANK plugin) reads it with :func:`load` and gives
+each task :func:`task_env`.
+
+The file is versioned: :data:`VERSION` is what this code writes, and every
+version in :data:`READABLE` is read, because a prolog of the package version
+before an upgrade may have written the record its epilog reads.
 """
 from __future__ import annotations
 
 import os
 import stat
 import sys
+from dataclasses import dataclass, field
 
 from .. import jsontext
-from ..errors import InputError, SlurmGpuError
+from ..errors import PREFIX, Consequence, InputError, SlurmGpuError
 from ..fsutil import atomic_write
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Literal, TypedDict
 
-VERSION = 1
+    PhaseName = Literal["prolog", "ready", "failed"]
+
+    class GpuFact(TypedDict, total=False):
+        """One GPU of the job: Slurm's index, and the GPU by UUID and minor (never NVML's index)."""
+        index: int
+        uuid: str
+        minor: int | None
+        name: str
+        cpus: list[int]
+
+    class SavedMode(TypedDict):
+        mode: int
+        minor: int | None
+
+    class MigInstance(TypedDict):
+        """One instance the job creates: recorded ("pending", ids None) before it is created."""
+        profile: str
+        gi_profile_id: int | None
+        start: int
+        size: int
+        gi_id: int | None
+        ci_id: int | None
+        uuid: str | None
+
+    class MigGpu(TypedDict):
+        index: int
+        uuid: str
+        minor: int | None
+        model: str
+        baseline: list[dict[str, Any]]     # mig.instances.Existing.to_dict()
+        baseline_removed: bool
+        instances: list[MigInstance]
+
+    class MigRecord(TypedDict):
+        layout: str
+        ready: bool
+        gpus: list[MigGpu]
+
+# 1: the first; phase any text, error with the "slurm-gpu: " prefix.
+# 2: phase one of PHASES, error without the prefix, its consequence beside it.
+VERSION = 2
+READABLE = (1, 2)
+
+
+class Phase:
+    """Where the job's prolog got to."""
+
+    PROLOG: PhaseName = "prolog"      # written before the first step acts; the steps run
+    READY: PhaseName = "ready"        # every step applied: the tasks get the environment
+    FAILED: PhaseName = "failed"      # ``error`` says why; the tasks fail with it
+
+
+PHASES = (Phase.PROLOG, Phase.READY, Phase.FAILED)
+
+
+@dataclass
+class JobRecord:
+    """What the job asked for and what this node made for it, in the order made.
+
+    ``mps`` belongs to :mod:`slurm_gpu.jobs.mps` (what ``mps.start`` records);
+    ``mig`` and ``compute_mode_saved`` to their steps.  ``uid`` None: a
+    stand-in for a job that left an MPS directory but no record (its undo
+    finds the daemon by the directory); such a record is never saved.
+    """
+
+    jobid: str
+    uid: int | None
+    gid: int | None
+    user: str
+    phase: PhaseName = Phase.PROLOG
+    gpus: list[GpuFact] = field(default_factory=list)
+    whole_gpus: bool | None = None
+    options: dict[str, str | None] | None = None
+    mps: dict[str, Any] | None = None
+    mig: MigRecord | None = None
+    compute_mode_saved: dict[str, SavedMode] = field(default_factory=dict)
+    error: str | None = None                  # one line, without the "slurm-gpu: " prefix
+    consequence: str | None = None            # errors.Consequence of error
+    version: int = VERSION
+
+    def fail(self, message: str, consequence: str) -> None:
+        """Record the job's failure: its tasks fail with *message*."""
+        self.error = message.removeprefix(PREFIX)
+        self.consequence = consequence
+        self.phase = Phase.FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": VERSION, "jobid": self.jobid, "uid": self.uid, "gid": self.gid,
+                "user": self.user, "phase": self.phase, "gpus": self.gpus,
+                "whole_gpus": self.whole_gpus, "options": self.options, "mps": self.mps,
+                "mig": self.mig, "compute_mode_saved": self.compute_mode_saved,
+                "error": self.error, "consequence": self.consequence}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobRecord:
+        """A record of any :data:`READABLE` version (check it with :func:`malformed` first)."""
+        error = data.get("error")
+        consequence = data.get("consequence")
+        phase = data["phase"]
+        if data["version"] == 1:
+            # Version 1 kept the prefix in the error and had no consequence:
+            # what it recorded as failed was a user error or a node fault
+            # under "pass" (both fail the tasks alike).
+            error = error.removeprefix(PREFIX) if error is not None else None
+            consequence = None
+            phase = phase if phase in PHASES else Phase.FAILED if error else Phase.PROLOG
+        return cls(jobid=data["jobid"], uid=data["uid"], gid=data["gid"], user=data["user"],
+                   phase=phase, gpus=list(data.get("gpus") or []),
+                   whole_gpus=data.get("whole_gpus"), options=data.get("options"),
+                   mps=data.get("mps"), mig=data.get("mig"),
+                   compute_mode_saved=dict(data.get("compute_mode_saved") or {}),
+                   error=error, consequence=consequence)
+
+    @classmethod
+    def stand_in(cls, jobid: str) -> JobRecord:
+        """No record, but an MPS directory: undo what the directory shows."""
+        return cls(jobid=check_jobid(jobid), uid=None, gid=None, user="")
+
+    def mig_uuids(self) -> list[str]:
+        """The job's MIG device UUIDs in GPU order, then placement order."""
+        out: list[str] = []
+        for g in self.mig["gpus"] if self.mig else ():
+            out.extend(u for i in g.get("instances", []) if (u := i.get("uuid")))
+        return out
 
 
 def _is_jobid(text: str) -> bool:
@@ -29,6 +158,8 @@ def _is_jobid(text: str) -> bool:
 
 class JobFailed(SlurmGpuError):
     """The job's GPU request could not be honoured; its tasks must fail."""
+
+    consequence = Consequence.USER
 
 
 def check_jobid(jobid: str) -> str:
@@ -49,11 +180,9 @@ def path(state_dir: str | os.PathLike[str], jobid: str) -> str:
     return os.path.join(jobs_dir(state_dir), f"{check_jobid(jobid)}.json")
 
 
-def new(jobid: str, *, uid: int, gid: int, user: str) -> dict[str, Any]:
-    """A fresh state record (phase ``prolog``)."""
-    return {"version": VERSION, "jobid": check_jobid(jobid), "uid": uid, "gid": gid,
-            "user": user, "phase": "prolog", "gpus": [], "mps": None, "mig": None,
-            "error": None}
+def new(jobid: str, *, uid: int, gid: int, user: str) -> JobRecord:
+    """A fresh record (phase ``prolog``)."""
+    return JobRecord(jobid=check_jobid(jobid), uid=uid, gid=gid, user=user)
 
 
 def _trusted(st: os.stat_result) -> bool:
@@ -76,23 +205,31 @@ def _check_dir(d: str) -> None:
                          "not writable by others", str(d))
 
 
-def save(state_dir: str | os.PathLike[str], state: dict[str, Any]) -> None:
-    """Write *state* atomically (0644: tasks read it as the job user through SPANK)."""
+def save(state_dir: str | os.PathLike[str], record: JobRecord) -> None:
+    """Write *record* atomically (0644: tasks read it as the job user through SPANK)."""
+    if record.uid is None:
+        raise InputError("a stand-in job record is never saved", f"job {record.jobid}")
     d = jobs_dir(state_dir)
     os.makedirs(d, mode=0o755, exist_ok=True)
     _check_dir(d)
-    text = jsontext.dumps(state)
+    text = jsontext.dumps(record.to_dict())
+    jobid = check_jobid(record.jobid)
     # The copy first: whichever file a crash or a bad sector leaves broken,
     # the other holds this or the previous record (see load()).
-    atomic_write(os.path.join(d, f"{state['jobid']}.json{COPY}"), text, mode=0o644)
-    atomic_write(os.path.join(d, f"{state['jobid']}.json"), text, mode=0o644)
+    atomic_write(os.path.join(d, f"{jobid}.json{COPY}"), text, mode=0o644)
+    atomic_write(os.path.join(d, f"{jobid}.json"), text, mode=0o644)
+
+
+def exists(state_dir: str | os.PathLike[str], jobid: str) -> bool:
+    """The job has a record file here (its undo keeps it up to date only then)."""
+    return os.path.exists(path(state_dir, jobid))
 
 
 COPY = ".copy"
 
 
 def load(state_dir: str | os.PathLike[str], jobid: str,
-         warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+         warn: Callable[[str], None] | None = None) -> JobRecord | None:
     """The job's state, or None when this node has none for it (or only a corrupt one).
 
     The epilog, running as root, destroys MIG instances and removes
@@ -103,7 +240,7 @@ def load(state_dir: str | os.PathLike[str], jobid: str,
     _check_dir(os.path.dirname(p))
     data, why = _read(p, str(jobid))
     if data is not None or why is None and not os.path.lexists(_copy(p)):
-        return data
+        return JobRecord.from_dict(data) if data is not None else None
     # The record is missing or broken: its copy, written just before it,
     # still says what the job made (MIG instances, the daemon), so nothing
     # it lists is orphaned.
@@ -114,7 +251,7 @@ def load(state_dir: str | os.PathLike[str], jobid: str,
         if why:
             (warn or (lambda m: print(m, file=sys.stderr)))(
                 f"slurm-gpu: warning: job {jobid}: using the copy of its state file ({_copy(p)})")
-        return copy
+        return JobRecord.from_dict(copy)
     if why_copy:
         _set_aside(_copy(p), why_copy, warn)
     return None
@@ -163,7 +300,7 @@ def malformed(data: Any, jobid: str) -> str | None:
     """Why *data* is not a job state record this code wrote (None when it is)."""
     if not isinstance(data, dict):
         return "not an object"
-    if data.get("version") != VERSION:
+    if data.get("version") not in READABLE or isinstance(data.get("version"), bool):
         return "unknown format"
     if data.get("jobid") != jobid:
         return "names another job"
@@ -175,6 +312,14 @@ def malformed(data: Any, jobid: str) -> str | None:
         return "user or phase of the wrong type"
     if not isinstance(data.get("error"), (str, type(None))):
         return "error is not text"
+    if data["version"] >= 2:
+        if data.get("phase") not in PHASES:
+            return "unknown phase"
+        if data.get("consequence") not in (None, Consequence.USER, Consequence.INPUT,
+                                           Consequence.NODE):
+            return "unknown consequence"
+        if not isinstance(data.get("whole_gpus"), (bool, type(None))):
+            return "whole_gpus is not a boolean"
     gpus = data.get("gpus")
     if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
         return "gpus is not a list of records"
@@ -220,14 +365,6 @@ def list_jobs(state_dir: str | os.PathLike[str]) -> list[str]:
                   key=int)
 
 
-def mig_uuids(state: dict[str, Any]) -> list[str]:
-    """The job's MIG device UUIDs in GPU order, then placement order."""
-    out: list[str] = []
-    for g in (state.get("mig") or {}).get("gpus", []):
-        out.extend(i["uuid"] for i in g.get("instances", []) if i.get("uuid"))
-    return out
-
-
 def task_share(n_devices: int, local_task_id: int, ntasks: int) -> list[int]:
     """Indices of the devices task *local_task_id* of *ntasks* gets.
 
@@ -245,7 +382,7 @@ def task_share(n_devices: int, local_task_id: int, ntasks: int) -> list[int]:
     return [local_task_id % n_devices]
 
 
-def task_env(state: dict[str, Any] | None, local_task_id: int, ntasks: int) -> dict[str, str]:
+def task_env(state: JobRecord | None, local_task_id: int, ntasks: int) -> dict[str, str]:
     """Environment for one task of the job, from the prolog's work.
 
     Raises :class:`JobFailed` when the prolog recorded a user error, so the
@@ -255,15 +392,15 @@ def task_env(state: dict[str, Any] | None, local_task_id: int, ntasks: int) -> d
     """
     if not state:
         return {}
-    if state.get("error"):
-        raise JobFailed(str(state["error"]).removeprefix("slurm-gpu: "))
+    if state.error:
+        raise JobFailed(state.error)
     env: dict[str, str] = {}
-    mps = state.get("mps")
+    mps = state.mps
     if mps and mps.get("ready"):
         env["CUDA_MPS_PIPE_DIRECTORY"] = mps["pipe_dir"]
         env["CUDA_MPS_LOG_DIRECTORY"] = mps["log_dir"]
-    uuids = mig_uuids(state)
-    if uuids and (state.get("mig") or {}).get("ready"):
+    uuids = state.mig_uuids()
+    if uuids and state.mig and state.mig.get("ready"):
         mine = [uuids[i] for i in task_share(len(uuids), local_task_id, ntasks)]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
         env["SLURM_GPU_MIG_DEVICES"] = ",".join(mine)
@@ -282,11 +419,11 @@ def gpus_held(job_state_dir: str | None) -> dict[str, str]:
         return {}
     for jobid in jobs:
         try:
-            st = load(job_state_dir, jobid) or {}
+            st = load(job_state_dir, jobid)
         except Exception:  # noqa: BLE001 - an unreadable job file: the GPU counts as held
             out[f"job:{jobid}"] = jobid
             continue
-        for g in st.get("gpus") or ():
+        for g in st.gpus if st else ():
             if isinstance(g, dict):
                 if isinstance(g.get("uuid"), str):
                     out[g["uuid"]] = jobid

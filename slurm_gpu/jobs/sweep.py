@@ -84,7 +84,8 @@ def gone(jobids: Iterable[str], node: str, squeue: str,
 
 
 if TYPE_CHECKING:
-    Teardown = Callable[[Any, dict[str, Any]], list[str]]
+    from .state import JobRecord
+    Teardown = Callable[[Any, JobRecord], list[str]]
 
 
 def clean(ctx: Any, jobid: str, teardown: Teardown) -> list[str]:
@@ -94,7 +95,7 @@ def clean(ctx: Any, jobid: str, teardown: Teardown) -> list[str]:
     if st is None:
         if not os.path.lexists(mps.job_dir(ctx.mps.base_dir, jobid)):
             return []
-        st = {"jobid": jobid, "mps": None, "mig": None}
+        st = jobstate.JobRecord.stand_in(jobid)
     notes = teardown(ctx, st)
     jobstate.remove(ctx.state_dir, jobid)
     return notes + ["cleaned up"]
@@ -116,6 +117,6 @@ def sweep(ctx: Any, teardown: Teardown, exclude: str | None = None) -> list[str]
             for note in clean(ctx, jobid, teardown):
                 lines.append(f"slurm-gpu: stale job {jobid}: {note}")
         except Exception as e:  # noqa: BLE001 - the next sweep tries again
-            what = e.line() if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
+            what = str(e) if isinstance(e, SlurmGpuError) else f"{type(e).__name__}: {e}"
             lines.append(f"slurm-gpu: stale job {jobid}: cleanup incomplete: {what}")
     return lines

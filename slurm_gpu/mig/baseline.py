@@ -16,7 +16,8 @@ sites can reuse what they have::
 
 :func:`diff` compares the wanted layout with NVML's answers (pure apart from
 reads); :func:`apply` changes only GPUs that drifted, so running it twice
-changes nothing the second time.
+changes nothing the second time.  Both plan and change a GPU through
+:mod:`.layout`, as a job's ``--gpu-mig`` does.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, SlurmGpuError, UsageError
-from ..hw.gpus import GpuError, Gpus
-from . import blockers, instances
+from ..hw.gpus import Gpus
+from . import instances, layout
 from .instances import MigError
-from .planner import Request, plan_gpu
+from .planner import plan_gpu
 from .profiles import identify, unknown_model
 
 
@@ -183,9 +184,7 @@ def diff(gpus: Gpus, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]
             g.actions.append(f"set MIG mode {'on' if want.mig_enabled else 'off'}")
         if want.mig_enabled:
             # Check the layout fits before anything changes.
-            reqs = [Request(x.split("c.", 1)[1], int(x.split("c.", 1)[0]))
-                    if "c." in x else Request(x) for x in want.devices]
-            plan_gpu(reqs, model, where=where)
+            plan_gpu(layout.requests(want.devices), model, where=where)
             if have != want.devices:
                 if have:
                     g.actions.append(f"destroy {', '.join(have)}")
@@ -207,26 +206,15 @@ def apply(gpus: Gpus, diffs: list[GpuDiff], busy: dict[int, str], where: str) ->
             raise SlurmGpuError(f"GPU {g.index} is in use by job {busy[g.index]}; drain the node "
                                 "before changing its MIG baseline", where)
         d = instances.device(gpus, g.index)
+        facts = layout.GpuFacts(d, g.name, g.model, g.mode)
+        wanted = layout.requests(g.want.devices) if g.want.mig_enabled else []
         try:
-            if g.mode == 1:
-                for e in instances.list_instances(gpus, d):
-                    instances.destroy_gi(gpus, d, e.gi_id, f"GPU {g.index}")
-            if g.want.mig_enabled != bool(g.mode):
-                try:
-                    gpus.set_mig_mode(d, g.want.mig_enabled)
-                except GpuError as e:
-                    raise MigError(f"cannot set MIG mode: {e}", f"GPU {g.index}", e.code) from None
-            if g.want.mig_enabled and g.want.devices:
-                model = g.model
-                assert model is not None
-                reqs = [Request(x.split("c.", 1)[1], int(x.split("c.", 1)[0]))
-                        if "c." in x else Request(x) for x in g.want.devices]
-                for p in plan_gpu(reqs, model, where=where):
-                    instances.create_placement(gpus, d, p, f"GPU {g.index}")
+            change = layout.plan_change(
+                gpus, facts, wanted, where=where,
+                mig_mode=g.want.mig_enabled if g.want.mig_enabled != bool(g.mode) else None)
         except MigError as e:
-            if e.code == 19:
-                raise MigError(f"{e.what}; blockers: {blockers.explain(blockers.find())}",
-                               e.where, e.code) from None
-            raise
+            raise layout.explained(e) from None
+        change.where = f"GPU {g.index}"
+        layout.apply(gpus, change)
         done.append(f"GPU {g.index}: {'; '.join(g.actions)}")
     return done

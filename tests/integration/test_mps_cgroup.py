@@ -92,14 +92,14 @@ def test_mps_daemon_runs_in_the_jobs_cgroup_and_dies_with_it(cluster: Cluster, n
     from slurm_gpu.jobs import jobcgroup
     from slurm_gpu.jobs import state as js
     st = js.load(str(cluster.dir / "var" / cluster.nodes[0]), str(jobid))
-    dirs = st["mps"]["cgroup"]
+    dirs = st.mps["cgroup"]
     assert dirs and all(d.endswith(mine) for d in dirs)
     probe = ("import errno\n"
              "for i in range(2):\n"
              "    try: open(f'{d}/nvidia{i}', 'rb')\n"
              "    except OSError as e: print(i, errno.errorcode[e.errno])\n"
              ).replace("{d}", str(cluster.dir / "dev"))
-    held = st["gpus"][0]["minor"]
+    held = st.gpus[0]["minor"]
     import pwd
     u = pwd.getpwnam("sgtest1")
     res = runner.run(["/usr/bin/python3", "-I", "-c", probe], 10,
@@ -160,11 +160,11 @@ def test_mps_daemon_pinned_to_its_gpus_cores_from_the_one_node_cache(cluster: Cl
         while not (out.exists() and "PIPE=" in out.read_text()) and time.monotonic() < deadline:
             time.sleep(0.1)
         st = js.load(str(cluster.dir / "var" / node), str(jobid))
-        assert st and st.get("mps"), st
-        g = {x.uuid: x for x in model.gpus}[st["gpus"][0]["uuid"]]
+        assert st and st.mps, st
+        g = {x.uuid: x for x in model.gpus}[st.gpus[0]["uuid"]]
         want = list(model.pus_of_cores(g.cores))
-        assert want and st["gpus"][0]["cpus"] == want, (st["gpus"], want)
-        assert st["mps"]["cpus"] == ",".join(map(str, want))
+        assert want and st.gpus[0]["cpus"] == want, (st.gpus, want)
+        assert st.mps["cpus"] == ",".join(map(str, want))
         data = nodefacts.load(cfg, node, gres)
         assert data is not None, f"no valid node-fact entry at {entry}"
         assert entry.stat().st_uid == 0 and entry.stat().st_mode & 0o777 == 0o600

@@ -56,6 +56,12 @@ def test_failed_plugin_build_keeps_the_live_tree(wheels, tmp_path):
     live = os.readlink(base / "venv")
     plugin = base / "venv" / "lib" / "slurm-gpu" / "slurm_gpu_spank.so"
     assert plugin.is_file()
+    # the Slurm major it was built for, and how doctor (and the triggers) rebuild it: as the package ran it
+    assert "; installed: 22.05 (/usr/lib/x86_64-linux-gnu/libslurm.so.38)" in first.stdout, first.stdout
+    rerun = f"SLURM_GPU_PYTHON=/usr/bin/python3 SLURM_GPU_SYSTEM_SITE=0 {SETUP} {wheels}"
+    assert (base / "setup-command").read_text() == rerun + "\n"
+    assert doctor.rebuild_command(str(base / live / "lib" / "slurm-gpu" / "slurm_gpu_spank.so"),
+                                  str(base / live)) == rerun
 
     # a compiler that fails (cffi's build honours CC): the build fails after the new tree is made
     failed = setup(base, wheels, CC="/bin/false", SLURM_GPU_RETRY="dpkg --configure -a")

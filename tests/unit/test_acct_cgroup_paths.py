@@ -77,3 +77,21 @@ def test_base_is_the_parent_of_pid_1s_cgroup_as_slurm_2411_takes_it(tmp_path):
 def test_unreadable_or_huge_cgroup_files_name_no_job(tmp_path):
     root = proc(tmp_path, {10: "0::/" + "a/" * 40000 + "\n", 11: "\x00\xff garbage"})
     assert job_of_pid(root, 10) is None and job_of_pid(root, 11) is None and job_of_pid(root, 12) is None
+
+
+def test_every_sluid_of_a_requeued_job_names_it(tmp_path):
+    """26.05 (cgroup_p_step_create, src/plugins/cgroup/v2/cgroup_v2.c, slurm-26-05-3-1):
+    ``<scope>/<SLUID>/step_<id>/{slurm,user/task_<t>}``, or ``job_<id>`` with
+    ``CgroupJobIdPaths=yes`` (26.05.2+); a requeue gives the job a new SLUID,
+    so one job id owns the directories of each of its runs."""
+    from slurm_gpu.acct.attribution import sluid_map
+    regs = {"80": {"sluids": [SA, SB], "sluid": SB}, "81": {"sluid": "sEKNKTV3WPV5ZZ"}}
+    m = sluid_map(regs)
+    assert m == {SA: "80", SB: "80", "sEKNKTV3WPV5ZZ": "81"}
+    root = proc(tmp_path, {10: f"0::/system.slice/slurmstepd.scope/{SA}/step_extern/slurm\n",
+                           11: f"0::/system.slice/n1_slurmstepd.scope/{SB}/step_batch/user/task_0\n",
+                           12: "0::/system.slice/slurmstepd.scope/job_80/step_0/user/task_3\n",
+                           13: "0::/system.slice/slurmstepd.scope/sEKNKTV3WPV5ZZ/step_1+0/user/task_0\n"})
+    assert [job_of_pid(root, p, m) for p in (10, 11, 12, 13)] == ["80", "80", "80", "81"]
+    # a malformed or foreign entry in a registration maps nothing
+    assert sluid_map({"9": {"sluids": ["../job_1", 5, SA.lower()], "sluid": None}}) == {}

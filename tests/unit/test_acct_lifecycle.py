@@ -146,6 +146,47 @@ def test_a_leak_is_seen_through_slurm_2605_sluid_cgroups(node):
     assert s8["dev"]["0"]["leak"] == 1 and s8["dev"]["0"]["mem"] == 1000
 
 
+@pytest.mark.parametrize("epilog_ran", [True, False])
+def test_a_requeued_jobs_earlier_sluid_directories_stay_its(node, epilog_ran):
+    """26.05 gives a job a new SLUID at each requeue (job_record_set_sluid(job_ptr,
+    requeue=true), src/common/job_record.c), so one job id has several cgroup
+    directories: a process the first run left behind, in the first SLUID's
+    directory, is still the job's (here a leak onto job 8's GPU), whether the
+    first run's epilog ran (its tombstone keeps the SLUID) or failed (the
+    registration the prolog replaces does)."""
+    first, second = "sEKNKTV3WPV500", "sEKNKTV3WPV5ZZ"
+    node.db["7"] = ""
+    node.db["8"] = ""
+    node.prolog("7", ["0"], sluid=first)
+    if epilog_ran:
+        node.epilog("7")
+    node.prolog("7", ["0"], sluid=second)                  # the requeued run, same GPU
+    node.prolog("8", ["1"])
+    node.process_sluid(100, first)                         # left by the first run
+    node.process_sluid(101, second)
+    node.script("0", 80, [101])
+    node.script("1", 40, [100])
+    for _ in range(3):
+        node.advance()
+    node.epilog("7")
+    node.epilog("8")
+    s7 = dbd.parse(node.db["7"])["n1"]
+    assert s7["dev"]["1"]["leak"] == 1 and s7["dev"]["1"]["mem"] == 1000
+    assert s7["dev"]["0"]["sm"] == 80.0
+    assert "leak" not in dbd.parse(node.db["8"])["n1"]["dev"]["1"]
+
+
+def test_a_requeued_jobs_sluids_are_bounded(node):
+    """A job requeued many times keeps its last SLUIDs only (the registration stays small)."""
+    for i in range(20):
+        node.prolog("7", ["0"], sluid=f"sEKNKTV3WPV5{i:02d}")
+        node.epilog("7")
+    node.prolog("7", ["0"], sluid="sEKNKTV3WPV5ZZ")
+    reg = node.store.read("jobs", "7")
+    assert reg["sluid"] == "sEKNKTV3WPV5ZZ" and reg["sluids"][-1] == "sEKNKTV3WPV5ZZ"
+    assert len(reg["sluids"]) == 16 and reg["sluids"][0] == "sEKNKTV3WPV505"
+
+
 def test_a_malformed_sluid_is_not_recorded(node):
     node.prolog("9", ["0"], sluid="../../job_1")
     assert "sluid" not in node.store.read("jobs", "9")

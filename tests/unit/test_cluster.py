@@ -459,8 +459,8 @@ def test_a_jobs_own_mig_layout_is_never_published_as_the_nodes_hardware(
     first = (pub / "n1.json").stat().st_mtime_ns
 
     st = jobstate.new("4242", uid=1000, gid=1000, user="u")
-    st["gpus"] = [{"index": 0, "uuid": gpu0["uuid"], "minor": 0}]
-    st["mig"] = {"layout": "7x1g.10gb", "ready": True, "gpus": [
+    st.gpus = [{"index": 0, "uuid": gpu0["uuid"], "minor": 0}]
+    st.mig = {"layout": "7x1g.10gb", "ready": True, "gpus": [
         {"index": 0, "uuid": gpu0["uuid"], "minor": 0, "model": "h100-80gb", "baseline": [],
          "baseline_removed": False, "instances": [{"profile": "1g.10gb", "gi_profile_id": 19, "start": i, "size": 1,
                                                    "gi_id": 7 + i, "ci_id": 0, "uuid": f"MIG-job-{i}"}

@@ -157,8 +157,8 @@ def test_no_jobs_mig_instance_is_ever_published(tmp_path_factory: pytest.TempPat
         if kind == "start" and gpu is not None and gpu["minor"] not in jobs:
             jobid = next_job[0] = next_job[0] + 1
             st_ = jobstate.new(str(jobid), uid=1000, gid=1000, user="u")
-            st_["gpus"] = [{"index": gpu["index"], "uuid": gpu["uuid"], "minor": gpu["minor"]}]
-            st_["mig"] = {"layout": "x", "ready": True, "gpus": [
+            st_.gpus = [{"index": gpu["index"], "uuid": gpu["uuid"], "minor": gpu["minor"]}]
+            st_.mig = {"layout": "x", "ready": True, "gpus": [
                 {"index": gpu["index"], "uuid": gpu["uuid"], "minor": gpu["minor"], "baseline": [],
                  "baseline_removed": False, "instances": []}]}
             jobstate.save(str(state), st_)        # recorded before the GPU changes (jobs/migjob.py)

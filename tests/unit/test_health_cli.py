@@ -172,6 +172,19 @@ def test_slurm_mode_unreadable_configured_source_is_unknown(tmp_path, capsys):
     assert rc == 3 and "kernel log not found" in err
 
 
+def test_slurm_mode_error_after_the_check_says_the_prefix_once(tmp_path, capsys):
+    """A SlurmGpuError escaping the check (here: the metrics file cannot be
+    written) is one line with ``slurm-gpu:`` once (issue 25: it said
+    ``slurm-gpu: health check incomplete: slurm-gpu: cannot write ...``)."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    rc, _, err = run(["health", "--only", "gpu.xid", "--kernel-log", str(log), "--slurm",
+                      "--prom-file", str(tmp_path / "gone" / "x.prom")], capsys)
+    assert rc == 3
+    assert err == f"slurm-gpu: health check incomplete: cannot write x.prom: No such file or " \
+                  f"directory ({tmp_path}/gone/x.prom)\n", err
+
+
 def test_xid_watch_gpu_without_event_support_is_not_a_lost_gpu(tmp_path):
     # nvmlDeviceRegisterEvents answers NOT_SUPPORTED on GPUs/platforms without
     # XID events: that is no fault, and must not become a "GPU unavailable" drain.

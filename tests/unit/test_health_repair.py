@@ -395,8 +395,9 @@ def test_an_intrusive_dcgm_gate_waits_for_the_drained_node_to_empty(tmp_path, cl
 def _job_runs_on_gpu(tmp_path: Path, jobid: str) -> None:
     """A job state record as the prolog writes it (jobs/state.py), holding GPU 0."""
     from slurm_gpu.jobs import state
-    state.save(str(tmp_path / "jobs"), {"version": state.VERSION, "jobid": jobid, "uid": 1000, "gid": 1000,
-                                        "user": "alice", "phase": "running", "gpus": [{"index": 0, "uuid": UUID}]})
+    st = state.new(jobid, uid=1000, gid=1000, user="alice")
+    st.phase, st.gpus = state.Phase.READY, [{"index": 0, "uuid": UUID}]
+    state.save(str(tmp_path / "jobs"), st)
     assert gpus_held(str(tmp_path / "jobs"))[UUID] == jobid
 
 

@@ -140,11 +140,11 @@ def test_adopt_takes_the_sluid_the_prolog_recorded_never_the_steps_environment(
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     sd = tmp_path / "state"
     st = js.new("7", uid=os.getuid() or 1001, gid=os.getgid() or 1001, user="u")
-    st["mps"] = {"pipe_dir": str(tmp_path / "mps" / "7" / "pipe"), "sluid": "s7sluid"}
+    st.mps = {"pipe_dir": str(tmp_path / "mps" / "7" / "pipe"), "sluid": "s7sluid"}
     js.save(sd, st)
     assert mps.adopt(str(sd), "7", "s9victim") == [str(scope / "s7sluid" / jobcgroup.NAME)]
     assert not (scope / "s9victim" / jobcgroup.NAME).exists()
-    assert js.load(sd, "7")["mps"]["cgroup"] == [str(scope / "s7sluid" / jobcgroup.NAME)]
+    assert js.load(sd, "7").mps["cgroup"] == [str(scope / "s7sluid" / jobcgroup.NAME)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs a process as a job user")
@@ -172,7 +172,7 @@ def test_adopt_moves_the_recorded_daemon_even_without_the_pipe_variable(
     try:
         sd = tmp_path / "state"
         st = js.new("7", uid=u.pw_uid, gid=u.pw_gid, user="sgtest1")
-        st["mps"] = {"pipe_dir": str(tmp_path / "mps" / "7" / "pipe"),
+        st.mps = {"pipe_dir": str(tmp_path / "mps" / "7" / "pipe"),
                      "daemon": [[daemon.pid, start_time(daemon.pid)]]}
         js.save(sd, st)
         got = mps.adopt(str(sd), "7")

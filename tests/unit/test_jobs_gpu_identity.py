@@ -154,10 +154,10 @@ def test_mps_and_compute_mode_land_on_the_job_gpu(skewed: Node) -> None:
         ctx = skewed.ctx(SLURM_JOB_GPUS=str(k), SPANK_SLURM_GPU_MPS="default")
         assert lifecycle.prolog(ctx) == 0, skewed.logs
         st = js.load(skewed.state_dir, "100")
-        assert st["error"] is None, st["error"]
-        assert [g["uuid"] for g in st["gpus"]] == [want]
-        assert st["gpus"][0]["minor"] == minor
-        assert st["mps"]["devices"] == want                 # the daemon's CUDA_VISIBLE_DEVICES
+        assert st.error is None, st.error
+        assert [g["uuid"] for g in st.gpus] == [want]
+        assert st.gpus[0]["minor"] == minor
+        assert st.mps["devices"] == want                 # the daemon's CUDA_VISIBLE_DEVICES
         after = skewed.by_uuid()
         changed = {u for u in after if after[u] != before[u]}
         assert changed == {want} and after[want][0] == 3    # EXCLUSIVE_PROCESS, on that GPU only
@@ -173,7 +173,7 @@ def test_mig_instances_land_on_the_job_gpu(skewed: Node) -> None:
         ctx = skewed.ctx(SLURM_JOB_GPUS=str(k), SPANK_SLURM_GPU_MIG=skewed.mig("2x3g"))
         assert lifecycle.prolog(ctx) == 0, skewed.logs
         st = js.load(skewed.state_dir, "100")
-        assert st["error"] is None, st["error"]
+        assert st.error is None, st.error
         after = skewed.by_uuid()
         assert {u for u in after if after[u] != before[u]} == {want}
         assert len(after[want][1]) == 2
@@ -194,7 +194,7 @@ def test_other_jobs_gpu_is_recognised_by_uuid(skewed: Node) -> None:
     assert lifecycle.prolog(a) == 0, skewed.logs
     b = skewed.ctx("101", SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MIG=skewed.mig("1g"))
     assert lifecycle.prolog(b) == 0
-    assert "also used by job 100" in (js.load(skewed.state_dir, "101")["error"] or "")
+    assert "also used by job 100" in (js.load(skewed.state_dir, "101").error or "")
     for c in (b, a):
         assert lifecycle.epilog(c) == 0
 

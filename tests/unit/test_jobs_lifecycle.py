@@ -132,14 +132,14 @@ def test_mps_job_lifecycle(node: Env) -> None:
     ctx = node.ctx(SLURM_JOB_GPUS="0,1", SPANK_SLURM_GPU_MPS="40")
     assert lifecycle.prolog(ctx) == 0, node.logs
     st = js.load(node.state_dir, "100")
-    assert st["phase"] == "ready" and st["mps"]["ready"]
-    pipe = Path(st["mps"]["pipe_dir"])
-    for d in (pipe, Path(st["mps"]["log_dir"])):
+    assert st.phase == "ready" and st.mps["ready"]
+    pipe = Path(st.mps["pipe_dir"])
+    for d in (pipe, Path(st.mps["log_dir"])):
         s = os.lstat(d)
         assert (s.st_uid, stat.S_IMODE(s.st_mode)) == (_uid("sgtest1"), 0o700)
     assert os.lstat(node.mps.base_dir).st_uid == 0
     pids = daemon_pids(pipe)
-    assert pids and st["mps"]["pids"] == pids
+    assert pids and st.mps["pids"] == pids
     status = Path(f"/proc/{pids[0]}/status").read_text()
     assert f"Uid:\t{_uid('sgtest1')}" in status          # never root
     assert "Cpus_allowed_list:\t0-1" in status          # GPUs 0,1 are local to CPUs 0 and 1
@@ -166,7 +166,7 @@ def test_mps_server_that_fails_to_start_leaves_a_clean_job(node: Env) -> None:
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
     st = js.load(node.state_dir, "100")
-    pipe, log = Path(st["mps"]["pipe_dir"]), Path(st["mps"]["log_dir"])
+    pipe, log = Path(st.mps["pipe_dir"]), Path(st.mps["log_dir"])
     r = subprocess.run([str(node.ctl)], input=f"start_server -uid {_uid('sgtest1')}\n",
                        env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe),
                             "CUDA_MPS_LOG_DIRECTORY": str(log)},
@@ -177,7 +177,7 @@ def test_mps_server_that_fails_to_start_leaves_a_clean_job(node: Env) -> None:
             time.monotonic() < deadline:
         time.sleep(0.02)
     assert "exited with status 1" in (log / "control.log").read_text()
-    assert daemon_pids(pipe) == st["mps"]["pids"]       # the control daemon is still up
+    assert daemon_pids(pipe) == st.mps["pids"]       # the control daemon is still up
     assert lifecycle.epilog(ctx) == 0
     assert not any("stragglers" in m for m in node.logs), node.logs
     assert node.leftovers() == []
@@ -211,7 +211,7 @@ def test_bad_layout_fails_job_not_node_and_touches_nothing(node: Env) -> None:
     ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MIG="4g.40gb,4g.40gb")
     assert lifecycle.prolog(ctx) == 0
     st = js.load(node.state_dir, "100")
-    assert st["error"].startswith("slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb")
+    assert st.error.startswith("MIG layout 2x4g.40gb asks for 2 x 4g.40gb")
     with pytest.raises(JobFailed, match="2x4g.40gb"):
         js.task_env(st, 0, 1)
     assert node.layout(2) == before
@@ -232,7 +232,7 @@ def test_bad_layout_fails_job_not_node_and_touches_nothing(node: Env) -> None:
 def test_user_errors_fail_the_job(node: Env, env: dict, why: str) -> None:
     assert lifecycle.prolog(node.ctx(**env)) == 0
     st = js.load(node.state_dir, "100")
-    assert why in st["error"] and st["phase"] == "failed"
+    assert why in st.error and st.phase == "failed"
     assert (Path(node.mps.base_dir) / "100").exists() is False
     assert lifecycle.epilog(node.ctx(**env)) == 0 and node.leftovers() == []
 
@@ -250,7 +250,7 @@ def test_node_fault_policy_and_blocker_named(node: Env, policy: str, rc: int,
     assert any("nv-hostengine" in m and "systemctl stop nvidia-dcgm" in m for m in node.logs)
     # the blocker also stops the baseline from coming back: the record stays for the epilog
     st = js.load(node.state_dir, "100")
-    assert st is not None and "In use" in st["error"]
+    assert st is not None and "In use" in st.error
     assert node.layout(2) != before
     from slurm_gpu_devkit.sim.mig import clear_holder
     clear_holder(node.sim, "dcgm")
@@ -341,7 +341,7 @@ def test_user_killing_the_starting_daemon_fails_the_job_not_the_node(node: Env, 
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0                       # the node stays up
     st = js.load(node.state_dir, "100")
-    assert st["phase"] == "failed" and "exited before it answered" in st["error"]
+    assert st.phase == "failed" and "exited before it answered" in st.error
     with pytest.raises(js.JobFailed):
         js.task_env(st, 0, 1)                                # ... and the job's tasks fail
     assert lifecycle.epilog(ctx) == 0
@@ -367,7 +367,7 @@ def test_user_stopping_the_starting_daemon_fails_the_job_not_the_node(node: Env,
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs            # the node stays up
     st = js.load(node.state_dir, "100")
-    assert st["phase"] == "failed" and "stopped before it answered" in st["error"]
+    assert st.phase == "failed" and "stopped before it answered" in st.error
     assert lifecycle.epilog(ctx) == 0                       # the stopped daemon is ended
     assert node.leftovers() == []
 
@@ -389,7 +389,7 @@ def _mps_job_with_straggler(node: Env) -> tuple[lifecycle.Context, subprocess.Po
     """An MPS job plus a server that ignores quit: a user process bound to the pipe."""
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0
-    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    pipe = Path(js.load(node.state_dir, "100").mps["pipe_dir"])
     straggler = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
                                  user="sgtest1")
     return ctx, straggler
@@ -409,7 +409,7 @@ def test_epilog_ends_children_that_dropped_the_pipe_variable(node: Env) -> None:
     /proc pass, mpsprocs.daemon_tree) and ended with it."""
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0
-    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    pipe = Path(js.load(node.state_dir, "100").mps["pipe_dir"])
     # Nothing here execs after it has been seen: /proc/PID/environ reads empty
     # while a process is inside execve (issue 24: this test once failed under
     # load when a poll of the child's environment, or the scan, fell into
@@ -471,8 +471,10 @@ def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
 # What a --gpu-mps prolog and epilog may not import once the node-fact entry
 # holds their settings (issue 15: each of these costs every such job 1-9 ms;
 # subprocess, json, tomllib and typing together ~25 ms of the two runs).
-HEAVY = {"typing", "subprocess", "json", "re", "tomllib", "enum", "threading", "glob",
-         "signal", "runpy", "functools", "collections", "dataclasses", "pathlib", "shutil",
+# Issue 25 section 3 allows dataclasses and functools everywhere: the job's
+# record is a dataclass (with it come inspect's re, enum and collections).
+HEAVY = {"typing", "subprocess", "json", "tomllib", "threading", "glob",
+         "signal", "runpy", "pathlib", "shutil",
          # setuptools' .pth in the venv imports its distutils shim into every start
          # unless the hook says SETUPTOOLS_USE_DISTUTILS=stdlib (~0.5 ms)
          "_distutils_hack"}
@@ -589,7 +591,7 @@ def test_epilog_signals_only_the_job_users_processes(node: Env) -> None:
     processes carrying it (a setuid program, a planted process) are never killed."""
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
-    pipe = js.load(node.state_dir, "100")["mps"]["pipe_dir"]
+    pipe = js.load(node.state_dir, "100").mps["pipe_dir"]
     env = {"CUDA_MPS_PIPE_DIRECTORY": pipe}
     as_root = subprocess.Popen(["/bin/sleep", "60"], env=env)
     other = subprocess.Popen(["/bin/sleep", "60"], env=env, user=_uid("sgtest2"))
@@ -612,7 +614,7 @@ def test_epilog_never_kills_a_recycled_pid(node: Env, monkeypatch) -> None:
         pytest.skip("cannot steer PID allocation here")
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
-    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    pipe = Path(js.load(node.state_dir, "100").mps["pipe_dir"])
     (daemon,) = daemon_pids(pipe)
     intruder: list[subprocess.Popen] = []
 
@@ -672,7 +674,7 @@ def test_epilog_removes_only_a_job_directory(node: Env) -> None:
     victim.mkdir()
     (victim / "keep").write_text("x")
     st = js.load(node.state_dir, "100")
-    st["mps"]["job_dir"] = str(victim)               # root's own file, wrong content
+    st.mps["job_dir"] = str(victim)               # root's own file, wrong content
     js.save(node.state_dir, st)
     assert lifecycle.epilog(ctx) == 0
     assert (victim / "keep").exists()
@@ -722,7 +724,7 @@ def test_daemon_that_survives_sigkill_is_a_node_fault(node: Env, monkeypatch) ->
     from slurm_gpu import sig as signal_mod    # what mpsprocs and jobcgroup signal through
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
-    pipe = Path(js.load(node.state_dir, "100")["mps"]["pipe_dir"])
+    pipe = Path(js.load(node.state_dir, "100").mps["pipe_dir"])
     from slurm_gpu.jobs import mps
     monkeypatch.setattr(mps, "control", lambda *a, **k: None)     # quit is not heard
     monkeypatch.setattr(os, "kill", lambda *a: None)              # nor is SIGKILL
@@ -774,14 +776,14 @@ def test_prolog_rerun_that_cannot_clean_up_follows_the_policy(node: Env, policy:
                                                                monkeypatch) -> None:
     node.jobs.on_internal_error = policy
     old = js.new("100", uid=_uid("sgtest1"), gid=0, user="sgtest1")
-    old["mig"] = {"layout": "7g.80gb", "ready": True, "gpus": [{"index": 3, "instances": [
+    old.mig = {"layout": "7g.80gb", "ready": True, "gpus": [{"index": 3, "instances": [
         {"gi_id": 1, "gi_profile_id": 0, "start": 0, "size": 8}]}]}
     js.save(node.state_dir, old)
     monkeypatch.setattr(migjob, "teardown", lambda *a: (_ for _ in ()).throw(
         instances.MigError("cannot destroy GPU instance 1: In use", "GPU 3", 19)))
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")) == rc
     st = js.load(node.state_dir, "100")
-    assert st["mig"] == old["mig"] and "In use" in st["error"]     # the old record stays
+    assert st.mig == old.mig and "In use" in st.error     # the old record stays
     assert not (Path(node.mps.base_dir) / "100").exists()        # nothing new was started
 
 
@@ -839,7 +841,7 @@ def test_user_writing_into_the_mps_dirs_cannot_make_the_epilog_fail(node: Env) -
     keeps creating files in the job's log directory while the epilog removes it."""
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
-    log = Path(js.load(node.state_dir, "100")["mps"]["log_dir"])
+    log = Path(js.load(node.state_dir, "100").mps["log_dir"])
     writer = subprocess.Popen(
         [sys.executable, "-I", "-c",
          "import os\nos.mkdir('sub')\nos.chdir('sub')\nopen('../ready', 'w').close()\n"
@@ -864,7 +866,7 @@ def test_user_writing_into_the_mps_dirs_cannot_make_the_epilog_fail(node: Env) -
 def test_symlinks_the_user_plants_in_the_mps_dirs_are_not_followed(node: Env) -> None:
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
-    log = Path(js.load(node.state_dir, "100")["mps"]["log_dir"])
+    log = Path(js.load(node.state_dir, "100").mps["log_dir"])
     victim = node.base / "victim"
     victim.mkdir()
     os.chown(victim, _uid("sgtest2"), -1)
@@ -951,7 +953,7 @@ def test_renamed_sockets_fail_the_job_not_the_node(node: Env, monkeypatch) -> No
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs                 # the node stays up
     st = js.load(node.state_dir, "100")
-    assert st["phase"] == "failed" and "sockets" in st["error"], st["error"]
+    assert st.phase == "failed" and "sockets" in st.error, st.error
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
 
@@ -965,7 +967,7 @@ def test_replaced_sockets_fail_the_job_not_the_node(node: Env, monkeypatch) -> N
         ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
         assert lifecycle.prolog(ctx) == 0, node.logs
         st = js.load(node.state_dir, "100")
-        assert st["phase"] == "failed" and "sockets" in st["error"], st["error"]
+        assert st.phase == "failed" and "sockets" in st.error, st.error
         assert lifecycle.epilog(ctx) == 0, node.logs
         assert node.leftovers() == []
     finally:
@@ -988,7 +990,7 @@ def test_look_alike_process_is_not_the_daemon(node: Env, monkeypatch) -> None:
         ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
         assert lifecycle.prolog(ctx) == 0, node.logs
         st = js.load(node.state_dir, "100")
-        assert st["phase"] == "failed" and "exited before it answered" in st["error"], st["error"]
+        assert st.phase == "failed" and "exited before it answered" in st.error, st.error
         assert lifecycle.epilog(ctx) == 0, node.logs                # the look-alike is ended too
         assert not _alive(look.pid)
         assert node.leftovers() == []
@@ -1083,8 +1085,8 @@ def test_missing_mps_binary_fails_the_job_not_the_node(node: Env) -> None:
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
     st = js.load(node.state_dir, "100")
-    assert st["phase"] == "failed"
-    assert st["error"] == (f"slurm-gpu: --gpu-mps: this node has no MPS control binary "
+    assert st.phase == "failed"
+    assert st.error == (f"--gpu-mps: this node has no MPS control binary "
                            f"({node.base / 'no-such-mps-control'})")
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
@@ -1095,7 +1097,7 @@ def test_mps_disabled_fails_the_job_with_one_line(node: Env) -> None:
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
     st = js.load(node.state_dir, "100")
-    assert st["error"] == "slurm-gpu: --gpu-mps is disabled on this cluster ([mps] enabled)"
+    assert st.error == "--gpu-mps is disabled on this cluster ([mps] enabled)"
     assert not (Path(node.mps.base_dir) / "100").exists()
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
 
@@ -1161,7 +1163,7 @@ def test_entries_planted_before_the_daemon_starts_fail_the_job_not_the_node(
         ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
         assert lifecycle.prolog(ctx) == 0, node.logs
         st = js.load(node.state_dir, "100")
-        assert st["phase"] == "failed" and "pipe directory" in st["error"], st["error"]
+        assert st.phase == "failed" and "pipe directory" in st.error, st.error
         monkeypatch.setattr(runner, "run", real)
         assert lifecycle.epilog(ctx) == 0, node.logs
         assert node.leftovers() == []

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from slurm_gpu.errors import HardwareError
-from slurm_gpu.jobs import lifecycle
+from slurm_gpu.jobs import lifecycle, steps
 from slurm_gpu.jobs import state as js
 from slurm_gpu.mig import instances
 
@@ -41,13 +41,13 @@ def test_undo_failing_after_a_user_error_follows_the_policy(node: Env, monkeypat
     # The layout is fine for GPU 3 but the job asks MPS with a bad value after
     # MIG was set up: a user error whose undo then fails on the GPU.
     ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MIG="3g.40gb", SPANK_SLURM_GPU_MPS="0")
-    real_parse = lifecycle.parse_mps
-    monkeypatch.setattr(lifecycle, "parse_mps", lambda v: 50)
-    monkeypatch.setattr(lifecycle, "_setup_mps", lambda *a: real_parse("0"))
+    real_parse = steps.parse_mps
+    monkeypatch.setattr(steps, "parse_mps", lambda v: 50)
+    monkeypatch.setattr(steps.MpsDaemon, "apply", lambda *a: real_parse("0"))
     monkeypatch.setattr(instances, "destroy_gi", stuck)
     assert lifecycle.prolog(ctx) == rc, node.logs
     st = js.load(node.state_dir, "100")
-    assert st["phase"] == "failed" and "--gpu-mps" in st["error"]    # the tasks fail with it
+    assert st.phase == "failed" and "--gpu-mps" in st.error    # the tasks fail with it
     assert any("cleanup incomplete" in line for line in node.logs)
 
 

@@ -33,12 +33,22 @@ def test_job_ids_cannot_escape(tmp_path: Path, bad: str) -> None:
         js.path(tmp_path, bad)
 
 
-GOOD = {"version": 1, "jobid": "5", "uid": 1000, "gid": 1000, "user": "u", "phase": "ready", "gpus": [],
-        "mps": None, "mig": None, "error": None}
+GOOD = {"version": 2, "jobid": "5", "uid": 1000, "gid": 1000, "user": "u", "phase": "ready", "gpus": [],
+        "whole_gpus": True, "options": {"mps": "50", "mig": None}, "mps": None, "mig": None,
+        "compute_mode_saved": {}, "error": None, "consequence": None}
+# What the prolog of the version before the JobRecord (issue 25) wrote.
+GOOD_V1 = {"version": 1, "jobid": "5", "uid": 1000, "gid": 1000, "user": "u", "phase": "failed",
+           "gpus": [{"index": 0, "uuid": "GPU-0", "minor": 0, "cpus": [0]}], "whole_gpus": True,
+           "options": {"mps": "50", "mig": None},
+           "mps": {"pipe_dir": "/run/x/5/pipe", "log_dir": "/run/x/5/log", "ready": False},
+           "mig": None, "error": "slurm-gpu: --gpu-mps is disabled on this cluster ([mps] enabled)"}
 
 
 @pytest.mark.parametrize("text", [
-    "{not json", "[1]", "9" * 5000, "[" * 100000, json.dumps({**GOOD, "version": 2}),
+    "{not json", "[1]", "9" * 5000, "[" * 100000, json.dumps({**GOOD, "version": 3}),
+    json.dumps({**GOOD, "version": True}), json.dumps({**GOOD, "phase": "running"}),
+    json.dumps({**GOOD, "consequence": "maybe"}), json.dumps({**GOOD, "whole_gpus": "yes"}),
+    json.dumps({**GOOD_V1, "phase": None}),
     json.dumps({**GOOD, "jobid": "6"}), json.dumps({**GOOD, "uid": -1}), json.dumps({**GOOD, "uid": True}),
     json.dumps({**GOOD, "gid": 1 << 40}), json.dumps({**GOOD, "gpus": [1, 2]}), json.dumps({**GOOD, "gpus": {}}),
     json.dumps({**GOOD, "mps": "x"}), json.dumps({**GOOD, "mig": {"gpus": [{"instances": "x"}]}}),
@@ -59,7 +69,36 @@ def test_corrupt_state_is_set_aside_with_one_warning(tmp_path: Path, text: str) 
 def test_a_good_state_loads(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "5.json").write_text(json.dumps(GOOD))
-    assert js.load(tmp_path, "5") == GOOD
+    st = js.load(tmp_path, "5")
+    assert isinstance(st, js.JobRecord) and st.to_dict() == GOOD
+    assert (st.jobid, st.uid, st.phase, st.whole_gpus) == ("5", 1000, js.Phase.READY, True)
+
+
+def test_a_record_written_before_an_upgrade_still_works(tmp_path: Path) -> None:
+    """A version-1 record (the prolog of the package before the upgrade wrote it)
+    is read: its epilog undoes what it lists, its tasks fail with its error."""
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "5.json").write_text(json.dumps(GOOD_V1))
+    said: list[str] = []
+    st = js.load(tmp_path, "5", warn=said.append)
+    assert st is not None and said == []
+    assert (st.phase, st.gpus, st.mps, st.options) == ("failed", GOOD_V1["gpus"], GOOD_V1["mps"],
+                                                         GOOD_V1["options"])
+    # the prefix is the edge's now: the record keeps the message, the task says it once
+    assert st.error == "--gpu-mps is disabled on this cluster ([mps] enabled)"
+    with pytest.raises(JobFailed) as ei:
+        task_env(st, 0, 1)
+    assert ei.value.line() == GOOD_V1["error"]
+    # saved again (the epilog's undo does), it is a version-2 record with the same content
+    js.save(tmp_path, st)
+    again = json.loads((tmp_path / "jobs" / "5.json").read_text())
+    assert again["version"] == js.VERSION == 2 and js.load(tmp_path, "5") == st
+    # an old record without the keys added later (whole_gpus, options) reads as well
+    old = {k: v for k, v in GOOD_V1.items() if k not in ("whole_gpus", "options")}
+    (tmp_path / "jobs" / "5.json").write_text(json.dumps({**old, "phase": "prolog", "error": None}))
+    st = js.load(tmp_path, "5")
+    assert st is not None and (st.whole_gpus, st.options, st.phase, st.error) == (None, None, "prolog", None)
+    assert js.gpus_held(str(tmp_path)) == {"GPU-0": "5", "index:0": "5"}
 
 
 @pytest.mark.parametrize("n,ntasks,want", [
@@ -69,12 +108,12 @@ def test_task_share(n: int, ntasks: int, want: list[list[int]]) -> None:
     assert [task_share(n, t, ntasks) for t in range(ntasks)] == want
 
 
-def _state_with(mig: bool = True, mps: bool = True, ready: bool = True) -> dict:
+def _state_with(mig: bool = True, mps: bool = True, ready: bool = True) -> js.JobRecord:
     st = js.new("9", uid=1, gid=1, user="u")
     if mps:
-        st["mps"] = {"pipe_dir": "/run/x/9/pipe", "log_dir": "/run/x/9/log", "ready": ready}
+        st.mps = {"pipe_dir": "/run/x/9/pipe", "log_dir": "/run/x/9/log", "ready": ready}
     if mig:
-        st["mig"] = {"ready": ready, "layout": "2x1g.10gb", "gpus": [
+        st.mig = {"ready": ready, "layout": "2x1g.10gb", "gpus": [
             {"index": 0, "instances": [{"uuid": "MIG-a"}, {"uuid": "MIG-b"}]},
             {"index": 1, "instances": [{"uuid": "MIG-c"}]}]}
     return st
@@ -93,10 +132,11 @@ def test_task_env_nothing_until_ready_and_error_fails() -> None:
     assert task_env(_state_with(ready=False), 0, 1) == {}
     assert task_env(None, 0, 1) == {}
     st = _state_with()
-    st["error"] = "slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb (--gpu-mig)"
+    st.fail("slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb (--gpu-mig)", "user")
+    assert st.error == "MIG layout 2x4g.40gb asks for 2 x 4g.40gb (--gpu-mig)"
     with pytest.raises(JobFailed) as ei:
         task_env(st, 0, 1)
-    assert ei.value.line() == st["error"]
+    assert ei.value.line() == "slurm-gpu: " + st.error
 
 
 def test_job_show(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -106,10 +146,10 @@ def test_job_show(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
     config._load.cache_clear()
     st = _state_with()
-    st["gpus"] = [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 NVL", "cpus": [0, 1]}]
-    st["mig"]["gpus"][0]["instances"] = [{"uuid": "MIG-a", "profile": "3g.47gb", "gi_id": 1,
-                                          "ci_id": 0, "start": 4, "size": 4}]
-    st["mps"]["cpus"] = "0,1"
+    st.gpus = [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 NVL", "cpus": [0, 1]}]
+    st.mig["gpus"][0]["instances"] = [{"uuid": "MIG-a", "profile": "3g.47gb", "gi_id": 1,
+                                       "ci_id": 0, "start": 4, "size": 4}]
+    st.mps["cpus"] = "0,1"
     js.save(tmp_path / "var", st)
     assert main(["job", "show", "9"]) == 0
     out = capsys.readouterr().out
@@ -174,7 +214,7 @@ def test_mig_apply_acts_only_on_drift(tmp_path: Path, monkeypatch, capsys) -> No
     # a GPU a job uses is not touched
     from slurm_gpu.jobs import state as jobstate
     st = jobstate.new("77", uid=1, gid=1, user="u")
-    st["gpus"] = [{"index": 1}]
+    st.gpus = [{"index": 1}]
     jobstate.save(tmp_path / "var", st)
     assert main(["mig", "apply", str(cfg), "-c", "off"]) == 1
     assert "in use by job 77" in capsys.readouterr().err
@@ -202,7 +242,7 @@ def _other_uid() -> int:
 def test_state_anyone_but_root_could_write_is_refused(tmp_path: Path, plant: str) -> None:
     """The epilog acts on the state file as root: a planted one is never believed."""
     st = js.new("12", uid=1001, gid=1001, user="sgtest1")
-    st["mps"] = {"job_dir": "/etc", "pids": [1]}
+    st.mps = {"job_dir": "/etc", "pids": [1]}
     js.save(tmp_path, st)
     f = tmp_path / "jobs" / "12.json"
     if plant == "user-owned":
@@ -239,7 +279,7 @@ def test_state_dir_under_a_user_writable_directory_is_refused(tmp_path: Path) ->
 def test_a_corrupt_record_falls_back_to_its_copy(tmp_path) -> None:
     """A damaged state file must not orphan what it listed: its copy still says it."""
     st = js.new("12", uid=1001, gid=1001, user="u")
-    st["mig"] = {"layout": "3g.40gb", "ready": True, "gpus": [{"index": 0, "instances": []}]}
+    st.mig = {"layout": "3g.40gb", "ready": True, "gpus": [{"index": 0, "instances": []}]}
     js.save(tmp_path, st)
     main = tmp_path / "jobs" / "12.json"
     main.write_text('{"version": 1, "jobid": "12", "uid": "ro')      # torn

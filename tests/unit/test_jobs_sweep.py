@@ -66,7 +66,7 @@ def test_failed_epilog_never_makes_a_later_job_a_user_error(node: Env, monkeypat
     assert lifecycle.prolog(_ctx(node, "101", SLURM_JOB_GPUS="2",
                                  SPANK_SLURM_GPU_MIG="3g.40gb")) == 0, node.logs
     st = js.load(node.state_dir, "101")
-    assert st["error"] is None, st["error"]           # not "also used by job 100"
+    assert st.error is None, st.error           # not "also used by job 100"
     assert js.load(node.state_dir, "100") is None
     assert "-j 100" in argv.read_text()
     assert any("stale job 100: cleaned up" in line for line in node.logs)

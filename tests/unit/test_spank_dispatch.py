@@ -6,6 +6,7 @@ import resource
 from pathlib import Path
 
 import pytest
+from types import SimpleNamespace
 
 from slurm_gpu import binding, nodefacts
 from slurm_gpu import joboptions as options
@@ -276,9 +277,9 @@ def test_mps_task_env_comes_from_job_state(applied, tmp_path, monkeypatch):
     from slurm_gpu.jobs import state as jobstate
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/var/%n"\n')
-    monkeypatch.setattr(jobstate, "load", lambda d, jobid: {"d": d, "jobid": jobid})
+    monkeypatch.setattr(jobstate, "load", lambda d, jobid: SimpleNamespace(d=d, jobid=jobid, mps=None))
     monkeypatch.setattr(jobstate, "task_env",
-                        lambda st, t, n: {"CUDA_MPS_PIPE_DIRECTORY": f"{st['d']}/{st['jobid']}/{t}"})
+                        lambda st, t, n: {"CUDA_MPS_PIPE_DIRECTORY": f"{st.d}/{st.jobid}/{t}"})
     monkeypatch.setenv("SLURMD_NODENAME", "n3")          # slurmstepd's own environment
     sp = FakeSpank("remote", {options.MPS: "default"}, {"SLURMD_NODENAME": "../evil"},
                    args=[f"config={cfg}"], task=1, ntasks=2)  # the job's: user-controlled
