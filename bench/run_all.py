@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES = {
     "spank": ["bench_spank.py", "--runs", "15"],
     "health": ["bench_health.py", "--runs", "15"],
+    "health-fabric": ["bench_health_fabric.py", "--runs", "21"],
     "inventory": ["bench_inventory.py", "-n", "25"],
     "prolog": ["bench_prolog.py", "--runs", "20"],
     "confgen": ["bench_confgen.py", "--nodes", "10000,100000", "--sample", "0"],

@@ -33,14 +33,28 @@ from .health_run import (_job_gpus, _node, _opener, _publish, _read_snapshot,  #
               help="gres.conf to compare with (default: beside $SLURM_CONF).")
 @click.option("--isolate-bad-gpu", is_flag=True, default=None,
               help="Rewrite gres.conf without a bad GPU and reconfigure, instead of draining (see docs).")
+@click.option("--out", type=click.Path(dir_okay=False), metavar="FILE",
+              help="With 'baseline record': the baseline file to write (default: [health] baseline).")
+@click.argument("action", nargs=-1, metavar="[baseline record]")
 def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, kernel_log: str | None,
            prom_file: str | None, node: str | None, snapshot: str | None, overlay: str | None,
-           gres_conf: str | None, isolate_bad_gpu: bool | None) -> int:
+           gres_conf: str | None, isolate_bad_gpu: bool | None, out: str | None, action: tuple[str, ...]) -> int:
     """Check this GPU node; drain it on a hardware fault, resume it when clean.
 
     Exit codes follow Nagios: 0 ok, 1 warn, 2 drain, 3 unknown (with --slurm:
     0 unless the check itself broke).
     """
+    if action:
+        # `health baseline record`: this known-good node's fabric values
+        # become its model's baseline (docs/health.md, "Fabric degradation").
+        from ..errors import UsageError
+        if action != ("baseline", "record"):
+            raise UsageError(f"unknown action {' '.join(action)!r}; known: baseline record", "health")
+        from .health_baseline import record
+        return record(out, snapshot, overlay)
+    if out:
+        from ..errors import UsageError
+        raise UsageError("--out goes with 'baseline record'", "health")
     ctx = click.get_current_context(silent=True)
     debug = bool(ctx is not None and (ctx.find_root().obj or {}).get("debug"))
     return run_health(as_json, slurm_mode, no_drain, only, kernel_log, prom_file, node, snapshot, overlay,

@@ -202,8 +202,15 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         from ..hw.nvml_health import read_health_bounded
         budget = max(1.0, min(s.watchdog_seconds * 0.6, s.watchdog_seconds - 3.0)) if s.watchdog_seconds else 60.0
         health = read_health_bounded(opts.nvml_opener, call_timeout=min(s.nvml_call_timeout, budget),
-                                     total_timeout=budget, include_fabric="gpu.fabric" in checks)
-        findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max, opts.expected_links)
+                                     total_timeout=budget,
+                                     include_fabric=bool({"gpu.fabric", "gpu.fabric_registration"} & set(checks)),
+                                     include_nvlink_speed="gpu.nvlink_speed" in checks)
+        baseline = None
+        if {"gpu.nvlink", "gpu.nvlink_speed", "gpu.pcie", "gpu.fabric_registration"} & set(nvml_checks):
+            from .baseline import load
+            baseline = load(s.baseline)
+        findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max, opts.expected_links,
+                                   baseline)
         if health.slow:
             incomplete = f"NVML too slow: {health.hung}"
 
@@ -262,6 +269,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     own = OwnGather(opts, deadline, health)
     for c in of_gather(checks, OWN):
         findings += c.check(own)
+    # Debounce and boot grace (docs/health.md): a drain some runs in a row
+    # must confirm, or that waits out link training after boot.
+    from .fabric_state import settle
+    findings = settle(findings, opts)
 
     from .nodestate import Memory
     from ..hw.kmsg import boot_id

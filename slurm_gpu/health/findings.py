@@ -4,7 +4,12 @@ The ``--json`` output is a contract (issue 5)::
 
     {"node": str, "status": "ok"|"warn"|"drain",
      "findings": [{"check", "severity": "info"|"warn"|"drain", "gpu": <bus id|null>,
-                   "xid": <int, XID findings only>, "message"}]}
+                   "xid": <int, XID findings only>,
+                   "not_applicable": true (only on a check that does not apply here), "message"}]}
+
+A check that does not apply to this node (no NVSwitch, no InfiniBand, no
+node-wide IMEX) says so with one ``info`` finding marked not applicable: it
+never drains, and a reader sees the check ran rather than passed.
 
 Exit codes follow Nagios: 0 ok, 1 warn, 2 drain (critical), 3 unknown.
 """
@@ -32,17 +37,25 @@ class Finding:
     # column, a lost GPU, a double-bit ECC event): [health] on_fatal acts on
     # the jobs holding it.  Not part of the --json contract, nor of equality.
     fatal: bool = field(default=False, compare=False)
+    applicable: bool = True
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"check": self.check, "severity": self.severity, "gpu": self.gpu}
         if self.xid is not None:
             d["xid"] = self.xid
+        if not self.applicable:
+            d["not_applicable"] = True
         d["message"] = self.message
         return d
 
     @property
     def rank(self) -> int:
         return _RANK[self.severity]
+
+
+def not_applicable(check: str, why: str) -> Finding:
+    """The one finding of a check that does not apply here (info: never drains)."""
+    return Finding(check, INFO, f"not applicable: {why}", applicable=False)
 
 
 def worst(findings: Iterable[Finding]) -> str:

@@ -19,7 +19,6 @@ RECOVERY_NAMES = {0: "no action", 1: "a GPU reset", 2: "a node reboot", 3: "a P2
                   4: "a drain and reset", 5: "IMEX domain recovery", 6: "a bus reset", 7: "a system reboot"}
 
 # The driver's clocks-event reason bits (NVML ClocksEventReason*)
-REASON_GPU_IDLE = 0x1
 REASON_SW_THERMAL = 0x20
 REASON_HW_SLOWDOWN = 0x8
 REASON_HW_THERMAL = 0x40
@@ -205,22 +204,6 @@ def check_nvlink(h: NvmlHealth | None, expected_links: dict[str, int] | None = N
     return out
 
 
-def check_pcie(h: NvmlHealth | None) -> list[Finding]:
-    """``gpu.pcie``: link narrower than the GPU and slot allow (warn); slower generation (info when idle)."""
-    out: list[Finding] = []
-    for g in _gpus(h) if h else []:
-        if g.pcie_width and g.pcie_width[0] < g.pcie_width[1]:
-            out.append(Finding("gpu.pcie", WARN, f"PCIe link of {g.bus_id} is x{g.pcie_width[0]}, "
-                               f"capable of x{g.pcie_width[1]}", g.bus_id))
-        if g.pcie_gen and g.pcie_gen[0] < g.pcie_gen[1]:
-            idle = g.clock_reasons is not None and g.clock_reasons & REASON_GPU_IDLE
-            # An idle GPU lowers its link speed to save power: only a busy one is degraded.
-            out.append(Finding("gpu.pcie", INFO if idle else WARN, f"PCIe link of {g.bus_id} runs at gen "
-                               f"{g.pcie_gen[0]}, capable of gen {g.pcie_gen[1]}" + (" (idle)" if idle else ""),
-                               g.bus_id))
-    return out
-
-
 def check_thermal(h: NvmlHealth | None) -> list[Finding]:
     """``gpu.thermal``: clocks held down by thermal or hardware slowdown."""
     out: list[Finding] = []
@@ -241,12 +224,28 @@ def check_persistence(h: NvmlHealth | None) -> list[Finding]:
 class GpuGather(Plain):
     """What the ``gpu.*`` checks read: one NVML gather and what the node should have."""
 
-    __slots__ = ("health", "expected", "retired_pages_max", "expected_links")
-    _defaults = {"retired_pages_max": 60, "expected_links": None}
+    __slots__ = ("health", "expected", "retired_pages_max", "expected_links", "baseline")
+    _defaults = {"retired_pages_max": 60, "expected_links": None, "baseline": None}
     health: NvmlHealth | None
     expected: ExpectedGpus | None
     retired_pages_max: int
     expected_links: dict[str, int] | None
+    baseline: dict | None                  # health/baseline.py: the model's expected values
+
+
+def _fabric(fn: str) -> Callable[[GpuGather], list[Finding]]:
+    def check(g: GpuGather) -> list[Finding]:
+        from . import fabric       # loaded only when a fabric check runs
+        return getattr(fabric, fn)(g.health, g.baseline)
+    return check
+
+
+def _nvlink(g: GpuGather) -> list[Finding]:
+    links = g.expected_links
+    if links is None and g.baseline:
+        from .fabric import baseline_links
+        links = baseline_links(g.health, g.baseline)
+    return check_nvlink(g.health, links)
 
 
 # The gpu.* checks, in report order: the one place a check over the NVML
@@ -259,8 +258,10 @@ GPU_CHECKS: dict[str, Callable[[GpuGather], list[Finding]]] = {
     "gpu.ecc": lambda g: check_ecc(g.health),
     "gpu.recovery": lambda g: check_recovery(g.health),
     "gpu.fabric": lambda g: check_fabric(g.health),
-    "gpu.nvlink": lambda g: check_nvlink(g.health, g.expected_links),
-    "gpu.pcie": lambda g: check_pcie(g.health),
+    "gpu.fabric_registration": _fabric("check_fabric_registration"),
+    "gpu.nvlink": _nvlink,
+    "gpu.nvlink_speed": _fabric("check_nvlink_speed"),
+    "gpu.pcie": _fabric("check_pcie_link"),
     "gpu.thermal": lambda g: check_thermal(g.health),
     "gpu.persistence": lambda g: check_persistence(g.health),
 }
@@ -268,9 +269,10 @@ NVML_CHECKS = tuple(GPU_CHECKS)
 
 
 def run_gpu_checks(h: NvmlHealth | None, expected: ExpectedGpus | None, selected: Sequence[str],
-                   retired_pages_max: int = 60, expected_links: dict[str, int] | None = None) -> list[Finding]:
+                   retired_pages_max: int = 60, expected_links: dict[str, int] | None = None,
+                   baseline: dict | None = None) -> list[Finding]:
     """Run the selected ``gpu.*`` NVML checks over one gather."""
-    gather = GpuGather(h, expected, retired_pages_max, expected_links)
+    gather = GpuGather(h, expected, retired_pages_max, expected_links, baseline)
     out: list[Finding] = []
     for name in selected:
         fn = GPU_CHECKS.get(name)

@@ -15,7 +15,8 @@ Gathers:
 * ``os``: the OS settings under a root path (:class:`OsGather`); the ``os.*``
   checks and their switches come from ``OS_CHECK_TABLE`` (``os_checks.py``);
 * ``own``: the check gathers for itself within the time left in the run
-  (:class:`OwnGather`): IMEX, DCGM.
+  (:class:`OwnGather`): IMEX, DCGM, InfiniBand ports (``ib.py``), the fabric's
+  daemons (``services.py``).
 """
 from __future__ import annotations
 
@@ -104,6 +105,27 @@ def _imex(g: OwnGather) -> list[Finding]:
                      root=g.opts.os_root)
 
 
+def _ib(g: OwnGather) -> list[Finding]:
+    # ib.port reads the ports for ib.errors too (one sysfs walk, one memory update).
+    from .ib import CHECK, ERRORS, run_check
+    want = {CHECK, ERRORS} & set(g.opts.only or enabled_checks(g.opts.settings))
+    return run_check(g.opts, g.health, frozenset(want))
+
+
+def _ib_read_by_port(g: OwnGather) -> list[Finding]:
+    if "ib.port" in (g.opts.only or enabled_checks(g.opts.settings)):
+        return []                      # ib.port's run gave these findings
+    from .ib import ERRORS, run_check
+    return run_check(g.opts, g.health, frozenset({ERRORS}))
+
+
+def _svc(name: str) -> Callable[[OwnGather], list[Finding]]:
+    def check(g: OwnGather) -> list[Finding]:
+        from . import services
+        return getattr(services, f"check_{name}")(g)
+    return check
+
+
 def _dcgm(g: OwnGather) -> list[Finding]:
     from .recovery import dcgm_findings
     return dcgm_findings(g.opts, max(1, g.opts.settings.dcgm_level), g.deadline, g.health)
@@ -120,6 +142,11 @@ REGISTRY: tuple[HealthCheck, ...] = (
     *(HealthCheck(name, NVML, fn) for name, fn in GPU_CHECKS.items()),
     HealthCheck("gpu.imex", OWN, _imex),       # a no-op unless slurm.conf has SwitchType=switch/nvidia_imex
     *(HealthCheck(name, OS, _os(name), enabled) for name, (enabled, _) in OS_CHECK_TABLE.items()),
+    HealthCheck("ib.port", OWN, _ib, lambda s: s.ib_ports),
+    HealthCheck("ib.errors", OWN, _ib_read_by_port, lambda s: s.ib_ports),
+    HealthCheck("svc.fabricmanager", OWN, _svc("fabricmanager"), lambda s: s.fabric_services),
+    HealthCheck("svc.imex", OWN, _svc("imex"), lambda s: s.fabric_services),
+    HealthCheck("svc.hostengine", OWN, _svc("hostengine"), lambda s: s.fabric_services),
     HealthCheck("gpu.dcgm", OWN, _dcgm, lambda s: s.dcgm_level > 0),   # opt-in, or --only gpu.dcgm
 )
 ALL_CHECKS: tuple[str, ...] = tuple(c.name for c in REGISTRY)

@@ -61,6 +61,23 @@ class HealthSettings(Settings):
     # event_command_timeout seconds; its failures are counted, never the health check's.
     event_command: list = None  # type: ignore[assignment]
     event_command_timeout: float = 5.0
+    # Fabric checks (docs/health.md, "Fabric degradation").  The baseline file
+    # every node of a model reads (`slurm-gpu health baseline record`); a
+    # missing file means "compare with the best GPU of the same model here".
+    baseline: str = "/etc/slurm-gpu/health-baseline.json"
+    # Where the fabric checks read sysfs and procfs (a sandbox node's own tree).
+    fabric_root: str = "/"
+    # Seconds after boot during which link-training and fabric-registration
+    # findings warn instead of draining (0: no grace).
+    boot_grace_seconds: float = 600.0
+    # Runs in a row a check must find the same fault before it drains, e.g.
+    # {"gpu.pcie" = 3}; unlisted checks: gpu.pcie 3, gpu.nvlink_speed 3, ib.port 2, others 1.
+    debounce: dict = None  # type: ignore[assignment]
+    # symbol_error + port_rcv_errors added between two runs that drain an IB port (0: never).
+    ib_error_rise: int = 100
+    # Switches for the new checks.
+    ib_ports: bool = True
+    fabric_services: bool = True
 
     def __post_init__(self) -> None:
         if self.skip is None:
@@ -71,6 +88,11 @@ class HealthSettings(Settings):
             raise ValueError("event_command must be a list of strings (argv: no shell)")
         if self.on_fatal not in ("requeue", "cancel", "none"):
             raise ValueError('on_fatal must be "requeue", "cancel" or "none"')
+        if self.debounce is None:
+            self.debounce = {}
+        for k, v in self.debounce.items():
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 100:
+                raise ValueError(f"debounce.{k} must be a count from 1 to 100")
 
 
 class RepairSettings(Settings):

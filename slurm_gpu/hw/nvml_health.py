@@ -48,7 +48,12 @@ class GpuHealth:
     fabric_state: str | None = None
     fabric_status: int | None = None
     fabric_health_mask: int | None = None
+    fabric_cluster_uuid: str | None = None                   # "00000000-...": no multi-node fabric
+    fabric_clique_id: int | None = None
     nvlink_states: tuple[int, ...] | None = None            # one per existing link: 1 up, 0 down
+    # NVML_FI_DEV_NVLINK_GET_SPEED per link slot (MB/s; None: not answered).
+    # Read only when a check asks (include_nvlink_speed): one field query a GPU.
+    nvlink_speeds: tuple[int | None, ...] | None = None
     pcie_gen: tuple[int, int] | None = None                  # current, max
     pcie_width: tuple[int, int] | None = None                # current, max
     clock_reasons: int | None = None
@@ -98,7 +103,8 @@ class _Calls:
 
 
 def read_health(api: NvmlApi, gpu_indices: list[int] | None = None, *, include_fabric: bool = True,
-                out: NvmlHealth | None = None, include_processes: bool = False) -> NvmlHealth:
+                out: NvmlHealth | None = None, include_processes: bool = False,
+                include_nvlink_speed: bool = False) -> NvmlHealth:
     """Read every GPU's health through *api* (initialised).
 
     *out*, when given, is filled as the read goes, so a caller that gives up
@@ -123,6 +129,8 @@ def read_health(api: NvmlApi, gpu_indices: list[int] | None = None, *, include_f
             g.lost = e.name
             continue
         _read_one(c, g, h, include_fabric)
+        if include_nvlink_speed and g.lost is None and g.nvlink_states:
+            _read_nvlink_speeds(c, g, h)
         if include_processes and g.lost is None:
             _read_processes(c, g, h)
     return out
@@ -189,6 +197,7 @@ def _read_one(c: _Calls, g: GpuHealth, h: NvmlHandle, include_fabric: bool) -> N
             fab = None
         if fab is not None:
             g.fabric_state, g.fabric_status, g.fabric_health_mask = fab["state"], fab["status"], fab["health_mask"]
+            g.fabric_cluster_uuid, g.fabric_clique_id = fab["cluster_uuid"], fab["clique_id"]
     states: list[int] = []
     for link in range(C.NVML_NVLINK_MAX_LINKS):
         try:
@@ -214,6 +223,35 @@ def _read_one(c: _Calls, g: GpuHealth, h: NvmlHandle, include_fabric: bool) -> N
     g.persistence_mode = c.opt(g, "persistence", api.nvmlDeviceGetPersistenceMode, h)
 
 
+NVLINK_GET_SPEED = 164   # NVML_FI_DEV_NVLINK_GET_SPEED: MB/s of the link given as scopeId (nvml.h)
+
+
+def nvlink_speed_fields(links: int) -> list[tuple[int, int]]:
+    """The one field query that reads every link slot's speed (a fault drill overlays exactly it)."""
+    return [(NVLINK_GET_SPEED, link) for link in range(links)]
+
+
+def _read_nvlink_speeds(c: _Calls, g: GpuHealth, h: Any) -> None:
+    # nvidia-ml-py takes (fieldId, scopeId) pairs; one call for all links keeps
+    # the cost one NVML round trip a GPU.  Values are matched by field and
+    # scope, never by position: a driver may answer them in any order.
+    n = len(g.nvlink_states or ())
+    vals = c.opt(g, "nvlink_speed", c.api.nvmlDeviceGetFieldValues, h, nvlink_speed_fields(n))
+    if not vals:
+        return
+    speeds: list[int | None] = [None] * n
+    for v in vals:
+        link = int(getattr(v, "scopeId", -1))
+        if int(getattr(v, "fieldId", 0)) != NVLINK_GET_SPEED or not 0 <= link < n:
+            continue
+        if int(getattr(v, "nvmlReturn", 0)) != 0:
+            continue
+        val = getattr(v, "value", None)
+        speeds[link] = int(getattr(val, "uiVal", getattr(val, "ullVal", val if isinstance(val, int) else 0)))
+    if any(x is not None for x in speeds):
+        g.nvlink_speeds = tuple(speeds)
+
+
 # ------------------------------------------------------------- deadlines
 
 class _Watched(NvmlForward):
@@ -237,7 +275,8 @@ class _Watched(NvmlForward):
 
 
 def read_health_bounded(open_gpus: Callable[[], Any], *, call_timeout: float = 5.0, total_timeout: float = 12.0,
-                        include_fabric: bool = True, include_processes: bool = False) -> NvmlHealth:
+                        include_fabric: bool = True, include_processes: bool = False,
+                        include_nvlink_speed: bool = False) -> NvmlHealth:
     """:func:`read_health` with a deadline on every NVML call and on the whole read.
 
     ``open_gpus`` opens the node's :class:`~slurm_gpu.hw.gpus_nvml.NvmlGpus`
@@ -255,7 +294,8 @@ def read_health_bounded(open_gpus: Callable[[], Any], *, call_timeout: float = 5
             gpus = open_gpus()
             state["api"] = gpus
             state["result"] = read_health(_Watched(gpus.api, state), include_fabric=include_fabric, out=partial,
-                                          include_processes=include_processes)
+                                          include_processes=include_processes,
+                                          include_nvlink_speed=include_nvlink_speed)
         except HardwareError as e:
             state["error"] = e.what
         except SlurmGpuError as e:          # bad input (overlay, config): the caller's error, not NVML's

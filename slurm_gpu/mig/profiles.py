@@ -14,8 +14,13 @@ models with different geometry (``1g.35gb`` is 4 instances on an H200 and
 7 on a GB300).
 
 NVML placements count *memory* slices (8 on A100/H100/H200/B200-class GPUs,
-4 on A30 and RTX PRO 6000 Blackwell), so a 3g profile occupies 4 slices at
-{0,4} and 7g occupies all 8.
+4 on A30, 12 on RTX PRO 6000 Blackwell, whose driver's ``-lgipp`` places a
+1g at {0,3,6,9}:3), so a 3g profile occupies 4 slices at {0,4} and 7g
+occupies all 8.
+
+A model may know a profile by a second name (``aliases``): a board variant
+whose driver names it differently from production boards of the same GPU
+(GB200: ``1g.24gb`` for ``1g.23gb``).  Any other name is refused.
 """
 from __future__ import annotations
 
@@ -79,8 +84,10 @@ class GpuModel:
     compute_slices: int
     profiles: tuple[GiProfile, ...]
     provenance: tuple[tuple[str, str], ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()   # (a board variant's name, the profile's name)
 
     def profile(self, name: str) -> GiProfile | None:
+        name = dict(self.aliases).get(name, name)
         for p in self.profiles:
             if p.name == name:
                 return p
@@ -113,7 +120,8 @@ def _model(d: dict[str, Any]) -> GpuModel:
                     tuple(int(x, 16) for x in d["pci_device_ids"]),
                     int(d["memory_slices"]), int(d["compute_slices"]),
                     tuple(_profile(p) for p in d["profiles"]),
-                    tuple(sorted(d.get("provenance", {}).items())))
+                    tuple(sorted(d.get("provenance", {}).items())),
+                    tuple(sorted(d.get("aliases", {}).items())))
 
 
 @lru_cache(maxsize=1)

@@ -40,6 +40,11 @@ def test_health_and_xid() -> None:
     assert "python -I -c pass" in rows[0][2] and "grep -c" in rows[1][2]
 
 
+def test_health_fabric_paired_with_main() -> None:
+    rows = _smoke("bench_health_fabric.py")
+    assert _paths(rows) == ["health with the fabric checks, paired with main"] and "main" in rows[0][2]
+
+
 def test_inventory() -> None:
     rows = _smoke("bench_inventory.py")
     assert _paths(rows) == ["inventory --snapshot --json"] and "python start" in rows[0][2]

@@ -55,7 +55,8 @@ def _cases() -> tuple[list[tuple[str, str, str, dict[str, int]]], list[tuple[str
                         assert m is not None, f"{src} {name}: device {f} is no known model"
                         targets.append(m)
                 else:
-                    targets = [m for m in models() if all(m.profile(p) for p in devs)]
+                    # By the models' own names, not a board variant's second name.
+                    targets = [m for m in models() if all(p in {q.name for q in m.profiles} for p in devs)]
                 if not targets:
                     orphans += [(src, name, p) for p in devs]
                 for m in dict.fromkeys(targets):
@@ -89,7 +90,8 @@ def test_default_config_layout_plans_exactly(src: str, name: str, key: str,
     assert m is not None
     reqs = [Request(p) for p, n in devs.items() for _ in range(n)]
     placed = plan_gpu(reqs, m)
-    assert sorted(p.profile for p in placed) == sorted(r.profile for r in reqs)
+    # By the model's own name: a board variant's name (GB200's 1g.24gb) plans as its profile.
+    assert sorted(p.profile for p in placed) == sorted(m.profile(r.profile).name for r in reqs)
     taken: set[int] = set()
     for p in placed:
         prof = m.profile(p.profile)
@@ -113,7 +115,11 @@ def test_data_file_is_well_formed_and_sourced() -> None:
     seen_names: dict[str, str] = {}
     for m in models():
         prov = dict(m.provenance)
-        assert set(prov) == {"profiles", "memory_sm", "ids_placements", "pci_device_ids"}, m.key
+        assert set(prov) - {"aliases"} == {"profiles", "memory_sm", "ids_placements", "pci_device_ids"}, m.key
+        # Every second name is sourced, names a profile of the model, and is no profile's own name.
+        assert bool(m.aliases) == ("aliases" in prov), m.key
+        for alias, name in m.aliases:
+            assert m.profile(name) is not None and alias not in {p.name for p in m.profiles}
         assert all(prov.values())
         for x in m.pci_device_ids:
             assert x not in seen_pci, f"PCI 0x{x:04X} in {m.key} and {seen_pci[x]}"
@@ -192,13 +198,41 @@ def test_plan_cli_refuses_unknown_model_in_one_line(model: str, capsys) -> None:
 def test_rtx_pro_suffixes_and_media_rule() -> None:
     m = find_model("rtx-pro-6000-bw")
     got = plan("1g.24gb+gfx,1g.24gb-me,2g.48gb", m)[0]
-    assert sorted((p.profile, p.start) for p in got) == [
-        ("1g.24gb+gfx", 2), ("1g.24gb-me", 3), ("2g.48gb", 0)]
-    assert got[0].gi_profile_id is None and got[0].memory_mb is None
+    # The driver's own grid (-lgipp): 12 units, a 1g at {0,3,6,9}:3, a 2g at {0,6}:6.
+    assert sorted((p.profile, p.start, p.size) for p in got) == [
+        ("1g.24gb+gfx", 6, 3), ("1g.24gb-me", 9, 3), ("2g.48gb", 0, 6)]
+    assert {p.profile: p.gi_profile_id for p in got} == {"1g.24gb+gfx": 47, "1g.24gb-me": 67, "2g.48gb": 5}
+    assert got[0].memory_mb is None    # the real tables disagree by driver: not guessed
     with pytest.raises(UsageError, match="media-extension"):
         plan("1g.24gb+me,1g.24gb+me.all", m)
     with pytest.raises(UsageError, match="at most"):
         plan("5x1g.24gb", m)
+
+
+def test_rtx_pro_ids_are_the_real_lgip_table() -> None:
+    # bigstack-oss/cubecos#312, bottlerocket-kernel-kit#300, container-engine-accelerators#563:
+    # nvidia-smi mig -lgip on RTX PRO 6000 Blackwell Server Edition (0x2BB510DE).
+    m = identify(0x2BB510DE, "")
+    assert {p.name: (p.id, p.sm_count) for p in m.profiles} == {
+        "1g.24gb": (14, 46), "1g.24gb+me": (21, 46), "1g.24gb+gfx": (47, 46), "1g.24gb+me.all": (65, 46),
+        "1g.24gb-me": (67, 46), "2g.48gb": (5, 94), "2g.48gb+gfx": (35, 94), "2g.48gb+me.all": (64, 94),
+        "2g.48gb-me": (66, 94), "4g.96gb": (0, 188), "4g.96gb+gfx": (32, 188)}
+    assert [m.profile_by_id(i).name for i in (14, 5, 0)] == ["1g.24gb", "2g.48gb", "4g.96gb"]
+
+
+def test_gb200_board_variant_names_are_known_and_others_refused() -> None:
+    # gpu-operator#1303 (a GB200 board naming 1g.24gb) and mig-parted#227 (production: 1g.23gb).
+    m = identify(0x294110DE, "NVIDIA GB200")
+    assert m.profile("1g.24gb") is m.profile("1g.23gb") and m.profile("1g.24gb").id == 19
+    assert m.profile("1g.24gb+me").id == 20
+    got = plan("1g.24gb,2g.47gb", m)[0]
+    assert sorted((p.profile, p.gi_profile_id) for p in got) == [("1g.23gb", 19), ("2g.47gb", 14)]
+    for bad in ("1g.22gb", "1g.24gb+gfx", "2g.48gb"):
+        with pytest.raises(UsageError, match="is not a MIG profile"):
+            plan(bad, m)
+    # Another model does not learn GB200's variant names.
+    with pytest.raises(UsageError, match="is not a MIG profile"):
+        plan("1g.24gb", find_model("b200"))
 
 
 def test_profiles_cli_lists_provenance(capsys) -> None:

@@ -64,7 +64,7 @@ def bus(machine: str, index: int) -> str:
                  "result": [{"fieldId": 230, "scopeId": 0, "timestamp": 0, "latencyUsec": 0, "valueType": 1,
                              "nvmlReturn": 0, "value": {"uiVal": 1, "ullVal": 1}}]}]}, "gpu.recovery", DRAIN),
     ({"calls": [{"fn": "nvmlDeviceGetNvLinkState", "gpu": 2, "args": [7], "result": 0}]}, "gpu.nvlink", DRAIN),
-    ({"calls": [{"fn": "nvmlDeviceGetCurrPcieLinkWidth", "gpu": 2, "result": 8}]}, "gpu.pcie", WARN),
+    ({"calls": [{"fn": "nvmlDeviceGetCurrPcieLinkWidth", "gpu": 2, "result": 8}]}, "gpu.pcie", DRAIN),
     ({"calls": [{"fn": "nvmlDeviceGetCurrentClocksEventReasons", "gpu": 2, "result": 0x40}]}, "gpu.thermal", WARN),
     ({"calls": [{"fn": "nvmlDeviceGetPersistenceMode", "gpu": 2, "result": 0}]}, "gpu.persistence", WARN),
     ({"gpus": {"gpu2": {"lost": True}}}, "gpu.count", DRAIN),

@@ -18,8 +18,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "health.md"
 def test_report_order_is_unchanged():
     assert registry.ALL_CHECKS == engine.ALL_CHECKS == (
         "gpu.xid", "gpu.sxid", "gpu.nvml", "gpu.count", "gpu.remap", "gpu.retired_pages", "gpu.ecc",
-        "gpu.recovery", "gpu.fabric", "gpu.nvlink", "gpu.pcie", "gpu.thermal", "gpu.persistence",
-        "gpu.imex", "os.thp", "os.swappiness", "os.governor", "os.memlock", "os.persistenced", "gpu.dcgm")
+        "gpu.recovery", "gpu.fabric", "gpu.fabric_registration", "gpu.nvlink", "gpu.nvlink_speed", "gpu.pcie",
+        "gpu.thermal", "gpu.persistence", "gpu.imex", "os.thp", "os.swappiness", "os.governor", "os.memlock",
+        "os.persistenced", "ib.port", "ib.errors", "svc.fabricmanager", "svc.imex", "svc.hostengine", "gpu.dcgm")
 
 
 def test_every_check_has_one_gather_and_the_kind_tables_feed_it():

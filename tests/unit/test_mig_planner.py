@@ -53,7 +53,9 @@ def _parted_layouts() -> list[tuple[str, str, dict[str, int]]]:
             for m in MODELS:
                 if ids is not None and not ids & set(m.pci_device_ids):
                     continue
-                if all(m.profile(p) for p in devs):
+                # By the model's own names: an unfiltered layout of another model's
+                # names does not apply through a board variant's second name (GB200's 1g.24gb).
+                if all(p in {q.name for q in m.profiles} for p in devs):
                     out.append((name, m.key, devs))
     return out
 

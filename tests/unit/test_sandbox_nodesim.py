@@ -71,7 +71,11 @@ def test_prepare_writes_one_state_per_node_and_the_stand_in(tmp_path: Path) -> N
     assert keys == {"node": {"nvml": f"sim:{L.var}/%n/sim.json"},
                     "mps": {"control": f"{L.lib}/nvidia-cuda-mps-control",
                             "base_dir": f"{L.var}/%n/mps"},
-                    "health": {"kernel_log": f"{L.var}/%n/kernel.log"}}
+                    "health": {"kernel_log": f"{L.var}/%n/kernel.log", "fabric_root": f"{L.var}/%n/fabric",
+                               "baseline": str(MACHINES / "mini-2numa" / "baseline.json")}}
+    # Each node's healthy fabric root: up a day, one ACTIVE InfiniBand port (docs/health.md).
+    assert (L.var / "n2" / "fabric" / "proc" / "uptime").read_text().startswith("86400")
+    assert (L.var / "n2" / "fabric/sys/class/infiniband/mlx5_0/ports/1/state").read_text() == "4: ACTIVE\n"
     for n in ("n1", "n2"):   # each node's simulated kernel ring buffer: root's, empty
         st_ = (L.var / n / "kernel.log").stat()
         assert st_.st_size == 0 and st_.st_mode & 0o777 == 0o600
@@ -143,6 +147,16 @@ def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
     assert n1.nvmlDeviceGetTotalEccErrors(n1.nvmlDeviceGetHandleByIndex(0), 1, 0) == 0
     nodesim.set_fault(L, "n2", {})
     assert n2.nvmlDeviceGetTotalEccErrors(n2.nvmlDeviceGetHandleByIndex(0), 1, 0) == 0
+    # A fabric drill writes its files into the node's fabric root; clearing restores it.
+    port = L.var / "n2" / "fabric/sys/class/infiniband/mlx5_0/ports/1/state"
+    nodesim.drill(L, "n2", "ib-port-down", 0)
+    assert port.read_text() == "1: DOWN\n"
+    assert (L.var / "n1" / "fabric/sys/class/infiniband/mlx5_0/ports/1/state").read_text() == "4: ACTIVE\n"
+    nodesim.set_fault(L, "n2", {})
+    assert port.read_text() == "4: ACTIVE\n"
+    with pytest.raises(UsageError, match="fault fabric-clique-lost does not apply to n2 GPU 0: it needs a GPU "
+                                         "in a multi-node NVLink domain"):
+        nodesim.drill(L, "n2", "fabric-clique-lost", 0)
     with pytest.raises(InputError, match="bad overlay"):
         nodesim.set_fault(L, "n2", {"gpu": {}})
     with pytest.raises(SlurmGpuError, match="node n3 has no NVML simulator"):

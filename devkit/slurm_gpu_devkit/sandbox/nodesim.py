@@ -37,6 +37,9 @@ STATE_NAME = "sim.json"
 # The node's simulated kernel ring buffer: what `sandbox fault NAME` writes the
 # driver's lines into, as raw /dev/kmsg records (see ..sim.drills).
 KERNEL_LOG_NAME = "kernel.log"
+# The node's fabric root ([health] fabric_root): its simulated /proc, /sys and
+# /etc for the fabric checks (NVSwitches, their daemons, an InfiniBand port).
+FABRIC_NAME = "fabric"
 CONTROL_NAME = "nvidia-cuda-mps-control"
 
 
@@ -99,6 +102,7 @@ def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
             text = json.dumps(state, indent=1) + "\n"
         # Read by job users' processes (the SPANK plugin in slurmstepd).
         atomic_write(path, text, mode=0o644)
+        seed_fabric(node_dir, json.loads(text)["facts"])
     python = venv / "bin" / "python"
     root = site_packages(venv) or SOURCE_ROOT
     # NVIDIA's real control daemon when scripts/fetch-mps.sh has fetched it
@@ -111,7 +115,19 @@ def prepare(layout: Layout, machine_dir: Path, nodes: Sequence[str], venv: Path,
     return {"node": {"nvml": f"sim:{layout.var}/%n/{STATE_NAME}"},
             "mps": {"control": str(layout.lib / CONTROL_NAME),
                     "base_dir": f"{layout.var}/%n/mps"},
-            "health": {"kernel_log": f"{layout.var}/%n/{KERNEL_LOG_NAME}"}}
+            "health": {"kernel_log": f"{layout.var}/%n/{KERNEL_LOG_NAME}",
+                       "fabric_root": f"{layout.var}/%n/{FABRIC_NAME}",
+                       **({"baseline": str(machine_dir / "baseline.json")}
+                          if (machine_dir / "baseline.json").is_file() else {})}}
+
+
+def seed_fabric(node_dir: Path, facts: Mapping[str, Any]) -> None:
+    """(Re)write the node's healthy fabric root: what a drill changes, clearing restores."""
+    import shutil
+    from ..sim.drills import fabric_root_files, write_files
+    root = node_dir / FABRIC_NAME
+    shutil.rmtree(root, ignore_errors=True)
+    write_files(str(root), fabric_root_files(facts))
 
 
 def _state_path(layout: Layout, node: str) -> Path:
@@ -126,9 +142,12 @@ def _state_path(layout: Layout, node: str) -> Path:
 
 
 def set_fault(layout: Layout, node: str, overlay: Mapping[str, Any]) -> None:
-    """Put a fault overlay ({} clears) into *node*'s simulator state."""
+    """Put a fault overlay ({} clears, the fabric root too) into *node*'s simulator state."""
     from ..sim import open_sim, set_overlay
-    set_overlay(open_sim(str(_state_path(layout, node))), overlay)
+    path = _state_path(layout, node)
+    set_overlay(open_sim(str(path)), overlay)
+    if not overlay:
+        seed_fabric(layout.var / node, json.loads(path.read_text())["facts"])
 
 
 def drill(layout: Layout, node: str, name: str, gpu: int = 0) -> tuple[str, str]:
@@ -138,7 +157,12 @@ def drill(layout: Layout, node: str, name: str, gpu: int = 0) -> tuple[str, str]
     from ..sim import drills
     d = drills.get(name)
     path = _state_path(layout, node)
-    bus = drills.gpu_bus(json.loads(path.read_text())["facts"], gpu)
+    facts = json.loads(path.read_text())["facts"]
+    bus = drills.gpu_bus(facts, gpu)
+    why = d.applies(facts, gpu)
+    if why:
+        raise UsageError(f"fault {name} does not apply to {node} GPU {gpu}: it {why}", "sandbox fault")
     set_fault(layout, node, d.overlay_for(bus))
+    drills.write_files(str(layout.var / node / FABRIC_NAME), d.files())
     drills.append_kernel(str(layout.var / node / KERNEL_LOG_NAME), d.kernel_lines(bus))
     return bus, d.reason_for(bus, gpu)

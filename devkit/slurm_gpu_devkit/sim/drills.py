@@ -55,6 +55,16 @@ class Drill:
                                             # less Slurm's " (+N more)"; "" if none
     source: str = ""                        # where the kernel text comes from
     events: tuple[tuple[str, int], ...] = field(default=())   # NVML events (type, data)
+    # The fabric drills' other half: files of the node's fabric root
+    # ([health] fabric_root: its /proc, /sys, /etc) to write (None: remove).
+    files: Callable[[], dict[str, str | None]] = field(default=lambda: {})
+    # Runs of the health check that see the fault before it drains (the
+    # check's default debounce count); every run before that only warns.
+    runs: int = 1
+    fabric: bool = False                    # a fabric drill (issue 28): tests/unit/test_fabric_drills.py
+    # What the node's machine must have for this fault to mean anything
+    # (facts, GPU index -> why not, or None): see applies().
+    needs: Callable[[Mapping[str, Any], int], str | None] = field(default=lambda facts, gpu: None)
 
     def overlay_for(self, bus: str) -> dict[str, Any]:
         out = dict(self.overlay(bus))
@@ -76,6 +86,10 @@ class Drill:
         want = self.reason_for(bus, index)
         return reason is not None and (reason == want or (
             reason.startswith(want + " (+") and reason.endswith(" more)") and reason[len(want) + 3:-6].isdigit()))
+
+    def applies(self, facts: Mapping[str, Any], gpu: int) -> str | None:
+        """None when this fault fits the machine's GPU *gpu*; else why not (one phrase)."""
+        return self.needs(facts, gpu)
 
     def kernel_lines(self, bus: str) -> list[str]:
         pci = bus.rsplit(".", 1)[0]
@@ -107,6 +121,113 @@ def _remap(rows: tuple[int, int, int, int]) -> Overlay:
     return make
 
 
+def _nvlink_down(link: int) -> Overlay:
+    def make(bus: str) -> dict[str, Any]:
+        return {"calls": [{"fn": "nvmlDeviceGetNvLinkState", "gpu": bus, "args": [link], "result": 0}]}
+    return make
+
+
+# NVML_FI_DEV_NVLINK_GET_SPEED (164) per link, as slurm_gpu.hw.nvml_health
+# asks for it: one query of (field, link) pairs.  H100's NVLink4 link runs at
+# 26.562 GB/s (`nvidia-smi nvlink -s`); a link trained on half its lanes, at half.
+_NVLINK_SPEED = 164
+_H100_LINK_MBPS = 26562
+
+
+def _nvlink_slow(link: int, links: int = 18) -> Overlay:
+    def make(bus: str) -> dict[str, Any]:
+        result = [{"fieldId": _NVLINK_SPEED, "scopeId": i, "timestamp": 0, "latencyUsec": 0, "valueType": 1,
+                   "nvmlReturn": 0, "value": {"uiVal": v, "ullVal": v}}
+                  for i in range(links) for v in [_H100_LINK_MBPS // 2 if i == link else _H100_LINK_MBPS]]
+        return {"calls": [{"fn": "nvmlDeviceGetFieldValues", "gpu": bus,
+                           "args": [[[_NVLINK_SPEED, i] for i in range(links)]], "result": result}]}
+    return make
+
+
+def _clique_lost(bus: str) -> dict[str, Any]:
+    # The GPU's fabric info after it left the NVLink partition: registered,
+    # but in no cluster (a zero UUID) and clique 0.
+    return {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": bus,
+                       "out": {"clusterUuid": [0] * 16, "cliqueId": 0}}]}
+
+
+def _pcie_width(width: int) -> Overlay:
+    def make(bus: str) -> dict[str, Any]:
+        return {"calls": [{"fn": "nvmlDeviceGetCurrPcieLinkWidth", "gpu": bus, "result": width}]}
+    return make
+
+
+# The processes and sysfs entries a healthy sandbox node's fabric root holds
+# (fabric_root_files); the drills take them away or change them.
+FM_PID, IMEX_PID = 4201, 4202
+IB_PORT = "sys/class/infiniband/mlx5_0/ports/1"
+
+
+def _gpu(facts: Mapping[str, Any], gpu: int) -> Mapping[str, Any]:
+    return next((g for g in facts.get("gpus") or [] if g.get("index") == gpu), {})
+
+
+def _links(n: int) -> Callable[[Mapping[str, Any], int], str | None]:
+    def need(facts: Mapping[str, Any], gpu: int) -> str | None:
+        have = int((_gpu(facts, gpu).get("nvlink") or {}).get("count") or 0)
+        return None if have == n else f"needs a GPU with {n} NVLinks (this one has {have})"
+    return need
+
+
+def _multi_node_fabric(facts: Mapping[str, Any], gpu: int) -> str | None:
+    uuid = str((_gpu(facts, gpu).get("fabric") or {}).get("cluster_uuid") or "")
+    return None if uuid.strip("0-") else "needs a GPU in a multi-node NVLink domain (GB200/GB300)"
+
+
+def _local_switches(facts: Mapping[str, Any], gpu: int) -> str | None:
+    return None if any(p.get("type") == "switch" and p.get("bus_id") for g in facts.get("gpus") or []
+                       for p in (g.get("nvlink") or {}).get("peers", [])) else "needs NVSwitches on the node"
+
+
+def _files(changes: dict[str, str | None]) -> Callable[[], dict[str, str | None]]:
+    return lambda: dict(changes)
+
+
+def fabric_root_files(facts: Mapping[str, Any], node_wide_imex: bool = False) -> dict[str, str]:
+    """A healthy node's fabric root for *facts*: up a day, its NVSwitches'
+    PCI functions (those with a local bus id) and Fabric Manager, node-wide
+    IMEX where asked, and one NDR InfiniBand port, in the kernel's formats."""
+    out = {"proc/uptime": "86400.00 1382400.00\n", "proc/1/comm": "systemd\n"}
+    switches = sorted({p["bus_id"] for g in facts.get("gpus") or [] for p in (g.get("nvlink") or {}).get("peers", [])
+                       if p.get("type") == "switch" and p.get("bus_id")})
+    for b in switches:
+        out[f"sys/bus/pci/devices/{b}/vendor"] = "0x10de\n"
+        out[f"sys/bus/pci/devices/{b}/class"] = "0x068000\n"
+    if switches:
+        out[f"proc/{FM_PID}/comm"] = "nv-fabricmanager\n"
+    if node_wide_imex:
+        out["etc/nvidia-imex/nodes_config.cfg"] = "10.0.0.1\n10.0.0.2\n"
+        out[f"proc/{IMEX_PID}/comm"] = "nvidia-imex\n"
+    out.update({f"{IB_PORT}/state": "4: ACTIVE\n", f"{IB_PORT}/phys_state": "5: LinkUp\n",
+                f"{IB_PORT}/rate": "400 Gb/sec (4X NDR)\n", f"{IB_PORT}/link_layer": "InfiniBand\n",
+                f"{IB_PORT}/counters/link_downed": "0\n", f"{IB_PORT}/counters/symbol_error": "0\n",
+                f"{IB_PORT}/counters/port_rcv_errors": "0\n"})
+    return out
+
+
+def write_files(root: str, files: Mapping[str, str | None]) -> None:
+    """Write (None: remove) the files under *root*; a path never leaves it."""
+    for rel, text in files.items():
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise UsageError(f"bad fabric file {rel!r}", "sandbox fault")
+        path = os.path.join(root, rel)
+        if text is None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+_FABRIC_DOC = "docs/health.md, \"Fabric degradation\"; NVML's nvml.h for the fields"
 _XID_DOC = "NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors), tests/data/xid"
 
 DRILLS: dict[str, Drill] = {d.name: d for d in (
@@ -142,6 +263,37 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
           ("NVRM: Xid (PCI:{pci}): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",),
           _recovery(1), True, "slurm-gpu: gpu.recovery: driver says {bus} needs a GPU reset",
           _XID_DOC, (("xid", 154),)),
+    # The fabric drills (issue 28): NVML overlays and fabric-root files, no kernel line.
+    Drill("nvlink-down", "NVLink 3 of an 18-link GPU goes down (NVML's link state)", (), _nvlink_down(3), True,
+          "slurm-gpu: gpu.nvlink: NVLink down on {bus}: 17/18 links up (inactive: 3)", _FABRIC_DOC, fabric=True,
+          needs=_links(18)),
+    Drill("nvlink-downtrained", "NVLink 3 of an H100 trains at half speed: up, but slow (NVML's link speed field)",
+          (), _nvlink_slow(3), True, "slurm-gpu: gpu.nvlink_speed: NVLink downtrained on {bus}: link 3 at "
+          f"{_H100_LINK_MBPS // 2} MB/s, expected {_H100_LINK_MBPS} MB/s", _FABRIC_DOC, runs=3, fabric=True,
+          needs=_links(18)),
+    Drill("fabric-clique-lost", "a GB200 GPU leaves its NVLink domain: registered, cluster UUID zero",
+          (), _clique_lost, True, "slurm-gpu: gpu.fabric_registration: {bus} is in no NVLink domain: "
+          "cluster UUID is zero, expected non-zero", _FABRIC_DOC, fabric=True, needs=_multi_node_fabric),
+    Drill("pcie-downtrained", "the GPU's PCIe link trains at x8 of x16", (), _pcie_width(8), True,
+          "slurm-gpu: gpu.pcie: PCIe link of {bus} is x8, expected x16", _FABRIC_DOC, runs=3, fabric=True),
+    Drill("fabricmanager-down", "nv-fabricmanager exits on a node with local NVSwitches", (), _none, True,
+          "slurm-gpu: svc.fabricmanager: nvidia-fabricmanager is not running on a node with NVSwitches",
+          _FABRIC_DOC, files=_files({f"proc/{FM_PID}/comm": None}), fabric=True, needs=_local_switches),
+    Drill("imex-down", "nvidia-imex exits on a node of a node-wide IMEX domain", (), _none, True,
+          "slurm-gpu: svc.imex: nvidia-imex is not running (node-wide IMEX domain in "
+          "/etc/nvidia-imex/nodes_config.cfg)", _FABRIC_DOC,
+          files=_files({"etc/nvidia-imex/nodes_config.cfg": "10.0.0.1\n10.0.0.2\n",
+                        f"proc/{IMEX_PID}/comm": None}),
+          fabric=True),
+    Drill("ib-port-down", "InfiniBand port mlx5_0/1 goes DOWN, polling for a peer", (), _none, True,
+          "slurm-gpu: ib.port: InfiniBand port mlx5_0/1 is DOWN (Polling), expected ACTIVE", _FABRIC_DOC,
+          files=_files({f"{IB_PORT}/state": "1: DOWN\n", f"{IB_PORT}/phys_state": "2: Polling\n"}),
+          runs=2, fabric=True),
+    Drill("ib-errors-rising", "InfiniBand port mlx5_0/1 counts 500 symbol and 20 receive errors", (), _none, True,
+          "slurm-gpu: ib.errors: InfiniBand port mlx5_0/1 errors rising: symbol_error +500, port_rcv_errors +20 "
+          "since the last run", _FABRIC_DOC,
+          files=_files({f"{IB_PORT}/counters/symbol_error": "500\n",
+                        f"{IB_PORT}/counters/port_rcv_errors": "20\n"}), fabric=True),
 )}
 
 

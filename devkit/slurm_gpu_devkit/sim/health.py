@@ -91,7 +91,8 @@ class HealthMixin(SimBase):
         out = []
         for fid in fieldIds:
             fid, scope = (fid if isinstance(fid, (tuple, list)) else (fid, 0))
-            v = fields.get(str(fid))
+            # A scoped field (a link's speed: scopeId = link) as "<field>:<scope>", else the field.
+            v = fields.get(f"{fid}:{scope}", fields.get(str(fid)))
             ret = C.NVML_SUCCESS if v is not None else C.NVML_ERROR_NOT_SUPPORTED
             val = int(v or 0)
             out.append(NvmlStruct({"fieldId": fid, "scopeId": scope, "timestamp": 0, "latencyUsec": 0,

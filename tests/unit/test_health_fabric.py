@@ -1,0 +1,242 @@
+"""The fabric checks (issue 28 §2) over recorded machines, real sysfs captures
+(tests/data/ib, prometheus/procfs) and fixture trees: values against the
+baseline, product-aware daemons, "not applicable", debounce and boot grace."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.cli import main
+from slurm_gpu.errors import InputError
+from slurm_gpu.health import baseline, engine, fabric, ib, services
+from slurm_gpu.health.fabric_state import settle
+from slurm_gpu.health.findings import DRAIN, INFO, WARN, Finding
+from slurm_gpu.health.settings import HealthSettings
+from slurm_gpu.hw.ib import read_ports
+from slurm_gpu_devkit.sim import drills
+
+from slurm_gpu.hw.nvml_health import read_health
+
+from test_health_checks import gather, replay
+
+ROOT = Path(__file__).resolve().parents[2]
+IB = ROOT / "tests" / "data" / "ib" / "procfs"
+MACHINES = ROOT / "tests" / "data" / "machines"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    from slurm_gpu import config
+    config._load.cache_clear()
+
+
+# ------------------------------------------------------------ InfiniBand
+
+def test_real_sysfs_capture_reads_every_port():
+    ports = read_ports(str(IB))
+    assert sorted(ports) == ["hfi1_0/1", "mlx4_0/1", "mlx4_0/2", "mlx5_0/1"]
+    p = ports["mlx4_0/2"]
+    assert (p.state, p.phys_state, p.rate, p.width, p.link_layer) == ("ACTIVE", "LinkUp", 40.0, "4X QDR",
+                                                                      "InfiniBand")
+    assert p.counters == {"link_downed": 0, "symbol_error": 0, "port_rcv_errors": 0}
+    assert ports["hfi1_0/1"].rate == 100.0 and ports["mlx5_0/1"].phys_state == "ACTIVE"   # as captured
+    assert read_ports(str(IB / "nowhere")) is None
+
+
+def test_ib_ports_against_baseline_and_between_runs(tmp_path):
+    root = tmp_path / "r"
+    shutil.copytree(IB, root)
+    ports = read_ports(str(root))
+    fs, mem = ib.check_ports(ports, {"mlx4_0/1": 40, "hfi1_0/1": 200}, {}, 100, 1000.0)
+    # A port below its baseline rate names the value, the expected value and the port.
+    assert [(f.check, f.severity, f.message) for f in fs] == [
+        ("ib.port", DRAIN, "InfiniBand port hfi1_0/1 at 100 Gb/s (4X EDR), expected 200 Gb/s")]
+    port = root / "sys/class/infiniband/mlx4_0/ports/2"
+    (port / "state").write_text("1: DOWN\n")
+    (port / "phys_state").write_text("2: Polling\n")
+    (port / "counters/symbol_error").write_text("150\n")
+    fs, mem = ib.check_ports(read_ports(str(root)), {}, mem, 100, 1060.0)
+    msgs = {(f.check, f.severity, f.message) for f in fs}
+    # Seen ACTIVE before this boot's run: expected up, without a baseline.
+    assert ("ib.port", DRAIN, "InfiniBand port mlx4_0/2 is DOWN (Polling), expected ACTIVE") in msgs
+    assert ("ib.errors", DRAIN, "InfiniBand port mlx4_0/2 errors rising: symbol_error +150, port_rcv_errors +0 "
+            "since the last run") in msgs
+    fs, mem = ib.check_ports(read_ports(str(root)), {}, mem, 100, 1120.0)
+    assert ("ib.port", INFO, "InfiniBand port mlx4_0/2 down for 60 s, 60 s in all this boot") in {
+        (f.check, f.severity, f.message) for f in fs}
+    assert not [f for f in fs if f.check == "ib.errors"]              # no new errors: no rise
+    (port / "counters/symbol_error").write_text("3\n")                # reset: no delta, no alarm
+    (port / "state").write_text("4: ACTIVE\n")
+    fs, mem = ib.check_ports(read_ports(str(root)), {}, mem, 100, 1180.0)
+    assert [f for f in fs if f.severity != INFO] == [] and mem["mlx4_0/2"]["down_total"] == 120.0
+
+
+def test_ib_port_nobody_expects_is_info_and_no_ib_is_not_applicable(tmp_path):
+    root = tmp_path / "r"
+    shutil.copytree(IB, root)
+    (root / "sys/class/infiniband/mlx5_0/ports/1/state").write_text("1: DOWN\n")
+    fs, _ = ib.check_ports(read_ports(str(root)), {}, {}, 100, 0.0)
+    assert [(f.severity, f.message) for f in fs] == [
+        (INFO, "InfiniBand port mlx5_0/1 is DOWN (ACTIVE); no baseline expects it up")]
+    fs, _ = ib.check_ports(None, {}, {}, 100, 0.0)
+    assert [(f.check, f.applicable, f.to_json()["not_applicable"]) for f in fs] == [
+        ("ib.port", False, True), ("ib.errors", False, True)]
+
+
+# ------------------------------------------------------------- NVML side
+
+def test_pcie_downtraining_against_max_and_baseline():
+    h = gather("h100-sxm-8x", {"calls": [{"fn": "nvmlDeviceGetCurrPcieLinkWidth", "gpu": 2, "result": 8}]})
+    bus = h.gpus[2].bus_id
+    assert [(f.severity, f.message) for f in fabric.check_pcie_link(h) if f.gpu == bus] == [
+        (DRAIN, f"PCIe link of {bus} is x8, expected x16")]
+    # A GPU in an x8 slot: NVML's maximum says x8 too; only the baseline sees it.
+    slot = gather("h100-sxm-8x", {"calls": [{"fn": "nvmlDeviceGetCurrPcieLinkWidth", "gpu": 2, "result": 8},
+                                            {"fn": "nvmlDeviceGetMaxPcieLinkWidth", "gpu": 2, "result": 8}]})
+    assert fabric.check_pcie_link(slot) == [] or all(f.gpu != bus for f in fabric.check_pcie_link(slot))
+    base = {"models": {h.gpus[2].name: {"pcie_width": 16}}}
+    assert [f.message for f in fabric.check_pcie_link(slot, base) if f.gpu == bus] == [
+        f"PCIe link of {bus} is x8, expected x16"]
+
+
+@pytest.mark.parametrize("reasons,severity", [(0x1, INFO), (0x0, DRAIN)])
+def test_pcie_generation_drops_only_while_busy(reasons, severity):
+    h = gather("h100-sxm-8x", {"calls": [
+        {"fn": "nvmlDeviceGetCurrPcieLinkGeneration", "gpu": 1, "result": 1},
+        {"fn": "nvmlDeviceGetCurrentClocksEventReasons", "gpu": 1, "result": reasons}]})
+    fs = [f for f in fabric.check_pcie_link(h) if f.gpu == h.gpus[1].bus_id]
+    assert [f.severity for f in fs] == [severity]
+    assert fs[0].message.endswith("(idle)" if severity == INFO else "(busy)")
+
+
+def test_nvlink_speed_against_peers_and_baseline():
+    d = drills.DRILLS["nvlink-downtrained"]
+    h0 = gather("h100-sxm-8x")
+    bus = h0.gpus[4].bus_id
+    h = read_health(replay("h100-sxm-8x", d.overlay_for(bus)), include_nvlink_speed=True)
+    g = next(x for x in h.gpus if x.bus_id == bus)
+    assert g.nvlink_speeds[3] == 13281 and g.nvlink_speeds[0] == 26562
+    assert [f.message for f in fabric.check_nvlink_speed(h)] == [
+        f"NVLink downtrained on {bus}: link 3 at 13281 MB/s, expected 26562 MB/s"]
+    # The baseline says every link runs at 53125 (all alike degraded here): each one is named.
+    base = {"models": {g.name: {"nvlink_speeds_mbps": [53125] * 18}}}
+    (f,) = fabric.check_nvlink_speed(h, base)
+    assert "link 0 at 26562 MB/s, expected 53125 MB/s" in f.message
+    assert [x.applicable for x in fabric.check_nvlink_speed(h0)] == [False]   # no speeds recorded
+
+
+def test_fabric_registration_on_gb200_and_hgx():
+    h = gather("gb200-nvl")
+    assert fabric.check_fabric_registration(h) == []
+    lost = gather("gb200-nvl", drills.DRILLS["fabric-clique-lost"].overlay_for(h.gpus[1].bus_id))
+    assert [f.message for f in fabric.check_fabric_registration(lost)] == [
+        f"{h.gpus[1].bus_id} is in no NVLink domain: cluster UUID is zero, expected non-zero"]
+    moved = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 2, "out": {"cliqueId": 7}}]})
+    (f,) = fabric.check_fabric_registration(moved)
+    assert f.severity == DRAIN and f.message.startswith(f"{h.gpus[2].bus_id} is in NVLink clique 7 of ")
+    stuck = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 0,
+                                            "out": {"state": 2, "status": 23}}]})
+    assert [(f.severity, f.message) for f in fabric.check_fabric_registration(stuck)] == [
+        (DRAIN, f"NVLink fabric registration of {h.gpus[0].bus_id} stuck: insufficient resources (NVML status 23)")]
+    # An HGX board's fabric registers with a zero UUID: no fault there ...
+    hgx = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "out": {"clusterUuid": [0] * 16}}]})
+    base = {"models": {h.gpus[0].name: {"fabric": False}}}
+    assert fabric.check_fabric_registration(hgx, base) == []
+    # ... and a GPU without fabric info makes the check not applicable.
+    assert [f.applicable for f in fabric.check_fabric_registration(gather("h100-sxm-8x"))] == [False]
+
+
+# ---------------------------------------------------------------- daemons
+
+RUNS = iter(range(1, 10 ** 6))
+
+
+class G:
+    """What an OWN check gets: the run's options and its deadline (one process scan per run)."""
+
+    def __init__(self, root, dcgm=0) -> None:
+        self.opts = engine.Options("n1", HealthSettings(fabric_root=str(root), dcgm_level=dcgm), "")
+        self.deadline = float(next(RUNS))
+
+
+def test_fabric_daemons_are_product_aware(tmp_path):
+    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
+    drills.write_files(str(tmp_path / "hgx"), drills.fabric_root_files(hgx))
+    assert services.check_fabricmanager(G(tmp_path / "hgx")) == []
+    drills.write_files(str(tmp_path / "hgx"), {"proc/4201/comm": None})
+    assert [f.message for f in services.check_fabricmanager(G(tmp_path / "hgx"))] == [
+        "nvidia-fabricmanager is not running on a node with NVSwitches"]
+    gb = json.loads((MACHINES / "gb200-nvl" / "facts.json").read_text())
+    drills.write_files(str(tmp_path / "gb"), drills.fabric_root_files(gb, node_wide_imex=True))
+    # A GB200 compute tray has no local NVSwitch: Fabric Manager is not its.
+    assert [f.applicable for f in services.check_fabricmanager(G(tmp_path / "gb"))] == [False]
+    assert services.check_imex(G(tmp_path / "gb")) == []
+    assert [f.applicable for f in services.check_imex(G(tmp_path / "hgx"))] == [False]
+    assert [f.applicable for f in services.check_hostengine(G(tmp_path / "hgx"))] == [False]
+    assert [f.severity for f in services.check_hostengine(G(tmp_path / "hgx", dcgm=1))] == [WARN]
+
+
+# -------------------------------------------------- debounce, grace, config
+
+def test_debounce_counts_per_check_and_resets(tmp_path):
+    s = HealthSettings(fabric_root=str(tmp_path), debounce={"gpu.ecc": 2})
+    opts = engine.Options("n1", s, str(tmp_path / "state"))
+    bad = [Finding("gpu.ecc", DRAIN, "3 uncorrectable ECC errors on X", "X")]
+    assert [f.severity for f in settle(list(bad), opts)] == [WARN]
+    assert [f.severity for f in settle([Finding("gpu.ecc", DRAIN, "4 uncorrectable ECC errors on X", "X")],
+                                       opts)] == [DRAIN]        # same fault, other numbers
+    settle([], opts)                                              # a clean run starts over
+    assert [f.severity for f in settle(list(bad), opts)] == [WARN]
+    nod = engine.Options("n1", s, str(tmp_path / "state"), no_drain=True)
+    assert [f.severity for f in settle(list(bad), nod)] == [DRAIN]   # shows the next count ...
+    assert [f.severity for f in settle(list(bad), nod)] == [DRAIN]   # ... and saves nothing
+    with pytest.raises(ValueError, match="debounce.gpu.ecc must be a count"):
+        HealthSettings(debounce={"gpu.ecc": 0})
+
+
+def test_bad_debounce_config_is_one_line(tmp_path, monkeypatch, capsys):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[health]\ndebounce = {"gpu.pcie" = "x"}\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    from slurm_gpu import config
+    config._load.cache_clear()
+    rc = main(["health", "--no-drain", "--only", "gpu.xid", "--kernel-log", str(cfg)])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.startswith("slurm-gpu: ") and "Traceback" not in err and "debounce" in err
+
+
+def test_baseline_record_merges_and_names_models(tmp_path, capsys):
+    out = tmp_path / "base.json"
+    out.write_text(json.dumps({"version": 1, "models": {"Other GPU": {"nvlink_up": 4}}}))
+    assert main(["health", "baseline", "record", "--out", str(out),
+                 "--snapshot", str(MACHINES / "gb200-nvl" / "snapshot.json")]) == 0
+    doc = baseline.load(str(out))
+    (name,) = set(doc["models"]) - {"Other GPU"}
+    assert doc["models"]["Other GPU"] == {"nvlink_up": 4}
+    assert doc["models"][name]["nvlink_up"] == 18 and doc["models"][name]["fabric"] is True
+    assert "written to" in capsys.readouterr().out
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(InputError, match="not JSON"):
+        baseline.load(str(tmp_path / "broken.json"))
+    assert main(["health", "baseline", "forget"]) != 0
+
+
+BASELINED = sorted(p.parent.name for p in MACHINES.glob("*/baseline.json"))
+
+
+@pytest.mark.parametrize("machine", BASELINED)
+def test_packaged_machines_carry_their_baseline_and_pass_it(machine):
+    assert BASELINED and (MACHINES / machine / "snapshot.json").is_file()
+    doc = baseline.load(str(MACHINES / machine / "baseline.json"))
+    h = gather(machine)
+    assert {k: {x: y for x, y in v.items() if x != "ib"} for k, v in doc["models"].items()} == baseline.entry_for(h)
+    from slurm_gpu.health import gpu_checks as gc
+    fs = gc.run_gpu_checks(h, None, gc.NVML_CHECKS, 60, None, doc)
+    assert [f for f in fs if f.severity == DRAIN] == []
