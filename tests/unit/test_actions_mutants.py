@@ -173,6 +173,10 @@ def test_scontrol_path_is_the_first_executable_on_the_safe_path(tmp_path: Path, 
     monkeypatch.setattr(runner, "SAFE_PATH", str(a))
     monkeypatch.setattr(os, "access", lambda p, m: False)
     assert actions.scontrol_path() == "scontrol"
+    # A site's own Slurm build in /usr/local is found after the safe path.
+    for where in ("/usr/local/bin/scontrol", "/usr/local/sbin/scontrol"):
+        monkeypatch.setattr(os, "access", lambda p, m, where=where: p == where and m == os.X_OK)
+        assert actions.scontrol_path() == where
 
 
 def test_show_node_argv_and_answers(sc) -> None:
@@ -238,6 +242,9 @@ def test_act_failed_show_keeps_memory_and_owes_the_drain(sc) -> None:
     assert out == Outcome(Plan("none", "could not read node state",
                                memory=Memory(None, 2, R, "slurmd-1", ["0000:17:00.0"], "boot")),
                           None, "timed out")
+    ours = Memory(R, 1, None, "slurmd-1", [], "boot")
+    out = act("n1", None, ours, clean_runs_to_resume=2, timeout=1)
+    assert out.plan.memory == ours
     # owe= names what is owed; without a wanted drain the pending one stays owed.
     out = act("n1", R, mem, clean_runs_to_resume=2, timeout=1, owe=None)
     assert out.plan.memory.pending_reason is None
@@ -280,6 +287,18 @@ def test_slurm_healthy_yes_spares_the_rpc(sc) -> None:
     assert len(s.calls) == 1
 
 
+def test_act_passes_what_is_owed_and_the_repair_hold_to_decide(sc) -> None:
+    sc(done(0, "NodeName=n1 State=IDLE+POWERING_UP\n"))
+    out = act("n1", R, Memory(), clean_runs_to_resume=2, timeout=1)
+    assert (out.plan.action, out.plan.memory.pending_reason) == ("none", R)
+    out = act("n1", R, Memory(), clean_runs_to_resume=2, timeout=1, owe=None)
+    assert out.plan.memory.pending_reason is None
+    sc(NODE_OURS)
+    out = act("n1", None, Memory(R, 0), clean_runs_to_resume=1, timeout=1, hold=True)
+    assert (out.plan.action, out.plan.note, out.plan.memory) == \
+        ("none", "repair under way: stays drained", Memory(R, 0))
+
+
 UP = "slurm-gpu: user-problem: job 42 left processes on GPU 0"
 
 
@@ -287,6 +306,14 @@ def test_adopting_the_epilogs_drain_makes_it_ours_to_resume(sc) -> None:
     sc(done(0, f"NodeName=n1 State=IDLE+DRAIN Reason={UP} [root@t]\n"))
     out = act("n1", None, Memory(), clean_runs_to_resume=1, timeout=1, adopt=UP)
     assert (out.plan.action, out.plan.memory) == ("resume", Memory())
+    # Adopted with a fresh count; the rest of the memory is kept.
+    mem = Memory(None, 5, None, "slurmd-1", ["0000:17:00.0"], "boot")
+    out = act("n1", None, mem, clean_runs_to_resume=2, timeout=1, adopt=UP)
+    assert out.plan == Plan("none", "clean run 1 of 2 before resume",
+                            memory=Memory(UP, 1, None, "slurmd-1", ["0000:17:00.0"], "boot"))
+    # A node fault still owed replaces the adopted user-problem drain.
+    out = act("n1", None, Memory(pending_reason=R), clean_runs_to_resume=2, timeout=1, adopt=UP)
+    assert (out.plan.action, out.plan.reason) == ("drain", R)
     # Only that exact reason, only while drained.
     sc(done(0, f"NodeName=n1 State=IDLE+DRAIN Reason={UP}x [root@t]\n"))
     out = act("n1", None, Memory(), clean_runs_to_resume=1, timeout=1, adopt=UP)
@@ -322,6 +349,20 @@ def test_save_state_is_roots_sorted_indented_json(tmp_path: Path) -> None:
     assert stat.S_IMODE(p.parent.stat().st_mode) == 0o755 & ~_umask()
 
 
+def test_save_state_makes_its_directory_0755_and_none_beside_a_bare_name(tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    old = os.umask(0)
+    try:
+        save_state(tmp_path / "d" / "s.json", {})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
+    monkeypatch.chdir(tmp_path / "d")
+    save_state("t.json", {"a": 1})
+    assert sorted(os.listdir(".")) == ["s.json", "t.json"]
+    assert load_state("t.json") == {"a": 1, "cursor": {}}
+
+
 def _umask() -> int:
     u = os.umask(0)
     os.umask(u)
@@ -350,8 +391,14 @@ def test_an_oversized_file_is_dropped(tmp_path: Path) -> None:
     notes: list[str] = []
     assert load_state(p, notes) == {"cursor": {}}
     assert notes == [f"dropped corrupt parts of the health state {p}: the whole file (ValueError)"]
+    notes.clear()
     p.write_bytes(b" " * (actions.MAX_STATE_BYTES - 2) + b"{}")
     assert load_state(p, notes) == {"cursor": {}}
+    assert notes == []
+    # The limit counts bytes, not characters.
+    p.write_bytes(b'{"x": "' + "\u00e9".encode() * (actions.MAX_STATE_BYTES // 2) + b'"}')
+    assert load_state(p, notes) == {"cursor": {}}
+    assert notes == [f"dropped corrupt parts of the health state {p}: the whole file (ValueError)"]
 
 
 def test_a_directory_or_fifo_is_moved_aside(tmp_path: Path) -> None:
@@ -403,6 +450,7 @@ def test_bad_memory_is_dropped_and_the_rest_kept(tmp_path: Path) -> None:
     ({"files": {"a": {"inode": 1, "offset": 1 << 62}}}, {"files": {}}, "kernel log cursor"),
     ({"files": {"a": {"inode": 1, "offset": 0, "mark": "0A"}}}, {"files": {}}, "kernel log cursor"),
     ({"files": {"a": {"inode": 1, "offset": 0, "mark": 5}}}, {"files": {}}, "kernel log cursor"),
+    ({"files": {"a": {"inode": 1, "offset": 0, "mark": "XX"}}}, {"files": {}}, "kernel log cursor"),
     ({"files": {"a": {"inode": 1, "offset": 0, "mark": "0" * (2 * actions.MARK_BYTES + 1)}}},
      {"files": {}}, "kernel log cursor"),
     ({"files": {"a": [1]}}, {"files": {}}, "kernel log cursor"),
