@@ -1,12 +1,14 @@
 """Every row of issue 15's table, each measured beside its floor in one run.
 
-    /opt/slurm-gpu/venv/bin/python bench/run_all.py [--smoke] [--skip spank,confgen]
+    /opt/slurm-gpu/venv/bin/python bench/run_all.py [--smoke] [--skip spank,confgen] [--old DIR]
 
 Runs each benchmark (as root: the prolog and SPANK ones start daemons and
 Slurm), collects the ``ROW`` lines they print (bench/benchrow.py) and prints
 them as one table: path, measured, floor, goal, verdict.  Exits 1 when a
 goal is missed or a benchmark fails.  ``--smoke`` runs them small and judges
-no timing (the test suite's check that every path works).
+no timing (the test suite's check that every path works).  ``--old DIR`` (a
+checkout of the code before) is handed to the benchmarks that pair it with
+this one in the same run (prolog, health).
 """
 from __future__ import annotations
 
@@ -25,12 +27,15 @@ BENCHES = {
     "confgen": ["bench_confgen.py", "--nodes", "10000,100000", "--sample", "0"],
     "recovery": ["bench_recovery.py", "--runs", "7"],
 }
+# The benchmarks that take --old (issue 25: each row paired old against new).
+PAIRED = {"health", "prolog"}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--skip", default="", help="comma list of benchmarks to leave out")
+    ap.add_argument("--old", default=None, help="a checkout of the code before, measured beside this one")
     a = ap.parse_args()
     skip = {x for x in a.skip.split(",") if x}
     rows, failed = [], []
@@ -43,6 +48,8 @@ def main() -> int:
             if name in skip:
                 continue
             cmd = [sys.executable, str(HERE / argv[0])] + (["--smoke"] if a.smoke else argv[1:])
+            if a.old and name in PAIRED:
+                cmd += ["--old", a.old]
             r = subprocess.run(cmd, capture_output=True, text=True)
             sys.stderr.write(r.stdout + r.stderr)
             got = [line.split("\t")[1:] for line in r.stdout.splitlines() if line.startswith("ROW\t")]

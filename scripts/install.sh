@@ -136,6 +136,9 @@ fi
 # again): build from a clean build/ every time.
 rm -rf "$HERE/build" "$HERE/devkit/build"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$HERE[test]" "$HERE/devkit"
+# The runner's pre-exec helper (cgroups, CPUs, identity), built on the node
+# like the SPANK plugin; -I: the installed copy, not a checkout in the cwd.
+"$VENV/bin/python" -I -m slurm_gpu.exechelper >/dev/null
 # The venv readable by all, and its parent passable: nothing else beside it
 # (SLURM_GPU_VENV=/opt/venv must not open all of /opt).
 chmod -R a+rX "$VENV"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from functools import lru_cache
 
 from . import hostctx
 from .errors import InputError
@@ -28,7 +29,7 @@ from .errors import InputError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Any, Callable, TypeVar
+    from typing import Any, TypeVar
 
     T = TypeVar("T")
 
@@ -69,27 +70,7 @@ def config_file() -> str | None:
     return None
 
 
-class _Memo:
-    """``functools.lru_cache(maxsize=8)``'s surface (call, ``cache_clear``) for
-    :func:`_load`, without importing functools."""
-
-    def __init__(self, fn: Callable[[str | None], dict[str, Any]]) -> None:
-        self.fn = self.__wrapped__ = fn
-        self.cache: dict[str | None, dict[str, Any]] = {}
-
-    def __call__(self, path: str | None) -> dict[str, Any]:
-        if path not in self.cache:
-            value = self.fn(path)
-            if len(self.cache) >= 8:
-                self.cache.clear()
-            self.cache[path] = value
-        return self.cache[path]
-
-    def cache_clear(self) -> None:
-        self.cache.clear()
-
-
-@_Memo
+@lru_cache(maxsize=8)
 def _load(path: str | None) -> dict[str, Any]:
     if path is None:
         return {}

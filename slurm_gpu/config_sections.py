@@ -24,6 +24,7 @@ SECTIONS: dict[str, tuple[str, str | None]] = {
     "acct": ("slurm_gpu.acct.settings:AcctSettings", "slurm_gpu.acct.settings:load"),
     "spank": ("slurm_gpu.spank.settings:SpankSettings", "slurm_gpu.spank.settings:load"),
     "cluster": ("slurm_gpu.cluster.modelfile:ClusterSettings", "slurm_gpu.cluster.modelfile:settings"),
+    "imex": ("slurm_gpu.imex.settings:ImexSettings", "slurm_gpu.imex.settings:load"),
 }
 
 

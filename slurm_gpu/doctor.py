@@ -75,6 +75,7 @@ class Facts:
     mps_error: str | None = None
     cgroup: "CgroupFacts | None" = None     # None: not gathered (login role, tests): no finding
     rebuild: str = "slurm-gpu spank build"  # the command that rebuilds the plugin here (:func:`rebuild_command`)
+    imex: Any = None                        # slurm_gpu.imex.doctor.ImexFacts (None: not gathered)
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,8 @@ class ConfigFile:
 
 # -- reading ------------------------------------------------------------------
 def parse_slurm_conf(text: str, base: Path) -> dict[str, str]:
-    from .slurmconfig import parse
-    return parse(text, base)
+    from .slurmclient import parse_conf
+    return parse_conf(text, str(base))
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[tuple[str, str]]:
@@ -220,11 +221,10 @@ def _process_running(name: str) -> bool:
 def gather(slurm_conf: str | None = None, node: str | None = None,
            gres_drift: Callable[[str, str], list[str]] | None = None, role: str = "gpu") -> Facts:
     """Read everything the checks need, once (*role*: see :data:`ROLES`)."""
-    path = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    try:
-        conf, readable = parse_slurm_conf(Path(path).read_text(), Path(path).parent), True
-    except OSError:
-        conf, readable = {}, False
+    from .slurmclient import conf_path, read_conf
+    path = conf_path(slurm_conf)
+    read = read_conf(path)
+    conf, readable = read or {}, read is not None
     plugstack = Path(conf.get("plugstackconfig") or str(Path(path).parent / "plugstack.conf"))
     lines = plugstack_lines(plugstack)
     built = {}
@@ -250,6 +250,8 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
         return facts
     from . import doctor_cgroup
     facts.cgroup = doctor_cgroup.gather(str(Path(path).parent))
+    from .imex.doctor import gather as gather_imex
+    facts.imex = gather_imex(conf, path)
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -617,9 +619,17 @@ def check_cgroup(f: Facts) -> list[Finding]:
     return [Finding(*x) for x in check(f.cgroup, f.conf, f.slurmd_version)]
 
 
+def check_imex(f: Facts) -> list[Finding]:
+    """Per-job IMEX (docs/imex.md): ``imex.*`` findings, nothing when not gathered."""
+    if f.imex is None:
+        return []
+    from .imex.doctor import check
+    return [Finding(status, name, message) for status, name, message in check(f.imex)]
+
+
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
           check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
-          check_cgroup)
+          check_cgroup, check_imex)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 
 from .errors import SlurmGpuError
 
@@ -30,7 +31,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
     name, parent = os.path.basename(path), os.path.dirname(path) or "."
     raw = data.encode() if isinstance(data, str) else data
     try:
-        fd, tmp = _exclusive_temp(parent, name)
+        # exclusive, 0600, never through an existing file or symlink
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
     except OSError as e:
         raise SlurmGpuError(f"cannot write {name}: {e.strerror}", path) from None
     try:
@@ -53,24 +55,6 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
         if isinstance(e, OSError):
             raise SlurmGpuError(f"cannot write {name}: {e.strerror}", path) from None
         raise
-
-
-def _exclusive_temp(parent: str, name: str) -> tuple[int, str]:
-    """A new temporary file beside *name* in *parent*, mode 0600, opened for writing.
-
-    What ``tempfile.mkstemp`` does (exclusive create, never through an
-    existing file or symlink, another name on a collision) without importing
-    tempfile, whose random, shutil, bz2 and lzma cost every prolog and
-    epilog ~1 ms.
-    """
-    for _ in range(100):
-        tmp = os.path.join(parent, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                           0o600), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no free temporary file name", parent)
 
 
 def atomic_write_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600,

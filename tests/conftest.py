@@ -41,3 +41,18 @@ def _host_run_left_as_found():
     from slurm_gpu_devkit.sandbox.hostrun import left_as_found
     with left_as_found():
         yield
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The runner's pre-exec helper (slurm-gpu-exec) is built on the node like
+    the SPANK plugin; scripts/install.sh builds it into the venv.  A venv made
+    before it existed gets it here, once, so that the tests that start MPS
+    daemons (cgroups, CPUs) do not depend on how the venv was made."""
+    import os
+
+    from slurm_gpu import exechelper, runner
+    if not os.access(runner.helper_path(), os.X_OK):
+        try:
+            exechelper.build()
+        except Exception as e:  # noqa: BLE001 - those tests then say what is missing
+            print(f"slurm-gpu: {runner.HELPER_NAME} not built: {e}")

@@ -43,6 +43,11 @@ fi
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/nonexistent PIP_CONFIG_FILE=/dev/null \
     "$NEW/bin/python" -m pip install -q --no-index --no-cache-dir --disable-pip-version-check \
     --find-links "$WHEELS" slurm-gpu
+# The runner's pre-exec helper (MPS daemons join the job's cgroups through
+# it): built here like the plugin; best effort, its absence is one clear
+# line when a --gpu-mps job needs it.
+"$NEW/bin/python" -I -m slurm_gpu.exechelper >/dev/null ||
+    echo "slurm-gpu: warning: slurm-gpu-exec not built (needs gcc and libc6-dev/glibc-devel); --gpu-mps jobs fail until: $VENV/bin/python -m slurm_gpu.exechelper" >&2
 # The SPANK plugin must match the installed Slurm's major version: built here,
 # never shipped, into the new tree before it goes live.  Best effort: a node
 # without a compiler still gets the rest.

@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .. import runner
+from .. import runner, slurmclient
 from ..errors import CommandError, SlurmGpuError
 
 COLLECTED, FAILED, SKIPPED = "collected", "failed", "skipped"
@@ -83,7 +83,7 @@ def srun_argv(nodes: Sequence[str], stage: str, command: str, token: str, *,
               passthrough: Sequence[str] = ()) -> list[str]:
     """The one srun that runs ``snapshot record`` once on each of *nodes*."""
     from ..confgen.hostlist import fold
-    return [shutil.which("srun", path=runner.SAFE_PATH) or "srun",
+    return [slurmclient.command("srun"),
             f"--job-name=slurm-gpu-collect-{token}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1", f"--nodelist={fold(nodes)}", "--no-kill", "--kill-on-bad-exit=0",
             f"--output={stage}/%N.out", f"--error={stage}/%N.err", *passthrough,
@@ -195,7 +195,7 @@ def via_slurm(directory: str, targets: Sequence[str], *, passthrough: Sequence[s
             g.sweep()
             if not cancelled and time.monotonic() > deadline and len(g.done) < len(targets):
                 cancelled = True
-                scancel = shutil.which("scancel", path=runner.SAFE_PATH) or "scancel"
+                scancel = slurmclient.command("scancel")
                 try:
                     runner.run([scancel, f"--name=slurm-gpu-collect-{token}"], 30, env=env, check=False)
                 except CommandError:

@@ -130,8 +130,8 @@ def gpu_counts(gres: str) -> dict[str, int]:
 
 
 def scontrol() -> str:
-    from ..health.actions import scontrol_path
-    return scontrol_path()
+    from ..slurmclient import command
+    return command("scontrol")
 
 
 def show_nodes(names: Iterable[str] | None = None, timeout: float = 60.0) -> dict[str, SlurmNode]:

@@ -98,10 +98,10 @@ def run_health(as_json: bool = False, slurm_mode: bool = False, no_drain: bool =
         s.isolate_bad_gpu = isolate_bad_gpu
     healthy = None
     if slurm_mode:
-        from ..slurmconfig import health_check_timeout, read
+        from ..slurmclient import health_check_timeout, read_conf
         # Slurm >= 26.05 kills us after HealthCheckTimeout (60 s before, and by
         # default): the watchdog must fire first, with time to spare.
-        limit = health_check_timeout(read())
+        limit = health_check_timeout(read_conf())
         if limit is not None and s.watchdog_seconds > 0:
             s.watchdog_seconds = min(s.watchdog_seconds, max(1.0, limit * 0.75))
         healthy = os.environ.get("SLURM_NODE_IS_HEALTHY")

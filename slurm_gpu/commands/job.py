@@ -89,10 +89,9 @@ def cleanup(jobid: str | None, stale: bool, force: bool) -> None:
     Refused while Slurm still runs JOBID on this node (its epilog owns it),
     unless --force.  Exit status 1 when something could not be removed.
     """
-    import os
-
     from ..errors import SlurmGpuError, UsageError
     from ..jobs import lifecycle, sweep
+    from ..slurmclient import sibling
     if stale == bool(jobid):
         raise UsageError("give either JOBID or --stale", "slurm-gpu job cleanup")
     if jobid:
@@ -109,7 +108,7 @@ def cleanup(jobid: str | None, stale: bool, force: bool) -> None:
         return
     jobid = jobid or ""   # not --stale, so given (checked above)
     if not force:
-        squeue = os.path.join(os.path.dirname(ctx.jobs.scancel) or "/usr/bin", "squeue")
+        squeue = sibling(ctx.jobs.scancel, "squeue")
         if jobid not in sweep.gone([jobid], ctx.node_name, squeue):
             raise SlurmGpuError(f"job {jobid} still runs on {ctx.node_name} or Slurm cannot say; "
                                 "its epilog cleans up (use --force to clean up now)", "squeue")

@@ -12,8 +12,9 @@ import click
 def _running_jobs(node: str, timeout: float) -> set[str] | None:
     from ..errors import SlurmGpuError
     from ..runner import run
+    from ..slurmclient import command
     try:
-        res = run(["squeue", "-h", "-w", node, "-o", "%A", "-t", "CF,R,S,CG,ST,SO"], timeout, check=False)
+        res = run([command("squeue"), "-h", "-w", node, "-o", "%A", "-t", "CF,R,S,CG,ST,SO"], timeout, check=False)
     except SlurmGpuError:
         return None
     if res.returncode != 0:

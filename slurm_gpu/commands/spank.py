@@ -33,12 +33,9 @@ def linked_output() -> Path:
 
 def plugstack_conf(slurm_conf: str | None = None) -> Path:
     """The plugstack.conf Slurm reads: slurm.conf's PlugStackConfig, else beside slurm.conf."""
-    from ..slurmconfig import parse
-    conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
-    try:
-        keys = parse(conf.read_text(), conf.parent)
-    except OSError:
-        keys = {}
+    from ..slurmclient import conf_path, read_conf
+    conf = Path(conf_path(slurm_conf))
+    keys = read_conf(str(conf)) or {}
     return Path(keys.get("plugstackconfig") or conf.parent / "plugstack.conf")
 
 
@@ -90,7 +87,9 @@ def build_script():  # -> the spank/build_plugin.py module
 def build_plugin(output: Path, *, include_dir: str | None = None, verbose: bool = False,
                  python: str | None = None) -> Path:
     """Compile the plugin with this venv's cffi; it starts *python* [this interpreter]."""
+    from .. import exechelper
     from ..errors import SlurmGpuError
+    exechelper.build()      # the runner's pre-exec helper: the same compiler, no Slurm header
     from ..slurminstall import DEV_PACKAGES, include_dir as installed_include
     if include_dir is None and not Path("/usr/include/slurm/spank.h").is_file():
         include_dir = installed_include()      # the installed Slurm's, e.g. /usr/local/include

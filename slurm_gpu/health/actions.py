@@ -12,22 +12,16 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .. import runner
+from .. import slurmclient
 from ..errors import CommandError
 from ..fsutil import atomic_write
 from ..hw.kmsg import MARK_BYTES
 from .nodestate import SAME, Memory, NodeState, Plan, decide, parse_show_node
 
-SCONTROL = "scontrol"
-
 
 def scontrol_path() -> str:
     """scontrol by absolute path: Slurm runs us with no PATH."""
-    for d in runner.SAFE_PATH.split(":") + ["/usr/local/bin", "/usr/local/sbin"]:
-        p = os.path.join(d, SCONTROL)
-        if os.access(p, os.X_OK):
-            return p
-    return SCONTROL
+    return slurmclient.command("scontrol")
 
 
 @dataclass
@@ -40,7 +34,7 @@ class Outcome:
 
 
 def show_node(name: str, timeout: float) -> NodeState | None:
-    res = runner.run([scontrol_path(), "show", "node", "-o", name], timeout, check=False)
+    res = slurmclient.show_node(name, timeout)
     if res.returncode != 0:
         if "not found" in (res.stdout + res.stderr):
             return None
@@ -79,12 +73,11 @@ def act(name: str, want: str | None, mem: Memory, *, clean_runs_to_resume: int, 
         if dry_run:
             plan.memory = mem  # a dry run changes nothing, remembered state included
         return Outcome(plan, node)
-    if plan.action == "drain":
-        argv = [scontrol_path(), "update", f"nodename={name}", "state=drain", f"reason={plan.reason}"]
-    else:
-        argv = [scontrol_path(), "update", f"nodename={name}", "state=resume"]
     try:
-        runner.run(argv, timeout)
+        if plan.action == "drain":
+            slurmclient.drain(name, plan.reason, timeout)
+        else:
+            slurmclient.resume(name, timeout)
     except CommandError as e:
         keep = Memory(mem.drained_reason, mem.clean_runs, owed, mem.slurmd, mem.isolated,
                       mem.boot_id)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ..errors import InputError, SlurmGpuError
 from ..procfs import parent_slurmd
 from .expected import default_gres_conf, expected_gpus
+from .events import finding_key
 from .findings import DRAIN, INFO, WARN, Finding, drain_reason, sort_findings, worst
 from .gpu_checks import run_gpu_checks
 from .registry import (ACT_MIN_SECONDS, ALL_CHECKS, KMSG, NVML, OS, OWN, KmsgGather, OsGather, OwnGather,
@@ -78,6 +79,9 @@ class Report:
     action: str = "none"
     elapsed: float = 0.0
     repair: Any = None                     # repair.RepairState after this run (metrics)
+    jobs: list[dict[str, Any]] = field(default_factory=list)   # on_fatal's steps (requeue, cancel, release)
+    events: list[dict[str, Any]] = field(default_factory=list)  # what went to [health] event_log
+    event_command: dict[str, int] = field(default_factory=dict)  # its runs by result, since the state began
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "status": self.status, "findings": [f.to_json() for f in self.findings]}
@@ -288,6 +292,9 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                      and opts.slurm_healthy is None)
     if opts.slurm_healthy is not None and opts.parent_slurmd:
         mem.slurmd = opts.parent_slurmd
+    from . import onfatal
+    gpu_index = onfatal.gpu_index_for(opts, health, state.get("gpu_index"), first_run)
+    owed = onfatal.load_owed(state.get("on_fatal_owed"))
     if not first_run and deadline - time.monotonic() < ACT_MIN_SECONDS:
         rep.broken = "watchdog: too little time left to call scontrol: nothing changed"
         return rep
@@ -306,6 +313,7 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
         # clean run could resume a node; change nothing, read events again next run.
         # (A first run still records its slurmd, or every run would count as first.)
         return rep
+    rec = None
     if first_run:
         # First run of this slurmd: it runs us before registering, and scontrol
         # can hang then.  Remember what we found; the next run applies it.
@@ -317,7 +325,6 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     else:
         # scontrol must finish before the watchdog: a child is never left behind.
         timeout = max(0.5, min(s.scontrol_timeout, (deadline - time.monotonic() - 0.5) / 2))
-        rec = None
         if opts.repair is not None and not opts.kernel_log:
             from .recovery import Recovery
             rec = Recovery(opts, deadline, health, notes)
@@ -335,11 +342,26 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
             notes.append(out.error)
         elif rec is not None:
             rep.repair = rec.finish(out, mem, event_findings, boot)
+        if not out.error and not opts.kernel_log:
+            owed = onfatal.after_act(opts, out, event_findings, gpu_index, owed, deadline, rep)
+    if not opts.kernel_log:
+        old_boot = (state.get("memory") or {}).get("boot_id")
+        from .events import after_run as events_out
+        events_out(opts, rep, event_findings, state, health, rec, deadline,
+                   rebooted=bool(old_boot and boot and old_boot != boot))
     if opts.state_dir:
         doc_memo = ({"boot_id": mem.boot_id, "nvlink5": xid_memo} if xid_memo is not None and not opts.kernel_log
                     else state.get("xid_memo"))
-        actions.save_state(state_path, {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
-                                        "last_run": time.time(), "last_status": rep.status})
+        doc = {"memory": mem.to_json(), "cursor": new_cursor, "xid_memo": doc_memo,
+               "last_run": time.time(), "last_status": rep.status}
+        if gpu_index:
+            doc["gpu_index"] = gpu_index
+        if owed:
+            doc["on_fatal_owed"] = owed
+        if acting and not opts.kernel_log:
+            doc["findings_seen"] = sorted({finding_key(f) for f in rep.findings if f.severity != INFO})
+            doc["event_command"] = rep.event_command
+        actions.save_state(state_path, doc)
     return rep
 
 

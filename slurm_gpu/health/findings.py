@@ -10,7 +10,7 @@ Exit codes follow Nagios: 0 ok, 1 warn, 2 drain (critical), 3 unknown.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 INFO, WARN, DRAIN = "info", "warn", "drain"
@@ -28,6 +28,10 @@ class Finding:
     message: str
     gpu: str | None = None     # PCI bus id, 0000:07:00.0
     xid: int | None = None
+    # The fault kills or hangs whatever runs on this GPU (the catalog's "job"
+    # column, a lost GPU, a double-bit ECC event): [health] on_fatal acts on
+    # the jobs holding it.  Not part of the --json contract, nor of equality.
+    fatal: bool = field(default=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"check": self.check, "severity": self.severity, "gpu": self.gpu}

@@ -21,33 +21,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 
-from .. import runner
+from .. import runner, slurmclient
 from ..errors import CommandError
 from .findings import INFO, WARN, Finding
 
 CHECK = "gpu.imex"
 IMEX_CTL = "nvidia-imex-ctl"
 IMEX_SWITCH = "switch/nvidia_imex"
-_SWITCH_TYPE = re.compile(r"^\s*SwitchType\s*=\s*(\S+)", re.I | re.M)
-
-
-def slurm_conf_path(env: dict[str, str] | None = None) -> str:
-    env = dict(os.environ) if env is None else env
-    return env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
 
 
 def imex_configured(slurm_conf: str) -> bool:
     """Whether slurm.conf selects the IMEX switch plugin (last SwitchType wins)."""
-    try:
-        with open(slurm_conf, encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 20)
-    except OSError:
-        return False
-    found = _SWITCH_TYPE.findall(text)
-    return bool(found) and found[-1].strip().lower() == IMEX_SWITCH
+    conf = slurmclient.read_conf(slurm_conf) or {}
+    return conf.get("switchtype", "").lower() == IMEX_SWITCH
 
 
 def channel_major(proc_devices: str = "/proc/devices") -> int | None:
@@ -132,9 +120,26 @@ def check(major: int | None, st: ImexStatus, busy: bool) -> list[Finding]:
     return [Finding(CHECK, sev, f"IMEX not ready: {'; '.join(problems)}{tail}")]
 
 
+def per_job() -> bool:
+    """Whether ``[imex] mode = "per-job"``: then there is no node-wide domain to look at."""
+    from .. import config
+    try:
+        sec = config.load_raw().get("imex")
+    except Exception:  # noqa: BLE001 - a bad config is doctor's finding, not this check's
+        return False
+    return isinstance(sec, dict) and sec.get("mode") == "per-job"
+
+
 def run_check(timeout: float, slurm_conf: str | None = None, root: str = "/") -> list[Finding]:
-    """gpu.imex for this node: nothing at all unless Slurm hands out IMEX channels."""
-    if not imex_configured(slurm_conf or slurm_conf_path()):
+    """gpu.imex for this node: nothing at all unless Slurm hands out IMEX channels.
+
+    Under per-job IMEX (docs/imex.md) each job's prolog starts and checks its
+    own domain, and between jobs no daemon runs: the node-wide check would
+    only ever see "not ready", so it says once that it does not apply."""
+    if per_job():
+        return [Finding(CHECK, INFO, "not applicable: per-job IMEX ([imex] mode = \"per-job\"): "
+                        "each job's prolog starts and checks its own domain")]
+    if not imex_configured(slurmclient.conf_path(slurm_conf)):
         return []
     st = query(timeout)
     return check(channel_major(os.path.join(root, "proc/devices")), st,

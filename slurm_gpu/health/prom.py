@@ -35,6 +35,12 @@ def render(rep: Any) -> str:
         lines.append(f'slurm_gpu_health_xid{{node="{node}",gpu="{_esc(gpu)}",xid="{code}",severity="{sev}"}} {n}')
     if getattr(rep, "repair", None) is not None:
         lines += _repair_lines(node, rep.repair)
+    if getattr(rep, "event_command", None):
+        lines += ["# HELP slurm_gpu_health_event_command_total Runs of [health] event_command by result "
+                  "(ok, failed, timeout: killed at its bound, skipped: no time left in the run).",
+                  "# TYPE slurm_gpu_health_event_command_total counter"]
+        for result, n in sorted(rep.event_command.items()):
+            lines.append(f'slurm_gpu_health_event_command_total{{node="{node}",result="{_esc(result)}"}} {n}')
     lines += ["# HELP slurm_gpu_health_last_run_seconds Unix time of the last run.",
               "# TYPE slurm_gpu_health_last_run_seconds gauge",
               f'slurm_gpu_health_last_run_seconds{{node="{node}"}} {time.time():.3f}',

@@ -78,6 +78,7 @@ class Recovery:
     def __init__(self, opts: Any, deadline: float, health: Any, notes: list[str]) -> None:
         from . import repair
         self.opts, self.deadline, self.health, self.notes = opts, deadline, health, notes
+        self.steps: list = []                # the repair steps of this run (health events)
         self.settings = opts.repair
         self.rpath = repair.state_path(self.settings, opts.node)
         self.rstate = repair.load(self.rpath)
@@ -152,4 +153,5 @@ class Recovery:
                              nvml_opener=self.opts.nvml_opener, scontrol=scontrol_path(),
                              deadline=self.deadline)
         self.notes += r.notes
+        self.steps = r.steps
         return self.rstate

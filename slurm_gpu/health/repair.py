@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import runner
+from .. import runner, slurmclient
 from ..errors import CommandError
 from .findings import DRAIN, Finding
 from .repair_state import JOB_ID, RepairState, append_log, load, log_path, save, state_path  # noqa: F401 - the API
@@ -221,7 +221,7 @@ class Ladder:
             why = "node state unknown" if ns is None else f"node held by someone else ({ns.reason or 'no reason'})"
             self.step(key, "rma", "recorded", f"{why}: reason left alone")
             return
-        err = self.scontrol(["update", f"nodename={self.c.node}", "state=drain", f"reason={reason}"])
+        err = self.scontrol(slurmclient.update_node_args(self.c.node, state="drain", reason=reason))
         if err:
             self.step(key, "rma", "failed", err)
             return

@@ -48,10 +48,29 @@ class HealthSettings(Settings):
     # HealthCheckProgram run; 2 and 3 wait for an idle node) and the most seconds it may take.
     dcgm_level: int = 0
     dcgm_timeout: float = 60.0
+    # A fatal fault on a GPU a running job holds (docs/health.md, "Jobs on a dead GPU"):
+    # "requeue" those jobs (cancel the ones that cannot be requeued), "cancel" them, or "none".
+    on_fatal: str = "requeue"
+    # Health events out (docs/health.md, "Health events"): one JSON line per finding, drain,
+    # resume, job action and repair step, in a size-rotated file (%n: node name; "" =
+    # <[repair] state_dir>/health-events.<node>.jsonl, which outlives reboots; "off": none).
+    event_log: str = ""
+    event_log_max_bytes: int = 10_000_000
+    event_log_keep: int = 3
+    # An admin's command (argv, no shell) run with a run's events on stdin, at most
+    # event_command_timeout seconds; its failures are counted, never the health check's.
+    event_command: list = None  # type: ignore[assignment]
+    event_command_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if self.skip is None:
             self.skip = []
+        if self.event_command is None:
+            self.event_command = []
+        if not all(isinstance(a, str) for a in self.event_command):
+            raise ValueError("event_command must be a list of strings (argv: no shell)")
+        if self.on_fatal not in ("requeue", "cancel", "none"):
+            raise ValueError('on_fatal must be "requeue", "cancel" or "none"')
 
 
 class RepairSettings(Settings):

@@ -144,9 +144,9 @@ def reason_for(jobid: str, found: list[str]) -> str:
 
 def drain(node: str, reason: str, timeout: float) -> str:
     """Drain *node* for a user problem unless someone (we included) already has; returns a note."""
-    from .. import runner
+    from .. import slurmclient
     from ..errors import CommandError
-    from .actions import scontrol_path, show_node
+    from .actions import show_node
     try:
         ns = show_node(node, timeout)
     except CommandError as e:
@@ -156,7 +156,7 @@ def drain(node: str, reason: str, timeout: float) -> str:
     if ns.drained or "FAIL" in ns.flags or ns.reason:
         return f"not drained: node already {'drained' if ns.drained else 'flagged'} ({ns.reason or 'no reason'})"
     try:
-        runner.run([scontrol_path(), "update", f"nodename={node}", "state=drain", f"reason={reason}"], timeout)
+        slurmclient.drain(node, reason, timeout)
     except CommandError as e:
         return f"not drained: {e.what}"
     return "drained"

@@ -71,6 +71,13 @@ _RECOVERY_TO = re.compile(r"^GPU recovery action changed from \S+(?: \([^)]*\))?
                           re.I)
 
 
+# NVML recovery actions after which the GPU runs nothing until it is reset or
+# the machine restarts (the driver's recovery actions: GPU_RESET 1,
+# NODE_REBOOT 2, BUS_RESET 6, SYSTEM_REBOOT 7).  DRAIN_P2P (3) and
+# DRAIN_AND_RESET (4) let running work finish.
+FATAL_RECOVERY = frozenset({1, 2, 6, 7})
+
+
 @lru_cache(maxsize=1)
 def catalog() -> dict[str, Any]:
     """The shipped catalog (codes keyed by str(code), NVLink5 rules, provenance)."""
@@ -129,6 +136,7 @@ class Verdict:
     detail: str
     bucket: str = ""
     extra: list[str] = field(default_factory=list)
+    job: str = "none"               # the catalog's "job": "fatal", "process" or "none"
 
 
 # ------------------------------------------------------------------ parsing
@@ -244,9 +252,9 @@ def events_from_nvml(records: Iterable[dict[str, Any]]) -> tuple[list[XidEvent],
         if kind == "xid" and isinstance(code, int) and not isinstance(code, bool) and 0 <= code < 10000:
             xids.append(XidEvent(code=r["xid"], gpu=gpu, when=r.get("time"), source="nvml"))
         elif kind == "dbe":
-            direct.append(Finding("gpu.ecc", DRAIN, f"NVML double-bit ECC event on {gpu}", gpu))
+            direct.append(Finding("gpu.ecc", DRAIN, f"NVML double-bit ECC event on {gpu}", gpu, fatal=True))
         elif kind == "gpu_unavailable":
-            direct.append(Finding("gpu.count", DRAIN, f"NVML reports GPU {gpu} unavailable", gpu))
+            direct.append(Finding("gpu.count", DRAIN, f"NVML reports GPU {gpu} unavailable", gpu, fatal=True))
         elif kind == "recovery_action":
             action = r.get("data") or 0
             if not isinstance(action, int) or isinstance(action, bool) or not 0 <= action < 1 << 32:
@@ -255,7 +263,7 @@ def events_from_nvml(records: Iterable[dict[str, Any]]) -> tuple[list[XidEvent],
                 from .gpu_checks import RECOVERY_NAMES
                 direct.append(Finding("gpu.recovery", DRAIN,
                                       f"GPU {gpu} needs {RECOVERY_NAMES.get(action, f'recovery action {action}')}",
-                                      gpu))
+                                      gpu, fatal=action in FATAL_RECOVERY))
     return xids, direct
 
 
@@ -310,7 +318,7 @@ def _nvlink5_verdict(ev: XidEvent, base: dict[str, Any]) -> Verdict:
         detail = f"{rule['unit']} {rule['severity']}{where}, status 0x{rule['error_status']:x}: {res}"
         if hint and hint not in ("IGNORE", "CONTACT_SUPPORT"):
             detail += f" ({hint})"
-        return Verdict(action, "nvlink5", detail, res)
+        return Verdict(action, "nvlink5", detail, res, job="fatal" if res == "RESET_GPU" else "none")
     if ev.unit is not None:
         # Not in the table: trust the driver's own Fatal/Nonfatal word.  The
         # unit is named only when the catalog knows it (a reason carries no log text).
@@ -335,13 +343,12 @@ def classify(ev: XidEvent, decoded: dict[tuple[int, str | None], Verdict] | None
         cause = entry(ev.cause)
         prior = (decoded or {}).get((ev.cause, ev.gpu))
         if prior is not None:
-            v = Verdict(prior.action, prior.kind, f"{base['description'].split(' --')[0]}, "
-                        f"caused by previous Xid {ev.cause} ({prior.detail})", base["immediate"])
-            return v
+            return Verdict(prior.action, prior.kind, f"{base['description'].split(' --')[0]}, "
+                           f"caused by previous Xid {ev.cause} ({prior.detail})", base["immediate"], job=prior.job)
         if cause is not None and cause["kind"] not in ("application", "informational"):
             return Verdict(cause["action"], cause["kind"],
                            f"{base['description'].split(' --')[0]}, caused by previous Xid {ev.cause} "
-                           f"({cause['description']})", base["immediate"])
+                           f"({cause['description']})", base["immediate"], job=cause.get("job", "none"))
         return Verdict(INFO, "application", f"{base['description'].split(' --')[0]}, caused by previous "
                        f"Xid {ev.cause}", base["immediate"])
     if ev.code == 154:
@@ -351,7 +358,7 @@ def classify(ev: XidEvent, decoded: dict[tuple[int, str | None], Verdict] | None
             to = int(m.group(1), 0)
             name = RECOVERY_NAMES.get(to, f"action {to}")
             return Verdict(INFO if to == 0 else DRAIN, "recovery", f"GPU recovery action changed to {name}",
-                           base["immediate"])
+                           base["immediate"], job="fatal" if to in FATAL_RECOVERY else "none")
         if ev.source == "nvml":
             # An NVML event carries only the code, not the new action, and the
             # driver also reports 154 when the action goes back to None after a
@@ -361,7 +368,7 @@ def classify(ev: XidEvent, decoded: dict[tuple[int, str | None], Verdict] | None
     desc = base["description"]
     if desc == "Unused":
         desc = f"{base['mnemonic']} (unused code on current drivers)"
-    return Verdict(base["action"], base["kind"], desc.split(" --")[0], base["immediate"])
+    return Verdict(base["action"], base["kind"], desc.split(" --")[0], base["immediate"], job=base.get("job", "none"))
 
 
 def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None = None) -> list[Finding]:
@@ -408,7 +415,7 @@ def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None
             msg += " [application error: node stays up]"
         if n > 1:
             msg += f" ({n} reports)"
-        out.append(Finding(CHECK, v.action, msg, gpu, code))
+        out.append(Finding(CHECK, v.action, msg, gpu, code, fatal=v.action == DRAIN and v.job == "fatal"))
     return out + _doubt_findings(doubts)
 
 

@@ -26,6 +26,7 @@ directory and process tree (documented in docs/mps-mig.md).
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
 
@@ -33,7 +34,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable
 
-from .. import sig
 from ..procfs import parent
 
 NAME = "slurm_gpu_mps"
@@ -105,9 +105,9 @@ def _expand(point: str, parts: tuple[str, ...]) -> list[str]:
     """The existing paths ``point/parts...``, sorted; a ``*`` in a part matches
     any name that does not start with a dot, as glob's would.
 
-    Not glob: it imports re and fnmatch (~3 ms of every prolog and epilog)
-    for three fixed shapes, and it would also read the mount point (taken
-    from mountinfo) as a pattern.
+    Not glob: only the ``*`` this module writes is a wildcard; glob would
+    also read the mount point (taken from mountinfo) and a node name (``[``,
+    ``?``) as patterns, and another node's job must never match.
     """
     paths = [point]
     for part in parts:
@@ -212,13 +212,13 @@ def _kill(pid: int) -> None:
         fd = os.pidfd_open(pid)
     except (ProcessLookupError, OSError):
         try:
-            os.kill(pid, sig.SIGKILL)    # no pidfds (Linux < 5.3): it is in our cgroup
+            os.kill(pid, signal.SIGKILL)    # no pidfds (Linux < 5.3): it is in our cgroup
         except ProcessLookupError:
             pass
         return
     try:
         if _start(pid) == start:            # still the process read from cgroup.procs
-            sig.pidfd_send_signal(fd, sig.SIGKILL)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
     except ProcessLookupError:
         pass
     finally:

@@ -7,7 +7,7 @@ Split from ``mps.py`` (which re-exports these names: tests patch
 from __future__ import annotations
 
 import os
-from .. import sig
+import signal
 
 
 def _ids(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] | None:
@@ -207,7 +207,7 @@ def _kill(pid: int, start: int, uid: int) -> None:
         # the window between the two is a few microseconds, not a quit wait.
         if _same(pid, start, uid):
             try:
-                os.kill(pid, sig.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         return
@@ -216,7 +216,7 @@ def _kill(pid: int, start: int, uid: int) -> None:
         # before, the start time differs; if it dies after, the pidfd refers
         # to the dead process and the signal goes nowhere.
         if _same(pid, start, uid):
-            sig.pidfd_send_signal(fd, sig.SIGKILL)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
     except ProcessLookupError:
         pass
     finally:

@@ -12,12 +12,12 @@ before an upgrade may have written the record its epilog reads.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
 from dataclasses import dataclass, field
 
-from .. import jsontext
 from ..errors import PREFIX, Consequence, InputError, SlurmGpuError
 from ..fsutil import atomic_write
 
@@ -212,7 +212,7 @@ def save(state_dir: str | os.PathLike[str], record: JobRecord) -> None:
     d = jobs_dir(state_dir)
     os.makedirs(d, mode=0o755, exist_ok=True)
     _check_dir(d)
-    text = jsontext.dumps(record.to_dict())
+    text = json.dumps(record.to_dict(), indent=1, sort_keys=True)
     jobid = check_jobid(record.jobid)
     # The copy first: whichever file a crash or a bad sector leaves broken,
     # the other holds this or the previous record (see load()).
@@ -280,7 +280,7 @@ def _read(p: str, jobid: str) -> tuple[dict[str, Any] | None, str | None]:
     except OSError as e:
         raise InputError(f"cannot read job state: {e.strerror or e}", str(p)) from None
     try:
-        data = jsontext.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
+        data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
     except (ValueError, RecursionError):
         data = None
     why = "not JSON or too big" if data is None else malformed(data, jobid)

@@ -24,7 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable
 
-from .. import runner
+from .. import runner, slurmclient
 from ..errors import CommandError, SlurmGpuError
 from . import state as jobstate
 
@@ -110,7 +110,7 @@ def sweep(ctx: Any, teardown: Teardown, exclude: str | None = None) -> list[str]
     ids = candidates(ctx, exclude)
     if not ids or not ctx.node_name:
         return []
-    squeue = os.path.join(os.path.dirname(ctx.jobs.scancel) or "/usr/bin", "squeue")
+    squeue = slurmclient.sibling(ctx.jobs.scancel, "squeue")
     lines = []
     for jobid in sorted(gone(ids, ctx.node_name, squeue), key=int):
         try:

@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from .. import slurmclient
+
 
 @dataclass(frozen=True)
 class Blocker:
@@ -36,20 +38,6 @@ PROCESSES = {
 }
 
 
-def _slurm_conf_keys(path: str) -> dict[str, str]:
-    keys: dict[str, str] = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.split("#", 1)[0].strip()
-                m = re.match(r"^([A-Za-z]+)\s*=\s*(\S+)", line)
-                if m:
-                    keys[m.group(1).lower()] = m.group(2)
-    except OSError:
-        pass
-    return keys
-
-
 def find(proc: str = "/proc", slurm_conf: str | None = None) -> list[Blocker]:
     """The blockers present on this node."""
     out: list[Blocker] = []
@@ -69,8 +57,7 @@ def find(proc: str = "/proc", slurm_conf: str | None = None) -> list[Blocker]:
             seen.add(comm)
             name, fix = PROCESSES[comm]
             out.append(Blocker(name, f"pid {pid}", fix))
-    conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    keys = _slurm_conf_keys(conf)
+    keys = slurmclient.read_conf(slurmclient.conf_path(slurm_conf)) or {}
     energy = keys.get("acctgatherenergytype", "")
     if "gpu" in energy:
         out.append(Blocker("slurmd GPU energy accounting", f"AcctGatherEnergyType={energy}",

@@ -37,7 +37,7 @@ def test_health_and_xid() -> None:
     rows = _smoke("bench_health.py")
     assert _paths(rows) == ["health, full check, 8-GPU snapshot",
                             "health --only gpu.xid, 1 MB kernel log"]
-    assert "python -c pass" in rows[0][2] and "grep -c" in rows[1][2]
+    assert "python -I -c pass" in rows[0][2] and "grep -c" in rows[1][2]
 
 
 def test_inventory() -> None:

@@ -85,3 +85,47 @@ def test_a_fault_drains_through_xid_watch_long_before_the_health_interval(slow, 
     time.sleep(3)
     assert slow.node_states()["n1"] == "idle"
     assert "running the health check" not in (slow.dir / "log" / "xid-watch-n1.log").read_text()
+
+
+def test_a_requeueable_job_on_the_faulty_gpu_runs_again_on_a_healthy_node(slow, cli, job_users):
+    """[health] on_fatal = "requeue" (the default): the job holding the GPU that fell off the bus is
+    requeued and released at once (not after Slurm's 121 s requeue delay); the job on another GPU of
+    the same node is left alone."""
+    from slurm_gpu.health.watch import _Gap
+    for node in ("n1", "n2"):
+        assert cli("sandbox", "fault", "--dir", str(slow.dir), node, "--clear").returncode == 0
+    # A fault just before (the test above) may still owe xid-watch's coalesced run at
+    # the end of its 5 s gap (the fault's other half): it would drain the node again.
+    time.sleep(_Gap.MIN_GAP + 1)
+    for node in ("n1", "n2"):
+        slow.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    for node in ("n1", "n2"):
+        slow.wait_node_state(node, "idle", timeout=30)
+    slow.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=test: n1 first"])
+    hit = slow.sbatch("--requeue", "--gres=gpu:1", "--wrap", "sleep 600", user="sgtest1", cwd="/tmp")
+    other = slow.sbatch("--requeue", "--gres=gpu:1", "--wrap", "sleep 600", user="sgtest1", cwd="/tmp")
+    try:
+        for j in (hit, other):
+            assert slow.wait_job(j, states={"RUNNING"}, timeout=30)["NodeList"] == "n1"
+        slow.run(["scontrol", "update", "nodename=n2", "state=resume"])
+        slow.wait_node_state("n2", "idle", timeout=30)
+        detail = slow.run(["scontrol", "-d", "show", "job", "-o", str(hit)]).stdout
+        gpu = int(re.search(r"GRES=gpu:\S*\(IDX:(\d+)\)", detail).group(1))
+        res = cli("sandbox", "fault", "--dir", str(slow.dir), "n1", "xid-79", "--gpu", str(gpu))
+        assert res.returncode == 0, res.stderr
+        deadline = time.monotonic() + 30                     # the issue's goal; HealthCheckInterval is 300 s
+        while not (slow.job(hit).get("JobState") == "RUNNING" and slow.job(hit).get("NodeList") == "n2"):
+            if time.monotonic() > deadline:
+                j = slow.job(hit)
+                log = (slow.dir / "log" / "xid-watch-n1.log").read_text().splitlines()
+                pytest.fail(f"job {hit}: {j.get('JobState')} {j.get('Reason')} on {j.get('NodeList')!r}, "
+                            f"restarts {j.get('Restarts')}; xid-watch n1: {[ln for ln in log if 'health' in ln][-8:]}")
+            time.sleep(0.1)
+        info = slow.job(hit)
+        assert info["Restarts"] == "1"
+        assert re.search(r"AdminComment=slurm-gpu: Xid 79 on GPU \S+ of n1: requeued", slow.run(
+            ["scontrol", "show", "job", "-o", str(hit)]).stdout)
+        assert (slow.job(other)["JobState"], slow.job(other)["NodeList"], slow.job(other)["Restarts"]) == (
+            "RUNNING", "n1", "0")
+    finally:
+        slow.run(["scancel", str(hit), str(other)])

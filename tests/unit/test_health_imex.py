@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from slurm_gpu import runner
 from slurm_gpu.health import engine, imex
 from slurm_gpu.health.findings import INFO, WARN
@@ -54,3 +56,23 @@ def test_engine_runs_it_from_the_node_root(tmp_path, monkeypatch):
     r = engine.run(engine.Options(node="n1", settings=HealthSettings(), state_dir=str(tmp_path / "st"),
                                   only=["gpu.imex"], no_drain=True, os_root=str(tmp_path)))
     assert [(f.check, f.severity) for f in r.findings] == [("gpu.imex", WARN)] and r.status == "warn"
+
+
+def test_per_job_imex_makes_the_node_wide_check_not_applicable(tmp_path, monkeypatch):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SwitchType=switch/nvidia_imex\n")
+    toml = tmp_path / "sg.toml"
+    toml.write_text('[imex]\nmode = "per-job"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(toml))
+    from slurm_gpu import config
+    config._load.cache_clear()
+    monkeypatch.setattr(runner, "run", lambda *a, **kw: pytest.fail("no node-wide query under per-job IMEX"))
+    (f,) = imex.run_check(1.0, str(conf), root=str(tmp_path))
+    assert f.severity == INFO and f.message.startswith("not applicable: per-job IMEX")
+    toml.write_text('[imex]\nmode = "off"\n')
+    config._load.cache_clear()
+    monkeypatch.setattr(runner, "run", lambda argv, timeout, **kw: runner.Completed(
+        tuple(argv), 0, (DATA / "imex-ctl-N-j-up.json").read_text(), ""))
+    monkeypatch.setattr(imex.os, "access", lambda p, m: p.endswith("/usr/bin/nvidia-imex-ctl"))
+    (f,) = imex.run_check(1.0, str(conf), root=str(tmp_path))
+    assert f.message.startswith("IMEX ready") or f.message.startswith("IMEX not ready")

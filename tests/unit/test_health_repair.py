@@ -69,6 +69,8 @@ class Cluster:
             return runner.Completed(tuple(argv), 0, self.text, "")
         if argv[0].endswith("dcgmi"):
             return runner.Completed(tuple(argv), 0, (DATA / "dcgm" / self.dcgm).read_text(), "")
+        if argv[0].endswith("squeue"):           # [health] on_fatal after a fatal drain: no job runs here
+            return runner.Completed(tuple(argv), 0, "", "")
         st = re.search(r"State=(\S+)", self.text).group(1)
         parts = st.split("+")
         if argv[1] == "update":

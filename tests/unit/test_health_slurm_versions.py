@@ -61,9 +61,9 @@ def test_health_check_timeout_bounds_the_watchdog(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from slurm_gpu.commands import health as cmd
-    from slurm_gpu.slurmconfig import health_check_timeout, parse
-    assert health_check_timeout(parse("HealthCheckTimeout=10\n", tmp_path)) == 10
-    assert health_check_timeout(parse("HealthCheckInterval=10\n", tmp_path)) is None
+    from slurm_gpu.slurmclient import health_check_timeout, parse_conf
+    assert health_check_timeout(parse_conf("HealthCheckTimeout=10\n", str(tmp_path))) == 10
+    assert health_check_timeout(parse_conf("HealthCheckInterval=10\n", str(tmp_path))) is None
     conf = tmp_path / "slurm.conf"
     conf.write_text("HealthCheckTimeout=8\n")
     seen = {}

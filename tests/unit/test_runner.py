@@ -82,8 +82,8 @@ def test_timeout_returns_although_a_daemon_holds_the_pipes(tmp_path) -> None:
     assert took < 5, f"run() waited {took:.1f} s for a daemon's pipes"
 
 
-# The child is started by runner itself (fork + exec, no subprocess): what
-# Popen guaranteed must still hold.
+# What the runner guarantees the child, whether subprocess starts it alone or
+# through the pre-exec helper (cgroups, CPUs).
 
 def test_no_descriptor_but_stdio_reaches_the_child(tmp_path) -> None:
     f = open(tmp_path / "secret", "w")
@@ -149,10 +149,12 @@ def test_a_parent_with_stdio_closed(tmp_path) -> None:
     code = ("import os, sys; sys.path.insert(0, %r); from slurm_gpu.runner import run\n"
             "os.close(0); os.close(1); os.close(2)\n"
             "r = run(['/bin/sh', '-c', 'read x; echo out $x; echo err >&2'], 5, input='in\\n')\n"
-            "open(%r, 'w').write(repr((r.stdout, r.stderr)))\n"
+            "h = run(['/bin/sh', '-c', 'read x; echo out $x; echo err >&2'], 5, input='in\\n',\n"
+            "        cpus=sorted(os.sched_getaffinity(0))[-1:])\n"     # through the pre-exec helper
+            "open(%r, 'w').write(repr((r.stdout, r.stderr, h.stdout, h.stderr)))\n"
             % (str(__import__('pathlib').Path(__file__).resolve().parents[2]), str(tmp_path / "r")))
     subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, timeout=30, check=True)
-    assert (tmp_path / "r").read_text() == repr(("out in\n", "err\n"))
+    assert (tmp_path / "r").read_text() == repr(("out in\n", "err\n") * 2)
 
 
 def test_cpus_pin_the_command() -> None:
@@ -181,3 +183,21 @@ def test_a_command_that_exits_while_its_daemon_holds_the_pipes(tmp_path) -> None
             os.kill(int(pidfile.read_text()), 9)
         except (OSError, ValueError):
             pass
+
+
+def test_without_the_pre_exec_helper_one_line_says_how_to_build_it(tmp_path, monkeypatch) -> None:
+    from slurm_gpu import runner
+    monkeypatch.setattr(runner, "helper_path", lambda: str(tmp_path / "slurm-gpu-exec"))
+    with pytest.raises(CommandError, match="cannot start /bin/true in its cgroup: slurm-gpu-exec "
+                                           r"is not built \(slurm-gpu spank build\)"):
+        run(["/bin/true"], timeout=5, join_cgroups=[str(tmp_path / "cgroup.procs")])
+    assert run(["/bin/true"], timeout=5).ok         # commands without cgroups or CPUs need no helper
+
+
+def test_through_the_helper_the_command_gets_stdio_only_and_default_signals() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    fds = run(["/bin/ls", "/proc/self/fd"], timeout=5, cpus=[cpu]).stdout.split()
+    assert sorted(fds, key=int)[:3] == ["0", "1", "2"] and len(fds) == 4    # its report pipe closed at exec
+    line = next(ln for ln in run(["/bin/cat", "/proc/self/status"], timeout=5, cpus=[cpu]).stdout.splitlines()
+                if ln.startswith("SigIgn:"))
+    assert not int(line.split()[1], 16) & ((1 << 12) | (1 << 24))              # SIGPIPE, SIGXFSZ

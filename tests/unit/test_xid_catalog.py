@@ -103,3 +103,47 @@ def test_recovery_154_from_nvml_alone_does_not_drain_a_recovered_gpu():
     fs = xid.check_xid([kernel, *events])
     assert [(f.xid, f.severity) for f in fs] == [(154, WARN)]
     assert xid.check_xid(events)[0].severity == WARN
+
+
+# ------------------------------------------------ what a fault does to the job
+
+@pytest.mark.parametrize("code,job", [(79, "fatal"), (95, "fatal"), (48, "fatal"), (119, "fatal"),
+                                      (94, "process"), (13, "process"), (43, "process"), (109, "process"),
+                                      (64, "none"), (156, "none"), (63, "none"), (92, "none")])
+def test_the_catalog_says_what_a_fault_does_to_the_job_on_the_gpu(code, job):
+    assert xid.entry(code)["job"] == job
+
+
+def test_job_impact_follows_nvidia_columns_not_a_list():
+    gen = _gen()
+    for c, e in xid.catalog()["codes"].items():
+        if int(c) in gen.JOB_OVERRIDES:
+            assert e["job"] == gen.JOB_OVERRIDES[int(c)][0]
+        elif e["kind"] == "application":
+            assert e["job"] == "process", c
+        elif e["immediate"] in gen.JOB_FATAL_BUCKETS:
+            assert e["job"] == ("none" if "RETIREMENT" in e["mnemonic"] else "fatal"), c
+        else:
+            assert e["job"] == "none", c
+
+
+def test_a_fatal_finding_is_marked_and_a_contained_one_is_not():
+    fs = xid.check_xid([xid.XidEvent(79, "0000:18:00.0"), xid.XidEvent(94, "0000:19:00.0"),
+                        xid.XidEvent(64, "0000:1a:00.0"),
+                        xid.XidEvent(45, "0000:1b:00.0", cause=95)])
+    by = {f.xid: f for f in fs}
+    assert by[79].fatal and by[45].fatal
+    assert not by[94].fatal and not by[64].fatal
+    assert by[64].severity == DRAIN       # drains the node, kills nothing
+    assert "fatal" not in by[79].to_json()
+
+
+def test_nvml_events_mark_lost_gpus_dbe_and_reset_recovery_fatal():
+    _, direct = xid.events_from_nvml([
+        {"event": "dbe", "gpu": "0000:18:00.0"}, {"event": "gpu_unavailable", "gpu": "0000:19:00.0"},
+        {"event": "recovery_action", "gpu": "0000:1a:00.0", "data": 1},
+        {"event": "recovery_action", "gpu": "0000:1b:00.0", "data": 4}])
+    assert [f.fatal for f in direct] == [True, True, True, False]
+    v = xid.classify(xid.XidEvent(154, "0000:18:00.0",
+                                  text="GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"))
+    assert v.job == "fatal"

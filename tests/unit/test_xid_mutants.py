@@ -208,8 +208,9 @@ def test_classify_gives_these_exact_verdicts():
     def v(code: int, **kw) -> Verdict:
         return xid.classify(XidEvent(code=code, gpu=BUS, **kw))
     assert v(9999) == Verdict(WARN, "unknown", "Xid 9999 is not in NVIDIA's catalog", "")
-    assert v(48) == Verdict(DRAIN, "hardware", "Double Bit ECC Error", "WORKFLOW_XID_48")
-    assert v(45) == Verdict(INFO, "application", "Preemptive cleanup, due to previous errors", "WORKFLOW_XID_45")
+    assert v(48) == Verdict(DRAIN, "hardware", "Double Bit ECC Error", "WORKFLOW_XID_48", job="fatal")
+    assert v(45) == Verdict(INFO, "application", "Preemptive cleanup, due to previous errors", "WORKFLOW_XID_45",
+                            job="process")
     unused = xid.entry(1)
     assert unused["description"] == "Unused"
     assert v(1) == Verdict(unused["action"], unused["kind"], f"{unused['mnemonic']} (unused code on current drivers)",
@@ -228,7 +229,8 @@ def test_caused_by_previous_xid_follows_the_cause():
     def v(cause: int, decoded=None) -> Verdict:
         return xid.classify(XidEvent(code=45, gpu=BUS, cause=cause), decoded)
     head = "Preemptive cleanup, due to previous errors, caused by previous Xid"
-    assert v(79) == Verdict(DRAIN, "hardware", f"{head} 79 (GPU has fallen off the bus)", "WORKFLOW_XID_45")
+    assert v(79) == Verdict(DRAIN, "hardware", f"{head} 79 (GPU has fallen off the bus)", "WORKFLOW_XID_45",
+                            job="fatal")
     assert v(13) == Verdict(INFO, "application", f"{head} 13", "WORKFLOW_XID_45")
     assert v(63) == Verdict(INFO, "application", f"{head} 63", "WORKFLOW_XID_45")     # informational
     assert v(9999) == Verdict(INFO, "application", f"{head} 9999", "WORKFLOW_XID_45")  # not in the catalog
@@ -238,15 +240,16 @@ def test_caused_by_previous_xid_follows_the_cause():
     assert v(145, {(145, "0000:03:00.0"): prior[(145, BUS)]}).action == DRAIN   # another GPU's 145 is not the cause
 
 
-@pytest.mark.parametrize("text,action,detail", [
-    ("GPU recovery action changed from 0x0 (None) to 0x1 (Reset)", DRAIN, "a GPU reset"),
-    ("GPU recovery action changed from 0x1 (Reset) to 0x0 (None)", INFO, "no action"),
-    ("GPU recovery action changed from 0x0 to 2", DRAIN, "a node reboot"),
-    ("GPU recovery action changed from 0x0 to 0x9", DRAIN, "action 9"),
+@pytest.mark.parametrize("text,action,detail,job", [
+    ("GPU recovery action changed from 0x0 (None) to 0x1 (Reset)", DRAIN, "a GPU reset", "fatal"),
+    ("GPU recovery action changed from 0x1 (Reset) to 0x0 (None)", INFO, "no action", "none"),
+    ("GPU recovery action changed from 0x0 to 2", DRAIN, "a node reboot", "fatal"),
+    ("GPU recovery action changed from 0x0 to 4", DRAIN, "a drain and reset", "none"),
+    ("GPU recovery action changed from 0x0 to 0x9", DRAIN, "action 9", "none"),
 ])
-def test_xid_154_reads_the_new_recovery_action(text, action, detail):
+def test_xid_154_reads_the_new_recovery_action(text, action, detail, job):
     assert xid.classify(XidEvent(code=154, gpu=BUS, text=text)) == Verdict(
-        action, "recovery", f"GPU recovery action changed to {detail}", "XID_154")
+        action, "recovery", f"GPU recovery action changed to {detail}", "XID_154", job=job)
 
 
 def test_xid_154_from_nvml_or_without_the_action_text():
@@ -289,7 +292,7 @@ def test_nvlink5_decode_gives_these_exact_findings(text, sev, msg):
 def test_nvlink5_verdicts_carry_the_resolution_and_kind():
     decoded = XidEvent(code=145, gpu=BUS, unit="RLW_REMAP", log_severity="fatal", link=0, words=(0x4, 0x40))
     assert xid.classify(decoded) == Verdict(DRAIN, "nvlink5", "RLW_REMAP Fatal link 0, status 0x40: RESET_GPU",
-                                            "RESET_GPU")
+                                            "RESET_GPU", job="fatal")
     no_row = XidEvent(code=145, gpu=BUS, unit="RLW_REMAP", log_severity="fatal", link=0, words=(0x0, 0x40))
     assert xid.classify(no_row) == Verdict(DRAIN, "nvlink5", "RLW_REMAP Fatal link 0 (no decode-table row)",
                                            "WORKFLOW_NVLINK5_ERR")

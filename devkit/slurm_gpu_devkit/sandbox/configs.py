@@ -82,12 +82,20 @@ def hardware_config(sb: Any, specs: tuple[conf.NodeSpec, ...]) -> dict[str, dict
     if simulate is None:
         simulate = nodesim.available(mdir) and not nodesim.caller_configured(o.extra_config)
     sb.state["hooks"]["nvml_sim"] = bool(simulate)
+    # IMEX on NVLink-fabric machines (the stand-in daemon), with or without the NVML simulator.
+    from . import imexsim
+    rig = imexsim.prepare(sb.layout, sb.model, [n.name for n in specs], o.venv, o.netns)
     if not simulate:
-        return {k: dict(v) for k, v in o.extra_config.items()}
+        out = {k: dict(v) for k, v in rig.items()}
+        for name, table in o.extra_config.items():
+            out.setdefault(name, {}).update(table)
+        return out
     if mdir is None or not nodesim.available(mdir):
         raise SlurmGpuError("the NVML simulator needs a machine with facts.json",
                             sb.machine_label)
     out = nodesim.prepare(sb.layout, mdir, [n.name for n in specs], o.venv, o.sim_mig)
+    for name, table in rig.items():
+        out.setdefault(name, {}).update(table)
     for name, table in o.extra_config.items():
         out.setdefault(name, {}).update(table)
     return out

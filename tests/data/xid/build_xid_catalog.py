@@ -72,6 +72,38 @@ OVERRIDES: dict[int, tuple[str, str, str]] = {
     172: ("drain", "hardware", "uncorrectable SRAM error, companion of Xid 48 (no bucket in catalog)"),
 }
 
+# What a fault does to the job running on the GPU ("job": issue 27, on_fatal),
+# from the same NVIDIA columns:
+# * "fatal": NVIDIA's immediate action resets the GPU or restarts the machine
+#   before the GPU runs work again, so every context on it is lost (the job is
+#   dead or hung): the health check requeues the jobs holding that GPU;
+# * "process": RESTART_APP (and the application list above): only the faulting
+#   process dies (Xid 94, contained), its job decides what to do;
+# * "none": the rest, and the driver's retirement records (a mnemonic with
+#   RETIREMENT: Xid 64, 156): they log that a page or row retirement was
+#   recorded, or failed to be, and the reset only activates it; the running
+#   work goes on.
+JOB_FATAL_BUCKETS = ("RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48")
+# Codes without a bucket (the OVERRIDES above): code -> (job, why).
+JOB_OVERRIDES: dict[int, tuple[str, str]] = {
+    167: ("fatal", "PCIe fatal timeout: the GPU stops answering"),
+    169: ("fatal", "micro-controller halt, like Xid 62 (RESET_GPU)"),
+    171: ("fatal", "companion of Xid 48 (WORKFLOW_XID_48)"),
+    172: ("fatal", "companion of Xid 48 (WORKFLOW_XID_48)"),
+}
+
+
+def job_impact(row: dict, kind: str) -> str:
+    """What the fault does to the job on the GPU: "fatal", "process" or "none"."""
+    if row["code"] in JOB_OVERRIDES:
+        return JOB_OVERRIDES[row["code"]][0]
+    if kind == "application":
+        return "process"
+    if row["immediate"] in JOB_FATAL_BUCKETS and "RETIREMENT" not in row["mnemonic"]:
+        return "fatal"
+    return "none"
+
+
 _STR = r'"((?:[^"\\]|\\.)*)"'
 
 
@@ -143,7 +175,7 @@ def build() -> dict:
     for r in rows:
         action, kind, why = classify(r)
         entry = dict(r)
-        entry.update({"action": action, "kind": kind})
+        entry.update({"action": action, "kind": kind, "job": job_impact(r, kind)})
         if why:
             entry["override"] = why
         codes[str(r["code"])] = entry

@@ -1,0 +1,69 @@
+"""``prolog.d/30-slurm-gpu-imex`` and ``epilog.d/55-slurm-gpu-imex`` call :func:`main`.
+
+Exit status is the contract with slurmd: non-zero drains the node (and
+requeues the job, for the prolog), returned only for this node's own faults
+under ``[jobs] on_internal_error = "drain"`` (see :mod:`.job`).  Nothing
+here may raise.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _settings(env: dict[str, str]) -> tuple[dict, str, dict]:
+    """([imex], [cluster] publish_dir, [jobs]) from the node-fact entry."""
+    from .. import config, nodefacts
+    from ..hw import live
+    from ..jobs.settings import cached as jobs_cached
+    from .settings import cached
+    config_path = config.config_file() or None
+    name = live.node_name()
+    gres_conf = nodefacts.gres_conf_path(env)
+    sec = cached(config_path, name, gres_conf)
+    return sec["imex"], sec["publish_dir"], jobs_cached(config_path, name, gres_conf, health=False)["jobs"]
+
+
+def context(env: dict[str, str] | None = None) -> "object":
+    from ..hw import live
+    from .job import Ctx
+    from .teardown import event_logger
+    env = dict(os.environ) if env is None else env
+    imex, publish_dir, jobs = _settings(env)
+    return Ctx(env, imex, publish_dir, live.node_name(),
+               on_internal_error=jobs["on_internal_error"], scancel=jobs["scancel"],
+               log=event_logger(imex["base_dir"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in (["prolog"], ["epilog"]):
+        print("usage: python -m slurm_gpu.imex.hook prolog|epilog", file=sys.stderr)
+        return 2
+    os.umask(0o022)
+    try:
+        env = dict(os.environ)
+        s, _, jobs = _settings(env)
+        # The readiness wait plus a stop on each side, and room to spare: the
+        # watchdog only catches a hang.
+        limit = float(s["timeout"]) + 2 * float(s["stop_timeout"]) + 30.0
+        from ..jobs.__main__ import _watchdog
+        _watchdog(limit, f"imex {args[0]}", 1 if jobs["on_internal_error"] == "drain" else 0, lambda line: None)
+        if args[0] == "epilog":         # the light path: no json, re or socket (see .teardown)
+            from . import teardown
+            return teardown.epilog(env, s["base_dir"], float(s["stop_timeout"]),
+                                   teardown.event_logger(s["base_dir"]), jobs["on_internal_error"])
+        from . import job
+        ctx = context(env)
+        assert isinstance(ctx, job.Ctx)
+        return job.prolog(ctx)
+    except Exception as e:  # noqa: BLE001 - settings unreadable, bad job id...: a node fault
+        from ..errors import SlurmGpuError
+        line = e.line() if isinstance(e, SlurmGpuError) else \
+            f"slurm-gpu: imex: internal error: {type(e).__name__}: {e}"
+        print(f"{line} [imex {args[0]}]", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

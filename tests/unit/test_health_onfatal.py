@@ -1,0 +1,198 @@
+"""[health] on_fatal: the jobs holding a GPU a fatal fault hit are requeued (or cancelled) and released,
+against recorded `scontrol -d show job -o` output (tests/data/slurm), through a fake runner.run."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu import runner
+from slurm_gpu.errors import CommandError
+from slurm_gpu.health import engine, jobctl, onfatal
+from slurm_gpu.health.findings import DRAIN, Finding
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+BUS0, BUS5 = "0000:18:00.0", "0000:ab:00.0"
+INDEX = {BUS0: 0, "0000:2a:00.0": 1, BUS5: 5}
+
+
+def recorded(version: str) -> dict[str, str]:
+    lines = (DATA / f"show-job-d-{version}.txt").read_text().splitlines()
+    return {re.match(r"JobId=(\d+)", ln).group(1): ln for ln in lines}
+
+
+@pytest.mark.parametrize("version", ["22.05", "26.05"])
+def test_the_gpus_each_job_holds_per_node_from_real_slurm(version):
+    jobs = [jobctl.parse_job(ln) for ln in recorded(version).values()]
+    both, one = jobs
+    assert both.state == "RUNNING" and both.requeue and both.batch and not both.admin_comment
+    assert both.gpus == {"n[1-2]": (0, 1)}
+    assert not one.requeue and one.admin_comment and one.gpus == {"n1": (4, 5, 6)}
+
+
+class FakeJobs:
+    """squeue and scontrol for two running jobs on n1 (the 26.05 recording); a requeue
+    goes through COMPLETING for `completing` polls, then PENDING, as slurmctld does."""
+
+    def __init__(self, completing: int = 2) -> None:
+        self.lines = recorded("26.05")
+        self.calls: list[list[str]] = []
+        self.completing = completing
+        self.polls: dict[str, int] = {}
+
+    def state(self, jid: str, state: str) -> None:
+        self.lines[jid] = re.sub(r"JobState=\S+", f"JobState={state}", self.lines[jid])
+
+    def run(self, argv, timeout, check=True, **kw):
+        argv = list(argv)
+        self.calls.append(argv)
+        name = argv[0].rsplit("/", 1)[-1]
+        if name == "squeue":
+            return runner.Completed(tuple(argv), 0, "".join(f"{j}\n" for j in self.lines), "")
+        if name == "scancel":
+            self.state(argv[1], "CANCELLED")
+            return runner.Completed(tuple(argv), 0, "", "")
+        if argv[1:4] == ["-d", "show", "job"]:
+            jid = argv[-1]
+            if "JobState=COMPLETING" in self.lines[jid]:
+                self.polls[jid] = self.polls.get(jid, 0) + 1
+                if self.polls[jid] > self.completing:
+                    self.state(jid, "PENDING")
+            return runner.Completed(tuple(argv), 0, self.lines[jid] + "\n", "")
+        if argv[1] == "requeue":
+            self.state(argv[2], "COMPLETING")
+            return runner.Completed(tuple(argv), 0, "", "")
+        if argv[1] == "update":
+            return runner.Completed(tuple(argv), 0, "", "")
+        raise AssertionError(argv)
+
+    def did(self) -> list[list[str]]:
+        return [c[1:] for c in self.calls if c[0].rsplit("/", 1)[-1] == "scancel" or c[1] in ("requeue", "update")]
+
+
+@pytest.fixture
+def jobs(monkeypatch):
+    fake = FakeJobs()
+    monkeypatch.setattr(runner, "run", fake.run)
+    return fake
+
+
+def xid79(bus: str = BUS0) -> Finding:
+    return Finding("gpu.xid", DRAIN, f"Xid 79 on {bus}: GPU has fallen off the bus", bus, 79, fatal=True)
+
+
+def far() -> float:
+    import time
+    return time.monotonic() + 10
+
+
+def test_the_job_on_the_faulty_gpu_is_requeued_named_and_released_the_other_is_left_alone(jobs):
+    out = onfatal.act("n1", [xid79()], INDEX, "requeue", far(), timeout=5, sleep=lambda s: None)
+    assert jobs.did() == [
+        ["update", "JobId=5", "AdminComment=slurm-gpu: Xid 79 on GPU 0000:18:00.0 of n1: requeued"],
+        ["requeue", "5"],
+        ["update", "JobId=5", "StartTime=now"]]
+    assert [s["action"] for s in out.steps] == ["requeue", "release"] and not out.owed and not out.errors
+    assert jobs.polls["5"] == 3      # released only once Slurm finished the requeue (PENDING)
+
+
+def test_a_job_that_cannot_be_requeued_is_cancelled_and_its_admin_comment_kept(jobs):
+    out = onfatal.act("n1", [xid79(BUS5)], INDEX, "requeue", far(), timeout=5)
+    assert jobs.did() == [["6"]]                     # scancel 6; job 6 already has an AdminComment
+    assert out.steps[0]["action"] == "cancel" and out.steps[0]["reason"] == f"slurm-gpu: Xid 79 on GPU {BUS5} of n1"
+
+
+def test_cancel_mode_cancels_and_none_does_nothing(jobs):
+    onfatal.act("n1", [xid79()], INDEX, "cancel", far(), timeout=5)
+    assert jobs.did()[-1] == ["5"]
+    n = len(jobs.calls)
+    onfatal.act("n1", [xid79()], INDEX, "none", far(), timeout=5)
+    assert len(jobs.calls) == n
+
+
+def test_a_fault_that_kills_nothing_or_an_unknown_gpu_requeues_nothing(jobs):
+    contained = Finding("gpu.xid", DRAIN, "Xid 64 ...", BUS0, 64)          # drains, kills nothing
+    assert onfatal.act("n1", [contained], INDEX, "requeue", far(), timeout=5).steps == []
+    out = onfatal.act("n1", [xid79("0000:99:00.0")], INDEX, "requeue", far(), timeout=5)
+    assert out.steps == [] and "Slurm index is unknown" in out.errors[0]
+    assert jobs.calls == []
+
+
+def test_a_requeue_still_completing_at_the_deadline_is_owed_then_released_later(jobs):
+    import time
+    jobs.completing = 10 ** 6
+    out = onfatal.act("n1", [xid79()], INDEX, "requeue", time.monotonic() + 0.3, timeout=5)
+    assert out.owed.keys() == {"5"} and [s["action"] for s in out.steps] == ["requeue"]
+    jobs.state("5", "PENDING")
+    later = onfatal.FatalOutcome(owed=out.owed)
+    onfatal.release(later, far(), timeout=5)
+    assert later.owed == {} and jobs.did()[-1] == ["update", "JobId=5", "StartTime=now"]
+
+
+def test_squeue_failing_is_a_note_never_an_exception(monkeypatch):
+    def fail(argv, timeout, **kw):
+        raise CommandError("squeue failed: Unable to contact slurm controller")
+    monkeypatch.setattr(runner, "run", fail)
+    out = onfatal.act("n1", [xid79()], INDEX, "requeue", far(), timeout=5)
+    assert out.steps == [] and "Unable to contact" in out.errors[0]
+
+
+# ------------------------------------------------------------- in the health run
+
+XID79_LINE = "[74889.644138] NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"
+
+
+class NodeAndJobs(FakeJobs):
+    def __init__(self, node_state: str) -> None:
+        super().__init__(completing=0)
+        self.node = (f"NodeName=n1 Arch=x86_64 CoresPerSocket=1 State={node_state} ThreadsPerCore=1 "
+                     "Partitions=debug\n")
+
+    def run(self, argv, timeout, check=True, **kw):
+        if list(argv)[1:3] == ["show", "node"]:
+            self.calls.append(list(argv))
+            return runner.Completed(tuple(argv), 0, self.node, "")
+        if list(argv)[1] == "update" and list(argv)[2].startswith("nodename="):
+            self.calls.append(list(argv))
+            self.node = self.node.replace("State=ALLOCATED ", "State=ALLOCATED+DRAIN ")
+            return runner.Completed(tuple(argv), 0, "", "")
+        return super().run(argv, timeout, check, **kw)
+
+
+def run_health(tmp_path, fake, monkeypatch, **settings):
+    from slurm_gpu.health.settings import HealthSettings
+    monkeypatch.setattr(runner, "run", fake.run)
+    tmp_path.mkdir(exist_ok=True)
+    log = tmp_path / "kern.log"
+    log.write_text(XID79_LINE)
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    (state / "health-state.n1.json").write_text(json.dumps({"gpu_index": INDEX}))
+    s = HealthSettings(kernel_log=str(log), **settings)
+    return engine.run(engine.Options(node="n1", settings=s, state_dir=str(state), only=["gpu.xid"]))
+
+
+def test_the_run_that_drains_for_a_fatal_xid_requeues_the_job_on_that_gpu(tmp_path, monkeypatch):
+    fake = NodeAndJobs("ALLOCATED")
+    rep = run_health(tmp_path, fake, monkeypatch)
+    assert rep.action == "drain"
+    assert [s["action"] for s in rep.jobs] == ["requeue", "release"] and rep.jobs[0]["job"] == "5"
+    names = [c[1] for c in fake.calls]
+    assert names.index("requeue") > max(i for i, c in enumerate(fake.calls) if "state=drain" in c)
+
+
+def test_nothing_is_requeued_while_the_node_is_not_drained_or_with_on_fatal_none(tmp_path, monkeypatch):
+    fake = NodeAndJobs("ALLOCATED+MAINTENANCE+RESERVED")     # in maintenance: the run does not drain
+    rep = run_health(tmp_path, fake, monkeypatch)
+    assert rep.jobs == [] and "on_fatal: the node is not drained: no job requeued" in rep.notes
+    fake = NodeAndJobs("ALLOCATED")
+    rep = run_health(tmp_path / "b", fake, monkeypatch, on_fatal="none")
+    assert rep.action == "drain" and rep.jobs == [] and not any("requeue" in c for c in fake.calls)
+
+
+def test_on_fatal_accepts_only_its_three_modes():
+    from slurm_gpu.health.settings import HealthSettings
+    with pytest.raises(ValueError):
+        HealthSettings(on_fatal="kill")

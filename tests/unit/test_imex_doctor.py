@@ -1,0 +1,66 @@
+"""doctor's imex.* checks: per-job IMEX needs a publish dir, the binaries, no
+boot-time node-wide daemon, authenticated peers, and enough channels."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurm_gpu import config
+from slurm_gpu.imex import doctor as d
+
+
+def _facts(tmp: Path, monkeypatch, toml: str, slurm_conf: str, units: bool = False,
+           base: str | None = None) -> d.ImexFacts:
+    exe = tmp / "nvidia-imex"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    cfg = tmp / "sg.toml"
+    cfg.write_text(toml.replace("EXE", str(exe)).replace("BASE", str(tmp / "imex.cfg")))
+    if base is not None:
+        (tmp / "imex.cfg").write_text(base)
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    config._load.cache_clear()
+    if units:
+        w = tmp / "root" / "etc" / "systemd" / "system" / "multi-user.target.wants"
+        w.mkdir(parents=True)
+        (w / "nvidia-imex.service").symlink_to("/lib/systemd/system/nvidia-imex.service")
+    sc = tmp / "slurm.conf"
+    sc.write_text(slurm_conf)
+    from slurm_gpu.doctor import parse_slurm_conf
+    return d.gather(parse_slurm_conf(slurm_conf, tmp), str(sc), systemd_root=str(tmp / "root"))
+
+
+PER_JOB = '[imex]\nmode = "per-job"\ndaemon = "EXE"\nctl = "EXE"\nbase_config = "BASE"\n'
+
+
+def test_off_is_one_ok_line(tmp_path, monkeypatch) -> None:
+    f = _facts(tmp_path, monkeypatch, "", "")
+    assert [c[:2] for c in d.check(f)] == [(d.OK, "imex.mode")]
+
+
+def test_per_job_findings(tmp_path, monkeypatch) -> None:
+    f = _facts(tmp_path, monkeypatch, PER_JOB, "SwitchType=switch/nvidia_imex\n"
+               "SwitchParameters=imex_channel_count=2\nNodeName=gb[01-18] CPUs=144\n", units=True)
+    got = {name: (status, msg) for status, name, msg in d.check(f)}
+    assert got["imex.domains"][0] == d.CRITICAL and "publish_dir" in got["imex.domains"][1]
+    assert got["imex.unit"][0] == d.CRITICAL and "enabled at boot" in got["imex.unit"][1]
+    assert got["imex.auth"][0] == d.WARNING and "(absent)" in got["imex.auth"][1]
+    assert got["imex.channels"] == (d.WARNING, "imex_channel_count=2 is below the 18 nodes slurm.conf "
+                                    "names: with one job per node the channels run out (Slurm 25.11+ "
+                                    "pends the next job, older releases fail it)")
+    # root's binary in a tmp dir is fine when this test runs as root; either way it is named
+    assert "imex.binaries" in got
+
+
+def test_per_job_clean(tmp_path, monkeypatch) -> None:
+    toml = PER_JOB + '[cluster]\npublish_dir = "/shared/models"\n'
+    f = _facts(tmp_path, monkeypatch, toml, "NodeName=gb[01-18] CPUs=144\n",
+               base="IMEX_ENABLE_AUTH_ENCRYPTION=1\nIMEX_AUTH_ENCRYPTION_MODE=SSL_TLS\nIMEX_AUTH_SOURCE=FILE\n")
+    got = {name: status for status, name, _ in d.check(f)}
+    assert got["imex.unit"] == got["imex.auth"] == got["imex.channels"] == d.OK
+    assert "imex.domains" not in got
+
+
+def test_auth_on_with_a_mode_imex_refuses_is_critical(tmp_path, monkeypatch) -> None:
+    f = _facts(tmp_path, monkeypatch, PER_JOB, "", base="IMEX_ENABLE_AUTH_ENCRYPTION=1\nIMEX_AUTH_ENCRYPTION_MODE=SSL_TLS\n")
+    got = {name: (status, msg) for status, name, msg in d.check(f)}
+    assert got["imex.auth"][0] == d.CRITICAL and "IMEX_AUTH_SOURCE=''" in got["imex.auth"][1]
