@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu import runner
+from slurm_gpu import runner, slurmclient
 from slurm_gpu.errors import CommandError
 from slurm_gpu.health import actions
 from slurm_gpu.health.actions import Outcome, act, load_state, save_state, show_node
@@ -152,7 +152,7 @@ def done(rc: int, out: str = "", err: str = "") -> runner.Completed:
 
 @pytest.fixture
 def sc(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(actions, "scontrol_path", lambda: "/usr/bin/scontrol")
+    monkeypatch.setattr(slurmclient, "command", lambda name, configured=None: configured or f"/slurm/bin/{name}")
 
     def install(show, update=None) -> Scontrol:
         s = Scontrol(show, update)
@@ -168,9 +168,10 @@ def test_scontrol_path_is_the_first_executable_on_the_safe_path(tmp_path: Path, 
     (a / "scontrol").write_text("")                    # not executable: skipped
     (b / "scontrol").write_text("#!/bin/sh\n")
     os.chmod(b / "scontrol", 0o755)
-    monkeypatch.setattr(runner, "SAFE_PATH", f"{a}:{b}")
+    dirs = slurmclient.SEARCH_DIRS
+    monkeypatch.setattr(slurmclient, "SEARCH_DIRS", (str(a), str(b)))
     assert actions.scontrol_path() == f"{b}/scontrol"
-    monkeypatch.setattr(runner, "SAFE_PATH", str(a))
+    monkeypatch.setattr(slurmclient, "SEARCH_DIRS", dirs)
     monkeypatch.setattr(os, "access", lambda p, m: False)
     assert actions.scontrol_path() == "scontrol"
     # A site's own Slurm build in /usr/local is found after the safe path.
@@ -182,7 +183,7 @@ def test_scontrol_path_is_the_first_executable_on_the_safe_path(tmp_path: Path, 
 def test_show_node_argv_and_answers(sc) -> None:
     s = sc(done(0, "NodeName=n1 State=IDLE\n"))
     assert show_node("n1", 7.5) == NodeState("n1", "IDLE", frozenset(), None)
-    assert s.calls == [(["/usr/bin/scontrol", "show", "node", "-o", "n1"], 7.5, False)]
+    assert s.calls == [(["/slurm/bin/scontrol", "show", "node", "-o", "n1"], 7.5, False)]
     sc(done(1, "", "Node n9 not found"))
     assert show_node("n9", 1) is None
     sc(done(1, "Node n9 not found", ""))
@@ -209,7 +210,7 @@ NODE_OURS = done(0, f"NodeName=n1 State=IDLE+DRAIN Reason={R} [root@t]\n")
 def test_act_drains_with_the_exact_argv_and_reason(sc) -> None:
     s = sc(NODE_IDLE)
     out = act("n1", R, Memory(), clean_runs_to_resume=2, timeout=4.0)
-    assert s.calls[1] == (["/usr/bin/scontrol", "update", "nodename=n1", "state=drain", f"reason={R}"], 4.0, True)
+    assert s.calls[1] == (["/slurm/bin/scontrol", "update", "nodename=n1", "state=drain", f"reason={R}"], 4.0, True)
     assert out == Outcome(Plan("drain", "draining", reason=R, memory=Memory(drained_reason=R)),
                           NodeState("n1", "IDLE", frozenset(), None))
 
@@ -217,7 +218,7 @@ def test_act_drains_with_the_exact_argv_and_reason(sc) -> None:
 def test_act_resumes_with_the_exact_argv(sc) -> None:
     s = sc(NODE_OURS)
     out = act("n1", None, Memory(R, 1), clean_runs_to_resume=2, timeout=4.0)
-    assert s.calls[1] == (["/usr/bin/scontrol", "update", "nodename=n1", "state=resume"], 4.0, True)
+    assert s.calls[1] == (["/slurm/bin/scontrol", "update", "nodename=n1", "state=resume"], 4.0, True)
     assert out.plan.action == "resume" and out.error is None
     assert out.plan.memory == Memory()
 
