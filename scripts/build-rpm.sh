@@ -1,10 +1,15 @@
 #!/bin/bash
-# `make rpm`: build dist/slurm-gpu-<version>-1.x86_64.rpm for EL8/EL9 with
-# rpmbuild from packaging/rpm/slurm-gpu.spec.
+# `make rpm`: build dist/slurm-gpu-<version>-1.<arch>.rpm for EL8/EL9 with
+# rpmbuild from packaging/rpm/slurm-gpu.spec, for x86_64 and aarch64 (GH200,
+# GB200 nodes): SLURM_GPU_RPM_ARCHES (default "x86_64 aarch64").  Prints one
+# path a line.
 #
-# Source0 holds every wheel the venv needs for CPython 3.11 on x86_64
+# Source0 holds every wheel the venv needs for CPython 3.11 on the arch
 # (manylinux, glibc >= 2.17: EL8 has 2.28): slurm-gpu built from this tree,
-# and its dependencies at packaging/wheels.txt's versions.  EL has no
+# and its dependencies at packaging/wheels.txt's versions.  Nothing is
+# compiled here, so one host builds both arches (rpmbuild --target).  An
+# arch whose wheels PyPI lacks is skipped with one line naming them; x86_64's
+# missing is exit 77.  EL has no
 # python3-click etc. for 3.11, so nothing comes from the system but python3.11.
 # Needs bash, python3 with its venv module (a throw-away build venv,
 # scripts/build-env.sh: not the development install of `make install`),
@@ -26,20 +31,32 @@ trap 'rm -rf "$stage"' EXIT
 build_env "$stage/venv"
 export BPY
 PY=$BPY
-src=$stage/slurm-gpu-$version
-mkdir -p "$src/wheels" "$src/packaging" "$src/docs"
-
-bash "$HERE/scripts/build-wheel.sh" "$src/wheels" >/dev/null
-
-# Its dependencies, pinned in packaging/wheels.txt, for EL's python3.11.
+mkdir -p "$stage/own"
+bash "$HERE/scripts/build-wheel.sh" "$stage/own" >/dev/null
 pins=$(grep -E '^[A-Za-z0-9_.-]+==' "$HERE/packaging/wheels.txt" | tr '\n' ' ')
+mkdir -p "$OUT"
+built=0
+
+for arch in ${SLURM_GPU_RPM_ARCHES:-x86_64 aarch64}; do
+case $arch in x86_64|aarch64) ;; *) echo "slurm-gpu: no RPM for arch '$arch' (x86_64, aarch64)" >&2; exit 2 ;; esac
+src=$stage/$arch/slurm-gpu-$version
+rm -rf "$stage/$arch"
+mkdir -p "$src/wheels" "$src/packaging" "$src/docs"
+cp "$stage"/own/*.whl "$src/wheels/"
+
+# Its dependencies, pinned in packaging/wheels.txt, for EL's python3.11 on $arch.
 # shellcheck disable=SC2086
 if ! "$PY" -m pip download -q --no-deps --only-binary=:all: --disable-pip-version-check \
         --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
-        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+        --platform manylinux2014_$arch --platform manylinux_2_17_$arch --platform manylinux_2_28_$arch \
         --platform any -d "$src/wheels" $pins >"$stage/pip.log" 2>&1; then
-    echo "slurm-gpu: cannot fetch the EL wheels ($(grep -E 'ERROR' "$stage/pip.log" | head -1))" >&2
-    exit 77
+    why=$(grep -E 'ERROR' "$stage/pip.log" | head -1)
+    if [ "$arch" = x86_64 ]; then
+        echo "slurm-gpu: cannot fetch the EL wheels ($why)" >&2
+        exit 77
+    fi
+    echo "slurm-gpu: no $arch RPM: cannot fetch its wheels ($why)" >&2
+    continue
 fi
 {
     echo "slurm-gpu $version: Apache-2.0."
@@ -61,16 +78,20 @@ cp -r "$HERE/prolog.d" "$HERE/epilog.d" "$src/"
 cp -r "$HERE/packaging/common" "$src/packaging/"
 cp "$HERE/README.md" "$HERE/CHANGELOG.md" "$src/"
 cp "$HERE"/docs/*.md "$src/docs/"
-mkdir -p "$stage"/rpmbuild/{SOURCES,SPECS,BUILD,RPMS,SRPMS,BUILDROOT}
-tar -C "$stage" -czf "$stage/rpmbuild/SOURCES/slurm-gpu-$version.tar.gz" "slurm-gpu-$version"
-if ! rpmbuild -bb --quiet --define "_topdir $stage/rpmbuild" --define "sg_version $version" \
+top=$stage/$arch/rpmbuild
+mkdir -p "$top"/{SOURCES,SPECS,BUILD,RPMS,SRPMS,BUILDROOT}
+tar -C "$stage/$arch" -czf "$top/SOURCES/slurm-gpu-$version.tar.gz" "slurm-gpu-$version"
+if ! rpmbuild -bb --quiet --target "$arch" --define "_topdir $top" --define "sg_version $version" \
         --define "_build_id_links none" --nodeps \
         "$HERE/packaging/rpm/slurm-gpu.spec" >"$stage/rpmbuild.log" 2>&1; then
     echo "slurm-gpu: rpmbuild failed: $(grep -iE 'error' "$stage/rpmbuild.log" | head -1) " >&2
     cat "$stage/rpmbuild.log" >&2
     exit 1
 fi
-mkdir -p "$OUT"
-rpm=$(find "$stage/rpmbuild/RPMS" -name "slurm-gpu-$version-1*.rpm" | head -1)
+rpm=$(find "$top/RPMS" -name "slurm-gpu-$version-1*.$arch.rpm" | head -1)
+[ -n "$rpm" ] || { echo "slurm-gpu: rpmbuild made no $arch package" >&2; exit 1; }
 cp "$rpm" "$OUT/"
 echo "$OUT/$(basename "$rpm")"
+built=$((built + 1))
+done
+[ $built -gt 0 ] || exit 77

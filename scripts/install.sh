@@ -24,6 +24,7 @@ PKGS=(slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev slurmdbd mariad
       hwloc libhwloc15 libhwloc-dev pci.ids
       python3 python3-venv python3-dev gcc libc6-dev
       iproute2 procps util-linux passwd make ca-certificates debootstrap strace
+      qemu-system-x86 e2fsprogs
       rpm)
 # The services those packages enable at boot (package:service): disabled again
 # when this script installed the package.

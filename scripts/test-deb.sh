@@ -421,9 +421,24 @@ for SUITE in "${SUITES[@]}"; do
     mkdir -p "$R$sdir" && echo '{}' >"$R$sdir/repair-state.n1.json"
 
     if [ -n "$RPM" ]; then
+        erase() {
+            env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+                rpm --root "$R" -e slurm-gpu >"$WORK/purge.log" 2>&1 || fail "rpm -e failed: $(cat "$WORK/purge.log")"
+        }
+        # The erase (dnf remove) with slurm.conf still naming the hooks: they must stay harmless.
+        erase
+        [ ! -e "$R/opt/slurm-gpu" ] || fail "rpm -e left /opt/slurm-gpu: $(ls -a "$R/opt/slurm-gpu")"
+        hooks=$(hooks_exit_0 erased "slurm-gpu: package removed") || exit 1
+        # A reinstall takes the harmless hooks away again (they would run beside the real ones).
         env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-            rpm --root "$R" -e slurm-gpu >"$WORK/purge.log" 2>&1 || fail "rpm -e failed: $(cat "$WORK/purge.log")"
-        removed="erased"
+            rpm --root "$R" --nodeps -i "$RPM" >"$WORK/reinstall.log" 2>&1 || fail "reinstall failed: $(tail -3 "$WORK/reinstall.log")"
+        ! ls "$R"/usr/lib/slurm-gpu/*.d/00-slurm-gpu-removed 2>/dev/null || fail "the reinstall kept the erase's hooks"
+        erase
+        # The guide's last step on EL: the hooks, by hand.
+        rmhooks=$(doc_block remove-rpm | sed 's/#.*//' | grep '^rm ') || fail "no rm line in the guide's remove-rpm block"
+        # shellcheck disable=SC2086
+        in_root $rmhooks || fail "$rmhooks failed"
+        removed="erased ($hooks hooks the guide names exit 0), reinstalled, erased, hooks removed as the guide says"
     else
         # The guide's removal, with slurm.conf still naming the hooks (the
         # step it asks for first, forgotten): they must stay harmless.

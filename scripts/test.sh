@@ -24,6 +24,11 @@ if [ $# = 0 ] && [ "$(id -u)" = 0 ] && command -v debootstrap >/dev/null; then
   for suite in trixie sid; do
     bash scripts/debian-root.sh "$suite" >/dev/null 2>&1 &
   done
+  # The VM tier's images (tests/integration/test_vm.py; each after its
+  # suite's root, which it starts from): built while the unit tests run.
+  if command -v qemu-system-x86_64 >/dev/null; then
+    "$VENV/bin/python" -m slurm_gpu_devkit.sandbox.vm >/dev/null 2>&1 &
+  fi
 fi
 # Static checks first, for the whole suite (setup.cfg [mypy], pyproject.toml
 # [tool.ruff]; both pinned in the test extras): seconds, and a type or lint

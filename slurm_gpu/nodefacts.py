@@ -58,9 +58,40 @@ CACHE_DIR = "/run/slurm-gpu/node-facts"
 FORMAT = 1
 
 
-def gres_conf_path(env: Mapping[str, str]) -> str | None:
-    """gres.conf beside ``$SLURM_CONF`` (slurmd exports it), else the usual places."""
+# Slurm's built-in slurm.conf (Debian's and EL's packages), and the link a
+# configless slurmd (--conf-server) makes to its SlurmdSpoolDir/conf-cache.
+SLURM_CONF_DEFAULT = "/etc/slurm/slurm.conf"
+SLURM_CONF_CONFIGLESS = "/run/slurm/conf/slurm.conf"
+
+
+def slurm_conf_path(env: Mapping[str, str]) -> str:
+    """slurm.conf as Slurm's own commands find it.
+
+    ``$SLURM_CONF``, else the built-in path when it exists, else
+    ``/run/slurm/conf/slurm.conf`` when it exists (src/common/read_config.c,
+    _establish_config_source, 22.05 to 26.05).  slurmd exports SLURM_CONF
+    to the prolog, epilog and slurmstepd, but not to HealthCheckProgram
+    (slurmd.c: run_script_health_check) nor to an admin's shell: there, on
+    a configless node, only the /run link finds it.
+    """
     conf = env.get("SLURM_CONF")
+    if conf:
+        return conf
+    for p in (SLURM_CONF_DEFAULT, SLURM_CONF_CONFIGLESS):
+        try:
+            posix.stat(p)
+        except (OSError, ValueError):
+            continue
+        return p
+    return SLURM_CONF_DEFAULT
+
+
+def gres_conf_path(env: Mapping[str, str]) -> str | None:
+    """gres.conf beside ``$SLURM_CONF`` (slurmd exports it) or the configless
+    cache's slurm.conf, else the usual places."""
+    conf = env.get("SLURM_CONF")
+    if not conf and slurm_conf_path(env) == SLURM_CONF_CONFIGLESS:
+        conf = SLURM_CONF_CONFIGLESS
     if conf:
         return _join(_dirname(conf), "gres.conf")
     for p in ("/etc/slurm/gres.conf", "/etc/slurm-llnl/gres.conf"):

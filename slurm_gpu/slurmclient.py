@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # Slurm's client commands: the runner's PATH, then where a source build puts them.
 SEARCH_DIRS: tuple[str, ...] = tuple(runner.SAFE_PATH.split(":")) + ("/usr/local/bin", "/usr/local/sbin")
-DEFAULT_CONF = "/etc/slurm/slurm.conf"
+DEFAULT_CONF = "/etc/slurm/slurm.conf"        # Slurm's built-in (nodefacts.SLURM_CONF_DEFAULT)
 # Lines that are not top-level settings (their keys repeat per node/partition).
 _SKIP = ("nodename", "partitionname", "nodeset", "frontendname", "downnodes")
 _MAX_INCLUDE_DEPTH = 5
@@ -88,9 +88,13 @@ def show_node(node: str, timeout: float) -> runner.Completed:
 # ----------------------------------------------------------------- slurm.conf
 
 def conf_path(path: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """slurm.conf: *path*, else ``$SLURM_CONF``, else Slurm's default."""
-    env = os.environ if env is None else env
-    return path or env.get("SLURM_CONF") or DEFAULT_CONF
+    """slurm.conf: *path*, else as Slurm's commands find it: ``$SLURM_CONF``,
+    else the default when it exists, else a configless slurmd's
+    ``/run/slurm/conf/slurm.conf`` (:func:`slurm_gpu.nodefacts.slurm_conf_path`)."""
+    if path:
+        return path
+    from .nodefacts import slurm_conf_path
+    return slurm_conf_path(os.environ if env is None else env)
 
 
 def parse_conf(text: str, base: str, depth: int = 0) -> dict[str, str]:

@@ -18,6 +18,20 @@
 set -e
 umask 022
 WHEELS=${1:?usage: venv-setup.sh WHEEL_DIR}
+# The package's own defaults, in setup-defaults beside this script (the .rpm
+# ships SLURM_GPU_PYTHON=/usr/bin/python3.11 and SLURM_GPU_SYSTEM_SITE=0:
+# EL's python3 is 3.9, and its pip refuses slurm-gpu), so the one documented
+# command reruns the setup as the package ran it.  The environment wins.
+# Read, not sourced: only these two keys, one KEY=VALUE a line.
+DEFAULTS=$(dirname "$0")/setup-defaults
+if [ -r "$DEFAULTS" ]; then
+    while IFS='=' read -r key value; do
+        case $key in
+            SLURM_GPU_PYTHON) SLURM_GPU_PYTHON=${SLURM_GPU_PYTHON:-$value} ;;
+            SLURM_GPU_SYSTEM_SITE) SLURM_GPU_SYSTEM_SITE=${SLURM_GPU_SYSTEM_SITE:-$value} ;;
+        esac
+    done <"$DEFAULTS"
+fi
 PYTHON=${SLURM_GPU_PYTHON:-/usr/bin/python3}
 BASE=${SLURM_GPU_BASE:-/opt/slurm-gpu}   # tests only: another directory than the packages'
 VENV=$BASE/venv

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from ..confgen import hostlist
 from ..confgen.gres import GresLine, GresOptions, gres_records, node_gres_summary
 from ..confgen.grescheck import NodeGres, effective, node_differences, parse_gres_conf
-from ..confgen.nodeline import MIB, socket_layout
+from ..confgen.nodeline import real_memory_mib, socket_layout
 from .slurmview import SlurmNode, gpu_counts
 
 _MINOR = re.compile(r"/nvidia(\d+)$")
@@ -125,7 +125,7 @@ def node_drift(name: str, node: Any, slurm: SlurmNode | None, current: NodeGres 
                                     ("ThreadsPerCore", slurm.threads_per_core, lay.threads_per_core)):
             if theirs is not None and theirs != ours:
                 out.append(f"{label}: Slurm {theirs}, hardware {ours}")
-        installed = node.memory_bytes // MIB
+        installed = real_memory_mib(node)
         if slurm.real_memory is not None and installed and slurm.real_memory > installed:
             out.append(f"RealMemory: Slurm {slurm.real_memory} MiB, more than the {installed} MiB installed")
         theirs_gpus = gpu_counts(slurm.gres)

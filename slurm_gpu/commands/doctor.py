@@ -14,7 +14,8 @@ import click
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option("--slurm-conf", metavar="PATH", default=None,
-              help="slurm.conf to check [$SLURM_CONF, else /etc/slurm/slurm.conf].")
+              help="slurm.conf to check [$SLURM_CONF, else /etc/slurm/slurm.conf, "
+                   "else a configless slurmd's /run/slurm/conf/slurm.conf].")
 @click.option("--node", metavar="NAME", default=None,
               help="This node's Slurm name, for gres.conf [$SLURMD_NODENAME, else the hostname].")
 @click.option("--no-gres", is_flag=True, help="Skip the gres.conf comparison (it reads NVML).")

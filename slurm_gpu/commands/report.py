@@ -84,7 +84,8 @@ def placement_cmd(since: str | None, until: str | None, topo_path: str | None, a
     s = _settings()
     _, _, since_s, until_s = _period(since, until)
     if topo_path is None:
-        base = os.path.dirname(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+        from ..nodefacts import slurm_conf_path
+        base = os.path.dirname(slurm_conf_path(os.environ))
         yml = os.path.join(base, "topology.yaml")
         topo_path = yml if os.path.exists(yml) else os.path.join(base, "topology.conf")
     try:

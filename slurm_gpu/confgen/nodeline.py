@@ -11,6 +11,7 @@ view matches what slurmd finds.  :func:`socket_layout` picks that mode and
 """
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -110,6 +111,23 @@ def gres_counts(types_in_order: Sequence[str], *, mps_total: int = 0, shard_tota
     return ",".join(parts)
 
 
+def real_memory_mib(node: Node) -> int:
+    """``RealMemory=`` as ``slurmd -C`` prints it for *node*.
+
+    slurmd computes ``(uint64_t)((float)pages * (page_size / 1048576.0))``
+    (src/slurmd/slurmd/get_mach_stat.c, get_memory, 22.05 to 26.05): the
+    page count goes through a C float, so above 64 GiB the figure loses up
+    to a few MiB.  Page sizes are powers of two, so rounding the byte count
+    to a float is the same.  Without the kernel's count (an hwloc XML, an
+    older snapshot) the CPU NUMA nodes' memory, which is never more than
+    slurmd's figure: a RealMemory above it would drain the node.
+    """
+    if node.phys_memory_bytes is None:
+        return node.memory_bytes // MIB
+    as_float = struct.unpack("=f", struct.pack("=f", float(node.phys_memory_bytes)))[0]
+    return int(as_float) // MIB
+
+
 def node_line(name: str, node: Node, *, gres: str | None = None, socket_mode: str = "auto",
               extra: Mapping[str, str] | None = None, layout: SocketLayout | None = None) -> str:
     """The slurm.conf line for *node*, like ``slurmd -C`` plus ``Gres=``.
@@ -123,7 +141,7 @@ def node_line(name: str, node: Node, *, gres: str | None = None, socket_mode: st
     lay = layout or socket_layout(node, socket_mode)
     parts = [f"NodeName={name}", f"CPUs={lay.cpus}", f"Sockets={lay.sockets}",
              f"CoresPerSocket={lay.cores_per_socket}", f"ThreadsPerCore={lay.threads_per_core}",
-             f"RealMemory={node.memory_bytes // MIB}"]
+             f"RealMemory={real_memory_mib(node)}"]
     if gres:
         parts.append(f"Gres={gres}")
     for k, v in (extra or {}).items():

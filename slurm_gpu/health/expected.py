@@ -46,10 +46,5 @@ def expected_gpus(path: str | None, node: str) -> ExpectedGpus | None:
 def default_gres_conf(s: HealthSettings) -> str | None:
     if s.gres_conf:
         return s.gres_conf
-    conf = os.environ.get("SLURM_CONF")
-    if conf:
-        return os.path.join(os.path.dirname(conf), "gres.conf")
-    for p in ("/etc/slurm/gres.conf", "/etc/slurm-llnl/gres.conf"):
-        if os.path.exists(p):
-            return p
-    return None
+    from ..nodefacts import gres_conf_path
+    return gres_conf_path(os.environ)

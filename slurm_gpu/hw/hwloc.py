@@ -20,6 +20,7 @@ intersects it.  That is ``hwloc-calc --intersect core|numa pci=<bus id>``.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ _NVIDIA_DEV = re.compile(r"nvidia(\d+)$")
 
 
 def read_cpu_view(xml_path: str | None = None, xml_text: str | bytes | None = None,
-                  hostname: str | None = None, *, source: str | None = None) -> CpuView:
+                  hostname: str | None = None, *, source: str | None = None,
+                  phys_memory_bytes: int | None = None) -> CpuView:
     """Read CPUs, NUMA nodes, NVIDIA GPUs and NICs.
 
     From the file *xml_path*, from *xml_text* (an XML export held in memory,
@@ -48,6 +50,8 @@ def read_cpu_view(xml_path: str | None = None, xml_text: str | bytes | None = No
     live machine when both are None.  *hostname* overrides the host name
     recorded in the topology.  Unreadable or malformed XML raises
     :class:`~slurm_gpu.errors.InputError` naming the file and line.
+    *phys_memory_bytes* is the kernel's memory count recorded with an XML
+    (a snapshot's); the live machine's is read here.
     """
     if xml_path is not None and xml_text is not None:
         raise ValueError("give xml_path or xml_text, not both")
@@ -65,11 +69,32 @@ def read_cpu_view(xml_path: str | None = None, xml_text: str | bytes | None = No
         where = source or "hwloc XML text"
     else:
         data, where = None, "live topology"
+        phys_memory_bytes = phys_memory()
     topo = _load(data, where)
     try:
-        return _cpu_view(topo, hostname)
+        view = _cpu_view(topo, hostname)
     finally:
         topo.close()
+    if phys_memory_bytes is None:
+        return view
+    return dataclasses.replace(view, phys_memory_bytes=phys_memory_bytes)
+
+
+def phys_memory() -> int | None:
+    """This machine's memory as slurmd counts it: sysconf(_SC_PHYS_PAGES) x page size.
+
+    Not hwloc's NUMA nodes: their sum can fall short of the kernel's total
+    (memory of no node's, seen in VMs), and slurmd -C reads sysconf
+    (src/slurmd/slurmd/get_mach_stat.c, get_memory).  None when hwloc is
+    told to read another machine (a sysfs tree, an XML, a synthetic one).
+    """
+    if any(os.environ.get(v) for v in ("HWLOC_FSROOT", "HWLOC_XMLFILE", "HWLOC_SYNTHETIC")):
+        return None
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
 
 
 def live_xml() -> str:

@@ -101,7 +101,8 @@ def this_node(s: NodeSettings | None = None) -> Node:
             from .snapshot import read_snapshot
             snap = read_snapshot(s.snapshot)
             cpu = hwloc.read_cpu_view(xml_text=snap["hwloc_xml"], hostname=snap["hostname"],
-                                      source=f"{s.snapshot}: hwloc_xml")
+                                      source=f"{s.snapshot}: hwloc_xml",
+                                      phys_memory_bytes=snap.get("phys_memory_bytes"))
         else:
             cpu = hwloc.read_cpu_view()
         try:

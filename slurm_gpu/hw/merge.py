@@ -48,6 +48,7 @@ def build_node(cpu: CpuView, nvml: NvmlView | None, *, sources: tuple[str, ...] 
         hostname=cpu.hostname, packages=cpu.packages, numa_nodes=cpu.numa_nodes, cores=cpu.cores,
         gpus=tuple(gpus), memory_bytes=cpu.memory_bytes, gpu_memory_nodes=cpu.gpu_memory_nodes,
         nics=cpu.nics, sources=sources, notes=tuple(notes_l),
+        phys_memory_bytes=cpu.phys_memory_bytes,
     )
 
 

@@ -154,6 +154,10 @@ class Node:
     nics: tuple[Nic, ...] = ()
     sources: tuple[str, ...] = ()      # e.g. ("hwloc:live", "nvml:live") or ("snapshot:FILE",)
     notes: tuple[str, ...] = ()        # one-line explanations, e.g. why there are no GPUs
+    # sysconf(_SC_PHYS_PAGES) x page size, what slurmd -C's RealMemory is
+    # computed from: the kernel's MemTotal, GPU memory the driver onlined
+    # (Grace) included.  None where unknown (an hwloc XML, an older snapshot).
+    phys_memory_bytes: int | None = None
 
     @property
     def threads_per_core(self) -> int:
@@ -207,6 +211,7 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
         nics=tuple(Nic(n["name"], n["pci_bus_id"], _tuple(n["numa_nodes"])) for n in d.get("nics", ())),
         sources=_tuple(d.get("sources", ())),
         notes=_tuple(d.get("notes", ())),
+        phys_memory_bytes=d.get("phys_memory_bytes"),
     )
 
 

@@ -7,6 +7,7 @@ Schema ``slurm-gpu.snapshot/1`` (full description in ``docs/snapshots.md``)::
      "nvml": {"calls": [{"fn", "dev", "args", "result" | "error" [, "out"]}...],
               "mig_minors": {"gpu0/gi1/access": 12, ...}},
      "hwloc_xml": "<?xml ...",
+     "phys_memory_bytes": N (optional: the kernel's memory count, slurmd -C's),
      "node": Node.to_dict()}
 
 Recording walks the same adapter the live code uses (:func:`nvml.read_view`
@@ -65,6 +66,9 @@ def read_snapshot(path: str) -> dict[str, Any]:
     for key, kind in (("hostname", str), ("nvml", dict), ("hwloc_xml", str)):
         if not isinstance(data.get(key), kind):
             raise InputError(f"snapshot lacks {key!r} or it is not a {kind.__name__}", f"{path}: {key}")
+    phys = data.get("phys_memory_bytes")
+    if phys is not None and (type(phys) is not int or phys <= 0):
+        raise InputError("snapshot phys_memory_bytes must be a positive integer", f"{path}: phys_memory_bytes")
     calls = data["nvml"].get("calls")
     if not isinstance(calls, list):
         raise InputError("snapshot nvml.calls must be a list", f"{path}: nvml.calls")
@@ -134,7 +138,8 @@ def replay(data: Mapping[str, Any], path: str, *, overlay: Mapping[str, Any] | N
     """
     from . import hwloc
     cpu = hwloc.read_cpu_view(xml_text=data["hwloc_xml"], hostname=data["hostname"],
-                              source=xml_source or f"{path}: hwloc_xml")
+                              source=xml_source or f"{path}: hwloc_xml",
+                              phys_memory_bytes=data.get("phys_memory_bytes"))
     api = replay_api(data, path, overlay, overlay_source)
     minors = data["nvml"].get("mig_minors") or {}
     from .merge import derive_node
@@ -151,19 +156,22 @@ REPLAY_DATA_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexErro
 
 def record(*, api: NvmlApi | None = None, hwloc_xml: str | None = None, hostname: str | None = None,
            mig_minors: Mapping[str, int] | None = None, source: str = "live",
-           init_error: int | None = None, hwloc_source: str | None = None) -> dict[str, Any]:
+           init_error: int | None = None, hwloc_source: str | None = None,
+           phys_memory_bytes: int | None = None) -> dict[str, Any]:
     """Record this machine (or *api*, e.g. the simulator) as snapshot data.
 
     *api* must already be initialised; with *api* None the real NVML is
     opened, and a machine without a usable driver is recorded as such
     (``nvmlInit`` failing with its error code).  *hwloc_source* names the
-    file *hwloc_xml* was read from, for error messages.
+    file *hwloc_xml* was read from, for error messages.  *phys_memory_bytes*
+    goes with a given *hwloc_xml*; the live machine's is read.
     """
     from . import nvml
     from .nvml_record import RecordingNvml
     if hwloc_xml is None:
         from . import hwloc
         hwloc_xml = hwloc.live_xml()
+        phys_memory_bytes = hwloc.phys_memory()
     if not hostname:
         import socket
         hostname = socket.gethostname()
@@ -202,6 +210,8 @@ def record(*, api: NvmlApi | None = None, hwloc_xml: str | None = None, hostname
         "nvml": {"calls": calls, "mig_minors": dict(sorted(used_minors.items()))},
         "hwloc_xml": hwloc_xml,
     }
+    if phys_memory_bytes is not None:
+        data["phys_memory_bytes"] = phys_memory_bytes
     node = replay(data, "<recording>", xml_source=hwloc_source)
     data["node"] = node.to_dict()  # last key: snapshot_bulk reads it from the file's tail
     return data
@@ -245,4 +255,5 @@ def rerecord(path: str, *, hostname: str, overlay: Mapping[str, Any] | None = No
         init_error = e.value
     return record(api=None if init_error is not None else api, hwloc_xml=data["hwloc_xml"], hostname=hostname,
                   mig_minors=data["nvml"].get("mig_minors") or {}, source=f"snapshot:{path}",
-                  init_error=init_error, hwloc_source=f"{path}: hwloc_xml")
+                  init_error=init_error, hwloc_source=f"{path}: hwloc_xml",
+                  phys_memory_bytes=data.get("phys_memory_bytes"))

@@ -31,7 +31,8 @@ _NODE_KEY = b'"node":'
 # What differs between two nodes of one kind: the host name, each GPU's
 # and MIG device's UUID, the GPU's NVLink-fabric membership, and the
 # memory of the node and of its NUMA nodes (the kernel's MemTotal, which
-# firmware and kernel versions move by a few MB).  Only values that are one
+# firmware and kernel versions move by a few MB), and the kernel's own count
+# (phys_memory_bytes, the last key).  Only values that are one
 # JSON token or a flat object are cut out (a string with no escape, null,
 # an integer, an object with no nesting): such a value is a whole JSON value
 # wherever it sits, so the text around it parses the same whichever value
@@ -41,8 +42,8 @@ _TOKEN = (r'"[^"\\\x00-\x1f]*"|null|\{[^{}\[\]"]*(?:"[^"\\\x00-\x1f]*"[^{}\[\]"]
 # Before the CPU part (host name) and from the GPUs on (UUIDs, fabric, and
 # the node's memory, the key before "gpu_memory_nodes" in Node.to_dict);
 # in the CPU part, the NUMA nodes' memory.
-_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric)": |"memory_bytes": (?=[-0-9]+,\s*"gpu_memory_nodes": ))'
-                       r'(' + _TOKEN + ')')
+_VOLATILE = re.compile(r'("(?:hostname|uuid|fabric|phys_memory_bytes)": '
+                       r'|"memory_bytes": (?=[-0-9]+,\s*"gpu_memory_nodes": ))(' + _TOKEN + ')')
 _CPU_VOLATILE = re.compile(r'("memory_bytes": )(' + _TOKEN + ')')
 _VALUE = re.compile(_TOKEN)
 # In the template text each cut-out value becomes the string "\u0000<n>":
@@ -81,6 +82,7 @@ class _Template:
     numa: tuple[int, ...]
     gpus: tuple[tuple[int, int, tuple[int, ...]], ...]
     pieces: tuple[str, ...]
+    phys: int = -1             # the index of phys_memory_bytes's value (or -1)
 
     def values_in(self, text: str) -> list[str] | None:
         """The value tokens of *text* when it is this template's pieces around them, else None."""
@@ -226,6 +228,8 @@ class SnapshotLoader:
         fields["gpus"] = tuple(gpus)
         if t.memory >= 0:
             fields["memory_bytes"] = _value(values[t.memory])
+        if t.phys >= 0:
+            fields["phys_memory_bytes"] = _value(values[t.phys])
         return new
 
     def _make_template(self, key: str, values: list[str], node: Any) -> _Template | None:
@@ -251,6 +255,7 @@ class SnapshotLoader:
             return None
         hostname = take(d, "hostname", "")
         memory = take(d, "memory_bytes", 0)
+        phys = take(d, "phys_memory_bytes", None)
         numa = tuple(take(n, "memory_bytes", 0) for n in d["numa_nodes"])
         numa = numa if any(i >= 0 for i in numa) else ()
         gpus = tuple((take(g, "uuid", None), take(g, "fabric", None),
@@ -270,7 +275,7 @@ class SnapshotLoader:
             pieces.append(rest)
             if "".join(p + s for p, s in zip(pieces, self._sentinels[:len(values)])) + rest != key:
                 return None
-            t = _Template(Node.from_dict(d), hostname, memory, numa, gpus, tuple(pieces))
+            t = _Template(Node.from_dict(d), hostname, memory, numa, gpus, tuple(pieces), phys)
             filled = self._fill(t, values)
             ok = filled == node
             t = dataclasses.replace(t, node=filled)   # real values where the placeholders were

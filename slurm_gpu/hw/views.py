@@ -38,6 +38,7 @@ class CpuView:
     gpu_memory_nodes: tuple[GpuMemoryNode, ...]
     pci_gpus: tuple[PciGpu, ...]      # ordered by PCI bus id
     nics: tuple[Nic, ...]
+    phys_memory_bytes: int | None = None   # the kernel's count (Node.phys_memory_bytes)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,10 @@ class Step:
         self.facts = facts or {}          # nodecache: settings, GPU locality, state_dir
         self.hostname = hostname
         self.error = error
+        # Warnings of task_init_privileged, whose stderr is still slurmstepd's
+        # (mgr.c connects the task's stdio after it): task_init writes them.
+        # Each task is its own forked child: what one holds, no other sees.
+        self.held: list[str] = []
 
 
 _step: Step | None = None
@@ -140,7 +144,8 @@ def task_init_privileged(spank: Any) -> int:
         from . import effects
         warning = effects.raise_memlock(limit, hard=True)
         if warning:
-            spank.info(f"slurm-gpu: {warning}")
+            spank.info(f"slurm-gpu: {warning}")           # the node's log too
+            step.held.append(f"--gpu-profile: {warning}")
     return 0
 
 
@@ -155,11 +160,13 @@ def task_init(spank: Any) -> int:
         raise step.error
     task = spank.item_int("S_TASK_ID")
     ntasks = spank.item_u32("S_JOB_LOCAL_TASK_COUNT")
+    while step.held:
+        _stderr(f"slurm-gpu: warning: {step.held.pop(0)} (task {task})")
     if step.facts.get("gpus") is not None:
         env = {k: v for k in (gpu_var(spank), *_TASK_ENV) if (v := spank.getenv(k)) is not None}
         _bind(spank, step, env, task, ntasks)
     if step.profile:
-        _profile(spank, step)
+        _profile(spank, step, task)
     if step.mps is not None or step.mig is not None:
         _job_state_env(spank, step, task, ntasks)
     return 0
@@ -206,7 +213,7 @@ def _slurm_bound_mems(step: Step, nmap: dict[int, int]) -> tuple[int, ...] | Non
     return tuple(sorted(m for m in model if nmap.get(m, m) in host_nodes))
 
 
-def _profile(spank: Any, step: Step) -> None:
+def _profile(spank: Any, step: Step, task: int) -> None:
     from . import effects
     if step.profile == "inference":
         effects.disable_thp()
@@ -215,7 +222,7 @@ def _profile(spank: Any, step: Step) -> None:
         import resource
         warning = effects.raise_memlock(limit, hard=False)
         if warning:
-            _stderr(f"slurm-gpu: warning: --gpu-profile: {warning}")
+            _stderr(f"slurm-gpu: warning: --gpu-profile: {warning} (task {task})")
         if spank.getenv("SLURM_RLIMIT_MEMLOCK") is not None:
             # Slurm applies the submit host's limit after task_init
             # (PropagateResourceLimits): hand it ours instead.

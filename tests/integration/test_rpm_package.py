@@ -28,8 +28,9 @@ def rpm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if res.returncode == CANNOT_RUN and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1":
         pytest.skip(res.stderr.strip().splitlines()[-1])
     assert res.returncode == 0, res.stderr[-3000:]
-    path = Path(res.stdout.strip().splitlines()[-1])
-    assert path.parent == out and path.name.endswith(".x86_64.rpm")
+    paths = [Path(l) for l in res.stdout.strip().splitlines()]
+    assert all(p.parent == out for p in paths), paths
+    path = next(p for p in paths if p.name.endswith(".x86_64.rpm"))
     return path
 
 
@@ -42,6 +43,7 @@ def test_rpm_holds_every_wheel_for_python311_and_the_node_files(rpm: Path) -> No
     files = set(_q(rpm, "-l").split())
     for want in ("/usr/lib/slurm-gpu/prolog.d/50-slurm-gpu-jobs", "/usr/lib/slurm-gpu/epilog.d/50-slurm-gpu-jobs",
                  "/usr/lib/slurm-gpu/healthcheck", "/usr/lib/slurm-gpu/venv-setup.sh", "/usr/bin/slurm-gpu",
+                 "/usr/lib/slurm-gpu/setup-defaults",
                  "/usr/lib/systemd/system/slurm-gpu-xid-watch.service",
                  "/usr/lib/systemd/system/slurm-gpu-monitor.service"):
         assert want in files, want
@@ -55,6 +57,19 @@ def test_rpm_holds_every_wheel_for_python311_and_the_node_files(rpm: Path) -> No
     assert not [f for f in files if f.startswith("/opt/") or "__pycache__" in f]
 
 
+def test_aarch64_rpm_holds_aarch64_wheels(rpm: Path) -> None:
+    """GH200 and GB200 nodes are aarch64: the same package, with the wheels for that arch."""
+    arm = rpm.with_name(rpm.name.replace(".x86_64.rpm", ".aarch64.rpm"))
+    if not arm.exists():
+        pytest.skip("no aarch64 RPM: build-rpm.sh said which wheels PyPI lacks")
+    assert _q(arm, "--queryformat", "%{NAME} %{ARCH}") == "slurm-gpu aarch64"
+    files = set(_q(arm, "-l").split())
+    compiled = sorted(Path(f).name for f in files if f.endswith(".whl") and "-cp" in f)
+    assert compiled and all("-cp311-" in f and "aarch64" in f and "x86_64" not in f for f in compiled), compiled
+    noarch = {Path(f).name.split("-")[0].lower() for f in files if f.endswith(".whl")}
+    assert noarch == {Path(f).name.split("-")[0].lower() for f in _q(rpm, "-l").split() if f.endswith(".whl")}
+
+
 def test_rpm_metadata_and_scriptlets(rpm: Path) -> None:
     assert _q(rpm, "--queryformat", "%{NAME} %{ARCH}") == "slurm-gpu x86_64"
     requires = set(_q(rpm, "--requires").split("\n"))
@@ -63,6 +78,7 @@ def test_rpm_metadata_and_scriptlets(rpm: Path) -> None:
     scripts = _q(rpm, "--scripts")
     assert "SLURM_GPU_PYTHON=/usr/bin/python3.11 SLURM_GPU_SYSTEM_SITE=0" in scripts
     assert "rm -rf /opt/slurm-gpu/venv" in scripts          # erase removes what %post made
+    assert "slurm-gpu: package removed" in scripts          # ... and leaves harmless hooks
 
 
 def test_rpm_post_and_erase_in_a_debian12_root(rpm: Path) -> None:

@@ -242,3 +242,59 @@ def test_apply_prints_the_node_line_slurm_conf_needs(tmp_path: Path, capsys) -> 
     # nothing written: nothing to say about slurm.conf
     rc, out, _ = run(capsys, "gres", "apply", "--config", str(conf), "--snapshot", str(snap))
     assert rc == 0 and "node line" not in out
+
+
+@pytest.mark.parametrize("pages,page_size,want", [
+    # (uint64_t)((float)pages * (page_size / 1048576.0)), as slurmd -C
+    # computes it (get_mach_stat.c), worked with cc on x86_64: the float
+    # rounds the page count, up as often as down, above 2^24 pages.
+    (6171021, 4096, 24105),
+    (528360702, 4096, 2063909),          # the exact figure is 2063908
+    (134217727, 4096, 524288),           # 524287
+    (33030000, 65536, 2064375),          # aarch64 64 KiB pages
+])
+def test_node_line_real_memory_is_slurmd_s(tmp_path: Path, capsys, pages: int, page_size: int,
+                                           want: int) -> None:
+    """RealMemory= is what slurmd -C prints, not hwloc's NUMA nodes' sum
+    (which is short of the kernel's total in VMs, and leaves out onlined
+    GPU memory on Grace), whether the snapshot loads fast or is replayed."""
+    from slurm_gpu.hw import snapshot as snap
+    data = snap.record(hwloc_xml=Path(XML).read_text(), hostname="d", init_error=9,
+                       phys_memory_bytes=pages * page_size)
+    path = tmp_path / "d.json"
+    snap.write(str(path), data)
+    rc, out, _ = run(capsys, "gres", "render", "--snapshot", str(path), "--node-lines")
+    assert rc == 0 and f" RealMemory={want}\n" in out, out
+    node = snap.node_from_file(str(path), overlay={"gpus": {}})       # replayed
+    assert node.phys_memory_bytes == pages * page_size
+
+
+def test_node_line_real_memory_without_the_kernel_s_count(capsys) -> None:
+    """An hwloc XML carries no kernel count: the CPU NUMA nodes' memory, as before."""
+    rc, out, _ = run(capsys, "gres", "render", "--hwloc-xml", XML, "--node", "d1", "--node-lines")
+    assert rc == 0 and " RealMemory=1546833 Gres=" in out
+
+
+def test_snapshot_with_a_bad_phys_memory_is_one_line(tmp_path: Path, capsys) -> None:
+    from slurm_gpu.hw import snapshot as snap
+    data = snap.record(hwloc_xml=Path(XML).read_text(), hostname="d", init_error=9)
+    data["phys_memory_bytes"] = "lots"
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(data))
+    rc, _, err = run(capsys, "gres", "render", "--snapshot", str(path))
+    assert rc != 0
+    assert err.strip() == (f"slurm-gpu: snapshot phys_memory_bytes must be a positive integer "
+                           f"({path}: phys_memory_bytes)")
+
+
+def test_live_node_line_real_memory_matches_slurmd_c(capsys) -> None:
+    """On this machine: the same figure as Debian's real slurmd -C."""
+    import shutil
+    import subprocess
+    slurmd = shutil.which("slurmd") or "/usr/sbin/slurmd"
+    if not os.access(slurmd, os.X_OK):
+        pytest.skip("no slurmd on this machine")
+    theirs = subprocess.run([slurmd, "-C"], capture_output=True, text=True, timeout=60).stdout
+    rc, out, _ = run(capsys, "gres", "render", "--node-lines")
+    field = [f for f in theirs.split() if f.startswith("RealMemory=")]
+    assert rc == 0 and field and f" {field[0]}" in out.split("\n")[-2] + "\n", (theirs, out)

@@ -269,7 +269,9 @@ def test_live_topology_loads_and_round_trips() -> None:
     assert os.sched_getaffinity(0) <= pus
     text = hwloc.live_xml()
     assert text.lstrip().startswith("<?xml") and "<topology" in text
-    assert hwloc.read_cpu_view(xml_text=text) == v
+    # the XML has no kernel memory count: a snapshot records it beside
+    assert hwloc.read_cpu_view(xml_text=text, phys_memory_bytes=v.phys_memory_bytes) == v
+    assert v.phys_memory_bytes == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_xml_text_and_path_agree() -> None:

@@ -207,6 +207,42 @@ def test_gres_conf_path_follows_slurm_conf():
     assert nodefacts.gres_conf_path({"SLURM_CONF": "/etc/slurm/x/slurm.conf"}) == "/etc/slurm/x/gres.conf"
 
 
+@pytest.fixture
+def configless(tmp_path: Path, monkeypatch) -> Path:
+    """A configless node: no /etc/slurm/slurm.conf, slurmd's /run/slurm/conf
+    link to its conf-cache (SlurmdSpoolDir/conf-cache), and no SLURM_CONF,
+    as slurmd runs HealthCheckProgram and as an admin's shell has it."""
+    cache = tmp_path / "spool" / "conf-cache"
+    cache.mkdir(parents=True)
+    (cache / "slurm.conf").write_text("ClusterName=c\nHealthCheckTimeout=40\n")
+    (cache / "gres.conf").write_text("Name=gpu File=/dev/nvidia0\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "conf").symlink_to(cache)
+    monkeypatch.setattr(nodefacts, "SLURM_CONF_DEFAULT", str(tmp_path / "etc" / "slurm.conf"))
+    monkeypatch.setattr(nodefacts, "SLURM_CONF_CONFIGLESS", str(tmp_path / "run" / "conf" / "slurm.conf"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return tmp_path
+
+
+def test_configless_node_finds_slurmd_s_cached_slurm_conf(configless: Path) -> None:
+    from slurm_gpu import slurmclient
+    from slurm_gpu.health.expected import default_gres_conf
+    from slurm_gpu.health.settings import HealthSettings
+    link = str(configless / "run" / "conf")
+    assert nodefacts.slurm_conf_path({}) == f"{link}/slurm.conf"
+    assert nodefacts.gres_conf_path({}) == f"{link}/gres.conf"
+    # the health check's HealthCheckTimeout and gres.conf, without SLURM_CONF
+    assert slurmclient.conf_path() == f"{link}/slurm.conf"          # doctor, spank install, gpu.imex
+    assert slurmclient.health_check_timeout(slurmclient.read_conf()) == 40.0
+    assert default_gres_conf(HealthSettings()) == f"{link}/gres.conf"
+    # SLURM_CONF (the prolog's, slurmstepd's) and the built-in file come first
+    assert nodefacts.slurm_conf_path({"SLURM_CONF": "/x/slurm.conf"}) == "/x/slurm.conf"
+    (configless / "etc").mkdir()
+    (configless / "etc" / "slurm.conf").write_text("")
+    assert nodefacts.slurm_conf_path({}) == str(configless / "etc" / "slurm.conf")
+    assert nodefacts.gres_conf_path({}) != f"{link}/gres.conf"
+
+
 def test_warm_step_reads_the_entry_without_config_or_hw(node_env, monkeypatch, tmp_path) -> None:
     """The real cached path, not a stub: a bound step with a warm entry on disk imports
     neither slurm_gpu.config (TOML) nor slurm_gpu.hw (the model), and gets the GPUs."""

@@ -36,3 +36,46 @@ def test_pin_is_what_the_tests_run(name):
         pytest.skip(f"{name} is not installed here")
     assert pins()[name] == have, (f"packaging/wheels.txt pins {name}=={pins()[name]} but the tests "
                                   f"run {have}: update the pin (or the venv)")
+
+
+def test_venv_setup_takes_the_package_s_defaults_beside_it(tmp_path: Path) -> None:
+    """The .rpm's setup-defaults (python3.11, every wheel shipped) make the one
+    documented rerun command work on EL, whose /usr/bin/python3 (3.9) pip
+    refuses; the environment still wins, and no other key is read."""
+    import shutil
+    import subprocess
+    repo = Path(__file__).resolve().parents[2]
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(repo / "packaging" / "common" / "venv-setup.sh", lib / "venv-setup.sh")
+    spec = (repo / "packaging" / "rpm" / "slurm-gpu.spec").read_text()
+    assert "printf 'SLURM_GPU_PYTHON=/usr/bin/python3.11\\nSLURM_GPU_SYSTEM_SITE=0\\n'" in spec
+    assert "%{buildroot}/usr/lib/slurm-gpu/setup-defaults" in spec
+    calls = tmp_path / "calls"
+
+    def stub(name: str) -> Path:
+        p = tmp_path / name
+        # records how it was called, then fails: the script stops there (set -e)
+        p.write_text(f'#!/bin/sh\necho "{name} $*" >>{calls}\nexit 1\n')
+        p.chmod(0o755)
+        return p
+
+    py311, other = stub("python3.11"), stub("other")
+    (lib / "setup-defaults").write_text(f"SLURM_GPU_PYTHON={py311}\nSLURM_GPU_SYSTEM_SITE=0\n"
+                                        f"SLURM_GPU_BASE={tmp_path}/evil\n")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_GPU_BASE": str(tmp_path / "base")}
+
+    def run(**extra: str) -> str:
+        calls.write_text("")
+        subprocess.run(["sh", str(lib / "venv-setup.sh"), "/wheels"], env={**env, **extra},
+                       capture_output=True, text=True, timeout=60)
+        return calls.read_text()
+
+    got = run()
+    assert got.startswith(f"python3.11 -m venv {tmp_path}/base/venv-"), got
+    assert "--system-site-packages" not in got                  # SLURM_GPU_SYSTEM_SITE=0
+    assert not (tmp_path / "evil").exists()
+    assert run(SLURM_GPU_PYTHON=str(other)).startswith("other -m venv ")
+    assert "--system-site-packages" in run(SLURM_GPU_SYSTEM_SITE="1")
+    (lib / "setup-defaults").unlink()                            # the .deb ships none
+    assert run(SLURM_GPU_PYTHON=str(other)).startswith(f"other -m venv --system-site-packages {tmp_path}/base/")

@@ -117,12 +117,14 @@ def test_nodes_whose_memory_differs_share_a_template(indent: int | None) -> None
     loader = SnapshotLoader()
     texts = []
     for i in range(40):
-        d = dict(variant(BASE, i, 0), memory_bytes=BASE["memory_bytes"] - 4096 * i)
+        d = dict(variant(BASE, i, 0), memory_bytes=BASE["memory_bytes"] - 4096 * i,
+                 phys_memory_bytes=BASE["memory_bytes"] + 8192 * i)    # the kernel's (slurmd -C's)
         d["numa_nodes"] = [dict(n, memory_bytes=n["memory_bytes"] - 2048 * i - k) for k, n in enumerate(d["numa_nodes"])]
         texts.append(json.dumps(d, indent=indent))
     got = [loader.node_from_text(t) for t in texts]
     assert got == [plain(t) for t in texts]
     assert got[39].memory_bytes == BASE["memory_bytes"] - 4096 * 39
+    assert got[39].phys_memory_bytes == BASE["memory_bytes"] + 8192 * 39
     assert [n.memory_bytes for n in got[39].numa_nodes] == \
         [n["memory_bytes"] - 2048 * 39 - k for k, n in enumerate(BASE["numa_nodes"])]
     assert len(loader._templates) == 1 and got[1].cores is got[39].cores

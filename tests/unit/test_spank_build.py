@@ -72,6 +72,16 @@ def test_install_writes_plugstack_line(plugin, tmp_path):
                               "numa_bind=prefer\n")
 
 
+def test_install_writes_an_absolute_path_never_slurm_s_plugin_dir(plugin, tmp_path, monkeypatch):
+    """plugstack.conf names the plugin by an absolute path: Slurm's PluginDir
+    (Debian's multiarch slurm-wlm, EL's /usr/lib64/slurm, a prefix) never matters."""
+    monkeypatch.chdir(tmp_path)
+    ps = tmp_path / "plugstack.conf"
+    assert main(["spank", "install", "--plugin", str(plugin), "--plugin-dir", "lib",
+                 "--plugstack", str(ps)]) == 0
+    assert ps.read_text() == f"required {tmp_path.resolve()}/lib/slurm_gpu_spank.so\n"
+
+
 @pytest.mark.parametrize("arg", ["bogus=1", "numa_bind=always", "config=relative.toml"])
 def test_install_rejects_bad_arguments_and_writes_nothing(plugin, tmp_path, capsys, arg):
     ps = tmp_path / "plugstack.conf"

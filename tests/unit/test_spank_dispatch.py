@@ -255,6 +255,27 @@ def test_remote_profiles(applied):
     assert "thp" not in applied
 
 
+def test_memlock_warning_of_the_privileged_hook_reaches_the_tasks_stderr(applied, monkeypatch,
+                                                                          capfd):
+    """task_init_privileged runs before slurmstepd connects the task's stdio
+    (mgr.c: _pre_task_child_privileged, then _prepare_stdio): its warning is
+    held and written by task_init, whose stderr is the job's."""
+    def raise_memlock(limit: int, hard: bool) -> str | None:
+        return "cannot raise the hard RLIMIT_MEMLOCK above 65536: denied" if hard else None
+    monkeypatch.setattr(effects, "raise_memlock", raise_memlock)
+    sp = FakeSpank("remote", {options.PROFILE: "training"})
+    dispatch.run_hook(sp, "init_post_opt")
+    assert dispatch.run_hook(sp, "task_init_privileged") == 0
+    assert capfd.readouterr().err == ""           # not yet: stdio is slurmstepd's
+    assert dispatch.run_hook(sp, "task_init") == 0, sp.errors
+    assert capfd.readouterr().err == ("slurm-gpu: warning: --gpu-profile: cannot raise the hard "
+                                      "RLIMIT_MEMLOCK above 65536: denied (task 0)\n")
+    # said once: the next step's task (a new process) starts with none held
+    dispatch.run_hook(sp, "init_post_opt")
+    assert dispatch.run_hook(sp, "task_init") == 0
+    assert capfd.readouterr().err == ""
+
+
 def test_allocator_preload_only_when_library_exists(applied, tmp_path, monkeypatch):
     lib = tmp_path / "libjemalloc.so.2"
     cfg = tmp_path / "c.toml"

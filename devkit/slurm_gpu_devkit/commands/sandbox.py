@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import click
@@ -98,11 +97,16 @@ def sandbox() -> None:
 @click.option("--slurm", "slurm", default=None, metavar="VERSION",
               help="Slurm release to run: 22.05 (Debian 12's), 24.11 (Debian 13 root) or 26.05 "
                    "(sid root), built once under /var/cache/slurm-gpu.  [default: the host's]")
+@click.option("--vm", is_flag=True,
+              help="Run the nodes in a systemd + cgroup v2 Debian VM (QEMU); see docs/sandbox.md.")
+@click.option("--boot-timeout", type=click.FloatRange(1), default=240.0, show_default=True,
+              help="With --vm: seconds until the VM's guest answers.")
 def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, netns: bool, prolog: bool | None,
            health: bool | None, health_interval: int, spank: bool | None,
            simulate: bool | None, mig_mode: str, spank_arg: tuple[str, ...],
            settings: tuple[str, ...], slurm_conf: tuple[str, ...], type_map: tuple[str, ...],
-           cgroup: bool, accounting: bool, timeout: float, slurm: str | None) -> None:
+           cgroup: bool, accounting: bool, timeout: float, slurm: str | None, vm: bool,
+           boot_timeout: float) -> None:
     """Start a sandbox and print `export SLURM_CONF=...`."""
     from slurm_gpu.errors import UsageError
     from slurm_gpu.runner import SAFE_PATH
@@ -121,7 +125,7 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
         spank_args=dict(_pairs(spank_arg, "--spank-arg")),
         extra_config=extra, slurm_conf=dict(_pairs(slurm_conf, "--slurm-conf")), cgroup=cgroup,
         accounting=accounting,
-        timeout=timeout, node_prefix=node_prefix, slurm=slurm,
+        timeout=timeout, node_prefix=node_prefix, slurm=slurm, vm=vm, boot_timeout=boot_timeout,
         gres_options={"type_map": dict(_pairs(type_map, "--type-map"))} if type_map else {})
     sb = Sandbox(directory, opts).up()
     hooks = [k for k, v in sb.state.get("hooks", {}).items() if v]
@@ -132,6 +136,11 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
     click.echo(f"slurm-gpu: sandbox up: Slurm {sb.slurm_version}, {len(names)} node(s) {span} modelled on "
                f"{sb.machine_label}, idle in {sb.state['up_seconds']:.2f} s"
                f"{' (' + ', '.join(hooks) + ')' if hooks else ''}", err=True)
+    if vm:
+        st = sb.state["vm"]
+        click.echo(f"slurm-gpu: sandbox up: VM ({st['accel']}) booted in {st['boot_seconds']:.1f} s; "
+                   f"run commands in it with: slurm-gpu sandbox run --dir {sb.dir} -- CMD", err=True)
+        return
     click.echo(f"export SLURM_CONF={sb.conf}")
     if sb.env["PATH"] != SAFE_PATH:   # a Slurm from a Debian root: its clients are wrappers
         click.echo(f"export PATH={sb.layout.bin}:$PATH")
@@ -177,9 +186,8 @@ def fault_cmd(directory: str | None, node_opt: str | None, gpu: int, clear: bool
     hardware broke; `--clear` repairs the NVML half.
     """
     from slurm_gpu.errors import UsageError
-    from ..sandbox import nodesim, require_root
+    from ..sandbox import require_root
     from ..sim import drills
-    from ..sandbox.layout import Layout
 
     if list_:
         click.echo(drills.listing(), nl=False)
@@ -198,20 +206,8 @@ def fault_cmd(directory: str | None, node_opt: str | None, gpu: int, clear: bool
     require_root()   # the simulator state and the kernel log are root's, as a GPU is
     if clear == (fault is not None):
         raise UsageError("give a fault name (--list), an overlay file, or --clear", "sandbox fault")
-    layout = Layout.of(directory)
-    if clear:
-        nodesim.set_fault(layout, node, {})
-        click.echo(f"slurm-gpu: sandbox fault: cleared on {node}", err=True)
-        return
-    assert fault is not None
-    if fault in drills.DRILLS or not os.path.isfile(fault):
-        bus, reason = nodesim.drill(layout, node, fault, gpu)
-        then = f"expect: {reason}" if reason else "expect: no drain"
-        click.echo(f"slurm-gpu: sandbox fault: {fault} on {node} GPU {gpu} ({bus}); {then}", err=True)
-        return
-    from slurm_gpu.hw.snapshot import load_overlay
-    nodesim.set_fault(layout, node, load_overlay(fault))
-    click.echo(f"slurm-gpu: sandbox fault: injected {fault} on {node}", err=True)
+    from ..sandbox import Sandbox
+    click.echo(Sandbox.attach(directory).fault(node, None if clear else fault, gpu), err=True)
 
 
 @sandbox.command("run", context_settings={"ignore_unknown_options": True,
@@ -230,30 +226,14 @@ def run_cmd(directory: str, user: str | None, timeout: float, argv: tuple[str, .
     on a Debian root's Slurm it runs inside that root.  Prints the command's
     output and exits with its status.
     """
-    import os
-    import pwd
-
-    from slurm_gpu.errors import SlurmGpuError, UsageError
-    from slurm_gpu.runner import SAFE_PATH, RunAs, run
+    from slurm_gpu.errors import SlurmGpuError
     from ..sandbox import Sandbox, require_root
     from ..sandbox.layout import Layout
 
     require_root()
     if not Layout.of(directory).state_file.exists():
         raise SlurmGpuError("no sandbox recorded here", str(Layout.of(directory).state_file))
-    sb = Sandbox.attach(directory)
-    run_as = None
-    if user is not None:
-        try:
-            pw = pwd.getpwnam(user)
-        except KeyError:
-            raise UsageError(f"no such user {user!r}", "--user") from None
-        run_as = RunAs(pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
-    full, drop = sb.client_argv(list(argv), run_as, cwd=str(sb.dir))
-    # The system PATH: inside a Debian root that finds the root's own clients
-    # (DIR/bin's wrappers are for root on the host).
-    env = {**sb.env, "PATH": SAFE_PATH}
-    res = run(full, timeout, env=env, check=False, run_as=drop, cwd=str(sb.dir))
+    res = Sandbox.attach(directory).run_client(list(argv), user, timeout)
     click.echo(res.stdout, nl=False)
     click.echo(res.stderr, nl=False, err=True)
     raise click.exceptions.Exit(res.returncode)

@@ -22,10 +22,10 @@ from slurm_gpu.errors import SlurmGpuError, UsageError
 from slurm_gpu.fsutil import atomic_write
 from slurm_gpu.hw.model import Node
 from slurm_gpu.runner import RunAs
-from . import accounting, chroot, conf, configs, devices, netns, procs, registry, teardown, versions
+from . import accounting, chroot, conf, configs, devices, netns, places, procs, registry, versions
 from .layout import Layout
 from .machine import Machine, load, resolve
-from .options import SandboxOptions, require_root, require_slurm
+from .options import SandboxOptions, require_root
 from .versions import SlurmRelease
 
 STATE_VERSION = 1
@@ -52,6 +52,7 @@ class Sandbox:
         self.model: Node | None = self.options.model
         self.machine: Machine | None = None
         self.release: SlurmRelease | None = None
+        self._place: "places.Place | None" = None
 
     # -- public read-only views -------------------------------------------------
     @property
@@ -87,13 +88,29 @@ class Sandbox:
 
         On the host's Slurm that is *argv* itself.  On a Slurm from a Debian
         root, root enters the sandbox's namespace and root first and only
-        then drops to the job user (a user cannot enter a namespace); the
-        command is looked up on the root's PATH.
+        then drops to the job user (a user cannot enter a namespace); in a
+        VM, the command goes to the guest's agent (``sandbox run``).
         """
-        holder = self._holder()
-        if holder is None:
-            return list(argv), run_as
-        return [*chroot.enter(holder, self._root(), cwd, run_as), *argv], None
+        return self.place.client_argv(self, argv, run_as, cwd)
+
+    def run_client(self, argv: Sequence[str], user: str | None = None,
+                   timeout: float = 300.0) -> Any:
+        """Run *argv* where the nodes run, as root or *user* (``sandbox run``)."""
+        return self.place.run(self, argv, user, timeout)
+
+    def fault(self, node: str, fault: str | None, gpu: int = 0) -> str:
+        """Inject a named fault drill or an overlay file on *node* (None clears);
+        returns the line ``sandbox fault`` prints (the drain reason to expect)."""
+        return self.place.fault(self, node, fault, gpu)
+
+    @property
+    def place(self) -> "places.Place":
+        """Where the nodes run (recorded in the state file)."""
+        if self._place is None:
+            self._place = (places.named(self.state["place"]) if self.state.get("place")
+                           else places.choose(self.options) if not self.state
+                           else places.named("debian-root" if self.state.get("chroot") else "host"))
+        return self._place
 
     def _root(self) -> Path:
         return Path(self.state["slurm"]["root"])
@@ -171,16 +188,11 @@ class Sandbox:
             # A previous run that crashed may have left namespaces or reservations.
             Sandbox.attach(self.layout.root).down()
         t0 = time.monotonic()
-        self.release = versions.ensure_root(versions.resolve(o.slurm))
-        require_slurm(self.release.root)
-        if o.accounting:
-            # The slurmdbd of the Slurm that runs: the host's, or the root's.
-            accounting.require(self.release.root, self.release.suite)
-        if self.release.chrooted:
-            assert self.release.root is not None
-            chroot.sync_venv(self.release.root, o.venv)
+        self._place = places.choose(o)
+        self.place.prepare(self)
+        assert self.release is not None     # every place's prepare sets it
         if self.model is None:
-            self.machine = resolve(o.machine)
+            self.machine = resolve(o.machine or getattr(self.place, "default_machine", None))
             self.model = load(self.machine)
         if not self.model.gpus:
             raise SlurmGpuError("the machine model has no GPUs", self.machine_label)
@@ -201,11 +213,12 @@ class Sandbox:
         self.state = {"version": STATE_VERSION, "dir": str(L.root), "cluster": L.cluster_name,
                       "machine": self.machine_label, "daemons": [], "netns": [],
                       "reservations": {"ports": [], "nets": [], "cgroup": []}, "cgroup": o.cgroup,
+                      "place": self.place.name,
                       "slurm": {"version": self.release.version, "full": self.release.full,
                                 "root": str(self.release.root) if self.release.root else None}}
         self._save()
         try:
-            self._up(names)
+            self.place.start(self, names)
         except BaseException:
             self.down()
             raise
@@ -405,7 +418,7 @@ class Sandbox:
         Processes those daemons left behind (slurmstepd is not slurmd's
         child) are found by their open files under DIR and by namespace.
         """
-        return teardown.down(self, grace=grace)
+        return self.place.stop(self, grace=grace)
 
     # -- status -----------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -413,15 +426,12 @@ class Sandbox:
         state = self.state or self._read_state() or {}
         daemons = [{"name": p.name, "pid": p.pid, "alive": procs.alive(p)} for p in self._daemons()]
         nodes: dict[str, str] = {}
-        if any(d["alive"] and d["name"] == "slurmctld" for d in daemons):
-            from .waiting import node_states
-            try:
-                nodes = node_states(self.env)
-            except SlurmGpuError:
-                nodes = {}
+        if any(d["alive"] and d["name"] in ("slurmctld", "qemu") for d in daemons):
+            nodes = self.place.node_states(self)
         return {"dir": str(self.layout.root), "cluster": state.get("cluster"),
                 "machine": state.get("machine"), "conf": str(self.conf),
                 "slurm": state.get("slurm", {}).get("full") or versions.host_version(),
+                "place": state.get("place", "host"), "vm": state.get("vm"),
                 "slurm_root": state.get("slurm", {}).get("root"),
                 "running": any(d["alive"] for d in daemons), "daemons": daemons,
                 "nodes": nodes, "up_seconds": state.get("up_seconds"),

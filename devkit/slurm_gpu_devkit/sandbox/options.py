@@ -42,6 +42,8 @@ class SandboxOptions:
     timeout: float = 30.0
     venv: Path = install.DEFAULT_VENV
     slurm: str | None = None                              # "24.11", "26.05"; None: the host's
+    vm: bool = False                                      # the nodes in a systemd + cgroup v2 VM
+    boot_timeout: float = 240.0                           # --vm: seconds until the guest answers
 
 
 def require_root(what: str = "sandbox") -> None:

@@ -41,11 +41,17 @@ def cancel_jobs(daemons: list[procs.Proc], state: dict[str, Any], env: dict[str,
     except SlurmGpuError:
         return  # slurmctld not answering: the daemons are stopped anyway
 
-def remove_cgroups(node_names: list[str]) -> None:
-    """Remove the empty cgroup directories proctrack/cgroup made for our nodes."""
-    root = Path("/sys/fs/cgroup")
+def remove_cgroups(node_names: list[str], root: Path = Path("/sys/fs/cgroup")) -> None:
+    """Remove the empty cgroup directories proctrack/cgroup made for our nodes:
+    v1's ``<controller>/slurm_<node>`` and v2's
+    ``[<hierarchy>/]system.slice/<node>_slurmstepd.scope`` (v2 on its own at the
+    root, or beside v1 in a hybrid's ``unified``; a leftover of
+    ``IgnoreSystemd=yes``, else systemd's, which removes it too)."""
     for name in node_names:
-        for d in root.glob(f"*/slurm_{name}"):
+        found = list(root.glob(f"*/slurm_{name}"))
+        for base in (root, *root.glob("unified")):
+            found += list(base.glob(f"system.slice/{name}_slurmstepd.scope"))
+        for d in found:
             for sub in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
                 if sub.is_dir():
                     try:
