@@ -36,8 +36,11 @@ def by_hand(sandbox_dir, job_users):
     if not CLI.exists():
         pytest.fail(f"slurm-gpu is not installed in {DEFAULT_VENV} (make install)")
     d = sandbox_dir("by-hand")
+    # With accounting on, as docs/sandbox.md's demo: the node services then
+    # include the sampler (every 0.5 s here).
     res = _cli("sandbox", "up", "--dir", str(d), "--nodes", "2", "--machine", "h100-mig",
-               "--health-interval", "1")
+               "--health-interval", "1", "--accounting", "--set", "acct.enabled=true",
+               "--set", "acct.interval=0.5")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"export SLURM_CONF={d}/etc/slurm.conf"
     try:
@@ -101,6 +104,34 @@ def test_mig_job_gets_its_instances_and_drains_nothing(by_hand: Path) -> None:
     assert len(uuids) == 3 and all(u.startswith("MIG-") for u in uuids), res.stdout
 
 
+def test_each_node_runs_the_node_services(by_hand: Path) -> None:
+    st = json.loads(_cli("sandbox", "status", "--dir", str(by_hand), "--json").stdout)
+    alive = sorted(d["name"] for d in st["daemons"] if d["alive"] and ":" in d["name"]
+                   and not d["name"].startswith("slurmd"))
+    assert alive == ["monitor:n1", "monitor:n2", "xid-watch:n1", "xid-watch:n2"], st["daemons"]
+
+
+def test_job_report_shows_a_mig_jobs_utilisation(by_hand: Path) -> None:
+    res = _as_user(by_hand, ["srun", "-N1", "-w", "n2", "--gres=gpu:nvidia_h100_80gb_hbm3:1",
+                             "--gpu-mig=3g.40gb,2x1g.10gb", "bash", "-c", 'echo "$SLURM_JOB_ID"; sleep 3'])
+    assert res.returncode == 0, res.stderr
+    jobid = res.stdout.split()[0]
+    env = {"PATH": SAFE_PATH, "SLURM_CONF": f"{by_hand}/etc/slurm.conf"}
+    deadline = time.monotonic() + 30
+    while True:          # the epilog stores the summary through slurmdbd
+        rep = run([str(CLI), "job", "report", jobid, "--json"], timeout=60, check=False, env=env, cwd="/")
+        view = json.loads(rep.stdout) if rep.returncode == 0 else {}
+        if view.get("devices") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert rep.returncode == 0, rep.stderr
+    devs = view["devices"]
+    # The job's three MIG slices, each measured by n2's sampler.
+    assert len(devs) == 3 and all("/gi" in d["device"] and d["node"] == "n2" for d in devs), devs
+    assert all(d["sm"] is not None and d["n"] >= 1 for d in devs), devs
+    assert not [v for v in view["verdicts"] if "no utilisation measured" in v], view["verdicts"]
+
+
 def test_nothing_drained_after_health_checks(by_hand: Path) -> None:
     time.sleep(3)                      # HealthCheckInterval=1: several runs after the jobs
     states = _states(by_hand)
@@ -121,3 +152,30 @@ def test_a_job_user_cannot_inject_or_clear_faults(by_hand: Path) -> None:
         "slurm-gpu: sandbox needs root (it makes device files and namespaces and runs Slurm's "
         "daemons; run it as root)"]
     assert state.read_bytes() == before
+
+
+def test_user_commands_on_a_node_see_its_gpus(by_hand: Path) -> None:
+    # A user's own process on a node finds the node's config, as on a real
+    # node where /etc/slurm-gpu/slurm-gpu.toml is there for everyone: before,
+    # only the hooks were told of it and a user's inventory saw no GPU.
+    res = _as_user(by_hand, ["srun", "-N2", "bash", "-c",
+                             f'{CLI} inventory --json > "$HOME/inv-$SLURMD_NODENAME.json"'])
+    assert res.returncode == 0, res.stderr
+    home = Path(ensure_user("sgtest1").pw_dir)
+    for node in ("n1", "n2"):
+        inv = json.loads((home / f"inv-{node}.json").read_text())
+        assert len(inv["gpus"]) == 4, inv
+
+
+def test_cluster_collect_and_check_see_the_modelled_gpus(by_hand: Path, tmp_path: Path) -> None:
+    # As the README's new user: only SLURM_CONF exported, as `sandbox up` printed.
+    out = tmp_path / "models"
+    env = {"PATH": SAFE_PATH, "SLURM_CONF": f"{by_hand}/etc/slurm.conf"}
+    res = run([str(CLI), "cluster", "collect", "-o", str(out)], timeout=120, check=False,
+              env=env, cwd="/")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "0 GPU(s)" not in res.stdout + res.stderr
+    assert (res.stdout + res.stderr).count("4 GPU(s)") == 2, res.stdout + res.stderr
+    res = run([str(CLI), "cluster", "check", "--from", str(out), "--dev-dir", f"{by_hand}/dev"],
+              timeout=60, check=False, env=env, cwd="/")
+    assert "NVML unavailable" not in res.stdout + res.stderr, res.stdout + res.stderr

@@ -92,6 +92,17 @@ def test_wrapper_quotes_and_exports(tmp_path):
     assert "'\"'\"'" in text  # the quote in the path is escaped, not interpreted
 
 
+def test_every_task_gets_the_nodes_config_through_the_task_prolog(tmp_path):
+    import subprocess
+    lay = Layout.of(tmp_path / "it's here")
+    assert settings(conf.slurm_conf(spec(tmp_path)))["TaskProlog"] == f"{tmp_path}/etc/task-prolog"
+    script = tmp_path / "task-prolog"
+    script.write_text(conf.task_prolog_script(lay))
+    # What slurmd reads from a TaskProlog's stdout: "export NAME=value", one a line.
+    out = subprocess.run(["/bin/sh", str(script)], capture_output=True, text=True, check=True).stdout
+    assert out == f"export SLURM_GPU_CONFIG={tmp_path}/it's here/etc/slurm-gpu.toml\n"
+
+
 def test_node_config_merges_node_section(tmp_path):
     lay = Layout.of(tmp_path)
     cfg = conf.node_config(lay, Path("/m/snapshot.json"),

@@ -63,6 +63,8 @@ def write_configs(sb: Any, specs: tuple[conf.NodeSpec, ...], host: str, ctld_add
         (L.var / n.name).mkdir(exist_ok=True)
     atomic_write(L.gres_conf, conf.gres_conf(spec))
     atomic_write(L.plugstack_conf, conf.plugstack_conf(plug))
+    # Run by slurmd as the job user: readable and executable by everyone.
+    atomic_write(conf.task_prolog_path(L), conf.task_prolog_script(L), mode=0o755)
     if o.cgroup:
         atomic_write(L.etc / "cgroup.conf", conf.cgroup_conf())
     for name, text in o.etc_files.items():

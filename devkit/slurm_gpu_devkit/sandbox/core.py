@@ -335,22 +335,41 @@ class Sandbox:
         self._start_node_services(pre, by_node)
 
     def _start_node_services(self, pre: list[str], by_node: dict[str, Any]) -> None:
-        """What the package runs on a GPU node beside slurmd: ``xid-watch`` (its
-        NVML event listener, which drains at once on a fault) for every node
-        whose GPUs the simulator models, when the health check is installed."""
+        """What the package runs on a GPU node beside slurmd, for every node
+        whose GPUs the simulator models: ``xid-watch`` (its NVML event
+        listener, which drains at once on a fault) when the health check is
+        installed, and ``monitor`` (the accounting sampler) when ``[acct]
+        enabled`` is on, each as its systemd unit runs it.  ``down`` stops
+        them with the daemons."""
         hooks = self.state.get("hooks", {})
-        if not (hooks.get("health") and hooks.get("nvml_sim")):
+        if not hooks.get("nvml_sim"):
             return
+        services = (["xid-watch"] if hooks.get("health") else []) + \
+            (["monitor"] if self._acct_enabled() else [])
         from .install import install_node_service
         L = self.layout
-        wrapper = install_node_service(L, self.options.venv, "xid-watch")
-        for name in self.node_names:
-            enter_net = netns.enter(by_node[name]) if name in by_node else None
-            proc, child = procs.spawn(f"xid-watch:{name}", [*pre, str(wrapper), "--node", name],
-                                      log=L.log / f"xid-watch-{name}.log", cwd=L.run,
-                                      env={"PATH": SAFE_PATH}, preexec=enter_net)
-            self._children.append(child)
-            self._add_daemon(proc)
+        for service in services:
+            wrapper = install_node_service(L, self.options.venv, service)
+            for name in self.node_names:
+                enter_net = netns.enter(by_node[name]) if name in by_node else None
+                # xid-watch is told its node; the monitor, as on a real node,
+                # takes it from the environment (SLURMD_NODENAME, else the host name).
+                argv = [*pre, str(wrapper)] + (["--node", name] if service == "xid-watch" else [])
+                proc, child = procs.spawn(f"{service}:{name}", argv,
+                                          log=L.log / f"{service}-{name}.log", cwd=L.run,
+                                          env={"PATH": SAFE_PATH, "SLURMD_NODENAME": name},
+                                          preexec=enter_net)
+                self._children.append(child)
+                self._add_daemon(proc)
+
+    def _acct_enabled(self) -> bool:
+        """``[acct] enabled`` in the config ``up`` wrote (the monitor exits at once without it)."""
+        import tomllib
+        try:
+            with open(self.layout.config_toml, "rb") as f:
+                return tomllib.load(f).get("acct", {}).get("enabled") is True
+        except (OSError, tomllib.TOMLDecodeError):
+            return False
 
     def _start_accounting(self, env: dict[str, str], pre: list[str]) -> None:
         """MariaDB, then slurmdbd, then the cluster's registration (before slurmctld).
