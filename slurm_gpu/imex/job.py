@@ -126,7 +126,11 @@ def read_model(publish_dir: str, name: str) -> dict[str, Any] | None:
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        # The same trust rule as cluster.modelfile.load: a model another user
+        # could have written (a share writable by users, root_squash's nobody)
+        # must not choose this job's IMEX peers.
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
             return None
         try:
             doc = json.loads(f.read(16 << 20))

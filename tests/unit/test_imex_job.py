@@ -311,3 +311,15 @@ def test_the_epilog_path_imports_no_json_re_or_socket() -> None:
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "[]", out
+
+
+def test_a_published_model_others_could_write_does_not_choose_the_peers(tmp_path: Path) -> None:
+    # The same trust rule as cluster check: a model file group- or
+    # world-writable (a share users can write) is no model.
+    doc = {"node": {"name": "g1", "gpus": []}}
+    f = tmp_path / "g1.json"
+    f.write_text(json.dumps(doc))
+    os.chmod(f, 0o644)
+    assert job.read_model(str(tmp_path), "g1") == doc["node"]
+    os.chmod(f, 0o666)
+    assert job.read_model(str(tmp_path), "g1") is None
