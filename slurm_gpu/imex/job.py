@@ -249,6 +249,14 @@ def prolog(ctx: Ctx) -> int:
         atomic_write(nodes_cfg, domain.render_nodes(ips), mode=0o644, durable=False)
         atomic_write(cfg, domain.render_config(base_text, own), mode=0o644, durable=False)
         save(path, st)
+        for ip, port in ((own["BIND_INTERFACE_IP"], st["port"]), ("127.0.0.1", int(s["cmd_port"]))):
+            if _port_taken(ip, port):
+                # Another process holds it (a job sharing the node, an outgoing
+                # connection's ephemeral port): nvidia-imex would fail to bind, or
+                # nvidia-imex-ctl would ask that process.  The job's failure, never
+                # this node's.
+                raise PeerFailure(f"imex: port {port} on {ip} is taken by another process; "
+                                  "no IMEX domain for this job", "imex")
         st["daemon"] = daemon.start(s["daemon"], cfg, log)
         teardown.write_record(path, st["daemon"]["pid"], st["daemon"]["start"], None)
         save(path, st)
@@ -279,6 +287,21 @@ def prolog(ctx: Ctx) -> int:
             return 1
         ctx.cancel(jobid)
         return 0
+
+
+def _port_taken(ip: str, port: int) -> bool:
+    """Whether a TCP *port* on *ip* is bound by someone (SO_REUSEADDR: a closed
+    connection's TIME_WAIT, e.g. the previous job's daemon, does not count)."""
+    import socket
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as so:
+        so.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            so.bind((ip, port))
+        except OSError as e:
+            import errno
+            return e.errno == errno.EADDRINUSE
+    return False
 
 
 def _clean_earlier_run(ctx: Ctx, base: str, jobid: str) -> None:
