@@ -28,14 +28,7 @@ IB = ROOT / "tests" / "data" / "ib" / "procfs"
 MACHINES = ROOT / "tests" / "data" / "machines"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    cfg = tmp_path / "slurm-gpu.toml"
-    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    from slurm_gpu import config
-    config._load.cache_clear()
+pytestmark = pytest.mark.usefixtures("isolated_config")
 
 
 # ------------------------------------------------------------ InfiniBand
