@@ -186,8 +186,15 @@ int main(int argc, char **argv)
             cgroups[ncg++] = val;
             break;
         case 'a': cpus = val; break;
-        case 'u': uid = number(val, (long)UINT_MAX - 1); break;
-        case 'g': gid = number(val, (long)UINT_MAX - 1); break;
+        /* An identity that does not parse must never mean "stay root". */
+        case 'u':
+            if ((uid = number(val, (long)UINT_MAX - 1)) < 0)
+                fail('S', EINVAL);
+            break;
+        case 'g':
+            if ((gid = number(val, (long)UINT_MAX - 1)) < 0)
+                fail('S', EINVAL);
+            break;
         case 'G': groups = val; break;
         default: fail('S', EINVAL);
         }

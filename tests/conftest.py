@@ -56,3 +56,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             exechelper.build()
         except Exception as e:  # noqa: BLE001 - those tests then say what is missing
             print(f"slurm-gpu: {runner.HELPER_NAME} not built: {e}")
+
+
+@pytest.fixture
+def isolated_config(tmp_path, monkeypatch):
+    """A config of the test's own (state under tmp_path) and no SLURM_CONF,
+    for tests that run the health check or the CLI in-process."""
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    from slurm_gpu import config
+    config._load.cache_clear()
+    yield
+    config._load.cache_clear()

@@ -31,6 +31,7 @@ class JobView:
     batch: bool                         # BatchFlag=1: only batch jobs can be requeued
     admin_comment: bool                 # an AdminComment is already set (never overwritten)
     gpus: dict[str, tuple[int, ...]]    # node (hostlist as Slurm prints it) -> GPU indices (IDX)
+    restarts: int = 0                   # Restarts=: how often Slurm has requeued it already
 
 
 _KEY = re.compile(r"(?:^|\s)([A-Za-z_]+)=")
@@ -65,7 +66,8 @@ def parse_job(line: str) -> JobView | None:
         if idx:
             gpus[m.group(1)] = tuple(sorted(set(idx)))
     return JobView(jid, word("JobState"), word("Requeue") == "1", word("BatchFlag") == "1",
-                   bool(re.search(r"(?:^|\s)AdminComment=\S", line)), gpus)
+                   bool(re.search(r"(?:^|\s)AdminComment=\S", line)), gpus,
+                   int(word("Restarts")) if word("Restarts").isdigit() else 0)
 
 
 def show_job(job_id: str, timeout: float) -> JobView | None:

@@ -36,6 +36,8 @@ from . import jobctl
 from .findings import Finding
 
 MODES = ("requeue", "cancel", "none")
+# Requeues a job may have had (Restarts=) and still be requeued on a fatal fault.
+MAX_REQUEUES = 2
 RELEASE_WITHIN_S = 600.0    # an owed release older than this is dropped (Slurm's own delay is long past)
 _POLL_S = 0.1
 
@@ -123,7 +125,10 @@ def act(node: str, findings: Iterable[Finding], gpu_index: Mapping[str, int], mo
             continue                   # this job does not hold a GPU the fault hit: left alone
         f = hit_f
         words = fault_words(f, node)
-        can_requeue = mode == "requeue" and view.requeue and view.batch
+        # A job already requeued MAX_REQUEUES times that meets another fatal
+        # fault may be what breaks the GPUs: requeued at once again, it would
+        # drain node after node.  It is cancelled instead.
+        can_requeue = mode == "requeue" and view.requeue and view.batch and view.restarts < MAX_REQUEUES
         action = "requeue" if can_requeue else "cancel"
         try:
             if not view.admin_comment:

@@ -39,17 +39,25 @@ def _read(path: str) -> str:
 
 
 def processes(root: str, run_key: float) -> frozenset[str]:
-    """The comm names of the processes under *root* (one scan per run)."""
+    """The comm names of the processes under *root* owned by the owner of its
+    ``proc`` (root on a real node), one scan per run: any user can name a
+    process ``nv-fabricmanager``, and that must not hide a dead service."""
     key = (root, run_key)
     got = _SCANS.get(key)
     if got is None:
         names = set()
         proc = os.path.join(root, "proc")
         try:
+            owner = os.stat(proc).st_uid
             pids = [p for p in os.listdir(proc) if p.isdigit()]
         except OSError:
-            pids = []
+            owner, pids = 0, []
         for p in pids:
+            try:
+                if os.stat(os.path.join(proc, p)).st_uid != owner:
+                    continue
+            except OSError:
+                continue
             c = _read(os.path.join(proc, p, "comm"))
             if c:
                 names.add(c)

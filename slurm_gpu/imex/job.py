@@ -126,7 +126,11 @@ def read_model(publish_dir: str, name: str) -> dict[str, Any] | None:
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        # The same trust rule as cluster.modelfile.load: a model another user
+        # could have written (a share writable by users, root_squash's nobody)
+        # must not choose this job's IMEX peers.
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
             return None
         try:
             doc = json.loads(f.read(16 << 20))
@@ -245,6 +249,14 @@ def prolog(ctx: Ctx) -> int:
         atomic_write(nodes_cfg, domain.render_nodes(ips), mode=0o644, durable=False)
         atomic_write(cfg, domain.render_config(base_text, own), mode=0o644, durable=False)
         save(path, st)
+        for ip, port in ((own["BIND_INTERFACE_IP"], st["port"]), ("127.0.0.1", int(s["cmd_port"]))):
+            if _port_taken(ip, port):
+                # Another process holds it (a job sharing the node, an outgoing
+                # connection's ephemeral port): nvidia-imex would fail to bind, or
+                # nvidia-imex-ctl would ask that process.  The job's failure, never
+                # this node's.
+                raise PeerFailure(f"imex: port {port} on {ip} is taken by another process; "
+                                  "no IMEX domain for this job", "imex")
         st["daemon"] = daemon.start(s["daemon"], cfg, log)
         teardown.write_record(path, st["daemon"]["pid"], st["daemon"]["start"], None)
         save(path, st)
@@ -275,6 +287,21 @@ def prolog(ctx: Ctx) -> int:
             return 1
         ctx.cancel(jobid)
         return 0
+
+
+def _port_taken(ip: str, port: int) -> bool:
+    """Whether a TCP *port* on *ip* is bound by someone (SO_REUSEADDR: a closed
+    connection's TIME_WAIT, e.g. the previous job's daemon, does not count)."""
+    import socket
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as so:
+        so.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            so.bind((ip, port))
+        except OSError as e:
+            import errno
+            return e.errno == errno.EADDRINUSE
+    return False
 
 
 def _clean_earlier_run(ctx: Ctx, base: str, jobid: str) -> None:

@@ -4,6 +4,7 @@ baseline, product-aware daemons, "not applicable", debounce and boot grace."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -27,14 +28,7 @@ IB = ROOT / "tests" / "data" / "ib" / "procfs"
 MACHINES = ROOT / "tests" / "data" / "machines"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    cfg = tmp_path / "slurm-gpu.toml"
-    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    from slurm_gpu import config
-    config._load.cache_clear()
+pytestmark = pytest.mark.usefixtures("isolated_config")
 
 
 # ------------------------------------------------------------ InfiniBand
@@ -181,6 +175,22 @@ def test_fabric_daemons_are_product_aware(tmp_path):
     assert [f.applicable for f in services.check_imex(G(tmp_path / "hgx"))] == [False]
     assert [f.applicable for f in services.check_hostengine(G(tmp_path / "hgx"))] == [False]
     assert [f.severity for f in services.check_hostengine(G(tmp_path / "hgx", dcgm=1))] == [WARN]
+
+
+def test_a_users_process_named_like_the_service_does_not_hide_it(tmp_path):
+    # Any user can call a process nv-fabricmanager: only the proc tree's owner's
+    # (root's on a real node) count.
+    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
+    drills.write_files(str(tmp_path), drills.fabric_root_files(hgx))
+    drills.write_files(str(tmp_path), {"proc/4201/comm": None})
+    fake = tmp_path / "proc" / "31337"
+    fake.mkdir()
+    (fake / "comm").write_text("nv-fabricmanager\n")
+    os.chown(fake, 4242, 4242)
+    assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
+        "nvidia-fabricmanager is not running on a node with NVSwitches"]
+    os.chown(fake, os.stat(tmp_path / "proc").st_uid, -1)
+    assert services.check_fabricmanager(G(tmp_path)) == []
 
 
 # -------------------------------------------------- debounce, grace, config

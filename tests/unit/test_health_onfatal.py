@@ -104,6 +104,15 @@ def test_a_job_that_cannot_be_requeued_is_cancelled_and_its_admin_comment_kept(j
     assert out.steps[0]["action"] == "cancel" and out.steps[0]["reason"] == f"slurm-gpu: Xid 79 on GPU {BUS5} of n1"
 
 
+def test_a_job_requeued_twice_already_is_cancelled_not_sent_to_the_next_node(jobs):
+    # It may be what breaks the GPUs: requeued at once again, it would drain node after node.
+    assert "Restarts=0" in jobs.lines["5"]
+    jobs.lines["5"] = jobs.lines["5"].replace("Restarts=0", f"Restarts={onfatal.MAX_REQUEUES}")
+    onfatal.act("n1", [xid79()], INDEX, "requeue", far(), timeout=5, sleep=lambda s: None)
+    assert jobs.did() == [
+        ["update", "JobId=5", "AdminComment=slurm-gpu: Xid 79 on GPU 0000:18:00.0 of n1: cancelled"], ["5"]]
+
+
 def test_cancel_mode_cancels_and_none_does_nothing(jobs):
     onfatal.act("n1", [xid79()], INDEX, "cancel", far(), timeout=5)
     assert jobs.did()[-1] == ["5"]

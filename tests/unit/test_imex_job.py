@@ -136,6 +136,23 @@ def test_a_peer_that_never_joins_fails_the_job_and_names_it_its_own_failure_drai
     assert not Path(ok.imex["base_dir"], "77").exists()
 
 
+def test_a_port_another_process_holds_fails_the_job_never_drains(tmp_path: Path) -> None:
+    # A process of another job on the node (or an outgoing connection) took
+    # the job's port first: the job fails, the node stays up, no daemon runs.
+    import socket
+    rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
+    c = rig.ctx("n1", _env("41", "n[1-2]"), timeout=1.5)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", c.imex["port_base"]))
+        squatter.listen()
+        assert job.prolog(c) == 0
+    assert rig.cancelled == ["41"]
+    assert any("is taken by another process" in m and "this node stays up" in m for m in rig.logs["n1"])
+    st = job.load(c.imex["base_dir"], "41")
+    assert st and st["phase"] == "failed" and not st.get("daemon")
+    assert job.epilog(c) == 0
+
+
 def test_a_shared_node_is_refused_with_one_line_and_no_daemon(tmp_path: Path) -> None:
     rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
     c = rig.ctx("n1", _env("9", "n[1-2]", gpus="0,1"))
@@ -311,3 +328,15 @@ def test_the_epilog_path_imports_no_json_re_or_socket() -> None:
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "[]", out
+
+
+def test_a_published_model_others_could_write_does_not_choose_the_peers(tmp_path: Path) -> None:
+    # The same trust rule as cluster check: a model file group- or
+    # world-writable (a share users can write) is no model.
+    doc = {"node": {"name": "g1", "gpus": []}}
+    f = tmp_path / "g1.json"
+    f.write_text(json.dumps(doc))
+    os.chmod(f, 0o644)
+    assert job.read_model(str(tmp_path), "g1") == doc["node"]
+    os.chmod(f, 0o666)
+    assert job.read_model(str(tmp_path), "g1") is None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
@@ -201,3 +202,14 @@ def test_through_the_helper_the_command_gets_stdio_only_and_default_signals() ->
     line = next(ln for ln in run(["/bin/cat", "/proc/self/status"], timeout=5, cpus=[cpu]).stdout.splitlines()
                 if ln.startswith("SigIgn:"))
     assert not int(line.split()[1], 16) & ((1 << 12) | (1 << 24))              # SIGPIPE, SIGXFSZ
+
+
+@pytest.mark.parametrize("ident", [["-u", "abc", "-g", "abc"], ["-u", "1000", "-g", "x"], ["-u", "", "-g", ""]])
+def test_the_helper_never_stays_root_on_an_identity_it_cannot_read(tmp_path, ident) -> None:
+    # runner.py always passes numbers; the helper itself must still refuse
+    # anything else rather than skip the drop and exec the command as root.
+    from slurm_gpu.paths import resource_dir
+    exe = tmp_path / "slurm-gpu-exec"
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(resource_dir("spank") / "sg_exec.c")], check=True)
+    r = subprocess.run([str(exe), *ident, "--", "/usr/bin/id", "-u"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 255 and r.stdout == "", (r.returncode, r.stdout)

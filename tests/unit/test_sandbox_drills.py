@@ -17,14 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "tests" / "data" / "machines"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    cfg = tmp_path / "slurm-gpu.toml"
-    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    from slurm_gpu import config
-    config._load.cache_clear()
+pytestmark = pytest.mark.usefixtures("isolated_config")
 
 
 def health(tmp_path: Path, capsys, machine: str, overlay: dict, kernel: str) -> tuple[str, str | None, list]:

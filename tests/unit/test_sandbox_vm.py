@@ -106,6 +106,10 @@ def test_the_config_disk_tree(tmp_path: Path) -> None:
     assert "ConstrainDevices=yes" in (f / "etc/slurm/cgroup.conf").read_text().splitlines()
     assert stat.S_IMODE((f / "etc/munge/munge.key").stat().st_mode) == 0o400
     assert stat.S_IMODE((d / "token").stat().st_mode) == 0o400
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700          # the token and key: root's alone
+    disk = tmp_path / "cfg.img"
+    vm.make_config_disk(d, disk)
+    assert stat.S_IMODE(disk.stat().st_mode) == 0o600 and disk.stat().st_size == 32 << 20
     assert (d / "devices").read_text() == "/dev/nvidia0 195 0 0666\n/dev/nvidiactl 195 255 0666\n"
     assert (f / "etc/default/slurmd").read_text() == 'SLURMD_OPTIONS="-N n1"\n'
     assert "slurmd@n2.service" in (d / "setup.sh").read_text()

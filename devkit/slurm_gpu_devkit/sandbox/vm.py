@@ -287,6 +287,11 @@ def config_tree(directory: Path, *, token: str, settings: list[tuple[str, str]],
     from slurm_gpu import __version__
     from slurm_gpu.confgen.templating import render
     shutil.rmtree(directory, ignore_errors=True)
+    # The tree holds the agent's token (root in the guest) and the munge key:
+    # no other host user may read it, not even while files are written 0644
+    # before their final mode.
+    directory.mkdir(mode=0o700, parents=True)
+    os.chmod(directory, 0o700)
     files = directory / "files"
 
     def put(rel: str, data: str | bytes, mode: int = 0o644) -> None:
@@ -319,7 +324,9 @@ def config_tree(directory: Path, *, token: str, settings: list[tuple[str, str]],
 
 def make_config_disk(tree: Path, image: Path) -> None:
     image.unlink(missing_ok=True)
-    p = subprocess.run(["mke2fs", "-q", "-t", "ext4", "-L", "sgconfig", "-d", str(tree),
+    # Created 0600 before mke2fs writes the token and key into it.
+    os.close(os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    p = subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "sgconfig", "-d", str(tree),
                         str(image), "32M"], capture_output=True, text=True, check=False)
     if p.returncode != 0:
         raise SlurmGpuError(f"mke2fs -d failed: {p.stderr.strip()}", str(image))
