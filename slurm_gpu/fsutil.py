@@ -92,6 +92,26 @@ def atomic_write_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600,
         raise
 
 
+def read_trusted(path: str | os.PathLike[str], limit: int) -> bytes | None:
+    """The first *limit* bytes of *path* when it is a regular file that root or
+    this process's user owns and nobody else may write; else None.
+
+    Never follows a symlink and never blocks on a FIFO: for files in shared
+    directories (the accounting store, the cluster publish directory) that a
+    user or another node could have planted or replaced.
+    """
+    import stat
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return None
+        return f.read(limit)
+
+
 def _fsync_dir(d: str) -> None:
     """Make a rename in *d* durable (a crash after it must not bring the old file back)."""
     try:

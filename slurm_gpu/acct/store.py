@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, read_trusted
 from ..jobs.state import check_jobid
 
 KINDS = ("jobs", "agg", "pending", "ended")
@@ -85,19 +85,13 @@ class Store:
                      mode=0o600, durable=kind != "agg")
 
     def read(self, kind: str, jobid: str) -> dict[str, Any] | None:
-        p = self.path(kind, jobid)
-        try:
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
+        raw = read_trusted(self.path(kind, jobid), 1 << 20)
+        if raw is None:
             return None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                return None
-            try:
-                data = json.loads(f.read(1 << 20))
-            except ValueError:
-                return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
         return data if isinstance(data, dict) else None
 
     def remove(self, kind: str, jobid: str) -> None:
@@ -129,15 +123,10 @@ class Store:
     def ended_sluids(self, jobid: str) -> list[str]:
         """The SLUIDs the tombstone of *jobid* kept (checked as every read is)."""
         from .attribution import SLUID
-        try:
-            fd = os.open(self.path("ended", jobid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
+        raw = read_trusted(self.path("ended", jobid), 4096)
+        if raw is None:
             return []
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                return []
-            lines = f.read(4096).decode(errors="replace").splitlines()
+        lines = raw.decode(errors="replace").splitlines()
         return [x for x in (lines[1].split() if len(lines) > 1 else []) if SLUID.fullmatch(x)]
 
     def ended(self, jobid: str) -> bool:

@@ -120,22 +120,17 @@ def read_model(publish_dir: str, name: str) -> dict[str, Any] | None:
     *name* passed :func:`.domain.node_names`' check."""
     if not domain.plain_node_name(name):
         return None
-    path = os.path.join(publish_dir.replace("%n", name), f"{name}.json")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    from ..fsutil import read_trusted
+    # The same trust rule as cluster.modelfile.load: a model another user
+    # could have written (a share writable by users, root_squash's nobody)
+    # must not choose this job's IMEX peers.
+    raw = read_trusted(os.path.join(publish_dir.replace("%n", name), f"{name}.json"), 16 << 20)
+    if raw is None:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        # The same trust rule as cluster.modelfile.load: a model another user
-        # could have written (a share writable by users, root_squash's nobody)
-        # must not choose this job's IMEX peers.
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            return None
-        try:
-            doc = json.loads(f.read(16 << 20))
-        except ValueError:
-            return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
     node = doc.get("node") if isinstance(doc, dict) else None
     return node if isinstance(node, dict) else None
 
