@@ -24,12 +24,14 @@ def _settings(env: dict[str, str]) -> tuple[dict, str, dict]:
     return sec["imex"], sec["publish_dir"], jobs_cached(config_path, name, gres_conf, health=False)["jobs"]
 
 
-def context(env: dict[str, str] | None = None) -> "object":
+def context(env: dict[str, str] | None = None,
+            settings: tuple[dict, str, dict] | None = None) -> "object":
+    """The prolog's :class:`.job.Ctx`; *settings*: :func:`_settings`' answer, when the caller has it."""
     from ..hw import live
     from .job import Ctx
     from .teardown import event_logger
     env = dict(os.environ) if env is None else env
-    imex, publish_dir, jobs = _settings(env)
+    imex, publish_dir, jobs = settings or _settings(env)
     return Ctx(env, imex, publish_dir, live.node_name(),
                on_internal_error=jobs["on_internal_error"], scancel=jobs["scancel"],
                log=event_logger(imex["base_dir"]))
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o022)
     try:
         env = dict(os.environ)
-        s, _, jobs = _settings(env)
+        settings = _settings(env)
+        s, _, jobs = settings
         # The readiness wait plus a stop on each side, and room to spare: the
         # watchdog only catches a hang.
         limit = float(s["timeout"]) + 2 * float(s["stop_timeout"]) + 30.0
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             return teardown.epilog(env, s["base_dir"], float(s["stop_timeout"]),
                                    teardown.event_logger(s["base_dir"]), jobs["on_internal_error"])
         from . import job
-        ctx = context(env)
+        ctx = context(env, settings)       # the settings read above: once per prolog
         assert isinstance(ctx, job.Ctx)
         return job.prolog(ctx)
     except Exception as e:  # noqa: BLE001 - settings unreadable, bad job id...: a node fault
