@@ -31,6 +31,13 @@ def _model(path: Path, clique: int | None = None) -> dict[str, Any]:
     return d
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Rig:
     def __init__(self, tmp: Path, nodes: dict[str, dict[str, Any]]) -> None:
         self.tmp = tmp
@@ -42,7 +49,11 @@ class Rig:
         lines = [f"NodeName={n} NodeAddr=127.0.0.{i + 1} CPUs=1" for i, n in enumerate(self.names)]
         self.slurm_conf = tmp / "slurm.conf"
         self.slurm_conf.write_text("ClusterName=t\n" + "\n".join(lines) + "\n")
-        self.port = 20000 + os.getpid() % 20000
+        # Ports the kernel hands out now: a fixed port can be held by another
+        # test's daemon, or sit in TIME_WAIT after the previous test (CI saw
+        # EADDRINUSE on the squatter's bind).
+        self.port = _free_port()
+        self.cmd_ports = {n: _free_port() for n in nodes}
         self.logs: dict[str, list[str]] = {n: [] for n in nodes}
         self.cancelled: list[str] = []
 
@@ -54,10 +65,9 @@ class Rig:
             (d / "fault").write_text(fault)
             ff = str(d / "fault")
         daemon, ctl = write_wrappers(str(d), sys.executable, ff)
-        i = self.names.index(name)
         s = ImexSettings(mode="per-job", daemon=daemon, ctl=ctl, base_dir=str(self.tmp / f"run-{name}"),
                          base_config=str(self.tmp / "no-base.cfg"), port_base=self.port, port_range=1,
-                         cmd_port=self.port + 1 + i, channels="off", **kw)
+                         cmd_port=self.cmd_ports[name], channels="off", **kw)
         return job.Ctx({"SLURM_CONF": str(self.slurm_conf), **env}, vars(s), str(self.publish), name,
                        log=self.logs[name].append, cancel=self.cancelled.append)
 
@@ -143,6 +153,7 @@ def test_a_port_another_process_holds_fails_the_job_never_drains(tmp_path: Path)
     rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
     c = rig.ctx("n1", _env("41", "n[1-2]"), timeout=1.5)
     with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", c.imex["port_base"]))
         squatter.listen()
         assert job.prolog(c) == 0
