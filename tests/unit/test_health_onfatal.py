@@ -205,3 +205,126 @@ def test_on_fatal_accepts_only_its_three_modes():
     from slurm_gpu.health.settings import HealthSettings
     with pytest.raises(ValueError):
         HealthSettings(on_fatal="kill")
+
+
+# --------------------------------------- who wrote the line: only a proven sender acts
+
+XID79_TEXT = "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=a.out, GPU has fallen off the bus."
+# What `logger -t kernel "NVRM: Xid ..."` (any local user) leaves in each text
+# log a site may name as [health] kernel_log: the same bytes the kernel's own line makes there.
+FORGEABLE = {
+    "rsyslog traditional": f"Nov 28 20:14:44 n1 kernel: {XID79_TEXT}\n",
+    "rsyslog, no host": f"Nov 28 20:14:44 kernel: {XID79_TEXT}\n",
+    "rsyslog RFC 3339": f"2026-11-28T20:14:44.123456+00:00 n1 kernel: {XID79_TEXT}\n",
+    "journalctl short-unix": f"1764360884.123456 n1 kernel: {XID79_TEXT}\n",
+    "journalctl short-full": f"Sat 2026-11-28 20:14:44 UTC n1 kernel: {XID79_TEXT}\n",
+    "journalctl short-monotonic": f"[74889.644138] n1 kernel: {XID79_TEXT}\n",
+    "an excerpt": f"kernel: {XID79_TEXT}\n",
+}
+# Formats whose sender is proven: a /dev/kmsg record's facility (userspace
+# cannot claim 0), journald's own _TRANSPORT field, dmesg (it reads /dev/kmsg,
+# which only root can write).
+PROVEN = {
+    "kmsg record": f"3,1234,74889644138,-;{XID79_TEXT}\n",
+    "journal JSON": json.dumps({"_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0", "MESSAGE": XID79_TEXT,
+                                "__REALTIME_TIMESTAMP": "1764360884123456"}) + "\n",
+    "dmesg": f"[74889.644138] {XID79_TEXT}\n",
+}
+
+
+def run_health_with(tmp_path, fake, monkeypatch, text, **kw):
+    global XID79_LINE
+    old, XID79_LINE = XID79_LINE, text
+    try:
+        return run_health(tmp_path, fake, monkeypatch, **kw)
+    finally:
+        XID79_LINE = old
+
+
+@pytest.mark.parametrize("fmt", sorted(FORGEABLE))
+def test_a_kernel_tag_any_user_can_write_neither_drains_nor_requeues(tmp_path, monkeypatch, fmt):
+    fake = NodeAndJobs("ALLOCATED")
+    rep = run_health_with(tmp_path, fake, monkeypatch, FORGEABLE[fmt])
+    assert rep.action != "drain" and rep.jobs == []
+    assert not any(c[1] in ("requeue", "update") or c[0].endswith("scancel") for c in fake.calls), fake.calls
+    [f] = [f for f in rep.findings if f.check == "gpu.xid"]
+    assert f.severity == "warn" and f.xid == 79 and not f.fatal
+    assert "not trusted" in f.message and "logger -t kernel" in f.message
+
+
+@pytest.mark.parametrize("fmt", sorted(PROVEN))
+def test_a_line_whose_sender_is_proven_drains_and_requeues(tmp_path, monkeypatch, fmt):
+    fake = NodeAndJobs("ALLOCATED")
+    rep = run_health_with(tmp_path, fake, monkeypatch, PROVEN[fmt])
+    assert rep.action == "drain" and [s["action"] for s in rep.jobs] == ["requeue", "release"]
+
+
+def test_the_kernel_log_follower_starts_no_run_for_a_forgeable_line(tmp_path):
+    from slurm_gpu.health.watch import KernelFollower, drain_finding
+    log = tmp_path / "messages"
+    log.write_text("")
+    follow = KernelFollower(str(log))
+    with open(log, "a") as f:
+        f.write(FORGEABLE["rsyslog traditional"])
+    assert drain_finding(lines=follow.poll()) is None
+    with open(log, "a") as f:
+        f.write(PROVEN["kmsg record"])
+    assert drain_finding(lines=follow.poll()).startswith("gpu.xid: Xid 79 on 0000:18:00.0")
+
+
+H100 = str(Path(__file__).resolve().parents[1] / "data" / "machines" / "h100-sxm-8x" / "snapshot.json")
+
+
+def nvml(overlay=None):
+    from slurm_gpu.hw import snapshot as snap
+    from slurm_gpu.hw.gpus_nvml import NvmlGpus
+    data = snap.read_snapshot(H100)
+    return lambda: NvmlGpus(snap.replay_api(data, H100, overlay))
+
+
+def run_with_nvml(tmp_path, fake, monkeypatch, text, overlay):
+    from slurm_gpu.health.settings import HealthSettings
+    monkeypatch.setattr(runner, "run", fake.run)
+    (tmp_path / "kern.log").write_text(text)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "health-state.n1.json").write_text(json.dumps({"gpu_index": INDEX}))
+    s = HealthSettings(kernel_log=str(tmp_path / "kern.log"))
+    return engine.run(engine.Options(node="n1", settings=s, state_dir=str(state), only=["gpu.xid", "gpu.count"],
+                                     nvml_opener=nvml(overlay)))
+
+
+def test_a_forgeable_line_acts_when_nvml_proves_that_gpu_dead(tmp_path, monkeypatch):
+    # The GPU at 0000:18:00.0 is lost: NVML answers GPU_IS_LOST and tells no bus
+    # id; the run knew that bus from its state file (gpu_index).
+    fake = NodeAndJobs("ALLOCATED")
+    rep = run_with_nvml(tmp_path, fake, monkeypatch, FORGEABLE["rsyslog traditional"], {"gpus": {BUS0: {"lost": True}}})
+    assert rep.action == "drain" and [s["action"] for s in rep.jobs] == ["requeue", "release"]
+    [f] = [f for f in rep.findings if f.check == "gpu.xid"]
+    assert f.severity == "drain" and f.fatal and f.gpu == BUS0
+    assert f.message.endswith("[log line not proven the kernel's; NVML: GPU no longer answers NVML]")
+
+
+def test_a_forgeable_line_on_a_healthy_gpu_stays_a_warning_with_nvml_read(tmp_path, monkeypatch):
+    # Another GPU is lost: that proves nothing about the GPU the line names.
+    fake = NodeAndJobs("ALLOCATED")
+    rep = run_with_nvml(tmp_path, fake, monkeypatch, FORGEABLE["rsyslog traditional"],
+                        {"gpus": {"0000:2a:00.0": {"lost": True}}})
+    [f] = [f for f in rep.findings if f.check == "gpu.xid"]
+    assert f.severity == "warn" and not f.fatal
+    assert rep.jobs == [] and not any(c[1] == "requeue" or c[0].endswith("scancel") for c in fake.calls)
+
+
+def test_what_nvml_proves_dead():
+    from slurm_gpu.hw.nvml_health import GpuHealth, NvmlHealth
+    gpus = [GpuHealth(0, lost="NVML_ERROR_GPU_IS_LOST"), GpuHealth(1, "0000:2a:00.0", recovery_action=1),
+            GpuHealth(2, "0000:3a:00.0", recovery_action=3), GpuHealth(3, "0000:5d:00.0", ecc_volatile_uncorrected=2),
+            GpuHealth(5, BUS5)]
+    known = {BUS0: 0, "0000:2a:00.0": 1, "0000:3a:00.0": 2, "0000:5d:00.0": 3, BUS5: 5, "0000:99:00.0": 5}
+    got = onfatal.nvml_confirms(NvmlHealth(available=True, gpus=gpus), known)
+    # lost (by elimination), reset needed; a P2P drain or an ECC count kills no job; a stale
+    # bus whose index a live GPU has proves nothing
+    assert got == {BUS0: "GPU no longer answers NVML", "0000:2a:00.0": "needs a GPU reset"}
+    assert onfatal.nvml_confirms(NvmlHealth(available=True, gpus=gpus[1:]), known) == {"0000:2a:00.0": "needs a GPU reset"}
+    assert onfatal.nvml_confirms(NvmlHealth(available=True, gpus=gpus[1:]), known, expected_count=5)[BUS0]
+    assert onfatal.nvml_confirms(NvmlHealth(available=False, gpus=gpus), known) == {}
