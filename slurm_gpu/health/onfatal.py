@@ -152,6 +152,9 @@ def act(node: str, findings: Iterable[Finding], gpu_index: Mapping[str, int], mo
         except CommandError as e:
             out.errors.append(f"on_fatal: {e.what}")
             continue
+        if view is not None and view.unreadable:
+            out.errors.append(f"on_fatal: job {jid} left alone: its scontrol text is ambiguous ({view.unreadable})")
+            continue
         if view is None or view.state not in ("RUNNING", "SUSPENDED"):
             continue
         mine = next((idx for nodes, idx in view.gpus.items() if node in _expand(expand, nodes)), ())
@@ -210,8 +213,8 @@ def release(out: FatalOutcome, deadline: float, *, timeout: float, clock: Callab
             except CommandError as e:
                 out.errors.append(f"on_fatal: {e.what}")
                 return
-            if view is None:
-                del out.owed[jid]
+            if view is None or view.unreadable:
+                del out.owed[jid]          # (requeued already: only the early release is lost)
             elif view.state == "PENDING":
                 try:
                     jobctl.release(jid, max(0.5, min(timeout, deadline - clock())))

@@ -52,6 +52,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from dataclasses import dataclass
 
 from .. import procfs
@@ -278,6 +279,48 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
         last = -1
     buf = b"".join(rec for rseq, rec in records if rseq > last)
     return scan_buffer(buf), KmsgCursor(bid, max(last, newest))
+
+
+# ------------------------------------------------------- who wrote the lines
+
+def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
+    """Whether the lines of *source* (``[health] kernel_log``) can prove the kernel wrote them.
+
+    ``("proven" | "unproven" | "unknown", why)``: ``/dev/kmsg`` and files of
+    its records, dmesg output and journal JSON/export files prove it; a syslog
+    or journal text file (judged by its last *sample* bytes) does not, since
+    its ``kernel:`` tag is whatever the sender wrote (``kmsg_scan.TAG_ONLY``).
+    Opened without blocking (a FIFO there must not hang ``doctor``).
+    """
+    from .kmsg_scan import text_log_line
+    if source == DEV_KMSG:
+        return "proven", "the kernel's records, whose facility userspace cannot claim"
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        return "unknown", f"cannot be read ({e.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "unknown", "not a regular file"
+        if os.pread(fd, len(MAGIC), 0) == MAGIC:
+            return "proven", "a journal export file (journald's own _TRANSPORT field)"
+        tail = os.pread(fd, sample, max(0, st.st_size - sample))
+    finally:
+        os.close(fd)
+    lines = tail.split(b"\n")[1 if st.st_size > sample else 0:]
+    seen = False
+    for raw in lines[-2000:]:
+        text = raw[:400].decode("utf-8", "replace")
+        if not text.strip():
+            continue
+        seen = True
+        if text_log_line(text):
+            return "unproven", ("a syslog/journal text file: a line tagged \"kernel:\" is what its sender wrote, "
+                                "and any local user can write one (logger -t kernel)")
+    if not seen:
+        return "unknown", "empty: its format (and who can write it) cannot be told yet"
+    return "proven", "dmesg output, /dev/kmsg records or journal JSON (the kernel's facility or journald's fields)"
 
 
 # ------------------------------------------------------------------ cursors

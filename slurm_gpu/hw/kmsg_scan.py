@@ -131,6 +131,12 @@ def _tag_only(m: re.Match[str]) -> bool:
             or g["mhost"] is not None or (g["iso"] is not None and g["ihost"] is not None))
 
 
+def text_log_line(line: str) -> bool:
+    """Whether *line* is a syslog or journal *text* line (any tag): its sender is only what it says."""
+    m = _ENVELOPE.match(line)
+    return m is not None and m.end() > 0 and _tag_only(m)
+
+
 def _journal_lines(line: str) -> list[KernelLine]:
     """A ``journalctl -o json`` line: only what journald itself saw come from the kernel."""
     if len(line) > MAX_JSON_LINE:

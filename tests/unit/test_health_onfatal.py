@@ -328,3 +328,62 @@ def test_what_nvml_proves_dead():
     assert onfatal.nvml_confirms(NvmlHealth(available=True, gpus=gpus[1:]), known) == {"0000:2a:00.0": "needs a GPU reset"}
     assert onfatal.nvml_confirms(NvmlHealth(available=True, gpus=gpus[1:]), known, expected_count=5)[BUS0]
     assert onfatal.nvml_confirms(NvmlHealth(available=False, gpus=gpus), known) == {}
+
+
+# ------------------------------------ a job's free text spelling Slurm's own fields
+
+VERSIONS = ["22.05", "24.11", "26.05"]
+
+
+def hostile(version: str, name: str = "hostile") -> str:
+    """Real `scontrol -d show job -o` output (tests/data/slurm/PROVENANCE.md): a --no-requeue job on GPU 4
+    of n1 whose name, comment and output path spell Requeue=1, other GPUs and other nodes."""
+    return (DATA / f"show-job-{name}-{version}.txt").read_text()
+
+
+class OneJob(FakeJobs):
+    """squeue and scontrol serving one recorded job verbatim (its real state: RUNNING)."""
+
+    def __init__(self, jid: str, text: str) -> None:
+        super().__init__()
+        self.lines = {jid: text.rstrip("\n")}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fields_spelt_in_a_job_s_free_text_are_never_read_as_slurm_s(version):
+    text = hostile(version)
+    assert "JobName=x Requeue=1 Restarts=0 BatchFlag=1 JobState=RUNNING" in text and " Requeue=0 " in text
+    view = jobctl.parse_job(text, "2")
+    assert view.job_id == "2" and view.unreadable == "a free-text field such as its name or comment spells JobState="
+    assert not view.requeue and view.gpus == {}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("gpu", [0, 3, 4])      # spelt in its name, spelt in its output path, really held
+def test_a_job_with_spelt_fields_is_left_alone_with_a_note(monkeypatch, version, gpu):
+    fake = OneJob("2", hostile(version))
+    monkeypatch.setattr(runner, "run", fake.run)
+    bus = "0000:5d:00.0"
+    out = onfatal.act("n1", [xid79(bus)], {bus: gpu}, "requeue", far(), timeout=5, sleep=lambda s: None)
+    assert fake.did() == [] and out.steps == []
+    assert out.errors == ["on_fatal: job 2 left alone: its scontrol text is ambiguous (a free-text field such as "
+                          "its name or comment spells JobState=)"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_newline_in_a_job_name_cannot_make_a_record_of_its_own(monkeypatch, version):
+    text = hostile(version, "newline-name")
+    assert text.startswith("JobId=3 JobName=a\nJobId=9 JobState=RUNNING Requeue=1 ")
+    view = jobctl.parse_job(text, "3")
+    assert view.job_id == "3" and view.unreadable
+    assert jobctl.parse_job(text, "9") is None or jobctl.parse_job(text, "9").unreadable
+
+
+@pytest.mark.parametrize("version", ["22.05", "26.05"])
+def test_recorded_plain_jobs_of_every_version_parse_exactly(version):
+    path = DATA / f"show-job-d-{version}.txt"
+    both, one = [jobctl.parse_job(ln) for ln in path.read_text().splitlines()]
+    assert (both.state, both.requeue, both.batch, both.restarts, both.admin_comment, both.unreadable) == (
+        "RUNNING", True, True, 0, False, None)
+    assert both.gpus == {"n[1-2]": (0, 1)} and one.gpus == {"n1": (4, 5, 6)}
+    assert (one.requeue, one.admin_comment) == (False, True)
