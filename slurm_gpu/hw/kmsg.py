@@ -347,18 +347,32 @@ def read_source(source: str, doc: dict[str, Any]) -> tuple[list[KernelLine], dic
     return lines, doc
 
 
+def trusted_stat(st: os.stat_result) -> bool:
+    """A regular file of root (or this process's user) that nobody else may write."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+
+
 def read_events(path: str, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """New records of the ``xid-watch`` event file (JSON lines) after the cursor in *doc*."""
+    """New records of the ``xid-watch`` event file (JSON lines) after the cursor in *doc*.
+
+    Its records count as NVML's own word (they drain, and ``on_fatal``
+    requeues on them), so the file must be what ``xid-watch`` (root) wrote: a
+    regular file, not a link, root's (or this process's user's), and writable
+    by nobody else; anything else is bad input, and its records are not read.
+    """
     doc = json.loads(json.dumps(doc))
     ev = doc.get("events") or {}
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return [], doc
     except OSError as e:
         raise InputError(f"cannot read event file: {e.strerror}", path) from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
+        if not trusted_stat(st):
+            raise InputError("event file is not root's, or someone else may write it: its records prove nothing",
+                             path)
         cur = FileCursor(path, int(ev.get("inode", 0)), int(ev.get("offset", 0)), str(ev.get("mark") or ""))
         same = cur.inode == st.st_ino and 0 <= cur.offset <= st.st_size and _same_file(f.fileno(), cur)
         start = cur.offset if same else 0

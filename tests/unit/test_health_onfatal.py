@@ -387,3 +387,33 @@ def test_recorded_plain_jobs_of_every_version_parse_exactly(version):
         "RUNNING", True, True, 0, False, None)
     assert both.gpus == {"n[1-2]": (0, 1)} and one.gpus == {"n1": (4, 5, 6)}
     assert (one.requeue, one.admin_comment) == (False, True)
+
+
+def test_an_event_file_someone_but_root_could_write_proves_nothing(tmp_path, monkeypatch):
+    # [health] events_file in a shared directory (/tmp/xid-%n.jsonl): a user who made the
+    # file first, or can write it, would write "NVML events" that drain and requeue.
+    import os
+    from slurm_gpu.health.settings import HealthSettings
+    fake = NodeAndJobs("ALLOCATED")
+    monkeypatch.setattr(runner, "run", fake.run)
+    (tmp_path / "kern.log").write_text("")
+    ev = tmp_path / "xid-events.jsonl"
+    ev.write_text(json.dumps({"time": 1.0, "event": "xid", "xid": 79, "gpu": BUS0, "data": 79}) + "\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "health-state.n1.json").write_text(json.dumps({"gpu_index": INDEX}))
+    s = HealthSettings(kernel_log=str(tmp_path / "kern.log"), events_file=str(ev))
+
+    def run():
+        return engine.run(engine.Options(node="n1", settings=s, state_dir=str(state), only=["gpu.xid"]))
+    os.chmod(ev, 0o622)
+    rep = run()
+    assert rep.action != "drain" and rep.jobs == [] and "not root's" in (rep.broken or ""), rep
+    if os.geteuid() == 0:
+        os.chmod(ev, 0o600)
+        os.chown(ev, 1001, 1001)
+        rep = run()
+        assert rep.action != "drain" and rep.jobs == [] and "not root's" in (rep.broken or "")
+        os.chown(ev, 0, 0)
+    rep = run()                                       # root's, 0600: xid-watch's own file
+    assert rep.action == "drain" and rep.jobs[0]["action"] == "requeue"
