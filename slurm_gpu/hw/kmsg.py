@@ -190,6 +190,9 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         if lost >= 0:
             out[lost:] = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, AFTER_RESYNC, ln.at)
                           for ln in out[lost:]]
+        if not trusted_stat(st):
+            # Whoever may write the file writes any format: nothing in it is proven.
+            out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, OPEN_FILE, ln.at) for ln in out]
         return out, FileCursor(p, st.st_ino, pos, _mark(fd, pos))
     finally:
         os.close(fd)
@@ -202,6 +205,7 @@ def _line_before(fd: int, pos: int) -> bytes:
     return line_before(os.pread(fd, min(pos, 64 << 10), max(0, pos - (64 << 10))), pos <= 64 << 10)
 
 
+OPEN_FILE = "the kernel log file is not root's, or someone else may write it"
 AFTER_RESYNC = "read after bytes that are not the journal export format (see the warning about them)"
 
 
@@ -303,6 +307,8 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "unknown", "not a regular file"
+        if not trusted_stat(st):
+            return "unproven", OPEN_FILE + ": any line in it may be theirs"
         if os.pread(fd, len(MAGIC), 0) == MAGIC:
             return "proven", "a journal export file (journald's own _TRANSPORT field)"
         tail = os.pread(fd, sample, max(0, st.st_size - sample))

@@ -417,3 +417,27 @@ def test_an_event_file_someone_but_root_could_write_proves_nothing(tmp_path, mon
         os.chown(ev, 0, 0)
     rep = run()                                       # root's, 0600: xid-watch's own file
     assert rep.action == "drain" and rep.jobs[0]["action"] == "requeue"
+
+
+def test_a_kernel_log_file_someone_but_root_may_write_proves_nothing(tmp_path, monkeypatch):
+    # Any format (dmesg's here) is what its writer says when a user can write the file itself.
+    import os
+    fake = NodeAndJobs("ALLOCATED")
+    rep = run_health_with(tmp_path, fake, monkeypatch, PROVEN["dmesg"])
+    assert rep.action == "drain"                           # root's, 0644: as before
+    log = tmp_path / "b" / "kern.log"
+    fake = NodeAndJobs("ALLOCATED")
+    real_write = Path.write_text
+
+    def write_open(self, text, *a, **kw):                  # the rig writes the log: make it everyone's
+        n = real_write(self, text, *a, **kw)
+        if self.name == "kern.log":
+            os.chmod(self, 0o666)
+        return n
+    monkeypatch.setattr(Path, "write_text", write_open)
+    rep = run_health_with(tmp_path / "b", fake, monkeypatch, PROVEN["dmesg"])
+    assert rep.action != "drain" and rep.jobs == []
+    [f] = [f for f in rep.findings if f.check == "gpu.xid"]
+    assert f.severity == "warn" and "not root's, or someone else may write it" in f.message
+    from slurm_gpu.hw import kmsg
+    assert kmsg.sender_proof(str(log))[0] == "unproven"
