@@ -379,7 +379,7 @@ def test_a_newline_in_a_job_name_cannot_make_a_record_of_its_own(monkeypatch, ve
     assert jobctl.parse_job(text, "9") is None or jobctl.parse_job(text, "9").unreadable
 
 
-@pytest.mark.parametrize("version", ["22.05", "26.05"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_recorded_plain_jobs_of_every_version_parse_exactly(version):
     path = DATA / f"show-job-d-{version}.txt"
     both, one = [jobctl.parse_job(ln) for ln in path.read_text().splitlines()]
