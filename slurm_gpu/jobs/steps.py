@@ -29,7 +29,6 @@ from .state import JobFailed, Phase
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
     from .context import Context
     from .state import MpsRecord
