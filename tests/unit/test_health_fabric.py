@@ -190,7 +190,22 @@ def test_a_users_process_named_like_the_service_does_not_hide_it(tmp_path):
     assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
         "nvidia-fabricmanager is not running on a node with NVSwitches"]
     os.chown(fake, os.stat(tmp_path / "proc").st_uid, -1)
+    (fake / "status").write_text("Name:\tnv-fabricmanager\nUid:\t0\t0\t0\t0\n")
     assert services.check_fabricmanager(G(tmp_path)) == []
+
+
+def test_a_set_user_id_program_run_by_a_user_under_the_service_name_does_not_hide_it(tmp_path):
+    # `ln -s /usr/bin/su ~/nv-fabricmanager` run by uid 4242: /proc/PID is
+    # root's (the effective uid), comm is the link's name, the real uid the user's.
+    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
+    drills.write_files(str(tmp_path), drills.fabric_root_files(hgx))
+    drills.write_files(str(tmp_path), {"proc/4201/comm": None})
+    fake = tmp_path / "proc" / "31337"
+    fake.mkdir()
+    (fake / "comm").write_text("nv-fabricmanager\n")
+    (fake / "status").write_text("Name:\tnv-fabricmanager\nUid:\t4242\t0\t0\t0\n")
+    assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
+        "nvidia-fabricmanager is not running on a node with NVSwitches"]
 
 
 # -------------------------------------------------- debounce, grace, config
