@@ -73,8 +73,8 @@ def parse(data: bytes, path: str) -> dict[str, Any]:
         raise InputError(f"health baseline is not JSON: {e}", path) from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("models"), dict):
         raise InputError(f"health baseline must be version {VERSION} with a 'models' table", path)
-    for model, e in doc["models"].items():
-        why = check_entry(e)
+    for model, entry in doc["models"].items():
+        why = check_entry(entry)
         if why:
             raise InputError(f"health baseline model {model!r}: {why}", path)
     return doc
