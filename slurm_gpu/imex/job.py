@@ -299,6 +299,21 @@ def _port_taken(ip: str, port: int) -> bool:
     return False
 
 
+def _port_held(ip: str, port: int) -> bool:
+    """Whether anything at all holds *port* on *ip*: a plain bind (no
+    SO_REUSEADDR) also fails for a socket only bound with SO_REUSEADDR, which
+    neither :func:`_port_taken` nor ``/proc/net/tcp`` sees, and for TIME_WAIT."""
+    import errno
+    import socket
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as so:
+        try:
+            so.bind((ip, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
 def _clean_earlier_run(ctx: Ctx, base: str, jobid: str) -> None:
     """A requeued job's earlier run here (its epilog never ran): stop what it left first."""
     try:
@@ -323,6 +338,16 @@ def _wait_ready(ctx: Ctx, st: dict[str, Any], path: str, jobid: str) -> None:
     while True:
         code = daemon.reap(st["daemon"]["pid"])
         if code is not None or not daemon.alive(st["daemon"]):
+            held = [p for ip, p in ((st["addresses"][me], st["port"]), ("127.0.0.1", int(s["cmd_port"])))
+                    if _port_held(ip, p)]
+            if held:
+                # Its ports are held now that it is gone: someone took one
+                # between our check and its bind (a process listening late, a
+                # socket bound with SO_REUSEADDR, an outgoing connection).
+                # Not proven this node's fault: the job fails, the node stays up.
+                raise PeerFailure(f"imex: this node's nvidia-imex exited (status {code}) while port(s) "
+                                  f"{', '.join(map(str, held))} are held by another process; no IMEX "
+                                  "domain for this job", os.path.join(path, "imex.log"))
             raise HardwareError(f"imex: this node's nvidia-imex exited (status {code}) before the domain "
                                 "was UP; see its log", os.path.join(path, "imex.log"))
         status, nodes = daemon.domain_status(s["ctl"], st["config"])

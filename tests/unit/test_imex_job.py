@@ -362,3 +362,25 @@ def test_no_job_port_is_the_command_port() -> None:
     assert not d.port_base <= d.cmd_port < d.port_base + d.port_range
     with pytest.raises(InputError, match="imex.cmd_port 50005 lies in the job ports 40000-50999"):
         check(ImexSettings(port_base=40000, port_range=11000), "t.toml")
+
+
+def test_a_port_taken_between_the_check_and_the_daemons_bind_fails_the_job_never_drains(
+        tmp_path: Path, monkeypatch) -> None:
+    # A user's process listens on the job's port just after the prolog's check
+    # (the race a hostile review won 5 of 5): nvidia-imex cannot bind and exits.
+    # With its port held by someone else, that exit proves no node fault.
+    import socket
+    rig = Rig(tmp_path, {"n1": _model(GB200)})
+    c = rig.ctx("n1", _env("43", "n1"), timeout=3)
+    monkeypatch.setattr(job, "_port_taken", lambda ip, port: False)    # the check ran before the listen
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", c.imex["port_base"]))
+        squatter.listen()
+        assert job.prolog(c) == 0                   # on_internal_error=drain: 1 were it the node's
+    assert rig.cancelled == ["43"]
+    line = next(m for m in rig.logs["n1"] if "exited" in m)
+    assert f"port(s) {c.imex['port_base']} are held by another process" in line and "this node stays up" in line
+    st = job.load(c.imex["base_dir"], "43")
+    assert st and st["phase"] == "failed" and not _alive(st)
+    assert job.epilog(c) == 0
