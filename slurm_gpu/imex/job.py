@@ -24,7 +24,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Mapping
+    from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import HardwareError, InputError, SlurmGpuError
 from . import daemon, domain, teardown
@@ -43,7 +43,8 @@ class Ctx:
     def __init__(self, env: Mapping[str, str], imex: Mapping[str, Any], publish_dir: str,
                  node_name: str, *, on_internal_error: str = "drain", scancel: str = "/usr/bin/scancel",
                  log: Callable[[str], None] | None = None, proc_devices: str = "/proc/devices",
-                 cancel: Callable[[str], None] | None = None) -> None:
+                 cancel: Callable[[str], None] | None = None,
+                 own_gpus: Callable[[], Sequence[Mapping[str, Any] | None]] | None = None) -> None:
         import sys
         self.env = env
         self.imex = imex
@@ -54,6 +55,9 @@ class Ctx:
         self.log: Callable[[str], None] = log or (lambda m: print(m, file=sys.stderr))
         self.proc_devices = proc_devices
         self.cancel = cancel or self._scancel
+        # This node's GPUs (index, uuid, fabric: nodefacts.gpu_facts), read
+        # here, never from the publish directory, which other nodes can write.
+        self.own_gpus = own_gpus or (lambda: ())
 
     def _scancel(self, jobid: str) -> None:
         from .. import runner
@@ -185,13 +189,16 @@ def prolog(ctx: Ctx) -> int:
         ctx.log(_fail_line(jobid, "no IMEX domain: [cluster] publish_dir is not set, so no node's "
                                   "NVLink domain is known (docs/imex.md)"))
         return 0
-    model = read_model(ctx.publish_dir, me)
-    mine, _ = domain.fabric_domain(model)
-    if mine is None or model is None:
+    # This node's own domain from its own GPUs: its published model is only
+    # what the other nodes of the job read (another node's root, or `nobody`
+    # on a root-squashed share, could rewrite it).
+    gpus = [dict(g) for g in ctx.own_gpus() if g]
+    mine, _ = domain.fabric_domain({"gpus": gpus})
+    if mine is None:
         return 0                        # no NVLink fabric here: nothing to do
     from ..jobs.context import job_gpus
     held, whole = job_gpus(ctx.env)
-    total = len(model.get("gpus") or ())
+    total = len(gpus)
     base = s["base_dir"]
     os.makedirs(os.path.dirname(base.rstrip("/")) or "/", 0o755, exist_ok=True)
     _root_dir(base, 0o755)
