@@ -134,6 +134,9 @@ def test_a_requeueable_job_on_the_faulty_gpu_runs_again_on_a_healthy_node(slow, 
         assert re.search(r"AdminComment=slurm-gpu: Xid 79 on GPU \S+ of n1: requeued", slow.run(
             ["scontrol", "show", "job", "-o", str(hit)]).stdout)
         for j in (other, spelt):
-            assert (slow.job(j)["JobState"], slow.job(j)["NodeList"], slow.job(j)["Restarts"]) == ("RUNNING", "n1", "0")
+            info = slow.job(j)
+            assert (info["JobState"], info["NodeList"], info["Restarts"]) == ("RUNNING", "n1", "0"), (
+                j, "spelt" if j == spelt else "other", slow.run(["scontrol", "-d", "show", "job", "-o", str(j)]).stdout,
+                (slow.dir / "log" / "xid-watch-n1.log").read_text()[-3000:])
     finally:
         slow.run(["scancel", str(hit), str(other), str(spelt)])
