@@ -46,11 +46,15 @@ class JobView:
 # printing, between JobName and MinCPUsNode=: each must occur exactly once in
 # the whole record (Slurm always prints the real one, so a second one is
 # someone's text), in Slurm's order; the per-node GPU detail is read only
-# between the one JOB_GRES= and the one MinCPUsNode=.  Otherwise the job is
+# between the one JOB_GRES= and the one MinCPUsNode= (at most one of each, in
+# that order after BatchFlag=; none at all: no GPU read).  Otherwise the job is
 # ``unreadable``: a user who spells Slurm's fields fails only their own job's
 # fail-fast requeue.  (``scontrol --json`` would be unambiguous, but needs
 # the serializer/json plugin, which Slurm builds only with json-c.)
-_ONCE = ("JobState", "Requeue", "Restarts", "BatchFlag", "JOB_GRES", "MinCPUsNode")
+_ONCE = ("JobState", "Requeue", "Restarts", "BatchFlag")
+# The GPU detail's bounds: printed for every job with -d that has run (JOB_GRES=(null)
+# without GRES), possibly not for a pending one (a requeued job waiting to start).
+_BOUNDS = ("JOB_GRES", "MinCPUsNode")
 _FLAGS = re.compile(r"(?:^|\s)Requeue=(\d{1,9}) Restarts=(\d{1,9}) BatchFlag=(\d{1,9}) ")
 # The per-node detail of -d: "Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:h100:2(IDX:0-1)"
 # (older Slurm: "GRES_IDX=gpu(IDX:0-1)"); one per group of nodes with the same layout.
@@ -92,20 +96,23 @@ def parse_job(text: str, job_id: str | None = None) -> JobView | None:
         return _unreadable(job_id, "its name holds a line starting JobId=")
     rec = mine[0].rstrip("\n")
     at: dict[str, int] = {}
-    for key in _ONCE:
+    for key in _ONCE + _BOUNDS:
         hits = [m.start() for m in re.finditer(r"(?:^|\s)" + key + "=", rec)]
-        if len(hits) != 1:
-            return _unreadable(job_id, f"a free-text field such as its name or comment spells {key}=" if hits
-                               else f"no {key}= (a newline in its name?)")
-        at[key] = hits[0]
-    if sorted(at.values()) != [at[k] for k in _ONCE]:
+        if len(hits) > 1:
+            return _unreadable(job_id, f"a free-text field such as its name or comment spells {key}=")
+        if hits:
+            at[key] = hits[0]
+        elif key in _ONCE:
+            return _unreadable(job_id, f"no {key}= (a newline in its name?)")
+    if sorted(at.values()) != [at[k] for k in _ONCE + _BOUNDS if k in at]:
         return _unreadable(job_id, "Slurm's fields are out of their order")
     flags = _FLAGS.match(rec, at["Requeue"])
     state = re.match(r"\s?JobState=(\S*)", rec[at["JobState"]:])
     if flags is None or state is None:
         return _unreadable(job_id, "Requeue=, Restarts= and BatchFlag= are not as Slurm prints them")
     gpus: dict[str, tuple[int, ...]] = {}
-    for m in _DETAIL.finditer(rec, at["JOB_GRES"], at["MinCPUsNode"]):
+    detail = _DETAIL.finditer(rec, at["JOB_GRES"], at["MinCPUsNode"]) if len(at) == len(_ONCE + _BOUNDS) else ()
+    for m in detail:
         idx: list[int] = []
         for g in _GPU_IDX.finditer(m.group(2)):
             idx.extend(_indices(g.group(1)))

@@ -441,3 +441,13 @@ def test_a_kernel_log_file_someone_but_root_may_write_proves_nothing(tmp_path, m
     assert f.severity == "warn" and "not root's, or someone else may write it" in f.message
     from slurm_gpu.hw import kmsg
     assert kmsg.sender_proof(str(log))[0] == "unproven"
+
+
+def test_a_job_without_gpu_detail_reads_as_holding_none(monkeypatch):
+    # A requeued job waiting to start may print no JOB_GRES=/detail: still readable (released), holding nothing.
+    line = recorded("26.05")["5"].replace("JobState=RUNNING", "JobState=PENDING")
+    line = line.replace(" JOB_GRES=gpu:nvidia_h100_80gb_hbm3:4 Nodes=n[1-2] CPU_IDs=0-1 Mem=20164 "
+                        "GRES=gpu:nvidia_h100_80gb_hbm3:2(IDX:0-1) MinCPUsNode=1", "")
+    view = jobctl.parse_job(line)
+    assert (view.state, view.requeue, view.unreadable, view.gpus) == ("PENDING", True, None, {})
+    # (a running job always prints them: one spelt in its text makes two, and it is left alone)
