@@ -190,9 +190,14 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
 
     t0 = time.monotonic()
     argv = [settings.control, "-d"]
-    res = runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices),
-                     run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups), cpus=use,
-                     check=False)
+    try:
+        res = runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices),
+                         run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups),
+                         cpus=use, check=False)
+    except runner.TimedOut as e:
+        _client_users_doing(jobid, "launcher", e)
+        raise
+    _client_killed(jobid, "launcher", res)
     if not res.ok:
         from .mpsdir import planted
         why = planted(pipe)
@@ -226,8 +231,13 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
         try:
             res = control(settings, user, pipe, log, session, check=False,
                           timeout=max(0.5, deadline - time.monotonic()))
-        except CommandError:
-            # No answer in time.  A daemon that is stopped (SIGSTOP, or a
+        except CommandError as e:
+            # No answer in time.  The client runs as the job's user (as
+            # root it would connect to whatever the user put in their pipe
+            # directory), so any process of that user can stop it, or kill
+            # it (below): their doing, never the node's.
+            _client_users_doing(jobid, "client", e)
+            # A daemon that is stopped (SIGSTOP, or a
             # ptrace stop, from another process of its user: only they and
             # root can) never answers, nor do sockets of the user's own put
             # in place of the daemon's: the user's doing, which must never
@@ -236,6 +246,7 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             raise
         if res.ok:
             break
+        _client_killed(jobid, "client", res)
         procs = daemon()
         if procs:
             seen = True
@@ -264,6 +275,32 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
     info["ready"] = True
     record(info)
     return info
+
+
+def _client_users_doing(jobid: str, which: str, e: CommandError) -> None:
+    """Raise JobFailed when *e* is the time out of a launcher or client that was stopped.
+
+    Both run as the job's user: only that user's processes (or root) can
+    stop them.  Their real uid cannot be kept root to prevent it: execve
+    copies the effective uid into the saved one, which kill(2) compares.
+    """
+    if getattr(e, "stopped", False):
+        from .state import JobFailed
+        raise JobFailed(f"MPS control {which} was stopped before the daemon answered "
+                        "(by a process of the job's user?)", f"job {jobid}") from None
+
+
+def _client_killed(jobid: str, which: str, res: runner.Completed) -> None:
+    """Raise JobFailed when the launcher or a client (*res*) was ended by a signal.
+
+    NVIDIA's binary ignores SIGPIPE and the runner kills nothing but on its
+    time out (raised, not returned): a signal came from root or from a
+    process of the job's user, who can signal what runs as them.
+    """
+    if res.returncode < 0:
+        from .state import JobFailed
+        raise JobFailed(f"MPS control {which} was killed by signal {-res.returncode} before "
+                        "the daemon answered (by a process of the job's user?)", f"job {jobid}")
 
 
 def _users_doing(jobid: str, pipe: str, procs: dict[int, Any]) -> None:

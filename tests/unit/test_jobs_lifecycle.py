@@ -1171,3 +1171,88 @@ def test_entries_planted_before_the_daemon_starts_fail_the_job_not_the_node(
         assert node.leftovers() == []
     finally:
         agent.close()
+
+
+def _our_clients(ctl: Path) -> list[int]:
+    """PIDs of this process's children running *ctl* as a client (no ``-d``)."""
+    out = []
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        for pid in Path(f"/proc/{os.getpid()}/task/{tid}/children").read_text().split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            except OSError:
+                continue
+            if argv == [str(ctl).encode()]:
+                out.append(int(pid))
+    return out
+
+
+@pytest.mark.parametrize("sig", [9, 19])            # SIGKILL, SIGSTOP
+def test_user_signalling_the_prologs_clients_fails_the_job_not_the_node(
+        node: Env, monkeypatch, sig: int) -> None:
+    """The client sessions run as the job user, so any other process of theirs can kill
+    or stop them (issue 24 §1, reproduced with NVIDIA's 535 binary): the job fails, the
+    node stays up.  The daemon is held (as root) until the first client is caught, so
+    the attack always lands; the user's agent then signals every client it sees."""
+    import threading
+    _short_start(node)
+    agent = Agent(f"os.kill(int(arg), {sig})")
+    done = threading.Event()
+    held: list[int] = []
+
+    def attack() -> None:
+        hit: set[int] = set()
+        while not done.is_set():
+            for pid in _our_clients(node.ctl):
+                if pid not in hit:
+                    hit.add(pid)
+                    try:
+                        agent.do(str(pid))
+                    except (AssertionError, BrokenPipeError):
+                        return
+            if hit and held:
+                os.kill(held.pop(), 18)             # SIGCONT: root lets the daemon go on
+            time.sleep(0.001)
+
+    def hold_daemon(pipe: Path, log: Path) -> None:
+        held.extend(daemon_pids(pipe))
+        for pid in held:
+            os.kill(pid, 19)
+    _hook_first_control(monkeypatch, hold_daemon)
+    t = threading.Thread(target=attack)
+    t.start()
+    try:
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs                 # the node stays up
+        st = js.load(node.state_dir, "100")
+        assert st.phase == "failed" and "control client was" in st.error, st.error
+    finally:
+        done.set()
+        t.join()
+        agent.close()
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
+
+
+def test_user_killing_the_launcher_fails_the_job_not_the_node(node: Env, monkeypatch) -> None:
+    """``nvidia-cuda-mps-control -d`` runs as the job user: a process of theirs killing
+    it (a kill(-1, SIGKILL) loop, reproduced with NVIDIA's binary) ends it by a signal,
+    which the runner returns as a negative status.  The launcher is here killed right
+    after it forked the daemon, as the loop does; the job fails, the node stays up."""
+    from slurm_gpu import runner
+    _short_start(node)
+    real = runner.run
+
+    def run(argv, *a, **kw):
+        res = real(argv, *a, **kw)
+        if list(argv)[1:] == ["-d"]:
+            return res._replace(returncode=-9)
+        return res
+    monkeypatch.setattr(runner, "run", run)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st.phase == "failed" and "launcher was killed by signal 9" in st.error, st.error
+    monkeypatch.setattr(runner, "run", real)
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
