@@ -73,6 +73,10 @@ class Env:
         self.mig = MigSettings()
         self.state_dir = str(self.base / "state")
         self.logs: list[str] = []
+        # The node's name names the daemon's holding cgroup on this host's real
+        # cgroup filesystem: one of its own, so runs side by side never meet.
+        from slurm_gpu import hostctx
+        hostctx.node_name = f"sgt{os.getpid()}-{self.base.name[-8:]}"
 
     def api(self):
         return backend.open_gpus(backend.GpuSource("sim", self.sim))
@@ -108,6 +112,8 @@ class Env:
         pipe = Path(self.mps.base_dir) / jobid / "pipe"
         if daemon_pids(pipe):
             out.append("daemon")
+        if any(os.path.exists(h) for h in self.hold(jobid)):
+            out.append("holding cgroup")
         return out
 
     def close(self) -> None:
@@ -115,6 +121,17 @@ class Env:
             for p in daemon_pids(d):
                 os.kill(p, 9)
         shutil.rmtree(self.base, ignore_errors=True)
+        from slurm_gpu.jobs import jobcgroup
+        for jobid in ("100", "101", "102", "7", "9"):   # a test that skipped half-way left its hold
+            held = [h for h in self.hold(jobid) if os.path.isdir(h)]
+            jobcgroup.kill_all(held, 2.0)
+            jobcgroup.remove(held)
+
+    def hold(self, jobid: str = "100") -> list[str]:
+        """The job's holding cgroup on this host (no job cgroup: no PrologFlags=RunInJob)."""
+        from slurm_gpu import hostctx
+        from slurm_gpu.jobs import jobcgroup
+        return jobcgroup.hold_dirs(jobid, hostctx.node_name or "")
 
 
 @pytest.fixture()
@@ -1256,3 +1273,100 @@ def test_user_killing_the_launcher_fails_the_job_not_the_node(node: Env, monkeyp
     monkeypatch.setattr(runner, "run", real)
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
+
+
+# -- issue 24: without PrologFlags=RunInJob the daemon waits for the job's cgroup ------
+
+def _cgroup_of(pid: int, point: str) -> str:
+    """*pid*'s cgroup in the hierarchy mounted at *point*, as a path under it."""
+    from slurm_gpu.jobs import jobcgroup
+    version, ctrls = next((v, c) for p, v, c in jobcgroup.mounts() if p == point)
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _id, names, path = line.split(":", 2)
+        if (version == 2 and names == "") or (version == 1 and set(ctrls) & set(names.split(","))):
+            return point + path
+    raise AssertionError(f"{pid} in no cgroup of {point}")
+
+
+def _orphan_from(daemon: int, how: str, hold: list[str]) -> int:
+    """A process of the job user's that the daemon started and orphaned: no
+    pipe variable, parent init, outside the daemon's process tree.
+
+    ``gdb``: the review's attack, another process of the user attaching to the
+    daemon (same uid, no Yama) and making it call system().  ``joined``: a
+    process started in the daemon's cgroup as the daemon was, which double-forks
+    (what the kernel does to the daemon's own children, without ptrace)."""
+    from slurm_gpu import runner
+    from slurm_gpu.jobs import jobcgroup
+    u = pwd.getpwnam("sgtest1")
+    code = "env -i setsid /bin/sleep 777 </dev/null >/dev/null 2>&1 &"
+    if how == "gdb":
+        gdb = shutil.which("gdb")
+        if gdb is None:
+            pytest.skip("no gdb here")
+        r = subprocess.run([gdb, "-nx", "-batch", "-p", str(daemon), "-ex",
+                            f'call (int)system("{code}")'], user=u.pw_uid, group=u.pw_gid,
+                           extra_groups=[], env={},
+                           capture_output=True, text=True, timeout=60)
+        if "$1 = 0" not in r.stdout:
+            pytest.skip(f"the job user cannot ptrace here: {r.stderr.strip()[-200:]}")
+    else:
+        runner.run(["/bin/sh", "-c", code], 10, env={"PATH": runner.SAFE_PATH},
+                   run_as=runner.RunAs(u.pw_uid, u.pw_gid), join_cgroups=jobcgroup.procs_files(hold))
+    for _ in range(1000):
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes() == \
+                        b"/bin/sleep\x00777\x00" and os.stat(f"/proc/{pid}").st_uid == u.pw_uid:
+                    return int(pid)
+            except OSError:
+                pass
+        time.sleep(0.01)
+    raise AssertionError("the orphan never started")
+
+
+@pytest.mark.parametrize("how", ["gdb", "joined"])
+@pytest.mark.parametrize("first_step", [False, True], ids=["no step", "first step"])
+def test_what_the_daemon_orphans_before_the_jobs_cgroup_exists_stays_in_the_job(
+        node: Env, how: str, first_step: bool) -> None:
+    """Without RunInJob (22.05) the prolog runs before Slurm makes the job's cgroup.
+    A process the daemon started and orphaned (``gdb -p <daemon> -ex 'call
+    system("env -i setsid sleep 777 &")'`` from another process of the user) left
+    the daemon's process tree: it must still be moved into the job's cgroup by the
+    first step, and ended by the epilog, never run on in slurmd's cgroup after the job."""
+    from slurm_gpu import hostctx
+    from slurm_gpu.jobs import jobcgroup, mps
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    (daemon, _start), = st.mps["daemon"]
+    hold = node.hold()
+    assert hold and st.mps["hold"] == hold
+    point = hold[0][:hold[0].index("/" + jobcgroup.HOLD + "/")]
+    assert _cgroup_of(daemon, point) == hold[0]                  # held from its exec on
+    orphan = _orphan_from(daemon, how, hold)
+    job = None
+    try:
+        assert _cgroup_of(orphan, point) == hold[0]
+        if first_step:
+            # Slurm makes the job's cgroup after the prolog; the first step adopts.
+            v2 = next(v for p, v, _c in jobcgroup.mounts() if p == point) == 2
+            job = Path(point) / (f"{hostctx.node_name}_slurmstepd" if v2 else
+                                 f"slurm_{hostctx.node_name}/uid_{_uid('sgtest1')}") / "job_100"
+            job.mkdir(parents=True)
+            assert mps.adopt(node.state_dir, "100") == [str(job / jobcgroup.NAME)]
+            for pid in (daemon, orphan):
+                assert _cgroup_of(pid, point) == str(job / jobcgroup.NAME)
+            assert not os.path.exists(hold[0])
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert not _alive(orphan)
+        assert node.leftovers() == []
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, 9)
+        if job is not None:
+            for d in (job / jobcgroup.NAME, job, job.parent, job.parent.parent):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
