@@ -1251,17 +1251,24 @@ def test_user_signalling_the_prologs_clients_fails_the_job_not_the_node(
     assert node.leftovers() == []
 
 
-def test_user_killing_the_launcher_fails_the_job_not_the_node(node: Env, monkeypatch) -> None:
+@pytest.mark.parametrize("sig", [9, 19])            # SIGKILL, SIGSTOP
+def test_user_signalling_the_launcher_fails_the_job_not_the_node(
+        node: Env, monkeypatch, sig: int) -> None:
     """``nvidia-cuda-mps-control -d`` runs as the job user: a process of theirs killing
     it (a kill(-1, SIGKILL) loop, reproduced with NVIDIA's binary) ends it by a signal,
-    which the runner returns as a negative status.  The launcher is here killed right
-    after it forked the daemon, as the loop does; the job fails, the node stays up."""
+    which the runner returns as a negative status; stopping it makes the runner time
+    out on a stopped process (test_runner.py shows both on real processes).  Here the
+    launcher is hit right after it forked the daemon, as the loop does; the job fails,
+    the node stays up."""
     from slurm_gpu import runner
     _short_start(node)
     real = runner.run
 
     def run(argv, *a, **kw):
         res = real(argv, *a, **kw)
+        if list(argv)[1:] == ["-d"] and sig == 19:
+            raise runner.TimedOut("nvidia-cuda-mps-control timed out after 1 s (it was stopped)",
+                                  " ".join(argv), stopped=True)
         if list(argv)[1:] == ["-d"]:
             return res._replace(returncode=-9)
         return res
@@ -1269,7 +1276,8 @@ def test_user_killing_the_launcher_fails_the_job_not_the_node(node: Env, monkeyp
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
     st = js.load(node.state_dir, "100")
-    assert st.phase == "failed" and "launcher was killed by signal 9" in st.error, st.error
+    want = "launcher was killed by signal 9" if sig == 9 else "launcher was stopped"
+    assert st.phase == "failed" and want in st.error, st.error
     monkeypatch.setattr(runner, "run", real)
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
