@@ -351,3 +351,14 @@ def test_a_published_model_others_could_write_does_not_choose_the_peers(tmp_path
     assert job.read_model(str(tmp_path), "g1") == doc["node"]
     os.chmod(f, 0o666)
     assert job.read_model(str(tmp_path), "g1") is None
+
+
+def test_no_job_port_is_the_command_port() -> None:
+    # With the old defaults (33792 + jobid % 16384, command port 50005) job
+    # 16213 was given SERVER_PORT 50005, the port of IMEX_CMD_PORT.
+    from slurm_gpu.errors import InputError
+    from slurm_gpu.imex.settings import check
+    d = ImexSettings()
+    assert not d.port_base <= d.cmd_port < d.port_base + d.port_range
+    with pytest.raises(InputError, match="imex.cmd_port 50005 lies in the job ports 40000-50999"):
+        check(ImexSettings(port_base=40000, port_range=11000), "t.toml")
