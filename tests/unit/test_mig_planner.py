@@ -151,7 +151,7 @@ def test_plan_cli_unknown_model(capsys) -> None:
 @pytest.mark.parametrize("name,key", [
     ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
     ("NVIDIA A100 80GB PCIe", "a100-80gb"), ("NVIDIA H100 80GB HBM3", "h100-80gb"),
-    ("NVIDIA H100 PCIe", "h100-80gb"), ("NVIDIA H100 NVL", "h100-nvl"),
+    ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 NVL", "h100-nvl"),
     ("NVIDIA H200", "h200"), ("NVIDIA H200 141GB HBM3e", "h200"), ("NVIDIA B200", "b200"),
     ("NVIDIA A30", "a30"), ("h100-94gb", "h100-94gb"), ("NVIDIA GH200 480GB", "gh200-96gb"),
     ("Tesla V100-SXM2-32GB", None)])
