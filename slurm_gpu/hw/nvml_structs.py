@@ -40,15 +40,7 @@ class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
 class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):
     # nvml.h (R570+; NVIDIA/go-nvml gen/nvml/nvml.h @ 2f9e261f): v2 plus
     # ``unsigned char healthSummary`` (NVML_GPU_FABRIC_HEALTH_SUMMARY_*).
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("clusterUuid", ctypes.c_uint8 * C.NVML_GPU_FABRIC_UUID_LEN),
-        ("status", ctypes.c_uint),
-        ("cliqueId", ctypes.c_uint32),
-        ("state", ctypes.c_uint),
-        ("healthMask", ctypes.c_uint32),
-        ("healthSummary", ctypes.c_ubyte),
-    ]
+    _fields_ = [*c_nvmlGpuFabricInfo_v2_t._fields_, ("healthSummary", ctypes.c_ubyte)]
 
     def __init__(self) -> None:
         super().__init__(version=C.nvmlGpuFabricInfo_v3)

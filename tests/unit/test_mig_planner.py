@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -39,24 +41,30 @@ def test_placements_equal_real_lgipp(letter: str, model: str) -> None:
     assert set(real) <= {p.id for p in m.profiles}
 
 
-def _parted_layouts() -> list[tuple[str, str, dict[str, int]]]:
-    data = yaml.safe_load((DATA / "mig-parted-config-default.yaml").read_text())
-    out = []
-    for name, entries in data["mig-configs"].items():
+def enabled_layouts(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, int], list[str]]]:
+    """(config name, mig-devices, device-filter: [] for any GPU) of each entry of a
+    mig-parted style config that enables MIG with instances."""
+    for name, entries in config["mig-configs"].items():
         for e in entries:
             devs = e.get("mig-devices") or {}
             if not e.get("mig-enabled") or not devs:
                 continue
             filt = e.get("device-filter")
-            filt = [filt] if isinstance(filt, str) else filt
-            ids = {int(f, 16) >> 16 for f in filt} if filt else None
-            for m in MODELS:
-                if ids is not None and not ids & set(m.pci_device_ids):
-                    continue
-                # By the model's own names: an unfiltered layout of another model's
-                # names does not apply through a board variant's second name (GB200's 1g.24gb).
-                if all(p in {q.name for q in m.profiles} for p in devs):
-                    out.append((name, m.key, devs))
+            yield name, devs, [filt] if isinstance(filt, str) else filt or []
+
+
+def _parted_layouts() -> list[tuple[str, str, dict[str, int]]]:
+    data = yaml.safe_load((DATA / "mig-parted-config-default.yaml").read_text())
+    out = []
+    for name, devs, filt in enabled_layouts(data):
+        ids = {int(f, 16) >> 16 for f in filt} if filt else None
+        for m in MODELS:
+            if ids is not None and not ids & set(m.pci_device_ids):
+                continue
+            # By the model's own names: an unfiltered layout of another model's
+            # names does not apply through a board variant's second name (GB200's 1g.24gb).
+            if all(p in {q.name for q in m.profiles} for p in devs):
+                out.append((name, m.key, devs))
     return out
 
 
