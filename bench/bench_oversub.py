@@ -3,21 +3,26 @@
 
 A 1-node sandbox on h100-mig (GPUs 0 and 1 whole, in MIG mode for
 ``--gpu-mig``; GPUs 2 and 3 carved into Slurm MIG gres: 4g.40gb + 3x
-1g.10gb each; 8 shards and 200 gres/mps on each whole GPU) with
-``proctrack/cgroup`` and ``task/cgroup`` (Slurm's device cgroup), the
-project's prolog/epilog, SPANK plugin and accounting prolog step, over the
-NVML simulator.  A seeded random stream of jobs: plain (``--gres=gpu:1``,
-which Slurm may serve with a whole GPU or a MIG slice; a typed whole GPU;
-a 1g.10gb slice), ``--gpu-mps`` (the project's per-job MPS daemon),
-``--gpu-mig`` (instances the prolog carves for the job), gres/shard and
-gres/mps.
+1g.10gb each) with ``proctrack/cgroup`` and ``task/cgroup`` (Slurm's device
+cgroup), the project's prolog/epilog, SPANK plugin and accounting prolog
+step, over the NVML simulator.  Two streams in turn, each on a fresh
+sandbox: one whose whole GPUs also offer 4 gres/shard each, one whose
+whole GPUs offer 100 gres/mps each (Slurm keeps gres/gpu apart from one
+sharing gres per node only: ``gres_init_node_config`` links a single
+shared gres to gres/gpu, so a node offering both can hand one GPU out as
+gres/gpu and as the other at once).  Each stream is a seeded random mix:
+plain (``--gres=gpu:1``, which Slurm may serve with a whole GPU or a MIG
+slice; a typed whole GPU; a 1g.10gb slice), ``--gpu-mps`` (the project's
+per-job MPS daemon), ``--gpu-mig`` (instances the prolog carves for the
+job), and that stream's sharing gres.
 
 Each job does what a CUDA program would: it takes the devices its
-environment and Slurm's device cgroup give it (the MIG UUIDs in
+environment and Slurm's device cgroup give it (the UUIDs in
 ``CUDA_VISIBLE_DEVICES``, else the MIG capability files it may open, else
 the ``/dev/nvidiaN`` it may open; a ``--gpu-mps`` job's work runs on the
 devices its MPS daemon was started with, read from the daemon's
-``/proc/PID/environ``), and the bench puts its process there in the
+``/proc/PID/environ``; a GPU's UUID on a GPU in MIG mode stands for the
+instances of it the job's device cgroup opens), and the bench puts its process there in the
 simulator's load, as the driver would list it.  Every 0.3 s the bench
 reads the node as the accounting sampler does (``StatsReader``, each PID
 given to a job by its Slurm cgroup, the devices each job holds from the
@@ -25,7 +30,7 @@ accounting registrations) and counts the (device, sample) pairs where a GPU
 or MIG instance is used by two jobs that Slurm did not let share it
 (bench/overlap.py: only gres/shard and gres/mps jobs that both hold it).
 
-    /opt/slurm-gpu/venv/bin/python bench/bench_oversub.py [--jobs 30] [--seed 27] [--smoke]
+    /opt/slurm-gpu/venv/bin/python bench/bench_oversub.py [--jobs 30] [--seed 27] [--share shard,mps] [--smoke]
 
 Goal: 0 overlapping (device, sample) pairs.  The floor is what the stream
 exercised: the samples, the device-samples in use, the samples with a GPU
