@@ -64,8 +64,8 @@ KINDS = [("plain", ["--gres=gpu:1"], 3), ("plain", [WHOLE], 2),
          ("plain", ["--gres=gpu:nvidia_h100_80gb_hbm3_1g.10gb:1"], 2),
          ("gpu-mps", ["--gres=gpu:1", "--gpu-mps"], 2), ("gpu-mps", [WHOLE, "--gpu-mps"], 1),
          ("gpu-mig", [WHOLE, "--gpu-mig=3g.40gb"], 1), ("gpu-mig", [WHOLE, "--gpu-mig=1g.10gb,1g.10gb"], 1),
-         ("shard", ["--gres=shard:1"], 3), ("shard", ["--gres=shard:2"], 1),
-         ("mps", ["--gres=mps:25"], 2), ("mps", ["--gres=mps:50"], 1)]
+         ("shard", ["--gres=shard:1"], 4), ("shard", ["--gres=shard:2"], 2),
+         ("mps", ["--gres=mps:25"], 4), ("mps", ["--gres=mps:50"], 2)]
 SHARING = {"shard", "mps"}
 
 # What the job runs first: which devices it may use, as CUDA would find them.

@@ -29,7 +29,7 @@ BENCHES = {
     "recovery": ["bench_recovery.py", "--runs", "7"],
     # Issue 27's outcome rows (recovery above is two of them).
     "discovery": ["bench_discovery.py", "--runs", "7"],
-    "oversub": ["bench_oversub.py", "--jobs", "30"],
+    "oversub": ["bench_oversub.py", "--jobs", "40"],
     "util": ["bench_util.py", "--jobs", "14"],
 }
 # The benchmarks that take --old (issue 25: each row paired old against new).
