@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from benchrow import row  # noqa: E402
 from overlap import device_users, overlaps  # noqa: E402
-from sbjobs import JOB_USERS, client, job, sbatch  # noqa: E402
+from sbjobs import JOB_USERS, client, job, sbatch, use_load_file  # noqa: E402
 
 MACHINE = "h100-mig"
 TICK = 0.3
@@ -99,7 +99,6 @@ class Node:
         self.name = sb.node_names[0]
         self.state = sb.layout.var / self.name / nodesim.STATE_NAME
         self.write({})
-        from sbjobs import use_load_file
         use_load_file(sb, self.name, load)
         self.api, _ = backend.open_api(backend.GpuSource("sim", str(self.state)))
         self.reader = StatsReader(self.api)

@@ -3,7 +3,6 @@ clients as root or as a job user, a job's record, polling, and the node's
 simulator load (bench_oversub.py, bench_util.py)."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -90,7 +89,3 @@ def slurm_gpu_minors(gres_conf: str, node: str) -> list[int]:
             if m:
                 out.append(int(m.group(1)))
     return out
-
-
-def facts(state_file: Path) -> dict[str, Any]:
-    return json.loads(state_file.read_text())["facts"]
