@@ -157,7 +157,7 @@ class Node:
                                             "slurm": gres_detail(self.sb, rec["job"])}
                 changed = True
         for j, (pid, _) in list(self.uses.items()):
-            if not os.path.exists(f"/proc/{pid}"):
+            if not alive(pid):
                 del self.uses[j]
                 changed = True
         if changed:
@@ -167,6 +167,15 @@ class Node:
                     devices.setdefault(k, []).append(pid)
             self.write(devices)
         return changed
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie's context is gone: the driver lists it no more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
 def gres_detail(sb, jid: str) -> str:
@@ -198,6 +207,7 @@ class Phase:
     def __init__(self, share: str) -> None:
         self.share = share
         self.kinds: dict[str, str] = {}
+        self.opts: dict[str, list[str]] = {}
         self.ticks = self.used = self.shared = 0
         self.seen: list[tuple[float, str, tuple[str, ...]]] = []
         self.failed: list[str] = []
@@ -241,13 +251,20 @@ def run_phase(share: str, n: int, rng: random.Random, slurm: str | None) -> Phas
                                   f"/usr/bin/python3 -I {d}/probe.py {d}/dev {out}/$SLURM_JOB_ID.use; "
                                   f"sleep {rng.uniform(2, 5):.1f}"], rng.choice(JOB_USERS), cwd=str(out))
                 ph.kinds[jid] = kind
+                ph.opts[jid] = opts
                 next_submit = time.monotonic() + rng.uniform(0.2, 1.5)
+            # Processes that ended leave the load before the node is read, as the
+            # driver drops a context when its process exits.
             stats = node.reader.read()
-            node.take_up(out, stats)
+            if node.take_up(out, stats):
+                stats = node.reader.read()
             regs = node.store.registrations()
             held = attribution.holders({j: r.get("devices", []) for j, r in regs.items()})
             sluids, bases = attribution.sluid_map(regs), attribution.v2_bases("/proc")
-            users = device_users(stats, lambda pid: attribution.job_of_pid("/proc", pid, sluids, bases))
+
+            def pid_job(pid: int) -> str | None:
+                return attribution.job_of_pid("/proc", pid, sluids, bases) if alive(pid) else None
+            users = device_users(stats, pid_job)
             found = overlaps(users, held, {j for j, k in ph.kinds.items() if k in SHARING})
             ph.ticks += 1
             ph.used += sum(1 for u in users.values() if u)
@@ -258,8 +275,10 @@ def run_phase(share: str, n: int, rng: random.Random, slurm: str | None) -> Phas
                       f"({', '.join(ph.kinds.get(j, '?') for j in jobs)})", file=sys.stderr)
             if not pending and not client(sb, ["squeue", "-h", "-o", "%i"]).split():
                 break
-            if time.monotonic() - t0 > 150 + 6 * n:
-                raise SystemExit(f"bench_oversub: jobs still queued: {client(sb, ['squeue'])}")
+            if time.monotonic() - t0 > 60 + 6 * n:
+                raise SystemExit(f"bench_oversub: jobs still queued: {client(sb, ['squeue'])}"
+                                 f"{client(sb, ['sinfo', '-R', '-h', '-o', '%n %E'])}; jobs: "
+                                 + "; ".join(f"{j} {' '.join(o)}" for j, o in ph.opts.items()))
             time.sleep(TICK)
         for jid in ph.kinds:
             st = job(sb, jid).get("JobState") or client(
