@@ -62,7 +62,9 @@ WHOLE = "--gres=gpu:nvidia_h100_80gb_hbm3:1"
 # (kind, sbatch options, weight); the kinds Slurm lets share a GPU are "shard" and "mps".
 KINDS = [("plain", ["--gres=gpu:1"], 3), ("plain", [WHOLE], 2),
          ("plain", ["--gres=gpu:nvidia_h100_80gb_hbm3_1g.10gb:1"], 2),
-         ("gpu-mps", ["--gres=gpu:1", "--gpu-mps"], 2), ("gpu-mps", [WHOLE, "--gpu-mps"], 1),
+         # --gpu-mps on whole GPUs only: on a Slurm MIG slice the prolog cannot name the
+         # slice Slurm gave (see docs/development.md, "The outcome rows").
+         ("gpu-mps", [WHOLE, "--gpu-mps"], 3),
          ("gpu-mig", [WHOLE, "--gpu-mig=3g.40gb"], 1), ("gpu-mig", [WHOLE, "--gpu-mig=1g.10gb,1g.10gb"], 1),
          ("shard", ["--gres=shard:1"], 4), ("shard", ["--gres=shard:2"], 2),
          ("mps", ["--gres=mps:25"], 4), ("mps", ["--gres=mps:50"], 2)]
