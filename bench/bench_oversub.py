@@ -274,7 +274,9 @@ def run_phase(share: str, n: int, rng: random.Random, slurm: str | None) -> Phas
             for key, jobs in found:
                 ph.seen.append((time.monotonic() - t0, key, jobs))
                 print(f"  {share}: overlap at {ph.seen[-1][0]:.1f} s on {key}: jobs {', '.join(jobs)} "
-                      f"({', '.join(ph.kinds.get(j, '?') for j in jobs)})", file=sys.stderr)
+                      f"({', '.join(ph.kinds.get(j, '?') for j in jobs)}); registered: "
+                      + "; ".join(f"{j} {regs[j].get('devices')} shared={regs[j].get('shared')}"
+                                  if j in regs else f"{j} none" for j in jobs), file=sys.stderr)
             if not pending and not client(sb, ["squeue", "-h", "-o", "%i"]).split():
                 break
             if time.monotonic() - t0 > 60 + 6 * n:
