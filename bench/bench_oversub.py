@@ -271,8 +271,12 @@ def run_phase(share: str, n: int, rng: random.Random, slurm: str | None) -> Phas
             ph.ticks += 1
             ph.used += sum(1 for u in users.values() if u)
             ph.shared += sum(1 for u in users.values() if len(u) > 1)
+            states = dict(line.split(None, 1) for line in client(sb, ["squeue", "-h", "-o", "%i %T"]).splitlines()
+                          if " " in line) if found else {}
             for key, jobs in found:
                 ph.seen.append((time.monotonic() - t0, key, jobs))
+                print(f"  {share}: Slurm states then: " + ", ".join(f"{j} {states.get(j, 'gone')}" for j in jobs),
+                      file=sys.stderr)
                 print(f"  {share}: overlap at {ph.seen[-1][0]:.1f} s on {key}: jobs {', '.join(jobs)} "
                       f"({', '.join(ph.kinds.get(j, '?') for j in jobs)}); registered: "
                       + "; ".join(f"{j} {regs[j].get('devices')} shared={regs[j].get('shared')}"
