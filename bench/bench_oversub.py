@@ -218,13 +218,14 @@ class Phase:
         self.slurm = ""
 
 
-def run_phase(share: str, n: int, rng: random.Random, slurm: str | None) -> Phase:
+def run_phase(share: str, n: int, rng: random.Random, slurm: str | None, machine: str = MACHINE) -> Phase:
     """A sandbox whose GPUs are shared through *share* (gres/shard or gres/mps: Slurm keeps one
     sharing gres apart from gres/gpu per node, so a node offers one), and *n* random jobs."""
     from slurm_gpu.acct import attribution
     from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     ph = Phase(share)
-    kinds_here = [k for k in KINDS if k[0] not in SHARING or k[0] == share]
+    kinds_here = [k for k in KINDS if (k[0] not in SHARING or k[0] == share)
+                  and (machine == MACHINE or not any("g.10gb:" in o for o in k[1]))]   # MIG gres: h100-mig's
     d = Path(tempfile.mkdtemp(prefix="bench-oversub."))
     os.chmod(d, 0o755)
     out = d / "out"
@@ -233,7 +234,7 @@ def run_phase(share: str, n: int, rng: random.Random, slurm: str | None) -> Phas
     (d / "probe.py").write_text(PROBE)
     (d / "probe.py").chmod(0o644)
     sb = Sandbox(d, SandboxOptions(
-        nodes=1, machine=MACHINE, prolog=True, spank=True, simulate=True, cgroup=True, slurm=slurm,
+        nodes=1, machine=machine, prolog=True, spank=True, simulate=True, cgroup=True, slurm=slurm,
         # cgroups are named by node: a name no other sandbox has used
         node_prefix="o" + "".join(random.choices(string.ascii_lowercase, k=5)),
         gres_options={"mps_count": 100} if share == "mps" else {"shards": 4},
@@ -306,6 +307,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=30, help="jobs in all, half per sharing gres")
     ap.add_argument("--seed", type=int, default=27)
     ap.add_argument("--share", default="shard,mps", help="the sharing gres to run a stream with, in turn")
+    ap.add_argument("--machine", default=MACHINE, help="the node's recorded machine (MIG gres jobs only on h100-mig)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--slurm", default=None, help="Slurm version of the sandbox (default: the host's)")
     a = ap.parse_args()
@@ -313,7 +315,7 @@ def main() -> int:
     n = 6 if a.smoke else max(1, a.jobs // len(shares))
     rng = random.Random(a.seed)
     t_start = time.perf_counter()
-    phases = [run_phase(share, n, rng, a.slurm) for share in shares]
+    phases = [run_phase(share, n, rng, a.slurm, a.machine) for share in shares]
     kinds = {f"{p.share}:{j}": k for p in phases for j, k in p.kinds.items()}
     seen = [x for p in phases for x in p.seen]
     ticks, used, shared = (sum(getattr(p, f) for p in phases) for f in ("ticks", "used", "shared"))
