@@ -261,7 +261,7 @@ def _inputs(config_path: str | None, gres_conf: str | None) -> tuple[tuple[Any, 
     return tuple(st for st in stamps if st is not None), n.state_dir
 
 
-def gpu_facts(model: Any, slurm_minors: Sequence[int] | None) -> list[dict[str, Any] | None]:
+def gpu_facts(model: Any, slurm_minors: Sequence[int | None] | None) -> list[dict[str, Any] | None]:
     """Each GPU's identity and locality, in Slurm's GRES index order.
 
     *slurm_minors* is that order as device minors (from gres.conf, see
@@ -278,7 +278,7 @@ def gpu_facts(model: Any, slurm_minors: Sequence[int] | None) -> list[dict[str, 
                         for g in sorted(model.gpus, key=lambda g: g.index)]
     out: list[dict[str, Any] | None] = []
     for minor in slurm_minors:
-        g = by_minor.get(minor)
+        g = by_minor.get(minor) if minor is not None else None     # None: a MIG slice
         if g is None:
             out.append(None)
             continue

@@ -40,8 +40,20 @@ def _minor_of(files: str) -> int | None:
     return None
 
 
-def slurm_minors(conf: Any, nvml_minors: Sequence[int]) -> list[int]:
-    """Device minors in Slurm's GPU index order.
+def _is_mig_slice(files: str) -> bool:
+    """A MIG instance's gres/gpu line: its GPU plus ``/dev/nvidia-caps`` capabilities."""
+    return "/nvidia-caps/" in files
+
+
+def slurm_minors(conf: Any, nvml_minors: Sequence[int]) -> list[int | None]:
+    """Device minors in Slurm's GPU index order; None where that index is a
+    MIG slice (a ``MultipleFiles=`` line with ``/dev/nvidia-caps``).
+
+    Each gres/gpu line is one Slurm index, a MIG slice too, so a slice keeps
+    its place: a whole GPU listed after another GPU's slices has the index
+    Slurm gives it (the slices once collapsed into their GPU's minor and
+    shifted every later GPU onto its neighbour's index).  A slice is no
+    whole GPU: the prolog refuses whole-GPU options on it as the job's.
 
     *conf* is this node's :class:`~slurm_gpu.confgen.grescheck.NodeGres`
     (None: no gres.conf); *nvml_minors* are the node's GPU minors in NVML
@@ -51,30 +63,34 @@ def slurm_minors(conf: Any, nvml_minors: Sequence[int]) -> list[int]:
     if conf is None:
         return list(nvml_minors)
     auto = (conf.autodetect or "off") != "off"
-    listed: list[tuple[int, str, Any]] = []
+    listed: list[tuple[int, str, Any, bool]] = []
     for (name, files), dev in conf.devices.items():
         if name != "gpu":
             continue
         m = _minor_of(files)
-        if m is not None and all(m != x for x, _, _ in listed):
-            listed.append((m, files, dev))
+        if m is None:
+            continue
+        if _is_mig_slice(files):
+            listed.append((m, files, dev, True))
+        elif all(m != x or sl for x, _, _, sl in listed):
+            listed.append((m, files, dev, False))
     if not auto:
-        return [m for m, _, _ in listed]
+        return [None if sl else m for m, _, _, sl in listed]
     if not listed:
         return list(nvml_minors)          # AutoDetect alone: every GPU, NVML's order
 
-    def links_pos(item: tuple[int, str, Any]) -> tuple[int, int]:
-        m, _files, dev = item
+    def links_pos(item: tuple[int, str, Any, bool]) -> tuple[int, int]:
+        m, _files, dev, _slice = item
         if dev.links is not None and -1 in dev.links:
             return (0, dev.links.index(-1))
         if m in nvml_pos:
             return (0, nvml_pos[m])
         return (1, 0)                     # no links at all: Slurm sorts these last
     by_file = sorted(listed, key=lambda it: natural_key(it[1]))
-    return [m for m, _, _ in sorted(by_file, key=links_pos)]
+    return [None if sl else m for m, _, _, sl in sorted(by_file, key=links_pos)]
 
 
-def node_minors(gpus: Sequence[Any], conf: Any) -> list[int]:
+def node_minors(gpus: Sequence[Any], conf: Any) -> list[int | None]:
     """:func:`slurm_minors` for a node model's GPUs (``index``, ``minor`` attributes)."""
     nvml_order = [int(g.minor if g.minor is not None else g.index)
                   for g in sorted(gpus, key=lambda g: g.index)]

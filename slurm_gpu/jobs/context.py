@@ -158,10 +158,28 @@ def _gpu_facts(ctx: Context, indices: list[int]) -> list[GpuFact]:
     facts: list[Any] = []
     for i in indices:
         if i not in table or not table[i].get("uuid"):
+            if _mig_slice(ctx, i, table):
+                from .state import JobFailed
+                raise JobFailed(f"Slurm GPU index {i} is a MIG slice: --gpu-mps, --gpu-mig and "
+                                "--gpu-profile need whole GPUs (--gres=gpu:<whole GPU type>)",
+                                ctx.gres_conf or "gres.conf")
             raise HardwareError(f"Slurm GPU index {i} names no GPU of this node "
                                 "(gres.conf and NVML disagree)", ctx.gres_conf or "gres.conf")
         facts.append({"index": i, **table[i]})
     return facts
+
+
+def _mig_slice(ctx: Context, index: int, table: dict[int, dict[str, Any]]) -> bool:
+    """Whether Slurm's GPU *index* is a MIG slice's gres.conf line (the job
+    asked for a whole-GPU option on a slice Slurm gave it: the job's doing),
+    not a device NVML lacks (the node's).  Read only on this error path."""
+    from ..confgen.gresorder import read_conf, slurm_minors
+    try:
+        conf = read_conf(ctx.gres_conf, ctx.node_name)
+    except Exception:  # noqa: BLE001 - unreadable: not proven the job's
+        return False
+    order = slurm_minors(conf, sorted(int(g["minor"]) for g in table.values()))
+    return conf is not None and 0 <= index < len(order) and order[index] is None
 
 
 class Job:

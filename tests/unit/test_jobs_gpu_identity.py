@@ -242,3 +242,11 @@ def test_epilog_leftover_check_reads_the_job_gpu(skewed: Node, monkeypatch) -> N
         seen.clear()
         assert lifecycle.epilog(ctx) == 0
         assert seen == [[nvml_of_minor[minor]]], (k, minor)
+
+
+def test_mig_slice_lines_keep_their_slurm_index() -> None:
+    conf = _conf("AutoDetect=off\n"
+                 "Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22\n"
+                 "Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap30,/dev/nvidia-caps/nvidia-cap31\n"
+                 "Name=gpu File=/dev/nvidia[1-2]\n")
+    assert slurm_minors(conf, [0, 1, 2]) == [None, None, 1, 2]

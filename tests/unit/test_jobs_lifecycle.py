@@ -1378,3 +1378,40 @@ def test_what_the_daemon_orphans_before_the_jobs_cgroup_exists_stays_in_the_job(
                     d.rmdir()
                 except OSError:
                     pass
+
+
+def _mixed_gres_conf(node: Env) -> str:
+    # Slurm's GPU index counts every gres/gpu line, a MIG slice too (here:
+    # GPU minor 0's two slices are indices 0 and 1, then whole GPUs by minor).
+    minors = sorted(g.minor for g in node.node().gpus)
+    lines = ["AutoDetect=off"]
+    lines += [f"NodeName=sgmix Name=gpu Type=h100_1g.10gb MultipleFiles=/dev/nvidia{minors[0]},"
+              f"/dev/nvidia-caps/nvidia-cap{c},/dev/nvidia-caps/nvidia-cap{c + 1}" for c in (21, 30)]
+    lines += [f"NodeName=sgmix Name=gpu Type=h100 File=/dev/nvidia{m}" for m in minors[1:]]
+    p = node.base / "gres.conf"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_a_whole_gpu_listed_after_mig_slices_keeps_slurms_index(node: Env) -> None:
+    # The slices once collapsed into their GPU: Slurm's index 2 (whole GPU
+    # minor 1) was read as minor 2, another job's GPU.
+    gres = _mixed_gres_conf(node)
+    ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="40")
+    ctx.gres_conf, ctx.node_name = gres, "sgmix"
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    want = sorted(node.node().gpus, key=lambda g: g.minor)[1]
+    assert st.phase == "ready" and [g["uuid"] for g in st.gpus] == [want.uuid]
+    assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
+
+
+def test_a_whole_gpu_option_on_a_mig_slice_fails_the_job_never_the_node(node: Env) -> None:
+    gres = _mixed_gres_conf(node)
+    ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="40")
+    ctx.gres_conf, ctx.node_name = gres, "sgmix"
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st.phase == "failed" and "Slurm GPU index 1 is a MIG slice" in st.error, st.error
+    assert st.consequence == "user"
+    assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
