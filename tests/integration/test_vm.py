@@ -200,3 +200,149 @@ def test_health_check_drains_on_a_fault_and_resumes_when_cleared(node: Node) -> 
     assert reason.startswith("slurm-gpu: gpu.count:"), reason
     node.sb.fault("n1", None, 0)
     node.wait("sinfo -h -n n1 -o %T | grep -qx idle", 90)
+
+
+# -- accounting attribution, leftovers ------------------------------------------
+# Root's helpers in the guest (its venv has the devkit: the simulator behind
+# the fake GPUs).  CUINIT gives a process a context on a GPU, what a CUDA
+# program's cuInit does on a real one (NVML then lists it while it runs);
+# SET edits the node's slurm-gpu.toml as an admin would.
+GUEST_PY = {
+    "cuinit": "import sys\n"
+              "from slurm_gpu_devkit.sim import open_sim\n"
+              "from slurm_gpu_devkit.sim.nvml import add_process\n"
+              "sim = open_sim(sys.argv[1])\n"
+              "for a in sys.argv[2:]:\n"
+              "    g, p, m = map(int, a.split(':'))\n"
+              "    add_process(sim, g, p, m)\n",
+    "uncuinit": "import sys\n"
+                "from slurm_gpu_devkit.sim import open_sim\n"
+                "with open_sim(sys.argv[1]).edit() as st:\n"
+                "    st['processes'] = []\n",
+    "set": "import os, sys, tomllib\n"
+           "from slurm_gpu_devkit.sandbox.toml import dumps\n"
+           "p = '/etc/slurm-gpu/slurm-gpu.toml'\n"
+           "with open(p, 'rb') as f:\n"
+           "    d = tomllib.load(f)\n"
+           "for a in sys.argv[1:]:\n"
+           "    k, v = a.split('=', 1)\n"
+           "    s, k = k.split('.')\n"
+           "    d.setdefault(s, {})[k] = tomllib.loads('v = ' + v)['v']\n"
+           "with open(p + '.new', 'w') as f:\n"
+           "    f.write(dumps(d, 'slurm-gpu config of a sandbox VM (edited by test_vm)'))\n"
+           "os.replace(p + '.new', p)\n",
+}
+SIM = "/var/lib/slurm-gpu-sandbox/var/n1/sim.json"
+ACCT = "/var/lib/slurm-gpu/n1/acct"
+
+
+def _guest_py(node: Node, name: str, *args: str) -> str:
+    return node.ok(f"cat >/tmp/sg-{name}.py <<'EOF'\n{GUEST_PY[name]}EOF\n"
+                   f"/opt/slurm-gpu/venv/bin/python -I /tmp/sg-{name}.py {' '.join(args)}")
+
+
+def _aggregates(node: Node) -> dict[str, dict[str, bool]]:
+    """job id -> {device: held} of the node's accounting aggregates, after one sample."""
+    node.ok("slurm-gpu monitor --once")
+    out = node.ok(f"for f in {ACCT}/agg/*.json; do [ -f \"$f\" ] && cat \"$f\" && echo; done; true")
+    aggs = [json.loads(l) for l in out.splitlines() if l.strip()]
+    return {a["jobid"]: {k: d["held"] for k, d in a["devices"].items()} for a in aggs}
+
+
+def _started(node: Node, jobid: str, timeout: float = 120) -> dict[str, str]:
+    """The job's output lines ``name value`` once its script printed ``main``."""
+    node.wait(f"grep -q '^main ' /tmp/sg-acct-{jobid}.out", timeout)
+    out = node.ok(f"cat /tmp/sg-acct-{jobid}.out")
+    assert "not permitted" not in out, out
+    return dict(l.split(" ", 1) for l in out.splitlines() if l.startswith(("main ", "child ")))
+
+
+def _held(node: Node, jobid: str) -> str:
+    """The GPU (NVML index) the job's prolog registered for it."""
+    reg = json.loads(node.ok(f"cat {ACCT}/jobs/{jobid}.json"))
+    assert len(reg["devices"]) == 1, reg
+    return reg["devices"][0]
+
+
+def _cgroup_conf(node: Node, *lines: str) -> None:
+    """cgroup.conf as the guide's plus *lines* (a later key wins), then
+    `scontrol reconfigure` (slurmd reads cgroup.conf again; the next job has it)."""
+    node.ok("[ -f /etc/slurm/cgroup.conf.guide ] || cp /etc/slurm/cgroup.conf /etc/slurm/cgroup.conf.guide; "
+            "{ grep -v -E '^(" + "|".join(l.split("=")[0] for l in lines) + ")=' "
+            "/etc/slurm/cgroup.conf.guide || true; " + "".join(f"echo {l}; " for l in lines) +
+            "} >/etc/slurm/cgroup.conf.new && mv /etc/slurm/cgroup.conf.new /etc/slurm/cgroup.conf && "
+            "scontrol reconfigure")
+    node.wait("sinfo -h -n n1 -o %T | grep -Eqx 'idle|mixed|allocated'", 60)
+
+
+def test_accounting_attributes_gpu_processes_by_their_v2_job_cgroup_and_never_an_escaped_one(node: Node) -> None:
+    """Accounting's attribution by cgroup path on a real v2 node (26.05: the
+    SLUID directory, and `CgroupJobIdPaths=yes`), and a process that escaped
+    its job: attributed to no later job, drained as the user's problem at the
+    job's end, resumed once it is gone.
+
+    A job's process can reach a GPU it does not hold only where devices are
+    not constrained, so the node runs `ConstrainDevices=no` for this test
+    (each job checks that it can open every GPU)."""
+    uid = node.ok("id -u sgtest1").strip()
+    node.ok("cp /etc/slurm-gpu/slurm-gpu.toml /etc/slurm-gpu/slurm-gpu.toml.orig")
+    a = b = ""
+    try:
+        _guest_py(node, "set", "acct.enabled=true", "repair.user_problem=true")
+        _cgroup_conf(node, "ConstrainDevices=no")
+        probe = "for d in /dev/nvidia[0-9]*; do (exec 3<\"$d\") 2>&1; done; "
+        a = node.ok("sbatch --parsable --gres=gpu:1 -o /tmp/sg-acct-%j.out --wrap "
+                    "'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo child $!; "
+                    + probe + "echo main $$; exec sleep 600'", user="sgtest1").strip()
+        b = node.ok("sbatch --parsable --gres=gpu:1 -o /tmp/sg-acct-%j.out --wrap "
+                    "'" + probe + "echo main $$; exec sleep 600'", user="sgtest2").strip()
+        pa, pb = _started(node, a), _started(node, b)
+        ga, gb = _held(node, a), _held(node, b)
+        assert ga != gb
+        # A's main process on its own GPU and on B's (a leak); A's child and B's process on their own.
+        _guest_py(node, "cuinit", SIM, f"{ga}:{pa['main']}:100", f"{gb}:{pa['main']}:200",
+                  f"{ga}:{pa['child']}:50", f"{gb}:{pb['main']}:300")
+        assert _aggregates(node) == {a: {ga: True, gb: False}, b: {gb: True}}
+        # A's child escapes its job (as into a login session: only root moves a
+        # process out of Slurm's tree) into the user's own delegated subtree,
+        # into directories named as B's job: a name anyone there can make.
+        b_cg = node.ok(f"cut -d: -f3 /proc/{pb['main']}/cgroup").strip()
+        fake = f"/sys/fs/cgroup/user.slice/user-{uid}.slice/user@{uid}.service/app.slice{b_cg}"
+        node.ok(f"mkdir -p {fake} && chown -R {uid} /sys/fs/cgroup/user.slice/user-{uid}.slice/user@{uid}.service "
+                f"&& echo {pa['child']} >{fake}/cgroup.procs")
+        assert _aggregates(node)[b] == {gb: True}
+        node.ok(f"scancel {a}")
+        node.wait(f"scontrol show job -o {a} | grep -Eq 'JobState=(CANCELLED|COMPLETED)' && "
+                  f"[ ! -e {ACCT}/jobs/{a}.json ]", 90)
+        assert node.sh(f"kill -0 {pa['child']}").returncode == 0, "the escaped process went with the job"
+        # Its epilog finds the escaped process on the job's GPU: the user's problem.
+        reason = node.wait("r=$(sinfo -h -n n1 -o %E); echo \"$r\"; "
+                           "case $r in 'slurm-gpu: user-problem:'*) exit 0;; esac; exit 1", 30).strip()
+        assert reason.startswith(f"slurm-gpu: user-problem: job {a} left process {pa['child']} on GPU"), reason
+        # A ended: its leftover is nobody's, B's figures are B's alone.
+        assert _aggregates(node) == {b: {gb: True}}
+        node.ok(f"kill {pa['child']}")
+        node.wait("[ \"$(sinfo -h -n n1 -o %E)\" = none ]", 60)    # the health check resumes the node
+        node.ok(f"scancel {b}")
+        node.wait(f"[ -z \"$(squeue -h -o %A)\" ] && [ -z \"$(ls {ACCT}/jobs)\" ]", 90)
+        assert _aggregates(node) == {}
+        b = ""
+        if node.sb.slurm_version.startswith("26.05"):
+            # The same with job-id directories (26.05.2+; the default names them by SLUID).
+            _cgroup_conf(node, "ConstrainDevices=no", "CgroupJobIdPaths=yes")
+            c = node.ok("sbatch --parsable --gres=gpu:1 -o /tmp/sg-acct-%j.out --wrap "
+                        "'" + probe + "echo main $$; exec sleep 600'", user="sgtest1").strip()
+            pc = _started(node, c)
+            assert node.ok(f"cat /proc/{pc['main']}/cgroup").split("/")[3] == f"job_{c}"
+            gc = _held(node, c)
+            other = "1" if gc == "0" else "0"
+            _guest_py(node, "cuinit", SIM, f"{other}:{pc['main']}:100")
+            assert _aggregates(node) == {c: {gc: True, other: False}}
+            node.ok(f"scancel {c}")
+            node.wait(f"[ -z \"$(squeue -h -o %A)\" ] && [ -z \"$(ls {ACCT}/jobs)\" ]", 90)
+    finally:
+        node.sh(f"scancel {a} {b}; pkill -u sgtest1 -x sleep; pkill -u sgtest2 -x sleep")
+        _guest_py(node, "uncuinit", SIM)
+        node.ok("mv /etc/slurm-gpu/slurm-gpu.toml.orig /etc/slurm-gpu/slurm-gpu.toml")
+        _cgroup_conf(node)
+        node.wait("[ -z \"$(squeue -h -o %A)\" ] && sinfo -h -n n1 -o %T | grep -qx idle", 90)
