@@ -150,11 +150,21 @@ def test_gpu_numa_bind_inside_the_jobs_cpuset(node: Node) -> None:
     assert cpuset == cuda, out                 # ... which is the job's cpuset
 
 
-def test_mps_daemon_lives_below_the_jobs_cgroup_and_goes_with_the_epilog(node: Node) -> None:
+FAILS = "/usr/lib/slurm-gpu/epilog.d/51-sg-test-fails"   # runs before ours (reverse name order)
+
+
+def test_mps_daemon_lives_below_the_jobs_cgroup_and_a_failed_epilogs_leftover_is_cleaned_up(node: Node) -> None:
+    """The job's MPS control daemon runs below the job's v2 cgroup; when the
+    epilog fails before ours (a site's script: Slurm runs no more of it and
+    drains the node), the daemon, its cgroup and the job's directory Slurm
+    could not remove are cleaned up by the health check's sweep or the admin's
+    `job cleanup --stale`, and `job cleanup JOBID` finds nothing of the job.
+    (The epilog does the same teardown, `lifecycle.teardown`; the host's
+    sandbox tests its own path.)"""
     jobid = node.ok("sbatch --parsable --gres=gpu:1 --gpu-mps=default -o /dev/null --wrap 'sleep 120'",
                     user="sgtest1").strip().split(";")[0]
     try:
-        node.wait(f"scontrol show job -o {jobid} | grep -q JobState=RUNNING")
+        node.wait(f"scontrol show job -o {jobid} | grep -q JobState=RUNNING", 120)
         # The prolog starts the control daemon before Slurm makes the job's
         # cgroup; the job's first step (the batch step) moves it in
         # (docs/mps-mig.md).  Its clients (the prolog's own queries) are
@@ -174,14 +184,23 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_goes_with_the_epilog(node: N
             r and r.stdout, node.ok("pgrep -a nvidia-cuda; tail -n 5 /var/log/slurm/slurmd-n1.log; "
                                     f"scontrol show job -o {jobid} | tr ' ' '\\n' | grep -E 'State|Reason'"))
         pid, cg = r.stdout.strip().splitlines()[-1].split(" ", 1)
-        job_dir = cg.split("::")[1].rsplit("/", 1)[0]
+        job_dir = "/sys/fs/cgroup" + cg.split("::")[1].rsplit("/", 1)[0]
         # The job's limits hold it: its memory limit and device program are the job's.
-        node.ok(f"test \"$(cat /sys/fs/cgroup{job_dir}/memory.max)\" != max")
+        node.ok(f"test \"$(cat {job_dir}/memory.max)\" != max")
+        node.ok(f"printf '#!/bin/sh\\nexit 1\\n' >{FAILS} && chmod 755 {FAILS} && scancel {jobid}")
+        node.wait(f"scontrol show job -o {jobid} | grep -Eq 'JobState=(CANCELLED|COMPLETED)' && "
+                  "sinfo -h -n n1 -o %E | grep -qx 'Epilog error'", 90)
+        left = {"daemon": f"! kill -0 {pid} 2>/dev/null", "cgroup": f"[ ! -e {job_dir} ]",
+                "pipe": f"[ ! -e /run/slurm-gpu/mps/n1/{jobid} ]",
+                "state": f"[ ! -e /var/lib/slurm-gpu/n1/jobs/{jobid}.json ]"}
+        node.wait("slurm-gpu job cleanup --stale >/dev/null; " + " && ".join(left.values()), 60)
+        assert node.ok(f"slurm-gpu job cleanup {jobid}") == \
+            f"slurm-gpu: job {jobid}: nothing of slurm-gpu's left on this node\n"
     finally:
-        node.ok(f"scancel {jobid}")
-    node.wait(f"scontrol show job -o {jobid} | grep -Eq 'JobState=(CANCELLED|COMPLETED)' && "
-              f"! pgrep -x nvidia-cuda-mps", 60)
-    assert node.sh("ls -d /sys/fs/cgroup/system.slice/*slurmstepd.scope/*/slurm_gpu_mps").returncode != 0
+        node.sh(f"rm -f {FAILS}; scancel {jobid}")
+    node.wait("[ -z \"$(squeue -h -o %A)\" ] && scontrol update nodename=n1 state=resume; "
+              "sinfo -h -n n1 -o %T | grep -qx idle", 60)
+    assert node.sh("pgrep -x nvidia-cuda-mps").returncode != 0
 
 
 def test_doctor_is_clean_on_the_node(node: Node) -> None:
