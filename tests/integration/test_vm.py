@@ -203,6 +203,56 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_a_failed_epilogs_leftover_is
     assert node.sh("pgrep -x nvidia-cuda-mps").returncode != 0
 
 
+MIG_PROBE = ("import errno, glob, os\n"
+             "print('CG', open('/proc/self/cgroup').read().strip())\n"
+             "for d in sorted(glob.glob('/dev/nvidia[0-9]*')):\n"
+             "    try: open(d, 'rb')\n"
+             "    except OSError as e: print('DEV', d, errno.errorcode[e.errno])\n"
+             "print('JOB', os.environ['SLURM_JOB_GPUS'], os.environ.get('CUDA_VISIBLE_DEVICES'))\n")
+MIG_COUNT = ("import json, sys\n"
+             "from slurm_gpu.hw import backend\n"
+             "from slurm_gpu.mig import instances\n"
+             "g = backend.open_gpus(backend.GpuSource('sim', sys.argv[1]))\n"
+             "st = json.load(open(sys.argv[1]))\n"
+             "print(json.dumps([[len(instances.list_instances(g, i)), x['mig']['mode']]\n"
+             "                  for i, x in enumerate(st['facts']['gpus'])]))\n")
+
+
+def test_gpu_mig_job_gets_its_instances_behind_the_v2_device_program(node: Node) -> None:
+    """A `--gpu-mig` job on a systemd + cgroup v2 node with ConstrainDevices:
+    the prolog makes its MIG instances on the GPU the job holds (the
+    simulator's MIG-mode H100 NVL, `--mig-mode per-job`), its tasks get their
+    MIG UUIDs and open only their own GPU, doctor reads the job cgroup's BPF
+    device program (with bpftool in the image), and the epilog destroys the
+    instances, leaving MIG mode on."""
+    node.ok(f"cat >/tmp/sg-migprobe.py <<'EOF'\n{MIG_PROBE}EOF\ncat >/tmp/sg-migcount.py <<'EOF'\n{MIG_COUNT}EOF\n"
+            "chmod 644 /tmp/sg-migprobe.py /tmp/sg-migcount.py")
+    count = f"/opt/slurm-gpu/venv/bin/python -I /tmp/sg-migcount.py {SIM}"
+    assert json.loads(node.ok(count)) == [[0, 1], [0, 1]]
+    jobid = node.ok("sbatch --parsable --gres=gpu:1 --gpu-mig=3g.47gb,2g.24gb -o /tmp/sg-mig-%j.out "
+                    "--wrap 'python3 -I /tmp/sg-migprobe.py; exec sleep 300'", user="sgtest1").strip()
+    try:
+        out = node.wait(f"grep -q '^JOB ' /tmp/sg-mig-{jobid}.out && cat /tmp/sg-mig-{jobid}.out", 120)
+        lines = out.strip().splitlines()
+        cg = next(l for l in lines if l.startswith("CG "))
+        assert JOB_CGROUP.match(cg[3:]), cg
+        held, cuda = next(l for l in lines if l.startswith("JOB ")).split()[1:]
+        devices = dict(l.split()[1:] for l in lines if l.startswith("DEV "))
+        assert devices == {f"/dev/nvidia{i}": ("ENXIO" if str(i) == held else "EPERM")
+                           for i in range(2)}, devices
+        uuids = cuda.split(",")
+        assert len(uuids) == 2 and all(u.startswith("MIG-") for u in uuids), cuda
+        made = json.loads(node.ok(count))
+        assert made[int(held)] == [2, 1] and made[1 - int(held)] == [0, 1], made
+        # doctor, while the job runs, reads its cgroup's device program.
+        doctor = node.sh("slurm-gpu doctor").stdout
+        devs = [l for l in doctor.splitlines() if l.split(":")[0].split()[-1:] == ["cgroup.devices"]]
+        assert devs == ["OK cgroup.devices: BPF device program on 1 job cgroup(s)"], doctor
+    finally:
+        node.ok(f"scancel {jobid}")
+    node.wait(f"[ -z \"$(squeue -h -o %A)\" ] && [ \"$({count})\" = '[[0, 1], [0, 1]]' ]", 90)
+
+
 def test_doctor_is_clean_on_the_node(node: Node) -> None:
     r = node.sh("slurm-gpu doctor")
     findings = [l for l in r.stdout.splitlines() if l.strip() and not l.startswith("OK ")]
