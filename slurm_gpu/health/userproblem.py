@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ..fsutil import atomic_write
 from ..hw.plain import Plain
@@ -117,7 +117,8 @@ def process_uid(pid: int, proc: str = "/proc") -> int | None:
 
 
 def leftovers(gpus: list[Any], uid: int | None, *, held_mib: int = HELD_MIB,
-              uid_of: Any = process_uid, elsewhere: Any = None) -> list[str]:
+              uid_of: Any = process_uid,
+              elsewhere: Callable[[int], bool] | None = None) -> list[str]:
     """What is left on *gpus* (GpuHealth read with processes), one phrase per GPU.
 
     A process counts when it is the job user's, or its owner cannot be seen
@@ -139,7 +140,7 @@ def leftovers(gpus: list[Any], uid: int | None, *, held_mib: int = HELD_MIB,
     return out
 
 
-def in_other_job(jobid: str, sluid: str | None, proc: str = "/proc") -> Any:
+def in_other_job(jobid: str, sluid: str | None, proc: str = "/proc") -> Callable[[int], bool]:
     """``elsewhere`` for :func:`leftovers`: whether a pid's cgroup is a Slurm job
     directory that is not job *jobid*'s (``job_<id>``, or its SLUID on 26.05)."""
     from ..acct.attribution import job_dir_of_pid
