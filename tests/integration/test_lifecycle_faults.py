@@ -468,16 +468,8 @@ def test_slurmd_restart_while_job_runs(cluster: Cluster, node_files) -> None:
         time.sleep(0.1)
     assert json.loads(sf.read_text())["phase"] == "ready"
     assert (node_files["mps"] / str(jid)).is_dir()
-    old = _slurmd_pid(name, conf)
-    assert old is not None
-    os.kill(old, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    log = open(cluster.dir / "log" / f"slurmd-{name}.restart.stdout", "ab")
-    new = subprocess.Popen(["/usr/sbin/slurmd", "-D", "-N", name, "-f", str(conf)],
-                           stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                           cwd=str(cluster.dir), env=dict(cluster.env), start_new_session=True)
+    assert _slurmd_pid(name, conf) is not None
+    new = _restart_slurmd(cluster, name)
     try:
         cluster.wait_node_state(name, re.compile("mixed|allocated|idle"), timeout=30)
         assert cluster.job(jid).get("JobState") == "RUNNING"   # the job survived the restart
@@ -488,12 +480,17 @@ def test_slurmd_restart_while_job_runs(cluster: Cluster, node_files) -> None:
             time.sleep(0.2)
         assert _leftovers(node_files, state_dir) == []
     finally:
-        new.terminate()
-        try:
-            new.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            new.kill()
-        log.close()
+        _stop(new)
+
+
+def _stop(slurmd: subprocess.Popen) -> None:
+    """End a slurmd this module started: SIGTERM, SIGKILL after 10 s."""
+    slurmd.terminate()
+    try:
+        slurmd.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        slurmd.kill()
+        slurmd.wait()
 
 
 def _restart_slurmd(cluster: Cluster, name: str, how: int = signal.SIGTERM) -> subprocess.Popen:
@@ -534,6 +531,18 @@ def test_slurmd_restart_during_prolog(cluster: Cluster, node_files) -> None:
     outcomes: list[str] = []
     drained: list[str] = []
     slurmd: subprocess.Popen | None = None
+    # A TERMINATE_JOB lost to the restart is sent again only from slurmctld's
+    # purge pass, once KillWait + 2 * MessageTimeout have passed: every 60 s,
+    # or every MinJobAge seconds (at least 10) when that is shorter
+    # (src/slurmctld/controller.c _slurmctld_background, job_mgr.c
+    # _list_find_job_old).  Each of the four rounds waited for it: about 240 s.
+    # MinJobAge=10 for this test only (the module's other tests read finished
+    # jobs later than that); slurmctld reads it again at reconfigure.
+    sconf = cluster.dir / "etc" / "slurm.conf"
+    sbefore = sconf.read_text()
+    assert re.search(r"(?m)^MinJobAge=\d+$", sbefore)
+    sconf.write_text(re.sub(r"(?m)^MinJobAge=\d+$", "MinJobAge=10", sbefore))
+    assert cluster.run(["scontrol", "reconfigure"]).returncode == 0
     try:
         if _slurmd_pid(name, cluster.dir / "etc" / "slurm.conf") is None:
             slurmd = _restart_slurmd(cluster, name)     # the test before stopped its own
@@ -575,12 +584,9 @@ def test_slurmd_restart_during_prolog(cluster: Cluster, node_files) -> None:
                 cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"])
     finally:
         conf.write_text(before)
+        sconf.write_text(sbefore)
+        cluster.run(["scontrol", "reconfigure"])
         if slurmd is not None:
-            slurmd.terminate()
-            try:
-                slurmd.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                slurmd.kill()
-                slurmd.wait()
+            _stop(slurmd)
     print(f"\nslurmd restarted during a prolog: {outcomes}; drains: {drained}")
     assert drained == []

@@ -147,6 +147,61 @@ def test_fabric_registration_on_gb200_and_hgx():
     assert [f.applicable for f in fabric.check_fabric_registration(gather("h100-sxm-8x"))] == [False]
 
 
+def test_fabric_health_summary_reports_degradation_and_drains_nothing_by_itself():
+    """nvmlGpuFabricInfo_v3_t's healthSummary (nvml.h: NOT_SUPPORTED 0, HEALTHY 1,
+    UNHEALTHY 2, LIMITED_CAPACITY 3) is read, and reported as a warning: the
+    summary proves no fault; the mask fields that do (route unhealthy,
+    incorrect configuration) drain in gpu.fabric."""
+    h = gather("gb200-nvl")
+    bus = h.gpus[1].bus_id
+    limited = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 1,
+                                              "out": {"healthSummary": 3}}]})
+    assert limited.gpus[1].fabric_health_summary == 3
+    assert [(f.severity, f.message) for f in fabric.check_fabric_registration(limited)] == [
+        (WARN, f"NVLink fabric of {bus} at limited capacity (NVML fabric health summary)")]
+    unhealthy = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 1,
+                                                "out": {"healthSummary": 2}}]})
+    assert [(f.severity, f.message) for f in fabric.check_fabric_registration(unhealthy)] == [
+        (WARN, f"NVLink fabric of {bus} unhealthy (NVML fabric health summary)")]
+    healthy = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "out": {"healthSummary": 1}}]})
+    assert fabric.check_fabric_registration(healthy) == []
+
+
+class _VersionedFabricApi:
+    """A driver's nvmlDeviceGetGpuFabricInfoV: it answers the structure versions
+    it knows and ARGUMENT_VERSION_MISMATCH for a newer one (nvml.h)."""
+
+    def __init__(self, known: int) -> None:
+        self.known, self.asked = known, []
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device, ref):
+        from slurm_gpu.hw import nvml_constants as C
+        from slurm_gpu.hw.nvml_api import NVMLError
+        info = ref._obj
+        self.asked.append(info.version >> 24)
+        if info.version >> 24 > self.known:
+            raise NVMLError(C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.state, info.cliqueId, info.healthMask = 3, 5, 2
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = 3
+        return 0
+
+
+def test_fabric_info_v3_then_v2_on_an_older_driver():
+    import ctypes
+    from slurm_gpu.hw import nvml_constants as C
+    from slurm_gpu.hw.nvml import read_fabric_fields
+    from slurm_gpu.hw.nvml_api import Reader
+    from slurm_gpu.hw.nvml_structs import c_nvmlGpuFabricInfo_v3_t
+    # NVML_STRUCT_VERSION(GpuFabricInfo, 3): sizeof | 3 << 24
+    assert C.nvmlGpuFabricInfo_v3 == ctypes.sizeof(c_nvmlGpuFabricInfo_v3_t) | 3 << 24
+    new = _VersionedFabricApi(3)
+    assert read_fabric_fields(Reader(new), object())["health_summary"] == 3 and new.asked == [3]
+    old = _VersionedFabricApi(2)
+    f = read_fabric_fields(Reader(old), object())
+    assert (f["health_mask"], f["health_summary"], old.asked) == (2, 0, [3, 2])
+
+
 # ---------------------------------------------------------------- daemons
 
 RUNS = iter(range(1, 10 ** 6))
@@ -190,7 +245,22 @@ def test_a_users_process_named_like_the_service_does_not_hide_it(tmp_path):
     assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
         "nvidia-fabricmanager is not running on a node with NVSwitches"]
     os.chown(fake, os.stat(tmp_path / "proc").st_uid, -1)
+    (fake / "status").write_text("Name:\tnv-fabricmanager\nUid:\t0\t0\t0\t0\n")
     assert services.check_fabricmanager(G(tmp_path)) == []
+
+
+def test_a_set_user_id_program_run_by_a_user_under_the_service_name_does_not_hide_it(tmp_path):
+    # `ln -s /usr/bin/su ~/nv-fabricmanager` run by uid 4242: /proc/PID is
+    # root's (the effective uid), comm is the link's name, the real uid the user's.
+    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
+    drills.write_files(str(tmp_path), drills.fabric_root_files(hgx))
+    drills.write_files(str(tmp_path), {"proc/4201/comm": None})
+    fake = tmp_path / "proc" / "31337"
+    fake.mkdir()
+    (fake / "comm").write_text("nv-fabricmanager\n")
+    (fake / "status").write_text("Name:\tnv-fabricmanager\nUid:\t4242\t0\t0\t0\n")
+    assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
+        "nvidia-fabricmanager is not running on a node with NVSwitches"]
 
 
 # -------------------------------------------------- debounce, grace, config
@@ -250,3 +320,46 @@ def test_packaged_machines_carry_their_baseline_and_pass_it(machine):
     from slurm_gpu.health import gpu_checks as gc
     fs = gc.run_gpu_checks(h, None, gc.NVML_CHECKS, 60, None, doc)
     assert [f for f in fs if f.severity == DRAIN] == []
+
+
+def _health_with_baseline(tmp_path, monkeypatch, capsys, write) -> tuple[int, dict]:
+    from slurm_gpu import config
+    bl = tmp_path / "shared" / "baseline.json"
+    bl.parent.mkdir()
+    write(bl)
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nbaseline = "{bl}"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    config._load.cache_clear()
+    rc = main(["health", "--snapshot", str(MACHINES / "h100-sxm-8x" / "snapshot.json"),
+               "--only", "gpu.pcie,gpu.nvlink", "--json", "--no-drain"])
+    out = capsys.readouterr().out
+    config._load.cache_clear()
+    return rc, json.loads(out)
+
+
+def _forged(bl: Path) -> None:
+    # Another node's root (or `nobody` on a root-squashed share) says every
+    # H100 of the cluster trained to x32: every node of the model would drain.
+    doc = json.loads((MACHINES / "h100-sxm-8x" / "baseline.json").read_text())
+    for e in doc["models"].values():
+        e["pcie_width"] = 32
+    bl.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("write, why", [
+    (lambda p: os.mkfifo(p), "not a regular file that root owns"),
+    (lambda p: (p.write_text("{"), os.chmod(p, 0o644)), "not JSON"),
+    (lambda p: (p.write_text("{}"), os.chmod(p, 0o666)), "not a regular file that root owns"),
+    (lambda p: (p.parent.joinpath("real.json").write_text("{}"), p.symlink_to("real.json")),
+     "not a regular file that root owns"),
+    (_forged, "pcie_width must be 1..16"),
+], ids=["fifo", "not-json", "world-writable", "symlink", "forged-width"])
+def test_a_baseline_that_cannot_be_trusted_is_ignored_with_a_warning_and_drains_nothing(
+        tmp_path, monkeypatch, capsys, write, why):
+    rc, rep = _health_with_baseline(tmp_path, monkeypatch, capsys, write)
+    warn = [f for f in rep["findings"] if f["check"] == "health.baseline"]
+    assert len(warn) == 1 and warn[0]["severity"] == WARN and why in warn[0]["message"], rep
+    assert [f for f in rep["findings"] if f["severity"] == DRAIN] == []
+    assert rc == 1          # WARNING: the run finished, and is not "incomplete"
