@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -102,6 +103,17 @@ def test_simulator_lists_only_live_processes(sim, proc):
     h = nvml_health.read_health(sim, include_processes=True)
     assert h.gpus[0].processes == () and h.gpus[0].memory_used == 0
 
+
+
+def test_simulator_lists_no_zombie(sim, proc):
+    """A process that exited but is not reaped yet (a zombie) holds no GPU
+    context: the driver frees it at exit, as NVML then shows."""
+    add_process(sim, 0, proc.pid, 512)
+    proc.kill()
+    while open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    h = nvml_health.read_health(sim, include_processes=True)
+    assert h.gpus[0].processes == () and h.gpus[0].memory_used == 0
 
 def _opts(tmp_path, sim):
     s = HealthSettings(kernel_log=str(tmp_path / "kern.log"), clean_runs_to_resume=3)
