@@ -41,6 +41,18 @@ def test_timeout_kills_the_process_group(tmp_path) -> None:
         pytest.fail("grandchild survived the timeout")
 
 
+def test_timeout_says_whether_the_command_was_stopped() -> None:
+    """A command stopped (SIGSTOP) when its time runs out is told apart from one that
+    ran and hung: run as a job user, only that user (or root) could have stopped it."""
+    from slurm_gpu.runner import TimedOut
+    with pytest.raises(TimedOut, match="was stopped") as e:
+        run(["/bin/sh", "-c", "kill -STOP $$"], timeout=0.5)
+    assert e.value.stopped
+    with pytest.raises(TimedOut) as e:
+        run(["/bin/sleep", "30"], timeout=0.2)
+    assert not e.value.stopped and "stopped" not in str(e.value)
+
+
 def test_failure_carries_first_stderr_line() -> None:
     with pytest.raises(CommandError) as ei:
         run(["/bin/sh", "-c", "echo 'bad thing' >&2; echo more >&2; exit 3"], timeout=5)
