@@ -398,8 +398,8 @@ def test_accounting_attributes_gpu_processes_by_their_v2_job_cgroup_and_never_an
         assert _aggregates(node) == {}
         node.ok(f"kill -9 {pa['child']}")
         # The health check resumes the node on its first clean run.
-        r = node.sh("i=0; while [ $i -lt 240 ] && [ \"$(sinfo -h -n n1 -o %E)\" != none ]; do "
-                    "sleep 0.5; i=$((i+1)); done; sinfo -h -n n1 -o %E", timeout=180)
+        r = node.sh("i=0; while [ $i -lt 120 ] && [ \"$(sinfo -h -n n1 -o %E)\" != none ]; do "
+                    "sleep 0.5; i=$((i+1)); done; sinfo -h -n n1 -o %E", timeout=120)
         if r.stdout.strip() != "none" and node.sb.slurm_version.startswith("24.11"):
             # Seen twice on 24.11 (never on 22.05/26.05): the escaped process
             # is gone, no health check error is logged, and the drain stays.
