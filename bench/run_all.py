@@ -1,4 +1,4 @@
-"""Every row of issue 15's table, each measured beside its floor in one run.
+"""Every row of issue 15's table and issue 27's outcome table, each measured beside its floor in one run.
 
     /opt/slurm-gpu/venv/bin/python bench/run_all.py [--smoke] [--skip spank,confgen] [--old DIR]
 
@@ -27,6 +27,10 @@ BENCHES = {
     "prolog": ["bench_prolog.py", "--runs", "20"],
     "confgen": ["bench_confgen.py", "--nodes", "10000,100000", "--sample", "0"],
     "recovery": ["bench_recovery.py", "--runs", "7"],
+    # Issue 27's outcome rows (recovery above is two of them).
+    "discovery": ["bench_discovery.py", "--runs", "7"],
+    "oversub": ["bench_oversub.py", "--jobs", "40"],
+    "util": ["bench_util.py", "--jobs", "14"],
 }
 # The benchmarks that take --old (issue 25: each row paired old against new).
 PAIRED = {"health", "prolog"}

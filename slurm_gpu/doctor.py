@@ -76,6 +76,8 @@ class Facts:
     cgroup: "CgroupFacts | None" = None     # None: not gathered (login role, tests): no finding
     rebuild: str = "slurm-gpu spank build"  # the command that rebuilds the plugin here (:func:`rebuild_command`)
     imex: Any = None                        # slurm_gpu.imex.doctor.ImexFacts (None: not gathered)
+    # [health] kernel_log: (path, "proven" | "unproven" | "unknown", why): hw.kmsg.sender_proof
+    kernel_log: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,7 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     facts.cgroup = doctor_cgroup.gather(str(Path(path).parent))
     from .imex.doctor import gather as gather_imex
     facts.imex = gather_imex(conf, path)
+    facts.kernel_log = _gather_kernel_log(node)
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -379,6 +382,20 @@ def _gather_mps(facts: Facts) -> None:
         facts.mps_control_stat = (st.st_uid, st.st_mode)
     except OSError:
         facts.mps_control_stat = None
+
+
+def _gather_kernel_log(node: str | None) -> tuple[str, str, str] | None:
+    """``[health] kernel_log`` ("%n": this node) and whether its lines can prove their sender."""
+    try:
+        from . import config
+        from .health.settings import HealthSettings
+        src = config.section(HealthSettings, "health").kernel_log
+    except Exception:  # noqa: BLE001 - the config check reports an unloadable config
+        return None
+    name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    src = src.replace("%n", name)
+    from .hw.kmsg import sender_proof
+    return (src, *sender_proof(src))
 
 
 # -- checks (pure) ------------------------------------------------------------
@@ -610,6 +627,18 @@ def check_config(f: Facts) -> list[Finding]:
     return out
 
 
+def check_kernel_log(f: Facts) -> list[Finding]:
+    """``[health] kernel_log``: only a source that proves the kernel wrote a line may drain or requeue."""
+    if f.kernel_log is None:
+        return []
+    path, state, why = f.kernel_log
+    if state == "unproven":
+        return [Finding(WARNING, "health.kernel_log", f"{path} cannot prove who wrote its lines ({why}): its GPU "
+                        "fault lines only warn, and drain or requeue only where NVML proves the GPU dead; name "
+                        "/dev/kmsg (the default) or a journalctl -k -o export/json file")]
+    return [Finding(OK if state == "proven" else UNKNOWN, "health.kernel_log", f"{path}: {why}")]
+
+
 def check_cgroup(f: Facts) -> list[Finding]:
     """cgroup mode, cgroup.conf's constraints, slurmd's delegation, IgnoreSystemd,
     26.05's job directory names and the job's device limit (:mod:`.doctor_cgroup`)."""
@@ -629,7 +658,7 @@ def check_imex(f: Facts) -> list[Finding]:
 
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
           check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
-          check_cgroup, check_imex)
+          check_cgroup, check_imex, check_kernel_log)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.

@@ -19,30 +19,44 @@ _DEV = re.compile(r"/nvidia([0-9]+)$")
 _CAP = re.compile(r"/nvidia-cap([0-9]+)$")
 
 
-def slurm_device_keys(node: Any) -> list[str]:
-    """Device keys in Slurm's gpu index order (``"0"``, ``"2/gi7"``...)."""
-    from ..confgen.gres import gres_records
+def slurm_device_keys(node: Any, conf: Any = None) -> list[str]:
+    """Device keys in Slurm's gpu index order (``"0"``, ``"2/gi7"``...).
+
+    *conf* is this node's deployed gres.conf (:class:`~slurm_gpu.confgen.grescheck.NodeGres`):
+    what slurmd numbered.  Without it the records are rendered from *node*,
+    which only matches while the node has no instances a ``--gpu-mig`` job
+    made (they are in the live model, never in gres.conf)."""
     by_minor = {g.minor: g for g in node.gpus}
     groups: dict[str | None, list[str]] = {}
-    for rec in gres_records(node):
-        if rec.name != "gpu":
-            continue
-        keys = groups.setdefault(rec.type, [])
-        if rec.multiple_files:
-            m = _DEV.search(rec.multiple_files[0])
-            caps = [int(c.group(1)) for c in map(_CAP.search, rec.multiple_files) if c]
-            g = by_minor.get(int(m.group(1))) if m else None
-            if g is None or not caps:
-                keys.append("?")
-                continue
+    for gtype, files in _gpu_records(node, conf):
+        keys = groups.setdefault(gtype, [])
+        m = next((x for x in map(_DEV.search, files) if x), None)
+        caps = [int(c.group(1)) for c in map(_CAP.search, files) if c]
+        g = by_minor.get(int(m.group(1))) if m else None
+        if g is None:
+            keys.append("?")
+        elif caps:
             gi = next((i.gi_id for i in g.mig_instances if i.gi_cap_minor in caps), None)
             keys.append(f"{g.index}/gi{gi}" if gi is not None else "?")
         else:
-            for f in rec.files:
-                m = _DEV.search(f)
-                g = by_minor.get(int(m.group(1))) if m else None
-                keys.append(str(g.index) if g is not None else "?")
+            keys.append(str(g.index))
     return [k for keys in groups.values() for k in keys]
+
+
+def _gpu_records(node: Any, conf: Any) -> list[tuple[str | None, list[str]]]:
+    """(type, device files) of each gres/gpu device, in file order: one per GPU or MIG record."""
+    if conf is not None:
+        return [(dev.type, files.split(",")) for (name, files), dev in conf.devices.items() if name == "gpu"]
+    from ..confgen.gres import gres_records
+    out: list[tuple[str | None, list[str]]] = []
+    for rec in gres_records(node):
+        if rec.name != "gpu":
+            continue
+        if rec.multiple_files:
+            out.append((rec.type, list(rec.multiple_files)))
+        else:
+            out += [(rec.type, [f]) for f in rec.files]
+    return out
 
 
 def job_device_keys(slurm_indices: list[int], order: list[str], mig_state: dict[str, Any] | None) -> list[str]:

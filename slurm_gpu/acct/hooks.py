@@ -43,6 +43,23 @@ def _indices(env: Mapping[str, str]) -> list[int]:
     return [int(p) for p in text.split(",") if p.strip().isdigit() and len(p.strip()) <= 4]
 
 
+def _gres_conf(env: Mapping[str, str], node: str) -> Any:
+    """The node's deployed gres.conf (what slurmd numbered), or None: then the
+    records are rendered from the live model.  Only explicit GPU lines
+    (AutoDetect off, what our generator writes): with AutoDetect slurmd adds
+    and sorts what it detects."""
+    from ..confgen.gresorder import read_conf
+    from ..errors import SlurmGpuError
+    from ..nodefacts import gres_conf_path
+    try:
+        conf = read_conf(gres_conf_path(env), node)
+    except SlurmGpuError:
+        return None
+    if conf is None or (conf.autodetect or "off") != "off" or not any(n == "gpu" for n, _ in conf.devices):
+        return None
+    return conf
+
+
 def register(s: AcctSettings, store: Store, env: Mapping[str, str], node: str,
              device_order: Callable[[], list[str]], mig_state: dict[str, Any] | None,
              now: float | None = None) -> dict[str, Any]:
@@ -173,7 +190,7 @@ def main(step: str, env: Mapping[str, str] | None = None) -> int:
             from ..jobs import state as jobstate
             from .devices import slurm_device_keys
             js = jobstate.load(node_s.state_dir, jobid)
-            register(s, store, env, node, lambda: slurm_device_keys(live.this_node(node_s)),
+            register(s, store, env, node, lambda: slurm_device_keys(live.this_node(node_s), _gres_conf(env, node)),
                      js.mig if js and js.mig and js.mig.get("ready") else None)
         else:
             out = finish(s, store, jobid, node)

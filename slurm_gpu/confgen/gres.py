@@ -38,6 +38,18 @@ class GresOptions:
     socket_mode: str = "auto"     # see nodeline.socket_layout
     autodetect: str = "off"       # global AutoDetect= line ("" for none)
 
+    def __post_init__(self) -> None:
+        # Slurm links gres/gpu with a single sharing gres per node (gres.c,
+        # gres_init_node_config: one alt_gres_ns), and keeps a GPU from being
+        # given as gres/gpu and as that gres at once; the other is not checked.
+        # bench/bench_oversub.py saw it: with both, gres/gpu jobs ran on GPUs
+        # that gres/mps and gres/shard jobs held.
+        if self.mps_count and self.shards:
+            from ..errors import UsageError
+            raise UsageError("--mps-count and --shards cannot both be set: Slurm keeps gres/gpu apart "
+                             "from only one sharing gres per node, so a GPU could be given as gres/gpu "
+                             "and as the other at once")
+
 
 @dataclass(frozen=True)
 class GresLine:

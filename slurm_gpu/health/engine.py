@@ -252,7 +252,11 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                 events += more
                 event_findings += direct
         xid_memo = _xid_memo(state)
-        gathered = KmsgGather(lines, events, xid_memo)
+        confirmed = None
+        if events and health is not None:
+            from .onfatal import nvml_confirms
+            confirmed = nvml_confirms(health, state.get("gpu_index"), expected.count if expected else None)
+        gathered = KmsgGather(lines, events, xid_memo, confirmed)
         for c in kmsg_checks:
             event_findings += c.check(gathered)
         findings += event_findings

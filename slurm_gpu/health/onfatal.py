@@ -82,6 +82,41 @@ def index_map(health: Any, gres_conf: str | None, node: str, old: Mapping[str, A
     return out
 
 
+def nvml_confirms(health: Any, known: Mapping[str, Any] | None, expected_count: int | None = None) -> dict[str, str]:
+    """Bus id -> what this run's NVML read says, for each GPU it proves dead.
+
+    What no job user can fake and what leaves no job on that GPU alive: the
+    GPU lost (NVML answers GPU_IS_LOST, or a GPU an earlier run knew, *known*
+    from the state file's ``gpu_index``, no longer answers while NVML sees a
+    GPU short), or its recovery action asking for a reset or reboot.  A kernel
+    log line whose sender is not proven (a syslog file) acts only for such a
+    GPU (``xid.check_xid``).  A lost GPU tells no bus id, hence *known*; a
+    remembered bus whose Slurm index a live GPU now has (hardware changed) is
+    no proof of anything.
+    """
+    out: dict[str, str] = {}
+    if health is None or not getattr(health, "available", False) or getattr(health, "hung", None):
+        return out
+    from .gpu_checks import RECOVERY_NAMES
+    from .xid import FATAL_RECOVERY
+    gpus = list(getattr(health, "gpus", None) or [])
+    alive = [g for g in gpus if g.lost is None and g.bus_id]
+    for g in gpus:
+        if g.lost is not None and g.bus_id:
+            out[g.bus_id] = f"GPU lost ({g.lost})"
+        elif g.lost is None and g.bus_id and g.recovery_action in FATAL_RECOVERY:
+            out[g.bus_id] = f"needs {RECOVERY_NAMES[g.recovery_action]}"
+    short = any(g.lost is not None for g in gpus) or (expected_count is not None and len(alive) < expected_count)
+    old = index_map(None, None, "", known if isinstance(known, Mapping) else None)
+    if short and old:
+        live_idx = {old[g.bus_id] for g in alive if g.bus_id in old}
+        live = {g.bus_id for g in alive}
+        for bus, idx in old.items():
+            if bus not in live and idx not in live_idx:
+                out.setdefault(bus, "GPU no longer answers NVML")
+    return out
+
+
 def fault_words(f: Finding, node: str) -> str:
     """Our words for the fault, for the job's AdminComment: never log text."""
     what = f"Xid {f.xid}" if f.xid is not None else f.check
@@ -116,6 +151,9 @@ def act(node: str, findings: Iterable[Finding], gpu_index: Mapping[str, int], mo
             view = jobctl.show_job(jid, timeout)
         except CommandError as e:
             out.errors.append(f"on_fatal: {e.what}")
+            continue
+        if view is not None and view.unreadable:
+            out.errors.append(f"on_fatal: job {jid} left alone: its scontrol text is ambiguous ({view.unreadable})")
             continue
         if view is None or view.state not in ("RUNNING", "SUSPENDED"):
             continue
@@ -175,8 +213,8 @@ def release(out: FatalOutcome, deadline: float, *, timeout: float, clock: Callab
             except CommandError as e:
                 out.errors.append(f"on_fatal: {e.what}")
                 return
-            if view is None:
-                del out.owed[jid]
+            if view is None or view.unreadable:
+                del out.owed[jid]          # (requeued already: only the early release is lost)
             elif view.state == "PENDING":
                 try:
                     jobctl.release(jid, max(0.5, min(timeout, deadline - clock())))

@@ -42,13 +42,15 @@ ACT_MIN_SECONDS = 1.5
 # making a dataclass costs a few hundred microseconds (``hw/plain.py``).
 class KmsgGather(Plain):
     """The kernel log's new lines, the XID events in them and in xid-watch's
-    records, and the NVLink5 verdicts of earlier runs of this boot."""
+    records, the NVLink5 verdicts of earlier runs of this boot, and the GPUs
+    this run's NVML read proves dead (``onfatal.nvml_confirms``)."""
 
-    __slots__ = ("lines", "events", "xid_memo")
-    _defaults = {"xid_memo": None}
+    __slots__ = ("lines", "events", "xid_memo", "confirmed")
+    _defaults = {"xid_memo": None, "confirmed": None}
     lines: list[Any]
     events: list[Any]
     xid_memo: dict | None
+    confirmed: dict | None
 
 
 class OsGather(Plain):
@@ -89,7 +91,7 @@ def _xid(g: KmsgGather) -> list[Finding]:
     if not g.events:
         return gaps          # a clean run: the XID module stays unloaded (~2 ms)
     from . import xid
-    return xid.check_xid(g.events, g.xid_memo) + gaps
+    return xid.check_xid(g.events, g.xid_memo, g.confirmed) + gaps
 
 
 def _sxid(g: KmsgGather) -> list[Finding]:

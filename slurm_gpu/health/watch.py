@@ -50,9 +50,21 @@ def event_record(ev: GpuEvent) -> dict[str, Any]:
 
 
 def append(path: str, rec: dict[str, Any]) -> None:
-    """One line per event, O_APPEND: a reader never sees half a line it would keep."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    """One line per event, O_APPEND: a reader never sees half a line it would keep.
+
+    Never into a file someone else made or may write (``[health] events_file``
+    in a shared directory): the health check would refuse its records anyway.
+    """
+    from ..errors import InputError
+    from ..hw.kmsg import trusted_stat
     try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                     0o600)
+    except OSError as e:
+        raise InputError(f"cannot write event file: {e.strerror}", path) from None
+    try:
+        if not trusted_stat(os.fstat(fd)):
+            raise InputError("event file is not root's, or someone else may write it", path)
         os.write(fd, (json.dumps(rec, sort_keys=True) + "\n").encode())
         os.fsync(fd)
     finally:

@@ -31,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from ..paths import data_path
 from .findings import DRAIN, INFO, WARN, Finding
@@ -371,12 +371,19 @@ def classify(ev: XidEvent, decoded: dict[tuple[int, str | None], Verdict] | None
     return Verdict(base["action"], base["kind"], desc.split(" --")[0], base["immediate"], job=base.get("job", "none"))
 
 
-def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None = None) -> list[Finding]:
+def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None = None,
+              confirmed: Mapping[str, str] | None = None) -> list[Finding]:
     """``gpu.xid``: one finding per (code, GPU), carrying its worst action and count.
 
     *memo* (updated in place) carries NVLink5 verdicts decoded from kernel
     lines between runs, so that "45 ... caused by previous Xid 145" follows
     the decoded 145 even when the cursor split the two lines across runs.
+
+    *confirmed* (bus id -> what NVML says, ``onfatal.nvml_confirms``): GPUs
+    whose NVML state in this run proves them dead (lost, or needing a reset or
+    reboot).  A report not proven the kernel's that names such a GPU is
+    classified as the kernel's would be: NVML, which no user can write,
+    proves the fault; the line only names it.
     """
     decoded: dict[tuple[int, str | None], Verdict] = {}
     for key, v in (memo or {}).items():
@@ -385,10 +392,13 @@ def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None
     groups: dict[tuple[int, str | None], tuple[Verdict, XidEvent, int]] = {}
     rank = {INFO: 0, WARN: 1, DRAIN: 2}
     doubts: list[XidEvent] = []
+    backed: dict[tuple[int, str | None], str] = {}
     for ev in events:
         if ev.untrusted is not None:
-            doubts.append(ev)       # feeds no chain, no memo and no trusted report's verdict
-            continue
+            if not (ev.gpu and confirmed and ev.gpu in confirmed):
+                doubts.append(ev)   # feeds no chain, no memo and no trusted report's verdict
+                continue
+            backed[(ev.code, ev.gpu)] = confirmed[ev.gpu]
         v = classify(ev, decoded)
         key = (ev.code, ev.gpu)
         prev = decoded.get(key)
@@ -415,6 +425,8 @@ def check_xid(events: Iterable[XidEvent], memo: dict[str, dict[str, str]] | None
             msg += " [application error: node stays up]"
         if n > 1:
             msg += f" ({n} reports)"
+        if (code, gpu) in backed:
+            msg += f" [log line not proven the kernel's; NVML: {backed[(code, gpu)]}]"
         out.append(Finding(CHECK, v.action, msg, gpu, code, fatal=v.action == DRAIN and v.job == "fatal"))
     return out + _doubt_findings(doubts)
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from dataclasses import dataclass
 
 from .. import procfs
@@ -189,6 +190,9 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         if lost >= 0:
             out[lost:] = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, AFTER_RESYNC, ln.at)
                           for ln in out[lost:]]
+        if not trusted_stat(st):
+            # Whoever may write the file writes any format: nothing in it is proven.
+            out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, OPEN_FILE, ln.at) for ln in out]
         return out, FileCursor(p, st.st_ino, pos, _mark(fd, pos))
     finally:
         os.close(fd)
@@ -201,6 +205,7 @@ def _line_before(fd: int, pos: int) -> bytes:
     return line_before(os.pread(fd, min(pos, 64 << 10), max(0, pos - (64 << 10))), pos <= 64 << 10)
 
 
+OPEN_FILE = "the kernel log file is not root's, or someone else may write it"
 AFTER_RESYNC = "read after bytes that are not the journal export format (see the warning about them)"
 
 
@@ -280,6 +285,50 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
     return scan_buffer(buf), KmsgCursor(bid, max(last, newest))
 
 
+# ------------------------------------------------------- who wrote the lines
+
+def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
+    """Whether the lines of *source* (``[health] kernel_log``) can prove the kernel wrote them.
+
+    ``("proven" | "unproven" | "unknown", why)``: ``/dev/kmsg`` and files of
+    its records, dmesg output and journal JSON/export files prove it; a syslog
+    or journal text file (judged by its last *sample* bytes) does not, since
+    its ``kernel:`` tag is whatever the sender wrote (``kmsg_scan.TAG_ONLY``).
+    Opened without blocking (a FIFO there must not hang ``doctor``).
+    """
+    from .kmsg_scan import text_log_line
+    if source == DEV_KMSG:
+        return "proven", "the kernel's records, whose facility userspace cannot claim"
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        return "unknown", f"cannot be read ({e.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "unknown", "not a regular file"
+        if not trusted_stat(st):
+            return "unproven", OPEN_FILE + ": any line in it may be theirs"
+        if os.pread(fd, len(MAGIC), 0) == MAGIC:
+            return "proven", "a journal export file (journald's own _TRANSPORT field)"
+        tail = os.pread(fd, sample, max(0, st.st_size - sample))
+    finally:
+        os.close(fd)
+    lines = tail.split(b"\n")[1 if st.st_size > sample else 0:]
+    seen = False
+    for raw in lines[-2000:]:
+        text = raw[:400].decode("utf-8", "replace")
+        if not text.strip():
+            continue
+        seen = True
+        if text_log_line(text):
+            return "unproven", ("a syslog/journal text file: a line tagged \"kernel:\" is what its sender wrote, "
+                                "and any local user can write one (logger -t kernel)")
+    if not seen:
+        return "unknown", "empty: its format (and who can write it) cannot be told yet"
+    return "proven", "dmesg output, /dev/kmsg records or journal JSON (the kernel's facility or journald's fields)"
+
+
 # ------------------------------------------------------------------ cursors
 
 def read_source(source: str, doc: dict[str, Any]) -> tuple[list[KernelLine], dict[str, Any]]:
@@ -304,18 +353,32 @@ def read_source(source: str, doc: dict[str, Any]) -> tuple[list[KernelLine], dic
     return lines, doc
 
 
+def trusted_stat(st: os.stat_result) -> bool:
+    """A regular file of root (or this process's user) that nobody else may write."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+
+
 def read_events(path: str, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """New records of the ``xid-watch`` event file (JSON lines) after the cursor in *doc*."""
+    """New records of the ``xid-watch`` event file (JSON lines) after the cursor in *doc*.
+
+    Its records count as NVML's own word (they drain, and ``on_fatal``
+    requeues on them), so the file must be what ``xid-watch`` (root) wrote: a
+    regular file, not a link, root's (or this process's user's), and writable
+    by nobody else; anything else is bad input, and its records are not read.
+    """
     doc = json.loads(json.dumps(doc))
     ev = doc.get("events") or {}
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return [], doc
     except OSError as e:
         raise InputError(f"cannot read event file: {e.strerror}", path) from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
+        if not trusted_stat(st):
+            raise InputError("event file is not root's, or someone else may write it: its records prove nothing",
+                             path)
         cur = FileCursor(path, int(ev.get("inode", 0)), int(ev.get("offset", 0)), str(ev.get("mark") or ""))
         same = cur.inode == st.st_ino and 0 <= cur.offset <= st.st_size and _same_file(f.fileno(), cur)
         start = cur.offset if same else 0

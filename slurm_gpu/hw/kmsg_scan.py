@@ -79,6 +79,11 @@ class KernelLine:
 
 
 UNKNOWN_FORMAT = "no log format slurm-gpu knows comes before the driver's text"
+# A syslog or journal *text* line names its sender only by the tag the sender
+# chose: `logger -t kernel` (any local user) writes the kernel's own bytes into
+# /var/log/messages, journalctl's short formats and RFC 3339 files alike.
+TAG_ONLY = ("a syslog/journal text line whose only sign of the kernel is the \"kernel:\" tag, which any "
+            "local user can write (logger -t kernel)")
 SAME_RECORD = ("the line before it, another message, has the same kernel time: "
                "a newline in that message may have made this line")
 # The envelope groups that hold the kernel's own monotonic time ("[ 5123.456789]").
@@ -111,6 +116,25 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
     if g["bare"] is not None:
         return True, g["bkts"], False
     return True, None, False                               # the message alone, at the start of the line
+
+
+def _tag_only(m: re.Match[str]) -> bool:
+    """Whether a trusted envelope says "kernel" only as a syslog/journal tag (``TAG_ONLY``).
+
+    The formats whose sender is proven are the record formats: a ``/dev/kmsg``
+    record's facility (``kpri``, ``dmesg -r``/``-x``, Talos), dmesg's own
+    stamps (it reads ``/dev/kmsg``, which only root writes) and journald's
+    fields (``_journal_lines``, ``kmsg_export``).
+    """
+    g = m.groupdict()
+    return (g["sys"] is not None or g["bare"] is not None or g["unix"] is not None or g["full"] is not None
+            or g["mhost"] is not None or (g["iso"] is not None and g["ihost"] is not None))
+
+
+def text_log_line(line: str) -> bool:
+    """Whether *line* is a syslog or journal *text* line (any tag): its sender is only what it says."""
+    m = _ENVELOPE.match(line)
+    return m is not None and m.end() > 0 and _tag_only(m)
 
 
 def _journal_lines(line: str) -> list[KernelLine]:
@@ -293,6 +317,9 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
     ok, when, cont = _trusted(env)
     if not ok:
         return []
+    if _tag_only(env):
+        # The kernel's words, perhaps, but not the kernel's proof: reported, never acted on.
+        return _doubt(buf, s, e, ls + base, TAG_ONLY)
     if cont and ls != kept_end:
         return []                  # a continuation of nothing we kept (another program's message)
     if env.end() == 0 and ls > start and _has_envelope(buf, ls, start):

@@ -72,3 +72,9 @@ def test_spank_bound_step_beside_a_plain_step() -> None:
     assert [p.split(" (")[-1] for p in _paths(rows)] == [
         "plugin, no option)", "plugin, 1 GPU --gpu-numa-bind=prefer)"]
     assert all("plain step" in r[2] for r in rows)
+
+
+def test_discovery_on_every_machine_beside_hwloc_alone() -> None:
+    rows = _smoke("bench_discovery.py")
+    assert len(rows) == 1 and rows[0][0].startswith("discovery: node model from NVML (simulated) + hwloc")
+    assert "hwloc-ls alone" in rows[0][2]

@@ -107,8 +107,13 @@ def test_a_requeueable_job_on_the_faulty_gpu_runs_again_on_a_healthy_node(slow, 
     slow.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=test: n1 first"])
     hit = slow.sbatch("--requeue", "--gres=gpu:1", "--wrap", "sleep 600", user="sgtest1", cwd="/tmp")
     other = slow.sbatch("--requeue", "--gres=gpu:1", "--wrap", "sleep 600", user="sgtest1", cwd="/tmp")
+    # A job on another GPU whose name and output path spell Slurm's own fields (every GPU of n1,
+    # Restarts=0): scontrol prints them unquoted, and read as Slurm's they made on_fatal requeue it.
+    spelt = slow.sbatch("--requeue", "--gres=gpu:1", "-J", "x Restarts=0 JobState=RUNNING",
+                        "-o", "/tmp/o Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu(IDX:0-7) MinCPUsNode=1.out",
+                        "--wrap", "sleep 600", user="sgtest1", cwd="/tmp")
     try:
-        for j in (hit, other):
+        for j in (hit, other, spelt):
             assert slow.wait_job(j, states={"RUNNING"}, timeout=30)["NodeList"] == "n1"
         slow.run(["scontrol", "update", "nodename=n2", "state=resume"])
         slow.wait_node_state("n2", "idle", timeout=30)
@@ -128,7 +133,10 @@ def test_a_requeueable_job_on_the_faulty_gpu_runs_again_on_a_healthy_node(slow, 
         assert info["Restarts"] == "1"
         assert re.search(r"AdminComment=slurm-gpu: Xid 79 on GPU \S+ of n1: requeued", slow.run(
             ["scontrol", "show", "job", "-o", str(hit)]).stdout)
-        assert (slow.job(other)["JobState"], slow.job(other)["NodeList"], slow.job(other)["Restarts"]) == (
-            "RUNNING", "n1", "0")
+        for j in (other, spelt):
+            info = slow.job(j)
+            assert (info["JobState"], info["NodeList"], info["Restarts"]) == ("RUNNING", "n1", "0"), (
+                j, "spelt" if j == spelt else "other", slow.run(["scontrol", "-d", "show", "job", "-o", str(j)]).stdout,
+                (slow.dir / "log" / "xid-watch-n1.log").read_text()[-3000:])
     finally:
-        slow.run(["scancel", str(hit), str(other)])
+        slow.run(["scancel", str(hit), str(other), str(spelt)])

@@ -74,6 +74,31 @@ def test_slurm_gres_indices_map_to_mig_instances():
     assert job_device_keys([99], order, None) == []
 
 
+def test_instances_a_job_made_do_not_move_slurms_indices():
+    """Slurm numbers the gres.conf it was started with.  A ``--gpu-mig`` job's
+    instances on GPU 0 are in the live model, not in gres.conf: the next job,
+    given Slurm's index 1 (GPU 1 whole), was registered on "0/gi8" and its use
+    of GPU 1 counted as a leak (bench/bench_oversub.py, h100-mig sandbox)."""
+    import dataclasses
+
+    from slurm_gpu.confgen import render_gres_conf
+    from slurm_gpu.confgen.gres import mig_cap_minors
+    from slurm_gpu.confgen.grescheck import effective, parse_gres_conf
+    deployed = load_node(Snapshot(str(MACHINES / "h100-mig" / "snapshot.json")))
+    conf = effective(parse_gres_conf(render_gres_conf({"n1": deployed}).splitlines(), "gres.conf"), "n1")
+    template = deployed.gpus[2].mig_instances[1]                   # a 1g.10gb
+    made = [dataclasses.replace(template, gi_id=gi, placement_start=i, uuid=f"MIG-job-{gi}",
+                                gi_cap_minor=mig_cap_minors(deployed.gpus[0].minor, gi, 0)[0],
+                                ci_cap_minor=mig_cap_minors(deployed.gpus[0].minor, gi, 0)[1])
+            for i, gi in enumerate((7, 8))]
+    gpus = list(deployed.gpus)
+    gpus[0] = dataclasses.replace(gpus[0], mig_enabled=True, mig_instances=tuple(made))
+    live = dataclasses.replace(deployed, gpus=tuple(gpus))
+    order = slurm_device_keys(live, conf)
+    assert order == slurm_device_keys(deployed) and order[:4] == ["0", "1", "2/gi2", "3/gi1"]
+    assert job_device_keys([1], order, None) == ["1"]
+
+
 def test_cgroup_names_the_job_and_a_leak_is_attributed(tmp_path):
     for pid, cg in ((10, "12:devices:/slurm_n1/uid_1001/job_77/step_0\n"),
                     (11, "0::/system.slice/slurmstepd.scope/job_78/step_batch/user/task_0\n"),

@@ -152,3 +152,45 @@ def test_gather_reads_the_mps_settings(tmp_path, monkeypatch):
     f = d.gather(slurm_conf=str(tmp_path / "slurm.conf"))
     assert (f.mps_enabled, f.mps_control, f.mps_control_stat) == \
         (False, str(ctl), (os.getuid(), os.stat(ctl).st_mode))
+
+
+# ------------------------------------------------- [health] kernel_log: who wrote it
+
+def test_a_kernel_log_that_cannot_prove_its_sender_is_a_warning(tmp_path):
+    from slurm_gpu.hw import kmsg
+    syslog = tmp_path / "messages"
+    syslog.write_text("Nov 28 20:14:44 n1 systemd[1]: Started x.\nNov 28 20:14:45 n1 kernel: usb 1-1: new device\n")
+    state, why = kmsg.sender_proof(str(syslog))
+    assert state == "unproven" and "logger -t kernel" in why
+    f = facts(tmp_path, kernel_log=(str(syslog), state, why))
+    [got] = lines(f)["health.kernel_log"]
+    assert got.startswith(f"WARNING health.kernel_log: {syslog} cannot prove who wrote its lines (")
+    assert got.endswith("its GPU fault lines only warn, and drain or requeue only where NVML proves the GPU "
+                        "dead; name /dev/kmsg (the default) or a journalctl -k -o export/json file")
+    assert d.worst(d.run_checks(f)) == d.WARNING
+
+
+@pytest.mark.parametrize("text", [
+    "[    1.000000] usb 1-1: new device\n",                                  # dmesg
+    "6,1234,5678,-;usb 1-1: new device\n",                                  # /dev/kmsg records (the sandbox's)
+    '{"_TRANSPORT": "kernel", "MESSAGE": "usb 1-1: new device"}\n',         # journalctl -o json
+])
+def test_a_kernel_log_whose_format_proves_the_sender_is_ok(tmp_path, text):
+    from slurm_gpu.hw import kmsg
+    log = tmp_path / "k.log"
+    log.write_text(text)
+    state, why = kmsg.sender_proof(str(log))
+    assert state == "proven", why
+    assert lines(facts(tmp_path, kernel_log=(str(log), state, why)))["health.kernel_log"][0].startswith(
+        f"OK health.kernel_log: {log}: ")
+    assert kmsg.sender_proof("/dev/kmsg")[0] == "proven"
+
+
+def test_a_kernel_log_doctor_cannot_read_is_unknown(tmp_path):
+    from slurm_gpu.hw import kmsg
+    state, why = kmsg.sender_proof(str(tmp_path / "gone.log"))
+    assert state == "unknown"
+    assert lines(facts(tmp_path, kernel_log=(str(tmp_path / "gone.log"), state, why)))["health.kernel_log"][0] \
+        .startswith(f"UNKNOWN health.kernel_log: {tmp_path}/gone.log: ")
+    (tmp_path / "empty.log").write_text("")
+    assert kmsg.sender_proof(str(tmp_path / "empty.log"))[0] == "unknown"

@@ -33,6 +33,13 @@ def test_node_lines(capsys) -> None:
                    "Gres=gpu:tesla_v100-sxm3-32gb-h:16,shard:64\n")
 
 
+def test_mps_count_with_shards_is_one_line_usage_error(capsys) -> None:
+    rc, out, err = run(capsys, "gres", "render", "--hwloc-xml", XML, "--node", "d1", "--mps-count", "100",
+                       "--shards", "4")
+    assert rc == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("slurm-gpu: --mps-count and --shards cannot both be set")
+
+
 def test_hwloc_xml_without_node_is_usage_error(capsys) -> None:
     rc, _, err = run(capsys, "gres", "render", "--hwloc-xml", XML, "--hwloc-xml", f"b={XML}")
     assert rc == 2 and err.startswith("slurm-gpu: --hwloc-xml FILE needs --node")

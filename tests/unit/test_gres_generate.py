@@ -8,7 +8,7 @@ from slurm_gpu.confgen.gres import gres_records, mig_cap_minors
 from slurm_gpu.confgen.grescheck import compare, parse_gres_conf
 from slurm_gpu.confgen.naming import autodetect_name, mig_type, pci_ids_name
 from slurm_gpu.confgen.pciids import parse_vendor
-from slurm_gpu.errors import InputError
+from slurm_gpu.errors import InputError, UsageError
 from slurm_gpu.hw.model import (PEER_GPU, PEER_NVSWITCH, Core, Fabric, Gpu, MigInstance, Node, NumaNode,
                                 NvLink, Package)
 
@@ -162,11 +162,20 @@ def test_mig_cap_minor_layout_matches_real_slurmd_output() -> None:
 
 
 def test_mps_and_shard_counts_per_gpu() -> None:
-    text = render_gres_conf({"s": make_node(nvswitch=False, gpus=2)},
-                            options=GresOptions(mps_count=100, shards=8))
+    text = render_gres_conf({"s": make_node(nvswitch=False, gpus=2)}, options=GresOptions(mps_count=100))
     assert "NodeName=s Name=mps Count=100 File=/dev/nvidia0" in lines(text)
+    assert "Gres=gpu:nvidia_h100_80gb_hbm3:2,mps:200\n" in text
+    text = render_gres_conf({"s": make_node(nvswitch=False, gpus=2)}, options=GresOptions(shards=8))
     assert "NodeName=s Name=shard Count=8 File=/dev/nvidia1" in lines(text)
-    assert "Gres=gpu:nvidia_h100_80gb_hbm3:2,mps:200,shard:16" in text
+    assert "Gres=gpu:nvidia_h100_80gb_hbm3:2,shard:16\n" in text
+
+
+def test_mps_and_shards_on_one_node_are_refused() -> None:
+    """Slurm keeps gres/gpu apart from one sharing gres per node (gres_init_node_config
+    links a single shared gres to gres/gpu): with both, bench/bench_oversub.py saw a
+    GPU given as gres/gpu to one job and as gres/mps or gres/shard to others at once."""
+    with pytest.raises(UsageError, match="^--mps-count and --shards cannot both be set"):
+        GresOptions(mps_count=100, shards=8)
 
 
 def test_eight_numa_epyc_switches_to_numa_sockets() -> None:

@@ -1,9 +1,12 @@
 """Issue 24 §6: kernel logs in the formats sites really keep (tests/data/xid/real/).
 
-Each real log keeps the verdict its driver lines have in plain ``dmesg``
-form.  A line whose kernel origin cannot be proven is never silently "ok":
-it is a warning that names the line (its byte offset in the log) and says
-why it was not trusted, and it never drains.  Every forged route stays
+Each real log whose format proves the sender (Talos's facility word, from
+``/dev/kmsg``) keeps the verdict its driver lines have in plain ``dmesg``
+form.  A syslog or journal text line proves nothing but a tag, which
+``logger -t kernel`` writes too: the same reports, each a warning.  A line
+whose kernel origin cannot be proven is never silently "ok": it is a warning
+that names the line (its byte offset in the log) and says why it was not
+trusted, and it never drains.  Every forged route stays
 refused (test_xid_forgery.py runs them all; the new envelopes are tried here).
 """
 from __future__ import annotations
@@ -61,17 +64,28 @@ REAL_VERDICTS = {
 }
 
 
+# The logs whose lines name the kernel only by their "kernel:" tag.
+TAG_ONLY = {"journal_no_hostname_off_bus.log", "journal_de_locale_off_bus.log", "rsyslog_iso_off_bus.log",
+            "journal_gsp_task_exception.log"}
+
+
+def warned(want: list[tuple]) -> list[tuple]:
+    return [(code, gpu, WARN) for code, gpu, _ in want]
+
+
 @pytest.mark.parametrize("name", sorted(REAL_VERDICTS))
-def test_real_log_drains_as_its_dmesg_form_does(name):
+def test_real_log_keeps_its_dmesg_verdict_or_warns_when_only_its_tag_says_kernel(name):
     text = (REAL / name).read_text()
-    assert verdicts(text) == REAL_VERDICTS[name]
     assert verdicts(as_dmesg(text)) == REAL_VERDICTS[name]
+    assert verdicts(text) == (warned(REAL_VERDICTS[name]) if name in TAG_ONLY else REAL_VERDICTS[name])
 
 
 @pytest.mark.parametrize("name", sorted(REAL_VERDICTS))
-def test_real_log_drains_through_the_health_run(tmp_path, name):
+def test_real_log_through_the_health_run(tmp_path, name):
     rep = health(tmp_path, (REAL / name).read_text())
-    assert rep.status == DRAIN
+    assert rep.status == (WARN if name in TAG_ONLY else DRAIN)
+    if name in TAG_ONLY:
+        assert all("logger -t kernel" in f.message for f in rep.findings if f.severity == WARN)
 
 
 def test_talos_sxid_line_is_the_kernel_s():
@@ -87,14 +101,15 @@ def test_real_russian_envelope_with_a_driver_line():
     # The envelope of a real ru_RU journal (июл = Jul) around a real driver line.
     envelope = (REAL / "journal_ru_locale_envelope.log").read_text().splitlines()[0].split("list_del")[0]
     assert envelope == "июл 27 14:08:03 laptop kernel: "
-    assert verdicts(envelope + XID79 + "\n") == [(79, "0000:02:00.0", DRAIN)]
+    assert verdicts(envelope + XID79 + "\n") == [(79, "0000:02:00.0", WARN)]      # a tag: not proven
 
 
 @pytest.mark.parametrize("stamp", ["Okt 06 17:59:27", "oct. 06 17:59:27", "10月 06 17:59:27", "окт 06 17:59:27",
                                    "Mär  6 17:59:27", "Okt 06 17:59:27.123456"])
 def test_localised_journal_stamps(stamp):
-    assert verdicts(f"{stamp} n1 kernel: {XID79}\n") == [(79, "0000:02:00.0", DRAIN)]
-    assert verdicts(f"{stamp} kernel: {XID79}\n") == [(79, "0000:02:00.0", DRAIN)]
+    # read in any locale; the "kernel" tag proves nothing (a warning) ...
+    assert verdicts(f"{stamp} n1 kernel: {XID79}\n") == [(79, "0000:02:00.0", WARN)]
+    assert verdicts(f"{stamp} kernel: {XID79}\n") == [(79, "0000:02:00.0", WARN)]
     # ...and another program's line in the same locale is still not the kernel's
     assert verdicts(f"{stamp} n1 alice: {XID79}\n") == []
     assert verdicts(f"{stamp} n1 python3[7]: {XID79}\n") == []
@@ -221,7 +236,7 @@ JOURNAL_SHORT = {
 @pytest.mark.parametrize("name", sorted(JOURNAL_SHORT))
 def test_journalctl_short_formats(tmp_path, name):
     env = JOURNAL_SHORT[name]
-    assert verdicts(env + XID79 + "\n") == [(79, "0000:02:00.0", DRAIN)]
+    assert verdicts(env + XID79 + "\n") == [(79, "0000:02:00.0", WARN)]      # the tag is the sender's claim
     for user in ("alice", "python3[7]", "x kernel"):
         line = env.replace(" kernel: ", f" {user}: ") + XID79 + "\n"
         assert verdicts(line) == [], line
