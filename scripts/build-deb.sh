@@ -54,7 +54,8 @@ install -m 644 "$HERE/packaging/common/slurm-gpu-monitor.service" "$root/usr/lib
 # upgrade keeps the admin's edits (dpkg-deb adds nothing to conffiles itself).
 install -D -m 644 "$HERE/packaging/common/slurm-gpu.toml" "$root/etc/slurm-gpu/slurm-gpu.toml"
 echo /etc/slurm-gpu/slurm-gpu.toml >"$root/DEBIAN/conffiles"
-for f in README.md CHANGELOG.md docs/*.md; do install -m 644 "$HERE/$f" "$root/usr/share/doc/slurm-gpu/"; done
+# The glob is the checkout's, not the current directory's (`sandbox up --vm` builds from anywhere).
+for f in "$HERE/README.md" "$HERE/CHANGELOG.md" "$HERE"/docs/*.md; do install -m 644 "$f" "$root/usr/share/doc/slurm-gpu/"; done
 cat >"$root/usr/share/doc/slurm-gpu/copyright" <<COPYRIGHT
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: slurm-gpu

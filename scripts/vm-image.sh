@@ -35,12 +35,13 @@ SIZE=${SLURM_GPU_VM_IMAGE_SIZE:-2560M}
 # The node: systemd as PID 1 and Debian's kernel; Slurm's daemons and clients;
 # what slurm-gpu's .deb depends on, and the plugin build tools the guide's
 # install line names (installed first without recommends, so that line only
-# adds the package); what the hooks and tests run.
+# adds the package); what the hooks and tests run; bpftool, so doctor reads a
+# job cgroup's BPF device program (docs/slurm-versions.md, cgroup.devices).
 PACKAGES="systemd-sysv udev dbus kmod linux-image-amd64 initramfs-tools zstd
  munge slurmd slurmctld slurm-client
  python3 python3-venv python3-click python3-jinja2 python3-cffi python3-yaml python3-clustershell libhwloc15 pci.ids
  gcc python3-dev python3-setuptools libslurm-dev
- procps iproute2 util-linux e2fsprogs"
+ procps iproute2 util-linux e2fsprogs bpftool"
 
 mkdir -p "$CACHE"
 exec 9>"$CACHE/vm-$SUITE.lock"

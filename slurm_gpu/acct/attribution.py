@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from ..hw.gpustats import DeviceStats
 
@@ -53,9 +53,9 @@ def v2_bases(proc_root: str) -> tuple[str, ...]:
     return ("",)
 
 
-def job_in_cgroup(text: str, sluids: Mapping[str, str] | None = None,
-                  bases: tuple[str, ...] = ("",)) -> str | None:
-    """The job id that a ``/proc/<pid>/cgroup`` text names under Slurm's own hierarchy, or None."""
+def _job_dirs(text: str, bases: tuple[str, ...]) -> Iterator[tuple[str | None, str | None]]:
+    """(job id, SLUID) of each Slurm job directory a ``/proc/<pid>/cgroup`` text
+    names under Slurm's own hierarchy, one of the two set, in line order."""
     for line in text.splitlines():
         hier, _, path = line.partition(":")
         ctrl, _, path = path.partition(":")
@@ -64,15 +64,39 @@ def job_in_cgroup(text: str, sluids: Mapping[str, str] | None = None,
                 if base and not path.startswith(base + "/"):
                     continue
                 m = _V2_JOB.match(path, len(base))
-                if m and m.group(1):
-                    return m.group(1)
-                if m and sluids and m.group(2) in sluids:
-                    return sluids[m.group(2)]
+                if m:
+                    yield m.group(1), m.group(2)
         elif hier != "0":
             m = _V1_JOB.match(path)
             if m:
-                return m.group(1)
+                yield m.group(1), None
+
+
+def job_in_cgroup(text: str, sluids: Mapping[str, str] | None = None,
+                  bases: tuple[str, ...] = ("",)) -> str | None:
+    """The job id that a ``/proc/<pid>/cgroup`` text names under Slurm's own hierarchy, or None."""
+    for jobid, sluid in _job_dirs(text, bases):
+        if jobid:
+            return jobid
+        if sluid and sluids and sluid in sluids:
+            return sluids[sluid]
     return None
+
+
+def job_dir_in_cgroup(text: str, bases: tuple[str, ...] = ("",)) -> str | None:
+    """The name of the Slurm job directory a ``/proc/<pid>/cgroup`` text lies
+    in: ``job_<id>``, or a SLUID (26.05); None when in no job's."""
+    for jobid, sluid in _job_dirs(text, bases):
+        return f"job_{jobid}" if jobid else sluid
+    return None
+
+
+def _cgroup_text(proc_root: str, pid: int) -> str | None:
+    try:
+        with open(f"{proc_root}/{int(pid)}/cgroup", "rb") as f:
+            return f.read(65536).decode(errors="replace")
+    except OSError:
+        return None
 
 
 def job_of_pid(proc_root: str, pid: int, sluids: Mapping[str, str] | None = None,
@@ -82,12 +106,16 @@ def job_of_pid(proc_root: str, pid: int, sluids: Mapping[str, str] | None = None
     *sluids*: SLUID -> job id of the jobs registered on this node, for
     26.05's SLUID-named directories.  *bases*: :func:`v2_bases` (read when None).
     """
-    try:
-        with open(f"{proc_root}/{int(pid)}/cgroup", "rb") as f:
-            text = f.read(65536).decode(errors="replace")
-    except OSError:
+    text = _cgroup_text(proc_root, pid)
+    if text is None:
         return None
     return job_in_cgroup(text, sluids, v2_bases(proc_root) if bases is None else bases)
+
+
+def job_dir_of_pid(proc_root: str, pid: int) -> str | None:
+    """:func:`job_dir_in_cgroup` of *pid* (None also when it is gone)."""
+    text = _cgroup_text(proc_root, pid)
+    return None if text is None else job_dir_in_cgroup(text, v2_bases(proc_root))
 
 
 def sluids_of(registration: Mapping[str, object]) -> list[str]:

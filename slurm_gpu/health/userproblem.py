@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ..fsutil import atomic_write
 from ..hw.plain import Plain
@@ -117,23 +117,39 @@ def process_uid(pid: int, proc: str = "/proc") -> int | None:
 
 
 def leftovers(gpus: list[Any], uid: int | None, *, held_mib: int = HELD_MIB,
-              uid_of: Any = process_uid) -> list[str]:
+              uid_of: Any = process_uid,
+              elsewhere: Callable[[int], bool] | None = None) -> list[str]:
     """What is left on *gpus* (GpuHealth read with processes), one phrase per GPU.
 
     A process counts when it is the job user's, or its owner cannot be seen
-    (it may be); root's and other users' processes are someone else's.
-    Without any process, used memory above *held_mib* counts as held.
+    (it may be); root's and other users' processes are someone else's, and
+    so is one that *elsewhere(pid)* says lies in another job's cgroup (the
+    same user's other job, running on: by cgroup, where Slurm tracks jobs
+    so).  Without any process, used memory above *held_mib* counts as held.
     """
     out = []
     for g in gpus:
         if g.lost or g.processes is None:
             continue
-        mine = [p for p, _ in g.processes if uid is None or uid_of(p) in (uid, None)]
+        mine = [p for p, _ in g.processes if (uid is None or uid_of(p) in (uid, None))
+                and not (elsewhere is not None and elsewhere(p))]
         if mine:
             out.append(f"process{'es' if len(mine) > 1 else ''} {','.join(map(str, mine))} on GPU {g.bus_id}")
         elif not g.processes and g.memory_used is not None and g.memory_used > held_mib * 1024 * 1024:
             out.append(f"{g.memory_used // (1024 * 1024)} MiB held on GPU {g.bus_id} with no process left")
     return out
+
+
+def in_other_job(jobid: str, sluid: str | None, proc: str = "/proc") -> Callable[[int], bool]:
+    """``elsewhere`` for :func:`leftovers`: whether a pid's cgroup is a Slurm job
+    directory that is not job *jobid*'s (``job_<id>``, or its SLUID on 26.05)."""
+    from ..acct.attribution import job_dir_of_pid
+    own = {f"job_{jobid}"} | ({sluid} if sluid else set())
+
+    def elsewhere(pid: int) -> bool:
+        d = job_dir_of_pid(proc, pid)
+        return d is not None and d not in own
+    return elsewhere
 
 
 def reason_for(jobid: str, found: list[str]) -> str:

@@ -223,7 +223,10 @@ def _leftovers(ctx: Context, st: JobRecord, user: JobUser | None, api: Callable[
     except Exception as e:  # noqa: BLE001 - not knowing is no reason to drain
         ctx.log(f"slurm-gpu: epilog job {jobid}: leftovers not checked: {e}")
         return
-    found = up.leftovers(h.gpus, user.uid if user else None)
+    # A process in another job's cgroup is that job's, even the same user's
+    # (a job that leaked onto this GPU where devices are not constrained).
+    found = up.leftovers(h.gpus, user.uid if user else None,
+                         elsewhere=up.in_other_job(jobid, ctx.env.get("SLURM_JOB_SLUID")))
     if not found:
         return
     reason = up.reason_for(jobid, found)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -103,6 +104,17 @@ def test_simulator_lists_only_live_processes(sim, proc):
     assert h.gpus[0].processes == () and h.gpus[0].memory_used == 0
 
 
+
+def test_simulator_lists_no_zombie(sim, proc):
+    """A process that exited but is not reaped yet (a zombie) holds no GPU
+    context: the driver frees it at exit, as NVML then shows."""
+    add_process(sim, 0, proc.pid, 512)
+    proc.kill()
+    while open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    h = nvml_health.read_health(sim, include_processes=True)
+    assert h.gpus[0].processes == () and h.gpus[0].memory_used == 0
+
 def _opts(tmp_path, sim):
     s = HealthSettings(kernel_log=str(tmp_path / "kern.log"), clean_runs_to_resume=3)
     return engine.Options(node="n1", settings=s, state_dir=str(tmp_path / "run"), only=["gpu.xid", "gpu.recovery"],
@@ -180,3 +192,28 @@ def test_malformed_marker_is_not_acted_on(tmp_path, text):
     p = tmp_path / "m.json"
     p.write_text(text)
     assert up.load_marker(str(p)) is None
+
+
+def test_a_process_in_another_jobs_cgroup_is_no_leftover_of_this_job(tmp_path):
+    """The same user's other job, still running, that leaked onto this job's GPU
+    (devices not constrained): its process is in that job's cgroup, so it is
+    not this job's leftover.  One in this job's own directory (job_<id>, or its
+    SLUID on 26.05), or in no job's (escaped to a login session or the user's
+    own subtree, whatever names it made there), still is."""
+    scope = "0::/system.slice/n1_slurmstepd.scope"
+    cgroups = {10: f"{scope}/job_7/step_batch/user/task_0\n",           # this job
+               11: f"{scope}/job_8/step_0/user/task_0\n",               # the user's other job
+               12: f"{scope}/sEKNKTV3WPV500/step_batch/user/task_0\n",  # this job on 26.05 (its SLUID)
+               13: f"{scope}/s0123456789ABC/step_0/user/task_0\n",      # another job on 26.05
+               14: "0::/user.slice/user-1001.slice/user@1001.service/app.slice"
+                   "/system.slice/n1_slurmstepd.scope/job_8/step_0/user/task_0\n"}   # escaped, named as job 8
+    for pid, text in {**cgroups, 1: "0::/init.scope\n"}.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text)
+    elsewhere = up.in_other_job("7", "sEKNKTV3WPV500", proc=str(tmp_path))
+    found = up.leftovers([gpu(cgroups)], 1001, uid_of=lambda p: 1001, elsewhere=elsewhere)
+    assert found == [f"processes 10,12,14 on GPU {BUS0}"]
+    # Before 26.05 (no SLUID): only job_7 is this job's.
+    assert up.leftovers([gpu([10, 12, 99])], 1001, uid_of=lambda p: 1001,
+                        elsewhere=up.in_other_job("7", None, proc=str(tmp_path))) == \
+        [f"processes 10,99 on GPU {BUS0}"]

@@ -250,6 +250,7 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlForward):
     def _live_processes(self, index: int) -> list[dict[str, Any]]:
         """The state's ``processes`` on GPU *index* whose pid still runs: as with a
         real driver, a process that exited holds no context any more."""
+        from slurm_gpu.procfs import stat
         out = []
         for p in self.state.get("processes") or ():
             if p.get("gpu") != index:
@@ -260,6 +261,9 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlForward):
                 continue
             except PermissionError:
                 pass
+            st = stat(int(p["pid"]))
+            if st is not None and st[1][:1] == ["Z"]:
+                continue        # a zombie has exited: the driver freed its context at exit
             out.append(p)
         return out
 
