@@ -79,3 +79,29 @@ def test_venv_setup_takes_the_package_s_defaults_beside_it(tmp_path: Path) -> No
     assert "--system-site-packages" in run(SLURM_GPU_SYSTEM_SITE="1")
     (lib / "setup-defaults").unlink()                            # the .deb ships none
     assert run(SLURM_GPU_PYTHON=str(other)).startswith(f"other -m venv --system-site-packages {tmp_path}/base/")
+
+
+def rpm_scriptlet(name: str) -> str:
+    """The body of *name* (``%post``) in the spec, as rpm runs it: with
+    /bin/sh and no ``-e`` (a failing command does not stop it)."""
+    spec = (Path(__file__).resolve().parents[2] / "packaging" / "rpm" / "slurm-gpu.spec").read_text()
+    body = spec.split(f"\n{name}\n", 1)[1]
+    return body.split("\n%", 1)[0].replace("%%", "%") + "\n"
+
+
+@pytest.mark.parametrize("count", ["1", "2"])       # rpm's $1: an install, an upgrade
+def test_rpm_post_fails_when_the_venv_setup_keeps_the_old_tree(tmp_path: Path, count: str) -> None:
+    """A failed plugin build over a live plugin (venv-setup.sh exits 1) must fail
+    %post, so rpm says "scriptlet failed" as docs/install.md promises: rpm runs
+    it without -e, and a later line's status was the scriptlet's (exit 0)."""
+    import subprocess
+    setup = tmp_path / "venv-setup.sh"
+    setup.write_text("#!/bin/sh\necho 'slurm-gpu: SPANK plugin not built (...): the new venv was NOT put live' >&2\n"
+                     "exit 1\n")
+    setup.chmod(0o755)
+    script = rpm_scriptlet("%post").replace("/usr/lib/slurm-gpu/venv-setup.sh", str(setup))
+    script = script.replace("/usr/lib/slurm-gpu/", str(tmp_path / "lib") + "/")
+    r = subprocess.run(["/bin/sh", "-s", count], input=script, capture_output=True, text=True, timeout=30,
+                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert r.returncode != 0, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("slurm-gpu: not configured: "), r.stderr
