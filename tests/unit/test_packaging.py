@@ -105,3 +105,73 @@ def test_rpm_post_fails_when_the_venv_setup_keeps_the_old_tree(tmp_path: Path, c
                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     assert r.returncode != 0, r.stderr
     assert r.stderr.splitlines()[-1].startswith("slurm-gpu: not configured: "), r.stderr
+
+
+def run_postinst(tmp_path: Path, setup_rc: int, enabled: str = "", active: str = "") -> tuple[int, str, str]:
+    """packaging/debian/postinst configure on a systemd node, with stubs for
+    venv-setup.sh (exit *setup_rc*), systemctl (*enabled*/*active*: the units
+    it calls so) and deb-systemd-invoke, each recording its call."""
+    import subprocess
+    repo = Path(__file__).resolve().parents[2]
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+
+    def stub(name: str, body: str) -> Path:
+        p = bin_ / name
+        p.write_text(f'#!/bin/sh\necho "{name} $*" >>{calls}\n{body}\n')
+        p.chmod(0o755)
+        return p
+    setup = stub("venv-setup.sh", f"exit {setup_rc}")
+    stub("systemctl", f'case "$*" in *is-enabled*{enabled or "none"}*) exit 0;; '
+                      f'*is-active*{active or "none"}*) exit 0;; *is-*) exit 1;; esac')
+    stub("deb-systemd-invoke", "exit 0")
+    (tmp_path / "run-systemd").mkdir()
+    script = ((repo / "packaging" / "debian" / "postinst").read_text()
+              .replace("/usr/lib/slurm-gpu/venv-setup.sh", str(setup))
+              .replace("/usr/lib/slurm-gpu/", f"{tmp_path}/lib/")
+              .replace("/run/systemd/system", str(tmp_path / "run-systemd")))
+    r = subprocess.run(["/bin/sh", "-s", "configure", "0.1.0-1"], input=script, capture_output=True, text=True,
+                       timeout=30, env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    return r.returncode, calls.read_text(), r.stderr
+
+
+def test_deb_postinst_reloads_systemd_even_when_the_new_tree_does_not_go_live(tmp_path: Path) -> None:
+    # dpkg has unpacked the new unit files: systemd must read them, or it
+    # runs the old ones and says "changed on disk" until someone reloads
+    rc, calls, err = run_postinst(tmp_path, setup_rc=1, enabled="xid-watch")
+    assert rc == 1 and err.splitlines()[-1].startswith("slurm-gpu: not configured: "), err
+    assert "systemctl --system daemon-reload" in calls.splitlines()
+    assert "deb-systemd-invoke" not in calls          # the units stay on the tree that stays live
+
+
+@pytest.mark.parametrize(("enabled", "active", "want"), [
+    ("xid-watch", "", ["deb-systemd-invoke restart slurm-gpu-xid-watch.service"]),   # enabled: as debhelper
+    ("", "monitor", ["deb-systemd-invoke try-restart slurm-gpu-monitor.service"]),  # started by hand
+    ("", "", []),                                                                    # neither: left alone
+])
+def test_deb_postinst_restarts_the_units_in_use_on_the_new_tree(tmp_path: Path, enabled: str, active: str,
+                                                                want: list[str]) -> None:
+    rc, calls, err = run_postinst(tmp_path, setup_rc=0, enabled=enabled, active=active)
+    assert rc == 0, err
+    assert [c for c in calls.splitlines() if c.startswith("deb-systemd-invoke")] == want
+
+
+@pytest.mark.parametrize(("action", "stops"), [("upgrade", False), ("remove", True), ("deconfigure", True)])
+def test_deb_prerm_leaves_the_units_running_through_an_upgrade(tmp_path: Path, action: str, stops: bool) -> None:
+    # stopped here, an enabled xid-watch stayed stopped after every upgrade
+    import subprocess
+    repo = Path(__file__).resolve().parents[2]
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "systemctl").write_text(f'#!/bin/sh\necho "systemctl $*" >>{tmp_path}/calls\n')
+    (bin_ / "systemctl").chmod(0o755)
+    (tmp_path / "run-systemd").mkdir()
+    script = (repo / "packaging" / "debian" / "prerm").read_text().replace("/run/systemd/system",
+                                                                           str(tmp_path / "run-systemd"))
+    r = subprocess.run(["/bin/sh", "-s", action, "0.1.1-1"], input=script, capture_output=True, text=True,
+                       timeout=30, env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    assert ("systemctl stop" in calls) == stops, calls
