@@ -287,10 +287,14 @@ def gpu_facts(model: Any, slurm_minors: Sequence[int] | None) -> list[dict[str, 
         if not cpus:
             cpus = tuple(sorted({p for i in g.numa_nodes if i in numa for p in numa[i].pus}))
             via = "numa" if cpus else ""
+        f = getattr(g, "fabric", None)
         out.append({"index": g.index, "minor": g.minor, "uuid": g.uuid, "name": g.name,
                     "cpus": cpus, "mems": tuple(sorted({numa[i].os_index for i in g.numa_nodes
                                                         if i in numa})),
-                    "cpus_via": via})
+                    "cpus_via": via,
+                    # the IMEX prolog's own NVLink domain (imex.domain.fabric_domain)
+                    "fabric": {"cluster_uuid": f.cluster_uuid, "clique_id": f.clique_id,
+                               "state": f.state, "status": f.status} if f else None})
     return out
 
 

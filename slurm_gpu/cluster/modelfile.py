@@ -92,10 +92,19 @@ def publish(directory: str, name: str, node: Mapping[str, Any]) -> bool:
     from ..fsutil import atomic_write
     path = node_file(directory, name)
     digest = model_hash(node)
-    if published_hash(path) == digest:
+    text = model_text(name, node, digest)
+    # The whole file, not only the hash in its head: a body rewritten under
+    # the right head (another node's root, root_squash's nobody) is replaced.
+    if published_hash(path) == digest and _same_text(path, text):
         return False
-    atomic_write(path, model_text(name, node, digest))
+    atomic_write(path, text)
     return True
+
+
+def _same_text(path: str, text: str) -> bool:
+    from ..fsutil import read_trusted
+    want = text.encode()
+    return read_trusted(path, len(want) + 1) == want
 
 
 def settings(raw: dict[str, Any] | None = None) -> ClusterSettings:

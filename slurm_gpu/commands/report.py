@@ -315,8 +315,11 @@ def faults_cmd(since: str | None, from_dir: str | None, as_json: bool) -> None:
     if directory is None or not os.path.isdir(directory):
         raise UsageError("no cluster history: set [cluster] publish_dir on the nodes, or give --from DIR",
                          directory or how)
-    by_node = {n: history.since(events.read(history.node_file(directory, n)), t0)
-               for n in history.nodes_in(directory)}
+    nodes, skipped = history.nodes_in(directory)
+    if skipped:
+        click.echo(f"slurm-gpu: note: skipped {len(skipped)} file(s) not named <node>.jsonl: "
+                   f"{', '.join(repr(n) for n in skipped[:5])} ({directory})", err=True)
+    by_node = {n: history.since(events.read(history.node_file(directory, n)), t0) for n in nodes}
     v = history.faults_summary(by_node)
     v["since"], v["source"] = t0, directory
     if as_json:

@@ -207,8 +207,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
                                      include_nvlink_speed="gpu.nvlink_speed" in checks)
         baseline = None
         if {"gpu.nvlink", "gpu.nvlink_speed", "gpu.pcie", "gpu.fabric_registration"} & set(nvml_checks):
-            from .baseline import load
-            baseline = load(s.baseline)
+            from .baseline import load_for_check
+            baseline, why = load_for_check(s.baseline)
+            if why:         # never stops the run, never drains: the checks fall back
+                findings.append(Finding("health.baseline", WARN, why))
         findings += run_gpu_checks(health, expected, nvml_checks, s.retired_pages_max, opts.expected_links,
                                    baseline)
         if health.slow:

@@ -36,6 +36,7 @@ failures and timeouts are counted in the state file and exported as
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any, Iterable, Sequence
@@ -140,22 +141,41 @@ def rotate(path: str, keep: int) -> None:
     os.replace(path, f"{path}.1")
 
 
+READ_LIMIT = 256 << 20     # bytes read of one file: far above any rotation size
+
+
+def _record(rec: Any) -> bool:
+    """A record as :func:`record` writes it: the fields a report reads have their types."""
+    if not (isinstance(rec, dict) and type(rec.get("time")) in (int, float)
+            and math.isfinite(rec["time"]) and isinstance(rec.get("action"), str)):
+        return False
+    for k in ("node", "check", "gpu", "uuid", "reason", "result"):
+        if rec.get(k) is not None and not isinstance(rec[k], str):
+            return False
+    if rec.get("xid") is not None and type(rec["xid"]) is not int:
+        return False
+    return rec.get("job") is None or type(rec["job"]) in (str, int)
+
+
 def read(path: str, keep: int = 9) -> list[dict[str, Any]]:
-    """Every event in *path* and its rotated files, oldest first (malformed lines skipped)."""
+    """Every event in *path* and its rotated files, oldest first.
+
+    The files may be another node's (the publish directory): a file is read
+    only when it is a regular file root (or we) own that nobody else may
+    write (no symlink, never blocking on a FIFO), and a line that is not a
+    record of the right types is skipped."""
+    from ..fsutil import read_trusted
     out: list[dict[str, Any]] = []
     for p in [f"{path}.{i}" for i in range(keep, 0, -1)] + [path]:
-        try:
-            with open(p, "rb") as f:
-                data = f.read()
-        except OSError:
+        data = read_trusted(p, READ_LIMIT)
+        if data is None:
             continue
         for line in data.splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if (isinstance(rec, dict) and isinstance(rec.get("time"), (int, float))
-                    and isinstance(rec.get("action"), str)):
+            if _record(rec):
                 out.append(rec)
     return out
 

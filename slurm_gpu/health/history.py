@@ -100,20 +100,27 @@ def since(recs: Iterable[dict[str, Any]], t0: float | None) -> list[dict[str, An
     return [r for r in recs if t0 is None or float(r.get("time", 0)) >= t0]
 
 
+NODE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+
+
 def node_file(directory: str, node: str) -> str:
     """``<dir>/<node>.jsonl`` (a node name is a plain Slurm name: no path may come of it)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", node):
+    if not re.fullmatch(NODE_NAME, node):
         from ..errors import UsageError
         raise UsageError(f"not a node name: {node!r}", "NODE")
     return os.path.join(directory, f"{node}.jsonl")
 
 
-def nodes_in(directory: str) -> list[str]:
+def nodes_in(directory: str) -> tuple[list[str], list[str]]:
+    """(the nodes with a history file in *directory*, the ``.jsonl`` names skipped:
+    not ``<node name>.jsonl``, which any writer of the directory could add)."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return []
-    return sorted({n[:-6] for n in names if n.endswith(".jsonl") and not n.startswith(".")})
+        return [], []
+    files = sorted(n for n in names if n.endswith(".jsonl") and not n.startswith("."))
+    good = [n[:-6] for n in files if re.fullmatch(NODE_NAME, n[:-6])]
+    return good, [n for n in files if not re.fullmatch(NODE_NAME, n[:-6])]
 
 
 def faults_summary(by_node: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, Any]:

@@ -14,7 +14,11 @@
   ``gpu.dcgm`` itself then says what it could not run.
 
 A daemon is "running" when a process of that name is (``/proc/*/comm``, as
-``os.persistenced`` looks), under ``[health] fabric_root``.
+``os.persistenced`` looks), under ``[health] fabric_root``, and both its
+``/proc`` entry's owner and its *real* uid are root's: any user can name a
+process ``nv-fabricmanager``, and a set-user-ID program run through a link of
+that name (``ln -s /usr/bin/su nv-fabricmanager``) is a root-owned process
+whose real uid is still the user's.
 """
 from __future__ import annotations
 
@@ -38,10 +42,20 @@ def _read(path: str) -> str:
         return ""
 
 
+def _real_uid(status: str) -> int | None:
+    """The real uid from ``/proc/PID/status`` (``Uid:`` real, effective, saved, fs)."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            f = line.split()
+            return int(f[1]) if len(f) > 1 and f[1].isdigit() else None
+    return None
+
+
 def processes(root: str, run_key: float) -> frozenset[str]:
-    """The comm names of the processes under *root* owned by the owner of its
-    ``proc`` (root on a real node), one scan per run: any user can name a
-    process ``nv-fabricmanager``, and that must not hide a dead service."""
+    """The comm names of the processes under *root* that the owner of its
+    ``proc`` (root on a real node) runs, by ``/proc`` entry and by real uid,
+    one scan per run: a user's process named ``nv-fabricmanager`` must not
+    hide a dead service."""
     key = (root, run_key)
     got = _SCANS.get(key)
     if got is None:
@@ -58,6 +72,8 @@ def processes(root: str, run_key: float) -> frozenset[str]:
                     continue
             except OSError:
                 continue
+            if _real_uid(_read(os.path.join(proc, p, "status"))) != owner:
+                continue            # a set-user-ID program a user started, or gone
             c = _read(os.path.join(proc, p, "comm"))
             if c:
                 names.add(c)

@@ -30,6 +30,8 @@ class ImexFacts:
     switch: bool = False                                   # SwitchType=switch/nvidia_imex
     channel_count: int | None = None                       # SwitchParameters imex_channel_count
     nodes: int = 0                                         # nodes slurm.conf names
+    ephemeral: tuple[int, int] | None = None               # net.ipv4.ip_local_port_range
+    reserved: list[tuple[int, int]] = field(default_factory=list)   # net.ipv4.ip_local_reserved_ports
 
 
 def _stat(path: str) -> tuple[int, int] | None:
@@ -77,7 +79,27 @@ def _node_count(slurm_conf: str) -> int:
     return len(names)
 
 
-def gather(conf: dict[str, str], slurm_conf: str, systemd_root: str = "/") -> ImexFacts:
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(1 << 16)
+    except OSError:
+        return None
+
+
+def port_ranges(text: str) -> list[tuple[int, int]]:
+    """``ip_local_reserved_ports``' form (Documentation/networking/ip-sysctl.rst):
+    comma-separated ports and ``lo-hi`` ranges, e.g. ``8080,9148-9150``."""
+    out = []
+    for part in text.strip().split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit() and (hi.isdigit() or not hi):
+            out.append((int(lo), int(hi or lo)))
+    return out
+
+
+def gather(conf: dict[str, str], slurm_conf: str, systemd_root: str = "/",
+           sysctl_root: str = "/proc/sys") -> ImexFacts:
     """Read [imex], [cluster] publish_dir, the binaries, the boot units and slurm.conf's switch keys."""
     f = ImexFacts()
     try:
@@ -101,7 +123,49 @@ def gather(conf: dict[str, str], slurm_conf: str, systemd_root: str = "/") -> Im
         if k.strip().lower() == "imex_channel_count" and v.strip().isdigit():
             f.channel_count = int(v)
     f.nodes = _node_count(slurm_conf)
+    rng = (_read(os.path.join(sysctl_root, "net/ipv4/ip_local_port_range")) or "").split()
+    if len(rng) == 2 and all(x.isdigit() for x in rng):
+        f.ephemeral = (int(rng[0]), int(rng[1]))
+    f.reserved = port_ranges(_read(os.path.join(sysctl_root, "net/ipv4/ip_local_reserved_ports")) or "")
     return f
+
+
+def _exposed(ports: list[tuple[int, int]], ephemeral: tuple[int, int],
+             reserved: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of *ports* inside the ephemeral range and not reserved."""
+    out = []
+    for lo, hi in ports:
+        lo, hi = max(lo, ephemeral[0]), min(hi, ephemeral[1])
+        p = lo
+        while p <= hi:
+            r = next(((a, b) for a, b in reserved if a <= p <= b), None)
+            if r:
+                p = r[1] + 1
+                continue
+            nxt = min([a for a, _ in reserved if a > p] + [hi + 1])
+            out.append((p, min(hi, nxt - 1)))
+            p = nxt
+    return out
+
+
+def _ports_check(s: dict[str, Any], f: ImexFacts) -> tuple[int, str, str]:
+    """The job's SERVER_PORT rotates over port_base..port_base+port_range-1 and
+    IMEX_CMD_PORT is fixed: where the kernel may hand those ports to any
+    outgoing connection (the ephemeral range), a connection that holds one when
+    a job starts makes the prolog fail that job (never the node). Reserving
+    them keeps the kernel off them; a listener can still bind them."""
+    base, span, cmd = int(s.get("port_base", 0)), int(s.get("port_range", 0)), int(s.get("cmd_port", 0))
+    if f.ephemeral is None:
+        return (UNKNOWN, "imex.ports", "net.ipv4.ip_local_port_range not readable")
+    exposed = _exposed([(base, base + span - 1), (cmd, cmd)], f.ephemeral, f.reserved)
+    if not exposed:
+        return (OK, "imex.ports", f"job ports {base}-{base + span - 1} and command port {cmd} are "
+                "outside the ephemeral range or reserved")
+    text = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in exposed)
+    return (WARNING, "imex.ports", f"IMEX ports {text} lie in the ephemeral range "
+            f"{f.ephemeral[0]}-{f.ephemeral[1]} (net.ipv4.ip_local_port_range) and are not reserved: an "
+            "outgoing connection can hold a job's port and fail that job; reserve them "
+            f"(sysctl net.ipv4.ip_local_reserved_ports={text}) or move [imex] port_base/cmd_port")
 
 
 def check(f: ImexFacts) -> list[tuple[int, str, str]]:
@@ -164,4 +228,5 @@ def check(f: ImexFacts) -> list[tuple[int, str, str]]:
     elif s.get("channels") in ("auto", "create"):
         out.append((OK, "imex.channels", "no switch/nvidia_imex: the prolog makes the job's channel "
                     f"{s.get('channel')} for the job's user alone"))
+    out.append(_ports_check(s, f))
     return out

@@ -32,9 +32,18 @@ def context(env: dict[str, str] | None = None,
     from .teardown import event_logger
     env = dict(os.environ) if env is None else env
     imex, publish_dir, jobs = settings or _settings(env)
+
+    def own_gpus() -> list:
+        # The node-fact entry's GPUs (read from NVML once, then cached while
+        # the node's inputs keep their stamps), as the jobs prolog reads them.
+        from .. import config, nodefacts
+        name = live.node_name()
+        return nodefacts.get(config.config_file() or None, name, nodefacts.gres_conf_path(env),
+                             with_gpus=True)["gpus"]
+
     return Ctx(env, imex, publish_dir, live.node_name(),
                on_internal_error=jobs["on_internal_error"], scancel=jobs["scancel"],
-               log=event_logger(imex["base_dir"]))
+               log=event_logger(imex["base_dir"]), own_gpus=own_gpus)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Mapping
+    from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import HardwareError, InputError, SlurmGpuError
 from . import daemon, domain, teardown
@@ -43,7 +43,8 @@ class Ctx:
     def __init__(self, env: Mapping[str, str], imex: Mapping[str, Any], publish_dir: str,
                  node_name: str, *, on_internal_error: str = "drain", scancel: str = "/usr/bin/scancel",
                  log: Callable[[str], None] | None = None, proc_devices: str = "/proc/devices",
-                 cancel: Callable[[str], None] | None = None) -> None:
+                 cancel: Callable[[str], None] | None = None,
+                 own_gpus: Callable[[], Sequence[Mapping[str, Any] | None]] | None = None) -> None:
         import sys
         self.env = env
         self.imex = imex
@@ -54,6 +55,9 @@ class Ctx:
         self.log: Callable[[str], None] = log or (lambda m: print(m, file=sys.stderr))
         self.proc_devices = proc_devices
         self.cancel = cancel or self._scancel
+        # This node's GPUs (index, uuid, fabric: nodefacts.gpu_facts), read
+        # here, never from the publish directory, which other nodes can write.
+        self.own_gpus = own_gpus or (lambda: ())
 
     def _scancel(self, jobid: str) -> None:
         from .. import runner
@@ -185,13 +189,16 @@ def prolog(ctx: Ctx) -> int:
         ctx.log(_fail_line(jobid, "no IMEX domain: [cluster] publish_dir is not set, so no node's "
                                   "NVLink domain is known (docs/imex.md)"))
         return 0
-    model = read_model(ctx.publish_dir, me)
-    mine, _ = domain.fabric_domain(model)
-    if mine is None or model is None:
+    # This node's own domain from its own GPUs: its published model is only
+    # what the other nodes of the job read (another node's root, or `nobody`
+    # on a root-squashed share, could rewrite it).
+    gpus = [dict(g) for g in ctx.own_gpus() if g]
+    mine, _ = domain.fabric_domain({"gpus": gpus})
+    if mine is None:
         return 0                        # no NVLink fabric here: nothing to do
     from ..jobs.context import job_gpus
     held, whole = job_gpus(ctx.env)
-    total = len(model.get("gpus") or ())
+    total = len(gpus)
     base = s["base_dir"]
     os.makedirs(os.path.dirname(base.rstrip("/")) or "/", 0o755, exist_ok=True)
     _root_dir(base, 0o755)
@@ -299,6 +306,21 @@ def _port_taken(ip: str, port: int) -> bool:
     return False
 
 
+def _port_held(ip: str, port: int) -> bool:
+    """Whether anything at all holds *port* on *ip*: a plain bind (no
+    SO_REUSEADDR) also fails for a socket only bound with SO_REUSEADDR, which
+    neither :func:`_port_taken` nor ``/proc/net/tcp`` sees, and for TIME_WAIT."""
+    import errno
+    import socket
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as so:
+        try:
+            so.bind((ip, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
 def _clean_earlier_run(ctx: Ctx, base: str, jobid: str) -> None:
     """A requeued job's earlier run here (its epilog never ran): stop what it left first."""
     try:
@@ -323,6 +345,16 @@ def _wait_ready(ctx: Ctx, st: dict[str, Any], path: str, jobid: str) -> None:
     while True:
         code = daemon.reap(st["daemon"]["pid"])
         if code is not None or not daemon.alive(st["daemon"]):
+            held = [p for ip, p in ((st["addresses"][me], st["port"]), ("127.0.0.1", int(s["cmd_port"])))
+                    if _port_held(ip, p)]
+            if held:
+                # Its ports are held now that it is gone: someone took one
+                # between our check and its bind (a process listening late, a
+                # socket bound with SO_REUSEADDR, an outgoing connection).
+                # Not proven this node's fault: the job fails, the node stays up.
+                raise PeerFailure(f"imex: this node's nvidia-imex exited (status {code}) while port(s) "
+                                  f"{', '.join(map(str, held))} are held by another process; no IMEX "
+                                  "domain for this job", os.path.join(path, "imex.log"))
             raise HardwareError(f"imex: this node's nvidia-imex exited (status {code}) before the domain "
                                 "was UP; see its log", os.path.join(path, "imex.log"))
         status, nodes = daemon.domain_status(s["ctl"], st["config"])

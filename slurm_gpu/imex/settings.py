@@ -20,8 +20,8 @@ class ImexSettings(config.Settings):
     # <base>/<jobid>/: config.cfg, nodes_config.cfg, imex.log, state.json, daemon; %n: node
     base_dir: str = "/run/slurm-gpu/imex"
     port_base: int = 33792                     # SERVER_PORT = port_base + jobid % port_range
-    port_range: int = 16384                    # (AWS ParallelCluster's and Azure's rotation, against a race
-                                               #  between consecutive jobs)
+    port_range: int = 16000                    # (AWS ParallelCluster's and Azure's rotation, against a race
+                                               #  between consecutive jobs); ends at 49791, below cmd_port
     cmd_port: int = 50005                      # IMEX_CMD_PORT (on 127.0.0.1)
     timeout: float = 60.0                      # the prolog waits this long for the domain to be UP
     stop_timeout: float = 10.0                 # SIGTERM, then SIGKILL after this long
@@ -43,6 +43,10 @@ def check(s: ImexSettings, where: str = "") -> ImexSettings:
         raise InputError("config keys imex.port_base + imex.port_range must lie within 1024..65535", where)
     if not 1 <= s.cmd_port <= 65535:
         raise InputError("config key imex.cmd_port must be 1..65535", where)
+    if s.port_base <= s.cmd_port < s.port_base + s.port_range:
+        # one job in port_range would get the command port as its SERVER_PORT
+        raise InputError(f"config key imex.cmd_port {s.cmd_port} lies in the job ports "
+                         f"{s.port_base}-{s.port_base + s.port_range - 1} (imex.port_base, imex.port_range)", where)
     for key in ("daemon", "ctl", "base_dir", "channel_dir"):
         if not str(getattr(s, key)).startswith("/"):
             raise InputError(f"config key imex.{key} must be an absolute path", where)

@@ -29,6 +29,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+    from .state import MpsRecord
+
 from .. import runner
 from ..errors import CommandError, HardwareError
 from ..hw.plain import Plain
@@ -135,8 +137,8 @@ def _cpu_list(cpus: list[int]) -> str:
 
 
 def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
-          cpus: list[int], percentage: int | None, record: Callable[[dict[str, Any]], None],
-          sluid: str | None = None) -> dict[str, Any]:
+          cpus: list[int], percentage: int | None, record: Callable[[MpsRecord], None],
+          sluid: str | None = None) -> MpsRecord:
     """Start the job's daemon; *record* is called with the state after each step.
 
     The daemon execs inside ``<job cgroup>/slurm_gpu_mps`` when the job's
@@ -148,7 +150,7 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
         raise JobFailed("--gpu-mps is refused for root's jobs: the daemon never runs as root",
                         f"job {jobid}")
     pipe, log = make_dirs(settings, jobid, user)
-    info: dict[str, Any] = {"pipe_dir": str(pipe), "log_dir": str(log),
+    info: MpsRecord = {"pipe_dir": str(pipe), "log_dir": str(log),
                             "job_dir": str(job_dir(settings.base_dir, jobid)),
                             "control": settings.control, "devices": devices or "",
                             "cpus": _cpu_list(cpus), "pids": [], "ready": False,
@@ -178,9 +180,9 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
 
 
 def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
-                  percentage: int | None, record: Callable[[dict[str, Any]], None],
-                  info: dict[str, Any], pipe: str, log: str, cgroups: list[str], use: list[int],
-                  reaper: bool) -> dict[str, Any]:
+                  percentage: int | None, record: Callable[[MpsRecord], None],
+                  info: MpsRecord, pipe: str, log: str, cgroups: list[str], use: list[int],
+                  reaper: bool) -> MpsRecord:
     from . import jobcgroup
 
     def daemon() -> dict[int, tuple[int, int]]:
@@ -309,7 +311,7 @@ def _log_says_started(log: str, uid: int) -> bool:
     return head is not None and b"Starting control daemon" in head
 
 
-def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: JobUser | None,
+def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUser | None,
          kill_wait: float = 2.0) -> list[str]:
     """Stop the job's daemon and remove its directories; idempotent.  Returns notes."""
     notes: list[str] = []
@@ -380,10 +382,10 @@ def stop(settings: MpsSettings, info: dict[str, Any] | None, jobid: str, user: J
     return notes
 
 
-def recorded_daemon(info: dict[str, Any] | None, uid: int | None) -> dict[int, tuple[int, int]]:
+def recorded_daemon(info: MpsRecord | None, uid: int | None) -> dict[int, tuple[int, int]]:
     """The daemon the prolog recorded (PID, start time), while that process still runs as *uid*."""
     out: dict[int, tuple[int, int]] = {}
-    if uid in (None, 0):
+    if uid is None or uid == 0:
         return out
     for rec in (info or {}).get("daemon") or ():
         if isinstance(rec, list) and len(rec) == 2 and all(type(x) is int for x in rec) \
@@ -398,7 +400,7 @@ def _node_name() -> str:
     return node_name()
 
 
-def _end_cgroups(info: dict[str, Any] | None, jobid: str, uid: int | None, wait: float) -> None:
+def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: float) -> None:
     """End every process in the daemon's cgroups, then remove them.
 
     The recorded ones, and any ``slurm_gpu_mps`` under the job's cgroup (a
@@ -467,7 +469,7 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
     from . import jobcgroup
     from . import state as jobstate
     st = jobstate.load(state_dir, jobid)
-    info: dict[str, Any] = (st.mps if st else None) or {}
+    info: MpsRecord = (st.mps if st else None) or {}
     if st is None or not info.get("pipe_dir") or info.get("cgroup") or st.uid is None:
         return list(info.get("cgroup") or [])
     uid = st.uid

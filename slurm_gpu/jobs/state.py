@@ -58,6 +58,22 @@ if TYPE_CHECKING:
         baseline_removed: bool
         instances: list[MigInstance]
 
+    class MpsRecord(TypedDict, total=False):
+        """What :func:`slurm_gpu.jobs.mps.start` records, step by step (``ready`` last)."""
+        pipe_dir: str
+        log_dir: str
+        job_dir: str
+        control: str                       # the control binary that started it
+        devices: str                       # CUDA_VISIBLE_DEVICES for the daemon (UUIDs)
+        cpus: str                          # the daemon's CPU list, or ""
+        pids: list[int]
+        daemon: list[list[int]]            # [[pid, start time]]: the daemon we started
+        ready: bool
+        percentage: int | None             # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+        sluid: str | None                  # slurmd's SLURM_JOB_SLUID (26.05 cgroup names)
+        cgroup: list[str] | None           # the slurm_gpu_mps cgroup dirs it runs in
+        start_s: float
+
     class MigRecord(TypedDict):
         layout: str
         ready: bool
@@ -98,7 +114,7 @@ class JobRecord:
     gpus: list[GpuFact] = field(default_factory=list)
     whole_gpus: bool | None = None
     options: dict[str, str | None] | None = None
-    mps: dict[str, Any] | None = None
+    mps: MpsRecord | None = None
     mig: MigRecord | None = None
     compute_mode_saved: dict[str, SavedMode] = field(default_factory=dict)
     error: str | None = None                  # one line, without the "slurm-gpu: " prefix

@@ -29,9 +29,9 @@ from .state import JobFailed, Phase
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
     from .context import Context
+    from .state import MpsRecord
 
 
 def parse_mps(value: str) -> int | None:
@@ -166,8 +166,8 @@ class MpsDaemon(Step):
             devices = ",".join(rec.mig_uuids())   # MPS on MIG: one server per MIG device
         cpus = sorted({c for g in rec.gpus for c in g["cpus"]})
 
-        def record(info: dict[str, Any]) -> None:
-            rec.mps = dict(info)
+        def record(info: MpsRecord) -> None:
+            rec.mps = info.copy()
             job.save()
 
         mps.start(job.ctx.mps, rec.jobid, job.user, devices, cpus, job.percentage, record,

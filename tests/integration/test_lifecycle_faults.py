@@ -534,6 +534,18 @@ def test_slurmd_restart_during_prolog(cluster: Cluster, node_files) -> None:
     outcomes: list[str] = []
     drained: list[str] = []
     slurmd: subprocess.Popen | None = None
+    # A TERMINATE_JOB lost to the restart is sent again only from slurmctld's
+    # purge pass, once KillWait + 2 * MessageTimeout have passed: every 60 s,
+    # or every MinJobAge seconds (at least 10) when that is shorter
+    # (src/slurmctld/controller.c _slurmctld_background, job_mgr.c
+    # _list_find_job_old).  Each of the four rounds waited for it: about 240 s.
+    # MinJobAge=10 for this test only (the module's other tests read finished
+    # jobs later than that); slurmctld reads it again at reconfigure.
+    sconf = cluster.dir / "etc" / "slurm.conf"
+    sbefore = sconf.read_text()
+    assert re.search(r"(?m)^MinJobAge=\d+$", sbefore)
+    sconf.write_text(re.sub(r"(?m)^MinJobAge=\d+$", "MinJobAge=10", sbefore))
+    assert cluster.run(["scontrol", "reconfigure"]).returncode == 0
     try:
         if _slurmd_pid(name, cluster.dir / "etc" / "slurm.conf") is None:
             slurmd = _restart_slurmd(cluster, name)     # the test before stopped its own
@@ -575,6 +587,8 @@ def test_slurmd_restart_during_prolog(cluster: Cluster, node_files) -> None:
                 cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"])
     finally:
         conf.write_text(before)
+        sconf.write_text(sbefore)
+        cluster.run(["scontrol", "reconfigure"])
         if slurmd is not None:
             slurmd.terminate()
             try:

@@ -126,6 +126,20 @@ def test_publish_writes_only_when_the_model_changed(tmp_path: Path, recorded: di
     assert list(doc)[:2] == ["schema", "hash"]
 
 
+def test_publish_replaces_a_body_rewritten_under_the_right_hash(tmp_path: Path, recorded: dict) -> None:
+    # Another node's root keeps n1's true hash in the head and changes the
+    # body: the next publish must put n1's own model back.
+    node = recorded["healthy"]["node"]
+    assert modelfile.publish(str(tmp_path), "n1", node) is True
+    p = tmp_path / "n1.json"
+    doc = json.loads(p.read_text())
+    doc["node"]["gpus"] = doc["node"]["gpus"][:1]
+    p.write_text(json.dumps(doc, indent=1))
+    assert modelfile.published_hash(str(p)) == modelfile.model_hash(node)
+    assert modelfile.publish(str(tmp_path), "n1", node) is True
+    assert json.loads(p.read_text())["node"] == json.loads(json.dumps(node))
+
+
 def test_check_reports_the_node_lacking_a_gpu_and_folds_the_rest(tmp_path: Path, recorded: dict,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     names = [f"gpu{i:03d}" for i in range(1, 9)]

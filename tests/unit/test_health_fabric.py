@@ -190,7 +190,22 @@ def test_a_users_process_named_like_the_service_does_not_hide_it(tmp_path):
     assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
         "nvidia-fabricmanager is not running on a node with NVSwitches"]
     os.chown(fake, os.stat(tmp_path / "proc").st_uid, -1)
+    (fake / "status").write_text("Name:\tnv-fabricmanager\nUid:\t0\t0\t0\t0\n")
     assert services.check_fabricmanager(G(tmp_path)) == []
+
+
+def test_a_set_user_id_program_run_by_a_user_under_the_service_name_does_not_hide_it(tmp_path):
+    # `ln -s /usr/bin/su ~/nv-fabricmanager` run by uid 4242: /proc/PID is
+    # root's (the effective uid), comm is the link's name, the real uid the user's.
+    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
+    drills.write_files(str(tmp_path), drills.fabric_root_files(hgx))
+    drills.write_files(str(tmp_path), {"proc/4201/comm": None})
+    fake = tmp_path / "proc" / "31337"
+    fake.mkdir()
+    (fake / "comm").write_text("nv-fabricmanager\n")
+    (fake / "status").write_text("Name:\tnv-fabricmanager\nUid:\t4242\t0\t0\t0\n")
+    assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
+        "nvidia-fabricmanager is not running on a node with NVSwitches"]
 
 
 # -------------------------------------------------- debounce, grace, config
@@ -250,3 +265,46 @@ def test_packaged_machines_carry_their_baseline_and_pass_it(machine):
     from slurm_gpu.health import gpu_checks as gc
     fs = gc.run_gpu_checks(h, None, gc.NVML_CHECKS, 60, None, doc)
     assert [f for f in fs if f.severity == DRAIN] == []
+
+
+def _health_with_baseline(tmp_path, monkeypatch, capsys, write) -> tuple[int, dict]:
+    from slurm_gpu import config
+    bl = tmp_path / "shared" / "baseline.json"
+    bl.parent.mkdir()
+    write(bl)
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nbaseline = "{bl}"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    config._load.cache_clear()
+    rc = main(["health", "--snapshot", str(MACHINES / "h100-sxm-8x" / "snapshot.json"),
+               "--only", "gpu.pcie,gpu.nvlink", "--json", "--no-drain"])
+    out = capsys.readouterr().out
+    config._load.cache_clear()
+    return rc, json.loads(out)
+
+
+def _forged(bl: Path) -> None:
+    # Another node's root (or `nobody` on a root-squashed share) says every
+    # H100 of the cluster trained to x32: every node of the model would drain.
+    doc = json.loads((MACHINES / "h100-sxm-8x" / "baseline.json").read_text())
+    for e in doc["models"].values():
+        e["pcie_width"] = 32
+    bl.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("write, why", [
+    (lambda p: os.mkfifo(p), "not a regular file that root owns"),
+    (lambda p: (p.write_text("{"), os.chmod(p, 0o644)), "not JSON"),
+    (lambda p: (p.write_text("{}"), os.chmod(p, 0o666)), "not a regular file that root owns"),
+    (lambda p: (p.parent.joinpath("real.json").write_text("{}"), p.symlink_to("real.json")),
+     "not a regular file that root owns"),
+    (_forged, "pcie_width must be 1..16"),
+], ids=["fifo", "not-json", "world-writable", "symlink", "forged-width"])
+def test_a_baseline_that_cannot_be_trusted_is_ignored_with_a_warning_and_drains_nothing(
+        tmp_path, monkeypatch, capsys, write, why):
+    rc, rep = _health_with_baseline(tmp_path, monkeypatch, capsys, write)
+    warn = [f for f in rep["findings"] if f["check"] == "health.baseline"]
+    assert len(warn) == 1 and warn[0]["severity"] == WARN and why in warn[0]["message"], rep
+    assert [f for f in rep["findings"] if f["severity"] == DRAIN] == []
+    assert rc == 1          # WARNING: the run finished, and is not "incomplete"

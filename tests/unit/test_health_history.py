@@ -109,3 +109,23 @@ def test_report_faults_over_the_published_histories(published, capsys):
     assert main(["report", "faults"]) in (0, None)
     out = capsys.readouterr().out
     assert out.startswith("3 drain(s) on 2 of 2 node(s)") and "Xid 79" in out
+
+
+def test_report_faults_survives_what_a_writer_of_the_publish_directory_plants(published, capsys):
+    # Another node's root (or `nobody` on a root-squashed share) can add files
+    # there: a FIFO must not hang the report, a badly typed record must not
+    # crash it, and one odd file name must not refuse the whole cluster's report.
+    import os
+    d = published / "pub" / "health-events"
+    os.mkfifo(d / "n3.jsonl")
+    bad = [dict(r, gpu=["x"]) for r in fault("n4", T)] + [dict(r, xid="79") for r in fault("n4", T + 1)] \
+        + [dict(r, time=float("nan")) for r in fault("n4", T + 2)]
+    (d / "n4.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    os.chmod(d / "n4.jsonl", 0o644)
+    (d / "bad name.jsonl").write_text("")
+    (d / "n5.jsonl").symlink_to(d / "n1.jsonl")
+    assert main(["report", "faults", "--json"]) in (0, None)
+    cap = capsys.readouterr()
+    v = json.loads(cap.out)
+    assert [(o["node"], o["drains"]) for o in v["offenders"]] == [("n1", 2), ("n2", 1)]
+    assert "skipped 1 file(s) not named <node>.jsonl: 'bad name.jsonl'" in cap.err

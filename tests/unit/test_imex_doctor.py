@@ -64,3 +64,43 @@ def test_auth_on_with_a_mode_imex_refuses_is_critical(tmp_path, monkeypatch) -> 
     f = _facts(tmp_path, monkeypatch, PER_JOB, "", base="IMEX_ENABLE_AUTH_ENCRYPTION=1\nIMEX_AUTH_ENCRYPTION_MODE=SSL_TLS\n")
     got = {name: (status, msg) for status, name, msg in d.check(f)}
     assert got["imex.auth"][0] == d.CRITICAL and "IMEX_AUTH_SOURCE=''" in got["imex.auth"][1]
+
+
+def _sysctl(tmp: Path, port_range: str, reserved: str) -> str:
+    d = tmp / "sys" / "net" / "ipv4"
+    d.mkdir(parents=True)
+    (d / "ip_local_port_range").write_text(port_range)
+    (d / "ip_local_reserved_ports").write_text(reserved)
+    return str(tmp / "sys")
+
+
+def test_ports_in_the_ephemeral_range_are_named_with_the_sysctl_that_reserves_them(tmp_path, monkeypatch) -> None:
+    # Linux's default ephemeral range (32768-60999) covers the default job ports
+    # 33792-49791 and the command port 50005 (NVIDIA's default IMEX_CMD_PORT).
+    f = _facts(tmp_path, monkeypatch, PER_JOB, "")
+    f2 = d.gather({}, str(tmp_path / "slurm.conf"), str(tmp_path / "root"),
+                  sysctl_root=_sysctl(tmp_path, "32768\t60999\n", "33792-40000,50005\n"))
+    assert f2.ephemeral == (32768, 60999) and f2.reserved == [(33792, 40000), (50005, 50005)]
+    got = {name: (status, msg) for status, name, msg in d.check(f2)}
+    status, msg = got["imex.ports"]
+    assert status == d.WARNING
+    assert "IMEX ports 40001-49791 lie in the ephemeral range 32768-60999" in msg
+    assert "sysctl net.ipv4.ip_local_reserved_ports=40001-49791" in msg
+    assert f.settings["port_base"] == 33792
+
+
+def test_reserved_or_outside_ports_are_ok_and_an_unreadable_range_unknown(tmp_path, monkeypatch) -> None:
+    _facts(tmp_path, monkeypatch, PER_JOB, "")
+    f = d.gather({}, str(tmp_path / "slurm.conf"), str(tmp_path / "root"),
+                 sysctl_root=_sysctl(tmp_path, "32768 60999", "33792-49791,50005"))
+    assert {n: st for st, n, _ in d.check(f)}["imex.ports"] == d.OK
+    f.ephemeral = (51000, 60999)
+    f.reserved = []
+    assert {n: st for st, n, _ in d.check(f)}["imex.ports"] == d.OK
+    f.ephemeral = None
+    assert {n: st for st, n, _ in d.check(f)}["imex.ports"] == d.UNKNOWN
+
+
+def test_reserved_ports_syntax() -> None:
+    assert d.port_ranges("8080,9148-9150\n") == [(8080, 8080), (9148, 9150)]
+    assert d.port_ranges("\n") == [] and d.port_ranges("x,1-y") == []

@@ -46,6 +46,7 @@ class Rig:
         for name, model in nodes.items():
             (self.publish / f"{name}.json").write_text(json.dumps({"schema": "x", "node": model}))
         self.names = list(nodes)
+        self.models = dict(nodes)           # what each node's own NVML says
         lines = [f"NodeName={n} NodeAddr=127.0.0.{i + 1} CPUs=1" for i, n in enumerate(self.names)]
         self.slurm_conf = tmp / "slurm.conf"
         self.slurm_conf.write_text("ClusterName=t\n" + "\n".join(lines) + "\n")
@@ -68,8 +69,10 @@ class Rig:
         s = ImexSettings(mode="per-job", daemon=daemon, ctl=ctl, base_dir=str(self.tmp / f"run-{name}"),
                          base_config=str(self.tmp / "no-base.cfg"), port_base=self.port, port_range=1,
                          cmd_port=self.cmd_ports[name], channels="off", **kw)
+        own = self.models[name]
         return job.Ctx({"SLURM_CONF": str(self.slurm_conf), **env}, vars(s), str(self.publish), name,
-                       log=self.logs[name].append, cancel=self.cancelled.append)
+                       log=self.logs[name].append, cancel=self.cancelled.append,
+                       own_gpus=lambda: own.get("gpus") or [])
 
 
 def _env(jobid: str, nodelist: str, gpus: str = "0,1,2,3") -> dict[str, str]:
@@ -351,3 +354,53 @@ def test_a_published_model_others_could_write_does_not_choose_the_peers(tmp_path
     assert job.read_model(str(tmp_path), "g1") == doc["node"]
     os.chmod(f, 0o666)
     assert job.read_model(str(tmp_path), "g1") is None
+
+
+def test_no_job_port_is_the_command_port() -> None:
+    # With the old defaults (33792 + jobid % 16384, command port 50005) job
+    # 16213 was given SERVER_PORT 50005, the port of IMEX_CMD_PORT.
+    from slurm_gpu.errors import InputError
+    from slurm_gpu.imex.settings import check
+    d = ImexSettings()
+    assert not d.port_base <= d.cmd_port < d.port_base + d.port_range
+    with pytest.raises(InputError, match="imex.cmd_port 50005 lies in the job ports 40000-50999"):
+        check(ImexSettings(port_base=40000, port_range=11000), "t.toml")
+
+
+def test_a_port_taken_between_the_check_and_the_daemons_bind_fails_the_job_never_drains(
+        tmp_path: Path, monkeypatch) -> None:
+    # A user's process listens on the job's port just after the prolog's check
+    # (the race a hostile review won 5 of 5): nvidia-imex cannot bind and exits.
+    # With its port held by someone else, that exit proves no node fault.
+    import socket
+    rig = Rig(tmp_path, {"n1": _model(GB200)})
+    c = rig.ctx("n1", _env("43", "n1"), timeout=3)
+    monkeypatch.setattr(job, "_port_taken", lambda ip, port: False)    # the check ran before the listen
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", c.imex["port_base"]))
+        squatter.listen()
+        assert job.prolog(c) == 0                   # on_internal_error=drain: 1 were it the node's
+    assert rig.cancelled == ["43"]
+    line = next(m for m in rig.logs["n1"] if "exited" in m)
+    assert f"port(s) {c.imex['port_base']} are held by another process" in line and "this node stays up" in line
+    st = job.load(c.imex["base_dir"], "43")
+    assert st and st["phase"] == "failed" and not _alive(st)
+    assert job.epilog(c) == 0
+
+
+def test_this_nodes_domain_comes_from_its_own_gpus_never_from_the_publish_directory(tmp_path: Path) -> None:
+    # Another node's root rewrote n1.json with a GB200 body: n1 (an H100 node,
+    # no NVLink fabric) must not start nvidia-imex for it, and a forged clique
+    # must not choose n1's peers.
+    rig = Rig(tmp_path, {"n1": _model(GB200), "n2": _model(GB200)})
+    rig.models["n1"] = _model(H100)
+    c = rig.ctx("n1", _env("51", "n[1-2]", gpus="0,1,2,3,4,5,6,7"))
+    assert job.prolog(c) == 0 and rig.cancelled == [] and rig.logs["n1"] == []
+    assert not Path(c.imex["base_dir"], "51").exists()
+    rig.models["n1"] = _model(GB200, clique=7)          # n1's own clique differs from what n1.json says
+    c = rig.ctx("n1", _env("52", "n[1-2]"), timeout=1.5)
+    assert job.prolog(c) == 0
+    st = job.load(c.imex["base_dir"], "52")
+    assert st and st["nodes"] == ["n1"] and st["other_nodes"] == ["n2"]
+    assert job.epilog(c) == 0

@@ -192,7 +192,10 @@ def fabric_root_files(facts: Mapping[str, Any], node_wide_imex: bool = False) ->
     """A healthy node's fabric root for *facts*: up a day, its NVSwitches'
     PCI functions (those with a local bus id) and Fabric Manager, node-wide
     IMEX where asked, and one NDR InfiniBand port, in the kernel's formats."""
-    out = {"proc/uptime": "86400.00 1382400.00\n", "proc/1/comm": "systemd\n"}
+    # /proc/PID/status's Uid line: real, effective, saved, filesystem (proc(5))
+    root_status = "Name:\t{}\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n"
+    out = {"proc/uptime": "86400.00 1382400.00\n", "proc/1/comm": "systemd\n",
+           "proc/1/status": root_status.format("systemd")}
     switches = sorted({p["bus_id"] for g in facts.get("gpus") or [] for p in (g.get("nvlink") or {}).get("peers", [])
                        if p.get("type") == "switch" and p.get("bus_id")})
     for b in switches:
@@ -200,9 +203,11 @@ def fabric_root_files(facts: Mapping[str, Any], node_wide_imex: bool = False) ->
         out[f"sys/bus/pci/devices/{b}/class"] = "0x068000\n"
     if switches:
         out[f"proc/{FM_PID}/comm"] = "nv-fabricmanager\n"
+        out[f"proc/{FM_PID}/status"] = root_status.format("nv-fabricmanager")
     if node_wide_imex:
         out["etc/nvidia-imex/nodes_config.cfg"] = "10.0.0.1\n10.0.0.2\n"
         out[f"proc/{IMEX_PID}/comm"] = "nvidia-imex\n"
+        out[f"proc/{IMEX_PID}/status"] = root_status.format("nvidia-imex")
     out.update({f"{IB_PORT}/state": "4: ACTIVE\n", f"{IB_PORT}/phys_state": "5: LinkUp\n",
                 f"{IB_PORT}/rate": "400 Gb/sec (4X NDR)\n", f"{IB_PORT}/link_layer": "InfiniBand\n",
                 f"{IB_PORT}/counters/link_downed": "0\n", f"{IB_PORT}/counters/symbol_error": "0\n",
