@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from benchrow import row  # noqa: E402
+from slurm_gpu_devkit.sim.imex_standin import ask  # noqa: E402
 
 GOAL_MS = 100.0
 
@@ -66,15 +66,7 @@ def _hooks(sb, kind: str, jobid: int, venv: Path) -> float:
 
 def _cmd_up(ip: str, port: int) -> bool:
     try:
-        with socket.create_connection((ip, port), timeout=1.0) as s:
-            s.sendall(b"N\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        return json.loads(data).get("status") == "UP"
+        return json.loads(ask(ip, port, "N", 1.0)).get("status") == "UP"
     except (OSError, ValueError):
         return False
 

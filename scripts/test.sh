@@ -38,7 +38,7 @@ if [ $# = 0 ]; then
   "$VENV/bin/python" -m mypy || { echo "slurm-gpu: mypy found errors" >&2; rc=1; }
   "$VENV/bin/python" -m ruff check --no-cache slurm_gpu devkit tests bench scripts || { echo "slurm-gpu: ruff found errors" >&2; rc=1; }
 fi
-pytest=("$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=10)
+pytest=("$VENV/bin/python" -m pytest -q -p no:cacheprovider -rfEs --durations=25)
 if [ $# = 0 ]; then
   # The unit tests (about 290 s wall, 2 min of CPU: mostly waiting on child
   # processes and timeouts) run beside the integration tests, which mostly

@@ -16,6 +16,7 @@ import os
 import tempfile
 
 from .errors import SlurmGpuError
+from .ownedfile import read_owned
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int = 0o644,
@@ -100,16 +101,10 @@ def read_trusted(path: str | os.PathLike[str], limit: int) -> bytes | None:
     directories (the accounting store, the cluster publish directory) that a
     user or another node could have planted or replaced.
     """
-    import stat
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_owned(path, limit, (0, os.geteuid()), others_may_write=False)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            return None
-        return f.read(limit)
 
 
 def _fsync_dir(d: str) -> None:

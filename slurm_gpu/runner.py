@@ -68,6 +68,15 @@ class RunAs(namedtuple("RunAs", ["uid", "gid", "groups"], defaults=[()])):
 _STAGES = {b"E": "exec", b"C": "cgroup", b"A": "affinity", b"U": "identity", b"S": "setup"}
 
 
+class TimedOut(CommandError):
+    """The command did not finish in time; *stopped*: it was stopped then
+    (SIGSTOP or a ptrace stop: only root and its own user can do that)."""
+
+    def __init__(self, what: str, where: str | None = None, stopped: bool = False) -> None:
+        super().__init__(what, where)
+        self.stopped = stopped
+
+
 class _StartError(Exception):
     def __init__(self, stage: str, errno: int) -> None:
         super().__init__(stage, errno)
@@ -215,24 +224,27 @@ def run(
     env = dict(env)
     _check_argv_env(argv, env)
     deadline = time.monotonic() + timeout
-    timed_out = CommandError(f"{os.path.basename(argv[0])} timed out after {timeout:g} s",
-                             " ".join(argv[:3]))
+    what = f"{os.path.basename(argv[0])} timed out after {timeout:g} s"
     try:
         p = _start(argv, env, input is not None, cwd or "/", tuple(join_cgroups), run_as,
                    tuple(cpus), deadline)
     except _StartError as e:
         raise _start_error(argv[0], e, bool(join_cgroups)) from None
     if p is None:
-        raise timed_out
+        raise TimedOut(what, " ".join(argv[:3]))
     try:
         out, err = p.communicate(None if input is None else input.encode(),
                                  timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         # Not communicate() again: something the command left (its own
-        # session) may hold the pipes for its whole life.
+        # session) may hold the pipes for its whole life.  Whether it was
+        # stopped is read before the kill: a command run as a user can be
+        # stopped by any process of that user, which is theirs to answer for.
+        stopped = _stopped(p.pid)
         _kill_group(p.pid)
         _reap(p)
-        raise timed_out from None
+        raise TimedOut(what + (" (it was stopped)" if stopped else ""), " ".join(argv[:3]),
+                       stopped) from None
     res = Completed(argv, p.returncode, _text(out), _text(err))
     if check and res.returncode != 0:
         first = (res.stderr.strip() or res.stdout.strip()).splitlines()
@@ -255,6 +267,12 @@ def _start_error(prog: str, e: _StartError, in_cgroups: bool) -> CommandError:
     if e.stage == "cgroup" or in_cgroups:
         return CommandError(f"cannot start {prog} in its cgroup: {why}")
     return CommandError(f"cannot start {prog} ({e.stage}): {why}")
+
+
+def _stopped(pid: int) -> bool:
+    """*pid* is stopped or traced (``T``/``t`` in ``/proc/PID/stat``)."""
+    from .procfs import state
+    return state(pid) in ("T", "t")
 
 
 def _kill_group(pid: int) -> None:

@@ -70,3 +70,20 @@ def isolated_config(tmp_path, monkeypatch):
     config._load.cache_clear()
     yield
     config._load.cache_clear()
+
+
+@pytest.fixture
+def sim_config(tmp_path, monkeypatch):
+    """A simulated mini-2numa node as the test's config (``[node] nvml = "sim:…"``,
+    state under tmp_path/var); yields the simulator's state file."""
+    from machinedata import MACHINES_DIR
+    from slurm_gpu import config
+    from slurm_gpu_devkit.sim.state import init_state_for_machine
+    sim = tmp_path / "sim.json"
+    init_state_for_machine(str(MACHINES_DIR / "mini-2numa"), str(sim))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{sim}"\nstate_dir = "{tmp_path}/var"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    config._load.cache_clear()
+    yield sim
+    config._load.cache_clear()

@@ -10,7 +10,6 @@ schema, a half-written file, a model this code cannot load) becomes one
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, SlurmGpuError
+from ..gcpause import freeze_if_large, gc_paused
 from ..hw.snapshot_bulk import SnapshotLoader
 from . import modelfile
 
@@ -303,9 +303,7 @@ def load_dir(directory: str, only: set[str] | None = None, *, identity: bool = T
     """
     loader: Any = SnapshotLoader() if identity else SharedHardwareLoader()
     out = Collected({}, {}, {})
-    gc_was = gc.isenabled()
-    gc.disable()  # thousands of models stay alive: cyclic GC passes only cost time (see confgen_io)
-    try:
+    with gc_paused():   # thousands of models stay alive
         listed = _listing(directory)
         out.warnings = _trust_warnings(directory, listed)
         for name, path, kind, _ in listed:
@@ -321,9 +319,5 @@ def load_dir(directory: str, only: set[str] | None = None, *, identity: bool = T
                 out.bad[name] = BadEntry(name, path, e.what)
             except (UnicodeDecodeError, RecursionError, MemoryError) as e:
                 out.bad[name] = BadEntry(name, path, f"unreadable: {type(e).__name__}")
-    finally:
-        if gc_was:
-            gc.enable()
-    if len(out.nodes) > 100:
-        gc.freeze()
+    freeze_if_large(len(out.nodes), 100)
     return out

@@ -6,7 +6,6 @@ config files these commands check and apply.
 """
 from __future__ import annotations
 
-import gc
 import os
 import socket
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import click
 
 from ..errors import InputError, UsageError
+from ..gcpause import freeze_if_large, gc_paused
 
 def _short_hostname() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
@@ -48,15 +48,9 @@ def load_nodes(snapshots: Sequence[str], hwloc_xmls: Sequence[str], node: str | 
     # Thousands of node models are millions of small objects that all stay
     # alive: cyclic GC passes over them only cost time (seconds at 10,000
     # nodes), so collection is paused while loading and the result frozen.
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         _load_inputs(snapshots, hwloc_xmls, node, single, add, loader)
-    finally:
-        if gc_was:
-            gc.enable()
-    if len(nodes) > 100:
-        gc.freeze()
+    freeze_if_large(len(nodes), 100)
     if not nodes:
         name = node or _short_hostname()
         add(name, "live", load_node)

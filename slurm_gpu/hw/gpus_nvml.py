@@ -65,6 +65,23 @@ class NvmlGpus:
         except NVMLError as e:
             raise gpu_error(e, fn.__name__) from None
 
+    def _present(self, fn: Callable[..., Any], *args: Any, call: str | None = None) -> Any:
+        """``fn(*args)``, or None where NVML answers that there is no such thing."""
+        try:
+            return fn(*args)
+        except NVMLError as e:
+            if classify(e.value) == ABSENT:
+                return None
+            raise gpu_error(e, call or fn.__name__) from None
+
+    def _compute_instances(self, gi: NvmlHandle) -> Iterator[tuple[int, NvmlHandle]]:
+        """(id, handle) of each compute instance of GPU instance *gi*."""
+        # Probing ids: the simulator's handles are not ctypes arrays.
+        for cid in range(MAX_CI_ID):
+            ci = self._present(self.api.nvmlGpuInstanceGetComputeInstanceById, gi, cid)
+            if ci is not None:
+                yield cid, ci
+
     def _dev(self, index: int) -> NvmlHandle:
         h = self._handles.get(index)
         if h is None:
@@ -109,13 +126,9 @@ class NvmlGpus:
         self._dev(index)
 
     def mig_mode(self, index: int) -> int | None:
-        dev = self._dev(index)
-        try:
-            return int(self.api.nvmlDeviceGetMigMode(dev)[0])
-        except NVMLError as e:
-            if classify(e.value) == ABSENT:      # a GPU without MIG; denied is not "no MIG"
-                return None
-            raise gpu_error(e, "nvmlDeviceGetMigMode") from None
+        # ABSENT: a GPU without MIG; denied is not "no MIG"
+        modes = self._present(self.api.nvmlDeviceGetMigMode, self._dev(index))
+        return None if modes is None else int(modes[0])
 
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         self._call(self.api.nvmlDeviceSetMigMode, self._dev(index), 1 if enabled else 0)
@@ -128,21 +141,12 @@ class NvmlGpus:
         api, dev = self.api, self._dev(index)
         out = []
         for gid in range(MAX_GI_ID):
-            try:
-                gi = api.nvmlDeviceGetGpuInstanceById(dev, gid)
-            except NVMLError as e:
-                if classify(e.value) == ABSENT:     # no instance with this id
-                    continue
-                raise gpu_error(e, "nvmlDeviceGetGpuInstanceById") from None
+            gi = self._present(api.nvmlDeviceGetGpuInstanceById, dev, gid)
+            if gi is None:      # no instance with this id
+                continue
             info = self._call(api.nvmlGpuInstanceGetInfo, gi)
             cis = []
-            for cid in range(MAX_CI_ID):
-                try:
-                    ci = api.nvmlGpuInstanceGetComputeInstanceById(gi, cid)
-                except NVMLError as e:
-                    if classify(e.value) == ABSENT:
-                        continue
-                    raise gpu_error(e, "nvmlGpuInstanceGetComputeInstanceById") from None
+            for cid, ci in self._compute_instances(gi):
                 cinfo = self._call(api.nvmlComputeInstanceGetInfo, ci)
                 cis.append((cid, int(cinfo.profileId), int(cinfo.placement.start)))
             out.append(GpuInstance(gid, int(info.profileId), int(info.placement.start),
@@ -156,12 +160,9 @@ class NvmlGpus:
         api, dev = self.api, self._dev(index)
         n = self._call(api.nvmlDeviceGetMaxMigDeviceCount, dev)
         for j in range(n):
-            try:
-                m = api.nvmlDeviceGetMigDeviceHandleByIndex(dev, j)
-            except NVMLError as e:
-                if classify(e.value) == ABSENT:     # no MIG device at this index
-                    continue
-                raise gpu_error(e, "nvmlDeviceGetMigDeviceHandleByIndex") from None
+            m = self._present(api.nvmlDeviceGetMigDeviceHandleByIndex, dev, j)
+            if m is None:       # no MIG device at this index
+                continue
             u = self._call(api.nvmlDeviceGetUUID, m)
             yield MigDevice(int(self._call(api.nvmlDeviceGetGpuInstanceId, m)),
                             int(self._call(api.nvmlDeviceGetComputeInstanceId, m)), _s(u))
@@ -186,20 +187,11 @@ class NvmlGpus:
         return int(self._call(api.nvmlComputeInstanceGetInfo, ci).id)
 
     def destroy_gpu_instance(self, index: int, gi_id: int) -> bool:
-        api, dev = self.api, self._dev(index)
-        try:
-            gi = api.nvmlDeviceGetGpuInstanceById(dev, gi_id)
-        except NVMLError as e:
-            if classify(e.value) == ABSENT:
-                return False
-            raise gpu_error(e, INSTANCE_LOOKUP) from None
-        for cid in range(MAX_CI_ID):
-            try:
-                ci = api.nvmlGpuInstanceGetComputeInstanceById(gi, cid)
-            except NVMLError as e:
-                if classify(e.value) == ABSENT:
-                    continue
-                raise gpu_error(e, "nvmlGpuInstanceGetComputeInstanceById") from None
+        api = self.api
+        gi = self._present(api.nvmlDeviceGetGpuInstanceById, self._dev(index), gi_id, call=INSTANCE_LOOKUP)
+        if gi is None:
+            return False
+        for _, ci in self._compute_instances(gi):
             self._call(api.nvmlComputeInstanceDestroy, ci)
         self._call(api.nvmlGpuInstanceDestroy, gi)
         return True

@@ -25,7 +25,7 @@ from ..errors import HardwareError
 from . import nvml_constants as C
 from .busid import normalize_bus_id
 from .nvml_api import NVMLError, NvmlApi, NvmlForward, NvmlHandle, Reader, describe, optional
-from .nvml_structs import c_nvmlGpuFabricInfo_t, c_nvmlGpuFabricInfo_v2_t
+from .nvml_structs import c_nvmlGpuFabricInfo_t, c_nvmlGpuFabricInfo_v2_t, c_nvmlGpuFabricInfo_v3_t
 
 # The model's and the views' classes are imported where they are built: the
 # health check reads only fabric fields here (read_fabric_fields), and
@@ -322,23 +322,29 @@ def _read_fabric(r: Reader, h: NvmlHandle) -> Fabric | None:
     if fields is None:
         return None
     from .model import Fabric
-    return Fabric(**fields)
+    # The node model keeps the registration; the summary is the health check's.
+    return Fabric(**{k: v for k, v in fields.items() if k != "health_summary"})
 
 
 def read_fabric_fields(r: Reader, h: NvmlHandle) -> dict[str, Any] | None:
     """The GPU's NVLink fabric membership as :class:`~slurm_gpu.hw.model.Fabric`'s
     fields (None: not supported); the health check's ``gpu.fabric`` reads these."""
     api = r.api
-    health = 0
-    info: c_nvmlGpuFabricInfo_t | c_nvmlGpuFabricInfo_v2_t
-    try:
-        info = c_nvmlGpuFabricInfo_v2_t()
-        api.nvmlDeviceGetGpuFabricInfoV(h, byref(info))
-        health = int(info.healthMask)
-    except NVMLError as e:
-        # A driver older than the structure version answers ARGUMENT_VERSION_MISMATCH.
-        if not optional(e.value) and e.value != C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
-            raise
+    info: Any = None
+    # The newest structure first: a driver older than a structure version
+    # answers ARGUMENT_VERSION_MISMATCH (nvml.h), and then gets the one before.
+    for struct in (c_nvmlGpuFabricInfo_v3_t, c_nvmlGpuFabricInfo_v2_t):
+        try:
+            info = struct()
+            api.nvmlDeviceGetGpuFabricInfoV(h, byref(info))
+            break
+        except NVMLError as e:
+            if not optional(e.value) and e.value != C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                raise
+            info = None
+            if e.value != C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                break
+    if info is None:
         try:  # drivers before the versioned call (R535 and older)
             info = c_nvmlGpuFabricInfo_t()
             api.nvmlDeviceGetGpuFabricInfo(h, byref(info))
@@ -350,4 +356,6 @@ def read_fabric_fields(r: Reader, h: NvmlHandle) -> dict[str, Any] | None:
     if state == C.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
         return None
     return {"cluster_uuid": format_fabric_uuid(info.clusterUuid), "clique_id": int(info.cliqueId),
-            "state": FABRIC_STATES.get(state, str(state)), "status": int(info.status), "health_mask": health}
+            "state": FABRIC_STATES.get(state, str(state)), "status": int(info.status),
+            "health_mask": int(getattr(info, "healthMask", 0)),
+            "health_summary": int(getattr(info, "healthSummary", 0))}

@@ -48,6 +48,7 @@ class GpuHealth:
     fabric_state: str | None = None
     fabric_status: int | None = None
     fabric_health_mask: int | None = None
+    fabric_health_summary: int | None = None                 # NVML_GPU_FABRIC_HEALTH_SUMMARY_* (0: not supported)
     fabric_cluster_uuid: str | None = None                   # "00000000-...": no multi-node fabric
     fabric_clique_id: int | None = None
     nvlink_states: tuple[int, ...] | None = None            # one per existing link: 1 up, 0 down
@@ -197,6 +198,7 @@ def _read_one(c: _Calls, g: GpuHealth, h: NvmlHandle, include_fabric: bool) -> N
             fab = None
         if fab is not None:
             g.fabric_state, g.fabric_status, g.fabric_health_mask = fab["state"], fab["status"], fab["health_mask"]
+            g.fabric_health_summary = fab["health_summary"]
             g.fabric_cluster_uuid, g.fabric_clique_id = fab["cluster_uuid"], fab["clique_id"]
     states: list[int] = []
     for link in range(C.NVML_NVLINK_MAX_LINKS):

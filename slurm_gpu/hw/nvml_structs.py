@@ -37,6 +37,15 @@ class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):
         super().__init__(version=C.nvmlGpuFabricInfo_v2)
 
 
+class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):
+    # nvml.h (R570+; NVIDIA/go-nvml gen/nvml/nvml.h @ 2f9e261f): v2 plus
+    # ``unsigned char healthSummary`` (NVML_GPU_FABRIC_HEALTH_SUMMARY_*).
+    _fields_ = [*c_nvmlGpuFabricInfo_v2_t._fields_, ("healthSummary", ctypes.c_ubyte)]
+
+    def __init__(self) -> None:
+        super().__init__(version=C.nvmlGpuFabricInfo_v3)
+
+
 class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
     _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
 

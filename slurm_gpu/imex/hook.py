@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import hookentry
+
 
 def _settings(env: dict[str, str]) -> tuple[dict, str, dict]:
     """([imex], [cluster] publish_dir, [jobs]) from the node-fact entry."""
@@ -47,11 +49,10 @@ def context(env: dict[str, str] | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args not in (["prolog"], ["epilog"]):
-        print("usage: python -m slurm_gpu.imex.hook prolog|epilog", file=sys.stderr)
-        return 2
-    os.umask(0o022)
+    return hookentry.run(argv, "slurm_gpu.imex.hook", _step)
+
+
+def _step(step: str) -> int:
     try:
         env = dict(os.environ)
         settings = _settings(env)
@@ -60,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         # watchdog only catches a hang.
         limit = float(s["timeout"]) + 2 * float(s["stop_timeout"]) + 30.0
         from ..jobs.__main__ import _watchdog
-        _watchdog(limit, f"imex {args[0]}", 1 if jobs["on_internal_error"] == "drain" else 0, lambda line: None)
-        if args[0] == "epilog":         # the light path: no json, re or socket (see .teardown)
+        _watchdog(limit, f"imex {step}", 1 if jobs["on_internal_error"] == "drain" else 0, lambda line: None)
+        if step == "epilog":         # the light path: no json, re or socket (see .teardown)
             from . import teardown
             return teardown.epilog(env, s["base_dir"], float(s["stop_timeout"]),
                                    teardown.event_logger(s["base_dir"]), jobs["on_internal_error"])
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..errors import SlurmGpuError
         line = e.line() if isinstance(e, SlurmGpuError) else \
             f"slurm-gpu: imex: internal error: {type(e).__name__}: {e}"
-        print(f"{line} [imex {args[0]}]", file=sys.stderr)
+        print(f"{line} [imex {step}]", file=sys.stderr)
         return 1
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import time
 
 TYPE_CHECKING = False
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from typing import Callable, Mapping
 
 from .. import procfs
+from ..ownedfile import read_owned
 
 RECORD = "daemon"
 EVENTS = "events.log"
@@ -57,16 +57,9 @@ def read_record(job_dir: str) -> tuple[int, int, str | None] | None:
     """(pid, start time, channel) from the record, or None; a foreign file is an error."""
     path = os.path.join(job_dir, RECORD)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        words = read_owned(path, 4096, (os.geteuid(),)).decode(errors="replace").split()
     except FileNotFoundError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(f"{path} is not our regular file")
-        words = os.read(fd, 4096).decode(errors="replace").split()
-    finally:
-        os.close(fd)
     if len(words) != 3 or not words[0].isdigit() or not words[1].isdigit():
         raise OSError(f"{path} is not a daemon record")
     return int(words[0]), int(words[1]), None if words[2] == "-" else words[2]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import hookentry
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
@@ -48,23 +50,20 @@ def _watchdog(seconds: float, what: str, rc: int, mark: Callable[[str], None]) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args not in (["prolog"], ["epilog"]):
-        print("usage: python -m slurm_gpu.jobs prolog|epilog", file=sys.stderr)
-        return 2
-    # slurmd's umask reaches us: with 002 our own state and MPS directories
-    # would come out group-writable (and then be refused as untrustworthy).
-    os.umask(0o022)
+    return hookentry.run(argv, "slurm_gpu.jobs", _step)
+
+
+def _step(step: str) -> int:
     try:
         from . import lifecycle
-        ctx = lifecycle.default_context(health=args[0] == "epilog")
+        ctx = lifecycle.default_context(health=step == "epilog")
         if ctx.jobs.timeout > 0:
-            _watchdog(ctx.jobs.timeout, args[0], lifecycle.policy_of(ctx).node_fault_exit(),
+            _watchdog(ctx.jobs.timeout, step, lifecycle.policy_of(ctx).node_fault_exit(),
                       lambda line: lifecycle.mark_failed(ctx, line))
-        return lifecycle.prolog(ctx) if args[0] == "prolog" else lifecycle.epilog(ctx)
+        return lifecycle.prolog(ctx) if step == "prolog" else lifecycle.epilog(ctx)
     except Exception as e:  # noqa: BLE001 - settings unreadable, bad job id...: a node fault
         from ..errors import message
-        print(f"slurm-gpu: {message(e)} [{args[0]}]", file=sys.stderr)
+        print(f"slurm-gpu: {message(e)} [{step}]", file=sys.stderr)
         return 1
 
 

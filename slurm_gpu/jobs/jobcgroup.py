@@ -17,11 +17,12 @@ When the job's cgroup exists: with ``PrologFlags=RunInJob`` (24.11+) the
 prolog itself runs in the job, and the daemon joins before it execs
 (:func:`slurm_gpu.runner.run` ``join_cgroups``).  Without it, Slurm creates
 the job's cgroup only after the prolog (``_rpc_prolog`` runs the prolog,
-then spawns the extern step), so the SPANK plugin moves the daemon's
-processes in from the job's first step, as root, before any task starts
-(:func:`slurm_gpu.jobs.mps.adopt`).  With no job cgroup at all (proctrack/linuxproc) the daemon
-stays where slurmd started it and the epilog finds it by its pipe
-directory and process tree (documented in docs/mps-mig.md).
+then spawns the extern step), so the daemon joins a holding cgroup of the
+job's (:func:`hold_dirs`), and the SPANK plugin moves every process in it
+into the job's from the job's first step, as root, before any task starts
+(:func:`slurm_gpu.jobs.mps.adopt`).  With no job cgroup at all
+(proctrack/linuxproc) the daemon stays in the hold and the epilog ends all
+of it (documented in docs/mps-mig.md).
 """
 from __future__ import annotations
 
@@ -202,11 +203,12 @@ def kill_all(dirs: list[str], wait: float) -> set[int]:
         if not left or time.monotonic() > deadline:
             return left
         for pid in left:
-            _kill(pid)
+            kill_pid(pid)
         time.sleep(0.01)
 
 
-def _kill(pid: int) -> None:
+def kill_pid(pid: int) -> None:
+    """SIGKILL *pid*, read from a cgroup we own, unless its PID was recycled meanwhile."""
     start = _start(pid)
     try:
         fd = os.pidfd_open(pid)
@@ -243,6 +245,79 @@ def remove(dirs: Iterable[str]) -> None:
                         os.rmdir(d)
                     except OSError:
                         break
+        elif os.path.basename(os.path.dirname(parent)) == HOLD:
+            remove_hold_parents(c)
+
+
+def remove_hold_parents(hold: str) -> None:
+    """Remove ``<HOLD>/<node>`` and ``<HOLD>`` above a removed *hold* when empty
+    (a prolog making its own meanwhile retries: :func:`make_hold`)."""
+    for d in (os.path.dirname(hold), os.path.dirname(os.path.dirname(hold))):
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
+
+
+# Where the daemon waits for the job's cgroup when the prolog runs before
+# Slurm makes it (no PrologFlags=RunInJob): <mount>/slurm_gpu_mps_hold/<node>/job_<id>.
+HOLD = "slurm_gpu_mps_hold"
+# One v1 hierarchy is enough to track membership (the hold sets no limits):
+# freezer first, where Slurm's proctrack/cgroup makes the job's cgroup (so
+# the first step's move empties the hold); never cpuset: a new cpuset cgroup
+# has no CPUs, so nothing could join it.
+_HOLD_V1 = ("freezer", "memory", "devices", "pids", "cpuacct", "cpu")
+
+
+def hold_dirs(jobid: str, node: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The job's holding cgroup: in one v1 hierarchy where v1 controllers are
+    mounted (Slurm uses v1 there, a hybrid host's too), else in the v2 one;
+    empty when no cgroup filesystem is mounted or *jobid* / *node* cannot be
+    a path component.
+
+    Every process the daemon forks stays in it, wherever it goes in the
+    process tree (a double fork, a process the user made it start through
+    ptrace): only root can move a process out, and the hold is root's.  So
+    the first step moves all of it into the job's cgroup and the epilog ends
+    all of it (:func:`slurm_gpu.jobs.mps.adopt`, :func:`kill_all`).  Named
+    after the node as well as the job: several slurmd may share a host.
+    """
+    if not (jobid and jobid.isdigit() and _safe(node)):
+        return []
+    found = mounts(mountinfo)
+    points = [p for w in _HOLD_V1 for p, v, c in found if v == 1 and w in c and "cpuset" not in c]
+    points = points[:1] or [p for p, v, _c in found if v == 2][:1]
+    return [os.path.join(p, HOLD, node, f"job_{jobid}") for p in points]
+
+
+def _safe(node: str | None) -> bool:
+    return node is not None and node != "" and "/" not in node and "*" not in node \
+        and not node.startswith(".")
+
+
+def make_hold(dirs: Iterable[str]) -> list[str]:
+    """Create the holding cgroups *dirs* (root's, mode 0755); returns them."""
+    out = []
+    for d in dirs:
+        for _ in range(5):
+            try:
+                os.makedirs(d, 0o755, exist_ok=True)
+                break
+            except FileNotFoundError:
+                continue            # an epilog removed the empty parents between two mkdirs
+        if not _root_dir(d):
+            raise OSError(f"{d} is not root's directory")
+        out.append(d)
+    return out
+
+
+def is_hold(path: str, jobid: str, points: Iterable[str]) -> bool:
+    """*path* has the shape :func:`hold_dirs` gives job *jobid* under one of *points*
+    (a recorded path is checked before the epilog ends what is in it)."""
+    parts = path.split("/")
+    return len(parts) > 3 and parts[-1] == f"job_{jobid}" and _safe(parts[-2]) and \
+        parts[-3] == HOLD and "/".join(parts[:-3]) in {p.rstrip("/") for p in points} \
+        and ".." not in parts
 
 
 def ours(jobid: str, uid: int | None, sluid: str | None = None, node: str | None = None) -> list[str]:

@@ -142,8 +142,9 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     """Start the job's daemon; *record* is called with the state after each step.
 
     The daemon execs inside ``<job cgroup>/slurm_gpu_mps`` when the job's
-    cgroup exists already (:mod:`.jobcgroup`); else the SPANK plugin moves
-    it there from the job's first step.
+    cgroup exists already (:mod:`.jobcgroup`); else inside a root-owned
+    holding cgroup of the job's (:func:`.jobcgroup.hold_dirs`), from which
+    the SPANK plugin moves all of it there from the job's first step.
     """
     if user.uid == 0:
         from .state import JobFailed
@@ -158,7 +159,9 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     from . import jobcgroup
     dirs = jobcgroup.job_dirs(jobid, user.uid, sluid, _node_name())
     cgroups = jobcgroup.make(dirs) if dirs else []
+    hold = [] if cgroups else _make_hold(jobid)
     info["cgroup"] = cgroups or None
+    info["hold"] = hold or None
     record(info)
     online = os.sched_getaffinity(0)
     use = sorted({c for c in cpus if c in online}) if settings.bind_cpus else []
@@ -173,10 +176,26 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     reaper = set_child_subreaper(True)
     try:
         return _start_daemon(settings, jobid, user, devices, percentage, record, info, pipe, log,
-                             cgroups, use, reaper)
+                             cgroups + hold, use, reaper)
     finally:
         if reaper:
             set_child_subreaper(False)
+
+
+def _make_hold(jobid: str) -> list[str]:
+    """The job's holding cgroup, made (empty: no cgroup filesystem here).
+
+    Without it the daemon would wait for the job's first step in slurmd's
+    cgroup, where any process it forks and orphans (the user can make it,
+    through ptrace) is never moved into the job nor ended by the epilog.
+    """
+    from . import jobcgroup
+    dirs = jobcgroup.hold_dirs(jobid, _node_name())
+    try:
+        return jobcgroup.make_hold(dirs)
+    except OSError as e:
+        raise HardwareError(f"cannot make the MPS daemon's holding cgroup: "
+                            f"{e.strerror or e}", dirs[0] if dirs else None) from None
 
 
 def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
@@ -190,9 +209,14 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
 
     t0 = time.monotonic()
     argv = [settings.control, "-d"]
-    res = runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices),
-                     run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups), cpus=use,
-                     check=False)
+    try:
+        res = runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices),
+                         run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups),
+                         cpus=use, check=False)
+    except runner.TimedOut as e:
+        _client_users_doing(jobid, "launcher", e)
+        raise
+    _client_killed(jobid, "launcher", res)
     if not res.ok:
         from .mpsdir import planted
         why = planted(pipe)
@@ -226,8 +250,13 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
         try:
             res = control(settings, user, pipe, log, session, check=False,
                           timeout=max(0.5, deadline - time.monotonic()))
-        except CommandError:
-            # No answer in time.  A daemon that is stopped (SIGSTOP, or a
+        except CommandError as e:
+            # No answer in time.  The client runs as the job's user (as
+            # root it would connect to whatever the user put in their pipe
+            # directory), so any process of that user can stop it, or kill
+            # it (below): their doing, never the node's.
+            _client_users_doing(jobid, "client", e)
+            # A daemon that is stopped (SIGSTOP, or a
             # ptrace stop, from another process of its user: only they and
             # root can) never answers, nor do sockets of the user's own put
             # in place of the daemon's: the user's doing, which must never
@@ -236,6 +265,7 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             raise
         if res.ok:
             break
+        _client_killed(jobid, "client", res)
         procs = daemon()
         if procs:
             seen = True
@@ -264,6 +294,32 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
     info["ready"] = True
     record(info)
     return info
+
+
+def _client_users_doing(jobid: str, which: str, e: CommandError) -> None:
+    """Raise JobFailed when *e* is the time out of a launcher or client that was stopped.
+
+    Both run as the job's user: only that user's processes (or root) can
+    stop them.  Their real uid cannot be kept root to prevent it: execve
+    copies the effective uid into the saved one, which kill(2) compares.
+    """
+    if getattr(e, "stopped", False):
+        from .state import JobFailed
+        raise JobFailed(f"MPS control {which} was stopped before the daemon answered "
+                        "(by a process of the job's user?)", f"job {jobid}") from None
+
+
+def _client_killed(jobid: str, which: str, res: runner.Completed) -> None:
+    """Raise JobFailed when the launcher or a client (*res*) was ended by a signal.
+
+    NVIDIA's binary ignores SIGPIPE and the runner kills nothing but on its
+    time out (raised, not returned): a signal came from root or from a
+    process of the job's user, who can signal what runs as them.
+    """
+    if res.returncode < 0:
+        from .state import JobFailed
+        raise JobFailed(f"MPS control {which} was killed by signal {-res.returncode} before "
+                        "the daemon answered (by a process of the job's user?)", f"job {jobid}")
 
 
 def _users_doing(jobid: str, pipe: str, procs: dict[int, Any]) -> None:
@@ -403,16 +459,22 @@ def _node_name() -> str:
 def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: float) -> None:
     """End every process in the daemon's cgroups, then remove them.
 
-    The recorded ones, and any ``slurm_gpu_mps`` under the job's cgroup (a
-    lost state file, a prolog killed before it recorded them).  Whatever is
-    in there is the daemon's tree, whoever it runs as now.
+    The recorded ones, any ``slurm_gpu_mps`` under the job's cgroup and the
+    job's holding cgroup (a lost state file, a prolog killed before it
+    recorded them).  Whatever is in there is the daemon's tree, whoever it
+    runs as now, wherever it went in the process tree.
     """
     from . import jobcgroup
-    points = tuple(p.rstrip("/") + "/" for p, _v, _c in jobcgroup.mounts())
+    found = jobcgroup.mounts()
+    points = tuple(p.rstrip("/") + "/" for p, _v, _c in found)
     recorded = [str(c) for c in ((info or {}).get("cgroup") or [])
                 if os.path.basename(str(c)) == jobcgroup.NAME and str(c).startswith(points)]
+    recorded += [str(c) for c in ((info or {}).get("hold") or [])
+                 if jobcgroup.is_hold(str(c), jobid, (p for p, _v, _c in found))]
+    node = _node_name()
     dirs = sorted({c for c in recorded if os.path.isdir(c)}
-                  | set(jobcgroup.ours(jobid, uid, node=_node_name())))
+                  | set(jobcgroup.ours(jobid, uid, node=node))
+                  | {c for c in jobcgroup.hold_dirs(jobid, node) if os.path.isdir(c)})
     if not dirs:
         return
     left = jobcgroup.kill_all(dirs, wait)
@@ -454,7 +516,8 @@ def _remove_job_dir(jd: str) -> None:
 
 
 def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
-    """Move the job's MPS daemon tree into ``<job cgroup>/slurm_gpu_mps`` (SPANK, as root).
+    """Move the job's MPS daemon, and everything in its holding cgroup, into
+    ``<job cgroup>/slurm_gpu_mps`` (SPANK, as root).
 
     Called from each step of a ``--gpu-mps`` job in slurmstepd; the first one
     that finds the job's cgroup does the work and records it, the others see
@@ -474,18 +537,27 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
         return list(info.get("cgroup") or [])
     uid = st.uid
     recorded = info.get("sluid")
-    dirs = jobcgroup.job_dirs(jobid, uid, recorded if isinstance(recorded, str) else None,
-                              _node_name())
+    node = _node_name()
+    dirs = jobcgroup.job_dirs(jobid, uid, recorded if isinstance(recorded, str) else None, node)
     if not dirs:
         return []
     cg = jobcgroup.make(dirs)
+    # The daemon started in its holding cgroup: everything in there is its
+    # own (what it forked, even what left its process tree), and only that.
+    # The prolog recorded it; the path is the one it would make (a state
+    # file from before holds: its process tree, as then).
+    hold = [h for h in jobcgroup.hold_dirs(jobid, node) if h in (info.get("hold") or ())
+            and os.path.isdir(h)]
     moved: set[int] = set()
-    for _ in range(3):              # again for anything forked while we moved its parent
-        bound = set(daemon_procs(info["pipe_dir"], uid)) | set(recorded_daemon(info, uid))
-        tree = jobcgroup.descendants(bound) - moved
-        if not tree:
+    for _ in range(8 if hold else 3):   # again for anything forked while we moved its parent
+        if hold:
+            todo = jobcgroup.members(hold) - moved
+        else:
+            bound = set(daemon_procs(info["pipe_dir"], uid)) | set(recorded_daemon(info, uid))
+            todo = jobcgroup.descendants(bound) - moved
+        if not todo:
             break
-        for pid in sorted(tree):
+        for pid in sorted(todo):
             try:
                 jobcgroup.join(pid, cg)
             except ProcessLookupError:
@@ -493,7 +565,19 @@ def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:
             except OSError as e:
                 if e.errno != 3:    # ESRCH: it exited meanwhile
                     raise
-        moved |= tree
+        moved |= todo
+    else:
+        if hold:
+            # Still forking after every pass: nothing MPS does before its
+            # first client; what is new is ended, never left outside the job.
+            for pid in jobcgroup.members(hold) - moved:
+                jobcgroup.kill_pid(pid)
+    for h in hold:
+        try:
+            os.rmdir(h)
+            jobcgroup.remove_hold_parents(h)
+        except OSError:
+            pass                    # a member is left (a hierarchy without a job dir): the epilog's
     info["cgroup"] = cg
     jobstate.save(state_dir, st)
     return cg

@@ -13,9 +13,9 @@ on trust:
 * :func:`detach_mounts` detaches every mount below the job directory
   before the epilog walks it, so a FUSE server cannot hang the walk and a
   busy mount cannot keep the directory;
-* :func:`read_own_file` opens a file there as :func:`slurm_gpu.jobs.state`
-  opens its own: never through a symlink, never blocking on a FIFO, and
-  only a regular file of the expected owner is read.
+* :func:`read_own_file` reads a file there through :mod:`slurm_gpu.ownedfile`:
+  never through a symlink, never blocking on a FIFO, and only a regular
+  file of the expected owner is read.
 
 Only failure paths and the epilog of a job whose directory holds a mount
 load more than ``os``.
@@ -25,24 +25,17 @@ from __future__ import annotations
 import os
 import stat
 
+from ..ownedfile import read_owned
+
 SOCKETS = ("control", "control_privileged")
 
 
 def read_own_file(path: str, uid: int, limit: int = 65536) -> bytes | None:
     """The first *limit* bytes of *path* if it is a regular file owned by *uid*, else None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_owned(path, limit, (uid,))
     except OSError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-            return None
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 # -- the daemon's sockets -------------------------------------------------

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         percentage: int | None             # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
         sluid: str | None                  # slurmd's SLURM_JOB_SLUID (26.05 cgroup names)
         cgroup: list[str] | None           # the slurm_gpu_mps cgroup dirs it runs in
+        hold: list[str] | None             # its holding cgroup until the first step (no RunInJob)
         start_s: float
 
     class MigRecord(TypedDict):

@@ -275,18 +275,23 @@ def dgx_h100() -> tuple[dict[str, Any], str]:
 def epyc_a100_8numa() -> tuple[dict[str, Any], str]:
     # GPUs on the odd NUMA nodes of 2x EPYC NPS4, two per node (Azure NDv4 /
     # DGX A100 pattern); A100 SXM4 NV12: 12 links over 6 NVSwitch chips.
+    return _a100_8numa("epyc-a100-8numa", list(range(8)), mig_mode=0)
+
+
+def _a100_8numa(machine: str, minors: list[int], mig_mode: int) -> tuple[dict[str, Any], str]:
+    """Eight A100 SXM4 40GB, two per odd NUMA node of 2x EPYC NPS4, at DGX A100's buses."""
     numa_of = [1, 1, 3, 3, 5, 5, 7, 7]
     buses = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
              "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
     switches = [f"0000:{b:02x}:00.0" for b in (0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9)]
-    gpus = [_gpu("epyc-a100-8numa", i, b, "NVIDIA A100-SXM4-40GB", "0x20B010DE", "0x134F10DE", 40960,
-                 gen=4, max_gen=4,
+    gpus = [_gpu(machine, i, b, "NVIDIA A100-SXM4-40GB", "0x20B010DE", "0x134F10DE", 40960,
+                 gen=4, max_gen=4, minor=minors[i],
                  nvlink={"count": 12, "version": 3, "peers": switch_peers(switches, [2] * 6)},
-                 mig={"mode": 0, "pending": 0, "max_devices": 7, "instances": []})
+                 mig={"mode": mig_mode, "pending": mig_mode, "max_devices": 7, "instances": []})
             for i, b in enumerate(buses)]
     facts = {"driver_version": "535.104.05", "cuda_driver_version": 12020, "gpus": gpus}
     x = Xml(synthetic_xml(f"pack:2 numa:4(memory={128 * GIB}) core:16 pu:2(indexes={pu_indexes(128, 2, 128)})"),
-            "epyc-a100-8numa")
+            machine)
     for i, g in enumerate(gpus):
         x.add_pci(numa_of[i], g["bus_id"], pci_type(g), gpu_osdevs(i, g), {"PCIDevice": "GA100 [A100 SXM4 40GB]"})
     return facts, x.text()
@@ -436,21 +441,7 @@ def dgx_a100_permuted() -> tuple[dict[str, Any], str]:
     # (shared/realdata/topo-matrix/nvidia-gds-benchmarking-guide__dgx2_topo-mp.txt,
     # section 5.2), GPUs two per odd NUMA node of 2x EPYC NPS4 like
     # epyc-a100-8numa, minors permuted (DGX_A100_PERMUTED_MINORS), MIG on.
-    numa_of = [1, 1, 3, 3, 5, 5, 7, 7]
-    buses = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
-             "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"]
-    switches = [f"0000:{b:02x}:00.0" for b in (0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9)]
-    gpus = [_gpu("dgx-a100-permuted", i, b, "NVIDIA A100-SXM4-40GB", "0x20B010DE", "0x134F10DE", 40960,
-                 gen=4, max_gen=4, minor=DGX_A100_PERMUTED_MINORS[i],
-                 nvlink={"count": 12, "version": 3, "peers": switch_peers(switches, [2] * 6)},
-                 mig={"mode": 1, "pending": 1, "max_devices": 7, "instances": []})
-            for i, b in enumerate(buses)]
-    facts = {"driver_version": "535.104.05", "cuda_driver_version": 12020, "gpus": gpus}
-    x = Xml(synthetic_xml(f"pack:2 numa:4(memory={128 * GIB}) core:16 pu:2(indexes={pu_indexes(128, 2, 128)})"),
-            "dgx-a100-permuted")
-    for i, g in enumerate(gpus):
-        x.add_pci(numa_of[i], g["bus_id"], pci_type(g), gpu_osdevs(i, g), {"PCIDevice": "GA100 [A100 SXM4 40GB]"})
-    return facts, x.text()
+    return _a100_8numa("dgx-a100-permuted", DGX_A100_PERMUTED_MINORS, mig_mode=1)
 
 
 MACHINES: dict[str, Callable[[], tuple[dict[str, Any], str]]] = {

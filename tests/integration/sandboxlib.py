@@ -194,6 +194,23 @@ class Cluster:
 # Every directory a test run made for a cluster; the session's leak check
 # looks for processes that still use one of them.
 CREATED_DIRS: list[Path] = []
+CANNOT_RUN = 77     # a build or script that cannot run on this machine says so with this exit status
+
+
+def make_package(kind: str, out: Path, timeout: float) -> list[Path]:
+    """``make <kind>`` (``deb``, ``rpm``) as docs/install.md says, with no development
+    venv (SLURM_GPU_VENV and VENV name a directory that does not exist): the files
+    it built, into *out*.  Skipped with the build's reason when it cannot run here
+    (exit 77), unless SLURM_GPU_REQUIRE_INTEGRATION=1."""
+    res = subprocess.run(["make", "-s", "-C", str(REPO), kind, "VENV=/nonexistent"], capture_output=True,
+                         text=True, timeout=timeout, env={**os.environ, "SLURM_GPU_VENV": "/nonexistent",
+                                                          "SLURM_GPU_DIST": str(out)})
+    if res.returncode == CANNOT_RUN and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1":
+        pytest.skip(res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    paths = [Path(line) for line in res.stdout.strip().splitlines()]
+    assert paths and all(p.parent == out for p in paths), paths
+    return paths
 
 
 def new_sandbox_dir(tag: str) -> Path:

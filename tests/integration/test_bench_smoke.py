@@ -63,6 +63,8 @@ def test_prolog_with_the_real_mps_daemon() -> None:
     assert _paths(rows) == ["job without GPU options, prolog+epilog",
                             "--gpu-mps job, prolog+epilog, real daemon"]
     assert "daemon alone" in rows[1][2]
+    # beside it, the floor with the standard library any Python hook pair imports (not judged)
+    assert "with the hooks' stdlib imports" in rows[1][2]
 
 
 def test_spank_bound_step_beside_a_plain_step() -> None:

@@ -23,20 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from sandboxlib import REPO
-
-CANNOT_RUN = 77
+from sandboxlib import CANNOT_RUN, REPO, make_package
 
 
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    res = subprocess.run(["make", "-s", "-C", str(REPO), "deb", "VENV=/nonexistent"], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "SLURM_GPU_VENV": "/nonexistent",
-                                                      "SLURM_GPU_DIST": str(out)})
-    assert res.returncode == 0, res.stderr
-    path = Path(res.stdout.strip().splitlines()[-1])
-    assert path.parent == out and path.name.endswith("_all.deb")
+    path = make_package("deb", tmp_path_factory.mktemp("dist"), timeout=300)[-1]
+    assert path.name.endswith("_all.deb")
     return path
 
 

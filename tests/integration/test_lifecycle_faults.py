@@ -468,16 +468,8 @@ def test_slurmd_restart_while_job_runs(cluster: Cluster, node_files) -> None:
         time.sleep(0.1)
     assert json.loads(sf.read_text())["phase"] == "ready"
     assert (node_files["mps"] / str(jid)).is_dir()
-    old = _slurmd_pid(name, conf)
-    assert old is not None
-    os.kill(old, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    log = open(cluster.dir / "log" / f"slurmd-{name}.restart.stdout", "ab")
-    new = subprocess.Popen(["/usr/sbin/slurmd", "-D", "-N", name, "-f", str(conf)],
-                           stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                           cwd=str(cluster.dir), env=dict(cluster.env), start_new_session=True)
+    assert _slurmd_pid(name, conf) is not None
+    new = _restart_slurmd(cluster, name)
     try:
         cluster.wait_node_state(name, re.compile("mixed|allocated|idle"), timeout=30)
         assert cluster.job(jid).get("JobState") == "RUNNING"   # the job survived the restart
@@ -488,12 +480,17 @@ def test_slurmd_restart_while_job_runs(cluster: Cluster, node_files) -> None:
             time.sleep(0.2)
         assert _leftovers(node_files, state_dir) == []
     finally:
-        new.terminate()
-        try:
-            new.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            new.kill()
-        log.close()
+        _stop(new)
+
+
+def _stop(slurmd: subprocess.Popen) -> None:
+    """End a slurmd this module started: SIGTERM, SIGKILL after 10 s."""
+    slurmd.terminate()
+    try:
+        slurmd.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        slurmd.kill()
+        slurmd.wait()
 
 
 def _restart_slurmd(cluster: Cluster, name: str, how: int = signal.SIGTERM) -> subprocess.Popen:
@@ -590,11 +587,6 @@ def test_slurmd_restart_during_prolog(cluster: Cluster, node_files) -> None:
         sconf.write_text(sbefore)
         cluster.run(["scontrol", "reconfigure"])
         if slurmd is not None:
-            slurmd.terminate()
-            try:
-                slurmd.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                slurmd.kill()
-                slurmd.wait()
+            _stop(slurmd)
     print(f"\nslurmd restarted during a prolog: {outcomes}; drains: {drained}")
     assert drained == []

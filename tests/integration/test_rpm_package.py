@@ -13,25 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from sandboxlib import REPO
-
-CANNOT_RUN = 77
+from sandboxlib import CANNOT_RUN, REPO, make_package
 
 
 @pytest.fixture(scope="module")
 def rpm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    # no development venv: the build makes a throw-away one (docs/install.md)
-    res = subprocess.run(["make", "-s", "-C", str(REPO), "rpm", "VENV=/nonexistent"], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "SLURM_GPU_VENV": "/nonexistent",
-                                                      "SLURM_GPU_DIST": str(out)})
-    if res.returncode == CANNOT_RUN and os.environ.get("SLURM_GPU_REQUIRE_INTEGRATION") != "1":
-        pytest.skip(res.stderr.strip().splitlines()[-1])
-    assert res.returncode == 0, res.stderr[-3000:]
-    paths = [Path(l) for l in res.stdout.strip().splitlines()]
-    assert all(p.parent == out for p in paths), paths
-    path = next(p for p in paths if p.name.endswith(".x86_64.rpm"))
-    return path
+    paths = make_package("rpm", tmp_path_factory.mktemp("dist"), timeout=600)
+    return next(p for p in paths if p.name.endswith(".x86_64.rpm"))
 
 
 def _q(rpm: Path, *args: str) -> str:

@@ -19,8 +19,6 @@ from slurm_gpu import fsutil
 from slurm_gpu.health import engine
 from test_health_isolate import H100, PENDING, gres_for, node_env, opts  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _owner(p: Path) -> tuple[int, int, int]:
     st = os.stat(p)
@@ -114,24 +112,16 @@ MIG_YAML = ("version: v1\nmig-configs:\n  balanced:\n    - devices: [1]\n"
 
 
 @pytest.fixture
-def mig_node(tmp_path, monkeypatch):
+def mig_node(tmp_path, request):
     if os.geteuid() != 0:
         pytest.skip("MIG changes need root (as NVML)")
-    from slurm_gpu import config
     from slurm_gpu.hw import live
-    from slurm_gpu_devkit.sim.state import init_state_for_machine
-    sim = tmp_path / "sim.json"
-    init_state_for_machine(str(ROOT / "tests/data/machines/mini-2numa"), str(sim))
-    conf = tmp_path / "c.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{sim}"\nstate_dir = "{tmp_path}/var"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
-    config._load.cache_clear()
+    sim = request.getfixturevalue("sim_config")
     live.use_node_name("n1")
     cfg = tmp_path / "mig.yaml"
     cfg.write_text(MIG_YAML)
     yield sim, cfg
     live.use_node_name(None)
-    config._load.cache_clear()
 
 
 @pytest.mark.parametrize("gres", ["Name=gpu File=/dev/nvidia[0-1]\n",

@@ -32,12 +32,17 @@ def env(tmp_path: Path) -> dict[str, str]:
     return dict(e, SLURM_GPU_CONFIG=str(cfg), SLURMD_NODENAME="fast1", PYTHONPATH=str(ROOT))
 
 
-def _both(env: dict[str, str], *argv: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+def _as_click_does(env: dict[str, str], argv: list[str], path: str) -> subprocess.CompletedProcess:
+    """Runs *argv* through the entry point and through click: the entry point took
+    *path* (``CLICK`` or ``NOCLICK``) and printed the same bytes with the same exit code."""
     fast = subprocess.run([sys.executable, "-c", _ENTRY, *argv], capture_output=True, text=True,
                           cwd=str(ROOT), env=env, timeout=120)
     slow = subprocess.run([sys.executable, "-c", _CLICK, *argv], capture_output=True, text=True,
                           cwd=str(ROOT), env=env, timeout=120)
-    return fast, slow
+    assert fast.stderr.splitlines()[-1] == path, fast.stderr
+    assert (fast.returncode, fast.stdout, fast.stderr.rsplit(path, 1)[0]) == \
+        (slow.returncode, slow.stdout, slow.stderr)
+    return fast
 
 
 @pytest.mark.parametrize("argv", [
@@ -52,10 +57,7 @@ def _both(env: dict[str, str], *argv: str) -> tuple[subprocess.CompletedProcess,
     ["inventory", "--overlay", "x.json"],
 ])
 def test_plain_argv_runs_without_click_and_prints_what_click_prints(env, argv) -> None:
-    fast, slow = _both(env, *argv)
-    assert fast.stderr.splitlines()[-1] == "NOCLICK", fast.stderr
-    assert (fast.returncode, fast.stdout, fast.stderr.rsplit("NOCLICK", 1)[0]) == \
-        (slow.returncode, slow.stdout, slow.stderr)
+    fast = _as_click_does(env, argv, "NOCLICK")
     assert "\033" not in fast.stdout   # not a terminal: escapes stripped, as click.echo does
 
 
@@ -71,10 +73,7 @@ def test_plain_argv_runs_without_click_and_prints_what_click_prints(env, argv) -
     ["inventory", "--snapshot", ""],
 ])
 def test_anything_unusual_goes_to_click(env, argv) -> None:
-    fast, slow = _both(env, *argv)
-    assert fast.stderr.splitlines()[-1] == "CLICK", fast.stderr
-    assert (fast.returncode, fast.stdout, fast.stderr.rsplit("CLICK", 1)[0]) == \
-        (slow.returncode, slow.stdout, slow.stderr)
+    _as_click_does(env, argv, "CLICK")
 
 
 def test_debug_goes_to_click(env) -> None:

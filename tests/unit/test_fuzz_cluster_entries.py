@@ -50,20 +50,17 @@ _value = st.one_of(_text, st.integers(-(1 << 70), 1 << 70), st.floats(allow_nan=
                    st.lists(st.integers(-5, 5), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
+# field -> (on the first GPU, else on the node; the model's key; the value in a list)
+_PLAIN = {"name": (True, "name", False), "minor": (True, "minor", False), "core": (True, "cores", True),
+          "bus": (True, "pci_bus_id", False), "memory": (False, "memory_bytes", False),
+          "note": (False, "notes", True)}
+
+
 def _set(node: dict[str, Any], field: str, value: Any) -> None:
     g = node["gpus"][0]
-    if field == "name":
-        g["name"] = value
-    elif field == "minor":
-        g["minor"] = value
-    elif field == "core":
-        g["cores"] = [value]
-    elif field == "bus":
-        g["pci_bus_id"] = value
-    elif field == "memory":
-        node["memory_bytes"] = value
-    elif field == "note":
-        node["notes"] = [value]
+    if field in _PLAIN:
+        on_gpu, key, listed = _PLAIN[field]
+        (g if on_gpu else node)[key] = [value] if listed else value
     elif field in ("profile", "gi_cap_minor", "gi_id"):
         inst = {"gi_id": 1, "ci_id": 0, "profile": "3g.40gb", "gi_profile_id": 2, "ci_profile_id": 2,
                 "placement_start": 0, "placement_size": 4, "memory_bytes": 1 << 30, "sm_count": 60,

@@ -20,6 +20,7 @@ from slurm_gpu.errors import UsageError
 from slurm_gpu.mig.planner import Request, plan, plan_gpu
 from slurm_gpu.mig.profiles import (find_model, identify, model_by_pci, models, pci_device)
 from slurm_gpu.paths import data_file
+from test_mig_planner import enabled_layouts
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mig"
 
@@ -40,27 +41,21 @@ def _cases() -> tuple[list[tuple[str, str, str, dict[str, int]]], list[tuple[str
     and (source, config, profile) for each profile that applies to no model."""
     cases, orphans = [], []
     for src, cfg in _configs().items():
-        for name, entries in cfg["mig-configs"].items():
-            for e in entries:
-                devs = e.get("mig-devices") or {}
-                if not e.get("mig-enabled") or not devs:
-                    continue
-                filt = e.get("device-filter")
-                filt = [filt] if isinstance(filt, str) else filt
-                if filt:
-                    # A filter names models exactly: each of its ids must be one we know.
-                    targets = []
-                    for f in filt:
-                        m = model_by_pci(f)
-                        assert m is not None, f"{src} {name}: device {f} is no known model"
-                        targets.append(m)
-                else:
-                    # By the models' own names, not a board variant's second name.
-                    targets = [m for m in models() if all(p in {q.name for q in m.profiles} for p in devs)]
-                if not targets:
-                    orphans += [(src, name, p) for p in devs]
-                for m in dict.fromkeys(targets):
-                    cases.append((src, name, m.key, dict(devs)))
+        for name, devs, filt in enabled_layouts(cfg):
+            if filt:
+                # A filter names models exactly: each of its ids must be one we know.
+                targets = []
+                for f in filt:
+                    m = model_by_pci(f)
+                    assert m is not None, f"{src} {name}: device {f} is no known model"
+                    targets.append(m)
+            else:
+                # By the models' own names, not a board variant's second name.
+                targets = [m for m in models() if all(p in {q.name for q in m.profiles} for p in devs)]
+            if not targets:
+                orphans += [(src, name, p) for p in devs]
+            for m in dict.fromkeys(targets):
+                cases.append((src, name, m.key, dict(devs)))
     return cases, orphans
 
 

@@ -103,3 +103,33 @@ def test_a_lost_gpu_is_a_gpu_error_saying_so(tmp_path: Path) -> None:
         gpus.name(0)
     assert ei.value.lost and ei.value.name == "NVML_ERROR_GPU_IS_LOST"
     assert gpus.name(1).startswith("NVIDIA H100")
+
+
+class _Denied:
+    """NVML that has one GPU and refuses every MIG query (NVML_ERROR_NO_PERMISSION)."""
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"gpu{index}"
+
+    def _no(self, *args: object) -> None:
+        from slurm_gpu.hw.nvml_api import NVMLError
+        from slurm_gpu.hw.nvml_constants import NVML_ERROR_NO_PERMISSION
+        raise NVMLError(NVML_ERROR_NO_PERMISSION)
+
+    def nvmlDeviceGetMigMode(self, *args: object) -> None:
+        self._no()
+
+    def nvmlDeviceGetGpuInstanceById(self, *args: object) -> None:
+        self._no()
+
+
+def test_a_denied_mig_query_is_an_error_naming_its_call_not_no_mig() -> None:
+    from slurm_gpu.hw.gpudata import INSTANCE_LOOKUP
+    from slurm_gpu.hw.gpus_nvml import NvmlGpus
+    gpus = NvmlGpus(_Denied())  # type: ignore[arg-type]
+    for call, name in ((lambda: gpus.mig_mode(0), "nvmlDeviceGetMigMode"),
+                       (lambda: gpus.gpu_instances(0), "nvmlDeviceGetGpuInstanceById"),
+                       (lambda: gpus.destroy_gpu_instance(0, 1), INSTANCE_LOOKUP)):
+        with pytest.raises(GpuError) as ei:
+            call()
+        assert (ei.value.call, ei.value.name) == (name, "NVML_ERROR_NO_PERMISSION")

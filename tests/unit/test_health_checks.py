@@ -98,6 +98,17 @@ def test_fabric_state_and_health_mask_on_gb200():
     assert [f.severity for f in gc.check_fabric(gather("gb200-nvl", starting))] == [WARN]
 
 
+def test_fabric_health_mask_fields_are_nvml_h_s():
+    # nvml.h's mask ends with "partition assigned" at bits 12-13 (NOT_SUPPORTED 0,
+    # TRUE 1, FALSE 2); bits 14 and up name nothing, so they raise nothing.
+    def findings(mask: int) -> list[tuple[str, str]]:
+        o = {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 1, "out": {"healthMask": mask}}]}
+        return [(f.severity, f.message) for f in gc.check_fabric(gather("gb200-nvl", o))]
+    bus = gather("gb200-nvl").gpus[1].bus_id
+    assert findings(2 << 12) == [(WARN, f"NVLink fabric partition not assigned to {bus}")]
+    assert findings(1 << 12) == findings(2 << 14) == []
+
+
 def test_nvlink_pair_with_unwired_slots_is_not_down():
     # mini-2numa: an NVLink-bridged pair, 12 of 18 link slots wired: healthy.
     assert gc.check_nvlink(gather("mini-2numa"), model_links("mini-2numa")) == []

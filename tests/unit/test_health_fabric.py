@@ -147,6 +147,61 @@ def test_fabric_registration_on_gb200_and_hgx():
     assert [f.applicable for f in fabric.check_fabric_registration(gather("h100-sxm-8x"))] == [False]
 
 
+def test_fabric_health_summary_reports_degradation_and_drains_nothing_by_itself():
+    """nvmlGpuFabricInfo_v3_t's healthSummary (nvml.h: NOT_SUPPORTED 0, HEALTHY 1,
+    UNHEALTHY 2, LIMITED_CAPACITY 3) is read, and reported as a warning: the
+    summary proves no fault; the mask fields that do (route unhealthy,
+    incorrect configuration) drain in gpu.fabric."""
+    h = gather("gb200-nvl")
+    bus = h.gpus[1].bus_id
+    limited = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 1,
+                                              "out": {"healthSummary": 3}}]})
+    assert limited.gpus[1].fabric_health_summary == 3
+    assert [(f.severity, f.message) for f in fabric.check_fabric_registration(limited)] == [
+        (WARN, f"NVLink fabric of {bus} at limited capacity (NVML fabric health summary)")]
+    unhealthy = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": 1,
+                                                "out": {"healthSummary": 2}}]})
+    assert [(f.severity, f.message) for f in fabric.check_fabric_registration(unhealthy)] == [
+        (WARN, f"NVLink fabric of {bus} unhealthy (NVML fabric health summary)")]
+    healthy = gather("gb200-nvl", {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "out": {"healthSummary": 1}}]})
+    assert fabric.check_fabric_registration(healthy) == []
+
+
+class _VersionedFabricApi:
+    """A driver's nvmlDeviceGetGpuFabricInfoV: it answers the structure versions
+    it knows and ARGUMENT_VERSION_MISMATCH for a newer one (nvml.h)."""
+
+    def __init__(self, known: int) -> None:
+        self.known, self.asked = known, []
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device, ref):
+        from slurm_gpu.hw import nvml_constants as C
+        from slurm_gpu.hw.nvml_api import NVMLError
+        info = ref._obj
+        self.asked.append(info.version >> 24)
+        if info.version >> 24 > self.known:
+            raise NVMLError(C.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.state, info.cliqueId, info.healthMask = 3, 5, 2
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = 3
+        return 0
+
+
+def test_fabric_info_v3_then_v2_on_an_older_driver():
+    import ctypes
+    from slurm_gpu.hw import nvml_constants as C
+    from slurm_gpu.hw.nvml import read_fabric_fields
+    from slurm_gpu.hw.nvml_api import Reader
+    from slurm_gpu.hw.nvml_structs import c_nvmlGpuFabricInfo_v3_t
+    # NVML_STRUCT_VERSION(GpuFabricInfo, 3): sizeof | 3 << 24
+    assert C.nvmlGpuFabricInfo_v3 == ctypes.sizeof(c_nvmlGpuFabricInfo_v3_t) | 3 << 24
+    new = _VersionedFabricApi(3)
+    assert read_fabric_fields(Reader(new), object())["health_summary"] == 3 and new.asked == [3]
+    old = _VersionedFabricApi(2)
+    f = read_fabric_fields(Reader(old), object())
+    assert (f["health_mask"], f["health_summary"], old.asked) == (2, 0, [3, 2])
+
+
 # ---------------------------------------------------------------- daemons
 
 RUNS = iter(range(1, 10 ** 6))

@@ -182,3 +182,40 @@ def test_adopt_moves_the_recorded_daemon_even_without_the_pipe_variable(
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def test_hold_is_in_one_v1_hierarchy_or_the_v2_one_never_cpuset(tmp_path: Path) -> None:
+    """Without RunInJob the daemon waits in <mount>/slurm_gpu_mps_hold/<node>/job_<id>:
+    freezer first on v1 (where Slurm's proctrack makes the job's cgroup), v2's root
+    where only v2 is mounted; nothing for a job id or node name that is no path part."""
+    mi = tmp_path / "mi"
+    mi.write_text(V1.format(root=tmp_path) +
+                  f"40 25 0:35 / {tmp_path}/cpuset rw - cgroup cgroup rw,cpuset\n")
+    assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == [
+        f"{tmp_path}/freezer/{jobcgroup.HOLD}/n1/job_7"]
+    mi.write_text(f"40 25 0:35 / {tmp_path}/cpuset rw - cgroup cgroup rw,cpuset\n"
+                  f"41 25 0:36 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n")
+    assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == [
+        f"{tmp_path}/memory/{jobcgroup.HOLD}/n1/job_7"]
+    mi.write_text(V2.format(root=tmp_path))
+    assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == [
+        f"{tmp_path}/{jobcgroup.HOLD}/n1/job_7"]
+    for jobid, node in (("7", "../n1"), ("7", ".."), ("7", ""), ("7/..", "n1"), ("", "n1")):
+        assert jobcgroup.hold_dirs(jobid, node, mountinfo=str(mi)) == []
+    mi.write_text("")
+    assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == []
+
+
+def test_a_recorded_hold_is_believed_only_in_its_own_shape(tmp_path: Path) -> None:
+    """The epilog ends everything in the recorded hold: a state file's path must be
+    the job's own hold under a cgroup mount, never another job's or another place."""
+    pts = [f"{tmp_path}/freezer"]
+    good = f"{tmp_path}/freezer/{jobcgroup.HOLD}/n1/job_7"
+    assert jobcgroup.is_hold(good, "7", pts)
+    for bad in (f"{tmp_path}/freezer/{jobcgroup.HOLD}/n1/job_8",
+                f"{tmp_path}/memory/{jobcgroup.HOLD}/n1/job_7",
+                f"{tmp_path}/freezer/other/n1/job_7",
+                f"{tmp_path}/freezer/{jobcgroup.HOLD}/../job_7",
+                f"{tmp_path}/freezer/x/../{jobcgroup.HOLD}/n1/job_7",
+                f"{tmp_path}/freezer/slurm_n1/uid_1001/job_7"):
+        assert not jobcgroup.is_hold(bad, "7", pts), bad

@@ -73,6 +73,10 @@ class Env:
         self.mig = MigSettings()
         self.state_dir = str(self.base / "state")
         self.logs: list[str] = []
+        # The node's name names the daemon's holding cgroup on this host's real
+        # cgroup filesystem: one of its own, so runs side by side never meet.
+        from slurm_gpu import hostctx
+        hostctx.node_name = f"sgt{os.getpid()}-{self.base.name[-8:]}"
 
     def api(self):
         return backend.open_gpus(backend.GpuSource("sim", self.sim))
@@ -108,6 +112,8 @@ class Env:
         pipe = Path(self.mps.base_dir) / jobid / "pipe"
         if daemon_pids(pipe):
             out.append("daemon")
+        if any(os.path.exists(h) for h in self.hold(jobid)):
+            out.append("holding cgroup")
         return out
 
     def close(self) -> None:
@@ -115,6 +121,17 @@ class Env:
             for p in daemon_pids(d):
                 os.kill(p, 9)
         shutil.rmtree(self.base, ignore_errors=True)
+        from slurm_gpu.jobs import jobcgroup
+        for jobid in ("100", "101", "102", "7", "9"):   # a test that skipped half-way left its hold
+            held = [h for h in self.hold(jobid) if os.path.isdir(h)]
+            jobcgroup.kill_all(held, 2.0)
+            jobcgroup.remove(held)
+
+    def hold(self, jobid: str = "100") -> list[str]:
+        """The job's holding cgroup on this host (no job cgroup: no PrologFlags=RunInJob)."""
+        from slurm_gpu import hostctx
+        from slurm_gpu.jobs import jobcgroup
+        return jobcgroup.hold_dirs(jobid, hostctx.node_name or "")
 
 
 @pytest.fixture()
@@ -1171,3 +1188,193 @@ def test_entries_planted_before_the_daemon_starts_fail_the_job_not_the_node(
         assert node.leftovers() == []
     finally:
         agent.close()
+
+
+def _our_clients(ctl: Path) -> list[int]:
+    """PIDs of this process's children running *ctl* as a client (no ``-d``)."""
+    out = []
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        for pid in Path(f"/proc/{os.getpid()}/task/{tid}/children").read_text().split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            except OSError:
+                continue
+            if argv == [str(ctl).encode()]:
+                out.append(int(pid))
+    return out
+
+
+@pytest.mark.parametrize("sig", [9, 19])            # SIGKILL, SIGSTOP
+def test_user_signalling_the_prologs_clients_fails_the_job_not_the_node(
+        node: Env, monkeypatch, sig: int) -> None:
+    """The client sessions run as the job user, so any other process of theirs can kill
+    or stop them (issue 24 §1, reproduced with NVIDIA's 535 binary): the job fails, the
+    node stays up.  The daemon is held (as root) until the first client is caught, so
+    the attack always lands; the user's agent then signals every client it sees."""
+    import threading
+    _short_start(node)
+    agent = Agent(f"os.kill(int(arg), {sig})")
+    done = threading.Event()
+    held: list[int] = []
+
+    def attack() -> None:
+        hit: set[int] = set()
+        while not done.is_set():
+            for pid in _our_clients(node.ctl):
+                if pid not in hit:
+                    hit.add(pid)
+                    try:
+                        agent.do(str(pid))
+                    except (AssertionError, BrokenPipeError):
+                        return
+            if hit and held:
+                os.kill(held.pop(), 18)             # SIGCONT: root lets the daemon go on
+            time.sleep(0.001)
+
+    def hold_daemon(pipe: Path, log: Path) -> None:
+        held.extend(daemon_pids(pipe))
+        for pid in held:
+            os.kill(pid, 19)
+    _hook_first_control(monkeypatch, hold_daemon)
+    t = threading.Thread(target=attack)
+    t.start()
+    try:
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs                 # the node stays up
+        st = js.load(node.state_dir, "100")
+        assert st.phase == "failed" and "control client was" in st.error, st.error
+    finally:
+        done.set()
+        t.join()
+        agent.close()
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
+
+
+@pytest.mark.parametrize("sig", [9, 19])            # SIGKILL, SIGSTOP
+def test_user_signalling_the_launcher_fails_the_job_not_the_node(
+        node: Env, monkeypatch, sig: int) -> None:
+    """``nvidia-cuda-mps-control -d`` runs as the job user: a process of theirs killing
+    it (a kill(-1, SIGKILL) loop, reproduced with NVIDIA's binary) ends it by a signal,
+    which the runner returns as a negative status; stopping it makes the runner time
+    out on a stopped process (test_runner.py shows both on real processes).  Here the
+    launcher is hit right after it forked the daemon, as the loop does; the job fails,
+    the node stays up."""
+    from slurm_gpu import runner
+    _short_start(node)
+    real = runner.run
+
+    def run(argv, *a, **kw):
+        res = real(argv, *a, **kw)
+        if list(argv)[1:] == ["-d"] and sig == 19:
+            raise runner.TimedOut("nvidia-cuda-mps-control timed out after 1 s (it was stopped)",
+                                  " ".join(argv), stopped=True)
+        if list(argv)[1:] == ["-d"]:
+            return res._replace(returncode=-9)
+        return res
+    monkeypatch.setattr(runner, "run", run)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    want = "launcher was killed by signal 9" if sig == 9 else "launcher was stopped"
+    assert st.phase == "failed" and want in st.error, st.error
+    monkeypatch.setattr(runner, "run", real)
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
+
+
+# -- issue 24: without PrologFlags=RunInJob the daemon waits for the job's cgroup ------
+
+def _cgroup_of(pid: int, point: str) -> str:
+    """*pid*'s cgroup in the hierarchy mounted at *point*, as a path under it."""
+    from slurm_gpu.jobs import jobcgroup
+    version, ctrls = next((v, c) for p, v, c in jobcgroup.mounts() if p == point)
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _id, names, path = line.split(":", 2)
+        if (version == 2 and names == "") or (version == 1 and set(ctrls) & set(names.split(","))):
+            return point + path
+    raise AssertionError(f"{pid} in no cgroup of {point}")
+
+
+def _orphan_from(daemon: int, how: str, hold: list[str]) -> int:
+    """A process of the job user's that the daemon started and orphaned: no
+    pipe variable, parent init, outside the daemon's process tree.
+
+    ``gdb``: the review's attack, another process of the user attaching to the
+    daemon (same uid, no Yama) and making it call system().  ``joined``: a
+    process started in the daemon's cgroup as the daemon was, which double-forks
+    (what the kernel does to the daemon's own children, without ptrace)."""
+    from slurm_gpu import runner
+    from slurm_gpu.jobs import jobcgroup
+    u = pwd.getpwnam("sgtest1")
+    code = "env -i setsid /bin/sleep 777 </dev/null >/dev/null 2>&1 &"
+    if how == "gdb":
+        gdb = shutil.which("gdb")
+        if gdb is None:
+            pytest.skip("no gdb here")
+        r = subprocess.run([gdb, "-nx", "-batch", "-p", str(daemon), "-ex",
+                            f'call (int)system("{code}")'], user=u.pw_uid, group=u.pw_gid,
+                           extra_groups=[], env={},
+                           capture_output=True, text=True, timeout=60)
+        if "$1 = 0" not in r.stdout:
+            pytest.skip(f"the job user cannot ptrace here: {r.stderr.strip()[-200:]}")
+    else:
+        runner.run(["/bin/sh", "-c", code], 10, env={"PATH": runner.SAFE_PATH},
+                   run_as=runner.RunAs(u.pw_uid, u.pw_gid), join_cgroups=jobcgroup.procs_files(hold))
+    for _ in range(1000):
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes() == \
+                        b"/bin/sleep\x00777\x00" and os.stat(f"/proc/{pid}").st_uid == u.pw_uid:
+                    return int(pid)
+            except OSError:
+                pass
+        time.sleep(0.01)
+    raise AssertionError("the orphan never started")
+
+
+@pytest.mark.parametrize("how", ["gdb", "joined"])
+@pytest.mark.parametrize("first_step", [False, True], ids=["no step", "first step"])
+def test_what_the_daemon_orphans_before_the_jobs_cgroup_exists_stays_in_the_job(
+        node: Env, how: str, first_step: bool) -> None:
+    """Without RunInJob (22.05) the prolog runs before Slurm makes the job's cgroup.
+    A process the daemon started and orphaned (``gdb -p <daemon> -ex 'call
+    system("env -i setsid sleep 777 &")'`` from another process of the user) left
+    the daemon's process tree: it must still be moved into the job's cgroup by the
+    first step, and ended by the epilog, never run on in slurmd's cgroup after the job."""
+    from slurm_gpu import hostctx
+    from slurm_gpu.jobs import jobcgroup, mps
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    (daemon, _start), = st.mps["daemon"]
+    hold = node.hold()
+    assert hold and st.mps["hold"] == hold
+    point = hold[0][:hold[0].index("/" + jobcgroup.HOLD + "/")]
+    assert _cgroup_of(daemon, point) == hold[0]                  # held from its exec on
+    orphan = _orphan_from(daemon, how, hold)
+    job = None
+    try:
+        assert _cgroup_of(orphan, point) == hold[0]
+        if first_step:
+            # Slurm makes the job's cgroup after the prolog; the first step adopts.
+            v2 = next(v for p, v, _c in jobcgroup.mounts() if p == point) == 2
+            job = Path(point) / (f"{hostctx.node_name}_slurmstepd" if v2 else
+                                 f"slurm_{hostctx.node_name}/uid_{_uid('sgtest1')}") / "job_100"
+            job.mkdir(parents=True)
+            assert mps.adopt(node.state_dir, "100") == [str(job / jobcgroup.NAME)]
+            for pid in (daemon, orphan):
+                assert _cgroup_of(pid, point) == str(job / jobcgroup.NAME)
+            assert not os.path.exists(hold[0])
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert not _alive(orphan)
+        assert node.leftovers() == []
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, 9)
+        if job is not None:
+            for d in (job / jobcgroup.NAME, job, job.parent, job.parent.parent):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass

@@ -13,8 +13,6 @@ from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.state import JobFailed, task_env, task_share
 from slurm_gpu.mig import blockers
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_save_load_remove_atomic(tmp_path: Path) -> None:
     st = js.new("12", uid=1001, gid=1001, user="sgtest1")
@@ -185,15 +183,8 @@ def test_blockers_found_in_proc_and_slurm_conf(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="MIG changes need root (as NVML)")
-def test_mig_apply_acts_only_on_drift(tmp_path: Path, monkeypatch, capsys) -> None:
-    from slurm_gpu import config
-    from slurm_gpu_devkit.sim.state import init_state_for_machine
-    sim = tmp_path / "sim.json"
-    init_state_for_machine(str(ROOT / "tests/data/machines/mini-2numa"), str(sim))
-    conf = tmp_path / "c.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{sim}"\nstate_dir = "{tmp_path}/var"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
-    config._load.cache_clear()
+def test_mig_apply_acts_only_on_drift(tmp_path: Path, sim_config: Path, capsys) -> None:
+    sim = sim_config
     cfg = tmp_path / "mig.yaml"
     cfg.write_text("version: v1\nmig-configs:\n  balanced:\n    - devices: [1]\n"
                    "      mig-enabled: true\n      mig-devices:\n        \"3g.47gb\": 1\n"
@@ -218,7 +209,6 @@ def test_mig_apply_acts_only_on_drift(tmp_path: Path, monkeypatch, capsys) -> No
     jobstate.save(tmp_path / "var", st)
     assert main(["mig", "apply", str(cfg), "-c", "off"]) == 1
     assert "in use by job 77" in capsys.readouterr().err
-    config._load.cache_clear()
 
 
 def test_mig_apply_bad_config(tmp_path: Path, capsys) -> None:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -39,24 +41,30 @@ def test_placements_equal_real_lgipp(letter: str, model: str) -> None:
     assert set(real) <= {p.id for p in m.profiles}
 
 
-def _parted_layouts() -> list[tuple[str, str, dict[str, int]]]:
-    data = yaml.safe_load((DATA / "mig-parted-config-default.yaml").read_text())
-    out = []
-    for name, entries in data["mig-configs"].items():
+def enabled_layouts(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, int], list[str]]]:
+    """(config name, mig-devices, device-filter: [] for any GPU) of each entry of a
+    mig-parted style config that enables MIG with instances."""
+    for name, entries in config["mig-configs"].items():
         for e in entries:
             devs = e.get("mig-devices") or {}
             if not e.get("mig-enabled") or not devs:
                 continue
             filt = e.get("device-filter")
-            filt = [filt] if isinstance(filt, str) else filt
-            ids = {int(f, 16) >> 16 for f in filt} if filt else None
-            for m in MODELS:
-                if ids is not None and not ids & set(m.pci_device_ids):
-                    continue
-                # By the model's own names: an unfiltered layout of another model's
-                # names does not apply through a board variant's second name (GB200's 1g.24gb).
-                if all(p in {q.name for q in m.profiles} for p in devs):
-                    out.append((name, m.key, devs))
+            yield name, devs, [filt] if isinstance(filt, str) else filt or []
+
+
+def _parted_layouts() -> list[tuple[str, str, dict[str, int]]]:
+    data = yaml.safe_load((DATA / "mig-parted-config-default.yaml").read_text())
+    out = []
+    for name, devs, filt in enabled_layouts(data):
+        ids = {int(f, 16) >> 16 for f in filt} if filt else None
+        for m in MODELS:
+            if ids is not None and not ids & set(m.pci_device_ids):
+                continue
+            # By the model's own names: an unfiltered layout of another model's
+            # names does not apply through a board variant's second name (GB200's 1g.24gb).
+            if all(p in {q.name for q in m.profiles} for p in devs):
+                out.append((name, m.key, devs))
     return out
 
 
@@ -143,7 +151,7 @@ def test_plan_cli_unknown_model(capsys) -> None:
 @pytest.mark.parametrize("name,key", [
     ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
     ("NVIDIA A100 80GB PCIe", "a100-80gb"), ("NVIDIA H100 80GB HBM3", "h100-80gb"),
-    ("NVIDIA H100 PCIe", "h100-80gb"), ("NVIDIA H100 NVL", "h100-nvl"),
+    ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 NVL", "h100-nvl"),
     ("NVIDIA H200", "h200"), ("NVIDIA H200 141GB HBM3e", "h200"), ("NVIDIA B200", "b200"),
     ("NVIDIA A30", "a30"), ("h100-94gb", "h100-94gb"), ("NVIDIA GH200 480GB", "gh200-96gb"),
     ("Tesla V100-SXM2-32GB", None)])

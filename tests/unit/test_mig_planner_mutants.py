@@ -79,13 +79,13 @@ def test_placements_are_exactly_these():
     got = plan("1c.3g.40gb,2x2g.20gb", H100)[0]
     assert [p.to_dict() for p in got] == [
         {"profile": "3g.40gb", "name": "1c.3g.40gb", "gi_profile_id": 9, "start": 4, "size": 4, "ci_slices": 1,
-         "ci_profile": 0, "ci_start": 0, "memory_mb": 40960, "sm_count": 16},
+         "ci_profile": 0, "ci_start": 0, "memory_mb": 40448, "sm_count": 20},
         {"profile": "2g.20gb", "name": "2g.20gb", "gi_profile_id": 14, "start": 0, "size": 2, "ci_slices": 2,
-         "ci_profile": 1, "ci_start": 0, "memory_mb": 20480, "sm_count": 32},
+         "ci_profile": 1, "ci_start": 0, "memory_mb": 20096, "sm_count": 32},
         {"profile": "2g.20gb", "name": "2g.20gb", "gi_profile_id": 14, "start": 2, "size": 2, "ci_slices": 2,
-         "ci_profile": 1, "ci_start": 0, "memory_mb": 20480, "sm_count": 32},
+         "ci_profile": 1, "ci_start": 0, "memory_mb": 20096, "sm_count": 32},
     ]
-    assert got[0] == Placement("3g.40gb", 9, 2, 4, 4, 1, 0, 0, 40960, 16)
+    assert got[0] == Placement("3g.40gb", 9, 2, 4, 4, 1, 0, 0, 40448, 20)
 
 
 def test_a_whole_gpu_and_a_model_without_published_sizes():
@@ -109,22 +109,22 @@ def test_occupied_slices_are_avoided():
     got = plan_gpu([Request("1g.10gb"), Request("1g.10gb")], H100, occupied=frozenset({0, 1, 5}))
     assert [p.start for p in got] == [2, 3]
     assert plan("2g.20gb", H100, 2, occupied=[frozenset({0, 1}), frozenset({0, 1, 2, 3})]) == [
-        [Placement("2g.20gb", 14, 1, 2, 2, 2, 1, 0, 20480, 32)],
-        [Placement("2g.20gb", 14, 1, 4, 2, 2, 1, 0, 20480, 32)]]
+        [Placement("2g.20gb", 14, 1, 2, 2, 2, 1, 0, 20096, 32)],
+        [Placement("2g.20gb", 14, 1, 4, 2, 2, 1, 0, 20096, 32)]]
 
 
 # ------------------------------------------------------------ plan errors
 
 @pytest.mark.parametrize("layout,line", [
-    ("3g.41gb", "slurm-gpu: 3g.41gb is not a MIG profile of the NVIDIA H100 80GB (SXM5, PCIe) (valid: 1g.10gb, "
+    ("3g.41gb", "slurm-gpu: 3g.41gb is not a MIG profile of the NVIDIA H100 80GB (SXM5) (valid: 1g.10gb, "
                 "1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb) (--gpu-mig)"),
     ("5c.3g.40gb", "slurm-gpu: 5c.3g.40gb: a 3g.40gb instance takes compute instances of 1c, 2c, 3c (--gpu-mig)"),
-    ("8x1g.10gb", "slurm-gpu: MIG layout 8x1g.10gb asks for 8 x 1g.10gb; the NVIDIA H100 80GB (SXM5, PCIe) has "
+    ("8x1g.10gb", "slurm-gpu: MIG layout 8x1g.10gb asks for 8 x 1g.10gb; the NVIDIA H100 80GB (SXM5) has "
                   "room for at most 7 (--gpu-mig)"),
-    ("2x4g.40gb", "slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb; the NVIDIA H100 80GB (SXM5, PCIe) has "
+    ("2x4g.40gb", "slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb; the NVIDIA H100 80GB (SXM5) has "
                   "room for at most 1 (--gpu-mig)"),
     ("4g.40gb,2g.20gb,2g.20gb", "slurm-gpu: MIG layout 4g.40gb,2x2g.20gb needs 8 compute slices; the NVIDIA H100 "
-                                "80GB (SXM5, PCIe) has 7 (--gpu-mig)"),
+                                "80GB (SXM5) has 7 (--gpu-mig)"),
     ("3g.40gb,3g.40gb,1g.10gb", "slurm-gpu: MIG layout 2x3g.40gb,1g.10gb needs 9 of 8 memory slices; 8 are free "
                                 "(--gpu-mig)"),
     ("4x1g.20gb,1g.10gb", "slurm-gpu: MIG layout 4x1g.20gb,1g.10gb needs 9 of 8 memory slices; 8 are free "
@@ -149,13 +149,13 @@ def test_exactly_full_gpus_fit():
         "slurm-gpu: MIG layout 4g.40gb,1g.10gb needs 5 of 8 memory slices; 4 are free (--gpu-mig)")
     assert error(plan_gpu, [Request("4g.40gb")], H100, occupied=frozenset({1}), where="job 7") == (
         "slurm-gpu: MIG layout 4g.40gb has no valid placement with the node's existing instances on the NVIDIA "
-        "H100 80GB (SXM5, PCIe) (4g.40gb at {0}:4) (job 7)")
+        "H100 80GB (SXM5) (4g.40gb at {0}:4) (job 7)")
 
 
 def test_no_placement_names_every_profiles_starts_largest_first():
     assert error(plan_gpu, [Request("1g.10gb"), Request("2g.20gb")], H100, occupied=frozenset({1, 3, 5})) == (
         "slurm-gpu: MIG layout 1g.10gb,2g.20gb has no valid placement with the node's existing instances on the "
-        "NVIDIA H100 80GB (SXM5, PCIe) (2g.20gb at {0,2,4}:2; 1g.10gb at {0,1,2,3,4,5,6}:1) (--gpu-mig)")
+        "NVIDIA H100 80GB (SXM5) (2g.20gb at {0,2,4}:2; 1g.10gb at {0,1,2,3,4,5,6}:1) (--gpu-mig)")
 
 
 def test_per_gpu_layout_count_must_match():

@@ -342,3 +342,14 @@ def test_remote_type_unknown_is_judged_by_pci_address(name: str) -> None:
     assert [g.nvlinks for g in got.gpus] == [g.nvlinks for g in expected.gpus]
     kinds = {l.peer_kind for g in got.gpus for l in g.nvlinks}
     assert kinds == ({"gpu"} if name == "mini-2numa" else {"nvswitch"})
+
+
+def test_fabric_info_v3_is_v2_then_the_health_summary_as_nvml_h_lays_them_out() -> None:
+    import ctypes
+
+    from slurm_gpu.hw.nvml_structs import c_nvmlGpuFabricInfo_v2_t as V2
+    from slurm_gpu.hw.nvml_structs import c_nvmlGpuFabricInfo_v3_t as V3
+    assert [f[0] for f in V3._fields_] == [f[0] for f in V2._fields_] + ["healthSummary"]
+    assert (ctypes.sizeof(V2), ctypes.sizeof(V3), V3.healthSummary.offset) == (36, 40, 36)
+    # NVML_STRUCT_VERSION(GpuFabricInfo, N): sizeof | N << 24
+    assert (V2().version, V3().version) == (36 | 2 << 24, 40 | 3 << 24)

@@ -18,13 +18,17 @@ def test_runs_argv_without_a_shell() -> None:
     assert res.ok
 
 
-def test_timeout_kills_the_process_group(tmp_path) -> None:
-    pidfile = tmp_path / "child.pid"
-    script = f"sleep 30 & echo $! > {pidfile}; wait"
+def _seconds_to_time_out(script: str) -> float:
+    """How long run() took to give up on sh *script* with a 0.5 s timeout."""
     t0 = time.monotonic()
     with pytest.raises(CommandError, match="timed out after 0.5 s"):
         run(["/bin/sh", "-c", script], timeout=0.5)
-    assert time.monotonic() - t0 < 5
+    return time.monotonic() - t0
+
+
+def test_timeout_kills_the_process_group(tmp_path) -> None:
+    pidfile = tmp_path / "child.pid"
+    assert _seconds_to_time_out(f"sleep 30 & echo $! > {pidfile}; wait") < 5
     grandchild = int(pidfile.read_text())
     # The grandchild was in the same process group and must be gone too.
     for _ in range(50):
@@ -35,6 +39,18 @@ def test_timeout_kills_the_process_group(tmp_path) -> None:
         time.sleep(0.05)
     else:
         pytest.fail("grandchild survived the timeout")
+
+
+def test_timeout_says_whether_the_command_was_stopped() -> None:
+    """A command stopped (SIGSTOP) when its time runs out is told apart from one that
+    ran and hung: run as a job user, only that user (or root) could have stopped it."""
+    from slurm_gpu.runner import TimedOut
+    with pytest.raises(TimedOut, match="was stopped") as e:
+        run(["/bin/sh", "-c", "kill -STOP $$"], timeout=0.5)
+    assert e.value.stopped
+    with pytest.raises(TimedOut) as e:
+        run(["/bin/sleep", "30"], timeout=0.2)
+    assert not e.value.stopped and "stopped" not in str(e.value)
 
 
 def test_failure_carries_first_stderr_line() -> None:
@@ -71,11 +87,7 @@ def test_timeout_returns_although_a_daemon_holds_the_pipes(tmp_path) -> None:
     # The grandchild leaves the process group (setsid) and keeps stdout open:
     # killpg cannot reach it, and waiting for EOF would hang for its lifetime.
     pidfile = tmp_path / "daemon.pid"
-    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' & sleep 30"
-    t0 = time.monotonic()
-    with pytest.raises(CommandError, match="timed out after 0.5 s"):
-        run(["/bin/sh", "-c", script], timeout=0.5)
-    took = time.monotonic() - t0
+    took = _seconds_to_time_out(f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' & sleep 30")
     try:
         os.kill(int(pidfile.read_text()), 9)
     except (OSError, ValueError):

@@ -1,10 +1,22 @@
 """One network + UTS namespace per node (``--netns``).
 
 Each node gets a veth pair: the host side carries 10.214.x.1/30, the node
-side (inside the namespace) 10.214.x.2/30 with a default route back to the
-host, so every node reaches slurmctld on the first node's host-side address
-(all host-side addresses are local to the root namespace), and forwarding on
-the host-side veths lets nodes reach each other through the host.
+side (inside the namespace) 10.214.x.2/30 with a route to the sandboxes'
+10.214.0.0/16 back to the host, so every node reaches slurmctld on the first
+node's host-side address (all host-side addresses are local to the root
+namespace), and forwarding on the host-side veths lets nodes reach each
+other through the host.
+
+No default route: nothing beyond the host answers a namespace (no NAT), so
+with one, a DNS query from a node (the host's resolv.conf) went out and
+waited out the resolver's timeout (glibc: 5 s, 2 tries) on every name or
+address not in /etc/hosts.  Slurm 24.11's slurmd names every connection it
+accepts by a reverse lookup (conmgr ``_resolve_fd`` -> ``sockaddr_to_string``
+-> ``xgetnameinfo``, a failure is not cached), so each RPC to it took 10 s,
+slurmctld's ``MessageTimeout``: the prolog's ``REQUEST_LAUNCH_PROLOG`` reply
+failed (``_rpc_prolog: Error talking to slurmctld``) and jobs hung in
+COMPLETING.  Without the route the query fails at once (ENETUNREACH), as it
+does in the root namespace, and the lookup falls back to the address.
 
 slurmd enters its namespace with ``setns(2)`` in the child before exec, like
 ``nsenter --net`` does, and unshares a UTS namespace to carry the node's own
@@ -20,6 +32,7 @@ from typing import Callable
 
 from slurm_gpu.errors import SlurmGpuError
 from slurm_gpu.runner import run
+from .registry import NET_RANGE
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUTS = 0x04000000
@@ -80,7 +93,8 @@ def create(n: NodeNet) -> None:
         [*inside, "addr", "add", f"{n.node_addr}/30", "dev", n.veth_node],
         [*inside, "link", "set", n.veth_node, "up"],
         [*inside, "link", "set", "lo", "up"],
-        [*inside, "route", "add", "default", "via", n.host_addr],
+        # Only the sandboxes' range, never "default": see the module's docstring.
+        [*inside, "route", "add", NET_RANGE, "via", n.host_addr],
     ]
     for argv in steps:
         run(argv, timeout=10)

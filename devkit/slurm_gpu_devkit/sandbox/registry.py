@@ -26,6 +26,7 @@ REGISTRY = Path(os.environ.get("SLURM_GPU_SANDBOX_REGISTRY", "/run/slurm-gpu-san
 # do not grab a port between our check and slurmctld's bind.
 PORT_RANGE = (20000, 32000)
 # One /30 per namespaced node inside 10.214.0.0/16: 16384 blocks.
+NET_RANGE = "10.214.0.0/16"
 NET_BLOCKS = 16384
 # An entry younger than this belongs to a sandbox still starting up.
 FRESH_S = 120.0

@@ -429,6 +429,20 @@ def daemon_main(argv: list[str]) -> int:
         return 1
 
 
+def ask(ip: str, port: int, request: str, timeout: float) -> bytes:
+    """The command service's answer line to one *request* (``q``, ``N`` or ``NH``):
+    the exchange ``nvidia-imex-ctl`` makes, for the ctl and for readiness polls."""
+    with socket.create_connection((ip, port), timeout=timeout) as s:
+        s.sendall(request.encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
 def ctl_main(argv: list[str]) -> int:
     cfg_path, ip_port, what, as_json, hostnames = DEFAULT_CONFIG, None, "", False, False
     it = iter(argv)
@@ -459,14 +473,7 @@ def ctl_main(argv: list[str]) -> int:
             return 1
         ip_port = (cfg.get("IMEX_CMD_BIND_INTERFACE_IP") or "127.0.0.1", cfg.get("IMEX_CMD_PORT", "50005"))
     try:
-        with socket.create_connection((ip_port[0], int(ip_port[1])), timeout=2.0) as s:
-            s.sendall(b"q\n" if what == "-q" else (b"NH\n" if hostnames else b"N\n"))
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+        data = ask(ip_port[0], int(ip_port[1]), "q" if what == "-q" else ("NH" if hostnames else "N"), 2.0)
     except (OSError, ValueError):
         print("UNAVAILABLE" if what == "-q" else "Connection to the IMEX daemon failed")
         return 1

@@ -37,6 +37,19 @@ from .nvml import FaultySim, SimNvml, gi_id_for_placement, mig_instances, mig_uu
 _CI_SLICES = {v: k for k, v in CIP_BY_SLICES.items()}
 
 
+def _ci_fit(gi: dict[str, Any], profile: int) -> tuple[int, int, tuple[int, ...]]:
+    """(compute slices of CI *profile*, slices of GPU instance *gi*, the CI starts
+    that fit in it): unknown profile INVALID_ARGUMENT, one the GI cannot hold NOT_SUPPORTED."""
+    if int(profile) not in _CI_SLICES:
+        raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
+    slices = _CI_SLICES[int(profile)]
+    gs = int(gi["slices"])
+    starts = CI_PLACEMENTS.get(gs, {}).get(slices)
+    if not starts:
+        raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+    return slices, gs, tuple(starts)
+
+
 def gi_id_for(model: GpuModel, start: int, size: int) -> int:
     """The GI id the simulator gives a new placement on this GPU model."""
     return gi_id_for_placement(start, size, model.memory_slices)
@@ -232,13 +245,7 @@ class MigSimNvml(SimNvml):
                                                      engProfile: int = 0,
                                                      version: int = 2) -> NvmlStruct:
         i, g, gi = self._gi(gpuInstance)
-        if int(profile) not in _CI_SLICES:
-            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
-        slices = _CI_SLICES[int(profile)]
-        gs = int(gi["slices"])
-        starts = CI_PLACEMENTS.get(gs, {}).get(slices)
-        if not starts:
-            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        slices, gs, starts = _ci_fit(gi, profile)
         name = gi["profile"] if slices == gs else f"{slices}c.{gi['profile']}"
         return NvmlStruct({"id": int(profile), "sliceCount": slices, "instanceCount": len(starts),
                            "multiprocessorCount": int(gi["sm_count"]) * slices // gs,
@@ -250,13 +257,7 @@ class MigSimNvml(SimNvml):
     def _create_ci(self, gpuInstance: Handle, profileId: int, placement: Any) -> Handle:
         i, g, gi = self._gi(gpuInstance)
         self._root()
-        if int(profileId) not in _CI_SLICES:
-            raise NVMLError(C.NVML_ERROR_INVALID_ARGUMENT)
-        size = _CI_SLICES[int(profileId)]
-        gs = int(gi["slices"])
-        starts = CI_PLACEMENTS.get(gs, {}).get(size)
-        if not starts:
-            raise NVMLError(C.NVML_ERROR_NOT_SUPPORTED)
+        size, gs, starts = _ci_fit(gi, profileId)
         with self.edit() as st:
             if self._held(st, i, "create"):
                 raise NVMLError(C.NVML_ERROR_IN_USE)

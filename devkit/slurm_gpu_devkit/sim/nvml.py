@@ -348,6 +348,9 @@ class SimNvml(MigReadMixin, HealthMixin, EventsMixin, UsageMixin, NvmlForward):
                  "cliqueId": int(fab.get("clique_id", 0)), "state": states.get(st, st) if isinstance(st, str) else st}
         if versioned:
             plain["healthMask"] = int(fab.get("health_mask", 0))
+            # v3's summary (0 when the machine's facts give none: "not supported");
+            # a v2 caller's structure has no such field, and fill_struct skips it.
+            plain["healthSummary"] = int(fab.get("health_summary", 0))
         fill_struct(ref, plain)
         return C.NVML_SUCCESS
 
