@@ -28,7 +28,7 @@ package), and a job that started before the first upgrade finishes after
 the last one.  After the purge the node's files, users, units, tmpfiles and
 /run are as before the install.
 
-One Slurm only (about ten minutes under TCG): 24.11, Debian 13's, the
+One Slurm only (about seven minutes under TCG): 24.11, Debian 13's, the
 newest Debian *release*, which an admin installs (26.05 is sid's, a rolling
 suite nobody runs a cluster on; 22.05's bookworm lifecycle is the chroot
 one of test_deb_package.py).  Runs when SLURM_GPU_VM_VERSIONS (test_vm.py's
