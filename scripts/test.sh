@@ -47,24 +47,27 @@ if [ $# = 0 ]; then
   # What either run adds under /run is removed once both end (each pytest
   # session would otherwise clean up under the other's feet).
   # After the unit tests, the same side runs the VM tier (test_vm.py, about
-  # 10 min: three guests, each waiting on its own Slurm most of the time).
+  # 10 min: three guests, each waiting on its own Slurm most of the time;
+  # test_vm_admin.py, about 7 min: the admin's lifecycle in one guest).
   ulog=$(mktemp /tmp/slurm-gpu-unit.XXXXXX)
   "$VENV/bin/python" -m slurm_gpu_devkit.sandbox.hostrun save "$ulog.run"
   export SLURM_GPU_HOST_RUN_SAVED=1
   (
     "${pytest[@]}" --basetemp="$ulog.d" tests/unit >"$ulog" 2>&1; u=$?
-    "${pytest[@]}" --basetemp="$ulog.vm.d" tests/integration/test_vm.py >"$ulog.vm" 2>&1; v=$?
+    "${pytest[@]}" --basetemp="$ulog.vm.d" tests/integration/test_vm.py \
+      tests/integration/test_vm_admin.py >"$ulog.vm" 2>&1; v=$?
     # the worse of the two; 5 (collected nothing) counts as a failure
     if [ $u != 0 ] && { [ $v = 0 ] || [ $u = 5 ]; }; then exit $u; fi
     exit $v
   ) &
   upid=$!
-  "${pytest[@]}" --ignore=tests/integration/test_vm.py tests/integration tests/gpu || rc=$?
+  "${pytest[@]}" --ignore=tests/integration/test_vm.py --ignore=tests/integration/test_vm_admin.py \
+    tests/integration tests/gpu || rc=$?
   wait "$upid"; urc=$?
   "$VENV/bin/python" -m slurm_gpu_devkit.sandbox.hostrun restore "$ulog.run"
   echo "== unit tests (run beside the integration tests) =="
   cat "$ulog"
-  echo "== VM tier: tests/integration/test_vm.py (run after the unit tests, beside the integration tests) =="
+  echo "== VM tier: tests/integration/test_vm*.py (run after the unit tests, beside the integration tests) =="
   cat "$ulog.vm"
   rm -rf "$ulog" "$ulog.d" "$ulog.vm" "$ulog.vm.d" "$ulog.run"
   if [ $urc != 0 ] && { [ $rc = 0 ] || [ $urc = 5 ]; }; then rc=$urc; fi

@@ -78,6 +78,8 @@ class Facts:
     imex: Any = None                        # slurm_gpu.imex.doctor.ImexFacts (None: not gathered)
     # [health] kernel_log: (path, "proven" | "unproven" | "unknown", why): hw.kmsg.sender_proof
     kernel_log: tuple[str, str, str] | None = None
+    # The package's systemd units: name -> `systemctl show` properties (None: not gathered)
+    units: dict[str, dict[str, str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,8 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     from .imex.doctor import gather as gather_imex
     facts.imex = gather_imex(conf, path)
     facts.kernel_log = _gather_kernel_log(node)
+    if doctor_cgroup.systemd_running("/"):
+        facts.units = gather_units(doctor_cgroup._default_runner)
     gres = Path(path).parent / "gres.conf"
     if gres_drift is not None and gres.exists():
         name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -263,6 +267,22 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
         except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
             facts.gres_error = getattr(e, "what", None) or f"{type(e).__name__}: {e}"
     return facts
+
+
+XID_WATCH = "slurm-gpu-xid-watch.service"
+UNITS = (XID_WATCH, "slurm-gpu-monitor.service")
+UNIT_PROPS = ("LoadState", "UnitFileState", "ActiveState", "NeedDaemonReload")
+
+
+def gather_units(run: Callable[[list[str], float], tuple[int, str]]) -> dict[str, dict[str, str]]:
+    """``systemctl show`` of the package's units (those systemd knows)."""
+    out: dict[str, dict[str, str]] = {}
+    for unit in UNITS:
+        rc, text = run(["systemctl", "show", unit, *(f"--property={p}" for p in UNIT_PROPS)], 10)
+        props = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+        if rc == 0 and props.get("LoadState") == "loaded":
+            out[unit] = props
+    return out
 
 
 SETUP_FAILED = "setup-failed"   # packaging/common/venv-setup.sh writes it beside the venv link
@@ -656,9 +676,36 @@ def check_imex(f: Facts) -> list[Finding]:
     return [Finding(status, name, message) for status, name, message in check(f.imex)]
 
 
+def check_units(f: Facts) -> list[Finding]:
+    """The package's systemd units as systemd runs them: xid-watch, once an
+    admin enabled it, must be running (an upgrade that stopped it and never
+    started it again lost every NVML event until the next health check), and
+    no unit file may have changed on disk since systemd loaded it."""
+    if f.units is None:
+        return []
+    out: list[Finding] = []
+    for unit, p in sorted(f.units.items()):
+        if p.get("NeedDaemonReload") == "yes":
+            out.append(Finding(WARNING, "systemd.units", f"{unit} changed on disk since systemd loaded "
+                               "it: systemctl daemon-reload"))
+        if p.get("ActiveState") == "failed":
+            out.append(Finding(WARNING, "systemd.units", f"{unit} failed (journalctl -u {unit}; "
+                               f"systemctl restart {unit})"))
+    xid = f.units.get(XID_WATCH)
+    if xid is None:
+        return out
+    enabled, active = xid.get("UnitFileState", "?"), xid.get("ActiveState", "?")
+    if enabled == "enabled" and active not in ("active", "activating", "reloading", "failed"):
+        out.append(Finding(WARNING, "systemd.units", f"{XID_WATCH} is enabled but {active}: NVML events "
+                           "between two health checks are lost (systemctl restart slurm-gpu-xid-watch)"))
+    elif not out:
+        out.append(Finding(OK, "systemd.units", f"{XID_WATCH} {enabled}, {active}"))
+    return out
+
+
 CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
           check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
-          check_cgroup, check_imex, check_kernel_log)
+          check_cgroup, check_imex, check_kernel_log, check_units)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.

@@ -5,6 +5,7 @@ never from ``conftest``: pytest loads every conftest.py under that one
 module name, so such imports pick up whichever was loaded last."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -12,7 +13,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pytest
 
@@ -219,6 +220,27 @@ def new_sandbox_dir(tag: str) -> Path:
     os.chmod(d, 0o755)
     CREATED_DIRS.append(d)
     return d
+
+
+@contextlib.contextmanager
+def vm_sandbox(tag: str, **options: Any) -> Iterator[Any]:
+    """A started ``sandbox up --vm`` (SandboxOptions *options*), stopped and
+    its directory removed afterwards (kept with SLURM_GPU_KEEP_SANDBOX=1)."""
+    import shutil
+
+    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.fail("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86; "
+                    "scripts/install.sh installs it)")
+    d = new_sandbox_dir(tag)
+    sb = Sandbox(d, SandboxOptions(vm=True, **options))
+    try:
+        sb.up()
+        yield sb
+    finally:
+        sb.down()
+        if os.environ.get("SLURM_GPU_KEEP_SANDBOX") != "1":
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _start_ticks(pid: int) -> int:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from typing import Any, Iterator
 
 import pytest
 
-from sandboxlib import new_sandbox_dir
+from sandboxlib import vm_sandbox
 
 VERSIONS = os.environ.get("SLURM_GPU_VM_VERSIONS", "22.05 24.11 26.05").split()
 # 22.05/24.11: system.slice/<node>_slurmstepd.scope/job_<id>/step_<n>/user/task_<i>;
@@ -59,20 +58,9 @@ class Node:
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def node(request: pytest.FixtureRequest, job_users: Any) -> Iterator[Node]:
-    from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.fail("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86; "
-                    "scripts/install.sh installs it)")
-    d = new_sandbox_dir(f"vm{request.param.replace('.', '')}")
-    sb = Sandbox(d, SandboxOptions(vm=True, slurm=request.param, prolog=None, health=True,
-                                   health_interval=5, spank=None, simulate=None))
-    try:
-        sb.up()
+    with vm_sandbox(f"vm{request.param.replace('.', '')}", slurm=request.param, prolog=None, health=True,
+                    health_interval=5, spank=None, simulate=None) as sb:
         yield Node(sb)
-    finally:
-        sb.down()
-        if os.environ.get("SLURM_GPU_KEEP_SANDBOX") != "1":
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_vm_that_does_not_boot_in_time_is_one_line_and_leaves_nothing(sandbox_dir, cli) -> None:

@@ -110,3 +110,42 @@ def test_plugin_of_another_tree_that_still_exists_is_a_warning(tmp_path):
     so = plugin(tmp_path, b"slurm-gpu-spank-py python=" + str(tmp_path / "venv" / "bin" / "python").encode()
                 + b" version=" + __version__.encode())
     assert found(facts(so), "spank.tree")[0].startswith("OK spank.tree:")
+
+
+def unit(enabled: str, active: str, reload: str = "no") -> dict[str, str]:
+    return {"LoadState": "loaded", "UnitFileState": enabled, "ActiveState": active, "NeedDaemonReload": reload}
+
+
+def test_an_enabled_xid_watch_that_is_not_running_is_a_warning(tmp_path):
+    # what an upgrade did: prerm stopped it, postinst never started it again
+    so = plugin(tmp_path, b"slurm-gpu-spank-py python=" + sys.executable.encode())
+    got = found(facts(so, units={d.XID_WATCH: unit("enabled", "inactive")}), "systemd.units")
+    assert got == ["WARNING systemd.units: slurm-gpu-xid-watch.service is enabled but inactive: NVML events "
+                   "between two health checks are lost (systemctl restart slurm-gpu-xid-watch)"]
+    assert found(facts(so, units={d.XID_WATCH: unit("enabled", "active")}), "systemd.units") == [
+        "OK systemd.units: slurm-gpu-xid-watch.service enabled, active"]
+    assert found(facts(so, units={d.XID_WATCH: unit("disabled", "inactive")}), "systemd.units") == [
+        "OK systemd.units: slurm-gpu-xid-watch.service disabled, inactive"]
+    assert found(facts(so), "systemd.units") == []          # no systemd: not gathered
+
+
+def test_a_unit_file_changed_under_systemd_or_failed_is_a_warning(tmp_path):
+    so = plugin(tmp_path, b"slurm-gpu-spank-py python=" + sys.executable.encode())
+    got = found(facts(so, units={"slurm-gpu-monitor.service": unit("disabled", "failed", reload="yes"),
+                                 d.XID_WATCH: unit("disabled", "inactive")}), "systemd.units")
+    assert got == ["WARNING systemd.units: slurm-gpu-monitor.service changed on disk since systemd loaded it: "
+                   "systemctl daemon-reload",
+                   "WARNING systemd.units: slurm-gpu-monitor.service failed (journalctl -u "
+                   "slurm-gpu-monitor.service; systemctl restart slurm-gpu-monitor.service)"]
+
+
+def test_gather_units_asks_systemctl_for_the_packages_units_it_knows():
+    asked = []
+
+    def run(argv, timeout):
+        asked.append(argv[2])
+        if argv[2] == d.XID_WATCH:
+            return 0, "LoadState=loaded\nUnitFileState=enabled\nActiveState=active\nNeedDaemonReload=no\n"
+        return 0, "LoadState=not-found\nUnitFileState=\nActiveState=inactive\n"   # package removed
+    assert d.gather_units(run) == {d.XID_WATCH: unit("enabled", "active")}
+    assert asked == list(d.UNITS)
