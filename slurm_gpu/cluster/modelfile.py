@@ -92,19 +92,24 @@ def publish(directory: str, name: str, node: Mapping[str, Any]) -> bool:
     from ..fsutil import atomic_write
     path = node_file(directory, name)
     digest = model_hash(node)
-    text = model_text(name, node, digest)
-    # The whole file, not only the hash in its head: a body rewritten under
+    # The body too, not only the hash in its head: a body rewritten under
     # the right head (another node's root, root_squash's nobody) is replaced.
-    if published_hash(path) == digest and _same_text(path, text):
+    if published_hash(path) == digest and _body_hash(path) == digest:
         return False
-    atomic_write(path, text)
+    atomic_write(path, model_text(name, node, digest))
     return True
 
 
-def _same_text(path: str, text: str) -> bool:
+def _body_hash(path: str) -> str | None:
+    """:func:`model_hash` of the model the file at *path* holds (None: none readable)."""
     from ..fsutil import read_trusted
-    want = text.encode()
-    return read_trusted(path, len(want) + 1) == want
+    raw = read_trusted(path, 64 << 20)
+    try:
+        doc = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    node = doc.get("node") if isinstance(doc, dict) else None
+    return model_hash(node) if isinstance(node, dict) else None
 
 
 def settings(raw: dict[str, Any] | None = None) -> ClusterSettings:

@@ -112,11 +112,15 @@ def test_store_reads_snapshots_and_models_and_lists_every_bad_entry(tmp_path: Pa
     assert "truncated" in col.bad["n7"].reason
 
 
-def test_publish_writes_only_when_the_model_changed(tmp_path: Path, recorded: dict) -> None:
+def test_publish_writes_only_when_the_model_changed(tmp_path: Path, recorded: dict,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     node = recorded["healthy"]["node"]
     assert modelfile.publish(str(tmp_path), "n1", node) is True
     p = tmp_path / "n1.json"
     st = p.stat()
+    # A later run, another second: the file's published_at would differ.
+    later = modelfile.time.gmtime(modelfile.time.time() + 3600)
+    monkeypatch.setattr(modelfile.time, "gmtime", lambda *a: later)
     assert modelfile.publish(str(tmp_path), "n1", json.loads(json.dumps(node))) is False
     assert p.stat().st_ino == st.st_ino and p.stat().st_mtime_ns == st.st_mtime_ns
     assert modelfile.publish(str(tmp_path), "n1", recorded["lost"]["node"]) is True
