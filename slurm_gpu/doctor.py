@@ -76,7 +76,7 @@ class Facts:
     cgroup: "CgroupFacts | None" = None     # None: not gathered (login role, tests): no finding
     rebuild: str = "slurm-gpu spank build"  # the command that rebuilds the plugin here (:func:`rebuild_command`)
     imex: Any = None                        # slurm_gpu.imex.doctor.ImexFacts (None: not gathered)
-    # [health] kernel_log: (path, "proven" | "unproven" | "unknown", why): hw.kmsg.sender_proof
+    # [health] kernel_log: (path, "proven" | "unproven" | "empty" | "unknown", why): hw.kmsg.sender_proof
     kernel_log: tuple[str, str, str] | None = None
     # The package's systemd units: name -> `systemctl show` properties (None: not gathered)
     units: dict[str, dict[str, str]] | None = None
@@ -656,7 +656,8 @@ def check_kernel_log(f: Facts) -> list[Finding]:
         return [Finding(WARNING, "health.kernel_log", f"{path} cannot prove who wrote its lines ({why}): its GPU "
                         "fault lines only warn, and drain or requeue only where NVML proves the GPU dead; name "
                         "/dev/kmsg (the default) or a journalctl -k -o export/json file")]
-    return [Finding(OK if state == "proven" else UNKNOWN, "health.kernel_log", f"{path}: {why}")]
+    # "empty": a trusted file with no line yet (a fresh node's file source)
+    return [Finding(OK if state in ("proven", "empty") else UNKNOWN, "health.kernel_log", f"{path}: {why}")]
 
 
 def check_cgroup(f: Facts) -> list[Finding]:

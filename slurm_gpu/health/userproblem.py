@@ -143,7 +143,7 @@ def leftovers(gpus: list[Any], uid: int | None, *, held_mib: int = HELD_MIB,
 def in_other_job(jobid: str, sluid: str | None, proc: str = "/proc") -> Callable[[int], bool]:
     """``elsewhere`` for :func:`leftovers`: whether a pid's cgroup is a Slurm job
     directory that is not job *jobid*'s (``job_<id>``, or its SLUID on 26.05)."""
-    from ..acct.attribution import job_dir_of_pid
+    from ..slurmcgroup import job_dir_of_pid
     own = {f"job_{jobid}"} | ({sluid} if sluid else set())
 
     def elsewhere(pid: int) -> bool:

@@ -290,7 +290,7 @@ def read_kmsg(cursor: KmsgCursor | None = None, device: str = DEV_KMSG) -> tuple
 def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
     """Whether the lines of *source* (``[health] kernel_log``) can prove the kernel wrote them.
 
-    ``("proven" | "unproven" | "unknown", why)``: ``/dev/kmsg`` and files of
+    ``("proven" | "unproven" | "empty" | "unknown", why)``: ``/dev/kmsg`` and files of
     its records, dmesg output and journal JSON/export files prove it; a syslog
     or journal text file (judged by its last *sample* bytes) does not, since
     its ``kernel:`` tag is whatever the sender wrote (``kmsg_scan.TAG_ONLY``).
@@ -325,7 +325,9 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
             return "unproven", ("a syslog/journal text file: a line tagged \"kernel:\" is what its sender wrote, "
                                 "and any local user can write one (logger -t kernel)")
     if not seen:
-        return "unknown", "empty: its format (and who can write it) cannot be told yet"
+        # Only root may write it (checked above); the health check judges each
+        # line by its format as it reads it, so nothing unproven can drain.
+        return "empty", "empty so far (root's, writable by no one else): each line is judged by its format"
     return "proven", "dmesg output, /dev/kmsg records or journal JSON (the kernel's facility or journald's fields)"
 
 
