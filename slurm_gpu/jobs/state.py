@@ -363,6 +363,19 @@ def _set_aside(p: str, why: str, warn: Callable[[str], None] | None) -> None:
     (warn or (lambda m: print(m, file=sys.stderr)))(line)
 
 
+def _temp_names(names: list[str]) -> list[tuple[str, str]]:
+    """(job id, name) of the temporary files a killed :func:`save` left
+    (``atomic_write``'s ``.<jobid>.json[.copy].<random>.tmp``): a SIGKILL
+    between mkstemp and the rename runs no clean-up."""
+    out = []
+    for n in names:
+        if n.startswith(".") and n.endswith(".tmp") and ".json." in n:
+            jobid = n[1:n.index(".json.")]
+            if _is_jobid(jobid):
+                out.append((jobid, n))
+    return out
+
+
 def remove(state_dir: str | os.PathLike[str], jobid: str) -> None:
     p = path(state_dir, jobid)
     for f in (_copy(p), p):       # the copy first: a crash between leaves the record
@@ -370,6 +383,17 @@ def remove(state_dir: str | os.PathLike[str], jobid: str) -> None:
             os.unlink(f)
         except FileNotFoundError:
             pass
+    d = os.path.dirname(p)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return
+    for j, n in _temp_names(names):
+        if j == jobid:
+            try:
+                os.unlink(os.path.join(d, n))
+            except FileNotFoundError:
+                pass
 
 
 def list_jobs(state_dir: str | os.PathLike[str]) -> list[str]:
@@ -378,8 +402,11 @@ def list_jobs(state_dir: str | os.PathLike[str]) -> list[str]:
         names = os.listdir(jobs_dir(state_dir))
     except FileNotFoundError:
         return []
-    return sorted((n[:-5] for n in names if n.endswith(".json") and _is_jobid(n[:-5])),
-                  key=int)
+    # A job whose save was killed half-way may have only a temporary file left:
+    # listed too, so that the sweep tears it down (and remove() takes the file).
+    ids = {n[:-5] for n in names if n.endswith(".json") and _is_jobid(n[:-5])}
+    ids |= {j for j, _ in _temp_names(names)}
+    return sorted(ids, key=int)
 
 
 def task_share(n_devices: int, local_task_id: int, ntasks: int) -> list[int]:

@@ -286,3 +286,16 @@ def test_a_corrupt_record_falls_back_to_its_copy(tmp_path) -> None:
     js.save(tmp_path, st)
     js.remove(tmp_path, "12")
     assert sorted(p.name for p in (tmp_path / "jobs").iterdir() if ".corrupt" not in p.name) == []
+
+
+def test_a_save_killed_between_mkstemp_and_rename_leaves_nothing_after_remove(tmp_path) -> None:
+    # A real SIGKILL of the prolog inside atomic_write leaves ".<jobid>.json[.copy].<x>.tmp"
+    # (the 500-lifecycle campaign hit it at lifecycle 207): the sweep must find
+    # the job, and its teardown's remove() must take the file.
+    d = Path(js.jobs_dir(str(tmp_path)))
+    d.mkdir(parents=True)
+    for n in (".900207.json.copy.15by0d_i.tmp", ".900207.json.k2j3.tmp", ".9.json.x.tmp", ".notajob.json.x.tmp"):
+        (d / n).write_text("{")
+    assert js.list_jobs(str(tmp_path)) == ["9", "900207"]
+    js.remove(str(tmp_path), "900207")
+    assert sorted(p.name for p in d.iterdir()) == [".9.json.x.tmp", ".notajob.json.x.tmp"]
