@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from benchrow import row  # noqa: E402
+import sbjobs  # noqa: E402
 
 GOAL_S = 2.0
 GOAL_JOB_S = 30.0
@@ -78,19 +79,8 @@ def scontrol(sb, *args: str) -> None:
 
 
 def client(sb, argv: list[str], user: str | None = None) -> str:
-    """A Slurm client's stdout, as root or as the job user (inside the root on a Debian root's Slurm)."""
-    from slurm_gpu.runner import SAFE_PATH, RunAs, run
-    run_as = None
-    env = dict(sb.env)
-    if user:
-        import pwd
-        pw = pwd.getpwnam(user)
-        run_as = RunAs(pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(user, pw.pw_gid)))
-        env.update(HOME=pw.pw_dir, USER=user, LOGNAME=user)
-    wrapped, run_as = sb.client_argv(argv, run_as, "/tmp")
-    if wrapped != argv:
-        env["PATH"] = SAFE_PATH
-    return run(wrapped, timeout=30, env=env, run_as=run_as, cwd="/tmp" if wrapped == argv else "/").stdout
+    """A Slurm client's stdout, as root or as the job user (:func:`sbjobs.client`, 30 s bound)."""
+    return sbjobs.client(sb, argv, user, timeout=30)
 
 
 def job(sb, jid: str) -> dict[str, str]:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 JOB_USERS = ("sgtest1", "sgtest2")
 
 
-def client(sb: Any, argv: list[str], user: str | None = None, check: bool = True, cwd: str = "/tmp") -> str:
+def client(sb: Any, argv: list[str], user: str | None = None, check: bool = True, cwd: str = "/tmp",
+           timeout: float = 60) -> str:
     """A Slurm client's stdout, as root or as *user* (inside the root on a Debian root's Slurm)."""
     import pwd
 
@@ -26,7 +27,7 @@ def client(sb: Any, argv: list[str], user: str | None = None, check: bool = True
     wrapped, run_as = sb.client_argv(argv, run_as, cwd)
     if wrapped != argv:
         env["PATH"] = SAFE_PATH
-    return run(wrapped, timeout=60, env=env, run_as=run_as, cwd=cwd if wrapped == argv else "/",
+    return run(wrapped, timeout=timeout, env=env, run_as=run_as, cwd=cwd if wrapped == argv else "/",
                check=check).stdout
 
 
