@@ -232,15 +232,21 @@ def test_fabric_daemons_are_product_aware(tmp_path):
     assert [f.severity for f in services.check_hostengine(G(tmp_path / "hgx", dcgm=1))] == [WARN]
 
 
+def _hgx_without_fabricmanager_but_a_process_named_like_it(root):
+    """An HGX fabric root whose Fabric Manager is gone, and /proc/31337 named nv-fabricmanager."""
+    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
+    drills.write_files(str(root), drills.fabric_root_files(hgx))
+    drills.write_files(str(root), {"proc/4201/comm": None})
+    fake = root / "proc" / "31337"
+    fake.mkdir()
+    (fake / "comm").write_text("nv-fabricmanager\n")
+    return fake
+
+
 def test_a_users_process_named_like_the_service_does_not_hide_it(tmp_path):
     # Any user can call a process nv-fabricmanager: only the proc tree's owner's
     # (root's on a real node) count.
-    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
-    drills.write_files(str(tmp_path), drills.fabric_root_files(hgx))
-    drills.write_files(str(tmp_path), {"proc/4201/comm": None})
-    fake = tmp_path / "proc" / "31337"
-    fake.mkdir()
-    (fake / "comm").write_text("nv-fabricmanager\n")
+    fake = _hgx_without_fabricmanager_but_a_process_named_like_it(tmp_path)
     os.chown(fake, 4242, 4242)
     assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
         "nvidia-fabricmanager is not running on a node with NVSwitches"]
@@ -252,12 +258,7 @@ def test_a_users_process_named_like_the_service_does_not_hide_it(tmp_path):
 def test_a_set_user_id_program_run_by_a_user_under_the_service_name_does_not_hide_it(tmp_path):
     # `ln -s /usr/bin/su ~/nv-fabricmanager` run by uid 4242: /proc/PID is
     # root's (the effective uid), comm is the link's name, the real uid the user's.
-    hgx = json.loads((MACHINES / "h100-sxm-8x" / "facts.json").read_text())
-    drills.write_files(str(tmp_path), drills.fabric_root_files(hgx))
-    drills.write_files(str(tmp_path), {"proc/4201/comm": None})
-    fake = tmp_path / "proc" / "31337"
-    fake.mkdir()
-    (fake / "comm").write_text("nv-fabricmanager\n")
+    fake = _hgx_without_fabricmanager_but_a_process_named_like_it(tmp_path)
     (fake / "status").write_text("Name:\tnv-fabricmanager\nUid:\t4242\t0\t0\t0\n")
     assert [f.message for f in services.check_fabricmanager(G(tmp_path))] == [
         "nvidia-fabricmanager is not running on a node with NVSwitches"]
