@@ -291,34 +291,32 @@ def prolog(ctx: Ctx) -> int:
         return 0
 
 
-def _port_taken(ip: str, port: int) -> bool:
-    """Whether a TCP *port* on *ip* is bound by someone (SO_REUSEADDR: a closed
-    connection's TIME_WAIT, e.g. the previous job's daemon, does not count)."""
+def _bind_fails(ip: str, port: int, reuse: bool) -> bool:
+    """Whether binding TCP *port* on *ip* fails with EADDRINUSE."""
+    import errno
     import socket
     fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(fam, socket.SOCK_STREAM) as so:
-        so.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            so.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             so.bind((ip, port))
         except OSError as e:
-            import errno
             return e.errno == errno.EADDRINUSE
     return False
+
+
+def _port_taken(ip: str, port: int) -> bool:
+    """Whether a TCP *port* on *ip* is bound by someone (SO_REUSEADDR: a closed
+    connection's TIME_WAIT, e.g. the previous job's daemon, does not count)."""
+    return _bind_fails(ip, port, reuse=True)
 
 
 def _port_held(ip: str, port: int) -> bool:
     """Whether anything at all holds *port* on *ip*: a plain bind (no
     SO_REUSEADDR) also fails for a socket only bound with SO_REUSEADDR, which
     neither :func:`_port_taken` nor ``/proc/net/tcp`` sees, and for TIME_WAIT."""
-    import errno
-    import socket
-    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as so:
-        try:
-            so.bind((ip, port))
-        except OSError as e:
-            return e.errno == errno.EADDRINUSE
-    return False
+    return _bind_fails(ip, port, reuse=False)
 
 
 def _clean_earlier_run(ctx: Ctx, base: str, jobid: str) -> None:
