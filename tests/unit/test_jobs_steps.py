@@ -225,3 +225,39 @@ def test_pending_instance_of_an_unpublished_profile_id_is_undone(node: Env, monk
     assert node.layout(3) != before
     assert lifecycle.epilog(node.ctx()) == 0, node.logs
     assert node.layout(3) == before and node.leftovers() == []
+
+
+# -- what mutmut changed unnoticed (docs/development.md, mutation testing) --
+
+def test_run_node_fault_whose_undo_fails_logs_no_policy_twice(tmp_path: Path) -> None:
+    """The first line names the policy already: the cleanup line adds it only after a user error."""
+    logs: list[str] = []
+    job, pol, cancelled = _job(tmp_path, logs, "drain")
+    ss = [Recorder("a", [], undo_error=HardwareError("GPU held", "GPU 1")),
+          Recorder("b", [], HardwareError("NVML broke", "GPU 0"))]
+    assert steps.run(ss, job, pol) == 1
+    assert logs == ["slurm-gpu: NVML broke (GPU 0) [job 5: node fault, on_internal_error=drain]",
+                    "slurm-gpu: prolog cleanup incomplete, the epilog retries: GPU held (GPU 1)"]
+    st = js.load(job.ctx.state_dir, "5")           # kept for the epilog, though the node drains
+    assert (st.phase, st.error, st.consequence) == ("failed", "NVML broke (GPU 0)", "node")
+    assert cancelled == []
+
+
+def test_fail_records_a_line_as_it_is(tmp_path: Path) -> None:
+    job, _, _ = _job(tmp_path, [])
+    steps.fail(job, "prolog watchdog: NVML gave no answer", Consequence.NODE)
+    st = js.load(job.ctx.state_dir, "5")
+    assert (st.phase, st.error, st.consequence) == ("failed", "prolog watchdog: NVML gave no answer",
+                                                    "node")
+
+
+def test_cancel_says_only_when_scancel_cannot_run(tmp_path: Path) -> None:
+    """A scancel that runs and fails (the job ended meanwhile) is no news; one that cannot run is."""
+    logs: list[str] = []
+    job, _, _ = _job(tmp_path, logs)
+    job.ctx.jobs.scancel = "/bin/false"
+    steps.cancel(job.ctx, "5")
+    assert logs == []
+    job.ctx.jobs.scancel = str(tmp_path / "no-scancel")
+    steps.cancel(job.ctx, "5")
+    assert logs == [f"slurm-gpu: could not cancel job 5: command not found: {tmp_path}/no-scancel"]
