@@ -261,3 +261,12 @@ def test_cancel_says_only_when_scancel_cannot_run(tmp_path: Path) -> None:
     job.ctx.jobs.scancel = str(tmp_path / "no-scancel")
     steps.cancel(job.ctx, "5")
     assert logs == [f"slurm-gpu: could not cancel job 5: command not found: {tmp_path}/no-scancel"]
+
+
+@pytest.mark.parametrize("value", ["0", "101", "-5", "x"])
+def test_a_bad_mps_value_is_one_usage_line(value: str) -> None:
+    with pytest.raises(UsageError) as e:
+        steps.parse_mps(value)
+    assert e.value.line() == (f"slurm-gpu: bad --gpu-mps value {value!r}: expected a percentage "
+                              "1-100 or 'default' (--gpu-mps)")
+    assert [steps.parse_mps(v) for v in ("default", "1", "100", "50%")] == [None, 1, 100, 50]

@@ -99,6 +99,34 @@ def test_parse_squeue() -> None:
     assert sweep.parse_squeue(text, "gpu02") == {"7": True, "8": False, "9": True, "10_3": False}
 
 
+def test_candidates_are_state_files_and_mps_dirs_but_the_callers_job(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(state_dir=str(tmp_path / "state"),
+                          mps=SimpleNamespace(base_dir=str(tmp_path / "mps")))
+    for jobid in ("5", "7"):
+        js.save(ctx.state_dir, js.new(jobid, uid=1000, gid=1000, user="u"))
+    assert sweep.candidates(ctx) == ["5", "7"]                  # no MPS base directory yet
+    for name in ("7", "10", "x"):
+        (tmp_path / "mps" / name).mkdir(parents=True)
+    assert sweep.candidates(ctx) == ["5", "7", "10"]
+    assert sweep.candidates(ctx, exclude="7") == ["5", "10"]
+    assert sweep.candidates(ctx, exclude="10") == ["5", "7"]
+
+
+def test_parse_squeue_skips_only_what_it_cannot_read() -> None:
+    """A line it cannot read is skipped, never the rest; a job with no state or
+    no node list yet (pending: ``(null)``) still runs somewhere."""
+    text = ("11|RUNNING\n"                 # two fields
+            "x1|COMPLETED|gpu02\n"         # not a job id
+            "12||gpu02\n"
+            "13|PENDING|(null)\n"
+            "14|PENDING|\n"
+            "15|CANCELLED by 0|gpu02\n"
+            "16|RUNNING|gpu[01,03]\n")
+    assert sweep.parse_squeue(text, "gpu02") == {"12": True, "13": True, "14": True, "15": False,
+                                                 "16": False}
+
+
 def test_job_cleanup_cli(node: Env, monkeypatch, capsys) -> None:
     from slurm_gpu.cli import main
     assert lifecycle.prolog(_ctx(node, "100", SLURM_JOB_GPUS="1",
