@@ -113,6 +113,31 @@ def test_candidates_are_state_files_and_mps_dirs_but_the_callers_job(tmp_path: P
     assert sweep.candidates(ctx, exclude="10") == ["5", "7"]
 
 
+def test_gone_asks_squeue_once_and_is_unsure_on_any_other_failure() -> None:
+    from slurm_gpu.errors import CommandError
+    from slurm_gpu.runner import Completed
+    calls: list[tuple] = []
+
+    def answer(rc: int, out: str, err: str = ""):
+        def run(argv, timeout, check=True):
+            calls.append((tuple(argv), timeout, check))
+            return Completed(tuple(argv), rc, out, err)
+        return run
+    run = answer(0, "9|RUNNING|n1\n10|COMPLETED|n1\n")
+    assert sweep.gone(["10", "9", "100", "9"], "n1", "/sq", run) == {"10", "100"}
+    assert calls == [(("/sq", "-h", "-t", "all", "-j", "9,10,100", "-o", "%A|%T|%N"), 10, False)]
+    calls.clear()
+    assert sweep.gone([], "n1", "/sq", run) == set() and calls == []
+    invalid = "slurm_load_jobs error: Invalid job id specified"
+    assert sweep.gone(["9", "10"], "n1", "/sq", answer(1, "", invalid)) == {"9", "10"}
+    assert sweep.gone(["9"], "n1", "/sq", answer(1, "9|RUNNING|n1\n", invalid)) == set()
+    assert sweep.gone(["9"], "n1", "/sq", answer(1, "", "Unable to contact slurm controller")) == set()
+
+    def unreachable(argv, timeout, check=True):
+        raise CommandError("squeue timed out", "/sq")
+    assert sweep.gone(["9"], "n1", "/sq", unreachable) == set()
+
+
 def test_parse_squeue_skips_only_what_it_cannot_read() -> None:
     """A line it cannot read is skipped, never the rest; a job with no state or
     no node list yet (pending: ``(null)``) still runs somewhere."""
