@@ -224,3 +224,62 @@ def test_a_running_array_task_is_never_swept(node: Env, monkeypatch, capsys) -> 
     _squeue_like_slurm(node, [("12", "10_3", "COMPLETED", "n1")])
     lines = sweep.sweep(_ctx(node, "13"), lifecycle.teardown, exclude="13")
     assert lines and lines[-1].endswith("cleaned up") and node.leftovers("12") == []
+
+
+# -- clean() and sweep() with a stand-in teardown (no GPU, no daemon) ---------
+
+def _bare_ctx(tmp_path: Path, squeue_out: str = "", node_name: str = "n1"):
+    """A context with a state directory, an MPS base and a ``squeue`` that prints *squeue_out*."""
+    from types import SimpleNamespace
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "squeue").write_text(f"#!/bin/sh\necho \"$@\" >> {d}/argv\nprintf '%s' '{squeue_out}'\n")
+    (d / "squeue").chmod(0o755)
+    return SimpleNamespace(state_dir=str(tmp_path / "state"), node_name=node_name,
+                           mps=SimpleNamespace(base_dir=str(tmp_path / "mps")),
+                           jobs=SimpleNamespace(scancel=str(d / "scancel")))
+
+
+def _teardown(seen: list, fail: dict | None = None):
+    def teardown(ctx, st):
+        seen.append((st.jobid, st.uid))
+        if fail and st.jobid in fail:
+            raise fail[st.jobid]
+        return [f"undone {st.jobid}"]
+    return teardown
+
+
+def test_clean_works_from_the_record_or_a_stand_in_for_an_mps_dir(tmp_path: Path) -> None:
+    ctx = _bare_ctx(tmp_path)
+    seen: list = []
+    assert sweep.clean(ctx, "5", _teardown(seen)) == [] and seen == []   # nothing of job 5 here
+    (tmp_path / "mps" / "5").mkdir(parents=True)
+    (tmp_path / "mps" / "6").mkdir()
+    assert sweep.clean(ctx, "5", _teardown(seen)) == ["undone 5", "cleaned up"]
+    assert seen == [("5", None)]                                         # a stand-in: no user known
+    js.save(ctx.state_dir, js.new("8", uid=1000, gid=1000, user="u"))
+    assert sweep.clean(ctx, "8", _teardown(seen)) == ["undone 8", "cleaned up"]
+    assert seen[-1] == ("8", 1000) and js.load(ctx.state_dir, "8") is None
+
+
+def test_sweep_lines_in_job_order_and_failures_named(tmp_path: Path) -> None:
+    from slurm_gpu.errors import HardwareError
+    ctx = _bare_ctx(tmp_path)                           # squeue knows none of them: all gone
+    for jobid in ("8", "9", "10", "11"):
+        js.save(ctx.state_dir, js.new(jobid, uid=1000, gid=1000, user="u"))
+    seen: list = []
+    fail = {"10": HardwareError("cannot destroy GPU instance", "GPU 2"), "11": KeyError("mig")}
+    assert sweep.sweep(ctx, _teardown(seen, fail), exclude="8") == [
+        "slurm-gpu: stale job 9: undone 9", "slurm-gpu: stale job 9: cleaned up",
+        "slurm-gpu: stale job 10: cleanup incomplete: cannot destroy GPU instance (GPU 2)",
+        "slurm-gpu: stale job 11: cleanup incomplete: KeyError: 'mig'"]
+    assert js.list_jobs(ctx.state_dir) == ["8", "10", "11"]   # the failed ones wait for the next sweep
+    assert (tmp_path / "bin" / "argv").read_text() == "-h -t all -j 9,10,11 -o %A|%T|%N\n"
+
+
+def test_sweep_without_a_node_name_asks_nobody(tmp_path: Path) -> None:
+    ctx = _bare_ctx(tmp_path, node_name="")
+    js.save(ctx.state_dir, js.new("9", uid=1000, gid=1000, user="u"))
+    seen: list = []
+    assert sweep.sweep(ctx, _teardown(seen)) == [] and seen == []
+    assert not (tmp_path / "bin" / "argv").exists()
