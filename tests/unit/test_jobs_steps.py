@@ -270,3 +270,19 @@ def test_a_bad_mps_value_is_one_usage_line(value: str) -> None:
     assert e.value.line() == (f"slurm-gpu: bad --gpu-mps value {value!r}: expected a percentage "
                               "1-100 or 'default' (--gpu-mps)")
     assert [steps.parse_mps(v) for v in ("default", "1", "100", "50%")] == [None, 1, 100, 50]
+
+
+def test_mps_on_mig_is_started_on_the_jobs_mig_devices(node: Env) -> None:
+    """One MPS server per MIG device: the daemon gets the job's instances, not its GPU,
+    and the job's SLUID (26.05's cgroup name) is recorded for its first step."""
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="3g.40gb,2g.20gb",
+                   SPANK_SLURM_GPU_MPS="default", SLURM_JOB_SLUID="s100abc")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    mig = st.mig_uuids()
+    assert len(mig) == 2 and all(u.startswith("MIG-") for u in mig)
+    assert st.mps["devices"] == ",".join(mig)
+    assert st.mps["sluid"] == "s100abc"
+    assert st.mps["pipe_dir"] == os.path.join(node.mps.base_dir, "100", "pipe")
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
