@@ -147,9 +147,10 @@ def test_parse_squeue_skips_only_what_it_cannot_read() -> None:
             "13|PENDING|(null)\n"
             "14|PENDING|\n"
             "15|CANCELLED by 0|gpu02\n"
-            "16|RUNNING|gpu[01,03]\n")
+            "16|RUNNING|gpu[01,03]\n"
+            "17|RUNNING|gpu[1-\n")             # a node list it cannot expand: still here
     assert sweep.parse_squeue(text, "gpu02") == {"12": True, "13": True, "14": True, "15": False,
-                                                 "16": False}
+                                                 "16": False, "17": True}
 
 
 def test_job_cleanup_cli(node: Env, monkeypatch, capsys) -> None:
