@@ -286,3 +286,15 @@ def test_mps_on_mig_is_started_on_the_jobs_mig_devices(node: Env) -> None:
     assert st.mps["pipe_dir"] == os.path.join(node.mps.base_dir, "100", "pipe")
     assert lifecycle.epilog(node.ctx()) == 0, node.logs
     assert node.leftovers() == []
+
+
+@pytest.mark.parametrize("exclusive,opts", [
+    (True, {"SPANK_SLURM_GPU_MIG": "3g.40gb"}),         # no MPS daemon: nothing to keep out
+    (False, {"SPANK_SLURM_GPU_MPS": "default"}),        # [mps] exclusive_process off
+])
+def test_compute_mode_is_left_alone_unless_mps_asks_for_it(node: Env, exclusive: bool, opts) -> None:
+    node.mps.exclusive_process = exclusive
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="3", **opts)) == 0, node.logs
+    assert node.api().compute_mode(3) == 0
+    assert js.load(node.state_dir, "100").compute_mode_saved == {}
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
