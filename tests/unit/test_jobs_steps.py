@@ -298,3 +298,23 @@ def test_compute_mode_is_left_alone_unless_mps_asks_for_it(node: Env, exclusive:
     assert node.api().compute_mode(3) == 0
     assert js.load(node.state_dir, "100").compute_mode_saved == {}
     assert lifecycle.epilog(node.ctx()) == 0, node.logs
+
+
+def test_compute_mode_never_set_on_a_gpu_found_by_a_stale_minor(node: Env) -> None:
+    """The node model says GPU 2 is minor 3 (a stale cache): the UUID and the minor
+    disagree, so no GPU is touched: the one at that minor is another job's."""
+    node.mps.exclusive_process = True
+    real = node.node
+
+    def swapped():
+        n = real()
+        a, b = n.gpus[2], n.gpus[3]
+        a.minor, b.minor = b.minor, a.minor
+        return n
+    node.node = swapped
+    modes = [node.api().compute_mode(i) for i in range(4)]
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="default")) == 1
+    assert [node.api().compute_mode(i) for i in range(4)] == modes
+    uuid = next(g.uuid for g in real().gpus if g.minor == 2)
+    assert node.logs == [f"slurm-gpu: GPU {uuid} is /dev/nvidia2, not /dev/nvidia3 as recorded ({uuid}) "
+                         "[job 100: node fault, on_internal_error=drain]"]
