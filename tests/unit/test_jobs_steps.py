@@ -318,3 +318,22 @@ def test_compute_mode_never_set_on_a_gpu_found_by_a_stale_minor(node: Env) -> No
     uuid = next(g.uuid for g in real().gpus if g.minor == 2)
     assert node.logs == [f"slurm-gpu: GPU {uuid} is /dev/nvidia2, not /dev/nvidia3 as recorded ({uuid}) "
                          "[job 100: node fault, on_internal_error=drain]"]
+
+
+def test_a_gpu_refusing_exclusive_process_is_a_node_fault_named_whole(node: Env) -> None:
+    from slurm_gpu.hw.gpudata import GpuError
+    node.mps.exclusive_process = True
+    real_api = node.api
+
+    def api():
+        a = real_api()
+
+        def refuse(index, mode):
+            raise GpuError("Insufficient Permissions", 4, "NO_PERMISSION", "nvmlDeviceSetComputeMode")
+        a.set_compute_mode = refuse
+        return a
+    node.api = api
+    uuid = next(g.uuid for g in node.node().gpus if g.minor == 2)
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="default")) == 1
+    assert node.logs[0] == (f"slurm-gpu: cannot set EXCLUSIVE_PROCESS compute mode: Insufficient "
+                            f"Permissions ({uuid}) [job 100: node fault, on_internal_error=drain]")
