@@ -79,3 +79,5 @@ def test_a_roots_symlink_in_a_writable_directory_counts(root: Path) -> None:
     os.chmod(root / "open", 0o777)
     (root / "open" / "link").symlink_to(root / "real")
     assert untrusted_ancestor(root / "open" / "link" / "x") == str(root / "open")
+    # a directory not made yet below the link hides neither what is above it nor the link
+    assert untrusted_ancestor(root / "open" / "link" / "later" / "x") == str(root / "open")
