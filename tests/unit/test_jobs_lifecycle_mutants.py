@@ -1,0 +1,124 @@
+"""jobs/lifecycle.py: what the prolog records when it fails outside its steps,
+the watchdog's mark, and the sweep's teardown, each asserted whole: the
+mutants mutmut made of these survived the lifecycle tests (docs/development.md,
+mutation testing).  Runs as root against the simulated node of test_jobs_lifecycle.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from test_jobs_lifecycle import Env, _uid
+
+from slurm_gpu.jobs import lifecycle
+from slurm_gpu.jobs import state as js
+from slurm_gpu.jobs import sweep
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="prolog/epilog run as root")
+
+
+@pytest.fixture()
+def node():
+    n = Env()
+    yield n
+    n.close()
+
+
+def _scancel(node: Env):
+    d = node.base / "bin"
+    d.mkdir(exist_ok=True)
+    log = d / "cancelled"
+    (d / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    (d / "scancel").chmod(0o755)
+    node.jobs.scancel = str(d / "scancel")
+    return log
+
+
+def _bug(monkeypatch) -> None:
+    """A bug outside the steps (here in the sweep that runs first): escapes _prolog."""
+    def broken(*a, **k):
+        raise KeyError("gpus")
+    monkeypatch.setattr(sweep, "sweep", broken)
+
+
+def test_a_bug_outside_the_steps_under_pass_is_recorded_for_the_tasks(node: Env, monkeypatch) -> None:
+    node.jobs.on_internal_error = "pass"
+    cancelled = _scancel(node)
+    _bug(monkeypatch)
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0
+    assert node.logs == ["slurm-gpu: internal error: KeyError: 'gpus' "
+                         "[prolog: node fault, on_internal_error=pass]"]
+    st = js.load(node.state_dir, "100")
+    assert (st.jobid, st.uid, st.gid, st.user) == ("100", _uid("sgtest1"), int(node.ctx().env["SLURM_JOB_GID"]),
+                                                   "sgtest1")
+    assert (st.phase, st.error, st.consequence) == ("failed", "internal error: KeyError: 'gpus'", "node")
+    assert not cancelled.exists()                   # recorded: the tasks fail, no scancel needed
+
+
+def test_a_bug_under_pass_fails_the_earlier_record_without_replacing_it(node: Env, monkeypatch) -> None:
+    """What an earlier run recorded (a MIG layout to undo) stays listed for the epilog."""
+    node.jobs.on_internal_error = "pass"
+    old = js.new("100", uid=_uid("sgtest1"), gid=1, user="sgtest1")
+    old.mig = {"layout": "3g.40gb", "ready": False, "gpus": []}
+    js.save(node.state_dir, old)
+    _bug(monkeypatch)
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0
+    st = js.load(node.state_dir, "100")
+    assert st.mig == {"layout": "3g.40gb", "ready": False, "gpus": []} and st.gid == 1
+    assert (st.phase, st.error, st.consequence) == ("failed", "internal error: KeyError: 'gpus'", "node")
+
+
+def test_a_bug_under_drain_records_nothing(node: Env, monkeypatch) -> None:
+    _bug(monkeypatch)
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 1
+    assert js.list_jobs(node.state_dir) == []
+
+
+def test_no_recordable_job_under_pass_is_cancelled_with_one_line(node: Env, monkeypatch) -> None:
+    node.jobs.on_internal_error = "pass"
+    cancelled = _scancel(node)
+    ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")
+    del ctx.env["SLURM_JOB_UID"]
+    assert lifecycle.prolog(ctx) == 0
+    assert node.logs == [
+        "slurm-gpu: prolog environment lacks SLURM_JOB_UID (job 100) "
+        "[prolog: node fault, on_internal_error=pass]",
+        "slurm-gpu: cannot record the error for job 100 (no job user to record the error for); "
+        "cancelling it"]
+    assert cancelled.read_text().split() == ["100"]
+
+
+def test_mark_failed_fails_only_a_job_not_ready(node: Env) -> None:
+    ctx = node.ctx()
+    lifecycle.mark_failed(ctx, "slurm-gpu: prolog stopped by its watchdog")
+    assert js.list_jobs(node.state_dir) == []                          # no record: nothing made
+    js.save(node.state_dir, js.new("100", uid=1000, gid=1000, user="u"))
+    lifecycle.mark_failed(ctx, "slurm-gpu: prolog stopped by its watchdog")
+    st = js.load(node.state_dir, "100")
+    assert (st.phase, st.error, st.consequence) == ("failed", "prolog stopped by its watchdog", "node")
+    st.phase, st.error, st.consequence = "ready", None, None
+    js.save(node.state_dir, st)
+    lifecycle.mark_failed(ctx, "slurm-gpu: prolog stopped by its watchdog")   # finished meanwhile
+    st = js.load(node.state_dir, "100")
+    assert (st.phase, st.error) == ("ready", None)
+
+
+def test_the_sweeps_teardown_ends_only_the_recorded_users_processes(node: Env) -> None:
+    """Without slurmd's environment the user comes from the record: the daemon is
+    asked to quit as that user, and another user's process carrying the job's
+    pipe directory is never killed."""
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    other = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]},
+                             user=_uid("sgtest2"))
+    try:
+        notes = lifecycle.teardown(node.ctx(), st)
+        assert other.poll() is None
+        assert notes == []                      # asked to quit as its user: no straggler to kill
+    finally:
+        other.kill()
+        other.wait()
+    js.remove(node.state_dir, "100")
+    assert node.leftovers() == []
