@@ -122,3 +122,84 @@ def test_the_sweeps_teardown_ends_only_the_recorded_users_processes(node: Env) -
         other.wait()
     js.remove(node.state_dir, "100")
     assert node.leftovers() == []
+
+
+def _plant_state(node: Env) -> str:
+    """An MPS job whose state file the job user could have written: the epilog believes none of it."""
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    node.logs.clear()
+    f = os.path.join(node.state_dir, "jobs", "100.json")
+    os.chown(f, _uid("sgtest1"), -1)
+    return f
+
+
+def test_untrusted_state_the_daemon_quits_as_the_user_from_slurmds_environment(node: Env) -> None:
+    """Asked to quit as the job user, the daemon ends by itself: nothing to kill."""
+    f = _plant_state(node)
+    assert lifecycle.epilog(node.ctx(SLURM_JOB_GPUS="0")) == 1
+    assert node.logs == [
+        "slurm-gpu: job state file must be a regular file owned by root and not writable by "
+        f"others ({f}) [epilog job 100: state file ignored, on_internal_error=drain]"]
+    assert not os.path.exists(os.path.join(node.mps.base_dir, "100"))
+
+
+def test_untrusted_state_stragglers_are_killed_and_named(node: Env) -> None:
+    _plant_state(node)
+    node.mps.quit_timeout = 0.1             # the client below never quits: do not wait for it
+    pipe = os.path.join(node.mps.base_dir, "100", "pipe")
+    client = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": pipe},
+                              user=_uid("sgtest1"))
+    try:
+        assert lifecycle.epilog(node.ctx(SLURM_JOB_GPUS="0")) == 1
+        client.wait(timeout=10)
+    finally:
+        client.kill()
+        client.wait()
+    assert len(node.logs) == 2, node.logs
+    killed = node.logs[1].removeprefix("slurm-gpu: epilog job 100: MPS: killed stragglers ")
+    assert str(client.pid) in killed.split(","), node.logs
+
+
+def test_untrusted_state_an_mps_stop_that_fails_is_logged(node: Env, monkeypatch) -> None:
+    from slurm_gpu.errors import HardwareError
+    from slurm_gpu.jobs import mps
+    _plant_state(node)
+    real_stop = mps.stop
+
+    def stuck(*a, **k):
+        real_stop(*a, **k)
+        raise HardwareError("MPS processes 4242 survive SIGKILL for 1 s", "pipe")
+    monkeypatch.setattr(mps, "stop", stuck)
+    node.jobs.on_internal_error = "pass"
+    assert lifecycle.epilog(node.ctx(SLURM_JOB_GPUS="0")) == 0
+    assert node.logs[1:] == ["slurm-gpu: epilog job 100: MPS cleanup incomplete: "
+                             "MPS processes 4242 survive SIGKILL for 1 s (pipe)"]
+
+
+def _health_ctx(node: Env, **env: str) -> lifecycle.Context:
+    c = node.ctx(**env)
+    c.health_state_dir, c.node_name = str(node.base / "health"), "n1"
+    return c
+
+
+def test_a_plain_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
+    """The job user's processes are leftovers; another user's on the same GPU (a job
+    that leaked onto it) are not: no drain, no line."""
+    from slurm_gpu.hw import nvml_health
+    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest2"))
+    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
+        available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
+                                                     processes=((other.pid, None),)) for i in indices]))
+    try:
+        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
+    finally:
+        other.kill()
+        other.wait()
+    assert node.logs == [] and not os.path.exists(node.base / "health")
+
+
+def test_a_plain_job_whose_gpus_are_unknown_is_not_looked_at(node: Env) -> None:
+    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="9")) == 0
+    assert node.logs == ["slurm-gpu: epilog job 100: leftovers not checked: Slurm GPU index 9 names "
+                         "no GPU of this node (gres.conf and NVML disagree) (gres.conf)"]
