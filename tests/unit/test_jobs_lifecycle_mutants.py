@@ -203,3 +203,20 @@ def test_a_plain_job_whose_gpus_are_unknown_is_not_looked_at(node: Env) -> None:
     assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="9")) == 0
     assert node.logs == ["slurm-gpu: epilog job 100: leftovers not checked: Slurm GPU index 9 names "
                          "no GPU of this node (gres.conf and NVML disagree) (gres.conf)"]
+
+
+def test_an_mps_jobs_own_gpus_are_looked_at_only_with_a_health_state_dir(node: Env, monkeypatch) -> None:
+    """Its own record does not make its GPUs "another job's"; without [health] nothing is read."""
+    from slurm_gpu.hw import nvml_health
+    seen: list[list[int]] = []
+
+    def read_processes(gpus, indices):
+        seen.append(list(indices))
+        return nvml_health.NvmlHealth(available=True)
+    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    assert lifecycle.epilog(node.ctx(SLURM_JOB_GPUS="1")) == 0, node.logs
+    assert seen == []
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0, node.logs
+    assert len(seen) == 1 and len(seen[0]) == 1
