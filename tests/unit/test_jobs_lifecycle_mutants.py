@@ -220,3 +220,37 @@ def test_an_mps_jobs_own_gpus_are_looked_at_only_with_a_health_state_dir(node: E
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
     assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0, node.logs
     assert len(seen) == 1 and len(seen[0]) == 1
+
+
+def test_a_gpu_another_jobs_record_lists_is_not_this_jobs_leftover(node: Env, monkeypatch) -> None:
+    from slurm_gpu.hw import nvml_health
+    seen: list[list[int]] = []
+    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: (
+        seen.append(list(indices)), nvml_health.NvmlHealth(available=True))[1])
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_ID="101", SLURM_JOB_GPUS="1",
+                                     SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0, node.logs   # plain job 100
+    assert seen == []
+    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_ID="101", SLURM_JOB_GPUS="1")) == 0
+    assert len(seen) == 1 and node.leftovers("101") == []
+
+
+def test_leftovers_read_through_nvml_on_the_gpu_the_record_names(node: Env) -> None:
+    """The simulator's NVML answers (no process left): nothing to say."""
+    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="2")) == 0
+    assert node.logs == []
+
+
+def test_leftovers_never_guess_a_gpu_by_a_stale_minor(node: Env) -> None:
+    """The node model says GPU 2 is minor 3: not checked, said so (never another GPU read)."""
+    real = node.node
+
+    def swapped():
+        n = real()
+        n.gpus[2].minor, n.gpus[3].minor = n.gpus[3].minor, n.gpus[2].minor
+        return n
+    node.node = swapped
+    uuid = next(g.uuid for g in real().gpus if g.minor == 2)
+    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="2")) == 0
+    assert node.logs == [f"slurm-gpu: epilog job 100: leftovers not checked: GPU {uuid} is /dev/nvidia2, "
+                         f"not /dev/nvidia3 as recorded ({uuid})"]
