@@ -337,3 +337,10 @@ def test_a_gpu_refusing_exclusive_process_is_a_node_fault_named_whole(node: Env)
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="default")) == 1
     assert node.logs[0] == (f"slurm-gpu: cannot set EXCLUSIVE_PROCESS compute mode: Insufficient "
                             f"Permissions ({uuid}) [job 100: node fault, on_internal_error=drain]")
+
+
+def test_a_job_without_gpus_fails_with_the_whole_line(node: Env) -> None:
+    assert lifecycle.prolog(node.ctx(SPANK_SLURM_GPU_MPS="default")) == 0
+    st = js.load(node.state_dir, "100")
+    assert (st.phase, st.consequence) == ("failed", "user")
+    assert st.error == "--gpu-mps/--gpu-mig need GPUs: ask for them with --gpus or --gres=gpu (job 100)"
