@@ -6,8 +6,9 @@ Two sources, one result (a list of :class:`KernelLine`):
   sequence number; the cursor remembers the last one seen (and the boot it
   belongs to), so an event is counted by exactly one health-check run.
 * a file (``--kernel-log FILE`` or ``[health] kernel_log``): ``dmesg`` output
-  with monotonic ``[  12.345]``, ``--ctime`` ``[Fri Aug 30 11:43:09 2024]`` or
-  ISO timestamps, syslog/journal lines (``... kernel: NVRM: ...``) or raw
+  with monotonic ``[  12.345]``, ``--ctime`` ``[Fri Aug 30 11:43:09 2024]``,
+  ISO, delta or relative timestamps (and a ``CONFIG_PRINTK_CALLER`` caller
+  id after them), syslog/journal lines (``... kernel: NVRM: ...``) or raw
   kmsg records (``6,1234,5678,-;NVRM: ...``), or a journal export
   (``journalctl -o export``, read entry by entry: ``kmsg_export``).  The
   cursor is the byte offset plus the file's inode, so rotation or truncation

@@ -32,19 +32,40 @@ _KTS = r"\[\s*(?P<kts>\d{1,10}\.\d{1,9})\]\s"          # the kernel's own "[  12
 # %b/%a): "Aug", "Okt", "oct.", "окт", "10月".
 _WORD = r"[^\s\[\]:]{1,12}"
 _HOST = r"[^\s:\[\]]{1,255}"
+# dmesg's (util-linux) ways of printing a record's time, each of which it may
+# print alone or several at once (--time-format given twice, -d with -T):
+# "[  12.345678]", with -d "[  12.345678 <    0.000123>]" or "[<    0.000123>]",
+# --ctime "[Fri Aug 30 11:43:09 2024]" (any locale), -e/reltime "[Aug30 11:43]"
+# and "[  +0.000123]", iso "2024-08-30T11:43:09,123456+00:00".
+_NUM = r"\d{1,10}\.\d{1,9}"
+_DELTA = r"(?:\s<\s*" + _NUM + r">)?"
+_CTIME = _WORD + " " + _WORD + r" [ \d]\d [\d:]{8} \d{4}"
+_REL = r"<\s*" + _NUM + r">|\s*\+" + _NUM + "|" + _WORD + r" ?\d{1,2} \d\d:\d\d"
+_ISO = r"\d{4}-\d\d-\d\dT[\d:]{8}[,.\d]{0,10}(?:[+-]\d\d:?\d\d|Z)?"
+_MORE = (r"(?:\s(?:\[(?:\s*" + _NUM + _DELTA + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + "))*")
+# A kernel built with CONFIG_PRINTK_CALLER gives every record the id of the
+# task or CPU that logged it; dmesg prints it after the time ("[   T334]"),
+# the kernel's own syslog(2) text (dmesg -S, /proc/kmsg) right after it
+# ("[  1.087841][  T334]").  The kernel sets it, for userspace's writes too.
+_CALLER = r"(?:\s?\[\s{0,10}[TC]\d{1,10}\])?"
+_DSTAMP = _MORE + _CALLER + r"\s"                 # what may follow dmesg's first time field
 # Everything a trusted line may carry before the driver's text.  One
 # alternative per log format; the named groups say who wrote the line.
 _ENVELOPE = re.compile(
     r"(?:"
     r"(?P<cont>[ \t]+)"                                                   # continuation (dmesg, journal)
     r"|(?P<kpri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]{0,200};"  # raw kmsg record
-    r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>\d{1,10}\.\d{1,9})\]\s"        # dmesg -r
-    r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s\[\s*(?P<xmono>\d{1,10}\.\d{1,9})\]\s"  # dmesg -x
+    r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>" + _NUM + r")\]" + _CALLER + r"\s"  # dmesg -r
+    # dmesg -x, with any time format (or none)
+    r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s(?:(?:\[(?:\s*(?P<xmono>" + _NUM + r")" + _DELTA
+    + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + ")" + _DSTAMP + r"|\[\s{0,10}[TC]\d{1,10}\]\s)?"
     # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
-    r"|\[\s*(?P<mono>\d{1,10}\.\d{1,9})\]\s(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
-    r"|\[(?P<ctime>" + _WORD + " " + _WORD + r" [ \d]\d [\d:]{8} \d{4})\]\s"  # dmesg --ctime, any locale
-    r"|(?P<iso>\d{4}-\d\d-\d\dT[\d:]{8}[,.\d]{0,10}(?:[+-]\d\d:?\d\d|Z)?)\s"
-    r"(?:(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:" + _KTS.replace("kts", "ikts") + r")?)?"
+    r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP + r"(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
+    + r"|\[(?P<ctime>" + _CTIME + r")" + _DELTA + r"\]" + _DSTAMP     # dmesg --ctime, any locale
+    + r"|\[(?P<rel>" + _REL + r")\]" + _DSTAMP                     # dmesg -d alone, -e / reltime
+    + r"|\[\s{0,10}(?P<caller>[TC]\d{1,10})\]\s"                        # dmesg --notime, with a caller id
+    r"|(?P<iso>" + _ISO + r")(?:\s(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:"
+    + _KTS.replace("kts", "ikts") + r")?|" + _DSTAMP + ")"
     # talosctl dmesg: "<node>: <facility>: <level>: [<time>]: "; Talos reads
     # /dev/kmsg, so the facility is the record's own (userspace writes: "user").
     r"|(?P<tnode>[^\s\[\]]{1,64}?):\s(?P<tfac>[a-z]{2,8}):\s{1,8}(?P<tlvl>[a-z]{2,8}):\s"
@@ -105,6 +126,10 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
         return g["jtag"] == "kernel", g["unix"] or g["full"], False
     if g["mono"] is not None or g["ctime"] is not None:
         return True, g["mono"] or g["ctime"], False
+    if g["rel"] is not None or g["caller"] is not None:
+        # dmesg's: a relative time (or a delta) dates nothing, so it is no stamp
+        # (after an "API mismatch" the lines that follow only warn: health/xid.py)
+        return True, None, False
     if g["iso"] is not None:
         if g["ihost"] is None:
             return True, g["iso"], False                   # dmesg --time-format iso

@@ -250,3 +250,56 @@ def test_plain_dmesg_lines_keep_their_meaning():
     aer = "[1.000000] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010\n"
     assert [ln.text for ln in kmsg.scan_buffer(aer.encode())] == [
         "0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010"]
+
+
+# ------------------------------ util-linux dmesg: caller ids, -x, -d, -e
+
+# Where each envelope's own message starts (util_linux_dmesg_envelopes.txt, line by line).
+_ENVELOPE_MSG = ("BIOS-e820:", "User program", "snd_hda_intel", "usb 3-3.1", "new", "new", "new", "new", "new", "two",
+                 "new", "new", "example[2]", "example[0]", "example[2]", "example[105]", "example[1]",
+                 "log_array_reset", "debug-snapshot-log")
+
+
+def dmesg_envelopes() -> list[tuple[str, bool]]:
+    """(envelope, written by the kernel) of every line of the util-linux capture file."""
+    lines = (REAL / "util_linux_dmesg_envelopes.txt").read_text().splitlines()
+    assert len(lines) == len(_ENVELOPE_MSG)
+    out = []
+    for line, msg in zip(lines, _ENVELOPE_MSG):
+        env = line[:line.index(msg)]
+        out.append((env, not env.startswith("user")))
+    return out
+
+
+@pytest.mark.parametrize("env,kern", dmesg_envelopes())
+def test_every_dmesg_envelope_reads_as_plain_dmesg(tmp_path, env, kern):
+    # A kernel built with CONFIG_PRINTK_CALLER gives every record a caller id
+    # ("[T4]", "[  T334]", "[C1]"), which dmesg prints after the time; dmesg
+    # -x, -d, -e and --time-format print the time their way.  The record is
+    # the kernel's all the same (only root writes /dev/kmsg); -x's "user"
+    # facility is a record userspace wrote, and is refused.
+    want = [(79, "0000:02:00.0", DRAIN)] if kern else []
+    assert verdicts(env + XID79 + "\n") == want
+    rep = health(tmp_path, env + XID79 + "\n")
+    assert rep.status == (DRAIN if kern else "ok")
+
+
+def test_a_multi_line_record_with_a_caller_id_keeps_its_continuations():
+    # util-linux indents a record's later lines under its text (indentation-syslog-printk-caller)
+    text = ("[ 1843.308145] [ T1234] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+            "                        NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+            "                        NVRM: fallen off the bus and is not responding to commands.\n")
+    assert verdicts(text) == [(79, "0000:b3:00.0", DRAIN)]
+
+
+def test_caller_ids_and_dmesg_stamps_do_not_open_a_new_route():
+    # text before the driver's prefix is still another message's, whatever the stamp
+    for env in ("[    1.000000] [    T1] ", "[Feb13 23:31] ", "[  +1.000000] ", "[<    0.000000>] ",
+                "kern  :err   : [Fri Feb 13 23:31:31 2009] "):
+        assert verdicts(f"{env}usb 1-1: Product: {XID79}\n") == [], env
+        assert verdicts(f"{env}a.out[99]: {XID79}\n") == [], env
+    # a relative or delta stamp is no time: after an "API mismatch" the next lines only warn
+    mismatch = "NVRM: API mismatch: the client has the version 1, but\nNVRM: this kernel module has the version 2.\n"
+    for env in ("[  +0.000004] ", "[<    0.000004>] "):
+        assert verdicts(env + mismatch.replace("\n", "\n" + env, 1) + env + XID79 + "\n") == [
+            (79, "0000:02:00.0", WARN)], env
