@@ -303,3 +303,30 @@ def test_caller_ids_and_dmesg_stamps_do_not_open_a_new_route():
     for env in ("[  +0.000004] ", "[<    0.000004>] "):
         assert verdicts(env + mismatch.replace("\n", "\n" + env, 1) + env + XID79 + "\n") == [
             (79, "0000:02:00.0", WARN)], env
+
+
+# ----------------------------------------- Xids the driver attributes to MIG
+
+def test_akash_dmesg_T_reads_as_its_codes_say():
+    text = (REAL / "akash_dmesg_T_43_31_94.log").read_text()
+    assert verdicts(text) == [(31, "0000:00:07.0", INFO), (43, "0000:00:05.0", INFO), (94, "0000:00:08.0", INFO)]
+
+
+@pytest.mark.parametrize("attr", [" GPU-I:05", " GPU-I:01 GPU-CI:02"])
+def test_an_xid_attributed_to_a_mig_instance_counts_for_its_gpu(tmp_path, attr):
+    # On a GPU in MIG mode the driver names the GPU (and compute) instance
+    # inside the parenthesis (kernel_rc.c XID_PRINT_WITH_ATTR; NVIDIA's own
+    # example: "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained:
+    # CE User Channel (0x9). RST: No, D-RST: No").  It is the same report.
+    for code, rest in ((94, "pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No"),
+                       (95, "pid=7062, Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No"),
+                       (79, "pid=9, name=a, GPU has fallen off the bus."),
+                       (43, "pid=1045242, name=pt_main_thread, Ch 00000008")):
+        plain = f"[ 12.345678] NVRM: Xid (PCI:0000:01:00): {code}, {rest}\n"
+        mig = plain.replace("(PCI:0000:01:00)", f"(PCI:0000:01:00{attr})")
+        assert verdicts(mig) == verdicts(plain) != [], mig
+    rep = health(tmp_path, f"[ 1.0] NVRM: Xid (PCI:0000:01:00{attr}): 79, pid=9, name=a, GPU has fallen off the bus.\n")
+    assert rep.status == DRAIN
+    # a syslog text line stays a warning, MIG or not
+    assert verdicts(f"Aug  9 13:32:56 n1 kernel: NVRM: Xid (PCI:0000:01:00{attr}): 79, GPU has fallen off the bus.\n"
+                    ) == [(79, "0000:01:00.0", WARN)]
