@@ -257,7 +257,7 @@ def test_plain_dmesg_lines_keep_their_meaning():
 # Where each envelope's own message starts (util_linux_dmesg_envelopes.txt, line by line).
 _ENVELOPE_MSG = ("BIOS-e820:", "User program", "snd_hda_intel", "usb 3-3.1", "new", "new", "new", "new", "new", "two",
                  "new", "new", "example[2]", "example[0]", "example[2]", "example[105]", "example[1]",
-                 "log_array_reset", "debug-snapshot-log")
+                 "log_array_reset", "debug-snapshot-log", "ipts mei", "INFO:")
 
 
 def dmesg_envelopes() -> list[tuple[str, bool]]:
