@@ -170,6 +170,41 @@ def _journal_lines(line: str) -> list[KernelLine]:
         rec = json.loads(line)
     except (ValueError, RecursionError):
         return []
+    return _journal_record(rec)
+
+
+# journalctl -o json-pretty: an entry is "{", then one field per line indented
+# by a tab (by 8 spaces before systemd 246), then "}".  A value is JSON-escaped
+# (a newline in it is "\n"), so a line of an entry is never a program's text.
+_PRETTY_MESSAGE = re.compile(rb'[ \t]{1,8}"MESSAGE" : "')
+
+
+def _pretty_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, end: int,
+                  base: int) -> list[KernelLine]:
+    """The kernel lines of the json-pretty entry whose MESSAGE line starts at *ls*.
+
+    The entry is the object from the "{" line before it to the "}" line after
+    it; a MESSAGE line that is in no such object (a copy cut short, the
+    entry split by the read) proves nothing: a warning, never silence.
+    """
+    lo = max(start, ls - MAX_JSON_LINE)
+    at = buf.rfind(b"\n{\n", lo, ls)
+    head = at + 1 if at >= 0 else start if buf[start:start + 2] == b"{\n" and start >= lo else -1
+    hi = min(end, ls + MAX_JSON_LINE)
+    tail = buf.find(b"\n}\n", ls, hi)
+    if tail < 0 and hi == end and buf[end - 2:end] == b"\n}":
+        tail = end - 2                       # the last line, without its newline
+    if head < 0 or tail < 0 or buf.find(b"\n}\n", head, ls) >= 0:
+        return _doubt(buf, s, e, ls + base)
+    try:
+        rec = json.loads(bytes(buf[head:tail + 2]).decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return _doubt(buf, s, e, ls + base)
+    return _journal_record(rec)
+
+
+def _journal_record(rec: object) -> list[KernelLine]:
+    """A journal entry's kernel lines, when journald itself saw it come from the kernel."""
     if not isinstance(rec, dict) or rec.get("_TRANSPORT") != "kernel" or rec.get("SYSLOG_FACILITY", "0") != "0":
         return []
     msg = rec.get("MESSAGE")
@@ -257,6 +292,8 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
         le = end if le < 0 else le + 1
         if buf[ls:ls + 1] == b"{":
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+        elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
+            got = _pretty_lines(buf, ls, s, e, start, end, base)
         else:
             got = _scan_line(buf, ls, s, e, start, kept_end, base)
         if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start, before):

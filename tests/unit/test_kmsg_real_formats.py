@@ -330,3 +330,44 @@ def test_an_xid_attributed_to_a_mig_instance_counts_for_its_gpu(tmp_path, attr):
     # a syslog text line stays a warning, MIG or not
     assert verdicts(f"Aug  9 13:32:56 n1 kernel: NVRM: Xid (PCI:0000:01:00{attr}): 79, GPU has fallen off the bus.\n"
                     ) == [(79, "0000:01:00.0", WARN)]
+
+
+# ----------------------------------------------- journalctl -o json-pretty
+
+def pretty_with(message: str, transport: str = "kernel") -> str:
+    """The real json-pretty entries, each carrying *message* (and *transport*)."""
+    text = (REAL / "journal_json_pretty_envelopes.log").read_text()
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith('"MESSAGE" : '):
+            line = line[:line.index('"MESSAGE"')] + '"MESSAGE" : ' + json.dumps(message) + ",\n"
+        elif line.lstrip().startswith('"_TRANSPORT" : '):
+            line = line[:line.index('"_TRANSPORT"')] + f'"_TRANSPORT" : "{transport}",\n'
+        out.append(line)
+    return "".join(out)
+
+
+def test_journal_json_pretty_entries_read_like_json_lines(tmp_path):
+    # journalctl -o json-pretty writes each entry as an object, one field per
+    # indented line: journald's own _TRANSPORT proves the kernel as in -o json.
+    text = pretty_with(XID79)
+    assert verdicts(text) == [(79, "0000:02:00.0", DRAIN)]
+    assert health(tmp_path, text).status == DRAIN
+    # the 3-line "fallen off the bus" record is one MESSAGE with newlines
+    off = ("NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+           "NVRM: fallen off the bus and is not responding to commands.")
+    assert verdicts(pretty_with(off)) == [(79, "0000:b3:00.0", DRAIN)]
+
+
+@pytest.mark.parametrize("transport", ["syslog", "stdout", "journal"])
+def test_a_json_pretty_entry_a_program_logged_is_refused(tmp_path, transport):
+    assert verdicts(pretty_with(XID79, transport)) == []
+    assert health(tmp_path, pretty_with(XID79, transport)).status == "ok"
+
+
+def test_a_json_pretty_field_line_outside_an_object_only_warns():
+    # cut from its object (a truncated copy), the line proves nothing: a warning, never silence
+    text = "\n".join(ln for ln in pretty_with(XID79).splitlines() if ln not in ("{", "}")) + "\n"
+    lines = kmsg.scan_buffer(text.encode())
+    assert len(lines) == 2 and all(ln.doubt for ln in lines)
+    assert verdicts(text) == [(79, "0000:02:00.0", WARN)]
