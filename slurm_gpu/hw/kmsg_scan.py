@@ -47,6 +47,8 @@ _MORE = (r"(?:\s(?:\[(?:\s*" + _NUM + _DELTA + "|" + _CTIME + _DELTA + "|" + _RE
 # task or CPU that logged it; dmesg prints it after the time ("[   T334]"),
 # the kernel's own syslog(2) text (dmesg -S, /proc/kmsg) right after it
 # ("[  1.087841][  T334]").  The kernel sets it, for userspace's writes too.
+# Alone (dmesg --notime) it proves nothing: dmesg then leaves a record's later
+# lines unindented, so a user's newline in a kernel message could start one.
 _CALLER = r"(?:\s?\[\s{0,10}[TC]\d{1,10}\])?"
 _DSTAMP = _MORE + _CALLER + r"\s"                 # what may follow dmesg's first time field
 # Everything a trusted line may carry before the driver's text.  One
@@ -56,15 +58,14 @@ _ENVELOPE = re.compile(
     r"(?P<cont>[ \t]+)"                                                   # continuation (dmesg, journal)
     r"|(?P<kpri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]{0,200};"  # raw kmsg record
     r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>" + _NUM + r")\]" + _CALLER + r"\s"  # dmesg -r
-    # dmesg -x, with any time format (or none)
-    r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s(?:(?:\[(?:\s*(?P<xmono>" + _NUM + r")" + _DELTA
-    + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + ")" + _DSTAMP + r"|\[\s{0,10}[TC]\d{1,10}\]\s)?"
+    # dmesg -x, with any time format
+    r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s(?:\[(?:\s*(?P<xmono>" + _NUM + r")" + _DELTA
+    + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + ")" + _DSTAMP
     # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
-    r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP + r"(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
+    + r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP + r"(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
     + r"|\[(?P<ctime>" + _CTIME + r")" + _DELTA + r"\]" + _DSTAMP     # dmesg --ctime, any locale
     + r"|\[(?P<rel>" + _REL + r")\]" + _DSTAMP                     # dmesg -d alone, -e / reltime
-    + r"|\[\s{0,10}(?P<caller>[TC]\d{1,10})\]\s"                        # dmesg --notime, with a caller id
-    r"|(?P<iso>" + _ISO + r")(?:\s(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:"
+    + r"|(?P<iso>" + _ISO + r")(?:\s(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:"
     + _KTS.replace("kts", "ikts") + r")?|" + _DSTAMP + ")"
     # talosctl dmesg: "<node>: <facility>: <level>: [<time>]: "; Talos reads
     # /dev/kmsg, so the facility is the record's own (userspace writes: "user").
@@ -126,7 +127,7 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
         return g["jtag"] == "kernel", g["unix"] or g["full"], False
     if g["mono"] is not None or g["ctime"] is not None:
         return True, g["mono"] or g["ctime"], False
-    if g["rel"] is not None or g["caller"] is not None:
+    if g["rel"] is not None:
         # dmesg's: a relative time (or a delta) dates nothing, so it is no stamp
         # (after an "API mismatch" the lines that follow only warn: health/xid.py)
         return True, None, False

@@ -18,7 +18,7 @@ import pytest
 from slurm_gpu.health import engine, sxid, xid
 from slurm_gpu.health.findings import DRAIN, INFO, WARN, worst
 from slurm_gpu.health.settings import HealthSettings
-from slurm_gpu.hw import kmsg
+from slurm_gpu.hw import kmsg, kmsg_scan
 from paths import ROOT
 
 REAL = ROOT / "tests" / "data" / "xid" / "real"
@@ -278,10 +278,14 @@ def test_every_dmesg_envelope_reads_as_plain_dmesg(tmp_path, env, kern):
     # -x, -d, -e and --time-format print the time their way.  The record is
     # the kernel's all the same (only root writes /dev/kmsg); -x's "user"
     # facility is a record userspace wrote, and is refused.
-    want = [(79, "0000:02:00.0", DRAIN)] if kern else []
+    # A caller id alone (dmesg --notime) is no stamp, and dmesg then leaves a
+    # record's later lines unindented: a user's newline in a kernel message
+    # could make such a line, so it only warns.
+    notime = env.lstrip().startswith("[") and env.strip()[1:].lstrip()[:1] in ("T", "C")
+    want = [(79, "0000:02:00.0", WARN if notime else DRAIN)] if kern else []
     assert verdicts(env + XID79 + "\n") == want
     rep = health(tmp_path, env + XID79 + "\n")
-    assert rep.status == (DRAIN if kern else "ok")
+    assert rep.status == ((WARN if notime else DRAIN) if kern else "ok")
 
 
 def test_a_multi_line_record_with_a_caller_id_keeps_its_continuations():
@@ -290,6 +294,12 @@ def test_a_multi_line_record_with_a_caller_id_keeps_its_continuations():
             "                        NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
             "                        NVRM: fallen off the bus and is not responding to commands.\n")
     assert verdicts(text) == [(79, "0000:b3:00.0", DRAIN)]
+
+
+def test_a_caller_id_without_a_time_only_warns():
+    for env in ("[    T1] ", "[T4552] ", "kern  :err   : [    T1] ", "kern  :err   : "):
+        lines = kmsg.scan_buffer(f"{env}{XID79}\n".encode())
+        assert len(lines) == 1 and lines[0].doubt == kmsg_scan.UNKNOWN_FORMAT, env
 
 
 def test_caller_ids_and_dmesg_stamps_do_not_open_a_new_route():
