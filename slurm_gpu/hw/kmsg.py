@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
-from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer  # noqa: F401
+from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer, text_log_head  # noqa: F401
 from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
 TYPE_CHECKING = False   # not typing's: the health check imports this module (~2 ms)
@@ -137,7 +137,9 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         buf = bytearray(min(want, st.st_size - start))
         # A journal export file (journalctl -o export) is read entry by entry
         # (kmsg_export): its first bytes are journalctl's, never a program's.
-        export = os.pread(fd, len(MAGIC), 0) == MAGIC
+        head = os.pread(fd, 4096, 0)
+        export = head.startswith(MAGIC)
+        text_log = not export and text_log_head(head)
         lost = -1                          # where in ``out`` the export format broke (what follows is unproven)
         while pos < st.st_size:
             size = min(want, st.st_size - pos)
@@ -186,7 +188,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     break                  # the last line (entry), still being written
                 want *= 2
                 continue
-            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos))
+            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos), text_log)
             pos += cut
             want = CHUNK
         if lost >= 0:

@@ -216,20 +216,20 @@ def _journal_record(rec: object) -> list[KernelLine]:
     return _message_lines(msg, when)
 
 
-def _message_lines(msg: str, when: str | None, sep: str = "\n") -> list[KernelLine]:
-    """One record's message, split into its first line and its continuations."""
+def _message_lines(msg: str, when: str | None, sep: str = "\n", at: int = -1) -> list[KernelLine]:
+    """One record's message, split into its first line and its continuations (*at*: the record's offset)."""
     out: list[KernelLine] = []
     for i, part in enumerate(msg.split(sep)):
         part = part.rstrip("\r")
         if i:
             if _DRIVER.match(part.lstrip()):
-                out.append(KernelLine(when, part.strip(), cont=True))
+                out.append(KernelLine(when, part.strip(), cont=True, at=at))
             continue
         dev = _AER_DEV.match(part)
         if _DRIVER.match(part):
-            out.append(KernelLine(when, part))
+            out.append(KernelLine(when, part, at=at))
         elif dev and part[dev.end():].startswith("AER: Uncorrected"):
-            out.append(KernelLine(when, f"{dev.group('dev')}: {part[dev.end():]}"))
+            out.append(KernelLine(when, f"{dev.group('dev')}: {part[dev.end():]}", at=at))
     return out
 
 
@@ -248,17 +248,46 @@ def _line_start(buf: bytes | bytearray, start: int) -> int:
     return buf.rfind(b"\n", 0, start) + 1
 
 
+TEXT_LOG = ("a kernel reader's line inside a syslog/journal text log (the file's first line is one): "
+            "a newline in someone's message may have made it")
+
+
+def text_log_head(head: bytes | bytearray) -> bool:
+    """Whether a log file whose first bytes are *head* is a syslog or journal *text* log.
+
+    Its writer sets the file's format, and a user cannot write a file's first
+    line: every message they send gets the writer's envelope.  In such a file
+    no line is the kernel's proof: its kernel lines are tag-only claims
+    (``TAG_ONLY``), and a line in a kernel reader's format (a dmesg stamp, a
+    facility) can only be a message's raw newline (a writer that keeps them:
+    syslog-ng without ``no-multi-line``, a collector's file output).
+    """
+    for raw in bytes(head[:4096]).split(b"\n")[:16]:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if not line.strip() or line.startswith("-- "):
+            continue                   # blank, or journalctl's "-- Logs begin at ..." header
+        return text_log_line(line)
+    return False
+
+
 def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0,
-                before: bytes = b"") -> list[KernelLine]:
+                before: bytes = b"", text_log: bool | None = None) -> list[KernelLine]:
     """Kernel-written lines of interest in ``buf[start:end]``, in log order.
 
     Also the driver lines whose origin cannot be proven (``doubt`` set);
     ``base`` is the file offset of ``buf[0]`` (their ``at``); *before* is the
     line before ``buf[start]`` (a cursor or a chunk may split a record).
+    *text_log*: the file is a syslog/journal text log (``text_log_head``);
+    None: decided from ``buf`` when it starts at the file's start (``base`` 0).
     """
     if end is None:
         end = len(buf)
-    return _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
+    if text_log is None:
+        text_log = base == 0 and text_log_head(buf[:4096])
+    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
+    if text_log:
+        out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, TEXT_LOG, ln.at) for ln in out]
+    return out
 
 
 def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -400,7 +429,7 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
             return _doubt(buf, s, e, ls + base)
         return []                  # text before the driver's prefix: not the driver's message
     if env.group("kpri") is not None:
-        return _message_lines(text, when, sep="\\x0a")
+        return _message_lines(text, when, sep="\\x0a", at=ls + base)
     return [KernelLine(when, text, cont, at=ls + base)]
 
 

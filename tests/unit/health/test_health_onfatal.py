@@ -262,8 +262,9 @@ def test_a_line_whose_sender_is_proven_drains_and_requeues(tmp_path, monkeypatch
 
 def test_the_kernel_log_follower_starts_no_run_for_a_forgeable_line(tmp_path):
     from slurm_gpu.health.watch import KernelFollower, drain_finding
-    log = tmp_path / "messages"
-    log.write_text("")
+    # a kernel reader's output (a file whose first line is a syslog text line proves nothing: TEXT_LOG)
+    log = tmp_path / "kmsg.log"
+    log.write_text("6,1,1000,-;usb 1-1: new high-speed USB device\n")
     follow = KernelFollower(str(log))
     with open(log, "a") as f:
         f.write(FORGEABLE["rsyslog traditional"])

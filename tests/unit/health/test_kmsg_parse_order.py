@@ -33,10 +33,14 @@ BEFORE = {
     "api mismatch record": ("[1.000000] NVRM: API mismatch: the client has the version 1\n"
                             "           NVRM: Xid (PCI:0000:02:00): 79, x, but\n"
                             "           NVRM: this kernel module has the version 550.54.15.  Please\n"),
-    "api mismatch, syslog split": ("Dec 22 11:26:00 n1 kernel: [ 1.000000] NVRM: API mismatch: the client has the "
+    # (a file whose first line is a syslog text line proves nothing at all: kmsg_scan.TEXT_LOG;
+    # here the syslog lines sit in a log that starts as dmesg's)
+    "api mismatch, syslog split": ("[0.500000] usb 1-1: new device\n"
+                                   "Dec 22 11:26:00 n1 kernel: [ 1.000000] NVRM: API mismatch: the client has the "
                                    "version 1\nDec 22 11:26:00 n1 kernel: [ 1.000000] NVRM: Xid (PCI:0000:02:00): "
                                    "79, x, but\n"),
-    "api mismatch, 1-second stamps": ("Dec 22 11:26:00 n1 kernel: NVRM: API mismatch: the client has the version 1\n"
+    "api mismatch, 1-second stamps": ("[0.500000] usb 1-1: new device\n"
+                                      "Dec 22 11:26:00 n1 kernel: NVRM: API mismatch: the client has the version 1\n"
                                       "Dec 22 11:26:00 n1 kernel: NVRM: Xid (PCI:0000:02:00): 79, x, but\n"),
     "kmsg record with continuations": ("3,1,1000,-;NVRM: Xid (PCI:0000:02:00): 13, a\\x0aNVRM: more\n"),
     "user record": "14,2,1000,-;NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n",

@@ -342,6 +342,52 @@ def test_a_real_multi_line_record_read_through_proc_kmsg_still_drains():
             ] == [(79, DRAIN)]
 
 
+# A syslog writer that keeps a message's raw newlines (syslog-ng without
+# no-multi-line, a collector's file output) lets a user's message start a line
+# in any format; one with the kernel's proof (a dmesg stamp, a facility) is a
+# line of a kernel reader's output only where the line before it is one too.
+_USER_MSG = "Nov 28 15:10:23 gpu01 alice: hello"
+RAW_NEWLINE = {
+    "dmesg stamp": f"{_USER_MSG}\n[ 5123.456789] {XID}\n",
+    "dmesg stamp after an empty line": f"{_USER_MSG}\n\n[ 5123.456789] {XID}\n",
+    "dmesg stamp after a line of no format": f"{_USER_MSG}\nfoo\n[ 5123.456789] {XID}\n",
+    "dmesg -r facility kern": f"{_USER_MSG}\n<3>[ 5123.456789] {XID}\n",
+    "dmesg -x facility kern": f"{_USER_MSG}\nkern  :err   : [ 5123.456789] {XID}\n",
+    "kmsg record": f"{_USER_MSG}\n3,1190,5123456789,-;{XID}\n",
+    "dmesg --ctime": f"{_USER_MSG}\n[Sat Nov 28 15:10:23 2026] {XID}\n",
+    "dmesg iso": f"{_USER_MSG}\n2026-11-28T15:10:23,123456+00:00 {XID}\n",
+    # journalctl -o short-monotonic starts with the kernel's lines of the boot
+    "journal short-monotonic": (f"[    0.000000] gpu01 kernel: Linux version 6.1.0\n"
+                                f"[ 5120.000001] gpu01 alice[42]: hi\n[ 5123.456789] {XID}\n"),
+    "journalctl header, short": (f"-- Journal begins at Sat 2026-11-28 10:00:00 UTC. --\n{_USER_MSG}\n"
+                                 f"[ 5123.456789] {XID}\n"),
+    "after an rfc3339 line": f"2026-11-28T15:10:23.1+00:00 gpu01 alice: hi\n[ 5123.456789] {XID}\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAW_NEWLINE))
+def test_a_kernel_format_line_after_a_text_log_line_only_warns(tmp_path, name):
+    fs = findings(RAW_NEWLINE[name])
+    assert [(f.xid, f.severity) for f in fs] == [(79, "warn")], fs
+    text = RAW_NEWLINE[name]
+    assert f"byte {text.rindex(chr(10), 0, text.index(XID)) + 1} of the kernel log" in fs[0].message
+    log = tmp_path / "messages"
+    log.write_text(RAW_NEWLINE[name])
+    rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
+                                    only=["gpu.xid"], no_drain=True))
+    assert rep.status == "warn" and drain_reason(rep.findings) is None
+
+
+def test_a_kernel_reader_s_own_output_still_drains_line_after_line():
+    # dmesg's continuation lines, blank lines between records, and a file that starts with the Xid
+    for text in (f"[ 5123.000001] nvidia 0000:02:00.0: something\n[ 5123.456789] {XID}\n",
+                 f"[ 5123.000001] NVRM: GPU at PCI:0000:02:00: GPU-1\n   more text\n\n[ 5123.456789] {XID}\n",
+                 f"[ 5123.456789] {XID}\n",
+                 f"<6>[ 5123.000001] usb 1-1: new device\n<3>[ 5123.456789] {XID}\n",
+                 f"kern  :info  : [ 5123.000001] usb 1-1: x\nkern  :err   : [ 5123.456789] {XID}\n"):
+        assert [(f.xid, f.severity) for f in findings(text)] == [(79, DRAIN)], text
+
+
 @pytest.mark.parametrize("name,cut", [("imklog kern.log", 1), ("two forged lines", 2)])
 def test_the_cursor_between_a_foreign_line_and_the_forged_one_changes_nothing(tmp_path, name, cut):
     # the health run read the log just after the record's first line(s) were written
