@@ -216,7 +216,9 @@ def _files(changes: dict[str, str | None]) -> Callable[[], dict[str, str | None]
 def fabric_root_files(facts: Mapping[str, Any], node_wide_imex: bool = False) -> dict[str, str]:
     """A healthy node's fabric root for *facts*: up a day, its NVSwitches'
     PCI functions (those with a local bus id) and Fabric Manager, node-wide
-    IMEX where asked, and one NDR InfiniBand port, in the kernel's formats."""
+    IMEX where asked, and one NDR InfiniBand port, in the kernel's formats
+    (its state, phys_state, rate and link_layer lines are a real ConnectX-7
+    port's: tests/data/ib/gpud-h100, mlx5_0/1)."""
     # /proc/PID/status's Uid line: real, effective, saved, filesystem (proc(5))
     root_status = "Name:\t{}\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n"
     out = {"proc/uptime": "86400.00 1382400.00\n", "proc/1/comm": "systemd\n",
