@@ -40,13 +40,26 @@ def test_an_unknown_or_untouchable_node_keeps_what_is_owed():
 def test_someone_elses_fail_or_reason_is_left_alone():
     mem = Memory(drained_reason=OURS, clean_runs=2)
     for n, shown in ((node("IDLE", "FAIL"), "IDLE+FAIL"), (node("IDLE", "FAIL", reason=OURS), "IDLE+FAIL"),
-                     (node("MIXED", reason="bad fan"), "MIXED")):
+                     (node("MIXED", "FAIL", reason="bad fan"), "MIXED+FAIL")):
         why = n.reason or "no reason"
         assert decide(n, OURS, mem, 3) == Plan(
             "none", f"node is {shown} for someone else's reason ({why}): left alone", memory=Memory())
     # our reason on a node that is not drained (an admin resumed it half-way): start over, drain again
     assert decide(node("IDLE", reason=OURS), OURS, mem, 3) == Plan(
         "drain", "draining", reason=OURS, memory=Memory(drained_reason=OURS))
+
+
+def test_a_reason_on_a_node_that_is_not_drained_holds_nothing():
+    # Slurm 24.11.5 keeps Reason= after "scontrol update state=resume" of a
+    # DRAINING node (seen in the VM tier; 22.05.8 and 26.05 clear it).  The
+    # node runs jobs, so a GPU fault there must still drain it.
+    stale = "bad fan"
+    for n in (node("MIXED", reason=stale), node("IDLE", reason=stale), node("ALLOCATED", reason=stale)):
+        assert decide(n, OURS, Memory(drained_reason=OURS, clean_runs=2), 3) == Plan(
+            "drain", f"draining (replaces the reason of a node that was not drained: {stale})",
+            reason=OURS, memory=Memory(drained_reason=OURS))
+        # with nothing wrong, the stale text is not ours to touch
+        assert decide(n, None, Memory(), 3) == Plan("none", "healthy", memory=Memory())
 
 
 def test_a_drain_we_do_not_remember_is_never_ours_to_lift():
