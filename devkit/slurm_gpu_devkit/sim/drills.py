@@ -16,7 +16,7 @@ the driver's own (cited per drill); ``{pci}`` is the driver's short bus id
 
 This module is one registry (``DRILLS``): a new drill (the fabric ones of the
 GB200 work) is one entry here, with its test in
-tests/unit/test_sandbox_drills.py.
+tests/unit/devkit/test_sandbox_drills.py.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Drill:
     # Runs of the health check that see the fault before it drains (the
     # check's default debounce count); every run before that only warns.
     runs: int = 1
-    fabric: bool = False                    # a fabric drill (issue 28): tests/unit/test_fabric_drills.py
+    fabric: bool = False                    # a fabric drill (issue 28): tests/unit/devkit/test_fabric_drills.py
     # What the node's machine must have for this fault to mean anything
     # (facts, GPU index -> why not, or None): see applies().
     needs: Callable[[Mapping[str, Any], int], str | None] = field(default=lambda facts, gpu: None)
