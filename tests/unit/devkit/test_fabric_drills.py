@@ -25,6 +25,8 @@ WHERE = {"nvlink-down": ("h100-sxm-8x", 2), "nvlink-downtrained": ("h100-sxm-8x"
          "fabric-clique-lost": ("gb200-nvl", 1), "pcie-downtrained": ("h100-sxm-8x", 0),
          "fabricmanager-down": ("h100-sxm-8x", 0), "imex-down": ("gb200-nvl", 0),
          "ib-port-down": ("h100-sxm-8x", 0), "ib-errors-rising": ("h100-sxm-8x", 0)}
+# The drills whose fault is degradation, not proof of one: they warn, never drain.
+WARN_ONLY = {"fabric-degraded": ("gb200-nvl", 2)}
 GRACE = {"nvlink-down", "nvlink-downtrained", "fabric-clique-lost", "imex-down", "fabricmanager-down",
          "ib-port-down", "ib-errors-rising"}
 
@@ -89,6 +91,39 @@ def test_fabric_drill_drains_after_its_debounce_and_resumes(tmp_path, monkeypatc
     assert node.reason is None and "DRAIN" not in node.slurm.text
 
 
+@pytest.mark.parametrize("name", list(WARN_ONLY))
+def test_warn_only_drill_warns_with_its_documented_text_never_drains_and_clears(tmp_path, monkeypatch, capsys, name):
+    """fabric-degraded: NVML's fabric health mask says degraded bandwidth and
+    the v3 summary says limited capacity, as a real degraded fabric shows
+    both; every acting run warns with the texts docs/health.md shows, none
+    drains (past every debounce count and outside the boot grace), and once
+    cleared the warnings go."""
+    d = drills.DRILLS[name]
+    assert d.fabric and not d.drains and d.warns
+    machine, gpu = WARN_ONLY[name]
+    node = Node(tmp_path, machine, monkeypatch, capsys)
+    bus = drills.gpu_bus(node.facts, gpu)
+    fabric_checks = {"gpu.fabric", "gpu.fabric_registration"}
+
+    def warnings(doc: dict) -> list[str]:
+        return sorted(f"{f['check']}: {f['message']}" for f in doc["findings"]
+                      if f["check"] in fabric_checks and f["severity"] != "info")
+
+    assert warnings(node.run()) == [] and node.reason is None
+    node.inject(d, bus)
+    for _ in range(4):
+        doc = node.run()
+        assert doc["status"] == "warn" and node.reason is None, doc
+        assert warnings(doc) == sorted(d.warnings_for(bus)), doc
+    assert "DRAIN" not in node.slurm.text and d.matches(node.reason, bus, gpu)
+    doc_text = (ROOT / "docs" / "health.md").read_text()
+    shown = [w.replace(": ", " [BUS]: ", 1) for w in d.warnings_for("BUS")]   # the text output's form
+    assert all(f"warn  {w}" in doc_text for w in shown), "docs/health.md shows each warning"
+    node.clear()
+    doc = node.run()
+    assert warnings(doc) == [] and node.reason is None and "DRAIN" not in node.slurm.text, doc
+
+
 @pytest.mark.parametrize("name", sorted(GRACE))
 def test_fabric_drill_inside_boot_grace_does_not_drain(tmp_path, monkeypatch, capsys, name):
     d = drills.DRILLS[name]
@@ -112,12 +147,14 @@ def test_a_drill_says_which_machines_it_fits():
     assert clique.applies(gb, 0) is None and "multi-node NVLink domain" in clique.applies(hgx, 0)
     assert fm.applies(hgx, 0) is None and fm.applies(gb, 0) == "needs NVSwitches on the node"
     assert down.applies(hgx, 1) is None and down.applies(a100, 1) == "needs a GPU with 18 NVLinks (this one has 12)"
-    for name, (machine, gpu) in WHERE.items():
+    assert drills.DRILLS["fabric-degraded"].applies(hgx, 0) == clique.applies(hgx, 0)
+    for name, (machine, gpu) in {**WHERE, **WARN_ONLY}.items():
         facts = json.loads((MACHINES / machine / "facts.json").read_text())
         assert drills.DRILLS[name].applies(facts, gpu) is None, name
 
 
 def test_listing_names_every_fabric_drill():
     text = drills.listing()
-    for name in WHERE:
+    assert {n for n, d in drills.DRILLS.items() if d.fabric} == {*WHERE, *WARN_ONLY}
+    for name in [*WHERE, *WARN_ONLY]:
         assert re.search(rf"^{re.escape(name)} ", text, re.M), name

@@ -166,6 +166,44 @@ def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
         nodesim.set_fault(L, "../n1", {})
 
 
+def test_fabric_degraded_drill_reaches_the_nodes_nvml_and_warns_until_cleared(tmp_path: Path, monkeypatch,
+                                                                              capsys) -> None:
+    """`sandbox fault NODE fabric-degraded` as the sandbox node's own health
+    check sees it (its `[node] nvml = "sim:..."`, its fabric root): the
+    documented warnings, no drain; cleared, they go."""
+    from slurm_gpu import config
+    from slurm_gpu.cli import main
+    from slurm_gpu_devkit.sim import drills
+    L = Layout.of(tmp_path / "sb")
+    for d in (L.root, *L.dirs()):
+        d.mkdir(parents=True)
+    nodesim.prepare(L, MACHINES / "gb200-nvl", ["n1", "n2"], tmp_path)
+    node = L.var / "n2"
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nnvml = "sim:{node}/sim.json"\nstate_dir = "{tmp_path}/state"\n[health]\n'
+                   f'kernel_log = "{node}/kernel.log"\nfabric_root = "{node}/fabric"\n'
+                   f'baseline = "{tmp_path}/none.json"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    config._load.cache_clear()
+
+    def fabric_findings() -> tuple[str, list[str]]:
+        main(["health", "--no-drain", "--json", "--node", "n2"])
+        doc = json.loads(capsys.readouterr().out)
+        return doc["status"], sorted(f"{f['check']}: {f['message']}" for f in doc["findings"]
+                                     if f["check"].startswith("gpu.fabric") and f["severity"] != "info")
+
+    try:
+        assert fabric_findings()[1] == []
+        bus, reason = nodesim.drill(L, "n2", "fabric-degraded", 3)
+        assert reason == ""                                   # nothing to drain with
+        assert fabric_findings() == ("warn", sorted(drills.DRILLS["fabric-degraded"].warnings_for(bus)))
+        nodesim.set_fault(L, "n2", {})
+        assert fabric_findings()[1] == []
+    finally:
+        config._load.cache_clear()
+
+
 def test_set_values_parse_toml_inline_tables() -> None:
     from slurm_gpu_devkit.commands.sandbox import _toml_value
     assert _toml_value('{"1" = 0}') == {"1": 0}

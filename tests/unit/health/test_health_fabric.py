@@ -25,6 +25,7 @@ from test_health_checks import gather, replay
 from paths import ROOT
 
 IB = ROOT / "tests" / "data" / "ib" / "procfs"
+NDR = ROOT / "tests" / "data" / "ib" / "gpud-h100"         # an H100 node's NDR tree (tests/data/ib/README.md)
 MACHINES = ROOT / "tests" / "data" / "machines"
 
 
@@ -42,6 +43,41 @@ def test_real_sysfs_capture_reads_every_port():
     assert p.counters == {"link_downed": 0, "symbol_error": 0, "port_rcv_errors": 0}
     assert ports["hfi1_0/1"].rate == 100.0 and ports["mlx5_0/1"].phys_state == "ACTIVE"   # as captured
     assert read_ports(str(IB / "nowhere")) is None
+
+
+def test_real_ndr_capture_reads_400_gbps_ports_and_leaves_the_roce_port_out(tmp_path):
+    """An H100 node's 8 ConnectX-7 NDR ports at 400 Gb/sec (4X NDR) and a
+    BlueField-3 RoCE bond at 200 (2X NDR), as captured: the IB check reads
+    every IB port, holds each to a 400 Gb/s baseline without a finding, and a
+    link_downed counter saturated at 255 (8 bits) is no rise; the baseline a
+    node records from it names the InfiniBand ports only."""
+    ports = read_ports(str(NDR))
+    ib_names = [f"mlx5_{i}/1" for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+    assert sorted(ports) == sorted(ib_names + ["mlx5_bond_0/1"])
+    for n in ib_names:
+        p = ports[n]
+        assert (p.state, p.phys_state, p.rate, p.width, p.link_layer) == ("ACTIVE", "LinkUp", 400.0, "4X NDR",
+                                                                          "InfiniBand"), n
+    bond = ports["mlx5_bond_0/1"]
+    assert (bond.rate, bond.width, bond.link_layer) == (200.0, "2X NDR", "Ethernet")
+    assert ports["mlx5_1/1"].counters == {"link_downed": 255, "symbol_error": 0, "port_rcv_errors": 14}
+    want = {n: 400 for n in ib_names}
+    fs, mem = ib.check_ports(ports, want, {}, 100, 1000.0)
+    assert fs == [] and sorted(mem) == ib_names                   # the RoCE bond is not ib.port's
+    fs, mem = ib.check_ports(read_ports(str(NDR)), want, mem, 100, 1060.0)
+    assert fs == []
+    fs, _ = ib.check_ports(ports, {**want, "mlx5_4/1": 800}, {}, 100, 0.0)
+    assert [(f.check, f.severity, f.message) for f in fs] == [
+        ("ib.port", DRAIN, "InfiniBand port mlx5_4/1 at 400 Gb/s (4X NDR), expected 800 Gb/s")]
+    # The drills' healthy sandbox port is this capture's port, line for line.
+    healthy = drills.fabric_root_files({})
+    for f in ("state", "phys_state", "rate", "link_layer"):
+        real = (NDR / "sys/class/infiniband/mlx5_0/ports/1" / f).read_text()
+        assert healthy[f"{drills.IB_PORT}/{f}"] == real + "\n", f
+    # A baseline recorded on this node holds its InfiniBand ports, not the RoCE bond.
+    h = gather("h100-sxm-8x")
+    (entry,) = baseline.entry_for(h, ports).values()
+    assert entry["ib"] == want
 
 
 def test_ib_ports_against_baseline_and_between_runs(tmp_path):

@@ -110,7 +110,13 @@ def test_data_file_is_well_formed_and_sourced() -> None:
     seen_names: dict[str, str] = {}
     for m in models():
         prov = dict(m.provenance)
-        assert set(prov) - {"aliases"} == {"profiles", "memory_sm", "ids_placements", "pci_device_ids"}, m.key
+        assert set(prov) - {"aliases", "ci_sm"} == {"profiles", "memory_sm", "ids_placements", "pci_device_ids"}, m.key
+        # Compute-instance SM counts are sourced (a real -lcip), and each one is a CI size the
+        # GPU instance offers, smaller than it, with fewer SMs than the GPU instance has.
+        assert any(p.ci_sm for p in m.profiles) == ("ci_sm" in prov), m.key
+        for p in m.profiles:
+            for ci, sms in p.ci_sm:
+                assert ci in p.ci_sizes and ci < p.slices and p.sm_count and 0 < sms < p.sm_count, (m.key, p.name)
         # Every second name is sourced, names a profile of the model, and is no profile's own name.
         assert bool(m.aliases) == ("aliases" in prov), m.key
         for alias, name in m.aliases:

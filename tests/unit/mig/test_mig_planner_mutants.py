@@ -79,13 +79,13 @@ def test_placements_are_exactly_these():
     got = plan("1c.3g.40gb,2x2g.20gb", H100)[0]
     assert [p.to_dict() for p in got] == [
         {"profile": "3g.40gb", "name": "1c.3g.40gb", "gi_profile_id": 9, "start": 4, "size": 4, "ci_slices": 1,
-         "ci_profile": 0, "ci_start": 0, "memory_mb": 40448, "sm_count": 20},
+         "ci_profile": 0, "ci_start": 0, "memory_mb": 40448, "sm_count": None},
         {"profile": "2g.20gb", "name": "2g.20gb", "gi_profile_id": 14, "start": 0, "size": 2, "ci_slices": 2,
          "ci_profile": 1, "ci_start": 0, "memory_mb": 20096, "sm_count": 32},
         {"profile": "2g.20gb", "name": "2g.20gb", "gi_profile_id": 14, "start": 2, "size": 2, "ci_slices": 2,
          "ci_profile": 1, "ci_start": 0, "memory_mb": 20096, "sm_count": 32},
     ]
-    assert got[0] == Placement("3g.40gb", 9, 2, 4, 4, 1, 0, 0, 40448, 20)
+    assert got[0] == Placement("3g.40gb", 9, 2, 4, 4, 1, 0, 0, 40448, None)
 
 
 def test_a_whole_gpu_and_a_model_without_published_sizes():
@@ -93,10 +93,13 @@ def test_a_whole_gpu_and_a_model_without_published_sizes():
         {"profile": "7g.96gb", "name": "7g.96gb", "gi_profile_id": 0, "start": 0, "size": 8, "ci_slices": 7,
          "ci_profile": 4, "ci_start": 0, "memory_mb": None, "sm_count": None}]
     p = plan("2c.4g.40gb", H100)[0][0]
-    assert (p.name, p.ci_slices, p.ci_profile, p.sm_count) == ("2c.4g.40gb", 2, 1, 32)
-    # a compute instance's SMs: its share of the GPU instance's, rounded down to a whole SM
+    assert (p.name, p.ci_slices, p.ci_profile, p.sm_count) == ("2c.4g.40gb", 2, 1, None)
+    # a compute instance's SMs: what a real -lcip lists for its size (A100 80GB), else
+    # none (no H100 -lcip lists 1c.7g.94gb), never a share of the GPU instance's
+    p = plan("2c.3g.40gb", find_model("a100-80gb"))[0][0]
+    assert (p.name, p.sm_count) == ("2c.3g.40gb", 28) and type(p.sm_count) is int
     p = plan("1c.7g.94gb", find_model("h100-nvl"))[0][0]
-    assert (p.name, p.sm_count) == ("1c.7g.94gb", 132 // 7) and type(p.sm_count) is int
+    assert (p.name, p.sm_count) == ("1c.7g.94gb", None)
     assert len(plan("1g.10gb", H100)) == 1                                        # one GPU unless told
 
 
