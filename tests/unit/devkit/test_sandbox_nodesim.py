@@ -125,13 +125,13 @@ def test_mps_base_dir_expands_the_node_name(tmp_path: Path, monkeypatch) -> None
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text('[mps]\nbase_dir = "/run/x/%n/mps"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    config._load.cache_clear()
+    config.clear_cache()
     live.use_node_name("n7")
     try:
         assert load()[1].base_dir == "/run/x/n7/mps"
     finally:
         live.use_node_name(None)
-        config._load.cache_clear()
+        config.clear_cache()
 
 
 def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:

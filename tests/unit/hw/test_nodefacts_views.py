@@ -35,9 +35,9 @@ def env(tmp_path, monkeypatch):
     cfg.write_text("")
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
-    config._load.cache_clear()
+    config.clear_cache()
     yield tmp_path
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def spank_view(tmp: Path, model: Node, monkeypatch) -> list[dict]:
@@ -140,7 +140,7 @@ def test_prolog_follows_an_edited_snapshot_and_config(env, monkeypatch) -> None:
     snap = env / "node.json"
     snap.write_bytes((MACHINES / "mini-2numa" / "snapshot.json").read_bytes())
     (env / "slurm-gpu.toml").write_text(f'[node]\nsnapshot = "{snap}"\n')
-    config._load.cache_clear()
+    config.clear_cache()
     model = load_node(Snapshot(str(snap)))
     _gres_in_minor_order(env, [g.minor for g in model.gpus])
     assert [p["uuid"] for p in prolog_view(env, model, [0, 1])] == [g.uuid for g in model.gpus]
@@ -149,5 +149,5 @@ def test_prolog_follows_an_edited_snapshot_and_config(env, monkeypatch) -> None:
     os.utime(snap, ns=(1, 1))
     assert [p["uuid"] for p in prolog_view(env, renamed, [0, 1])] == [g.uuid for g in renamed.gpus]
     (env / "slurm-gpu.toml").write_text(f'[node]\nsnapshot = "{snap}"\n# edited\n')
-    config._load.cache_clear()
+    config.clear_cache()
     assert [p["uuid"] for p in prolog_view(env, model, [0, 1])] == [g.uuid for g in model.gpus]
