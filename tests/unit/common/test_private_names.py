@@ -34,7 +34,7 @@ CEILING: dict[str, int] = {
     "cli": 2,
     "cluster": 0,
     "common": 3,
-    "confgen": 43,
+    "confgen": 0,
     "devkit": 3,
     "health": 16,
     "hw": 9,
