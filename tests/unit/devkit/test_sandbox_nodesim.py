@@ -167,9 +167,18 @@ def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
 
 
 def test_set_values_parse_toml_inline_tables() -> None:
-    from slurm_gpu_devkit.commands.sandbox import _toml_value
-    assert _toml_value('{"1" = 0}') == {"1": 0}
-    assert _toml_value("[1, 2]") == [1, 2]
-    assert _toml_value("5") == 5 and _toml_value("true") is True and _toml_value("/x") == "/x"
+    from slurm_gpu_devkit.commands.sandbox import config_settings
+
+    def value(text: str) -> object:
+        """What ``sandbox up --set s.k=TEXT`` sets s.k to."""
+        return config_settings((f"s.k={text}",))["s"]["k"]
+
+    assert value('{"1" = 0}') == {"1": 0}
+    assert value("[1, 2]") == [1, 2]
+    assert value("5") == 5 and value("true") is True and value("/x") == "/x"
     with pytest.raises(UsageError, match="bad TOML value"):
-        _toml_value("{oops")
+        value("{oops")
+    assert config_settings(("mps.a=1", "mps.b=x", "health.c=false")) == {"mps": {"a": 1, "b": "x"},
+                                                                        "health": {"c": False}}
+    with pytest.raises(UsageError, match="expected SECTION.KEY=VALUE"):
+        config_settings(("nodot=1",))

@@ -22,7 +22,7 @@ GRES = "/etc/x/gres.conf"
 
 
 def _cache_entry() -> dict:
-    return {"key": nodefacts._key("/x.toml", "n1", GRES), "boot_id": procfs.boot_id(),
+    return {"key": nodefacts.key("/x.toml", "n1", GRES), "boot_id": procfs.boot_id(),
             "stamps": (), "state_dir": "/run/x", "gpus": None, "sections": {}}
 
 

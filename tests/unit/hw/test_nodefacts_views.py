@@ -52,12 +52,12 @@ def spank_view(tmp: Path, model: Node, monkeypatch) -> list[dict]:
 def prolog_view(tmp: Path, model: Node, indices: list[int]) -> list[dict]:
     """The facts of the job's GPUs (Slurm indices) the prolog gets."""
     from slurm_gpu.jobs import lifecycle
-    from slurm_gpu.jobs.context import _gpu_facts
+    from slurm_gpu.jobs.context import job_gpu_facts
     from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
     ctx = lifecycle.Context({}, JobsSettings(), MpsSettings(), MigSettings(), str(tmp / "state"),
                             lambda: None, lambda: model, gres_conf=str(tmp / "gres.conf"),
                             node_name="n1")
-    return _gpu_facts(ctx, indices)
+    return job_gpu_facts(ctx, indices)
 
 
 def _gres_in_minor_order(tmp: Path, minors: list[int]) -> None:
