@@ -6,9 +6,11 @@ Two sources, one result (a list of :class:`KernelLine`):
   sequence number; the cursor remembers the last one seen (and the boot it
   belongs to), so an event is counted by exactly one health-check run.
 * a file (``--kernel-log FILE`` or ``[health] kernel_log``): ``dmesg`` output
-  with monotonic ``[  12.345]``, ``--ctime`` ``[Fri Aug 30 11:43:09 2024]`` or
-  ISO timestamps, syslog/journal lines (``... kernel: NVRM: ...``) or raw
-  kmsg records (``6,1234,5678,-;NVRM: ...``), or a journal export
+  with monotonic ``[  12.345]``, ``--ctime`` ``[Fri Aug 30 11:43:09 2024]``,
+  ISO, delta or relative timestamps (and a ``CONFIG_PRINTK_CALLER`` caller
+  id after them), syslog/journal lines (``... kernel: NVRM: ...``) or raw
+  kmsg records (``6,1234,5678,-;NVRM: ...``), journal JSON (``journalctl
+  -o json`` lines, ``-o json-pretty`` entries), or a journal export
   (``journalctl -o export``, read entry by entry: ``kmsg_export``).  The
   cursor is the byte offset plus the file's inode, so rotation or truncation
   restarts at the top.
@@ -24,7 +26,7 @@ must not be able to drain a node by logging text that looks like a fault.
   be claimed (``devkmsg_write``; Documentation/ABI/testing/dev-kmsg).
 * A syslog or journal line counts only with the ``kernel`` tag (with or
   without a host name, month names in any locale); a journal JSON line
-  (``journalctl -o json``) or export entry (``-o export``) only with
+  (``journalctl -o json``), json-pretty entry or export entry (``-o export``) only with
   ``_TRANSPORT=kernel`` (a field journald sets itself) and facility 0; a
   ``talosctl dmesg`` line only with the facility ``kern`` (Talos reads it
   from ``/dev/kmsg``).  ``dmesg -x`` / ``dmesg -r``

@@ -18,7 +18,7 @@ import pytest
 from slurm_gpu.health import engine, sxid, xid
 from slurm_gpu.health.findings import DRAIN, INFO, WARN, worst
 from slurm_gpu.health.settings import HealthSettings
-from slurm_gpu.hw import kmsg
+from slurm_gpu.hw import kmsg, kmsg_scan
 from paths import ROOT
 
 REAL = ROOT / "tests" / "data" / "xid" / "real"
@@ -250,3 +250,134 @@ def test_plain_dmesg_lines_keep_their_meaning():
     aer = "[1.000000] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010\n"
     assert [ln.text for ln in kmsg.scan_buffer(aer.encode())] == [
         "0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010"]
+
+
+# ------------------------------ util-linux dmesg: caller ids, -x, -d, -e
+
+# Where each envelope's own message starts (util_linux_dmesg_envelopes.txt, line by line).
+_ENVELOPE_MSG = ("BIOS-e820:", "User program", "snd_hda_intel", "usb 3-3.1", "new", "new", "new", "new", "new", "two",
+                 "new", "new", "example[2]", "example[0]", "example[2]", "example[105]", "example[1]",
+                 "log_array_reset", "debug-snapshot-log", "ipts mei", "INFO:")
+
+
+def dmesg_envelopes() -> list[tuple[str, bool]]:
+    """(envelope, written by the kernel) of every line of the util-linux capture file."""
+    lines = (REAL / "util_linux_dmesg_envelopes.txt").read_text().splitlines()
+    assert len(lines) == len(_ENVELOPE_MSG)
+    out = []
+    for line, msg in zip(lines, _ENVELOPE_MSG):
+        env = line[:line.index(msg)]
+        out.append((env, not env.startswith("user")))
+    return out
+
+
+@pytest.mark.parametrize("env,kern", dmesg_envelopes())
+def test_every_dmesg_envelope_reads_as_plain_dmesg(tmp_path, env, kern):
+    # A kernel built with CONFIG_PRINTK_CALLER gives every record a caller id
+    # ("[T4]", "[  T334]", "[C1]"), which dmesg prints after the time; dmesg
+    # -x, -d, -e and --time-format print the time their way.  The record is
+    # the kernel's all the same (only root writes /dev/kmsg); -x's "user"
+    # facility is a record userspace wrote, and is refused.
+    # A caller id alone (dmesg --notime) is no stamp, and dmesg then leaves a
+    # record's later lines unindented: a user's newline in a kernel message
+    # could make such a line, so it only warns.
+    notime = env.lstrip().startswith("[") and env.strip()[1:].lstrip()[:1] in ("T", "C")
+    want = [(79, "0000:02:00.0", WARN if notime else DRAIN)] if kern else []
+    assert verdicts(env + XID79 + "\n") == want
+    rep = health(tmp_path, env + XID79 + "\n")
+    assert rep.status == ((WARN if notime else DRAIN) if kern else "ok")
+
+
+def test_a_multi_line_record_with_a_caller_id_keeps_its_continuations():
+    # util-linux indents a record's later lines under its text (indentation-syslog-printk-caller)
+    text = ("[ 1843.308145] [ T1234] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+            "                        NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+            "                        NVRM: fallen off the bus and is not responding to commands.\n")
+    assert verdicts(text) == [(79, "0000:b3:00.0", DRAIN)]
+
+
+def test_a_caller_id_without_a_time_only_warns():
+    for env in ("[    T1] ", "[T4552] ", "kern  :err   : [    T1] ", "kern  :err   : "):
+        lines = kmsg.scan_buffer(f"{env}{XID79}\n".encode())
+        assert len(lines) == 1 and lines[0].doubt == kmsg_scan.UNKNOWN_FORMAT, env
+
+
+def test_caller_ids_and_dmesg_stamps_do_not_open_a_new_route():
+    # text before the driver's prefix is still another message's, whatever the stamp
+    for env in ("[    1.000000] [    T1] ", "[Feb13 23:31] ", "[  +1.000000] ", "[<    0.000000>] ",
+                "kern  :err   : [Fri Feb 13 23:31:31 2009] "):
+        assert verdicts(f"{env}usb 1-1: Product: {XID79}\n") == [], env
+        assert verdicts(f"{env}a.out[99]: {XID79}\n") == [], env
+    # a relative or delta stamp is no time: after an "API mismatch" the next lines only warn
+    mismatch = "NVRM: API mismatch: the client has the version 1, but\nNVRM: this kernel module has the version 2.\n"
+    for env in ("[  +0.000004] ", "[<    0.000004>] "):
+        assert verdicts(env + mismatch.replace("\n", "\n" + env, 1) + env + XID79 + "\n") == [
+            (79, "0000:02:00.0", WARN)], env
+
+
+# ----------------------------------------- Xids the driver attributes to MIG
+
+def test_akash_dmesg_T_reads_as_its_codes_say():
+    text = (REAL / "akash_dmesg_T_43_31_94.log").read_text()
+    assert verdicts(text) == [(31, "0000:00:07.0", INFO), (43, "0000:00:05.0", INFO), (94, "0000:00:08.0", INFO)]
+
+
+@pytest.mark.parametrize("attr", [" GPU-I:05", " GPU-I:01 GPU-CI:02"])
+def test_an_xid_attributed_to_a_mig_instance_counts_for_its_gpu(tmp_path, attr):
+    # On a GPU in MIG mode the driver names the GPU (and compute) instance
+    # inside the parenthesis (kernel_rc.c XID_PRINT_WITH_ATTR; NVIDIA's own
+    # example: "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained:
+    # CE User Channel (0x9). RST: No, D-RST: No").  It is the same report.
+    for code, rest in ((94, "pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No"),
+                       (95, "pid=7062, Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No"),
+                       (79, "pid=9, name=a, GPU has fallen off the bus."),
+                       (43, "pid=1045242, name=pt_main_thread, Ch 00000008")):
+        plain = f"[ 12.345678] NVRM: Xid (PCI:0000:01:00): {code}, {rest}\n"
+        mig = plain.replace("(PCI:0000:01:00)", f"(PCI:0000:01:00{attr})")
+        assert verdicts(mig) == verdicts(plain) != [], mig
+    rep = health(tmp_path, f"[ 1.0] NVRM: Xid (PCI:0000:01:00{attr}): 79, pid=9, name=a, GPU has fallen off the bus.\n")
+    assert rep.status == DRAIN
+    # a syslog text line stays a warning, MIG or not
+    assert verdicts(f"Aug  9 13:32:56 n1 kernel: NVRM: Xid (PCI:0000:01:00{attr}): 79, GPU has fallen off the bus.\n"
+                    ) == [(79, "0000:01:00.0", WARN)]
+
+
+# ----------------------------------------------- journalctl -o json-pretty
+
+def pretty_with(message: str, transport: str = "kernel") -> str:
+    """The real json-pretty entries, each carrying *message* (and *transport*)."""
+    text = (REAL / "journal_json_pretty_envelopes.log").read_text()
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith('"MESSAGE" : '):
+            line = line[:line.index('"MESSAGE"')] + '"MESSAGE" : ' + json.dumps(message) + ",\n"
+        elif line.lstrip().startswith('"_TRANSPORT" : '):
+            line = line[:line.index('"_TRANSPORT"')] + f'"_TRANSPORT" : "{transport}",\n'
+        out.append(line)
+    return "".join(out)
+
+
+def test_journal_json_pretty_entries_read_like_json_lines(tmp_path):
+    # journalctl -o json-pretty writes each entry as an object, one field per
+    # indented line: journald's own _TRANSPORT proves the kernel as in -o json.
+    text = pretty_with(XID79)
+    assert verdicts(text) == [(79, "0000:02:00.0", DRAIN)]
+    assert health(tmp_path, text).status == DRAIN
+    # the 3-line "fallen off the bus" record is one MESSAGE with newlines
+    off = ("NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+           "NVRM: fallen off the bus and is not responding to commands.")
+    assert verdicts(pretty_with(off)) == [(79, "0000:b3:00.0", DRAIN)]
+
+
+@pytest.mark.parametrize("transport", ["syslog", "stdout", "journal"])
+def test_a_json_pretty_entry_a_program_logged_is_refused(tmp_path, transport):
+    assert verdicts(pretty_with(XID79, transport)) == []
+    assert health(tmp_path, pretty_with(XID79, transport)).status == "ok"
+
+
+def test_a_json_pretty_field_line_outside_an_object_only_warns():
+    # cut from its object (a truncated copy), the line proves nothing: a warning, never silence
+    text = "\n".join(ln for ln in pretty_with(XID79).splitlines() if ln not in ("{", "}")) + "\n"
+    lines = kmsg.scan_buffer(text.encode())
+    assert len(lines) == 2 and all(ln.doubt for ln in lines)
+    assert verdicts(text) == [(79, "0000:02:00.0", WARN)]

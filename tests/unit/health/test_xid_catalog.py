@@ -146,3 +146,20 @@ def test_nvml_events_mark_lost_gpus_dbe_and_reset_recovery_fatal():
     v = xid.classify(xid.XidEvent(154, "0000:18:00.0",
                                   text="GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"))
     assert v.job == "fatal"
+
+
+def test_every_text_the_catalog_gives_a_finding_is_one_line():
+    # NVIDIA's spreadsheet has line breaks inside cells (Xid 13's mnemonic,
+    # 45's resolution, 62's description): a finding is one line of `health`
+    # output and of --json's "message", whatever code it names.
+    cat = xid.catalog()
+    texts = [v for e in cat["codes"].values() for v in e.values() if isinstance(v, str)]
+    texts += [v for r in cat["nvlink5_rules"] for v in r.values() if isinstance(v, str)]
+    assert [t for t in texts if t != " ".join(t.split())] == []
+    # a real Xid 62 (Kubuntu 15.04 forum post quoting dmesg; code index id 56800496124)
+    real = ("[  121.331400] NVRM: GPU at PCI:0000:01:00: GPU-b47b78f9-b9d9-272f-5f10-043e977b5633\n"
+            "[  121.331414] NVRM: Xid (PCI:0000:01:00): 62, 12b2(1fa0) 00000000 00000000\n")
+    from slurm_gpu.hw import kmsg
+    fs = xid.check_xid(xid.parse_lines(kmsg.scan_buffer(real.encode())))
+    assert [(f.xid, f.severity, f.message) for f in fs] == [
+        (62, DRAIN, "Xid 62 on 0000:01:00.0: Internal micro-controller halt (newer drivers)")]

@@ -309,6 +309,11 @@ SPLIT = {
                                      "tmpfs: Unknown parameter 'a\n"
                                      "2026-11-28T15:10:23.1+00:00 gpu01 kernel: [ 5123.456789] "
                                      "NVRM: Xid (PCI:0000:07:00): 79\n"),
+    # a kernel with CONFIG_PRINTK_CALLER: the record's caller id after its stamp (util-linux
+    # tests/expected/dmesg/*-syslog-printk-caller; the kernel's info_print_prefix)
+    "dmesg -S, caller ids": ("[ 5123.456789][ T4242] tmpfs: Unknown parameter 'a\n"
+                             "[ 5123.456789][ T4242] NVRM: Xid (PCI:0000:07:00): 79\n"
+                             "[ 5123.456789][ T4242] b'\n"),
     "two forged lines": ("[ 5123.456789] tmpfs: Unknown parameter 'a\n"
                          "[ 5123.456789] NVRM: GPU 0000:07:00.0: GPU has fallen off the bus.\n"
                          "[ 5123.456789] NVRM: Xid (PCI:0000:07:00): 79\n"),
