@@ -233,11 +233,11 @@ def _message_lines(msg: str, when: str | None, sep: str = "\n", at: int = -1) ->
     return out
 
 
-def _find(buf: bytes | bytearray, lit: bytes, pos: int, end: int) -> int:
-    """``buf.find(lit, pos, end)``, searched in windows of ``_WINDOW`` bytes that overlap by ``len(lit) - 1``."""
-    step = _WINDOW - len(lit) + 1
+def _find(buf: bytes | bytearray, lit: bytes, pos: int, end: int, window: int) -> int:
+    """``buf.find(lit, pos, end)``, searched in windows of *window* bytes that overlap by ``len(lit) - 1``."""
+    step = window - len(lit) + 1
     while True:
-        stop = min(end, pos + _WINDOW)
+        stop = min(end, pos + window)
         found = buf.find(lit, pos, stop)
         if found >= 0 or stop >= end:
             return found
@@ -290,8 +290,12 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, 
     return out
 
 
-def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
-    """(line start, match start, match end) of every driver prefix in ``buf[start:end]``, in order."""
+def find_hits(buf: bytes | bytearray, start: int, end: int, window: int = _WINDOW) -> list[tuple[int, int, int]]:
+    """(line start, match start, match end) of every driver prefix in ``buf[start:end]``, in order.
+
+    Each prefix is looked for in windows of *window* bytes (the size where
+    ``bytes.find`` is fastest); what is found does not depend on it.
+    """
     hits: list[tuple[int, int, int]] = []
     for lit, pat in _PATTERNS:
         # What ``pat.finditer(buf, start, end)`` finds: a match can only
@@ -300,7 +304,7 @@ def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, i
         # scans on itself: a log full of those costs what a regex pass costs,
         # not a Python step per copy.
         pos = start
-        while (at := _find(buf, lit, pos, end)) >= 0:
+        while (at := _find(buf, lit, pos, end, window)) >= 0:
             m = pat.search(buf, at, end)
             if m is None:
                 break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,9 @@ def test_a_newline_in_admin_comment_adds_no_row(sacct):
     assert sorted(r.jobid for r in rows) == ["10", "11"]
     ten = next(r for r in rows if r.jobid == "10")
     assert ten.user == "u1" and ten.summary and ten.summary["n1"]["dev"]["0"]["sm"] == 50.0
-    u = report.usage(rows, *(report._time(t) for t in ("2026-01-01T00:00:00", "2026-01-01T01:00:00")), "user")
+    since, until = (datetime.strptime(t, "%Y-%m-%dT%H:%M:%S").timestamp()      # as sacct's times are read
+                    for t in ("2026-01-01T00:00:00", "2026-01-01T01:00:00"))
+    u = report.usage(rows, since, until, "user")
     assert u.jobs == 2 and set(u.by) == {"u1", "u2"}
     assert report.fetch_job(exe, "999") is None
 

@@ -19,9 +19,9 @@ def _default_elsewhere(tmp_path, monkeypatch):
     # this host's own /etc/slurm-gpu must not decide the tests
     monkeypatch.setattr(config, "DEFAULT_PATH", str(tmp_path / "etc-default.toml"))
     monkeypatch.delenv(config.ENV_VAR, raising=False)
-    config._load.cache_clear()
+    config.clear_cache()
     yield
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def node(tmp_path: Path, plugin_args: str) -> Path:

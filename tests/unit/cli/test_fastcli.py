@@ -83,10 +83,15 @@ def test_debug_goes_to_click(env) -> None:
 
 
 def test_parse() -> None:
-    flags, values = fastcli._HEALTH_FLAGS, fastcli._HEALTH_VALUES
-    assert fastcli.parse(["--slurm"], flags, values) == {"slurm_mode": True}
-    assert fastcli.parse(["--only", "gpu.xid", "--json"], flags, values) == {"only": "gpu.xid", "as_json": True}
-    assert fastcli.parse([], flags, values) == {}
+    def health(argv: list[str]) -> dict | None:
+        return fastcli.plain_args(["health", *argv])
+
+    assert health(["--slurm"]) == {"slurm_mode": True}
+    assert health(["--only", "gpu.xid", "--json"]) == {"only": "gpu.xid", "as_json": True}
+    assert health([]) == {}
+    assert fastcli.plain_args(["inventory", "--json"]) == {"as_json": True}
+    for other in ([], ["gres"], ["--json"], ["report", "usage"]):      # commands for click
+        assert fastcli.plain_args(other) is None, other
     for bad in (["--json", "--json"], ["--only"], ["--only", "-x"], ["--only", ""], ["--only=x"], ["-h"],
                 ["--"], ["x"], ["--debug"]):
-        assert fastcli.parse(bad, flags, values) is None, bad
+        assert health(bad) is None, bad

@@ -71,7 +71,7 @@ def test_cli_json_and_text(tmp_path, monkeypatch, capsys):
     cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[acct]\nsacct = "{sacct}"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     assert main(["report", "placement", "--topology", str(topo), "--json"]) in (0, None)
     v = json.loads(capsys.readouterr().out)
     assert v["topology"] == "tree" and [j["job"] for j in v["jobs"]] == ["12", "13"]

@@ -20,8 +20,18 @@ def _write(tmp_path, text: str, monkeypatch):
     p = tmp_path / "slurm-gpu.toml"
     p.write_text(text)
     monkeypatch.setenv(config.ENV_VAR, str(p))
-    config._load.cache_clear()
+    config.clear_cache()
     return p
+
+
+def test_a_file_is_read_once_until_the_cache_is_cleared(monkeypatch, tmp_path) -> None:
+    p = _write(tmp_path, "[demo]\ntimeout = 5\n", monkeypatch)
+    assert config.section(Demo, "demo") == Demo(timeout=5.0)
+    p.write_text("[demo]\ntimeout = 7\n")
+    assert config.section(Demo, "demo") == Demo(timeout=5.0)     # parsed once per process
+    config.clear_cache()
+    assert config.section(Demo, "demo") == Demo(timeout=7.0)
+    config.clear_cache()
 
 
 def test_defaults_without_file(monkeypatch, tmp_path) -> None:
@@ -89,7 +99,7 @@ def test_named_default_path_that_is_missing_means_defaults(monkeypatch, tmp_path
     # fail every --gpu-profile/--gpu-mps/--gpu-mig step with "config file not found"
     missing = tmp_path / "etc" / "slurm-gpu.toml"
     monkeypatch.setattr(config, "DEFAULT_PATH", str(missing))
-    config._load.cache_clear()
+    config.clear_cache()
     config.use_config(str(missing))
     try:
         assert config.load_raw() == {}
@@ -102,7 +112,7 @@ def test_named_default_path_that_is_missing_means_defaults(monkeypatch, tmp_path
         assert ei.value.line() == f"slurm-gpu: config file not found ({other})"
     finally:
         config.use_config(None)
-        config._load.cache_clear()
+        config.clear_cache()
 
 
 def test_install_guide_plugstack_names_the_default_path() -> None:

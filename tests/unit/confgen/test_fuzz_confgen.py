@@ -61,20 +61,20 @@ def test_ibnetdiscover_parser(text):
                        "\n#c\n", "vendid=0x1\n", "[2]\t\"S-b\"[1]\n", " Ca\t1 \"H-9\"\n"]))
 def test_ibnetdiscover_fast_reader_equals_careful_reader(text):
     """Whatever the whole-text reader accepts, the line-by-line one reads the same (issue 15's rewrite)."""
-    fast = ibnet._parse_records(text)
+    fast = ibnet.read_fast(text, "d")
     if fast is None:
         return
-    # The mirror test, which passes most real dumps at half the lookups, never passes a broken one.
-    if ibnet._links_mirror(fast):
-        assert ibnet._broken_link(fast) is None
     try:
-        careful = ibnet._parse_lines(ibnet._lines(text), "d").nodes
+        careful = ibnet.read_careful(text, "d")
     except InputError:
-        # The careful reader also checks the links: then so does parse() after the fast one.
-        assert not ibnet._links_hold(fast)
+        # The careful reader also checks the links: then so does parse() after the fast one
+        # (and the quick mirror test inside links_hold never passes a broken link).
+        assert not ibnet.links_hold(fast.nodes)
         return
-    assert {k: (v.kind, v.desc, v.ports) for k, v in fast.items()} == \
-        {k: (v.kind, v.desc, v.ports) for k, v in careful.items()}
+    assert ibnet.links_hold(fast.nodes)
+    assert {k: (v.kind, v.desc, v.ports) for k, v in fast.nodes.items()} == \
+        {k: (v.kind, v.desc, v.ports) for k, v in careful.nodes.items()}
+    assert fast.notes == careful.notes
 
 
 @fuzz_settings(1000)
@@ -97,7 +97,7 @@ def test_gres_conf_check_parser(text):
     if isinstance(conf, dict):
         for node in list(conf)[:3]:
             outcome(grescheck.shared_with_other_nodes, conf, node)
-            outcome(grescheck._effective, conf, node)
+            outcome(grescheck.effective, conf, node)
 
 
 # Ranges past the expansion cap, some far past it (ClusterShell builds every
@@ -209,9 +209,9 @@ def test_scontrol_show_node_parser(text):
        st.integers(min_value=1, max_value=200))
 def test_ibnetdiscover_slices_read_as_the_whole_text(text, size):
     """parse_file's slice-by-slice reading gives the whole-text reader's nodes, or declines."""
-    sliced = ibnet._parse_slices([text[i:i + size] for i in range(0, len(text), size)])
+    sliced = ibnet.read_sliced([text[i:i + size] for i in range(0, len(text), size)], "d")
     if sliced is None:
         return
-    whole = ibnet._parse_records(text)
+    whole = ibnet.read_fast(text, "d")
     assert whole is not None
-    assert list(sliced.items()) == list(whole.items())
+    assert list(sliced.nodes.items()) == list(whole.nodes.items()) and sliced.notes == whole.notes

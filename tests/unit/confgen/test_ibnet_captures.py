@@ -184,37 +184,35 @@ def test_iberror_is_refused_by_name(tmp_path: Path) -> None:
                             "('ibnetdiscover: iberror: failed: caching ibnetdiscover data failed')")
 
 
-def test_warnings_longer_than_a_read_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ibnet, "_SLICE", 64)
+def test_warnings_longer_than_a_read_slice(tmp_path: Path) -> None:
     p = tmp_path / "fabric.out"
     p.write_text(WARNINGS * 50 + GROUPED.read_text())
-    fab = ibnet.parse_file(str(p))
+    fab = ibnet.parse_file(str(p), slice_chars=64)
     assert fab.nodes == ibnet.parse(_ungrouped(GROUPED.read_text()), "plain").nodes
     assert "skipped 152 lines" in fab.notes[0]
 
 
-def _fast_whole(text: str) -> tuple[dict[str, ibnet.IbNode], tuple[str, ...]] | None:
-    """parse()'s fast branch alone: the warnings first, then the records and -g headers."""
-    start, skipped = ibnet._head(text)
-    headers: list[int] = []
-    nodes = ibnet._parse_records(text, start, headers)
-    if nodes is None:
-        return None
-    ibnet._add_headers(skipped, text, headers, 0, 0)
-    return nodes, ibnet._notes("d", skipped)
+def _fast(text: str) -> tuple[dict[str, ibnet.IbNode], tuple[str, ...]] | None:
+    """parse()'s fast reader alone: the warnings first, then the records and -g headers."""
+    fab = ibnet.read_fast(text, "d")
+    return None if fab is None else (fab.nodes, fab.notes)
+
+
+def _sliced(text: str, size: int) -> tuple[dict[str, ibnet.IbNode], tuple[str, ...]] | None:
+    """parse_file()'s reader alone, over *text* in slices of *size* characters."""
+    fab = ibnet.read_sliced([text[i:i + size] for i in range(0, len(text), size)], "d")
+    return None if fab is None else (fab.nodes, fab.notes)
 
 
 def test_the_fast_reader_reads_captures_itself() -> None:
     """-g headers and leading warnings do not send a big dump to the careful reader (bench_confgen)."""
     for text in (GROUPED_PLAIN, WARNINGS + GROUPED_PLAIN, GROUPED.read_text()):
-        fast = _fast_whole(text)
+        fast = _fast(text)
         assert fast is not None
-        careful = ibnet._parse_lines(ibnet._lines(text), "d")
+        careful = ibnet.read_careful(text, "d")
         assert fast == (careful.nodes, careful.notes)
         for size in (50, 4096, 1 << 16):
-            skipped: ibnet.Skipped = []
-            sliced = ibnet._parse_slices([text[i:i + size] for i in range(0, len(text), size)], skipped)
-            assert sliced == careful.nodes and ibnet._notes("d", skipped) == careful.notes, size
+            assert _sliced(text, size) == (careful.nodes, careful.notes), size
 
 
 _SMALL_G = ("#\n# Topology file: generated on Sat Nov 28 13:00:00 2026\n#\n"
@@ -230,18 +228,15 @@ _SMALL_G = ("#\n# Topology file: generated on Sat Nov 28 13:00:00 2026\n#\n"
        st.integers(min_value=1, max_value=300))
 def test_fast_and_sliced_readers_skip_what_the_careful_one_skips(text: str, size: int) -> None:
     try:
-        careful = ibnet._parse_lines(ibnet._lines(text), "d")
+        careful = ibnet.read_careful(text, "d")
     except InputError:
         careful = None
-    fast = _fast_whole(text)
-    skipped: ibnet.Skipped = []
-    sliced = ibnet._parse_slices([text[i:i + size] for i in range(0, len(text), size)], skipped)
-    for got in (fast, (sliced, ibnet._notes("d", skipped)) if sliced is not None else None):
+    for got in (_fast(text), _sliced(text, size)):
         if got is None:
             continue          # declined: parse() reads it with the careful reader
         if careful is None:
             # the careful reader refuses only what the fast one passes on to it: a broken link
-            assert not ibnet._links_hold(got[0])
+            assert not ibnet.links_hold(got[0])
             continue
         assert got == (careful.nodes, careful.notes)
 

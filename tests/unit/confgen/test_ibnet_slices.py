@@ -26,20 +26,18 @@ def _sliced(text: str, size: int) -> list[str]:
 
 @pytest.mark.parametrize("size", [1, 2, 7, 100, 4096, 1 << 16, len(TEXT)])
 def test_slices_of_the_real_dump_read_as_the_whole_text(size: int) -> None:
-    whole = ibnet._parse_records(TEXT)
+    whole = ibnet.read_fast(TEXT)
     assert whole is not None
-    sliced = ibnet._parse_slices(_sliced(TEXT, size))
+    sliced = ibnet.read_sliced(_sliced(TEXT, size))
     assert sliced is not None
-    assert _view(sliced) == _view(whole)
+    assert _view(sliced.nodes) == _view(whole.nodes) and sliced.notes == whole.notes == ()
 
 
 @pytest.mark.parametrize("size", [3, 64, 1000])
-def test_parse_file_in_small_slices_equals_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 size: int) -> None:
-    monkeypatch.setattr(ibnet, "_SLICE", size)
+def test_parse_file_in_small_slices_equals_parse(tmp_path: Path, size: int) -> None:
     path = tmp_path / "fabric.out"
     path.write_text(TEXT)
-    assert _view(ibnet.parse_file(str(path)).nodes) == _view(ibnet.parse(TEXT, str(path)).nodes)
+    assert _view(ibnet.parse_file(str(path), size).nodes) == _view(ibnet.parse(TEXT, str(path)).nodes)
 
 
 def _message(read: Callable[[], object]) -> str:
@@ -58,33 +56,28 @@ def _message(read: Callable[[], object]) -> str:
     # a peer never described
     lambda t: t.replace('Ca\t1 "H-e09d7303007a4bd8"', 'Ca\t1 "H-gone"', 1),
 ])
-def test_a_broken_dump_gives_the_same_message_read_in_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              broken: Callable[[str], str]) -> None:
-    monkeypatch.setattr(ibnet, "_SLICE", 256)
+def test_a_broken_dump_gives_the_same_message_read_in_slices(tmp_path: Path, broken: Callable[[str], str]) -> None:
     text = broken(TEXT)
     path = tmp_path / "fabric.out"
     path.write_text(text)
-    got = _message(lambda: ibnet.parse_file(str(path)))
+    got = _message(lambda: ibnet.parse_file(str(path), 256))
     assert got == _message(lambda: ibnet.parse(text, str(path)))
     assert "\n" not in got and f"({path}:" in got
 
 
-def test_crlf_dump_reads_as_text_mode_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crlf_dump_reads_as_text_mode_did(tmp_path: Path) -> None:
     """Universal newlines, also where a slice ends between \\r and \\n."""
-    monkeypatch.setattr(ibnet, "_SLICE", 333)
     path = tmp_path / "fabric.out"
     path.write_bytes(TEXT.replace("\n", "\r\n").encode())
-    assert _view(ibnet.parse_file(str(path)).nodes) == _view(ibnet.parse(TEXT, str(path)).nodes)
+    assert _view(ibnet.parse_file(str(path), 333).nodes) == _view(ibnet.parse(TEXT, str(path)).nodes)
 
 
-def test_a_node_line_quoted_in_a_comment_before_its_record(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_line_quoted_in_a_comment_before_its_record(tmp_path: Path) -> None:
     """The slices may decline what the whole text reads (a record-like comment at a cut): same result."""
-    monkeypatch.setattr(ibnet, "_SLICE", 64)
     text = TEXT.replace("\n\n", '\n\n#Ca\t1 "H-x"\t# "n mlx5_0"\n\n', 5)
     path = tmp_path / "fabric.out"
     path.write_text(text)
-    assert _view(ibnet.parse_file(str(path)).nodes) == _view(ibnet.parse(text, str(path)).nodes)
+    assert _view(ibnet.parse_file(str(path), 64).nodes) == _view(ibnet.parse(text, str(path)).nodes)
 
 
 def test_a_pipe_is_read_whole(tmp_path: Path) -> None:
@@ -106,8 +99,11 @@ def test_a_pipe_is_read_whole(tmp_path: Path) -> None:
 
 def test_each_kind_is_one_string_object() -> None:
     # 825,000 records at 100,000 hosts: a copy of "Ca" each was 42 MB.
-    for nodes in (ibnet._parse_records(TEXT), ibnet._parse_lines(ibnet._lines(TEXT), "d").nodes):
-        assert nodes and all(n.kind is ibnet._KINDS[n.kind] for n in nodes.values())
+    fast, careful = ibnet.read_fast(TEXT), ibnet.read_careful(TEXT)
+    assert fast is not None and fast.nodes and careful.nodes
+    kinds = [n.kind for fab in (fast, careful) for n in fab.nodes.values()]
+    assert set(kinds) == {"Switch", "Ca"}
+    assert len({id(k) for k in kinds}) == 2        # one object per kind, across both readers
 
 
 def _grep_n(text: str, needle: str) -> int:
@@ -116,19 +112,18 @@ def _grep_n(text: str, needle: str) -> int:
 
 
 @pytest.mark.parametrize("read", ["file", "text"])
-def test_a_broken_link_names_the_line_grep_finds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 read: str) -> None:
+def test_a_broken_link_names_the_line_grep_finds(tmp_path: Path, read: str) -> None:
     """The fast reader keeps no line numbers: the careful one, reading again, names the same line as grep -n.
 
     A form feed and a \\x1c in a description (str.splitlines() breaks at both) must not shift it.
     """
-    monkeypatch.setattr(ibnet, "_SLICE", 4096)
     text = TEXT.replace('"a08-p1-dgx-04-c01 mlx5_5"', '"a08-p1-dgx-04-c01\x0c\x1c mlx5_5"')
     # a peer port that names another port: the message is about the peer's record line
     text = text.replace('"H-e09d7303007a4bd8"[1]', '"H-e09d7303007a4bd8"[2]', 1)
     path = tmp_path / "fabric.out"
     path.write_text(text)
-    msg = _message((lambda: ibnet.parse_file(str(path))) if read == "file" else (lambda: ibnet.parse(text, "x")))
+    msg = _message((lambda: ibnet.parse_file(str(path), 4096)) if read == "file"
+                   else (lambda: ibnet.parse(text, "x")))
     assert "H-e09d7303007a4bd8 port 2 does not link back to S-2c5eab0300b87b40 port 1" in msg
     line = _grep_n(text, 'Ca\t1 "H-e09d7303007a4bd8"')
     assert msg.endswith(f":{line})")
@@ -145,11 +140,17 @@ def test_a_peer_never_described_names_the_port_line(tmp_path: Path) -> None:
 
 
 def test_crossed_cables_the_mirror_test_refuses_still_read_as_before(tmp_path: Path) -> None:
-    """The rule is that a port's peer names this node back; a dump that only keeps that is still read."""
+    """The rule is that a port's peer names this node back; a dump that only keeps that is still read.
+
+    (The fast check that each link's far port names this port back refuses
+    it: S-a port 1 reaches S-b port 1, which names S-a port 2.)
+    """
     text = ('Switch\t2 "S-a"\t# "MF0;a:X"\n[1]\t"S-b"[1]\n[2]\t"S-b"[2]\n\n'
             'Switch\t2 "S-b"\t# "MF0;b:X"\n[1]\t"S-a"[2]\n[2]\t"S-a"[1]\n\n')
-    nodes = ibnet._parse_records(text)
-    assert nodes is not None and not ibnet._links_mirror(nodes)
+    fast = ibnet.read_fast(text)
+    assert fast is not None and ibnet.links_hold(fast.nodes)
+    nodes = fast.nodes
+    assert nodes["S-a"].port(1) == (1, "S-b", 1) and nodes["S-b"].port(1) == (1, "S-a", 2)   # crossed
     path = tmp_path / "fabric.out"
     path.write_text(text)
     assert ibnet.parse_file(str(path)).nodes == ibnet.parse(text).nodes == nodes

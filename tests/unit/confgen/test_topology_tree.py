@@ -169,8 +169,8 @@ def test_eight_hca_dgx_units_merge_into_one_leaf_each() -> None:
 
 
 def test_fast_reader_equals_careful_reader() -> None:
-    fast = ibnet._parse_records("".join(LINES))
-    careful = ibnet._parse_lines(LINES, "d").nodes
+    fast = ibnet.read_fast("".join(LINES), "d")
+    careful = ibnet.read_careful(LINES, "d")
     assert fast is not None
     assert fast == careful
 
@@ -186,11 +186,11 @@ def test_fast_reader_equals_careful_reader() -> None:
 def test_fast_reader_reads_descriptions_as_the_careful_one(rest: str, desc: str) -> None:
     text = (f'Switch\t2 "S-a"{rest}\n[1]\t"H-1"[1]\t\t# "n1 mlx5_0"\n\n'
             f'Ca\t1 "H-1"{rest}\n[1](1) \t"S-a"[1]\t\t# lid 1\n')
-    fast = ibnet._parse_records(text)
-    careful = ibnet._parse_lines(ibnet._lines(text), "d").nodes
+    fast = ibnet.read_fast(text)
+    careful = ibnet.read_careful(text)
     assert fast is not None
-    assert [(n.desc, n.ports) for n in fast.values()] == \
-        [(n.desc, n.ports) for n in careful.values()] == \
+    assert [(n.desc, n.ports) for n in fast.nodes.values()] == \
+        [(n.desc, n.ports) for n in careful.nodes.values()] == \
         [(desc, ((1, "H-1", 1),)), (desc, ((1, "S-a", 1),))]
 
 
@@ -203,7 +203,7 @@ def test_fast_reader_reads_descriptions_as_the_careful_one(rest: str, desc: str)
     ' Switch\t2 "S-a"\n',                                      # indented
 ])
 def test_fast_reader_hands_what_it_does_not_know_to_the_careful_one(text: str) -> None:
-    assert ibnet._parse_records(text) is None
+    assert ibnet.read_fast(text) is None
 
 
 def test_spines_list_leaves_with_equal_natural_keys_in_one_order() -> None:
@@ -227,7 +227,7 @@ def test_ports_out_of_order_or_twice_are_read_by_the_careful_reader(order: tuple
     text = f'Switch\t9 "S-a"\t# "MF0;a:X"\n{lines}\n'
     text += "".join(f'Ca\t1 "H-{n}x{i}"\t# "n{n} mlx5_0"\n[1](1) \t"S-a"[{n}]\n\n' for i, n in enumerate(order)
                     if i == max(j for j, m in enumerate(order) if m == n))
-    assert ibnet._parse_records(text) is None
+    assert ibnet.read_fast(text) is None
     want = tuple(sorted({n: (n, f"H-{n}x{i}", 1) for i, n in enumerate(order)}.values()))
     assert ibnet.parse(text).nodes["S-a"].ports == want
 

@@ -47,7 +47,7 @@ class Node:
         monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
         monkeypatch.delenv("SLURM_CONF", raising=False)
         from slurm_gpu import config
-        config._load.cache_clear()
+        config.clear_cache()
         self.slurm = FakeSlurm(capture("idle"))
         monkeypatch.setattr(runner, "run", self.slurm.run)
 

@@ -125,13 +125,13 @@ def test_mps_base_dir_expands_the_node_name(tmp_path: Path, monkeypatch) -> None
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text('[mps]\nbase_dir = "/run/x/%n/mps"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    config._load.cache_clear()
+    config.clear_cache()
     live.use_node_name("n7")
     try:
         assert load()[1].base_dir == "/run/x/n7/mps"
     finally:
         live.use_node_name(None)
-        config._load.cache_clear()
+        config.clear_cache()
 
 
 def test_set_fault_reaches_the_node_and_clears(tmp_path: Path) -> None:
@@ -205,9 +205,18 @@ def test_fabric_degraded_drill_reaches_the_nodes_nvml_and_warns_until_cleared(tm
 
 
 def test_set_values_parse_toml_inline_tables() -> None:
-    from slurm_gpu_devkit.commands.sandbox import _toml_value
-    assert _toml_value('{"1" = 0}') == {"1": 0}
-    assert _toml_value("[1, 2]") == [1, 2]
-    assert _toml_value("5") == 5 and _toml_value("true") is True and _toml_value("/x") == "/x"
+    from slurm_gpu_devkit.commands.sandbox import config_settings
+
+    def value(text: str) -> object:
+        """What ``sandbox up --set s.k=TEXT`` sets s.k to."""
+        return config_settings((f"s.k={text}",))["s"]["k"]
+
+    assert value('{"1" = 0}') == {"1": 0}
+    assert value("[1, 2]") == [1, 2]
+    assert value("5") == 5 and value("true") is True and value("/x") == "/x"
     with pytest.raises(UsageError, match="bad TOML value"):
-        _toml_value("{oops")
+        value("{oops")
+    assert config_settings(("mps.a=1", "mps.b=x", "health.c=false")) == {"mps": {"a": 1, "b": "x"},
+                                                                        "health": {"c": False}}
+    with pytest.raises(UsageError, match="expected SECTION.KEY=VALUE"):
+        config_settings(("nodot=1",))

@@ -41,14 +41,24 @@ def test_a_root_holding_another_release_is_refused(tmp_path, host_2205, monkeypa
         versions.ensure_root(versions.resolve("26.05"))
 
 
-def test_namespace_script_binds_each_path_once_and_quotes(tmp_path):
+def test_namespace_script_binds_each_path_once_and_quotes(tmp_path, monkeypatch):
     root = tmp_path / "root"
     sb = tmp_path / "my sandbox"
     sb.mkdir()
-    text = chroot._namespace_script(root, ["/tmp", "/tmp/x", str(sb)], ["/bin/true"])
+    ran: list[list[str]] = []
+    monkeypatch.setattr(chroot, "run", lambda argv, **kw: ran.append(list(argv)))
+
+    def script(binds: list[str]) -> str:
+        """The sh text run_in_root runs in its fresh mount namespace."""
+        chroot.run_in_root(root, ["/bin/true"], 5, binds=binds)
+        argv = ran.pop()
+        assert argv[:4] == ["unshare", "--mount", "--propagation", "private"] and argv[-3:-1] == ["/bin/sh", "-c"]
+        return argv[-1]
+
+    text = script(["/tmp", "/tmp/x", str(sb)])
     assert text.count("mount --bind /tmp ") == 1      # what /tmp shows is not bound again
     assert "/tmp/x" not in text and str(sb) not in text
-    text = chroot._namespace_script(root, [str(sb)], ["/bin/true"])
+    text = script([str(sb)])
     assert f"mount --bind '{sb}' '{root}{sb}'" in text   # a path with a space stays one word
     assert text.rstrip().endswith(f"exec chroot {root} /bin/true")
     holder = chroot.holder_argv(root, Layout.of(sb))

@@ -48,11 +48,12 @@ def test_a_shorter_last_chunk_never_sees_the_last_chunks_bytes(tmp_path: Path, m
 
 
 @pytest.mark.parametrize("window", [20, 31, 64, 29_000])
-def test_search_windows_miss_no_prefix_across_their_edges(monkeypatch, window: int) -> None:
-    """scan_buffer looks for each driver prefix in windows of ``_WINDOW`` bytes:
+def test_search_windows_miss_no_prefix_across_their_edges(window: int) -> None:
+    """find_hits looks for each driver prefix in windows of *window* bytes:
     a prefix cut by a window's edge (at every offset), a pattern that fails
     where its literal matches (``nvidia-nvswitchX``) and the scan's own
-    start/end give exactly what one search over the whole buffer gives."""
+    start/end give exactly what one search over the whole buffer gives;
+    scan_buffer decides on those hits."""
     from slurm_gpu.hw import kmsg_scan
     lines = [b"[  1.0] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n",
              b"[  1.1] nvidia-nvswitch2: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32\n",
@@ -60,13 +61,14 @@ def test_search_windows_miss_no_prefix_across_their_edges(monkeypatch, window: i
              b"[  1.3] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: 0000:03:00.0\n"]
     body = b"".join(b"[  0.%d] usb 1-1: " % pad + b"x" * pad + b"\n" + line
                     for pad in range(0, 70) for line in lines)
-    monkeypatch.setattr(kmsg_scan, "_WINDOW", len(body) + 1)      # one window: plain bytes.find
+    one = len(body) + 1                                             # one window: plain bytes.find
+    hits = kmsg_scan.find_hits(body, 0, len(body), one)
+    assert [body[s:e].split(b":")[0] for _, s, e in hits] == [b"NVRM", b"nvidia-nvswitch2", b"AER"] * 70
+    assert kmsg_scan.find_hits(body, 0, len(body), window) == hits
+    assert kmsg_scan.find_hits(body, 0, len(body)) == hits          # the default window
     want = kmsg.scan_buffer(body)
     assert [k.text.split(":")[0] for k in want] == ["NVRM", "nvidia-nvswitch2", "0000"] * 70
-    monkeypatch.setattr(kmsg_scan, "_WINDOW", window)
-    assert kmsg.scan_buffer(body) == want
     start, end = len(lines[0]) + 40, len(body) - 50
-    monkeypatch.setattr(kmsg_scan, "_WINDOW", len(body) + 1)
-    want_part = kmsg.scan_buffer(body, start, end)
-    monkeypatch.setattr(kmsg_scan, "_WINDOW", window)
-    assert kmsg.scan_buffer(body, start, end) == want_part
+    part = kmsg_scan.find_hits(body, start, end, one)
+    assert part and kmsg_scan.find_hits(body, start, end, window) == part
+    assert kmsg.scan_buffer(body, start, end)[0].text == want[1].text      # the first line cut away

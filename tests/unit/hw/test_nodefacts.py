@@ -22,7 +22,7 @@ GRES = "/etc/x/gres.conf"
 
 
 def _cache_entry() -> dict:
-    return {"key": nodefacts._key("/x.toml", "n1", GRES), "boot_id": procfs.boot_id(),
+    return {"key": nodefacts.key("/x.toml", "n1", GRES), "boot_id": procfs.boot_id(),
             "stamps": (), "state_dir": "/run/x", "gpus": None, "sections": {}}
 
 
@@ -140,7 +140,7 @@ def node_env(tmp_path, monkeypatch):
     gres = tmp_path / "gres.conf"
     gres.write_text("AutoDetect=off\nName=gpu File=/dev/nvidia0\nName=gpu File=/dev/nvidia1\n")
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    config._load.cache_clear()
+    config.clear_cache()
     reads: list[int] = []
     model = load_node(Snapshot(str(snap)))
 
@@ -149,7 +149,7 @@ def node_env(tmp_path, monkeypatch):
         return model
     yield {"cfg": str(cfg), "snap": snap, "gres": gres, "reads": reads, "read_node": read_node,
            "dir": str(tmp_path / "cache"), "model": model}
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def _get(e, **kw):

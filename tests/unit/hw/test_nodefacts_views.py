@@ -35,9 +35,9 @@ def env(tmp_path, monkeypatch):
     cfg.write_text("")
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
-    config._load.cache_clear()
+    config.clear_cache()
     yield tmp_path
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def spank_view(tmp: Path, model: Node, monkeypatch) -> list[dict]:
@@ -52,12 +52,12 @@ def spank_view(tmp: Path, model: Node, monkeypatch) -> list[dict]:
 def prolog_view(tmp: Path, model: Node, indices: list[int]) -> list[dict]:
     """The facts of the job's GPUs (Slurm indices) the prolog gets."""
     from slurm_gpu.jobs import lifecycle
-    from slurm_gpu.jobs.context import _gpu_facts
+    from slurm_gpu.jobs.context import job_gpu_facts
     from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
     ctx = lifecycle.Context({}, JobsSettings(), MpsSettings(), MigSettings(), str(tmp / "state"),
                             lambda: None, lambda: model, gres_conf=str(tmp / "gres.conf"),
                             node_name="n1")
-    return _gpu_facts(ctx, indices)
+    return job_gpu_facts(ctx, indices)
 
 
 def _gres_in_minor_order(tmp: Path, minors: list[int]) -> None:
@@ -140,7 +140,7 @@ def test_prolog_follows_an_edited_snapshot_and_config(env, monkeypatch) -> None:
     snap = env / "node.json"
     snap.write_bytes((MACHINES / "mini-2numa" / "snapshot.json").read_bytes())
     (env / "slurm-gpu.toml").write_text(f'[node]\nsnapshot = "{snap}"\n')
-    config._load.cache_clear()
+    config.clear_cache()
     model = load_node(Snapshot(str(snap)))
     _gres_in_minor_order(env, [g.minor for g in model.gpus])
     assert [p["uuid"] for p in prolog_view(env, model, [0, 1])] == [g.uuid for g in model.gpus]
@@ -149,5 +149,5 @@ def test_prolog_follows_an_edited_snapshot_and_config(env, monkeypatch) -> None:
     os.utime(snap, ns=(1, 1))
     assert [p["uuid"] for p in prolog_view(env, renamed, [0, 1])] == [g.uuid for g in renamed.gpus]
     (env / "slurm-gpu.toml").write_text(f'[node]\nsnapshot = "{snap}"\n# edited\n')
-    config._load.cache_clear()
+    config.clear_cache()
     assert [p["uuid"] for p in prolog_view(env, model, [0, 1])] == [g.uuid for g in model.gpus]

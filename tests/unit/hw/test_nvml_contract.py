@@ -12,7 +12,7 @@ from slurm_gpu.hw.gpudata import GpuError
 from slurm_gpu.hw.gpus_nvml import NvmlGpus
 from slurm_gpu.hw.gpustats import StatsReader
 from slurm_gpu.hw.nvml_api import (ABSENT, CALLS, DENIED, FAULT, NVMLError, NvmlApi, NvmlForward, classify)
-from slurm_gpu.hw.nvml_health import _Watched, read_health
+from slurm_gpu.hw.nvml_health import WatchedNvml, read_health
 from slurm_gpu.hw.nvml_overlay import OverlayNvml
 from slurm_gpu.hw.nvml_record import RecordingNvml
 from slurm_gpu.hw.nvml_replay import ReplayNvml
@@ -50,7 +50,7 @@ def _backends() -> dict[str, NvmlApi]:
     fake_pynvml = types.SimpleNamespace(NVMLError=NVMLError)
     return {"pynvml": nvml.PynvmlApi(fake_pynvml), "replay": ReplayNvml([]), "record": RecordingNvml(sim),
             "overlay": OverlayNvml(sim, {}), "sim": sim, "mig sim": _sim(cls=MigSimNvml),
-            "faulty sim": FaultySim(sim), "health watchdog": _Watched(sim, {"call": None, "calls": 0}),
+            "faulty sim": FaultySim(sim), "health watchdog": WatchedNvml(sim, {"call": None, "calls": 0}),
             "test fake": Patched(sim)}
 
 

@@ -18,7 +18,7 @@ def _facts(tmp: Path, monkeypatch, toml: str, slurm_conf: str, units: bool = Fal
     if base is not None:
         (tmp / "imex.cfg").write_text(base)
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    config._load.cache_clear()
+    config.clear_cache()
     if units:
         w = tmp / "root" / "etc" / "systemd" / "system" / "multi-user.target.wants"
         w.mkdir(parents=True)

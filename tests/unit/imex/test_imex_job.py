@@ -121,7 +121,7 @@ def test_two_exclusive_nodes_get_one_ready_domain_and_the_epilog_removes_it(tmp_
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     from slurm_gpu import config
     from slurm_gpu.cli import main
-    config._load.cache_clear()
+    config.clear_cache()
     assert main(["imex", "status"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("job 4242  node n1  IMEX domain 7e3f1c22-") and out[0].endswith("status UP")
@@ -193,7 +193,7 @@ def test_imex_status_exit_codes(tmp_path: Path, monkeypatch, capsys) -> None:
     conf.write_text(f'[imex]\nbase_dir = "{base}"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    config._load.cache_clear()
+    config.clear_cache()
     assert main(["imex", "status", "--job", "9"]) == 1
     assert "slurm-gpu: imex: job 9: shares node n1" in capsys.readouterr().out
     assert main(["imex", "status", "--job", "10"]) == 1
