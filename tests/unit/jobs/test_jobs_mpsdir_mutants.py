@@ -6,6 +6,7 @@ A fixture ``/proc`` and mountinfo; the one real mount (tmpfs) needs root.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -14,16 +15,37 @@ import pytest
 from slurm_gpu.jobs import mpsdir
 
 
-def test_socket_inodes_reads_only_well_formed_socket_links(tmp_path: Path) -> None:
-    fd = tmp_path / "7" / "fd"
-    fd.mkdir(parents=True)
-    for n, target in (("3", "socket:[555]"), ("4", "pipe:[556]"), ("5", "socket:[x1]"),
-                      ("6", "socket:[557"), ("7", "/dev/null"), ("8", "anon_socket:[9]")):
-        (fd / n).symlink_to(target)
-    (fd / "9").write_text("")                       # not a link: readlink fails, skipped
-    (tmp_path / "8" / "fd").mkdir(parents=True)
-    (tmp_path / "8" / "fd" / "0").symlink_to("socket:[600]")
-    assert mpsdir._socket_inodes([7, 8, 9], str(tmp_path)) == {555, 600}   # 9: no such process
+def _listen(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(str(path))
+    s.listen(1)
+    return s
+
+
+def test_the_daemons_sockets_are_read_from_well_formed_fd_links_only(tmp_path: Path) -> None:
+    """A fixture ``/proc`` whose process 7 holds this process's two listening sockets
+    (by inode) among links that only look like sockets; process 8 holds nothing."""
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    socks = [_listen(pipe / n) for n in mpsdir.SOCKETS]
+    try:
+        proc = tmp_path / "proc"
+        fd = proc / "7" / "fd"
+        fd.mkdir(parents=True)
+        links = [f"socket:[{os.fstat(s.fileno()).st_ino}]" for s in socks]
+        links += ["pipe:[556]", "socket:[x1]", "socket:[557", "/dev/null", "anon_socket:[9]"]
+        for n, target in enumerate(links):
+            (fd / str(n)).symlink_to(target)
+        (fd / "99").write_text("")                  # not a link: readlink fails, skipped
+        (proc / "8" / "fd").mkdir(parents=True)
+        (proc / "8" / "fd" / "3").symlink_to(links[0][:-1] + "7")     # no closing bracket
+        assert mpsdir.sockets_tampered(str(pipe), [7], str(proc)) is None
+        os.rename(pipe / "control", tmp_path / "elsewhere")
+        assert mpsdir.sockets_tampered(str(pipe), [8, 9, 7], str(proc)) == "control moved away"
+        assert mpsdir.sockets_tampered(str(pipe), [8, 9], str(proc)) is None   # no socket: no proof
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_planted_names_at_most_three_and_then_dots(tmp_path: Path) -> None:
@@ -45,13 +67,18 @@ def test_read_own_file_reads_at_most_its_limit(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field,want", [
     ("/run/plain", "/run/plain"),
+    (r"/run/sp\040", "/run/sp "),
     (r"/run/a\040b\011c\012d\134e", "/run/a b\tc\nd\\e"),
-    ("/run/end\\", "/run/end\\"),                   # a backslash without three digits stays
+    ("/run/end\\", "/run/end\\"),                 # a backslash without three digits stays
     (r"/run/x\04", r"/run/x\04"),
     (r"/run/x\04y", r"/run/x\04y"),
 ])
-def test_unescape_mountinfo_paths(field: str, want: str) -> None:
-    assert mpsdir._unescape(field) == want
+def test_mountinfo_paths_are_unescaped(tmp_path: Path, field: str, want: str) -> None:
+    mi = tmp_path / "mountinfo"
+    mi.write_text(f"40 22 0:40 / {field}/m rw - tmpfs t rw\n")
+    assert mpsdir.mounts_below(want, str(mi)) == [f"{want}/m"]
+    mi.write_text(f"40 22 0:40 / /run/j/{field.rsplit('/', 1)[1]} rw - tmpfs t rw\n")   # at the end
+    assert mpsdir.mounts_below("/run/j", str(mi)) == [f"/run/j/{want.rsplit('/', 1)[1]}"]
 
 
 def test_mounts_below_whole_lines_only_and_the_directory_itself_excluded(tmp_path: Path) -> None:
@@ -68,13 +95,15 @@ def test_mounts_below_whole_lines_only_and_the_directory_itself_excluded(tmp_pat
     assert mpsdir.mounts_below("/run/mps/7 x", str(mi)) == ["/run/mps/7 x/a"]
 
 
-def test_open_below_refuses_what_is_not_below(tmp_path: Path) -> None:
-    (tmp_path / "job").mkdir()
-    for bad in (str(tmp_path / "job"), str(tmp_path / "job") + "/", str(tmp_path / "job") + "//a",
-                str(tmp_path / "job") + "/./a"):
-        with pytest.raises(OSError) as e:
-            mpsdir._open_below(str(tmp_path / "job"), bad)
-        assert e.value.strerror == "not a path below the job directory"
+def test_a_listed_mount_not_plainly_below_is_never_opened(tmp_path: Path) -> None:
+    """The walk from the job directory takes no empty, ``.`` or ``..`` component."""
+    job = tmp_path / "job"
+    (job / "a").mkdir(parents=True)
+    mi = tmp_path / "mountinfo"
+    bad = [f"{job}//a", f"{job}/./a", f"{job}/../job/a"]
+    mi.write_text("".join(f"{40 + k} 22 0:{40 + k} / {p} rw - tmpfs t rw\n" for k, p in enumerate(bad)))
+    assert mpsdir.detach_mounts(str(job), str(mi)) == (
+        [], [f"{p}: not a path below the job directory" for p in sorted(bad)])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
