@@ -344,3 +344,25 @@ def test_a_job_without_gpus_fails_with_the_whole_line(node: Env) -> None:
     st = js.load(node.state_dir, "100")
     assert (st.phase, st.consequence) == ("failed", "user")
     assert st.error == "--gpu-mps/--gpu-mig need GPUs: ask for them with --gpus or --gres=gpu (job 100)"
+
+
+@pytest.mark.parametrize("saved", [{"2": {"mode": 0, "minor": 2}}, {"GPU-x": 0}])
+def test_a_compute_mode_saved_for_an_unidentified_gpu_is_left_for_the_admin(node: Env, saved) -> None:
+    """Written by a version that keyed GPUs by NVML index (or with no record per GPU):
+    which GPU that was is not knowable, so nothing is touched and the admin is told."""
+    st = js.new("100", uid=_uid_of_sgtest1(), gid=1, user="sgtest1")
+    st.compute_mode_saved = dict(saved)
+    js.save(node.state_dir, st)
+    modes = [node.api().compute_mode(i) for i in range(4)]
+    assert lifecycle.epilog(node.ctx()) == 1
+    key = next(iter(saved))
+    assert node.logs == [f"slurm-gpu: compute mode recorded for an unidentified GPU {key!r}; restore it by "
+                         "hand, then run slurm-gpu job cleanup (state) "
+                         "[epilog job 100: cleanup incomplete, on_internal_error=drain]"]
+    assert [node.api().compute_mode(i) for i in range(4)] == modes
+    assert js.load(node.state_dir, "100").compute_mode_saved == saved
+
+
+def _uid_of_sgtest1() -> int:
+    import pwd
+    return pwd.getpwnam("sgtest1").pw_uid
