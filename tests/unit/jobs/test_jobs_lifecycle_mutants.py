@@ -254,3 +254,28 @@ def test_leftovers_never_guess_a_gpu_by_a_stale_minor(node: Env) -> None:
     assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="2")) == 0
     assert node.logs == [f"slurm-gpu: epilog job 100: leftovers not checked: GPU {uuid} is /dev/nvidia2, "
                          f"not /dev/nvidia3 as recorded ({uuid})"]
+
+
+def test_the_users_process_in_another_jobs_cgroup_is_that_jobs(node: Env, monkeypatch) -> None:
+    """A process of the same user, in job 555's cgroup (v1 freezer, as Slurm names it),
+    is job 555's: no leftover of job 100, no drain."""
+    from slurm_gpu.hw import nvml_health
+    freezer = "/sys/fs/cgroup/freezer"
+    if not os.path.isfile(os.path.join(freezer, "cgroup.procs")):
+        pytest.skip("no cgroup v1 freezer hierarchy here")
+    cg = os.path.join(freezer, f"slurm_sgt{os.getpid()}", f"uid_{_uid('sgtest1')}", "job_555")
+    os.makedirs(cg)
+    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
+    try:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(other.pid))
+        monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
+            available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
+                                                         processes=((other.pid, None),)) for i in indices]))
+        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
+    finally:
+        other.kill()
+        other.wait()
+        for d in (cg, os.path.dirname(cg), os.path.dirname(os.path.dirname(cg))):
+            os.rmdir(d)
+    assert node.logs == [] and not os.path.exists(node.base / "health")
