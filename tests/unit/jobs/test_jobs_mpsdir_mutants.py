@@ -57,6 +57,14 @@ def test_planted_names_at_most_three_and_then_dots(tmp_path: Path) -> None:
     assert mpsdir.planted(str(tmp_path / "gone")) is None
 
 
+def test_planted_goes_on_past_an_entry_removed_meanwhile(tmp_path: Path, monkeypatch) -> None:
+    """An entry that vanishes between the listing and its lstat is skipped, not the rest."""
+    (tmp_path / "x").write_text("")
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: ["0gone", *real(p)])
+    assert mpsdir.planted(str(tmp_path)) == "found 'x'"
+
+
 def test_read_own_file_reads_at_most_its_limit(tmp_path: Path) -> None:
     f = tmp_path / "control.log"
     f.write_bytes(b"x" * 70000)
@@ -72,6 +80,7 @@ def test_read_own_file_reads_at_most_its_limit(tmp_path: Path) -> None:
     ("/run/end\\", "/run/end\\"),                 # a backslash without three digits stays
     (r"/run/x\04", r"/run/x\04"),
     (r"/run/x\04y", r"/run/x\04y"),
+    (r"/run/b\x12", r"/run/b\x12"),
 ])
 def test_mountinfo_paths_are_unescaped(tmp_path: Path, field: str, want: str) -> None:
     mi = tmp_path / "mountinfo"
@@ -122,3 +131,5 @@ def test_detach_mounts_detaches_and_names_what_it_cannot_reach(tmp_path: Path) -
     mi = tmp_path / "mountinfo"
     mi.write_text(f"40 22 0:40 / {job}/gone rw - tmpfs t rw\n")
     assert mpsdir.detach_mounts(str(job), str(mi)) == ([], [f"{job}/gone: No such file or directory"])
+    mi.write_text(f"40 22 0:40 / {job}/pipe rw - tmpfs t rw\n")          # there, but no mount
+    assert mpsdir.detach_mounts(str(job), str(mi)) == ([], [f"{job}/pipe: Invalid argument"])
