@@ -256,15 +256,21 @@ def test_leftovers_never_guess_a_gpu_by_a_stale_minor(node: Env) -> None:
                          f"not /dev/nvidia3 as recorded ({uuid})"]
 
 
-def test_the_users_process_in_another_jobs_cgroup_is_that_jobs(node: Env, monkeypatch) -> None:
-    """A process of the same user, in job 555's cgroup (v1 freezer, as Slurm names it),
-    is job 555's: no leftover of job 100, no drain."""
+@pytest.mark.parametrize("job,drained", [("555", False), ("100", True)])
+def test_the_users_process_in_a_jobs_cgroup_is_that_jobs(node: Env, monkeypatch, job: str,
+                                                          drained: bool) -> None:
+    """A process of the same user in job 555's cgroup (v1 freezer, as Slurm names it) is
+    job 555's: no leftover of job 100.  In job 100's own cgroup it is: drained for it."""
+    from slurm_gpu.health import userproblem
     from slurm_gpu.hw import nvml_health
     freezer = "/sys/fs/cgroup/freezer"
     if not os.path.isfile(os.path.join(freezer, "cgroup.procs")):
         pytest.skip("no cgroup v1 freezer hierarchy here")
-    cg = os.path.join(freezer, f"slurm_sgt{os.getpid()}", f"uid_{_uid('sgtest1')}", "job_555")
+    cg = os.path.join(freezer, f"slurm_sgt{os.getpid()}", f"uid_{_uid('sgtest1')}", f"job_{job}")
     os.makedirs(cg)
+    drains: list[tuple[str, str]] = []
+    monkeypatch.setattr(userproblem, "drain", lambda n, reason, timeout: (drains.append((n, reason)),
+                                                                          "drained")[1])
     other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
     try:
         with open(os.path.join(cg, "cgroup.procs"), "w") as f:
@@ -278,4 +284,29 @@ def test_the_users_process_in_another_jobs_cgroup_is_that_jobs(node: Env, monkey
         other.wait()
         for d in (cg, os.path.dirname(cg), os.path.dirname(os.path.dirname(cg))):
             os.rmdir(d)
-    assert node.logs == [] and not os.path.exists(node.base / "health")
+    reason = f"slurm-gpu: user-problem: job 100 left process {other.pid} on GPU 00000000:01:00.0"
+    assert drains == ([("n1", reason)] if drained else [])
+    assert node.logs == ([f"{reason} [drained]"] if drained else [])
+
+
+def test_a_plain_job_without_a_user_in_its_environment_is_looked_at(node: Env) -> None:
+    ctx = _health_ctx(node, SLURM_JOB_GPUS="2")
+    del ctx.env["SLURM_JOB_UID"]
+    assert lifecycle.epilog(ctx) == 0
+    assert node.logs == []
+
+
+def test_undo_never_restores_a_compute_mode_by_a_stale_minor(node: Env) -> None:
+    """Recorded for the GPU now at minor 2 as minor 3 (renumbered since): the GPU at
+    minor 3 is another one, so nothing is set and the node is at fault."""
+    api = node.api()
+    by_minor = {g.minor: g for g in node.node().gpus}
+    api.set_compute_mode(api.find(uuid=by_minor[3].uuid), 3)
+    st = js.new("100", uid=_uid("sgtest1"), gid=1, user="sgtest1")
+    st.compute_mode_saved = {by_minor[2].uuid: {"mode": 0, "minor": 3}}
+    js.save(node.state_dir, st)
+    assert lifecycle.epilog(node.ctx()) == 1
+    assert node.api().compute_mode(node.api().find(uuid=by_minor[3].uuid)) == 3
+    u = by_minor[2].uuid
+    assert node.logs == [f"slurm-gpu: GPU {u} is /dev/nvidia2, not /dev/nvidia3 as recorded ({u}) "
+                         "[epilog job 100: cleanup incomplete, on_internal_error=drain]"]
