@@ -121,6 +121,7 @@ def test_detach_mounts_detaches_and_names_what_it_cannot_reach(tmp_path: Path) -
     (job / "pipe" / "m").mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "none", str(job / "pipe" / "m")], check=True)
     try:
+        assert mpsdir.mounts_below(str(job)) == [str(job / "pipe" / "m")]   # this process's mountinfo
         done, left = mpsdir.detach_mounts(str(job))
     finally:
         subprocess.run(["umount", "-l", str(job / "pipe" / "m")], capture_output=True)
@@ -133,3 +134,20 @@ def test_detach_mounts_detaches_and_names_what_it_cannot_reach(tmp_path: Path) -
     assert mpsdir.detach_mounts(str(job), str(mi)) == ([], [f"{job}/gone: No such file or directory"])
     mi.write_text(f"40 22 0:40 / {job}/pipe rw - tmpfs t rw\n")          # there, but no mount
     assert mpsdir.detach_mounts(str(job), str(mi)) == ([], [f"{job}/pipe: Invalid argument"])
+    (job / "pipe" / "link").symlink_to(job / "pipe" / "m")                # never followed
+    mi.write_text(f"40 22 0:40 / {job}/pipe/link rw - tmpfs t rw\n")
+    assert mpsdir.detach_mounts(str(job), str(mi)) == ([], [f"{job}/pipe/link: Not a directory"])
+
+
+def test_mounts_below_takes_the_kernels_bytes_and_names_as_they_are(tmp_path: Path) -> None:
+    """Only space, tab, newline and backslash are escaped in mountinfo: any other byte
+    of a name the user chose (not UTF-8, a form feed, a trailing X or space) is there as it is."""
+    mi = tmp_path / "mountinfo"
+    mi.write_bytes(b"40 22 0:40 / /run/j/\xff rw - fuse f rw\n"
+                   b"41 22 0:41 / /run/j/a\x0cb rw - fuse f rw\n"
+                   b"42 22 0:42 / /run/j/cX rw - fuse f rw\n"
+                   b"43 42 0:43 / /run/j/cX/in rw - fuse f rw\n"
+                   b"44 22 0:44 / /run/j/d\\040 rw - fuse f rw\n"
+                   b"45 44 0:45 / /run/j/d\\040/in rw - fuse f rw\n")
+    assert mpsdir.mounts_below("/run/j", str(mi)) == ["/run/j/a\x0cb", "/run/j/cX", "/run/j/d ",
+                                                      "/run/j/\udcff"]
