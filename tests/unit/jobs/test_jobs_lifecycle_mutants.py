@@ -310,3 +310,32 @@ def test_undo_never_restores_a_compute_mode_by_a_stale_minor(node: Env) -> None:
     u = by_minor[2].uuid
     assert node.logs == [f"slurm-gpu: GPU {u} is /dev/nvidia2, not /dev/nvidia3 as recorded ({u}) "
                          "[epilog job 100: cleanup incomplete, on_internal_error=drain]"]
+
+
+def test_on_26_05_the_users_process_in_its_own_sluid_cgroup_is_a_leftover(node: Env, monkeypatch) -> None:
+    """26.05 names the job's cgroup by its SLUID (cgroup v2): a process there is this job's."""
+    from slurm_gpu.health import userproblem
+    from slurm_gpu.hw import nvml_health
+    unified = "/sys/fs/cgroup/unified"
+    if not os.path.isfile(os.path.join(unified, "cgroup.procs")):
+        pytest.skip("no cgroup v2 hierarchy here")
+    sluid = "s0123456789ABC"
+    top = os.path.join(unified, f"sgt{os.getpid()}.slice")
+    cg = os.path.join(top, "n1_slurmstepd.scope", sluid)
+    os.makedirs(cg)
+    drains: list[str] = []
+    monkeypatch.setattr(userproblem, "drain", lambda n, reason, timeout: (drains.append(reason), "drained")[1])
+    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
+    try:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(other.pid))
+        monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
+            available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
+                                                         processes=((other.pid, None),)) for i in indices]))
+        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1", SLURM_JOB_SLUID=sluid)) == 0
+    finally:
+        other.kill()
+        other.wait()
+        for d in (cg, os.path.dirname(cg), top):
+            os.rmdir(d)
+    assert drains == [f"slurm-gpu: user-problem: job 100 left process {other.pid} on GPU 00000000:01:00.0"]
