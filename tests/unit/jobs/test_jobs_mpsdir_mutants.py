@@ -33,7 +33,7 @@ def test_the_daemons_sockets_are_read_from_well_formed_fd_links_only(tmp_path: P
         fd = proc / "7" / "fd"
         fd.mkdir(parents=True)
         links = [f"socket:[{os.fstat(s.fileno()).st_ino}]" for s in socks]
-        links += ["pipe:[556]", "socket:[x1]", "socket:[557", "/dev/null", "anon_socket:[9]"]
+        links += ["pipe:[556]", "socket:[x1]", "socket:[55x]", "socket:[557", "/dev/null", "anon_socket:[9]"]
         for n, target in enumerate(links):
             (fd / str(n)).symlink_to(target)
         (fd / "99").write_text("")                  # not a link: readlink fails, skipped
