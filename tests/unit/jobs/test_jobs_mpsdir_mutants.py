@@ -151,3 +151,33 @@ def test_mounts_below_takes_the_kernels_bytes_and_names_as_they_are(tmp_path: Pa
                    b"45 44 0:45 / /run/j/d\\040/in rw - fuse f rw\n")
     assert mpsdir.mounts_below("/run/j", str(mi)) == ["/run/j/a\x0cb", "/run/j/cX", "/run/j/d ",
                                                       "/run/j/\udcff"]
+
+
+def test_every_socket_taken_is_named_in_order(tmp_path: Path) -> None:
+    """Each of the two sockets is looked at, whichever the daemon bound; an abstract
+    socket it also listens on (no file: no VFS record) proves nothing either way."""
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    abstract.bind(f"\0sgt-mpsdir-{os.getpid()}")
+    abstract.listen(1)
+    me = [os.getpid()]
+    try:
+        priv = _listen(tmp_path / "control_privileged")           # "control" never bound
+        try:
+            assert mpsdir.sockets_tampered(str(tmp_path), me) is None
+            os.rename(tmp_path / "control_privileged", tmp_path / "away")
+            assert mpsdir.sockets_tampered(str(tmp_path), me) == "control_privileged moved away"
+        finally:
+            priv.close()
+        d = tmp_path / "both"
+        d.mkdir()
+        socks = [_listen(d / n) for n in mpsdir.SOCKETS]
+        try:
+            os.rename(d / "control", d / "away")
+            os.rename(d / "control_privileged", d / "old")
+            (d / "control_privileged").write_text("")
+            assert mpsdir.sockets_tampered(str(d), me) == "control moved away, control_privileged replaced"
+        finally:
+            for s in socks:
+                s.close()
+    finally:
+        abstract.close()
