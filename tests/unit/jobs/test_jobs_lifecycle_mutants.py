@@ -339,3 +339,26 @@ def test_on_26_05_the_users_process_in_its_own_sluid_cgroup_is_a_leftover(node: 
         for d in (cg, os.path.dirname(cg), top):
             os.rmdir(d)
     assert drains == [f"slurm-gpu: user-problem: job 100 left process {other.pid} on GPU 00000000:01:00.0"]
+
+
+def test_a_leftover_while_an_earlier_user_problem_drain_is_open_is_only_said(node: Env, monkeypatch) -> None:
+    from slurm_gpu.health import userproblem as up
+    from slurm_gpu.hw import nvml_health
+    drains: list[str] = []
+    monkeypatch.setattr(up, "drain", lambda n, reason, timeout: (drains.append(reason), "drained")[1])
+    health = str(node.base / "health")
+    earlier = up.Marker("slurm-gpu: user-problem: job 99 left process 1 on GPU x", "99", 1, ("x",))
+    up.save_marker(up.marker_path(health, "n1"), earlier)
+    mine = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
+    try:
+        monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
+            available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
+                                                         processes=((mine.pid, None),)) for i in indices]))
+        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
+    finally:
+        mine.kill()
+        mine.wait()
+    assert drains == []
+    assert node.logs == [f"slurm-gpu: user-problem: job 100 left process {mine.pid} on GPU 00000000:01:00.0 "
+                         "[not drained: an earlier user-problem drain is still open]"]
+    assert up.load_marker(up.marker_path(health, "n1")) == earlier
