@@ -287,6 +287,30 @@ def test_the_users_process_in_a_jobs_cgroup_is_that_jobs(node: Env, monkeypatch,
     reason = f"slurm-gpu: user-problem: job 100 left process {other.pid} on GPU 00000000:01:00.0"
     assert drains == ([("n1", reason)] if drained else [])
     assert node.logs == ([f"{reason} [drained]"] if drained else [])
+    marker = userproblem.load_marker(userproblem.marker_path(str(node.base / "health"), "n1"))
+    assert marker == (userproblem.Marker(reason, "100", _uid("sgtest1"), ("00000000:01:00.0",))
+                      if drained else None)
+
+
+def test_a_leftover_of_a_job_without_a_known_user_is_drained_for_nobody(node: Env, monkeypatch) -> None:
+    from slurm_gpu.health import userproblem as up
+    from slurm_gpu.hw import nvml_health
+    monkeypatch.setattr(up, "drain", lambda n, reason, timeout: "drained")
+    proc = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
+    ctx = _health_ctx(node, SLURM_JOB_GPUS="1")
+    del ctx.env["SLURM_JOB_UID"]
+    try:
+        monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
+            available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
+                                                         processes=((proc.pid, None),)) for i in indices]))
+        assert lifecycle.epilog(ctx) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    reason = f"slurm-gpu: user-problem: job 100 left process {proc.pid} on GPU 00000000:01:00.0"
+    assert node.logs == [f"{reason} [drained]"]
+    assert up.load_marker(up.marker_path(str(node.base / "health"), "n1")) == \
+        up.Marker(reason, "100", None, ("00000000:01:00.0",))
 
 
 def test_a_plain_job_without_a_user_in_its_environment_is_looked_at(node: Env) -> None:
