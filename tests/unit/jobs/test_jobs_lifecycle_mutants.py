@@ -268,8 +268,8 @@ def test_the_users_process_in_a_jobs_cgroup_is_that_jobs(node: Env, monkeypatch,
         pytest.skip("no cgroup v1 freezer hierarchy here")
     cg = os.path.join(freezer, f"slurm_sgt{os.getpid()}", f"uid_{_uid('sgtest1')}", f"job_{job}")
     os.makedirs(cg)
-    drains: list[tuple[str, str]] = []
-    monkeypatch.setattr(userproblem, "drain", lambda n, reason, timeout: (drains.append((n, reason)),
+    drains: list[tuple[str, str, float]] = []       # the epilog waits 10 s at most for slurmctld
+    monkeypatch.setattr(userproblem, "drain", lambda n, reason, timeout: (drains.append((n, reason, timeout)),
                                                                           "drained")[1])
     other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
     try:
@@ -285,7 +285,7 @@ def test_the_users_process_in_a_jobs_cgroup_is_that_jobs(node: Env, monkeypatch,
         for d in (cg, os.path.dirname(cg), os.path.dirname(os.path.dirname(cg))):
             os.rmdir(d)
     reason = f"slurm-gpu: user-problem: job 100 left process {other.pid} on GPU 00000000:01:00.0"
-    assert drains == ([("n1", reason)] if drained else [])
+    assert drains == ([("n1", reason, 10.0)] if drained else [])
     assert node.logs == ([f"{reason} [drained]"] if drained else [])
     marker = userproblem.load_marker(userproblem.marker_path(str(node.base / "health"), "n1"))
     assert marker == (userproblem.Marker(reason, "100", _uid("sgtest1"), ("00000000:01:00.0",))
