@@ -488,12 +488,13 @@ def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
 
 
 # What a --gpu-mps prolog and epilog may not import once the node-fact entry
-# holds their settings.  The standard library's json, dataclasses, pathlib,
-# functools and subprocess (and what they import) are allowed everywhere
-# (issue 25: a few ms a job buy nothing a user feels; the job's record is a
-# dataclass); reading the TOML again on every job is not, nor are typing,
-# runpy (-m) and setuptools' shim.
-HEAVY = {"tomllib", "typing", "runpy",
+# holds their settings: reading the TOML again on every job, typing, runpy
+# (-m) and setuptools' shim.  The standard library's json, pathlib, functools
+# and subprocess (and what they import) are allowed (issue 25: a few ms a job
+# buy nothing a user feels).  dataclasses is allowed elsewhere but not here:
+# it imports inspect (with ast, dis, tokenize), about a fifth of each of these
+# two processes, for the one record both build (jobs/state.py, docs/mps-mig.md).
+HEAVY = {"tomllib", "typing", "runpy", "dataclasses", "inspect",
          # setuptools' .pth in the venv imports its distutils shim into every start
          # unless the hook says SETUPTOOLS_USE_DISTUTILS=stdlib (~0.5 ms)
          "_distutils_hack"}
