@@ -512,7 +512,16 @@ def test_mps_prolog_and_epilog_import_nothing_heavy(node: Env) -> None:
                   f"open(\"{out}\", \"a\").write(\" \".join(sys.modules) + \"\\n\"); "
                   "sys.exit(rc)' \"$@\"\n")
     py.chmod(0o755)
-    for jobid in ("7", "8"):        # the first fills the node-fact entry
+    from slurm_gpu import nodefacts
+
+    def entry() -> list[tuple[str, int, int]]:
+        # this node's node-fact entry, as it is on disk now
+        d = Path(nodefacts.CACHE_DIR)
+        return sorted((p.name, p.stat().st_ino, p.stat().st_mtime_ns)
+                      for p in (d.glob("imports1-*") if d.is_dir() else ()))
+
+    def job(jobid: str) -> list[set[str]]:
+        out.write_text("")
         env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": jobid,
                "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
                "SLURMD_NODENAME": "imports1", "SLURM_JOB_GPUS": "0",
@@ -521,14 +530,29 @@ def test_mps_prolog_and_epilog_import_nothing_heavy(node: Env) -> None:
             r = subprocess.run(["/bin/sh", str(ROOT / script)], env=env, capture_output=True,
                                text=True, timeout=60)
             assert r.returncode == 0, r.stderr
-    runs = out.read_text().splitlines()
-    assert len(runs) == 4
-    # the second job ran and was torn down
-    assert not (Path(node.state_dir) / "jobs" / "8.json").exists() and node.leftovers("8") == []
-    for loaded in runs[2:]:
-        mods = set(loaded.split())
-        assert "slurm_gpu.jobs.mps" in mods and "slurm_gpu.runner" in mods   # the MPS path ran
-        assert not mods & HEAVY, sorted(mods & HEAVY)
+        # the job ran and was torn down
+        assert not (Path(node.state_dir) / "jobs" / f"{jobid}.json").exists()
+        assert node.leftovers(jobid) == []
+        runs = out.read_text().splitlines()
+        assert len(runs) == 2
+        return [set(loaded.split()) for loaded in runs]
+
+    job("7")                        # fills the node-fact entry
+    # A warm job: one that found the entry and left it as it was.  Another
+    # process on this host (a test's or a benchmark's clean-up of /run) may
+    # remove the entry meanwhile; that job rebuilt it, so it is not the one
+    # judged, and the next one is.
+    for jobid in ("8", "9", "10", "11", "12"):
+        before = entry()
+        mods = job(jobid)
+        if before and entry() == before:
+            break
+    else:
+        pytest.fail("the node-fact entry was rebuilt during every job: something removes "
+                    f"entries from {nodefacts.CACHE_DIR}")
+    for loaded in mods:
+        assert "slurm_gpu.jobs.mps" in loaded and "slurm_gpu.runner" in loaded   # the MPS path ran
+        assert not loaded & HEAVY, sorted(loaded & HEAVY)
 
 
 def test_default_context_takes_settings_from_the_node_fact_entry(tmp_path: Path, monkeypatch) -> None:
