@@ -185,7 +185,7 @@ def test_fabric_degraded_drill_reaches_the_nodes_nvml_and_warns_until_cleared(tm
                    f'baseline = "{tmp_path}/none.json"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    config._load.cache_clear()
+    config.clear_cache()
 
     def fabric_findings() -> tuple[str, list[str]]:
         main(["health", "--no-drain", "--json", "--node", "n2"])
@@ -201,7 +201,7 @@ def test_fabric_degraded_drill_reaches_the_nodes_nvml_and_warns_until_cleared(tm
         nodesim.set_fault(L, "n2", {})
         assert fabric_findings()[1] == []
     finally:
-        config._load.cache_clear()
+        config.clear_cache()
 
 
 def test_set_values_parse_toml_inline_tables() -> None:
