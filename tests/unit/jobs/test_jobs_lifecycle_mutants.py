@@ -386,3 +386,21 @@ def test_a_leftover_while_an_earlier_user_problem_drain_is_open_is_only_said(nod
     assert node.logs == [f"slurm-gpu: user-problem: job 100 left process {mine.pid} on GPU 00000000:01:00.0 "
                          "[not drained: an earlier user-problem drain is still open]"]
     assert up.load_marker(up.marker_path(health, "n1")) == earlier
+
+
+def test_a_rerun_prolog_sweeps_other_jobs_only_and_says_it_cleans_its_own_first(node: Env) -> None:
+    d = node.base / "bin"
+    d.mkdir()
+    (d / "squeue").write_text(f"#!/bin/sh\necho \"$@\" >> {d}/argv\n")       # knows no job: all gone
+    (d / "squeue").chmod(0o755)
+    node.jobs.scancel = str(d / "scancel")
+    for jobid in ("99", "100"):                      # a stale job, and this job's earlier run
+        js.save(node.state_dir, js.new(jobid, uid=_uid("sgtest1"), gid=1, user="sgtest1"))
+    ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")
+    ctx.node_name = "n1"
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    assert (d / "argv").read_text() == "-h -t all -j 99 -o %A|%T|%N\n"
+    assert node.logs[:2] == ["slurm-gpu: stale job 99: cleaned up",
+                             "slurm-gpu: prolog job 100: cleaning up an earlier run's state first"]
+    assert js.list_jobs(node.state_dir) == ["100"] and js.load(node.state_dir, "100").phase == "ready"
+    assert lifecycle.epilog(node.ctx(SLURM_JOB_GPUS="1")) == 0 and node.leftovers() == []
