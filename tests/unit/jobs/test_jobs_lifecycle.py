@@ -830,6 +830,9 @@ def test_prolog_rerun_that_cannot_clean_up_follows_the_policy(node: Env, policy:
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")) == rc
     st = js.load(node.state_dir, "100")
     assert st.mig == old.mig and "In use" in st.error     # the old record stays
+    assert st.consequence == "node" and node.logs[-1] == (
+        "slurm-gpu: cannot destroy GPU instance 1: In use (GPU 3) "
+        f"[job 100: earlier run not cleaned up, on_internal_error={policy}]")
     assert not (Path(node.mps.base_dir) / "100").exists()        # nothing new was started
 
 

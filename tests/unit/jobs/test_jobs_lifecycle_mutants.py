@@ -402,5 +402,43 @@ def test_a_rerun_prolog_sweeps_other_jobs_only_and_says_it_cleans_its_own_first(
     assert (d / "argv").read_text() == "-h -t all -j 99 -o %A|%T|%N\n"
     assert node.logs[:2] == ["slurm-gpu: stale job 99: cleaned up",
                              "slurm-gpu: prolog job 100: cleaning up an earlier run's state first"]
-    assert js.list_jobs(node.state_dir) == ["100"] and js.load(node.state_dir, "100").phase == "ready"
+    st = js.load(node.state_dir, "100")
+    assert js.list_jobs(node.state_dir) == ["100"] and st.phase == "ready"
+    assert st.options == {"mps": "default", "mig": None}
     assert lifecycle.epilog(node.ctx(SLURM_JOB_GPUS="1")) == 0 and node.leftovers() == []
+
+
+def test_a_rerun_prolog_asks_the_earlier_daemon_to_quit_as_the_job_user(node: Env) -> None:
+    ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    node.logs.clear()
+    assert lifecycle.prolog(ctx) == 0, node.logs          # requeued here before its epilog ran
+    assert node.logs == ["slurm-gpu: prolog job 100: cleaning up an earlier run's state first"]
+    assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
+
+
+def test_a_rerun_prolog_names_what_it_had_to_kill(node: Env) -> None:
+    ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    node.logs.clear()
+    node.mps.quit_timeout = 0.1             # the client below never quits: do not wait for it
+    pipe = js.load(node.state_dir, "100").mps["pipe_dir"]
+    client = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": pipe},
+                              user=_uid("sgtest1"))
+    try:
+        assert lifecycle.prolog(ctx) == 0, node.logs
+        client.wait(timeout=10)
+    finally:
+        client.kill()
+        client.wait()
+    killed = node.logs[1].removeprefix("slurm-gpu: prolog job 100: MPS: killed stragglers ")
+    assert str(client.pid) in killed.split(","), node.logs
+    assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
+
+
+def test_an_epilog_without_slurmds_user_takes_the_recorded_one(node: Env) -> None:
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    ctx = node.ctx(SLURM_JOB_GPUS="1")
+    del ctx.env["SLURM_JOB_UID"]
+    assert lifecycle.epilog(ctx) == 0
+    assert node.logs == [] and node.leftovers() == []       # asked to quit: nothing to kill
