@@ -11,6 +11,7 @@ import subprocess
 import pytest
 from test_jobs_lifecycle import Env, _uid
 
+from slurm_gpu.errors import InputError
 from slurm_gpu.jobs import lifecycle
 from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs import sweep
@@ -442,3 +443,31 @@ def test_an_epilog_without_slurmds_user_takes_the_recorded_one(node: Env) -> Non
     del ctx.env["SLURM_JOB_UID"]
     assert lifecycle.epilog(ctx) == 0
     assert node.logs == [] and node.leftovers() == []       # asked to quit: nothing to kill
+
+
+def test_an_mps_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
+    from slurm_gpu.hw import nvml_health
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest2"))
+    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
+        available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
+                                                     processes=((other.pid, None),)) for i in indices]))
+    try:
+        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
+    finally:
+        other.kill()
+        other.wait()
+    assert node.logs == [] and node.leftovers() == []
+
+
+def test_the_job_id_is_also_read_from_slurm_jobid(node: Env) -> None:
+    """SLURM_JOBID, the older name, when SLURM_JOB_ID is not set."""
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
+    ctx = node.ctx(SLURM_JOB_GPUS="1", SLURM_JOBID="100")
+    del ctx.env["SLURM_JOB_ID"]
+    assert lifecycle.epilog(ctx) == 0
+    assert node.leftovers() == []
+    del ctx.env["SLURM_JOBID"]
+    with pytest.raises(InputError) as e:            # neither: one line, naming the variable
+        lifecycle.epilog(ctx)
+    assert e.value.line() == "slurm-gpu: bad job id '' (SLURM_JOB_ID)"
