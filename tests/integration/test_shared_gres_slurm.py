@@ -20,6 +20,7 @@ so on such a Slurm (docs/slurm-versions.md).
 """
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -53,7 +54,7 @@ def gone(c: Cluster, jid: int, timeout: float = 60) -> None:
 
 
 @pytest.mark.parametrize("version", ["22.05", "26.05"])
-def test_gpu_freed_by_one_shard_job_while_another_runs(make_sandbox, job_users, version):
+def test_gpu_freed_by_one_shard_job_while_another_runs(make_sandbox, job_users, cli, version):
     try:
         c = make_sandbox(nodes=1, machine=MACHINE, slurm=version, gres_options={"shards": 4},
                          node_prefix=f"sh{version.replace('.', '')}n")
@@ -75,5 +76,10 @@ def test_gpu_freed_by_one_shard_job_while_another_runs(make_sandbox, job_users, 
         # Slurm's bug, as Debian 12 ships it: all 8 GPUs, the second shard job's among them.
         assert whole["JobState"] == "RUNNING", whole
         assert whole["JOB_GRES"] == "gpu:nvidia_h100_80gb_hbm3:8", whole
+        # doctor, where this slurmd runs (the host's), reads GresTypes from this slurm.conf and says so.
+        res = cli("doctor", "--json", "--no-gres", "--slurm-conf", str(c.sb.conf))
+        found = [x for x in json.loads(res.stdout)["findings"] if x["check"] == "slurm.shared_gres"]
+        assert [x["status"] for x in found] == ["WARNING"], res.stdout + res.stderr
+        assert found[0]["message"].startswith(f"Slurm {c.slurm_version} can give a GPU whole"), found
     else:
         assert (whole["JobState"], whole["Reason"]) == ("PENDING", "Resources"), whole
