@@ -162,6 +162,13 @@ def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
         if echo is not None:
             if cont:
                 continue                             # the echoed record's own lines
+            if echo[0] is None and echo[1] > 0:
+                # No stamp to end the echoed record: every line inside the
+                # window may be the client's text, whatever stamp it shows
+                # (a forged one must not close the window).
+                echo = (None, echo[1] - 1)
+                _add_doubt(events, text, ln, NO_STAMP)
+                continue
             if ln.when == echo[0] and (ln.when is not None or echo[1] > 0):
                 echo = (echo[0], echo[1] - 1)
                 if ln.when is None or not _PRECISE.match(ln.when):

@@ -252,6 +252,29 @@ TEXT_LOG = ("a kernel reader's line inside a syslog/journal text log (the file's
             "a newline in someone's message may have made it")
 
 
+# The writer's own part of a syslog/journal text line, at the line's start,
+# whatever follows it (a tag may be any length and hold spaces): a classic
+# syslog stamp ("Nov 29 00:00:01", any locale), RFC 3339 with a "." fraction
+# or none (rsyslog, syslog-ng, journalctl short-iso; dmesg --time-format iso
+# prints ",usec": tests/data/xid/real/util_linux_dmesg_envelopes.txt),
+# journalctl short-unix and short-full.
+_TEXT_HEAD = re.compile(
+    _WORD + r" [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?\s\S"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:?\d\d)\s\S"
+    r"|\d{9,11}\.\d{6}\s\S"
+    r"|" + _WORD + r" \d{4}-\d\d-\d\d \d\d:\d\d:\d\d [^\s\[\]:]{1,12}\s\S")
+
+
+def head_line(head: bytes | bytearray) -> str | None:
+    """A log file's first line (*head*: its first bytes), past blanks and journalctl's "-- " headers."""
+    for raw in bytes(head[:4096]).split(b"\n")[:16]:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if not line.strip() or line.startswith("-- "):
+            continue                   # blank, or journalctl's "-- Logs begin at ..." header
+        return line
+    return None
+
+
 def text_log_head(head: bytes | bytearray) -> bool:
     """Whether a log file whose first bytes are *head* is a syslog or journal *text* log.
 
@@ -260,32 +283,62 @@ def text_log_head(head: bytes | bytearray) -> bool:
     no line is the kernel's proof: its kernel lines are tag-only claims
     (``TAG_ONLY``), and a line in a kernel reader's format (a dmesg stamp, a
     facility) can only be a message's raw newline (a writer that keeps them:
-    syslog-ng without ``no-multi-line``, a collector's file output).
+    syslog-ng without ``no-multi-line``, a collector's file output).  Decided
+    from the writer's own part (``_TEXT_HEAD``), never from the tag a sender
+    chose: a tag too long or with a space in it must not make it a kernel log.
     """
-    for raw in bytes(head[:4096]).split(b"\n")[:16]:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
-        if not line.strip() or line.startswith("-- "):
-            continue                   # blank, or journalctl's "-- Logs begin at ..." header
-        return text_log_line(line)
-    return False
+    return head_family(head) == "text"
+
+
+def line_family(line: str) -> str | None:
+    """The log format family of *line*: "text" (syslog/journal text), "kernel" (a kernel
+    reader's: dmesg stamps, kmsg records, ``-r``, ``-x``, Talos), "json", "pretty"
+    (journalctl json-pretty), "none" (no envelope); None for an indented line."""
+    if line.startswith("{"):
+        return "pretty" if line.rstrip() == "{" else "json"
+    m = _ENVELOPE.match(line)
+    if m is None or m.end() == 0:
+        return "none"
+    if m.group("cont") is not None:
+        return None
+    return "text" if _tag_only(m) else "kernel"
+
+
+def head_family(head: bytes | bytearray) -> str | None:
+    """The family (``line_family``) of a log file whose first bytes are *head*; None when empty.
+
+    A user's message cannot be a file's first line in the writer's format, so
+    the first line says what every line of the file is: one of another family
+    is a newline in someone's message, or proves nothing (``FAMILY``).
+    """
+    line = head_line(head)
+    return None if line is None else line_family(line)
+
+
+FAMILY = ("a line in another log format ({got}) than the file's (its first line is {want}): "
+          "a newline in someone's message may have made it")
 
 
 def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0,
-                before: bytes = b"", text_log: bool | None = None) -> list[KernelLine]:
+                before: bytes = b"", text_log: bool | None = None, family: str | None = None) -> list[KernelLine]:
     """Kernel-written lines of interest in ``buf[start:end]``, in log order.
 
     Also the driver lines whose origin cannot be proven (``doubt`` set);
     ``base`` is the file offset of ``buf[0]`` (their ``at``); *before* is the
     line before ``buf[start]`` (a cursor or a chunk may split a record).
-    *text_log*: the file is a syslog/journal text log (``text_log_head``);
-    None: decided from ``buf`` when it starts at the file's start (``base`` 0).
+    *family*: the file's format family (``head_family``); None: decided from
+    ``buf`` when it starts at the file's start (``base`` 0); "any": none
+    fixed (lines of several formats, each judged alone).  *text_log* True is
+    family "text" (``text_log_head``).
     """
     if end is None:
         end = len(buf)
-    if text_log is None:
-        text_log = base == 0 and text_log_head(buf[:4096])
-    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
     if text_log:
+        family = "text"
+    if family is None and base == 0 and text_log is None:
+        family = head_family(buf[:4096])
+    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before, family)
+    if family == "text":
         out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, TEXT_LOG, ln.at) for ln in out]
     return out
 
@@ -315,7 +368,7 @@ def find_hits(buf: bytes | bytearray, start: int, end: int, window: int = _WINDO
 
 
 def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[tuple[int, int, int]],
-            out: list[KernelLine], before: bytes = b"") -> list[KernelLine]:
+            out: list[KernelLine], before: bytes = b"", family: str | None = None) -> list[KernelLine]:
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     for ls, s, e in hits:
@@ -326,10 +379,19 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
         le = end if le < 0 else le + 1
         if buf[ls:ls + 1] == b"{":
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+            fam: str | None = "json"
         elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
             got = _pretty_lines(buf, ls, s, e, start, end, base)
+            fam = "pretty"
         else:
             got = _scan_line(buf, ls, s, e, start, kept_end, base)
+            fam = line_family(bytes(buf[ls:s][:400]).decode("utf-8", "replace"))
+        if (got and got[0].doubt is None and family not in (None, "text", "any") and fam is not None
+                and fam != family):
+            # The file's first line fixed its format: a line of another is a
+            # user's newline (dmesg --notime keeps them at column 0) or
+            # proves nothing.  Continuations (fam None) follow their record.
+            got = _doubt(buf, s, e, ls + base, FAMILY.format(got=fam, want=family))
         if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start, before):
             # Read from /proc/kmsg (imklog, klogd, dmesg -S), every line of a
             # multi-line record carries that record's stamp: a driver line with

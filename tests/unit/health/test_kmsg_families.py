@@ -1,0 +1,83 @@
+"""A kernel log file has one format, fixed by its first line (issue 24 §6, hostile review).
+
+A line of another format family than the file's is a user's newline (dmesg
+--notime leaves a record's later lines at column 0; a syslog writer that keeps
+raw newlines) or proves nothing: it warns, naming the line, and never drains.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_gpu.health import xid
+from slurm_gpu.health.findings import DRAIN, WARN
+from slurm_gpu.hw import kmsg
+
+XID = "NVRM: Xid (PCI:0000:01:00): 79"
+NOTIME_HEAD = "Linux version 6.8.0-45-generic (buildd@lcy02-amd64-075) (gcc 13.2.0) #45-Ubuntu SMP\n"
+
+
+def verdict(text: str) -> list[tuple[str, str]]:
+    return [(f.severity, f.message) for f in xid.check_xid(xid.parse_lines(kmsg.scan_buffer(text.encode())))]
+
+
+# A client's version string (63 bytes at most) with a newline and a forged stamp in it.
+FORGED_STAMPS = {
+    "dmesg": f"[1.1] {XID}",
+    "ctime": f"[Fri Aug 30 11:43:09 2024] {XID}",
+    "iso": f"2024-08-30T11:43:09,123456+00:00 {XID}",
+    "dmesg -x": f"kern  :err   : [1.1] {XID}",
+    "dmesg -r": f"<3>[1.1] {XID}",
+    "kmsg record": f"3,99,5000000,-;{XID}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGED_STAMPS))
+def test_a_forged_stamp_in_a_notime_log_never_drains(name):
+    text = (NOTIME_HEAD + "NVRM: API mismatch: the client has the version 1\n"
+            f"{FORGED_STAMPS[name]}, but\nNVRM: this kernel module has the version 550.54.15.\n")
+    got = verdict(text)
+    assert got and all(sev == WARN for sev, _ in got), got
+    assert any("byte " in msg for _, msg in got)
+
+
+def test_a_journal_json_line_in_a_notime_log_never_drains():
+    rec = json.dumps({"_TRANSPORT": "kernel", "MESSAGE": f"{XID}, GPU has fallen off the bus."})
+    got = verdict(NOTIME_HEAD + rec + "\n")
+    assert [sev for sev, _ in got] == [WARN]
+    assert "another log format (json)" in got[0][1] and f"byte {len(NOTIME_HEAD)} " in got[0][1]
+
+
+def test_a_stamped_line_in_a_notime_log_warns_naming_the_line():
+    lines = kmsg.scan_buffer((NOTIME_HEAD + f"[5.000000] {XID}, GPU has fallen off the bus.\n").encode())
+    assert [(ln.at, ln.doubt is not None and "another log format (kernel)" in ln.doubt) for ln in lines] == [
+        (len(NOTIME_HEAD), True)]
+
+
+def test_a_notime_log_keeps_its_own_lines():
+    assert [sev for sev, _ in verdict(NOTIME_HEAD + f"{XID}, GPU has fallen off the bus.\n")] == [DRAIN]
+
+
+def test_a_dmesg_log_keeps_its_own_lines_whatever_the_stamp():
+    text = "[0.000000] Linux version 6.8.0\nkern  :err   : [5.0] " + XID + ", GPU has fallen off the bus.\n"
+    assert [sev for sev, _ in verdict(text)] == [DRAIN]
+
+
+def test_the_file_reader_fixes_the_format_from_the_file_s_head(tmp_path, monkeypatch):
+    monkeypatch.setattr(kmsg, "CHUNK", 64)           # the forged line in a later chunk than the head
+    log = tmp_path / "dmesg.txt"
+    log.write_text(NOTIME_HEAD + "usb 1-1: new device\n" * 4 + f"[5.000000] {XID}, GPU has fallen off the bus.\n")
+    log.chmod(0o644)
+    lines, _ = kmsg.read_file(log)
+    assert [ln.doubt is not None for ln in lines] == [True]
+
+
+def test_unstamped_echo_window_is_not_closed_by_a_forged_stamp():
+    # parse_lines alone: after an unstamped "API mismatch", a line inside the
+    # window warns whatever stamp it shows
+    lines = [kmsg.KernelLine(None, "NVRM: API mismatch: the client has the version 1"),
+             kmsg.KernelLine("1.100000", XID + ", GPU has fallen off the bus.")]
+    evs = xid.parse_lines(lines)
+    assert [(e.code, e.untrusted is not None) for e in evs] == [(79, True)]
+
