@@ -159,6 +159,8 @@ def _tag_only(m: re.Match[str]) -> bool:
 
 def text_log_line(line: str) -> bool:
     """Whether *line* is a syslog or journal *text* line (any tag): its sender is only what it says."""
+    if _TEXT_HEAD.match(line):
+        return True                    # the writer's own stamp, whatever the tag (text_log_head)
     m = _ENVELOPE.match(line)
     return m is not None and m.end() > 0 and _tag_only(m)
 
@@ -296,6 +298,8 @@ def line_family(line: str) -> str | None:
     (journalctl json-pretty), "none" (no envelope); None for an indented line."""
     if line.startswith("{"):
         return "pretty" if line.rstrip() == "{" else "json"
+    if _TEXT_HEAD.match(line):
+        return "text"                  # the writer's own part: whatever tag follows
     m = _ENVELOPE.match(line)
     if m is None or m.end() == 0:
         return "none"

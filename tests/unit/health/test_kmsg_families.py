@@ -12,7 +12,7 @@ import pytest
 
 from slurm_gpu.health import xid
 from slurm_gpu.health.findings import DRAIN, WARN
-from slurm_gpu.hw import kmsg
+from slurm_gpu.hw import kmsg, kmsg_scan
 
 XID = "NVRM: Xid (PCI:0000:01:00): 79"
 NOTIME_HEAD = "Linux version 6.8.0-45-generic (buildd@lcy02-amd64-075) (gcc 13.2.0) #45-Ubuntu SMP\n"
@@ -80,4 +80,37 @@ def test_unstamped_echo_window_is_not_closed_by_a_forged_stamp():
              kmsg.KernelLine("1.100000", XID + ", GPU has fallen off the bus.")]
     evs = xid.parse_lines(lines)
     assert [(e.code, e.untrusted is not None) for e in evs] == [(79, True)]
+
+
+# A syslog/journal text log is known by its writer's own part at the line's
+# start, never by the tag a sender chose (any length, spaces in it).
+TEXT_HEADS = {
+    "classic, long tag": "Nov 29 00:00:01 gpu01 " + "a" * 70 + "[4242]: hi\n",
+    "rfc 3339, tag with a space": "2026-11-29T00:00:01.123456+00:00 gpu01 my job[4242]: hi\n",
+    "rfc 3339, no fraction": "2026-11-29T00:00:01+0000 gpu01 my job[4242]: hi\n",
+    "classic, no host, odd tag": "Nov 29 00:00:01 my: job: hi\n",
+    "short-unix, tag with a space": "1732838401.123456 gpu01 my job[4242]: hi\n",
+    "short-full": "Fri 2026-11-29 00:00:01 UTC gpu01 my job[4242]: hi\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_HEADS))
+def test_a_text_log_is_known_by_its_writer_whatever_the_tag(name, tmp_path):
+    raw = f"[    5.000000] {XID}, GPU has fallen off the bus.\n"     # a message's raw newline
+    text = TEXT_HEADS[name] + raw
+    assert kmsg.text_log_head(text.encode())
+    assert [sev for sev, _ in verdict(text)] == [WARN]
+    log = tmp_path / "messages"
+    log.write_text(text)
+    log.chmod(0o644)
+    lines, _ = kmsg.read_file(log)
+    assert [ln.doubt == kmsg_scan.TEXT_LOG for ln in lines] == [True]
+
+
+def test_dmesg_iso_is_not_a_text_log():
+    # dmesg --time-format iso prints ",usec" (util-linux; tests/data/xid/real/util_linux_dmesg_envelopes.txt)
+    text = "2026-11-29T00:00:01,123456+00:00 Linux version 6.8.0\n" \
+           f"2026-11-29T00:00:05,000000+00:00 {XID}, GPU has fallen off the bus.\n"
+    assert not kmsg.text_log_head(text.encode())
+    assert [sev for sev, _ in verdict(text)] == [DRAIN]
 
