@@ -427,13 +427,17 @@ def _kept_driver_line(line: str) -> bool:
     return bool(_DRIVER.match(rest)) or (dev is not None and rest[dev.end():].startswith("AER: Uncorrected"))
 
 
+_ECHO = "NVRM: API mismatch:"       # the driver message that echoes a client's string (health/xid.py)
+
+
 def line_before(tail: bytes, whole: bool) -> bytes:
     """The line before a read's start, for the same-stamp check (``scan_buffer``'s *before*).
 
     *tail* ends with that line's newline (*whole*: it starts at the top of
     the file).  Empty when that line is a kept driver line: the lines with its
     kernel time back to one with another are all driver lines, as when the
-    earlier run kept them.
+    earlier run kept them, and none of them is the driver's "API mismatch"
+    message (whose record may go on after the boundary with the client's text).
     """
     if not tail.endswith(b"\n"):
         return b""
@@ -446,7 +450,10 @@ def line_before(tail: bytes, whole: bool) -> bytes:
         text = raw[:400].decode("utf-8", "replace")
         if _kernel_stamp(text) != stamp:
             return b""
-        if not _kept_driver_line(text):
+        if not _kept_driver_line(text) or _ECHO in text:
+            # An "API mismatch" record echoes a client's text: a line with
+            # its stamp after the run boundary may be that text (the earlier
+            # run's echo window does not reach this one).
             return prev
     return b"" if whole else prev                      # the group reaches past what was read: not proven
 

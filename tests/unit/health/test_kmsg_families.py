@@ -114,3 +114,28 @@ def test_dmesg_iso_is_not_a_text_log():
     assert not kmsg.text_log_head(text.encode())
     assert [sev for sev, _ in verdict(text)] == [DRAIN]
 
+
+# Read from /proc/kmsg, every line of a record carries its stamp: an
+# "API mismatch" record split by a run boundary is still one record.
+SPLIT_FORMATS = {
+    "/proc/kmsg": "<4>[   12.345678] ",
+    "dmesg -S": "[   12.345678] ",
+    "caller id": "[   12.345678][  T334] ",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_FORMATS))
+def test_an_api_mismatch_split_across_two_runs_never_drains(name, tmp_path):
+    p = SPLIT_FORMATS[name]
+    log = tmp_path / "kern.log"
+    head = p.replace("12.345678", " 0.000000")
+    log.write_text(f"{head}Linux version 6.8.0\n{p}NVRM: API mismatch: the client has the version 1\n")
+    log.chmod(0o644)
+    first, cur = kmsg.read_file(log)
+    with log.open("a") as f:
+        f.write(f"{p}{XID}, but\n{p}NVRM: this kernel module has the version 550.54.15.\n")
+    second, _ = kmsg.read_file(log, cur)
+    evs = xid.parse_lines(first + second)      # what two runs see, one after the other
+    assert first and first[0].doubt is None          # the mismatch line itself is the kernel's
+    assert [e.untrusted is not None for e in evs if e.code == 79] in ([], [True])
+    assert all(f.severity != DRAIN for f in xid.check_xid(xid.parse_lines(second)))
