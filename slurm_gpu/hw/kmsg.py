@@ -181,6 +181,12 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                                           "and no report after them is trusted", at=frm))
                     pos, want = to, CHUNK
                     continue
+            elif family == "pretty":
+                # A json-pretty entry is read whole or not at all (a follower
+                # flushes in blocks; a chunk ends anywhere): up to the last
+                # "}" line, as the export reader stops at an entry's end.
+                last = buf.rfind(b"\n}\n", 0, n)
+                cut = last + 3 if last >= 0 else 0
             else:
                 cut = buf.rfind(b"\n", 0, n) + 1
             if not cut:

@@ -139,3 +139,33 @@ def test_an_api_mismatch_split_across_two_runs_never_drains(name, tmp_path):
     assert first and first[0].doubt is None          # the mismatch line itself is the kernel's
     assert [e.untrusted is not None for e in evs if e.code == 79] in ([], [True])
     assert all(f.severity != DRAIN for f in xid.check_xid(xid.parse_lines(second)))
+
+
+# journalctl -f -o json-pretty > file flushes in 4 KB blocks: a read may end
+# inside an entry, which the next run must read whole.
+PRETTY_XID = ('{\n\t"_TRANSPORT" : "kernel",\n\t"SYSLOG_FACILITY" : "0",\n'
+              f'\t"MESSAGE" : "{XID}, GPU has fallen off the bus.",\n\t"__REALTIME_TIMESTAMP" : "1788544992222751"\n}}\n')
+PRETTY_OTHER = '{\n\t"_TRANSPORT" : "kernel",\n\t"MESSAGE" : "usb 2-3: USB disconnect, device number 16"\n}\n'
+
+
+def test_a_json_pretty_entry_split_across_chunks_is_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(kmsg, "CHUNK", 64)           # smaller than an entry
+    log = tmp_path / "journal.json"
+    log.write_text(PRETTY_OTHER * 3 + PRETTY_XID + PRETTY_OTHER)
+    log.chmod(0o644)
+    lines, cur = kmsg.read_file(log)
+    assert [(ln.doubt, ln.text.startswith("NVRM: Xid")) for ln in lines] == [(None, True)]
+    assert cur.offset == log.stat().st_size
+
+
+def test_a_json_pretty_entry_split_by_the_writer_is_read_by_the_next_run(tmp_path):
+    log = tmp_path / "journal.json"
+    cut = PRETTY_XID.index("MESSAGE") + 20
+    log.write_text(PRETTY_OTHER + PRETTY_XID[:cut])
+    log.chmod(0o644)
+    first, cur = kmsg.read_file(log)
+    assert first == [] and cur.offset == len(PRETTY_OTHER)
+    with log.open("a") as f:
+        f.write(PRETTY_XID[cut:])
+    second, _ = kmsg.read_file(log, cur)
+    assert [sev for sev, _ in [(f.severity, f.message) for f in xid.check_xid(xid.parse_lines(second))]] == [DRAIN]
