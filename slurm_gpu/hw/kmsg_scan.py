@@ -60,7 +60,7 @@ _ENVELOPE = re.compile(
     r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>" + _NUM + r")\]" + _CALLER + r"\s"  # dmesg -r
     # dmesg -x, with any time format
     r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s(?:\[(?:\s*(?P<xmono>" + _NUM + r")" + _DELTA
-    + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + ")" + _DSTAMP
+    + "|(?P<xctime>" + _CTIME + ")" + _DELTA + "|" + _REL + r")\]|(?P<xiso>" + _ISO + "))" + _DSTAMP
     # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
     + r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP + r"(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
     + r"|\[(?P<ctime>" + _CTIME + r")" + _DELTA + r"\]" + _DSTAMP     # dmesg --ctime, any locale
@@ -91,6 +91,9 @@ class KernelLine:
     ``doubt``: why the line is not proven the kernel's (no log format we know
     comes before the driver's text); such a line never starts an event, and
     ``gpu.xid`` warns about it.  ``at``: the line's byte offset in what was read.
+    ``indents``: the line is dmesg's with a time field but no kernel time
+    (``-e``, deltas, ``-x``): reading ``/dev/kmsg``, dmesg indents a record's
+    later lines (``dmesg -S`` prefixes them instead, and then none is indented).
     """
 
     when: str | None
@@ -98,6 +101,7 @@ class KernelLine:
     cont: bool = False
     doubt: str | None = None
     at: int = -1
+    indents: bool = False
 
 
 UNKNOWN_FORMAT = "no log format slurm-gpu knows comes before the driver's text"
@@ -122,7 +126,7 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
     if g["rpri"] is not None:
         return int(g["rpri"]) >> 3 == KERN, g["rmono"], False
     if g["xfac"] is not None:
-        return g["xfac"] == "kern", g["xmono"], False
+        return g["xfac"] == "kern", g["xmono"] or g["xctime"] or g["xiso"], False
     if g["unix"] is not None or g["full"] is not None:
         return g["jtag"] == "kernel", g["unix"] or g["full"], False
     if g["mono"] is not None or g["ctime"] is not None:
@@ -507,7 +511,8 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
         return []                  # text before the driver's prefix: not the driver's message
     if env.group("kpri") is not None:
         return _message_lines(text, when, sep="\\x0a", at=ls + base)
-    return [KernelLine(when, text, cont, at=ls + base)]
+    return [KernelLine(when, text, cont, at=ls + base,
+                       indents=env.group("rel") is not None or env.group("xfac") is not None)]
 
 
 def _doubt(buf: bytes | bytearray, s: int, e: int, at: int, why: str = UNKNOWN_FORMAT) -> list[KernelLine]:

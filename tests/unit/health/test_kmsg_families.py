@@ -169,3 +169,33 @@ def test_a_json_pretty_entry_split_by_the_writer_is_read_by_the_next_run(tmp_pat
         f.write(PRETTY_XID[cut:])
     second, _ = kmsg.read_file(log, cur)
     assert [sev for sev, _ in [(f.severity, f.message) for f in xid.check_xid(xid.parse_lines(second))]] == [DRAIN]
+
+
+# A mismatch record in dmesg output without a kernel time: a real Xid later
+# must still drain (a user keeping a broken node undrained with one mismatch).
+MISMATCH = ("NVRM: API mismatch: the client has the version 1, but\n{ind}NVRM: this kernel module has the version "
+            "550.54.15.  Please\n{ind}NVRM: make sure that this kernel module and all NVIDIA driver\n")
+LATER_RECORDS = {
+    "dmesg -x -T": ("kern  :info  : [Fri Aug 30 11:40:00 2024] ", "kern  :warn  : [Fri Aug 30 11:40:01 2024] ",
+                    "kern  :err   : [Fri Aug 30 11:43:09 2024] "),
+    "dmesg -x iso": ("kern  :info  : 2024-08-30T11:40:00,000000+00:00 ", "kern  :warn  : 2024-08-30T11:40:01,000000+00:00 ",
+                     "kern  :err   : 2024-08-30T11:43:09,000000+00:00 "),
+    "dmesg -e": ("[Aug30 11:40] ", "[Aug30 11:40] ", "[Aug30 11:43] "),
+    "dmesg -x -e": ("kern  :info  : [Aug30 11:40] ", "kern  :warn  : [Aug30 11:40] ", "kern  :err   : [Aug30 11:43] "),
+    "dmesg delta": ("[  +0.000000] ", "[  +1.000000] ", "[+188.000000] "),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LATER_RECORDS))
+def test_a_real_xid_after_an_api_mismatch_drains_in_dmesg_without_kernel_time(name):
+    head, mis, later = LATER_RECORDS[name]
+    text = (f"{head}Linux version 6.8.0\n{mis}" + MISMATCH.format(ind=" " * len(mis))
+            + f"{later}{XID}, GPU has fallen off the bus.\n")
+    assert [sev for sev, _ in verdict(text)] == [DRAIN]
+
+
+def test_an_echoed_line_of_the_record_still_never_drains_in_dmesg_e():
+    ind = " " * len("[Aug30 11:40] ")
+    text = (f"[Aug30 11:40] Linux version 6.8.0\n[Aug30 11:40] NVRM: API mismatch: the client has the version 1\n"
+            f"{ind}{XID}, but\n" + MISMATCH.split("\n", 1)[1].format(ind=ind))
+    assert verdict(text) == []
