@@ -61,8 +61,9 @@ _ENVELOPE = re.compile(
     # dmesg -x, with any time format
     r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s(?:\[(?:\s*(?P<xmono>" + _NUM + r")" + _DELTA
     + "|(?P<xctime>" + _CTIME + ")" + _DELTA + "|" + _REL + r")\]|(?P<xiso>" + _ISO + "))" + _DSTAMP
-    # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
-    + r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP + r"(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
+    # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic (--no-hostname: "kernel: ")
+    + r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP
+    + r"(?:(?:(?P<mhost>" + _HOST + r")\s)?(?P<mkern>kernel):\s)?"
     + r"|\[(?P<ctime>" + _CTIME + r")" + _DELTA + r"\]" + _DSTAMP     # dmesg --ctime, any locale
     + r"|\[(?P<rel>" + _REL + r")\]" + _DSTAMP                     # dmesg -d alone, -e / reltime
     + r"|(?P<iso>" + _ISO + r")(?:\s(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:"
@@ -158,7 +159,7 @@ def _tag_only(m: re.Match[str]) -> bool:
     """
     g = m.groupdict()
     return (g["sys"] is not None or g["bare"] is not None or g["unix"] is not None or g["full"] is not None
-            or g["mhost"] is not None or (g["iso"] is not None and g["ihost"] is not None))
+            or g["mkern"] is not None or (g["iso"] is not None and g["ihost"] is not None))
 
 
 def text_log_line(line: str) -> bool:

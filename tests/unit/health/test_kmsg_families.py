@@ -199,3 +199,11 @@ def test_an_echoed_line_of_the_record_still_never_drains_in_dmesg_e():
     text = (f"[Aug30 11:40] Linux version 6.8.0\n[Aug30 11:40] NVRM: API mismatch: the client has the version 1\n"
             f"{ind}{XID}, but\n" + MISMATCH.split("\n", 1)[1].format(ind=ind))
     assert verdict(text) == []
+
+
+def test_short_monotonic_without_a_host_warns():
+    # journalctl -o short-monotonic --no-hostname: the "kernel:" tag alone (TAG_ONLY), a warning, not silence
+    text = "[    0.000000] kernel: Linux version 6.8.0\n[   12.300000] kernel: " + XID + ", GPU has fallen off the bus.\n"
+    lines = kmsg.scan_buffer(text.encode())
+    assert [ln.doubt is not None for ln in lines] == [True]
+    assert [sev for sev, _ in verdict(text)] == [WARN]
