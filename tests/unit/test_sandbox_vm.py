@@ -171,3 +171,23 @@ def test_down_removes_a_nodes_empty_cgroups_on_v1_and_v2(tmp_path: Path, v2_base
     assert not (tmp_path / "memory" / "slurm_n1").exists()
     assert not (tmp_path / v2_base / "system.slice" / "n1_slurmstepd.scope").exists()
     assert other.is_dir()
+
+
+@pytest.mark.parametrize("flag, option, why", [
+    ("--netns", "netns", "the VM's nodes share the guest's one network stack"),
+    ("--accounting", "accounting", "the VM's image has no slurmdbd and no MariaDB"),
+])
+def test_netns_and_accounting_are_refused_with_one_line_before_anything_starts(
+        tmp_path: Path, monkeypatch, flag: str, option: str, why: str) -> None:
+    from types import SimpleNamespace
+    from slurm_gpu_devkit.sandbox import vmplace
+    touched: list[str] = []
+    monkeypatch.setattr(vm, "require_tools", lambda tools: touched.append("tools"))
+    monkeypatch.setattr(vm, "ensure_image", lambda *a: touched.append("image"))
+    sb = SimpleNamespace(options=SandboxOptions(vm=True, **{option: True}), layout=None)
+    with pytest.raises(UsageError) as e:
+        vmplace.Vm().prepare(sb)
+    line = e.value.line()
+    assert line.startswith(f"slurm-gpu: {flag} is not available with --vm: {why}") and \
+        line.endswith(" (sandbox up --vm)") and "\n" not in line, line
+    assert e.value.exit_code == 2 and touched == []
