@@ -61,7 +61,12 @@ def test_qemu_reaches_nothing_writes_no_image_and_fits_in_2_gib(tmp_path: Path) 
     assert "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:23456-:7000" in text   # loopback only
     assert f"file={img.root},format=raw,if=virtio,snapshot=on" in text          # cache untouched
     assert "readonly=on" in text and "-nodefaults" in argv and "-no-reboot" in argv
-    assert int(argv[argv.index("-m") + 1]) <= 2048
+    # The guest's RAM and TCG's code buffer (QEMU's default: 1 GiB, resident
+    # once filled), with ~200 MiB for QEMU itself, under 2 GiB.
+    tb = int(argv[argv.index("-accel") + 1].removeprefix("tcg,tb-size="))
+    assert int(argv[argv.index("-m") + 1]) + tb <= 2048 - 200
+    kvm = vm.qemu_argv(img, tmp_path / "cfg.img", tmp_path / "console.log", 23456, "kvm", 2, [[0, 1]])
+    assert kvm[kvm.index("-accel") + 1] == "kvm"
     # mini-2numa's two NUMA nodes, one CPU each, as the guest's own topology
     assert "node,nodeid=0,memdev=m0,cpus=0-0" in text and "node,nodeid=1,memdev=m1,cpus=1-1" in text
     assert vm.vm_topology(mini()) == (2, [[0], [1]])
