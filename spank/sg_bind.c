@@ -7,7 +7,7 @@
  * bindtable.py); this file reads it and does what slurm_gpu/spank/remote.py
  * (_bind) and slurm_gpu/binding.py (task_gpus, plan_task) do for `prefer`,
  * to the byte: the same GPUs, CPUs, NUMA nodes, SLURM_GPU_BINDING value and
- * warning lines.  tests/unit/test_spank_cbind.py holds the two side by side.
+ * warning lines.  tests/unit/spank/test_spank_cbind.py holds the two side by side.
  *
  * The table is trusted as the cache entry is (slurm_gpu/nodefacts.py): a
  * directory that is ours (root's) and writable by nobody else, opened
