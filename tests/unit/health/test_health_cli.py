@@ -228,7 +228,7 @@ def test_a_slurmd_run_leaves_at_once_while_the_nodes_previous_one_still_runs(tmp
     cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     monkeypatch.setenv("SLURMD_NODENAME", "n2")
-    config._load.cache_clear()
+    config.clear_cache()
     calls: list = []
     monkeypatch.setattr(runner, "run", lambda argv, *a, **k: calls.append(argv) or
                         subprocess.CompletedProcess(argv, 1, "", "no Slurm here"))
