@@ -13,6 +13,9 @@ from slurm_gpu import joboptions as options
 from slurm_gpu.spank import dispatch, effects, nodecache
 from test_binding import MINI
 
+# remote's binding runs the compiled planner (spank/sg_bind.c)
+pytestmark = pytest.mark.usefixtures("planner")
+
 
 class FakeSpank:
     """The surface of slurm_gpu.spank.api.Spank, recording what the plugin does."""
