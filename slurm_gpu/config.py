@@ -94,6 +94,17 @@ def _load(path: str | None) -> dict[str, Any]:
         raise InputError(f"cannot read config: {e.strerror}", path) from None
 
 
+def clear_cache() -> None:
+    """Forget every config file read so far: the next read sees each file as it is now.
+
+    A file is parsed once per process (hooks and checks read their sections
+    many times); code that changes which file is in effect, or the file
+    itself, within one process calls this (:func:`config_sections.validate`,
+    tests).
+    """
+    _load.cache_clear()
+
+
 def load_raw(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The whole parsed config as a dict (empty when there is no file)."""
     if path is None:

@@ -53,7 +53,7 @@ def validate(path: str) -> list[str]:
     """
     previous = config.hostctx.config_file
     config.use_config(path)
-    config._load.cache_clear()
+    config.clear_cache()
     try:
         raw = config.load_raw()
         for name, (cls_ref, loader_ref) in SECTIONS.items():
@@ -63,4 +63,4 @@ def validate(path: str) -> list[str]:
         return sorted(set(raw) - set(SECTIONS))
     finally:
         config.use_config(previous)
-        config._load.cache_clear()
+        config.clear_cache()

@@ -94,14 +94,24 @@ _COMMANDS: dict[str, tuple[dict[str, str], dict[str, tuple[str, bool]], Callable
 }
 
 
+def plain_args(argv: list[str]) -> dict[str, Any] | None:
+    """The keyword arguments of *argv* (its command first) when it is plain
+    enough to run here, or None: a command not served here, an option it does
+    not know or gives twice, a missing value, or one click would judge."""
+    if not argv or argv[0] not in _COMMANDS:
+        return None
+    flags, values, _ = _COMMANDS[argv[0]]
+    return parse(argv[1:], flags, values)
+
+
 def try_run(argv: list[str]) -> int | None:
     """Run *argv* without click and return its exit status, or None: not plain, use click."""
     if not argv or argv[0] not in _COMMANDS or "SLURM_GPU_DEBUG" in os.environ or not _streams_ok():
         return None
-    flags, values, body = _COMMANDS[argv[0]]
-    kw = parse(argv[1:], flags, values)
+    kw = plain_args(argv)
     if kw is None:
         return None
+    body = _COMMANDS[argv[0]][2]
     from .echo import echo
     from .errors import EXIT_FAILURE, SlurmGpuError
     try:

@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import ROOT
+
 if str(ROOT) not in sys.path:  # tests import the checkout, not the installed copy
     sys.path.insert(0, str(ROOT))
 

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 
 @lru_cache(maxsize=1)
@@ -19,7 +20,7 @@ def _fetch() -> tuple[Path | None, str]:
     if os.geteuid() != 0 and mps_real.cached() is None:
         return None, "fetching it needs root (scripts/fetch-mps.sh)"
     # this checkout's script, whichever slurm_gpu (checkout or venv) is imported
-    return mps_real.fetch(script=Path(__file__).resolve().parents[1] / "scripts" / "fetch-mps.sh")
+    return mps_real.fetch(script=ROOT / "scripts" / "fetch-mps.sh")
 
 
 def real_mps_control() -> Path:

@@ -213,4 +213,3 @@ def restart_advice(current: Mapping[str, NodeGres], wanted: Mapping[str, NodeGre
     return out
 
 
-_effective = effective   # the name other modules used before it was public

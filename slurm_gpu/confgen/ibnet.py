@@ -142,13 +142,49 @@ _PORTS = re.compile(r'^' + _PORT_TEXT + r'[^\n]*$', re.M)
 def parse(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabric:
     """Parse a dump; raise :class:`InputError` naming ``source:line`` on bad or truncated input."""
     text = lines if isinstance(lines, str) else "".join(lines)
+    fabric = read_fast(text, source)
+    if fabric is None or not links_hold(fabric.nodes):
+        return read_careful(text, source)
+    return fabric
+
+
+# The readers parse() and parse_file() are made of.  The careful one is the
+# reference; each fast one must read a dump as it does, or decline it, and
+# parse() alone runs only one of them for a given text: so each is public,
+# for tests that hold them to one another and for bench_confgen.
+
+def read_fast(text: str, source: str = "<ibnetdiscover>") -> IbFabric | None:
+    """The fast reader (one regex pass over *text*): the fabric, or None where it
+    declines (then :func:`read_careful` reads it and names what is wrong).
+
+    It reads past the libraries' warnings a ``2>&1`` capture puts first and
+    ``ibnetdiscover -g`` headers, and names both in ``notes`` as the careful
+    reader does.  It keeps no line numbers and does not check the links:
+    :func:`parse` checks them with :func:`links_hold`.
+    """
     start, skipped = _head(text)
     headers: list[int] = []
-    nodes = _parse_records(text, start, headers)
-    if nodes is None or not _links_hold(nodes):
-        return _parse_lines(_lines(text), source)
+    nodes: dict[str, IbNode] = {}
+    end = _read_into(nodes, text, start, headers)
+    if end is None or not _complete(nodes, text, end):
+        return None
     _add_headers(skipped, text, headers, 0, 0)
     return IbFabric(nodes, source, _notes(source, skipped))
+
+
+def read_sliced(slices: Iterable[str], source: str = "<ibnetdiscover>") -> IbFabric | None:
+    """The fast reader over a text given in consecutive slices, as :func:`parse_file`
+    reads one: the fabric, or None where it declines.  Links are not checked."""
+    skipped: Skipped = []
+    nodes = _parse_slices(slices, skipped)
+    return None if nodes is None else IbFabric(nodes, source, _notes(source, skipped))
+
+
+def read_careful(lines: Iterable[str] | str, source: str = "<ibnetdiscover>") -> IbFabric:
+    """The careful reader: line by line (a text is split at newlines only, as
+    ``grep -n`` counts), naming the first line it cannot read and the line of
+    a link seen from one end only."""
+    return _parse_lines(_lines(lines) if isinstance(lines, str) else lines, source)
 
 
 def _add_headers(skipped: Skipped, text: str, offsets: list[int], at: int, line: int) -> None:
@@ -214,13 +250,6 @@ def _lines(text: str) -> Iterable[str]:
     # str.splitlines() also breaks at \f, \x1c, \u2028...: a description
     # holding one would shift the line of every later message.
     return io.StringIO(text, newline="\n")
-
-
-def _parse_records(text: str, start: int = 0, headers: list[int] | None = None) -> dict[str, IbNode] | None:
-    """The fast reader, from *start*; None when the text needs the careful one."""
-    nodes: dict[str, IbNode] = {}
-    end = _read_into(nodes, text, start, headers)
-    return nodes if end is not None and _complete(nodes, text, end) else None
 
 
 def _parse_slices(slices: Iterable[str], skipped: Skipped | None = None) -> dict[str, IbNode] | None:
@@ -469,8 +498,9 @@ def _bad(raw: str, what: str) -> str:
     return f"ibnetdiscover dump: {what}"
 
 
-def _links_hold(nodes: dict[str, IbNode]) -> bool:
-    """Whether every link is seen from both ends (the rule :func:`_broken_link` names a break of)."""
+def links_hold(nodes: dict[str, IbNode]) -> bool:
+    """Whether every link is seen from both ends, each port's peer naming it back
+    (the rule whose first break :func:`read_careful` names with its line)."""
     return _links_mirror(nodes) or _broken_link(nodes) is None
 
 
@@ -522,13 +552,17 @@ def _broken_link(nodes: dict[str, IbNode]) -> tuple[str, str, int | None] | None
     return None
 
 
-def parse_file(path: str) -> IbFabric:
-    """Read and parse a dump file (the one I/O helper here; front ends call it)."""
+def parse_file(path: str, slice_chars: int | None = None) -> IbFabric:
+    """Read and parse a dump file (the one I/O helper here; front ends call it).
+
+    A seekable file is read *slice_chars* characters at a time (default
+    :data:`SLICE_CHARS`), and read again whole where the slices decline.
+    """
     # A 10,000-node fabric is ~100,000 nodes and ports that all survive the
     # parse; frozen, the passes while the tree is built and rendered skip it.
     try:
         with gc_paused(), open(path, encoding="utf-8", errors="replace") as f:
-            fabric = _read_file(f, path)
+            fabric = _read_file(f, path, SLICE_CHARS if slice_chars is None else slice_chars)
     except OSError as e:
         raise InputError(f"cannot read ibnetdiscover dump: {e.strerror}", path) from None
     freeze_if_large(len(fabric.nodes), 1000)
@@ -540,17 +574,16 @@ def parse_file(path: str) -> IbFabric:
 # decoded): ~120,000 fresh pages, which cost ~9 us each rather than ~2 while
 # the snapshots just read fill the page cache.  A slice this small stays
 # under glibc's mmap threshold, so each one reuses the last one's memory.
-_SLICE = 1 << 16
+SLICE_CHARS = 1 << 16
 
 
-def _read_file(f: TextIO, source: str) -> IbFabric:
+def _read_file(f: TextIO, source: str, slice_chars: int) -> IbFabric:
     """Parse an open dump: the fast reader slice by slice; the whole text again when it declines."""
     if f.seekable():
-        skipped: Skipped = []
-        nodes = _parse_slices(iter(partial(f.read, _SLICE), ""), skipped)
-        if nodes is not None and _links_hold(nodes):
-            return IbFabric(nodes, source, _notes(source, skipped))
+        fabric = read_sliced(iter(partial(f.read, slice_chars), ""), source)
+        if fabric is not None and links_hold(fabric.nodes):
+            return fabric
         f.seek(0)
-        if nodes is not None:
-            return _parse_lines(f, source)   # read, but a link is broken: this names its line
+        if fabric is not None:
+            return read_careful(f, source)   # read, but a link is broken: this names its line
     return parse(f.read(), source)

@@ -150,8 +150,10 @@ def entry_for(health: Any, ib_ports: Mapping[str, Any] | None = None) -> dict[st
             e["fabric"] = e.get("fabric", False) or bool(
                 g.fabric_cluster_uuid and g.fabric_cluster_uuid.strip("0-"))
         if ib_ports:
+            # InfiniBand ports only: ib.port checks no Ethernet (RoCE) port, and an
+            # H100 node's BlueField-3 bond is one (tests/data/ib/gpud-h100).
             e["ib"] = {name: p.rate for name, p in sorted(ib_ports.items())
-                       if p.rate and p.state == "ACTIVE"}
+                       if p.rate and p.state == "ACTIVE" and p.link_layer == "InfiniBand"}
     return out
 
 

@@ -7,7 +7,8 @@ with its field bugs fixed):
 
 * drain with ``slurm-gpu: <check>: <detail>``; a node already drained,
   failed (``FAIL``) or down for another reason is left alone (its reason is
-  never overwritten);
+  never overwritten); a reason on a node that is none of those holds no job
+  off it (stale text, or a note), so a drain replaces it;
 * resume only a node whose reason is exactly the one we set (remembered in
   the state file), and only after N clean runs in a row; an admin who
   changes our reason takes the drain over, even to text that starts like
@@ -169,7 +170,7 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
         mem.pending_reason = owed
         return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
     mem.pending_reason = None
-    if not node.drained and ("FAIL" in node.flags or (node.reason and not node.ours)):
+    if not node.drained and "FAIL" in node.flags:
         # "scontrol update state=fail reason=..." sets FAIL without DRAIN; our
         # drain would replace the admin's reason (and we would later resume it).
         mem.drained_reason, mem.clean_runs = None, 0
@@ -205,5 +206,14 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
     mem.drained_reason, mem.clean_runs = None, 0
     if want is not None:
         mem.drained_reason = want
+        if node.reason and not node.ours:
+            # A reason on a node that is neither drained nor failed holds
+            # nothing: Slurm schedules jobs there.  It is stale text (24.11.5
+            # keeps Reason= after a resume from DRAINING; 22.05.8 and 26.05
+            # clear it) or an admin's note; leaving the node alone for it
+            # would keep a broken GPU taking jobs.  The drain replaces it,
+            # and the note keeps what it said.
+            return Plan("drain", f"draining (replaces the reason of a node that was not drained: "
+                        f"{node.reason})", reason=want, memory=mem)
         return Plan("drain", "draining", reason=want, memory=mem)
     return Plan("none", "healthy", memory=mem)

@@ -43,7 +43,10 @@ _BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 # ("..." where a reporter redacted the bus), the one-line "fallen off the bus"
 # (NV_DEV_PRINTF prefixes "NVRM: GPU <bus>: "; older drivers "GPU at PCI:<bus>"),
 # and the three-line one (nv.c) whose first line names the GPU.
-_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>" + _BUS + r"|\.\.\.)\): (?P<code>\d{1,4})(?:,\s*(?P<rest>.*))?")
+# On a GPU in MIG mode the driver names the GPU (and compute) instance it
+# attributes the Xid to: "(PCI:0000:01:00 GPU-I:05 GPU-CI:01)" (kernel_rc.c).
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>" + _BUS + r"|\.\.\.)(?: GPU-I:\d{1,4}(?: GPU-CI:\d{1,4})?)?\): "
+                  r"(?P<code>\d{1,4})(?:,\s*(?P<rest>.*))?")
 _OFF_BUS_ONE = re.compile(r"NVRM: GPU (?:at PCI:)?(?P<bus>" + _BUS + r"): GPU has fallen off the bus\.?\s*")
 _OFF_BUS_3 = (re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + _BUS + r")\s*"),
               re.compile(r"NVRM: \(PCI ID: [0-9a-fA-F]{4}:[0-9a-fA-F]{4}\) installed in this system has\s*"),

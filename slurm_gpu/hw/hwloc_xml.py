@@ -13,7 +13,7 @@ from . import hwloc_ffi as H
 # hwloc 2.9.0 dereferences NULL (SIGSEGV; lstopo too) on well-formed files
 # that break that, e.g. an object with a set but not its complete_* twin, or
 # (format 2) objects in places hwloc never puts them.  These rules, found by
-# tests/unit/test_fuzz_hw.py, hold for every export hwloc writes.
+# tests/unit/hw/test_fuzz_hw.py, hold for every export hwloc writes.
 _TWINS = (("cpuset", "complete_cpuset"), ("nodeset", "complete_nodeset"))
 # hwloc's bitmap syntax (zero words between commas may be left out); a set
 # that starts with a comma trips an assert() in hwloc_bitmap_sscanf (SIGABRT).

@@ -6,9 +6,11 @@ Two sources, one result (a list of :class:`KernelLine`):
   sequence number; the cursor remembers the last one seen (and the boot it
   belongs to), so an event is counted by exactly one health-check run.
 * a file (``--kernel-log FILE`` or ``[health] kernel_log``): ``dmesg`` output
-  with monotonic ``[  12.345]``, ``--ctime`` ``[Fri Aug 30 11:43:09 2024]`` or
-  ISO timestamps, syslog/journal lines (``... kernel: NVRM: ...``) or raw
-  kmsg records (``6,1234,5678,-;NVRM: ...``), or a journal export
+  with monotonic ``[  12.345]``, ``--ctime`` ``[Fri Aug 30 11:43:09 2024]``,
+  ISO, delta or relative timestamps (and a ``CONFIG_PRINTK_CALLER`` caller
+  id after them), syslog/journal lines (``... kernel: NVRM: ...``) or raw
+  kmsg records (``6,1234,5678,-;NVRM: ...``), journal JSON (``journalctl
+  -o json`` lines, ``-o json-pretty`` entries), or a journal export
   (``journalctl -o export``, read entry by entry: ``kmsg_export``).  The
   cursor is the byte offset plus the file's inode, so rotation or truncation
   restarts at the top.
@@ -24,7 +26,7 @@ must not be able to drain a node by logging text that looks like a fault.
   be claimed (``devkmsg_write``; Documentation/ABI/testing/dev-kmsg).
 * A syslog or journal line counts only with the ``kernel`` tag (with or
   without a host name, month names in any locale); a journal JSON line
-  (``journalctl -o json``) or export entry (``-o export``) only with
+  (``journalctl -o json``), json-pretty entry or export entry (``-o export``) only with
   ``_TRANSPORT=kernel`` (a field journald sets itself) and facility 0; a
   ``talosctl dmesg`` line only with the facility ``kern`` (Talos reads it
   from ``/dev/kmsg``).  ``dmesg -x`` / ``dmesg -r``
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
-from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer  # noqa: F401
+from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer, text_log_head  # noqa: F401
 from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
 TYPE_CHECKING = False   # not typing's: the health check imports this module (~2 ms)
@@ -135,7 +137,9 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         buf = bytearray(min(want, st.st_size - start))
         # A journal export file (journalctl -o export) is read entry by entry
         # (kmsg_export): its first bytes are journalctl's, never a program's.
-        export = os.pread(fd, len(MAGIC), 0) == MAGIC
+        head = os.pread(fd, 4096, 0)
+        export = head.startswith(MAGIC)
+        text_log = not export and text_log_head(head)
         lost = -1                          # where in ``out`` the export format broke (what follows is unproven)
         while pos < st.st_size:
             size = min(want, st.st_size - pos)
@@ -184,7 +188,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     break                  # the last line (entry), still being written
                 want *= 2
                 continue
-            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos))
+            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos), text_log)
             pos += cut
             want = CHUNK
         if lost >= 0:

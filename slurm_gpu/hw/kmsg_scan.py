@@ -32,19 +32,41 @@ _KTS = r"\[\s*(?P<kts>\d{1,10}\.\d{1,9})\]\s"          # the kernel's own "[  12
 # %b/%a): "Aug", "Okt", "oct.", "окт", "10月".
 _WORD = r"[^\s\[\]:]{1,12}"
 _HOST = r"[^\s:\[\]]{1,255}"
+# dmesg's (util-linux) ways of printing a record's time, each of which it may
+# print alone or several at once (--time-format given twice, -d with -T):
+# "[  12.345678]", with -d "[  12.345678 <    0.000123>]" or "[<    0.000123>]",
+# --ctime "[Fri Aug 30 11:43:09 2024]" (any locale), -e/reltime "[Aug30 11:43]"
+# and "[  +0.000123]", iso "2024-08-30T11:43:09,123456+00:00".
+_NUM = r"\d{1,10}\.\d{1,9}"
+_DELTA = r"(?:\s<\s*" + _NUM + r">)?"
+_CTIME = _WORD + " " + _WORD + r" [ \d]\d [\d:]{8} \d{4}"
+_REL = r"<\s*" + _NUM + r">|\s*\+" + _NUM + "|" + _WORD + r" ?\d{1,2} \d\d:\d\d"
+_ISO = r"\d{4}-\d\d-\d\dT[\d:]{8}[,.\d]{0,10}(?:[+-]\d\d:?\d\d|Z)?"
+_MORE = (r"(?:\s(?:\[(?:\s*" + _NUM + _DELTA + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + "))*")
+# A kernel built with CONFIG_PRINTK_CALLER gives every record the id of the
+# task or CPU that logged it; dmesg prints it after the time ("[   T334]"),
+# the kernel's own syslog(2) text (dmesg -S, /proc/kmsg) right after it
+# ("[  1.087841][  T334]").  The kernel sets it, for userspace's writes too.
+# Alone (dmesg --notime) it proves nothing: dmesg then leaves a record's later
+# lines unindented, so a user's newline in a kernel message could start one.
+_CALLER = r"(?:\s?\[\s{0,10}[TC]\d{1,10}\])?"
+_DSTAMP = _MORE + _CALLER + r"\s"                 # what may follow dmesg's first time field
 # Everything a trusted line may carry before the driver's text.  One
 # alternative per log format; the named groups say who wrote the line.
 _ENVELOPE = re.compile(
     r"(?:"
     r"(?P<cont>[ \t]+)"                                                   # continuation (dmesg, journal)
     r"|(?P<kpri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]{0,200};"  # raw kmsg record
-    r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>\d{1,10}\.\d{1,9})\]\s"        # dmesg -r
-    r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s\[\s*(?P<xmono>\d{1,10}\.\d{1,9})\]\s"  # dmesg -x
+    r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>" + _NUM + r")\]" + _CALLER + r"\s"  # dmesg -r
+    # dmesg -x, with any time format
+    r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s(?:\[(?:\s*(?P<xmono>" + _NUM + r")" + _DELTA
+    + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + ")" + _DSTAMP
     # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
-    r"|\[\s*(?P<mono>\d{1,10}\.\d{1,9})\]\s(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
-    r"|\[(?P<ctime>" + _WORD + " " + _WORD + r" [ \d]\d [\d:]{8} \d{4})\]\s"  # dmesg --ctime, any locale
-    r"|(?P<iso>\d{4}-\d\d-\d\dT[\d:]{8}[,.\d]{0,10}(?:[+-]\d\d:?\d\d|Z)?)\s"
-    r"(?:(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:" + _KTS.replace("kts", "ikts") + r")?)?"
+    + r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP + r"(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
+    + r"|\[(?P<ctime>" + _CTIME + r")" + _DELTA + r"\]" + _DSTAMP     # dmesg --ctime, any locale
+    + r"|\[(?P<rel>" + _REL + r")\]" + _DSTAMP                     # dmesg -d alone, -e / reltime
+    + r"|(?P<iso>" + _ISO + r")(?:\s(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:"
+    + _KTS.replace("kts", "ikts") + r")?|" + _DSTAMP + ")"
     # talosctl dmesg: "<node>: <facility>: <level>: [<time>]: "; Talos reads
     # /dev/kmsg, so the facility is the record's own (userspace writes: "user").
     r"|(?P<tnode>[^\s\[\]]{1,64}?):\s(?P<tfac>[a-z]{2,8}):\s{1,8}(?P<tlvl>[a-z]{2,8}):\s"
@@ -105,6 +127,10 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
         return g["jtag"] == "kernel", g["unix"] or g["full"], False
     if g["mono"] is not None or g["ctime"] is not None:
         return True, g["mono"] or g["ctime"], False
+    if g["rel"] is not None:
+        # dmesg's: a relative time (or a delta) dates nothing, so it is no stamp
+        # (after an "API mismatch" the lines that follow only warn: health/xid.py)
+        return True, None, False
     if g["iso"] is not None:
         if g["ihost"] is None:
             return True, g["iso"], False                   # dmesg --time-format iso
@@ -145,6 +171,41 @@ def _journal_lines(line: str) -> list[KernelLine]:
         rec = json.loads(line)
     except (ValueError, RecursionError):
         return []
+    return _journal_record(rec)
+
+
+# journalctl -o json-pretty: an entry is "{", then one field per line indented
+# by a tab (by 8 spaces before systemd 246), then "}".  A value is JSON-escaped
+# (a newline in it is "\n"), so a line of an entry is never a program's text.
+_PRETTY_MESSAGE = re.compile(rb'[ \t]{1,8}"MESSAGE" : "')
+
+
+def _pretty_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, end: int,
+                  base: int) -> list[KernelLine]:
+    """The kernel lines of the json-pretty entry whose MESSAGE line starts at *ls*.
+
+    The entry is the object from the "{" line before it to the "}" line after
+    it; a MESSAGE line that is in no such object (a copy cut short, the
+    entry split by the read) proves nothing: a warning, never silence.
+    """
+    lo = max(start, ls - MAX_JSON_LINE)
+    at = buf.rfind(b"\n{\n", lo, ls)
+    head = at + 1 if at >= 0 else start if buf[start:start + 2] == b"{\n" and start >= lo else -1
+    hi = min(end, ls + MAX_JSON_LINE)
+    tail = buf.find(b"\n}\n", ls, hi)
+    if tail < 0 and hi == end and buf[end - 2:end] == b"\n}":
+        tail = end - 2                       # the last line, without its newline
+    if head < 0 or tail < 0 or buf.find(b"\n}\n", head, ls) >= 0:
+        return _doubt(buf, s, e, ls + base)
+    try:
+        rec = json.loads(bytes(buf[head:tail + 2]).decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return _doubt(buf, s, e, ls + base)
+    return _journal_record(rec)
+
+
+def _journal_record(rec: object) -> list[KernelLine]:
+    """A journal entry's kernel lines, when journald itself saw it come from the kernel."""
     if not isinstance(rec, dict) or rec.get("_TRANSPORT") != "kernel" or rec.get("SYSLOG_FACILITY", "0") != "0":
         return []
     msg = rec.get("MESSAGE")
@@ -155,28 +216,28 @@ def _journal_lines(line: str) -> list[KernelLine]:
     return _message_lines(msg, when)
 
 
-def _message_lines(msg: str, when: str | None, sep: str = "\n") -> list[KernelLine]:
-    """One record's message, split into its first line and its continuations."""
+def _message_lines(msg: str, when: str | None, sep: str = "\n", at: int = -1) -> list[KernelLine]:
+    """One record's message, split into its first line and its continuations (*at*: the record's offset)."""
     out: list[KernelLine] = []
     for i, part in enumerate(msg.split(sep)):
         part = part.rstrip("\r")
         if i:
             if _DRIVER.match(part.lstrip()):
-                out.append(KernelLine(when, part.strip(), cont=True))
+                out.append(KernelLine(when, part.strip(), cont=True, at=at))
             continue
         dev = _AER_DEV.match(part)
         if _DRIVER.match(part):
-            out.append(KernelLine(when, part))
+            out.append(KernelLine(when, part, at=at))
         elif dev and part[dev.end():].startswith("AER: Uncorrected"):
-            out.append(KernelLine(when, f"{dev.group('dev')}: {part[dev.end():]}"))
+            out.append(KernelLine(when, f"{dev.group('dev')}: {part[dev.end():]}", at=at))
     return out
 
 
-def _find(buf: bytes | bytearray, lit: bytes, pos: int, end: int) -> int:
-    """``buf.find(lit, pos, end)``, searched in windows of ``_WINDOW`` bytes that overlap by ``len(lit) - 1``."""
-    step = _WINDOW - len(lit) + 1
+def _find(buf: bytes | bytearray, lit: bytes, pos: int, end: int, window: int) -> int:
+    """``buf.find(lit, pos, end)``, searched in windows of *window* bytes that overlap by ``len(lit) - 1``."""
+    step = window - len(lit) + 1
     while True:
-        stop = min(end, pos + _WINDOW)
+        stop = min(end, pos + window)
         found = buf.find(lit, pos, stop)
         if found >= 0 or stop >= end:
             return found
@@ -187,21 +248,54 @@ def _line_start(buf: bytes | bytearray, start: int) -> int:
     return buf.rfind(b"\n", 0, start) + 1
 
 
+TEXT_LOG = ("a kernel reader's line inside a syslog/journal text log (the file's first line is one): "
+            "a newline in someone's message may have made it")
+
+
+def text_log_head(head: bytes | bytearray) -> bool:
+    """Whether a log file whose first bytes are *head* is a syslog or journal *text* log.
+
+    Its writer sets the file's format, and a user cannot write a file's first
+    line: every message they send gets the writer's envelope.  In such a file
+    no line is the kernel's proof: its kernel lines are tag-only claims
+    (``TAG_ONLY``), and a line in a kernel reader's format (a dmesg stamp, a
+    facility) can only be a message's raw newline (a writer that keeps them:
+    syslog-ng without ``no-multi-line``, a collector's file output).
+    """
+    for raw in bytes(head[:4096]).split(b"\n")[:16]:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if not line.strip() or line.startswith("-- "):
+            continue                   # blank, or journalctl's "-- Logs begin at ..." header
+        return text_log_line(line)
+    return False
+
+
 def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0,
-                before: bytes = b"") -> list[KernelLine]:
+                before: bytes = b"", text_log: bool | None = None) -> list[KernelLine]:
     """Kernel-written lines of interest in ``buf[start:end]``, in log order.
 
     Also the driver lines whose origin cannot be proven (``doubt`` set);
     ``base`` is the file offset of ``buf[0]`` (their ``at``); *before* is the
     line before ``buf[start]`` (a cursor or a chunk may split a record).
+    *text_log*: the file is a syslog/journal text log (``text_log_head``);
+    None: decided from ``buf`` when it starts at the file's start (``base`` 0).
     """
     if end is None:
         end = len(buf)
-    return _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
+    if text_log is None:
+        text_log = base == 0 and text_log_head(buf[:4096])
+    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
+    if text_log:
+        out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, TEXT_LOG, ln.at) for ln in out]
+    return out
 
 
-def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
-    """(line start, match start, match end) of every driver prefix in ``buf[start:end]``, in order."""
+def find_hits(buf: bytes | bytearray, start: int, end: int, window: int = _WINDOW) -> list[tuple[int, int, int]]:
+    """(line start, match start, match end) of every driver prefix in ``buf[start:end]``, in order.
+
+    Each prefix is looked for in windows of *window* bytes (the size where
+    ``bytes.find`` is fastest); what is found does not depend on it.
+    """
     hits: list[tuple[int, int, int]] = []
     for lit, pat in _PATTERNS:
         # What ``pat.finditer(buf, start, end)`` finds: a match can only
@@ -210,7 +304,7 @@ def find_hits(buf: bytes | bytearray, start: int, end: int) -> list[tuple[int, i
         # scans on itself: a log full of those costs what a regex pass costs,
         # not a Python step per copy.
         pos = start
-        while (at := _find(buf, lit, pos, end)) >= 0:
+        while (at := _find(buf, lit, pos, end, window)) >= 0:
             m = pat.search(buf, at, end)
             if m is None:
                 break
@@ -232,6 +326,8 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
         le = end if le < 0 else le + 1
         if buf[ls:ls + 1] == b"{":
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+        elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
+            got = _pretty_lines(buf, ls, s, e, start, end, base)
         else:
             got = _scan_line(buf, ls, s, e, start, kept_end, base)
         if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start, before):
@@ -337,7 +433,7 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
             return _doubt(buf, s, e, ls + base)
         return []                  # text before the driver's prefix: not the driver's message
     if env.group("kpri") is not None:
-        return _message_lines(text, when, sep="\\x0a")
+        return _message_lines(text, when, sep="\\x0a", at=ls + base)
     return [KernelLine(when, text, cont, at=ls + base)]
 
 

@@ -2,7 +2,7 @@
 
 Only what the code and the simulator read: every backend (pynvml, replay,
 simulator) speaks NVML's numbers, so one table serves them all.
-``tests/unit/test_nvml.py`` checks each value against the installed
+``tests/unit/hw/test_nvml.py`` checks each value against the installed
 nvidia-ml-py, and that each one is used.
 """
 from __future__ import annotations

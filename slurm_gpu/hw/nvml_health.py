@@ -256,8 +256,9 @@ def _read_nvlink_speeds(c: _Calls, g: GpuHealth, h: Any) -> None:
 
 # ------------------------------------------------------------- deadlines
 
-class _Watched(NvmlForward):
-    """Wraps an api so the watcher knows which call is running and when it began."""
+class WatchedNvml(NvmlForward):
+    """The NVML contract over *api*, telling :func:`read_health_bounded`'s watcher which
+    call is running and when it began (in *state*: "call", "calls")."""
 
     def __init__(self, api: NvmlApi, state: dict[str, Any]) -> None:
         self._api = api
@@ -295,7 +296,7 @@ def read_health_bounded(open_gpus: Callable[[], Any], *, call_timeout: float = 5
         try:
             gpus = open_gpus()
             state["api"] = gpus
-            state["result"] = read_health(_Watched(gpus.api, state), include_fabric=include_fabric, out=partial,
+            state["result"] = read_health(WatchedNvml(gpus.api, state), include_fabric=include_fabric, out=partial,
                                           include_processes=include_processes,
                                           include_nvlink_speed=include_nvlink_speed)
         except HardwareError as e:

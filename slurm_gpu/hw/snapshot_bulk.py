@@ -331,7 +331,7 @@ _TRIAL = 64
 # __init__ sets every field with object.__setattr__, ~1.2 us for a Gpu's 14
 # fields, about 1 s for the 800,000 GPUs of 100,000 nodes; the copy takes a
 # third of that.  The model classes have no __post_init__ and no slots
-# (tests/unit/test_snapshot_bulk.py checks both), so the object is the one
+# (tests/unit/hw/test_snapshot_bulk.py checks both), so the object is the one
 # __init__ would make.
 _new = object.__new__
 

@@ -126,7 +126,7 @@ def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
     """The job's Slurm GPU indices on this node and whether it holds them whole.
 
     Slurm's indices: positions in slurmd's gres/gpu list, neither minors nor
-    NVML indices (:mod:`slurm_gpu.confgen.gresorder`); :func:`_gpu_facts`
+    NVML indices (:mod:`slurm_gpu.confgen.gresorder`); :func:`job_gpu_facts`
     turns them into GPUs named by UUID and minor.
 
     ``SLURM_JOB_GPUS`` lists whole GPUs (gres/gpu); with only
@@ -142,7 +142,7 @@ def job_gpus(env: Mapping[str, str]) -> tuple[list[int], bool]:
     return out, bool(whole)
 
 
-def _gpu_facts(ctx: Context, indices: list[int]) -> list[GpuFact]:
+def job_gpu_facts(ctx: Context, indices: list[int]) -> list[GpuFact]:
     """Minor, UUID, name and local CPUs of each job GPU (node model, cached).
 
     Everything after this names the job's GPUs by UUID and minor: guessing

@@ -33,7 +33,7 @@ from . import state as jobstate
 
 # The context and the job's user and GPUs (re-exported: lifecycle.Context and
 # lifecycle.default_context are the entry points of __main__, commands and tests).
-from .context import Context, _gpu_facts, _lazy_api, default_context, job_gpus, job_user  # noqa: F401 - default_context: the entry points import it from here
+from .context import Context, _lazy_api, default_context, job_gpu_facts, job_gpus, job_user  # noqa: F401 - default_context: the entry points import it from here
 from .mps import JobUser
 from .state import JobFailed, JobRecord, Phase
 from .steps import Job, every_undo, parse_mps, policy_of, run, steps_for, undo
@@ -191,7 +191,7 @@ def _leftovers_of_plain_job(ctx: Context, jobid: str) -> None:
     if not indices or not whole:
         return                          # a shared GPU: see _leftovers
     try:
-        facts = _gpu_facts(ctx, indices)
+        facts = job_gpu_facts(ctx, indices)
     except Exception as e:  # noqa: BLE001 - not knowing the GPUs is no reason to drain
         ctx.log(f"slurm-gpu: epilog job {jobid}: leftovers not checked: {e}")
         return

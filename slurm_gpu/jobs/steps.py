@@ -70,7 +70,7 @@ class Request(Step):
         self.mig = mig
 
     def apply(self, job: Job) -> None:
-        from .context import _gpu_facts, job_gpus
+        from .context import job_gpu_facts, job_gpus
         job.percentage = parse_mps(self.mps) if self.mps else None
         if self.mps:
             from .mps import check_usable
@@ -79,7 +79,7 @@ class Request(Step):
         if not indices:
             raise JobFailed("--gpu-mps/--gpu-mig need GPUs: ask for them with --gpus or --gres=gpu",
                             f"job {job.jobid}")
-        job.record.gpus = _gpu_facts(job.ctx, indices)
+        job.record.gpus = job_gpu_facts(job.ctx, indices)
         job.record.whole_gpus = whole
         job.save()
 

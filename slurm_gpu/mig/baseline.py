@@ -85,9 +85,13 @@ def load_config(path: str, select: str | None) -> list[dict[str, Any]]:
     return entries
 
 
-def _wanted(entries: list[dict[str, Any]], gpus: list[tuple[int, int | None]],
+def wanted(entries: list[dict[str, Any]], gpus: list[tuple[int, int | None]],
             where: str) -> dict[int, Want]:
-    """Per GPU index what the config asks for (later entries win)."""
+    """Per GPU index what the config's *entries* ask for (later entries win).
+
+    *gpus* is each GPU's (index, PCI device id or None); an entry that is
+    not a mig-parted entry raises :class:`InputError` naming *where*.
+    """
     out: dict[int, Want] = {}
     for k, e in enumerate(entries):
         if not isinstance(e, dict) or "devices" not in e or "mig-enabled" not in e:
@@ -161,7 +165,7 @@ def diff(gpus: Gpus, entries: list[dict[str, Any]], where: str) -> list[GpuDiff]
             pcis.append((i, gpus.pci_device_id(d)))
         except Exception:  # noqa: BLE001 - no PCI info: filters cannot match it
             pcis.append((i, None))
-    wants = _wanted(entries, pcis, where)
+    wants = wanted(entries, pcis, where)
     out = []
     for i, want in sorted(wants.items()):
         d = devs[i]

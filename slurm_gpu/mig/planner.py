@@ -191,8 +191,7 @@ def plan_gpu(requests: list[Request], model: GpuModel, *,
         ci = req.ci_slices or p.slices
         out.append(Placement(p.name, p.id, p.nvml_profile, chosen[i], p.size, ci,
                              CIP_BY_SLICES[ci], CI_PLACEMENTS[p.slices][ci][0],
-                             p.memory_mb,
-                             None if p.sm_count is None else p.sm_count * ci // p.slices))
+                             p.memory_mb, p.ci_sm_count(ci)))
     return out
 
 

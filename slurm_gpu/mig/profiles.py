@@ -63,10 +63,21 @@ class GiProfile:
     sm_count: int | None
     starts: tuple[int, ...]    # memory-slice placements (nvidia-smi mig -lgipp)
     size: int                  # memory slices per placement
+    # SMs of a compute instance smaller than the GPU instance, by its compute
+    # slices, as a real `nvidia-smi mig -lcip` lists them.  The shares are not
+    # even on every board (a Hopper 2g.20gb offers 1-slice CIs of 16 and of 26
+    # SMs), so a size no capture lists has none.
+    ci_sm: tuple[tuple[int, int], ...] = ()
 
     @property
     def ci_sizes(self) -> dict[int, tuple[int, ...]]:
         return CI_PLACEMENTS[self.slices]
+
+    def ci_sm_count(self, ci_slices: int) -> int | None:
+        """SMs of a compute instance of *ci_slices* in this GPU instance; None: no source gives it."""
+        if ci_slices == self.slices:
+            return self.sm_count           # the whole GPU instance: -lgip's figure
+        return dict(self.ci_sm).get(ci_slices)
 
     @property
     def media(self) -> bool:
@@ -112,7 +123,8 @@ def _profile(d: dict[str, Any]) -> GiProfile:
                      int(d["instances"]),
                      None if d["memory_mib"] is None else int(d["memory_mib"]),
                      None if d["sm_count"] is None else int(d["sm_count"]),
-                     tuple(int(s) for s in d["placements"]), int(d["size"]))
+                     tuple(int(s) for s in d["placements"]), int(d["size"]),
+                    tuple(sorted((int(k), int(v)) for k, v in (d.get("ci_sm_counts") or {}).items())))
 
 
 def _model(d: dict[str, Any]) -> GpuModel:

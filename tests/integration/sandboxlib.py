@@ -17,11 +17,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import pytest
 
+from paths import ROOT
 from slurm_gpu.runner import SAFE_PATH, Completed, RunAs, run
 
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = ROOT
 BASE = Path(os.environ.get("SLURM_GPU_TEST_BASE", "/tmp/slurm-gpu-tests"))
 JOB_USERS = ("sgtest1", "sgtest2")
 # The Slurm every make_sandbox() runs unless a test names one: "24.11" or

@@ -22,8 +22,8 @@ import pytest
 
 from slurm_gpu.hw import snapshot as snap
 from slurm_gpu_devkit.sandbox.layout import Layout
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 H100 = ROOT / "tests" / "data" / "machines" / "h100-sxm-8x" / "snapshot.json"
 NODES = 32
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the property tests (tests/unit/test_fuzz_*.py, issue 10).
+"""Shared pieces of the property tests (tests/unit/*/test_fuzz_*.py, issue 10).
 
 The contract every parser keeps: any input ends in a result or one
 ``slurm-gpu:`` line (a :class:`SlurmGpuError`), never another exception, a

@@ -18,6 +18,18 @@ def _pairs(values: tuple[str, ...], opt: str) -> list[tuple[str, str]]:
     return out
 
 
+def config_settings(settings: tuple[str, ...]) -> dict[str, dict[str, object]]:
+    """``--set SECTION.KEY=VALUE`` options as the config sections they set (see :func:`_toml_value`)."""
+    from slurm_gpu.errors import UsageError
+    extra: dict[str, dict[str, object]] = {}
+    for key, val in _pairs(settings, "--set"):
+        sec, dot, name = key.partition(".")
+        if not dot or not sec or not name:
+            raise UsageError(f"expected SECTION.KEY=VALUE, got {key}={val}", "--set")
+        extra.setdefault(sec, {})[name] = _toml_value(val)
+    return extra
+
+
 def _toml_value(text: str) -> object:
     """``5`` -> 5, ``true`` -> True, ``{"1" = 0}`` or ``[1, 2]`` -> a TOML inline
     table or array, anything else stays a string."""
@@ -108,17 +120,11 @@ def up_cmd(directory: str, nodes: int, machine: str | None, node_prefix: str, ne
            cgroup: bool, accounting: bool, timeout: float, slurm: str | None, vm: bool,
            boot_timeout: float) -> None:
     """Start a sandbox and print `export SLURM_CONF=...`."""
-    from slurm_gpu.errors import UsageError
     from slurm_gpu.runner import SAFE_PATH
     from ..sandbox import Sandbox, SandboxOptions, require_root
 
     require_root()
-    extra: dict[str, dict[str, object]] = {}
-    for key, val in _pairs(settings, "--set"):
-        sec, dot, name = key.partition(".")
-        if not dot or not sec or not name:
-            raise UsageError(f"expected SECTION.KEY=VALUE, got {key}={val}", "--set")
-        extra.setdefault(sec, {})[name] = _toml_value(val)
+    extra = config_settings(settings)
     opts = SandboxOptions(
         nodes=nodes, machine=machine, netns=netns, prolog=prolog, health=health,
         health_interval=health_interval, spank=spank, simulate=simulate, sim_mig=mig_mode,

@@ -16,7 +16,7 @@ the driver's own (cited per drill); ``{pci}`` is the driver's short bus id
 
 This module is one registry (``DRILLS``): a new drill (the fabric ones of the
 GB200 work) is one entry here, with its test in
-tests/unit/test_sandbox_drills.py.
+tests/unit/devkit/test_sandbox_drills.py.
 """
 from __future__ import annotations
 
@@ -61,10 +61,13 @@ class Drill:
     # Runs of the health check that see the fault before it drains (the
     # check's default debounce count); every run before that only warns.
     runs: int = 1
-    fabric: bool = False                    # a fabric drill (issue 28): tests/unit/test_fabric_drills.py
+    fabric: bool = False                    # a fabric drill (issue 28): tests/unit/devkit/test_fabric_drills.py
     # What the node's machine must have for this fault to mean anything
     # (facts, GPU index -> why not, or None): see applies().
     needs: Callable[[Mapping[str, Any], int], str | None] = field(default=lambda facts, gpu: None)
+    # The warnings a fault that must not drain gives instead, as docs/health.md
+    # shows them ("<check>: <message>", {bus}); a test holds the check to them.
+    warns: tuple[str, ...] = ()
 
     def overlay_for(self, bus: str) -> dict[str, Any]:
         out = dict(self.overlay(bus))
@@ -75,6 +78,9 @@ class Drill:
 
     def reason_for(self, bus: str, index: int) -> str:
         return self.reason.format(bus=bus, index=index)
+
+    def warnings_for(self, bus: str) -> list[str]:
+        return [w.format(bus=bus) for w in self.warns]
 
     def matches(self, reason: str | None, bus: str, index: int) -> bool:
         """True when *reason* (a node's drain reason, or None) is this drill's
@@ -151,6 +157,25 @@ def _clique_lost(bus: str) -> dict[str, Any]:
                        "out": {"clusterUuid": [0] * 16, "cliqueId": 0}}]}
 
 
+# nvml.h's fabric health mask: 2-bit fields of NOT_SUPPORTED 0 / TRUE 1 /
+# FALSE 2 for degraded bandwidth (shift 0), route recovery (2), route
+# unhealthy (4) and access-timeout recovery (6), then the 4-bit incorrect
+# configuration (shift 8; NONE 1).  A fabric whose bandwidth alone is
+# degraded: 0x1a9 (healthy: 0x1aa), and the version-3 summary says LIMITED_CAPACITY (3).
+# That pair is what nvidia-smi -q shows as "Bandwidth : Degraded" with
+# "Summary : Limited Capacity" (NVIDIA/k8s-test-infra's NVML mock,
+# docs/nvml-mock-ctl.md "fabric-health", built against a real GB300 tray's
+# nvidia-smi -q, driver 580.173.02, issue 677).
+_FABRIC_DEGRADED_BW_MASK = 0x1A9
+_FABRIC_SUMMARY_LIMITED_CAPACITY = 3
+
+
+def _fabric_degraded(bus: str) -> dict[str, Any]:
+    return {"calls": [{"fn": "nvmlDeviceGetGpuFabricInfoV", "gpu": bus,
+                       "out": {"healthMask": _FABRIC_DEGRADED_BW_MASK,
+                               "healthSummary": _FABRIC_SUMMARY_LIMITED_CAPACITY}}]}
+
+
 def _pcie_width(width: int) -> Overlay:
     def make(bus: str) -> dict[str, Any]:
         return {"calls": [{"fn": "nvmlDeviceGetCurrPcieLinkWidth", "gpu": bus, "result": width}]}
@@ -191,7 +216,9 @@ def _files(changes: dict[str, str | None]) -> Callable[[], dict[str, str | None]
 def fabric_root_files(facts: Mapping[str, Any], node_wide_imex: bool = False) -> dict[str, str]:
     """A healthy node's fabric root for *facts*: up a day, its NVSwitches'
     PCI functions (those with a local bus id) and Fabric Manager, node-wide
-    IMEX where asked, and one NDR InfiniBand port, in the kernel's formats."""
+    IMEX where asked, and one NDR InfiniBand port, in the kernel's formats
+    (its state, phys_state, rate and link_layer lines are a real ConnectX-7
+    port's: tests/data/ib/gpud-h100, mlx5_0/1)."""
     # /proc/PID/status's Uid line: real, effective, saved, filesystem (proc(5))
     root_status = "Name:\t{}\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n"
     out = {"proc/uptime": "86400.00 1382400.00\n", "proc/1/comm": "systemd\n",
@@ -279,6 +306,11 @@ DRILLS: dict[str, Drill] = {d.name: d for d in (
     Drill("fabric-clique-lost", "a GB200 GPU leaves its NVLink domain: registered, cluster UUID zero",
           (), _clique_lost, True, "slurm-gpu: gpu.fabric_registration: {bus} is in no NVLink domain: "
           "cluster UUID is zero, expected non-zero", _FABRIC_DOC, fabric=True, needs=_multi_node_fabric),
+    Drill("fabric-degraded", "a GB200 GPU's NVLink fabric runs on degraded bandwidth: NVML's health mask and "
+          "v3 summary (limited capacity)", (), _fabric_degraded, False, "", _FABRIC_DOC, fabric=True,
+          needs=_multi_node_fabric,
+          warns=("gpu.fabric: NVLink fabric bandwidth degraded on {bus}",
+                 "gpu.fabric_registration: NVLink fabric of {bus} at limited capacity (NVML fabric health summary)")),
     Drill("pcie-downtrained", "the GPU's PCIe link trains at x8 of x16", (), _pcie_width(8), True,
           "slurm-gpu: gpu.pcie: PCIe link of {bus} is x8, expected x16", _FABRIC_DOC, runs=3, fabric=True),
     Drill("fabricmanager-down", "nv-fabricmanager exits on a node with local NVSwitches", (), _none, True,

@@ -29,7 +29,7 @@ and the sandbox use (:mod:`.mps_real`, ``scripts/fetch-mps.sh``); this
 stand-in is kept for the one thing that needs a GPU, a live server after
 ``start_server``, and its answers and log lines are the real 535 daemon's
 (``50.0``, ``Unknown command "x"``, ``Server 99 not found``), checked
-against it side by side by tests/unit/test_mps_control.py.
+against it side by side by tests/unit/jobs/test_mps_control.py.
 
 Run it through :func:`write_wrapper`, which makes an executable file the
 ``[mps] control`` setting can point at.

@@ -111,6 +111,11 @@ def _unquote(s: str) -> str:
     return json.loads(f'"{s}"')
 
 
+def _one_line(v):
+    """The spreadsheet's cells carry line breaks (Xid 62's description): a finding is one line."""
+    return " ".join(v.split()) if isinstance(v, str) else v
+
+
 def parse_catalog(text: str) -> list[dict]:
     body = text.split("var catalogEntries", 1)[1].split("\n}\n", 1)[0]
     pat = re.compile(r"\{Code: (\d+), Mnemonic: " + _STR + r", Description: " + _STR
@@ -174,12 +179,12 @@ def build() -> dict:
     codes = {}
     for r in rows:
         action, kind, why = classify(r)
-        entry = dict(r)
+        entry = {k: _one_line(v) for k, v in r.items()}
         entry.update({"action": action, "kind": kind, "job": job_impact(r, kind)})
         if why:
             entry["override"] = why
         codes[str(r["code"])] = entry
-    rules = parse_nvlink_rules(go_text)
+    rules = [{k: _one_line(v) for k, v in rule.items()} for rule in parse_nvlink_rules(go_text)]
     if not rules or {r["xid"] for r in rules} != set(range(144, 151)):
         raise SystemExit("NVLink5 decode table not found or incomplete")
     return {
