@@ -248,8 +248,12 @@ class Planner:
              allowed: Iterable[int], bound_nodes: Iterable[int] | None = None) -> TaskBinding:
         """Plan the binding of one task.  Raises :class:`BindingError` (strict only).
 
-        *bound_nodes*: the host NUMA nodes of an MPOL_BIND policy already in
-        place (Slurm's ``--mem-bind``), None when there is none.
+        *env*: the step's GPUs in ``SLURM_STEP_GPUS``, or ``SLURM_JOB_GPUS``
+        when that is absent (:mod:`slurm_gpu.spank.remote` passes only the one
+        slurmstepd keeps for the step), and the task's ``CUDA_VISIBLE_DEVICES``
+        and ``SLURM_GPUS_PER_TASK``.  *bound_nodes*: the host NUMA nodes of an
+        MPOL_BIND policy already in place (Slurm's ``--mem-bind``), None when
+        there is none.
         """
         p = self._plan(env, mode, local_task, ntasks, allowed, bound_nodes)
         if p["failed"]:
