@@ -49,6 +49,15 @@ class NodeState:
         return "DRAIN" in self.flags or self.base in ("DRAINED", "DRAINING")
 
     @property
+    def failed(self) -> bool:
+        """An admin's ``state=fail``: the FAIL flag (``IDLE+FAIL``), or sinfo's words for it as the base."""
+        return "FAIL" in self.flags or self.base in ("FAIL", "FAILING")
+
+    @property
+    def down(self) -> bool:
+        return self.base in _NO_TOUCH_BASE
+
+    @property
     def runs_jobs(self) -> bool:
         """Jobs run (or finish) here: ALLOCATED, MIXED or COMPLETING, as a base
         state or a flag (a drained node still running jobs is one of those)."""
@@ -170,7 +179,7 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
         mem.pending_reason = owed
         return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
     mem.pending_reason = None
-    if not node.drained and "FAIL" in node.flags:
+    if not node.drained and node.failed:
         # "scontrol update state=fail reason=..." sets FAIL without DRAIN; our
         # drain would replace the admin's reason (and we would later resume it).
         mem.drained_reason, mem.clean_runs = None, 0

@@ -169,7 +169,9 @@ def drain(node: str, reason: str, timeout: float) -> str:
         return f"not drained: {e.what}"
     if ns is None:
         return "not drained: node unknown to Slurm"
-    if ns.drained or "FAIL" in ns.flags or ns.reason:
+    # As nodestate.decide: a reason on a node that is neither drained, failed
+    # nor down holds nothing (24.11.5 keeps it after a resume), so it is replaced.
+    if ns.drained or ns.failed or ns.down:
         return f"not drained: node already {'drained' if ns.drained else 'flagged'} ({ns.reason or 'no reason'})"
     try:
         slurmclient.drain(node, reason, timeout)

@@ -66,9 +66,9 @@ def _listening_unix() -> dict[int, tuple[str, int, int] | None]:
     the device is the kernel's ``s_dev`` (major << 20 | minor).  Raises
     OSError where the kernel has no ``unix_diag``.
     """
-    import _socket
+    import socket
     import struct
-    nl = _socket.socket(16, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC, 4)  # NETLINK_SOCK_DIAG
+    nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 4)  # NETLINK_SOCK_DIAG
     try:
         # nlmsghdr (SOCK_DIAG_BY_FAMILY, REQUEST|DUMP) + unix_diag_req
         # (AF_UNIX, states: LISTEN, show: NAME|VFS, cookie: none)

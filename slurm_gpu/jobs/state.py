@@ -16,7 +16,6 @@ import json
 import os
 import stat
 import sys
-from dataclasses import dataclass, field
 
 from ..errors import PREFIX, Consequence, InputError, SlurmGpuError
 from ..fsutil import atomic_write
@@ -97,7 +96,6 @@ class Phase:
 PHASES = (Phase.PROLOG, Phase.READY, Phase.FAILED)
 
 
-@dataclass
 class JobRecord:
     """What the job asked for and what this node made for it, in the order made.
 
@@ -105,22 +103,52 @@ class JobRecord:
     ``mig`` and ``compute_mode_saved`` to their steps.  ``uid`` None: a
     stand-in for a job that left an MPS directory but no record (its undo
     finds the daemon by the directory); such a record is never saved.
+
+    A class written out rather than a ``@dataclass`` (it compares and prints
+    the same way): the prolog and the epilog of every ``--gpu-mps`` and
+    ``--gpu-mig`` job build one, and ``dataclasses`` imports ``inspect``
+    (with ``ast``, ``dis`` and ``tokenize``), about a fifth of each of those
+    processes (docs/mps-mig.md, "Entry points and cost").
     """
 
-    jobid: str
-    uid: int | None
-    gid: int | None
-    user: str
-    phase: PhaseName = Phase.PROLOG
-    gpus: list[GpuFact] = field(default_factory=list)
-    whole_gpus: bool | None = None
-    options: dict[str, str | None] | None = None
-    mps: MpsRecord | None = None
-    mig: MigRecord | None = None
-    compute_mode_saved: dict[str, SavedMode] = field(default_factory=dict)
-    error: str | None = None                  # one line, without the "slurm-gpu: " prefix
-    consequence: str | None = None            # errors.Consequence of error
-    version: int = VERSION
+    FIELDS = ("jobid", "uid", "gid", "user", "phase", "gpus", "whole_gpus", "options", "mps",
+              "mig", "compute_mode_saved", "error", "consequence", "version")
+
+    def __init__(self, jobid: str, uid: int | None, gid: int | None, user: str,
+                 phase: PhaseName = Phase.PROLOG, gpus: list[GpuFact] | None = None,
+                 whole_gpus: bool | None = None, options: dict[str, str | None] | None = None,
+                 mps: MpsRecord | None = None, mig: MigRecord | None = None,
+                 compute_mode_saved: dict[str, SavedMode] | None = None,
+                 error: str | None = None, consequence: str | None = None,
+                 version: int = VERSION) -> None:
+        self.jobid = jobid
+        self.uid = uid
+        self.gid = gid
+        self.user = user
+        self.phase: PhaseName = phase
+        self.gpus: list[GpuFact] = [] if gpus is None else gpus
+        self.whole_gpus = whole_gpus
+        self.options = options
+        self.mps = mps
+        self.mig = mig
+        self.compute_mode_saved: dict[str, SavedMode] = ({} if compute_mode_saved is None
+                                                         else compute_mode_saved)
+        self.error = error                  # one line, without the "slurm-gpu: " prefix
+        self.consequence = consequence      # errors.Consequence of error
+        self.version = version
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, k) for k in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JobRecord) or type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as a dataclass with eq
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
 
     def fail(self, message: str, consequence: str) -> None:
         """Record the job's failure: its tasks fail with *message*."""

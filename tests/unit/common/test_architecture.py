@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+
+import pytest
 from paths import ROOT
 
 PKG = ROOT / "slurm_gpu"
@@ -168,3 +170,38 @@ def test_the_cycle_finder_finds_cycles() -> None:
     # A checker that cannot fail proves nothing.
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# CPython's C modules behind a public one are not the standard library's
+# interface (issue 25 §3: no JSON through _json, no _signal): the runtime
+# imports the public module.  _thread is documented in the library reference.
+DOCUMENTED_PRIVATE = {"_thread"}
+
+
+def _private_stdlib_imports(paths: list[Path], root: Path = ROOT) -> list[str]:
+    import sys
+    stdlib = getattr(sys, "stdlib_module_names", None)
+    if stdlib is None:
+        pytest.skip("sys.stdlib_module_names: Python >= 3.10")
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for n in names:
+                top = n.split(".")[0]
+                if top.startswith("_") and top in stdlib and top not in DOCUMENTED_PRIVATE \
+                        and top != "__future__":
+                    out.append(f"{path.relative_to(root)}: {n}")
+    return out
+
+
+def test_the_runtime_imports_no_private_stdlib_module() -> None:
+    assert _private_stdlib_imports(sorted(_modules().values())) == []
+
+
+def test_the_private_stdlib_check_finds_them(tmp_path: Path) -> None:
+    p = tmp_path / "m.py"
+    p.write_text("import _json\nfrom _ctypes import dlopen\nimport _thread\nimport json\n"
+                 "from __future__ import annotations\nfrom ._x import y\n")
+    assert _private_stdlib_imports([p], tmp_path) == ["m.py: _json", "m.py: _ctypes"]

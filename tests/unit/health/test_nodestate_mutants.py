@@ -62,6 +62,13 @@ def test_a_reason_on_a_node_that_is_not_drained_holds_nothing():
         assert decide(n, None, Memory(), 3) == Plan("none", "healthy", memory=Memory())
 
 
+def test_a_failed_base_state_is_left_alone_like_the_fail_flag():
+    # sinfo's words for the FAIL flag (FAIL, FAILING) as a base state: never drained over, never resumed
+    for n in (node("FAIL", reason="psu"), node("FAILING", reason="psu")):
+        assert decide(n, OURS, Memory(), 3).action == "none"
+        assert n.failed
+
+
 def test_a_drain_we_do_not_remember_is_never_ours_to_lift():
     assert decide(node("IDLE", "DRAIN", reason=OURS), None, Memory(), 1) == Plan(
         "none", "drained with a slurm-gpu: reason this node's state does not record: left for an admin",

@@ -188,6 +188,23 @@ def test_drain_never_overwrites_someone_elses_reason(monkeypatch):
     assert slurm.node.reason == "slurm-gpu: user-problem: job 1 left x"
 
 
+def test_a_user_problem_drains_over_a_reason_that_holds_nothing(monkeypatch):
+    # 24.11.5 keeps Reason= after a resume from DRAINING: the node runs jobs, so
+    # the epilog's user-problem drain replaces that text as the health check does
+    for state in ("IDLE", "MIXED"):
+        slurm = Slurm(state, "slurm-gpu: gpu.xid: Xid 79 on 0000:02:00.0")
+        monkeypatch.setattr(runner, "run", slurm.run)
+        assert up.drain("n1", "slurm-gpu: user-problem: job 1 left x", 5) == "drained"
+        assert slurm.node.reason == "slurm-gpu: user-problem: job 1 left x"
+    # failed, down or drained: left alone, whatever the base state says
+    for state, what in (("IDLE+FAIL", "flagged"), ("FAIL", "flagged"), ("FAILING", "flagged"),
+                        ("DOWN", "flagged"), ("DOWN+NOT_RESPONDING", "flagged"), ("DRAINED", "drained")):
+        slurm = Slurm(state, "admin")
+        monkeypatch.setattr(runner, "run", slurm.run)
+        assert up.drain("n1", "slurm-gpu: user-problem: job 1 left x", 5) == f"not drained: node already {what} (admin)"
+        assert slurm.updates == []
+
+
 @pytest.mark.parametrize("text", ["{", "[]", '{"reason": "admin", "gpus": []}', '{"reason": "slurm-gpu: user-problem: x"}'])
 def test_malformed_marker_is_not_acted_on(tmp_path, text):
     p = tmp_path / "m.json"

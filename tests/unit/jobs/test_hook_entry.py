@@ -32,3 +32,37 @@ def test_the_step_runs_under_umask_022_and_its_exit_status_is_returned(step: str
     finally:
         os.umask(old)
     assert seen == [(step, 0o022)]
+
+
+@pytest.fixture()
+def gc_as_found():
+    import gc
+    was = gc.isenabled()
+    yield gc
+    gc.unfreeze()
+    (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("rc", [0, 1])
+def test_the_step_runs_without_cyclic_gc_and_its_objects_are_frozen_for_the_exit(
+        gc_as_found, rc: int) -> None:
+    """A hook process imports modules that stay alive until it exits: no cyclic
+    collection passes over them while it runs, nor at its exit (frozen)."""
+    gc = gc_as_found
+    gc.enable()
+    gc.unfreeze()
+    seen = []
+
+    def run(what: str) -> int:
+        seen.append(gc.isenabled())
+        if rc:
+            raise KeyError(what)
+        return 0
+
+    if rc:
+        with pytest.raises(KeyError):
+            hookentry.run(["epilog"], "x", run)
+    else:
+        assert hookentry.run(["prolog"], "x", run) == 0
+    assert seen == [False]
+    assert gc.isenabled() and gc.get_freeze_count() > 0

@@ -488,12 +488,13 @@ def test_entry_point_and_scripts(node: Env, tmp_path: Path) -> None:
 
 
 # What a --gpu-mps prolog and epilog may not import once the node-fact entry
-# holds their settings.  The standard library's json, dataclasses, pathlib,
-# functools and subprocess (and what they import) are allowed everywhere
-# (issue 25: a few ms a job buy nothing a user feels; the job's record is a
-# dataclass); reading the TOML again on every job is not, nor are typing,
-# runpy (-m) and setuptools' shim.
-HEAVY = {"tomllib", "typing", "runpy",
+# holds their settings: reading the TOML again on every job, typing, runpy
+# (-m) and setuptools' shim.  The standard library's json, pathlib, functools
+# and subprocess (and what they import) are allowed (issue 25: a few ms a job
+# buy nothing a user feels).  dataclasses is allowed elsewhere but not here:
+# it imports inspect (with ast, dis, tokenize), about a fifth of each of these
+# two processes, for the one record both build (jobs/state.py, docs/mps-mig.md).
+HEAVY = {"tomllib", "typing", "runpy", "dataclasses", "inspect",
          # setuptools' .pth in the venv imports its distutils shim into every start
          # unless the hook says SETUPTOOLS_USE_DISTUTILS=stdlib (~0.5 ms)
          "_distutils_hack"}
@@ -511,7 +512,16 @@ def test_mps_prolog_and_epilog_import_nothing_heavy(node: Env) -> None:
                   f"open(\"{out}\", \"a\").write(\" \".join(sys.modules) + \"\\n\"); "
                   "sys.exit(rc)' \"$@\"\n")
     py.chmod(0o755)
-    for jobid in ("7", "8"):        # the first fills the node-fact entry
+    from slurm_gpu import nodefacts
+
+    def entry() -> list[tuple[str, int, int]]:
+        # this node's node-fact entry, as it is on disk now
+        d = Path(nodefacts.CACHE_DIR)
+        return sorted((p.name, p.stat().st_ino, p.stat().st_mtime_ns)
+                      for p in (d.glob("imports1-*") if d.is_dir() else ()))
+
+    def job(jobid: str) -> list[set[str]]:
+        out.write_text("")
         env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_GPU_PYTHON": str(py), "SLURM_JOB_ID": jobid,
                "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
                "SLURMD_NODENAME": "imports1", "SLURM_JOB_GPUS": "0",
@@ -520,14 +530,29 @@ def test_mps_prolog_and_epilog_import_nothing_heavy(node: Env) -> None:
             r = subprocess.run(["/bin/sh", str(ROOT / script)], env=env, capture_output=True,
                                text=True, timeout=60)
             assert r.returncode == 0, r.stderr
-    runs = out.read_text().splitlines()
-    assert len(runs) == 4
-    # the second job ran and was torn down
-    assert not (Path(node.state_dir) / "jobs" / "8.json").exists() and node.leftovers("8") == []
-    for loaded in runs[2:]:
-        mods = set(loaded.split())
-        assert "slurm_gpu.jobs.mps" in mods and "slurm_gpu.runner" in mods   # the MPS path ran
-        assert not mods & HEAVY, sorted(mods & HEAVY)
+        # the job ran and was torn down
+        assert not (Path(node.state_dir) / "jobs" / f"{jobid}.json").exists()
+        assert node.leftovers(jobid) == []
+        runs = out.read_text().splitlines()
+        assert len(runs) == 2
+        return [set(loaded.split()) for loaded in runs]
+
+    job("7")                        # fills the node-fact entry
+    # A warm job: one that found the entry and left it as it was.  Another
+    # process on this host (a test's or a benchmark's clean-up of /run) may
+    # remove the entry meanwhile; that job rebuilt it, so it is not the one
+    # judged, and the next one is.
+    for jobid in ("8", "9", "10", "11", "12"):
+        before = entry()
+        mods = job(jobid)
+        if before and entry() == before:
+            break
+    else:
+        pytest.fail("the node-fact entry was rebuilt during every job: something removes "
+                    f"entries from {nodefacts.CACHE_DIR}")
+    for loaded in mods:
+        assert "slurm_gpu.jobs.mps" in loaded and "slurm_gpu.runner" in loaded   # the MPS path ran
+        assert not loaded & HEAVY, sorted(loaded & HEAVY)
 
 
 def test_default_context_takes_settings_from_the_node_fact_entry(tmp_path: Path, monkeypatch) -> None:

@@ -25,6 +25,15 @@ def test_save_load_remove_atomic(tmp_path: Path) -> None:
     assert js.load(tmp_path, "12") is None
 
 
+def test_records_compare_by_value_and_share_no_defaults() -> None:
+    a, b = js.new("3", uid=1, gid=2, user="u"), js.new("3", uid=1, gid=2, user="u")
+    assert a == b and repr(a) == repr(b) and repr(a).startswith("JobRecord(jobid='3', uid=1, ")
+    a.gpus.append({"index": 0})
+    a.compute_mode_saved["GPU-x"] = {"mode": 0, "minor": 0}
+    assert a != b and b.gpus == [] and b.compute_mode_saved == {}
+    assert a != a.to_dict() and js.JobRecord.from_dict(a.to_dict()) == a
+
+
 @pytest.mark.parametrize("bad", ["../1", "1/2", "", "12a", "1" * 13, "12\n", "\u0661\u0662"])
 def test_job_ids_cannot_escape(tmp_path: Path, bad: str) -> None:
     with pytest.raises(InputError):
