@@ -29,6 +29,10 @@ given to a job by its Slurm cgroup, the devices each job holds from the
 accounting registrations) and counts the (device, sample) pairs where a GPU
 or MIG instance is used by two jobs that Slurm did not let share it
 (bench/overlap.py: only gres/shard and gres/mps jobs that both hold it).
+Of those, it says how many are on a GPU Slurm's own allocation gave every
+job on it (``scontrol -d show job``): Slurm before 23.11.5 gives a GPU whole
+while a gres/shard or gres/mps job still runs on it (SchedMD bug 19110,
+docs/slurm-versions.md); 24.11 and 26.05 (``--slurm``) do not.
 
     /opt/slurm-gpu/venv/bin/python bench/bench_oversub.py [--jobs 30] [--seed 27] [--share shard,mps] [--smoke]
 
@@ -53,8 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from benchrow import row  # noqa: E402
-from overlap import device_users, overlaps  # noqa: E402
-from sbjobs import JOB_USERS, client, job, sbatch, use_load_file  # noqa: E402
+from overlap import device_users, overlaps, slurm_gave_all, slurm_indices  # noqa: E402
+from sbjobs import JOB_USERS, client, job, sbatch, slurm_gpu_minors, use_load_file  # noqa: E402
 
 MACHINE = "h100-mig"
 TICK = 0.3
@@ -216,6 +220,12 @@ class Phase:
         self.missing: list[str] = []
         self.records: dict[str, dict] = {}
         self.slurm = ""
+        self.gpu_of_index: dict[int, int] = {}     # Slurm's GPU index -> the GPU (a MIG slice's: its GPU)
+
+    def slurms(self) -> int:
+        """The overlapping device-samples where Slurm itself gave the GPU to every job on it."""
+        given = {j: slurm_indices(r.get("slurm", "")) for j, r in self.records.items()}
+        return sum(1 for _, key, jobs in self.seen if slurm_gave_all(key, jobs, given, self.gpu_of_index))
 
 
 def run_phase(share: str, n: int, rng: random.Random, slurm: str | None, machine: str = MACHINE) -> Phase:
@@ -296,6 +306,10 @@ def run_phase(share: str, n: int, rng: random.Random, slurm: str | None, machine
                 ph.failed.append(f"{jid} {ph.kinds[jid]} {st}")
         ph.missing = [j for j in ph.kinds if not (out / f"{j}.use").exists()]
         ph.records = node.records
+        # Slurm numbers GPUs in gres.conf's order here (no AutoDetect): read it, not the product's map.
+        position = {int(g.get("minor", i)): i for i, g in enumerate(node.facts()["gpus"])}
+        ph.gpu_of_index = {i: position[m] for i, m in
+                           enumerate(slurm_gpu_minors(sb.layout.gres_conf.read_text(), node.name))}
     finally:
         sb.down()
         shutil.rmtree(d, ignore_errors=True)
@@ -333,8 +347,14 @@ def main() -> int:
             print(f"  {p.share}: overlapping devices: {pairs}")
             for j in sorted({j for _, js in pairs for j in js}, key=int):
                 print(f"  {p.share}: job {j} ({p.kinds.get(j)}): {json.dumps(p.records.get(j))}")
+    slurms = sum(p.slurms() for p in phases)
+    if seen:
+        print(f"bench_oversub: {slurms} of the {len(seen)} overlapping device-samples are on a GPU Slurm gave "
+              "every job on it (scontrol -d show job); Slurm before 23.11.5 gives a GPU whole while a "
+              "gres/shard or gres/mps job still runs on it (SchedMD bug 19110, docs/slurm-versions.md)")
     ok = row(f"GPU oversubscription: {len(kinds)} plain/MPS/MIG/shard jobs, process attribution",
-             f"{len(seen)} overlapping device-samples", f"{used} device-samples in use, {shared} shared",
+             f"{len(seen)} overlapping device-samples ({slurms} Slurm's own allocation)",
+             f"{used} device-samples in use, {shared} shared",
              "<= 0", not seen and not bad, a.smoke)
     return 0 if ok and not bad else 1
 

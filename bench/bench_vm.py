@@ -15,6 +15,10 @@ image (built first, not timed):
 
 Goal: <= 60 s under TCG here.  Medians of N runs each.
 
+Then the VM's memory: QEMU's peak RSS (VmHWM: the guest's RAM it touched,
+TCG's code buffer, QEMU itself) after each VM case has also run a 1-GPU
+job and ``slurm-gpu doctor`` in the guest.  Goal: <= 2 GiB.
+
     /opt/slurm-gpu/venv/bin/python bench/bench_vm.py [-n 3] [--slurm 22.05] [--smoke]
 """
 from __future__ import annotations
@@ -58,7 +62,18 @@ def floor_case(img, accel: str) -> float:
         return took
 
 
-def vm_case(slurm: str) -> tuple[float, float, str]:
+MEM_GOAL_MIB = 2048
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def vm_case(slurm: str) -> tuple[float, float, str, float]:
     from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
     d = Path(tempfile.mkdtemp(prefix="bench-vm."))
     try:
@@ -66,7 +81,10 @@ def vm_case(slurm: str) -> tuple[float, float, str]:
                                        spank=None, simulate=None)).up()
         try:
             st = sb.state
-            return float(st["idle_seconds"]), float(st["vm"]["boot_seconds"]), st["vm"]["accel"]
+            sb.run_client(["sh", "-c", "srun --gres=gpu:1 true; slurm-gpu doctor >/dev/null"], None, 300)
+            qemu = next(d["pid"] for d in st["daemons"] if d["name"] == "qemu")
+            return (float(st["idle_seconds"]), float(st["vm"]["boot_seconds"]), st["vm"]["accel"],
+                    _peak_rss_mib(int(qemu)))
         finally:
             sb.down()
     finally:
@@ -83,9 +101,10 @@ def main() -> int:
     a = ap.parse_args()
     n = 1 if a.smoke else a.n
     img = vm.Image(vm.build([a.slurm])[0])
-    floors, idles, boots, accel = [], [], [], "tcg"
+    floors, idles, boots, mems, accel = [], [], [], [], "tcg"
     for _ in range(n):
-        idle, boot, accel = vm_case(a.slurm)
+        idle, boot, accel, mem = vm_case(a.slurm)
+        mems.append(mem)
         idles.append(idle)
         boots.append(boot)
         floors.append(floor_case(img, accel))
@@ -95,7 +114,12 @@ def main() -> int:
           f"ratio {v / f:.2f}")
     ok = row(f"VM boot to idle Slurm node ({a.slurm}, {accel})", f"{v:.1f} s ({v / f:.1f}x)",
              f"{f:.1f} s (kernel to init)", f"<= {GOAL_S:g} s", v <= GOAL_S, a.smoke)
-    return 0 if ok else 1
+    m = max(mems)
+    print(f"VM memory ({accel}, the most of {n}): QEMU's peak RSS {m:.0f} MiB "
+          f"(guest RAM {vm.MEMORY_MIB} MiB, TCG code buffer {vm.TCG_TB_MIB} MiB)")
+    ok_mem = row(f"VM memory, QEMU peak RSS ({a.slurm}, {accel})", f"{m:.0f} MiB",
+                 f"{vm.MEMORY_MIB} MiB (guest RAM)", f"<= {MEM_GOAL_MIB} MiB", m <= MEM_GOAL_MIB, a.smoke)
+    return 0 if ok and ok_mem else 1
 
 
 if __name__ == "__main__":

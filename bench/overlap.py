@@ -14,6 +14,7 @@ on one of its instances; two instances of one GPU are separate devices.
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Collection, Iterable, Mapping
 
 from slurm_gpu.hw.gpustats import DeviceStats
@@ -58,3 +59,35 @@ def overlaps(users: Mapping[str, Collection[str]], held: Mapping[str, Collection
             continue
         out.append((key, tuple(sorted(jobs, key=lambda j: (len(j), j)))))
     return out
+
+
+def slurm_indices(detail: str) -> set[int]:
+    """Slurm's GPU indices in a job's ``scontrol -d show job`` ``GRES=`` field.
+
+    ``gpu:<type>:1(IDX:4)`` and, on 22.05, ``shard:1(IDX:4)`` name them;
+    from 23.11 a sharing gres lists each GPU's used/total share instead,
+    ``shard:1(0/4,1/4)``, and the GPUs it uses are those with a share in use.
+    """
+    out: set[int] = set()
+    field = next((w[len("GRES="):] for w in detail.split() if w.startswith("GRES=")), "")
+    for inside in re.findall(r"\(([^)]*)\)", field):
+        if inside.startswith("IDX:"):
+            for part in filter(None, inside[len("IDX:"):].split(",")):
+                lo, _, hi = part.partition("-")
+                if lo.isdigit() and (hi or lo).isdigit():
+                    out.update(range(int(lo), int(hi or lo) + 1))
+        else:
+            for i, share in enumerate(inside.split(",")):
+                used, _, _ = share.partition("/")
+                if used.isdigit() and int(used) > 0:
+                    out.add(i)
+    return out
+
+
+def slurm_gave_all(key: str, jobs: Iterable[str], given: Mapping[str, Collection[int]],
+                   gpu_of_index: Mapping[int, int]) -> bool:
+    """Whether Slurm's own allocation gave the physical GPU under device *key* to every one of
+    *jobs* (*given*: job -> :func:`slurm_indices`; *gpu_of_index*: Slurm's GPU index -> the GPU,
+    a MIG slice's index -> the GPU it is on).  Then the overlap is Slurm's, not the product's."""
+    gpu = int(key.split("/gi")[0])
+    return all(gpu in {gpu_of_index.get(i) for i in given.get(j, ())} for j in jobs)

@@ -432,6 +432,30 @@ def check_slurm(f: Facts) -> list[Finding]:
     return out
 
 
+# The first Slurm whose slurmctld keeps a GPU out of gres/gpu while a gres/shard or gres/mps job
+# still holds part of it: before it, _job_dealloc() cleared the node's "shared gres in use" bit of
+# a GPU when any one sharing job on it ended (SchedMD commit 30eacbe571, bug 19110, 23.11.5).
+SHARED_GRES_FIXED = (23, 11, 5)
+
+
+def _version_tuple(v: str) -> tuple[int, ...] | None:
+    parts = v.split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+def check_shared_gres(f: Facts) -> list[Finding]:
+    """A node sharing GPUs (GresTypes shard or mps) on a Slurm that can give a shared GPU whole."""
+    version = _version_tuple(f.slurmd_version or "")
+    shared = [t for t in ("shard", "mps")
+              if t in [x.strip().lower() for x in f.conf.get("grestypes", "").split(",")]]
+    if version is None or not shared or version >= SHARED_GRES_FIXED:
+        return []
+    return [Finding(WARNING, "slurm.shared_gres",
+                    f"Slurm {f.slurmd_version} can give a GPU whole (gres/gpu) while a gres/{shared[0]} job "
+                    f"still runs on it, once another gres/{shared[0]} job on that GPU ends "
+                    "(fixed in 23.11.5: SchedMD bug 19110)")]
+
+
 def check_plugin(f: Facts) -> list[Finding]:
     ours = [(src, line) for src, line in f.plugstack_lines
             if len(line.split()) >= 2 and line.split()[1].endswith(PLUGIN_FILE)]
@@ -704,7 +728,7 @@ def check_units(f: Facts) -> list[Finding]:
     return out
 
 
-CHECKS = (check_slurm, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
+CHECKS = (check_slurm, check_shared_gres, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
           check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
           check_cgroup, check_imex, check_kernel_log, check_units)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which

@@ -11,6 +11,11 @@ major.minor, so the plugin is never shipped prebuilt):
 * ``slurm_gpu_spank_py.so`` (inner, cffi embedding + libpython), loaded by the
   outer half next to itself only when needed.
 
+Both hold ``sg_bind.c``, the binding planner: the outer half calls it for a
+plain prefer step, the Python path through cffi (:data:`PLANNER_CDEF`,
+:mod:`slurm_gpu.binding`).  :func:`build_planner` compiles it alone into a
+cffi module, for the tests and tools that plan outside the plugin.
+
 The outer half's option table, ``SG_OPT_*`` ids and the facts about the
 Slurm it is built for come from a header generated here (``sg_build.h``,
 :func:`generate_header`) from the one declaration in
@@ -28,6 +33,7 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 OUTER = "slurm_gpu_spank"
@@ -66,6 +72,45 @@ int sg_set_mempolicy(int mode, const unsigned long *nodemask, unsigned long maxn
 int sg_get_mempolicy(int *mode, unsigned long *nodemask, unsigned long maxnode);
 int sg_thp_disable(void);
 """
+
+# The planner (spank/sg_bind.h) as the Python path calls it.
+PLANNER_CDEF = r"""
+#define SG_BIND_NBYTES ...
+#define SG_BIND_HOSTBITS ...
+#define SG_MODE_OFF ...
+#define SG_MODE_PREFER ...
+#define SG_MODE_STRICT ...
+struct sg_table { ...; };
+struct sg_str { char *buf; ...; };
+struct sg_task_in {
+    const char *step_gpus;
+    const char *cvd;
+    const char *per_task;
+    int mode;
+    int task;
+    unsigned ntasks;
+    const unsigned char *allowed;
+    const unsigned char *bound_host;
+    ...;
+};
+struct sg_plan {
+    int applied;
+    int failed;
+    struct sg_str message;
+    struct sg_str env;
+    struct sg_str slots;
+    struct sg_str cpus_text;
+    struct sg_str mems_text;
+    struct sg_str host_text;
+    ...;
+};
+int sg_table_rows(struct sg_table *t, const char *text);
+void sg_table_free(struct sg_table *t);
+int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_plan *out);
+void sg_plan_free(struct sg_plan *p);
+"""
+PLANNER_SOURCE = "sg_bind.c"
+PLANNER_MODULE = "_sg_planner"
 
 EMBEDDING_API = r"""
 int sg_py_hook(int hook, spank_t sp, int ac, char **av);
@@ -201,7 +246,7 @@ def build_inner(output: Path, *, python: str, include_dir: str | None = None,
     """
     import cffi
     ffi = cffi.FFI()
-    ffi.cdef(CDEF)
+    ffi.cdef(CDEF + PLANNER_CDEF)
     ffi.embedding_api(EMBEDDING_API)
     paths, prefixes = isolated_config(python)
     if sys_path is not None:
@@ -215,7 +260,8 @@ def build_inner(output: Path, *, python: str, include_dir: str | None = None,
               + (HERE / "slurm_gpu_spank_py.c").read_text())
     ffi.set_source(
         INNER, source,
-        include_dirs=[include_dir] if include_dir else [],
+        sources=[str(HERE / PLANNER_SOURCE)],
+        include_dirs=([include_dir] if include_dir else []) + [str(HERE)],
         extra_compile_args=["-O2"],
         extra_link_args=[f"-Wl,--version-script={HERE / 'exports_py.map'}", "-Wl,-z,now",
                          "-Wl,-rpath," + (sysconfig.get_config_var("LIBDIR") or "")],
@@ -224,6 +270,27 @@ def build_inner(output: Path, *, python: str, include_dir: str | None = None,
     built = Path(ffi.compile(tmpdir=str(tmpdir), target=INNER + ".so", verbose=verbose))
     os.replace(built, output)
     return output
+
+
+def build_planner(tmpdir: str | os.PathLike[str], verbose: bool = False) -> tuple[Any, Any]:
+    """Compile the planner alone into a cffi module in *tmpdir*; its ``(ffi, lib)``.
+
+    The same source and declarations as the plugin's inner half, for code
+    that plans outside slurmstepd (the tests): hand them to
+    :func:`slurm_gpu.binding.use_planner`.
+    """
+    import cffi
+    import importlib.util
+    ffi = cffi.FFI()
+    ffi.cdef(PLANNER_CDEF)
+    ffi.set_source(PLANNER_MODULE, '#include "sg_bind.h"\n', sources=[str(HERE / PLANNER_SOURCE)],
+                   include_dirs=[str(HERE)], extra_compile_args=["-O2"])
+    built = ffi.compile(tmpdir=str(tmpdir), verbose=verbose)
+    spec = importlib.util.spec_from_file_location(PLANNER_MODULE, built)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ffi, mod.lib
 
 
 def build(output: str | os.PathLike[str], *, python: str | None = None,

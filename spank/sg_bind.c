@@ -1,13 +1,18 @@
 /*
- * slurm-gpu SPANK plugin, outer half: --gpu-numa-bind=prefer without Python.
+ * slurm-gpu SPANK plugin: the binding planner, and --gpu-numa-bind=prefer
+ * without Python.
+ *
+ * This file is the only implementation of the planner (which GPUs a task
+ * gets, its CPUs and NUMA nodes, SLURM_GPU_BINDING and the warning or
+ * error when it cannot be bound): the outer half calls it for a plain
+ * prefer step, and the Python path (every other bound step) calls it
+ * through cffi in the inner half (slurm_gpu/binding.py).
  *
  * A bound step used to start an interpreter in slurmstepd (~8 ms) only to
- * read the node-fact cache, plan and make two system calls.  The Python
+ * read the node-fact cache, plan and make two system calls.  So the Python
  * path keeps a binding table beside its cache entry (slurm_gpu/spank/
- * bindtable.py); this file reads it and does what slurm_gpu/spank/remote.py
- * (_bind) and slurm_gpu/binding.py (task_gpus, plan_task) do for `prefer`,
- * to the byte: the same GPUs, CPUs, NUMA nodes, SLURM_GPU_BINDING value and
- * warning lines.  tests/unit/spank/test_spank_cbind.py holds the two side by side.
+ * bindtable.py), which this file reads for a plain prefer step, and applies
+ * the plan as slurm_gpu/spank/remote.py does (sg_bind_task).
  *
  * The table is trusted as the cache entry is (slurm_gpu/nodefacts.py): a
  * directory that is ours (root's) and writable by nobody else, opened
@@ -17,12 +22,13 @@
  * anything this reader does not take, is "no table": the step goes to
  * Python, unchanged.
  *
- * No Slurm header here: the glue (sg_cbind.c) passes the step's
- * values and the system calls in, so the test harness can run this file.
+ * No Slurm header here: the glue (sg_cbind.c) passes the step's values and
+ * the system calls in, so the test harness and a cffi module can run it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -268,16 +274,14 @@ out:
     return buf;
 }
 
-int sg_table_load(struct sg_table *t, const char *dir, const char *name, const char *key)
+/* The table's text (cut up in place).  key NULL: its rows only (map, gpu,
+ * missing, end), as the Python path hands them over (sg_table_rows). */
+static int parse_table(struct sg_table *t, char *buf, size_t size, const char *key,
+                       const char *boot)
 {
-    char *buf, *line, *next, boot[64];
-    size_t size = 0;
-    int state = 0, ended = 0, ok = 0;
+    char *line, *next;
+    int state = key ? 0 : 3, ended = 0, ok = 0;
     memset(t, 0, sizeof(*t));
-    if (read_boot_id(boot, sizeof(boot)))
-        return -1;                   /* an unknown boot id could be any boot */
-    if (!(buf = read_trusted(dir, name, &size)))
-        return -1;
     if (strlen(buf) != size)
         goto out;                    /* a NUL inside */
     /* Sized from the file, not its limits: every range takes at least two
@@ -311,7 +315,7 @@ int sg_table_load(struct sg_table *t, const char *dir, const char *name, const c
             if (strncmp(line, "boot ", 5) || strcmp(line + 5, boot))
                 goto out;
             state = 3;
-        } else if (strncmp(line, "stamp ", 6) == 0 && state == 3) {
+        } else if (strncmp(line, "stamp ", 6) == 0 && state == 3 && key) {
             if (!stamp_holds(line + 6))
                 goto out;
         } else if (strncmp(line, "map ", 4) == 0 && state <= 4) {
@@ -367,7 +371,6 @@ int sg_table_load(struct sg_table *t, const char *dir, const char *name, const c
     }
     ok = ended;
 out:
-    free(buf);
     if (!ok) {
         sg_table_free(t);
         return -1;
@@ -375,12 +378,82 @@ out:
     return 0;
 }
 
-/* ---- the planner: binding.task_gpus and plan_task for prefer ---- */
-
-/* str.strip()'s ASCII whitespace */
-static int py_space(char c)
+int sg_table_load(struct sg_table *t, const char *dir, const char *name, const char *key)
 {
-    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+    char *buf, boot[64];
+    size_t size = 0;
+    int rc;
+    memset(t, 0, sizeof(*t));
+    if (read_boot_id(boot, sizeof(boot)))
+        return -1;                   /* an unknown boot id could be any boot */
+    if (!(buf = read_trusted(dir, name, &size)))
+        return -1;
+    rc = parse_table(t, buf, size, key, boot);
+    free(buf);
+    return rc;
+}
+
+int sg_table_rows(struct sg_table *t, const char *text)
+{
+    size_t size = strlen(text);
+    char *buf = malloc(size + 1);
+    int rc;
+    memset(t, 0, sizeof(*t));
+    if (!buf)
+        return -1;
+    memcpy(buf, text, size + 1);
+    rc = parse_table(t, buf, size, NULL, NULL);
+    free(buf);
+    return rc;
+}
+
+/* ---- the planner: which GPUs a task gets and where it is bound ----
+ *
+ * The one implementation of the rules in slurm_gpu/binding.py's docstring;
+ * the Python path calls it through cffi (the plugin's inner half).  A task's
+ * variables are read as whatever bytes the job's environment holds (UTF-8
+ * where they are text), of any length: lists are cut at ',', each entry
+ * stripped of Unicode white space (the set of Python's str.strip(), which
+ * these rules were first written with), and a number is ASCII digits of any
+ * size. */
+
+#define SG_MAX_GPU_IDS 4096      /* a longer number list is not a GPU list */
+#define SG_HUGE LLONG_MAX        /* 19 digits or more: above any GPU index */
+
+/* The length of the white space character that starts at p, else 0 */
+static int space_at(const unsigned char *p, const unsigned char *end)
+{
+    size_t n = (size_t) (end - p);
+    if (n >= 1 && ((*p >= '\t' && *p <= '\r') || (*p >= 0x1c && *p <= 0x20)))
+        return 1;
+    if (n >= 2 && p[0] == 0xc2 && (p[1] == 0x85 || p[1] == 0xa0))
+        return 2;                                   /* U+0085, U+00A0 */
+    if (n >= 3 && ((p[0] == 0xe1 && p[1] == 0x9a && p[2] == 0x80)            /* U+1680 */
+                   || (p[0] == 0xe2 && p[1] == 0x80
+                       && ((p[2] >= 0x80 && p[2] <= 0x8a) || p[2] == 0xa8 || p[2] == 0xa9 || p[2] == 0xaf))
+                   || (p[0] == 0xe2 && p[1] == 0x81 && p[2] == 0x9f)         /* U+205F */
+                   || (p[0] == 0xe3 && p[1] == 0x80 && p[2] == 0x80)))       /* U+3000 */
+        return 3;                                   /* and U+2000-200A, 2028, 2029, 202F */
+    return 0;
+}
+
+/* [*a, *b) without white space at either end.  A character's bytes never
+ * occur inside another's (UTF-8), so matching from the end is exact. */
+static void strip(const char **a, const char **b)
+{
+    const unsigned char *p = (const unsigned char *) *a, *q = (const unsigned char *) *b;
+    int k;
+    while (p < q && (k = space_at(p, q)))
+        p += k;
+    for (k = 1; k <= 3 && q > p;)
+        if (q - p >= k && space_at(q - k, q) == k) {
+            q -= k;
+            k = 1;
+        } else {
+            k++;
+        }
+    *a = (const char *) p;
+    *b = (const char *) q;
 }
 
 static int all_digits(const char *a, const char *b)
@@ -393,49 +466,64 @@ static int all_digits(const char *a, const char *b)
     return 1;
 }
 
-/* A number of at most 9 digits (bigger ones are SG_UNSUPPORTED: Python's
- * ints would compare them exactly). */
-static int small_int(const char *a, const char *b, long long *v)
+/* Digits [a, b) without leading zeros (one "0" stays) */
+static const char *significant(const char *a, const char *b)
 {
-    *v = 0;
-    if (b - a > 9)
-        return -1;
+    while (b - a > 1 && *a == '0')
+        a++;
+    return a;
+}
+
+/* The number the digits [a, b) write; SG_HUGE from 19 digits on.  Only
+ * equality among such numbers is lost, and it decides nothing: every one of
+ * them is dropped as no GPU of the node, whichever list it is in. */
+static long long number(const char *a, const char *b)
+{
+    long long v = 0;
+    a = significant(a, b);
+    if (b - a > 18)
+        return SG_HUGE;
     for (; a < b; a++)
-        *v = *v * 10 + (*a - '0');
-    return 0;
+        v = v * 10 + (*a - '0');
+    return v;
 }
 
-#define SG_MAX_GPU_IDS 4096      /* binding._MAX_GPU_IDS */
-
-/* Printable ASCII and fewer than SG_MAX_GPU_IDS commas (NULL, unset: plain):
- * a value task_gpus reads as binding.py does.  A longer list of uuids is one
- * Python takes whole, and str.strip() also strips non-ASCII blanks. */
-static int sg_plain(const char *v)
+/* last - first of two digit strings: -1 when negative, else the difference
+ * up to SG_MAX_GPU_IDS (which stands for that much or more) */
+static long long span(const char *fa, const char *fb, const char *la, const char *lb)
 {
-    int commas = 0;
-    for (; v && *v; v++) {
-        if ((unsigned char) *v < 0x20 || (unsigned char) *v > 0x7e)
-            return 0;
-        if (*v == ',' && ++commas >= SG_MAX_GPU_IDS)
-            return 0;
+    long long d, low = 0, mul = 1;
+    size_t nf, nl, i;
+    int borrow = 0, high = 0, c;
+    fa = significant(fa, fb);
+    la = significant(la, lb);
+    nf = (size_t) (fb - fa);
+    nl = (size_t) (lb - la);
+    if (nf <= 18 && nl <= 18) {
+        d = number(la, lb) - number(fa, fb);
+        return d < 0 ? -1 : d < SG_MAX_GPU_IDS ? d : SG_MAX_GPU_IDS;
     }
-    return 1;
+    c = nl != nf ? (nl < nf ? -1 : 1) : memcmp(la, fa, nl);
+    if (c <= 0)
+        return c < 0 ? -1 : 0;
+    for (i = 0; i < nl; i++) {          /* subtract, from the last digit */
+        int d1 = la[nl - 1 - i] - '0', d2 = i < nf ? fa[nf - 1 - i] - '0' : 0;
+        int dd = d1 - d2 - borrow;
+        borrow = dd < 0;
+        dd += borrow ? 10 : 0;
+        if (i < 4) {
+            low += dd * mul;
+            mul *= 10;
+        } else if (dd) {
+            high = 1;
+        }
+    }
+    return high || low >= SG_MAX_GPU_IDS ? SG_MAX_GPU_IDS : low;
 }
 
-int sg_plain_env(const char *v)
-{
-    int run = 0;
-    if (!sg_plain(v))
-        return 0;
-    for (; v && *v; v++) {
-        run = *v >= '0' && *v <= '9' ? run + 1 : 0;
-        if (run >= 10)
-            return 0;
-    }
-    return 1;
-}
-
-/* binding._int_list: >0 ids, 0 for None, SG_UNSUPPORTED */
+/* A GPU number list "0,1,3" or "0-2,5": its numbers in order into out
+ * (room for SG_MAX_GPU_IDS), and how many; 0 when text is none (empty,
+ * another character, a range too long) */
 static int int_list(const char *text, long long *out)
 {
     int n = 0;
@@ -444,24 +532,20 @@ static int int_list(const char *text, long long *out)
         return 0;
     for (;;) {
         const char *end = strchr(p, ','), *a = p, *b, *dash;
-        long long first, last;
+        long long first, d, k;
         if (!end)
             end = p + strlen(p);
         b = end;
-        while (a < b && py_space(*a))
-            a++;
-        while (b > a && py_space(b[-1]))
-            b--;
+        strip(&a, &b);
         dash = memchr(a, '-', (size_t) (b - a));
         if (!all_digits(a, dash ? dash : b) || (dash && !all_digits(dash + 1, b)))
             return 0;
-        if (small_int(a, dash ? dash : b, &first)
-            || small_int(dash ? dash + 1 : a, b, &last))
-            return SG_UNSUPPORTED;
-        if (last - first + n >= SG_MAX_GPU_IDS)
+        first = number(a, dash ? dash : b);
+        d = dash ? span(a, dash, dash + 1, b) : 0;
+        if (d + n >= SG_MAX_GPU_IDS)
             return 0;
-        for (; first <= last; first++)
-            out[n++] = first;
+        for (k = 0; k <= d; k++)
+            out[n++] = first == SG_HUGE ? SG_HUGE : first + k;
         if (!*end)
             break;
         p = end + 1;
@@ -469,7 +553,8 @@ static int int_list(const char *text, long long *out)
     return n;
 }
 
-/* binding._per_task: N (capped: only min(N, len) and N mod len matter), 0 for None */
+/* SLURM_GPUS_PER_TASK "2" or "h100:2" (its first entry): N, 0 for none.
+ * Capped: only min(N, len) and N mod len (*mod) matter. */
 static long long per_task(const char *text, int len, long long *mod)
 {
     const char *a, *b, *colon;
@@ -483,10 +568,7 @@ static long long per_task(const char *text, int len, long long *mod)
     for (colon = a; colon < b; colon++)
         if (*colon == ':')
             a = colon + 1;
-    while (a < b && py_space(*a))
-        a++;
-    while (b > a && py_space(b[-1]))
-        b--;
+    strip(&a, &b);
     if (!all_digits(a, b))
         return 0;
     for (; a < b; a++) {
@@ -505,7 +587,7 @@ static int cmp_ll(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Python's sorted(a) == sorted(b) */
+/* sorted(a) == sorted(b); -1 out of memory */
 static int same_multiset(const long long *a, int na, const long long *b, int nb)
 {
     long long *x, *y;
@@ -540,25 +622,32 @@ static int in_list(long long v, const long long *l, int n)
     return 0;
 }
 
-/* binding.task_gpus: the task's GPUs as Slurm indices (table positions) into
- * *ids; returns their number or SG_UNSUPPORTED.  step and cvd are the
- * caller's scratch (SG_MAX_GPU_IDS each). */
-static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long long *ids,
-                     long long *step, long long *cvd)
+/* The step's GPUs (the step's variable; a user's CUDA_VISIBLE_DEVICES alone
+ * binds nothing) narrowed by the task's CUDA_VISIBLE_DEVICES (uuids, global
+ * or step-local indices), handed out per task like --gpu-bind=per_task:N
+ * when every task sees them all: the task's GPUs as Slurm indices (table
+ * positions) into *ids, and how many; -1 out of memory. */
+static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long long **ids_out)
 {
-    int nstep, ncvd = 0, n = 0, i, k, full;
-    const char *cvd_text = in->cvd ? in->cvd : "";
-    if (!sg_plain(in->step_gpus) || !sg_plain(in->cvd) || !sg_plain(in->per_task))
-        return SG_UNSUPPORTED;
+    int nstep, ncvd = 0, n = 0, i, k, full, cap = SG_MAX_GPU_IDS;
+    const char *cvd_text = in->cvd ? in->cvd : "", *c;
+    long long *step, *cvd, *ids;
+    for (c = cvd_text; *c; c++)
+        cap += *c == ',';           /* a uuid list is as long as it is */
+    step = malloc(sizeof(*step) * SG_MAX_GPU_IDS);
+    cvd = malloc(sizeof(*cvd) * SG_MAX_GPU_IDS);
+    ids = *ids_out = malloc(sizeof(*ids) * (size_t) (cap + 1));
+    if (!step || !cvd || !ids) {
+        n = -1;
+        goto out;
+    }
     nstep = int_list(in->step_gpus, step);
-    if (nstep <= 0)
-        return nstep;
+    if (nstep == 0)
+        goto out;
     if (*cvd_text)
         ncvd = int_list(cvd_text, cvd);
-    if (ncvd < 0)
-        return ncvd;
     if (ncvd == 0 && *cvd_text && strncmp(cvd_text, "MIG-", 4) != 0) {
-        /* uuids: each token as it is, the last GPU of a uuid wins (a dict) */
+        /* uuids: each entry as it is, the last GPU of a uuid wins (a dict) */
         const char *p = cvd_text;
         for (;;) {
             const char *end = strchr(p, ',');
@@ -568,17 +657,14 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
                 if (!t->gpus[k].missing && t->gpus[k].uuid[0]
                     && strlen(t->gpus[k].uuid) == len && strncmp(t->gpus[k].uuid, p, len) == 0)
                     found = k;
-            if (found >= 0) {
-                if (n >= SG_MAX_GPU_IDS)
-                    return SG_UNSUPPORTED;
+            if (found >= 0)
                 ids[n++] = found;
-            }
             if (!end)
                 break;
             p = end + 1;
         }
         if (n)
-            return n;
+            goto out;
     }
     if (ncvd == 0) {
         memcpy(ids, step, sizeof(*ids) * nstep);
@@ -592,9 +678,9 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
         n = 0;
         for (i = 0; i < ncvd; i++) {
             if (subset)
-                ids[n++] = cvd[i];                  /* global indices */
+                ids[n++] = cvd[i];                  /* global indices (no device cgroup) */
             else if (local)
-                ids[n++] = step[cvd[i]];            /* local to the step */
+                ids[n++] = step[cvd[i]];            /* local to the step (ConstrainDevices) */
             else if (in_list(cvd[i], step, nstep))
                 ids[n++] = cvd[i];
         }
@@ -604,13 +690,11 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
             ids[k++] = ids[i];
     n = k;
     full = same_multiset(ids, n, step, nstep);
-    if (full < 0)
-        return SG_UNSUPPORTED;
-    if (full && in->ntasks > 1 && n > 1) {
+    if (full < 0) {
+        n = -1;
+    } else if (full && in->ntasks > 1 && n > 1) {
         long long mod = 0, per = per_task(in->per_task, n, &mod), take, first;
-        long long *was = malloc(sizeof(*was) * n);
-        if (!was)
-            return SG_UNSUPPORTED;
+        memcpy(cvd, ids, sizeof(*ids) * n);         /* n <= SG_MAX_GPU_IDS here */
         if (per == 0) {
             per = n / (long long) in->ntasks;
             if (per < 1)
@@ -618,14 +702,15 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
             mod = per % n;
         }
         take = per < n ? per : n;
-        memcpy(was, ids, sizeof(*was) * n);
-        /* Python's modulo (binding.task_gpus): never negative, whatever the task id */
+        /* task i takes the N starting at i*N, wrapping (never negative) */
         first = (((long long) in->task % n) + n) % n;
         for (k = 0; k < take; k++)
-            ids[k] = was[(first * mod + k) % n];
-        free(was);
+            ids[k] = cvd[(first * mod + k) % n];
         n = (int) take;
     }
+out:
+    free(step);
+    free(cvd);
     return n;
 }
 
@@ -667,39 +752,46 @@ static int any_bit(const unsigned char *b)
 
 /* One plan's scratch, on the heap: nothing of a call outlives it. */
 struct sg_work {
-    long long ids[SG_MAX_GPU_IDS], model[SG_MAX_GPU_IDS], missing[SG_MAX_GPU_IDS];
-    long long step[SG_MAX_GPU_IDS], cvd[SG_MAX_GPU_IDS];
-    unsigned char local[NBYTES], mems[NBYTES], cpus[NBYTES], bound[NBYTES];
+    unsigned char local[NBYTES], mems[NBYTES], cpus[NBYTES], bound[NBYTES], host[NBYTES];
 };
+
+static const char *mode_name(int mode)
+{
+    return mode == SG_MODE_STRICT ? "strict" : mode == SG_MODE_PREFER ? "prefer" : "off";
+}
 
 int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_plan *out)
 {
     struct sg_work *w = calloc(1, sizeof(*w));
-    long long *ids, *model, *missing;
+    long long *ids = NULL, *model = NULL, *missing = NULL;
     unsigned char *local, *mems, *cpus, *bound;
     int n, i, nmodel = 0, nmissing = 0, m;
     struct sg_str problem = { 0 };
     memset(out, 0, sizeof(*out));
-    if (!w)
-        return -1;
-    ids = w->ids, model = w->model, missing = w->missing;
+    if (!w || in->mode < SG_MODE_OFF || in->mode > SG_MODE_STRICT)
+        goto oom;
     local = w->local, mems = w->mems, cpus = w->cpus, bound = w->bound;
-    n = task_gpus(t, in, ids, w->step, w->cvd);
-    if (n < 0) {
-        free(w);
-        return -1;
-    }
+    n = task_gpus(t, in, &ids);
+    if (n < 0)
+        goto oom;
+    model = malloc(sizeof(*model) * (size_t) (n + 1));
+    missing = malloc(sizeof(*missing) * (size_t) (n + 1));
+    if (!model || !missing)
+        goto oom;
     for (i = 0; i < n; i++) {
+        if ((i && sb_cat(&out->slots, ",")) || sb_int(&out->slots, ids[i]))
+            goto oom;
         if (t->gpus[ids[i]].missing)
             missing[nmissing++] = ids[i];
         else
             model[nmodel++] = t->gpus[ids[i]].index;
     }
-    if (n > 0) {
+    if (n > 0 && in->mode != SG_MODE_OFF) {
         bits_of(t, ids, n, 0, local);
         bits_of(t, ids, n, 1, mems);
         if (nmissing) {
-            /* gres.conf names a device NVML does not have */
+            /* gres.conf names a device NVML does not have: its locality is
+             * unknown, and borrowing a neighbour's would bind to another GPU */
             if (sb_cat(&problem, "Slurm GPU ") || sb_ints(&problem, missing, nmissing)
                 || sb_cat(&problem, " is not a GPU of this node (gres.conf and NVML disagree)"))
                 goto oom;
@@ -709,7 +801,7 @@ int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_pla
                 goto oom;
         } else {
             int any = 0;
-            for (i = 0; i < NBYTES; i++) {
+            for (i = 0; i < NBYTES; i++) {      /* Slurm's binding is only narrowed */
                 cpus[i] = local[i] & in->allowed[i];
                 any |= cpus[i];
             }
@@ -724,10 +816,10 @@ int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_pla
                                              : sb_cat(&problem, "none")))
                     goto oom;
             } else if (in->bound_host) {
-                /* remote._slurm_bound_mems: the model nodes of every GPU of
-                 * the node whose host node the MPOL_BIND policy holds */
+                /* --mem-bind put an MPOL_BIND policy in place: the model nodes
+                 * of every GPU of the node whose host node it holds; our
+                 * policy narrows it, never replaces it with other nodes */
                 int hit = 0;
-                memset(bound, 0, NBYTES);
                 for (i = 0; i < t->ngpus; i++) {
                     const struct sg_gpu *g = &t->gpus[i];
                     int k;
@@ -762,37 +854,46 @@ int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_pla
         }
         out->applied = problem.buf == NULL;
     }
-    /* SLURM_GPU_BINDING (TaskBinding.env_value) */
-    if (sb_cat(&out->env, "prefer;gpus=") || sb_ints(&out->env, model, nmodel))
+    /* SLURM_GPU_BINDING: "strict;gpus=0;cpus=0-3;mems=0", or "...;none" */
+    if (sb_cat(&out->env, mode_name(in->mode)) || sb_cat(&out->env, ";gpus=")
+        || sb_ints(&out->env, model, nmodel))
         goto oom;
     if (!out->applied) {
         if (sb_cat(&out->env, ";none"))
             goto oom;
-    } else if (sb_cat(&out->env, ";cpus=") || sb_cpulist(&out->env, cpus, SG_BIND_MAXID + 1)
-               || sb_cat(&out->env, ";mems=") || sb_cpulist(&out->env, mems, SG_BIND_MAXID + 1)) {
-        goto oom;
+    } else {
+        memcpy(out->cpus, cpus, NBYTES);
+        for (m = 0; m <= SG_BIND_MAXID; m++)
+            if (BIT_ON(mems, m))
+                BIT_SET(w->host, map_node(t, m));  /* [spank] numa_node_map */
+        /* MPOL_PREFERRED honours one node: the first host node */
+        for (out->host_node = 0; !BIT_ON(w->host, out->host_node); out->host_node++)
+            ;
+        if (sb_cat(&out->env, ";cpus=") || sb_cpulist(&out->env, cpus, SG_BIND_MAXID + 1)
+            || sb_cat(&out->env, ";mems=") || sb_cpulist(&out->env, mems, SG_BIND_MAXID + 1)
+            || sb_cpulist(&out->cpus_text, cpus, SG_BIND_MAXID + 1)
+            || sb_cpulist(&out->mems_text, mems, SG_BIND_MAXID + 1)
+            || sb_cpulist(&out->host_text, w->host, SG_BIND_MAXID + 1))
+            goto oom;
     }
     if (problem.buf) {
-        if (sb_cat(&out->warning, "gpu-numa-bind=prefer not applied: ")
-            || sb_cat(&out->warning, problem.buf))
+        out->failed = in->mode == SG_MODE_STRICT;
+        if (sb_cat(&out->message, out->failed ? "gpu-numa-bind=strict impossible: "
+                                              : "gpu-numa-bind=prefer not applied: ")
+            || sb_cat(&out->message, problem.buf))
             goto oom;
-        sg_str_free(&problem);
     }
-    if (out->applied) {
-        memcpy(out->cpus, cpus, NBYTES);
-        /* MPOL_PREFERRED honours one node: the first host node, in order */
-        out->host_node = -1;
-        for (m = 0; m <= SG_BIND_MAXID; m++)
-            if (BIT_ON(mems, m)) {
-                int h = map_node(t, m);
-                if (out->host_node < 0 || h < out->host_node)
-                    out->host_node = h;
-            }
-    }
+    sg_str_free(&problem);
     free(w);
+    free(ids);
+    free(model);
+    free(missing);
     return 0;
 oom:
     free(w);
+    free(ids);
+    free(model);
+    free(missing);
     sg_str_free(&problem);
     sg_plan_free(out);
     return -1;
@@ -801,7 +902,11 @@ oom:
 void sg_plan_free(struct sg_plan *p)
 {
     sg_str_free(&p->env);
-    sg_str_free(&p->warning);
+    sg_str_free(&p->message);
+    sg_str_free(&p->slots);
+    sg_str_free(&p->cpus_text);
+    sg_str_free(&p->mems_text);
+    sg_str_free(&p->host_text);
 }
 
 /* ---- the table's name: nodefacts.cache_file + ".bind" ---- */
@@ -841,7 +946,7 @@ int sg_table_name(const char *prefix, const char *node, const char *config, cons
     return 0;
 }
 
-/* ---- applying it: remote._bind ---- */
+/* ---- applying it, for the C path (the Python path applies with effects.py) ---- */
 
 #define SG_MPOL_PREFERRED 1
 #define SG_MPOL_BIND      2
@@ -888,9 +993,9 @@ int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct s
     unsigned char allowed[SG_BIND_NBYTES], host[SG_BIND_HOSTBITS / 8];
     struct sg_plan plan;
     struct sg_str warning = { 0 }, msg = { 0 };
-    int mode, err, rc = -1, i, first = 1;
+    int mode, err, rc = -1;
 
-    /* effects.allowed_cpus and remote._slurm_bound_mems */
+    /* effects.allowed_cpus and the policy remote.task_init reads */
     memset(allowed, 0, sizeof(allowed));
     if (ops->getaffinity(allowed)) {
         refuse_task(ops, "gpu-numa-bind=prefer not applied: cannot read the task's CPUs",
@@ -898,32 +1003,20 @@ int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct s
         return 0;
     }
     in->allowed = allowed;
+    in->mode = SG_MODE_PREFER;
     memset(host, 0, sizeof(host));
     in->bound_host = (ops->get_mempolicy(&mode, host) == 0 && (mode & 0xff) == SG_MPOL_BIND)
         ? host : NULL;
     if (sg_plan(t, in, &plan)) {
-        /* init_post_opt read the same variables and found them plain: only
-         * a task whose own values differ from the step's gets here */
-        refuse_task(ops, "gpu-numa-bind=prefer not applied: this task's GPU variables are "
-                    "not a plain GPU list", in->task);
+        refuse_task(ops, "gpu-numa-bind=prefer not applied: out of memory", in->task);
         return 0;
     }
-    if (plan.warning.buf && sb_cat(&warning, plan.warning.buf))
+    if (plan.message.buf && sb_cat(&warning, plan.message.buf))
         goto oom;
     if (plan.applied) {
         if ((err = ops->setaffinity(plan.cpus))) {
-            /* SlurmGpuError(f"sched_setaffinity to CPUs {cpus} failed: ..."): a tuple */
-            int n = 0;
-            if (sb_cat(&msg, "slurm-gpu: sched_setaffinity to CPUs ("))
-                goto oom;
-            for (i = 0; i <= SG_BIND_MAXID; i++)
-                if (BIT_ON(plan.cpus, i)) {
-                    if ((!first && sb_cat(&msg, ", ")) || sb_int(&msg, i))
-                        goto oom;
-                    first = 0;
-                    n++;
-                }
-            if ((n == 1 && sb_cat(&msg, ",")) || sb_cat(&msg, ") failed: ")
+            if (sb_cat(&msg, "slurm-gpu: sched_setaffinity to CPUs ")
+                || sb_cat(&msg, plan.cpus_text.buf) || sb_cat(&msg, " failed: ")
                 || sb_cat(&msg, strerror(err)))
                 goto oom;
             say_error(ops, msg.buf);

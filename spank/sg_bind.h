@@ -1,6 +1,8 @@
 /*
- * slurm-gpu SPANK plugin: the binding table and the prefer planner in C
- * (sg_bind.c).  See slurm_gpu/spank/bindtable.py for the table's format.
+ * slurm-gpu SPANK plugin: the binding table and the binding planner
+ * (sg_bind.c), the only one: the C path calls it from the outer half, the
+ * Python path through cffi (slurm_gpu/binding.py).  See
+ * slurm_gpu/spank/bindtable.py for the table's format.
  */
 #ifndef SG_BIND_H
 #define SG_BIND_H
@@ -13,7 +15,9 @@
 #define SG_BIND_MAXMAP   1024
 #define SG_BIND_HOSTBITS 1024         /* nodes get_mempolicy reports (effects._MASK_BITS) */
 #define SG_BIND_NBYTES   (SG_BIND_MAXID / 8 + 1)
-#define SG_UNSUPPORTED   (-2)
+#define SG_MODE_OFF      0
+#define SG_MODE_PREFER   1
+#define SG_MODE_STRICT   2
 
 struct sg_gpu {
     int missing;                      /* a gres.conf GPU NVML does not have */
@@ -36,23 +40,30 @@ struct sg_str {
     size_t len, cap;
 };
 
-/* One task's inputs, as remote._bind gathers them. */
+/* One task's inputs. */
 struct sg_task_in {
     const char *step_gpus;            /* SLURM_STEP_GPUS or SLURM_JOB_GPUS; NULL: unset */
     const char *cvd;                  /* CUDA_VISIBLE_DEVICES */
     const char *per_task;             /* SLURM_GPUS_PER_TASK */
+    int mode;                         /* SG_MODE_* */
     int task;
     unsigned ntasks;
     const unsigned char *allowed;     /* sched_getaffinity, SG_BIND_NBYTES */
     const unsigned char *bound_host;  /* an MPOL_BIND policy's host nodes, or NULL */
 };
 
+/* One task's plan.  Lists are written like /proc's ("0-3,8"). */
 struct sg_plan {
-    int applied;
+    int applied;                      /* cpus and mems are set */
+    int failed;                       /* strict and impossible: message says why */
+    struct sg_str message;            /* NULL buf: none; else prefer's warning or strict's error */
     struct sg_str env;                /* SLURM_GPU_BINDING */
-    struct sg_str warning;            /* "" : none */
+    struct sg_str slots;              /* the task's GPUs, Slurm indices in order: "1,0" */
+    struct sg_str cpus_text;          /* what sched_setaffinity gets */
+    struct sg_str mems_text;          /* model NUMA nodes */
+    struct sg_str host_text;          /* the host nodes set_mempolicy gets ([spank] numa_node_map) */
     unsigned char cpus[SG_BIND_NBYTES];
-    int host_node;                    /* for MPOL_PREFERRED */
+    int host_node;                    /* the first: all MPOL_PREFERRED honours */
 };
 
 /* The system calls and Slurm calls a task's binding makes (the test
@@ -69,17 +80,17 @@ struct sg_ops {
     void *ctx;
 };
 
-/* remote._bind for prefer, applied: 0, or -1 when the task must fail. */
+/* A plain prefer step's task, planned and applied: 0, or -1 when the task must fail. */
 int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct sg_ops *ops);
 
+/* The table beside the node-fact entry, trusted and current (sg_cbind.c): 0 or -1 */
 int sg_table_load(struct sg_table *t, const char *dir, const char *name, const char *key);
+/* Its rows only ("map", "gpu", "missing" lines, then "end"), from the Python path: 0 or -1 */
+int sg_table_rows(struct sg_table *t, const char *text);
 void sg_table_free(struct sg_table *t);
 int sg_table_name(const char *prefix, const char *node, const char *config, const char *gres,
                   char *key, size_t keysize, char *name, size_t namesize);
-/* A GPU variable the C half takes at init_post_opt: printable ASCII, no number
- * of ten digits or more, fewer than 4096 commas (NULL, unset, is taken). */
-int sg_plain_env(const char *v);
-/* 0, or -1: no plan (out of memory, or an input this planner does not read) */
+/* 0, or -1: out of memory (or a mode out of range) */
 int sg_plan(const struct sg_table *t, const struct sg_task_in *in, struct sg_plan *out);
 void sg_plan_free(struct sg_plan *p);
 void sg_str_free(struct sg_str *s);

@@ -48,23 +48,22 @@ static char *sg_getenv_dup(spank_t sp, const char *name, int *unset)
     }
 }
 
-/* What sg_plan reads exactly as binding.py does (sg_bind.c sg_plain_env;
- * unset counts as plain; a value too long to read does not: Python's
- * init_post_opt would not bind at all). */
-static int sg_plain_var(spank_t sp, const char *name)
+/* A variable the task can read: unset, or a value of at most 1 MiB (a longer
+ * one Python's Spank.getenv reads as unset, and its init_post_opt binds
+ * nothing at all). */
+static int sg_readable_var(spank_t sp, const char *name)
 {
     int unset, ok;
     char *v = sg_getenv_dup(sp, name, &unset);
-    if (!v)
-        return unset;
-    ok = sg_plain_env(v);
+    ok = v != NULL || unset;
     free(v);
     return ok;
 }
 
 /* The step's only Python work would be plain prefer binding: mode prefer
  * without verbose (the user's exact "prefer", else the admin's exact
- * default), no other option, a known step id, and its GPU variables plain. */
+ * default), no other option, a known step id, and its GPU variables
+ * readable. */
 int sg_cbind_eligible(spank_t sp)
 {
     const char *user = sg_values[SG_OPT_NUMA_BIND], *admin = sg_args.numa_bind;
@@ -75,8 +74,8 @@ int sg_cbind_eligible(spank_t sp)
         return 0;
     if (!(var = sg_gpu_var(sp)))
         return 0;
-    return sg_plain_var(sp, var) && sg_plain_var(sp, "CUDA_VISIBLE_DEVICES")
-        && sg_plain_var(sp, "SLURM_GPUS_PER_TASK");
+    return sg_readable_var(sp, var) && sg_readable_var(sp, "CUDA_VISIBLE_DEVICES")
+        && sg_readable_var(sp, "SLURM_GPUS_PER_TASK");
 }
 
 /* nodefacts.gres_conf_path of slurmstepd's own environment */

@@ -26,6 +26,8 @@
 #include <unistd.h>
 #include <wchar.h>
 
+#include "sg_bind.h"          /* the planner, for the Python path (cffi cdef) */
+
 struct sg_outer_api {
     int version;
     const char *(*option_value)(int which);

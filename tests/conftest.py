@@ -87,3 +87,15 @@ def sim_config(tmp_path, monkeypatch):
     config._load.cache_clear()
     yield sim
     config._load.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def planner(tmp_path_factory):
+    """The binding planner (spank/sg_bind.c) compiled alone, as the plugin's inner half
+    holds it, and loaded for slurm_gpu.binding (for the rest of the session): tests
+    that plan use this fixture."""
+    from slurm_gpu import binding
+    from slurm_gpu.commands.spank import build_script
+    ffi, lib = build_script().build_planner(tmp_path_factory.mktemp("planner"))
+    binding.use_planner(ffi, lib)
+    return ffi, lib

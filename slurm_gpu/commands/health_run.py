@@ -42,6 +42,32 @@ def _state_dir(s: Any) -> str:
     return live.settings().state_dir
 
 
+def _slurmd_run_lock(state_dir: str, node: str) -> int | None:
+    """Take this node's slurmd-run lock: its fd (-1 when there is no lock to
+    take), or None when another slurmd-started run holds it.
+
+    slurmd starts HealthCheckProgram every HealthCheckInterval, each in its
+    own RPC thread, whether or not its last run finished: on a node where a
+    run outlasts the interval (a slow NVML, a loaded or emulated CPU) the
+    runs pile up, each paying for its start and its Slurm queries, and the
+    node gets slower still.  The acting part has its own lock (engine); this
+    one lets the late run leave before it costs anything."""
+    import fcntl
+
+    from ..health.statefiles import slurmd_run_lock_file
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+        fd = os.open(slurmd_run_lock_file(state_dir, node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return -1           # no lock to take: run (the engine's lock still guards the state)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 _SNAPSHOTS: dict[str, Any] = {}
 
 
@@ -89,11 +115,30 @@ def run_health(as_json: bool = False, slurm_mode: bool = False, no_drain: bool =
     Exit codes follow Nagios: 0 ok, 1 warn, 2 drain, 3 unknown (with --slurm:
     0 unless the check itself broke).
     """
+    from ..hw import live
+    s = _settings()
+    name = node or live.node_name()
+    lock = _slurmd_run_lock(_state_dir(s), name) if slurm_mode and not no_drain else -1
+    if lock is None:
+        echo(f"slurm-gpu: health {name}: skipped: this node's previous run, started by slurmd, "
+             "is still running")
+        return 0
+    try:
+        return _run_health(s, name, as_json, slurm_mode, no_drain, only, kernel_log, prom_file,
+                           snapshot, overlay, gres_conf, isolate_bad_gpu, debug)
+    finally:
+        if lock >= 0:
+            os.close(lock)
+
+
+def _run_health(s: Any, name: str, as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None,
+                kernel_log: str | None, prom_file: str | None, snapshot: str | None,
+                overlay: str | None, gres_conf: str | None, isolate_bad_gpu: bool | None,
+                debug: bool) -> int:
     import json as _json
     from ..health import engine
     from ..health.findings import EXIT_UNKNOWN, exit_code
     from ..hw import live
-    s = _settings()
     if isolate_bad_gpu is not None:
         s.isolate_bad_gpu = isolate_bad_gpu
     healthy = None
@@ -106,7 +151,6 @@ def run_health(as_json: bool = False, slurm_mode: bool = False, no_drain: bool =
             s.watchdog_seconds = min(s.watchdog_seconds, max(1.0, limit * 0.75))
         healthy = os.environ.get("SLURM_NODE_IS_HEALTHY")
         healthy = healthy if healthy in ("yes", "no") else None
-    name = node or live.node_name()
     only_list = [c.strip() for c in only.split(",") if c.strip()] if only else None
     checks = engine.select_checks(only_list, s)
     opener = None

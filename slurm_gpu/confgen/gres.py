@@ -310,6 +310,14 @@ def build_gres_view(nodes: Mapping[str, Node], opts: GresOptions | None = None, 
                      "slurmd; give each node group its own slurm.conf via configless includes or "
                      "choose --socket-mode explicitly")
     notes += autodetect_notes(opts.autodetect, nodes.values())
+    if opts.shards or opts.mps_count:
+        # slurmctld before 23.11.5 cleared a GPU's "shared gres in use" bit when any one
+        # sharing job on it ended (_job_dealloc; SchedMD commit 30eacbe571, bug 19110).
+        # No gres.conf avoids it: measured in tests/integration/test_shared_gres_slurm.py.
+        shared = "shard" if opts.shards else "mps"
+        notes.append(f"Slurm before 23.11.5 can give a GPU whole (gres/gpu) while a gres/{shared} job still "
+                     f"runs on it, once another gres/{shared} job on that GPU ends (SchedMD bug 19110): "
+                     "share GPUs on 23.11.5 or later")
     return checked_view(GresView(generator=GENERATOR, version=__version__, inputs=tuple(inputs),
                                  autodetect=opts.autodetect, groups=tuple(groups), notes=tuple(notes),
                                  slurmd_parameters=tuple(params)))

@@ -21,3 +21,8 @@ def state_file(state_dir: str | os.PathLike[str], node: str) -> str:
 def lock_file(state_dir: str | os.PathLike[str], node: str) -> str:
     """The lock one acting run of the check (or the epilog's drain) holds."""
     return os.path.join(state_dir, f"health.{_node_tag(node)}.lock")
+
+
+def slurmd_run_lock_file(state_dir: str | os.PathLike[str], node: str) -> str:
+    """The lock a slurmd-started run (``--slurm``) holds from start to exit."""
+    return os.path.join(state_dir, f"health.{_node_tag(node)}.slurmd.lock")

@@ -149,7 +149,8 @@ def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
     events: list[XidEvent] = []
     off_bus: tuple[str | None, int, Any] | None = None  # three-line "fallen off the bus": bus, lines seen, time
     last_aer: str | None = None
-    echo: tuple[Any, int] | None = None              # (timestamp, lines left) of a client-echo record
+    # (timestamp, lines left, dmesg indents its record's lines, an indented line seen) of a client-echo record
+    echo: tuple[Any, int, bool, bool] | None = None
     for ln in lines:
         text: str = ln.text
         cont = bool(getattr(ln, "cont", False))
@@ -161,15 +162,29 @@ def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
             continue
         if echo is not None:
             if cont:
+                echo = (echo[0], echo[1], echo[2], True)
                 continue                             # the echoed record's own lines
-            if ln.when == echo[0] and (ln.when is not None or echo[1] > 0):
-                echo = (echo[0], echo[1] - 1)
+            if echo[0] is None and echo[2] and echo[3]:
+                # dmesg indented the record's own lines (the driver's trailer
+                # always follows the client's text): a line it did not indent
+                # is another record.  (dmesg -S indents none: never closed here.)
+                echo = None
+            elif echo[0] is None and echo[1] > 0:
+                # No stamp to end the echoed record: every line inside the
+                # window may be the client's text, whatever stamp it shows
+                # (a forged one must not close the window).
+                echo = (None, echo[1] - 1, echo[2], echo[3])
+                _add_doubt(events, text, ln, NO_STAMP)
+                continue
+            elif ln.when == echo[0] and (ln.when is not None or echo[1] > 0):
+                echo = (echo[0], echo[1] - 1, echo[2], echo[3])
                 if ln.when is None or not _PRECISE.match(ln.when):
                     # One second (or no stamp) holds both the echoed client text
                     # and any other record: neither drained nor silently dropped.
                     _add_doubt(events, text, ln, NO_STAMP if ln.when is None else SAME_SECOND)
                 continue                             # the same precise stamp: that record's line
-            echo = None
+            else:
+                echo = None
         if off_bus is not None:
             bus, seen, first_when = off_bus
             if (cont or ln.when == first_when) and _OFF_BUS_3[seen].fullmatch(text):
@@ -185,7 +200,7 @@ def parse_lines(lines: Iterable[Any]) -> list[XidEvent]:
         if cont:
             continue                                 # a continuation never starts an event
         if text.startswith(_ECHOES_CLIENT):
-            echo = (ln.when, ECHO_MAX_LINES)
+            echo = (ln.when, ECHO_MAX_LINES, bool(getattr(ln, "indents", False)), False)
             continue
         a = _AER.match(text)
         if a:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
-from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, line_before, scan_buffer, text_log_head  # noqa: F401
+from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, head_family, line_before, scan_buffer, text_log_head  # noqa: F401
 from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
 TYPE_CHECKING = False   # not typing's: the health check imports this module (~2 ms)
@@ -139,7 +139,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
         # (kmsg_export): its first bytes are journalctl's, never a program's.
         head = os.pread(fd, 4096, 0)
         export = head.startswith(MAGIC)
-        text_log = not export and text_log_head(head)
+        family = None if export else head_family(head)
         lost = -1                          # where in ``out`` the export format broke (what follows is unproven)
         while pos < st.st_size:
             size = min(want, st.st_size - pos)
@@ -181,6 +181,12 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                                           "and no report after them is trusted", at=frm))
                     pos, want = to, CHUNK
                     continue
+            elif family == "pretty":
+                # A json-pretty entry is read whole or not at all (a follower
+                # flushes in blocks; a chunk ends anywhere): up to the last
+                # "}" line, as the export reader stops at an entry's end.
+                last = buf.rfind(b"\n}\n", 0, n)
+                cut = last + 3 if last >= 0 else 0
             else:
                 cut = buf.rfind(b"\n", 0, n) + 1
             if not cut:
@@ -188,7 +194,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     break                  # the last line (entry), still being written
                 want *= 2
                 continue
-            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos), text_log)
+            out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos), family=family)
             pos += cut
             want = CHUNK
         if lost >= 0:

@@ -60,9 +60,10 @@ _ENVELOPE = re.compile(
     r"|<(?P<rpri>\d{1,4})>\[\s*(?P<rmono>" + _NUM + r")\]" + _CALLER + r"\s"  # dmesg -r
     # dmesg -x, with any time format
     r"|(?P<xfac>[a-z]{2,8})\s*:(?P<xlvl>[a-z]{2,8})\s*:\s(?:\[(?:\s*(?P<xmono>" + _NUM + r")" + _DELTA
-    + "|" + _CTIME + _DELTA + "|" + _REL + r")\]|" + _ISO + ")" + _DSTAMP
-    # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic
-    + r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP + r"(?:(?P<mhost>" + _HOST + r")\skernel:\s)?"
+    + "|(?P<xctime>" + _CTIME + ")" + _DELTA + "|" + _REL + r")\]|(?P<xiso>" + _ISO + "))" + _DSTAMP
+    # dmesg; with "<host> kernel: " after it, journalctl -o short-monotonic (--no-hostname: "kernel: ")
+    + r"|\[\s*(?P<mono>" + _NUM + r")" + _DELTA + r"\]" + _DSTAMP
+    + r"(?:(?:(?P<mhost>" + _HOST + r")\s)?(?P<mkern>kernel):\s)?"
     + r"|\[(?P<ctime>" + _CTIME + r")" + _DELTA + r"\]" + _DSTAMP     # dmesg --ctime, any locale
     + r"|\[(?P<rel>" + _REL + r")\]" + _DSTAMP                     # dmesg -d alone, -e / reltime
     + r"|(?P<iso>" + _ISO + r")(?:\s(?P<ihost>[^\s:\[\]]+)\s(?P<itag>[^\s:]+):\s(?:"
@@ -91,6 +92,9 @@ class KernelLine:
     ``doubt``: why the line is not proven the kernel's (no log format we know
     comes before the driver's text); such a line never starts an event, and
     ``gpu.xid`` warns about it.  ``at``: the line's byte offset in what was read.
+    ``indents``: the line is dmesg's with a time field but no kernel time
+    (``-e``, deltas, ``-x``): reading ``/dev/kmsg``, dmesg indents a record's
+    later lines (``dmesg -S`` prefixes them instead, and then none is indented).
     """
 
     when: str | None
@@ -98,6 +102,7 @@ class KernelLine:
     cont: bool = False
     doubt: str | None = None
     at: int = -1
+    indents: bool = False
 
 
 UNKNOWN_FORMAT = "no log format slurm-gpu knows comes before the driver's text"
@@ -122,7 +127,7 @@ def _trusted(m: re.Match[str]) -> tuple[bool, str | None, bool]:
     if g["rpri"] is not None:
         return int(g["rpri"]) >> 3 == KERN, g["rmono"], False
     if g["xfac"] is not None:
-        return g["xfac"] == "kern", g["xmono"], False
+        return g["xfac"] == "kern", g["xmono"] or g["xctime"] or g["xiso"], False
     if g["unix"] is not None or g["full"] is not None:
         return g["jtag"] == "kernel", g["unix"] or g["full"], False
     if g["mono"] is not None or g["ctime"] is not None:
@@ -154,11 +159,13 @@ def _tag_only(m: re.Match[str]) -> bool:
     """
     g = m.groupdict()
     return (g["sys"] is not None or g["bare"] is not None or g["unix"] is not None or g["full"] is not None
-            or g["mhost"] is not None or (g["iso"] is not None and g["ihost"] is not None))
+            or g["mkern"] is not None or (g["iso"] is not None and g["ihost"] is not None))
 
 
 def text_log_line(line: str) -> bool:
     """Whether *line* is a syslog or journal *text* line (any tag): its sender is only what it says."""
+    if _TEXT_HEAD.match(line):
+        return True                    # the writer's own stamp, whatever the tag (text_log_head)
     m = _ENVELOPE.match(line)
     return m is not None and m.end() > 0 and _tag_only(m)
 
@@ -252,6 +259,29 @@ TEXT_LOG = ("a kernel reader's line inside a syslog/journal text log (the file's
             "a newline in someone's message may have made it")
 
 
+# The writer's own part of a syslog/journal text line, at the line's start,
+# whatever follows it (a tag may be any length and hold spaces): a classic
+# syslog stamp ("Nov 29 00:00:01", any locale), RFC 3339 with a "." fraction
+# or none (rsyslog, syslog-ng, journalctl short-iso; dmesg --time-format iso
+# prints ",usec": tests/data/xid/real/util_linux_dmesg_envelopes.txt),
+# journalctl short-unix and short-full.
+_TEXT_HEAD = re.compile(
+    _WORD + r" [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?\s\S"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:?\d\d)\s\S"
+    r"|\d{9,11}\.\d{6}\s\S"
+    r"|" + _WORD + r" \d{4}-\d\d-\d\d \d\d:\d\d:\d\d [^\s\[\]:]{1,12}\s\S")
+
+
+def head_line(head: bytes | bytearray) -> str | None:
+    """A log file's first line (*head*: its first bytes), past blanks and journalctl's "-- " headers."""
+    for raw in bytes(head[:4096]).split(b"\n")[:16]:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if not line.strip() or line.startswith("-- "):
+            continue                   # blank, or journalctl's "-- Logs begin at ..." header
+        return line
+    return None
+
+
 def text_log_head(head: bytes | bytearray) -> bool:
     """Whether a log file whose first bytes are *head* is a syslog or journal *text* log.
 
@@ -260,32 +290,64 @@ def text_log_head(head: bytes | bytearray) -> bool:
     no line is the kernel's proof: its kernel lines are tag-only claims
     (``TAG_ONLY``), and a line in a kernel reader's format (a dmesg stamp, a
     facility) can only be a message's raw newline (a writer that keeps them:
-    syslog-ng without ``no-multi-line``, a collector's file output).
+    syslog-ng without ``no-multi-line``, a collector's file output).  Decided
+    from the writer's own part (``_TEXT_HEAD``), never from the tag a sender
+    chose: a tag too long or with a space in it must not make it a kernel log.
     """
-    for raw in bytes(head[:4096]).split(b"\n")[:16]:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
-        if not line.strip() or line.startswith("-- "):
-            continue                   # blank, or journalctl's "-- Logs begin at ..." header
-        return text_log_line(line)
-    return False
+    return head_family(head) == "text"
+
+
+def line_family(line: str) -> str | None:
+    """The log format family of *line*: "text" (syslog/journal text), "kernel" (a kernel
+    reader's: dmesg stamps, kmsg records, ``-r``, ``-x``, Talos), "json", "pretty"
+    (journalctl json-pretty), "none" (no envelope); None for an indented line."""
+    if line.startswith("{"):
+        return "pretty" if line.rstrip() == "{" else "json"
+    if _TEXT_HEAD.match(line):
+        return "text"                  # the writer's own part: whatever tag follows
+    m = _ENVELOPE.match(line)
+    if m is None or m.end() == 0:
+        return "none"
+    if m.group("cont") is not None:
+        return None
+    return "text" if _tag_only(m) else "kernel"
+
+
+def head_family(head: bytes | bytearray) -> str | None:
+    """The family (``line_family``) of a log file whose first bytes are *head*; None when empty.
+
+    A user's message cannot be a file's first line in the writer's format, so
+    the first line says what every line of the file is: one of another family
+    is a newline in someone's message, or proves nothing (``FAMILY``).
+    """
+    line = head_line(head)
+    return None if line is None else line_family(line)
+
+
+FAMILY = ("a line in another log format ({got}) than the file's (its first line is {want}): "
+          "a newline in someone's message may have made it")
 
 
 def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, base: int = 0,
-                before: bytes = b"", text_log: bool | None = None) -> list[KernelLine]:
+                before: bytes = b"", text_log: bool | None = None, family: str | None = None) -> list[KernelLine]:
     """Kernel-written lines of interest in ``buf[start:end]``, in log order.
 
     Also the driver lines whose origin cannot be proven (``doubt`` set);
     ``base`` is the file offset of ``buf[0]`` (their ``at``); *before* is the
     line before ``buf[start]`` (a cursor or a chunk may split a record).
-    *text_log*: the file is a syslog/journal text log (``text_log_head``);
-    None: decided from ``buf`` when it starts at the file's start (``base`` 0).
+    *family*: the file's format family (``head_family``); None: decided from
+    ``buf`` when it starts at the file's start (``base`` 0); "any": none
+    fixed (lines of several formats, each judged alone).  *text_log* True is
+    family "text" (``text_log_head``).
     """
     if end is None:
         end = len(buf)
-    if text_log is None:
-        text_log = base == 0 and text_log_head(buf[:4096])
-    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before)
     if text_log:
+        family = "text"
+    if family is None and base == 0 and text_log is None:
+        family = head_family(buf[:4096])
+    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before, family)
+    if family == "text":
         out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, TEXT_LOG, ln.at) for ln in out]
     return out
 
@@ -315,7 +377,7 @@ def find_hits(buf: bytes | bytearray, start: int, end: int, window: int = _WINDO
 
 
 def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[tuple[int, int, int]],
-            out: list[KernelLine], before: bytes = b"") -> list[KernelLine]:
+            out: list[KernelLine], before: bytes = b"", family: str | None = None) -> list[KernelLine]:
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     for ls, s, e in hits:
@@ -326,10 +388,19 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
         le = end if le < 0 else le + 1
         if buf[ls:ls + 1] == b"{":
             got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+            fam: str | None = "json"
         elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
             got = _pretty_lines(buf, ls, s, e, start, end, base)
+            fam = "pretty"
         else:
             got = _scan_line(buf, ls, s, e, start, kept_end, base)
+            fam = line_family(bytes(buf[ls:s][:400]).decode("utf-8", "replace"))
+        if (got and got[0].doubt is None and family not in (None, "text", "any") and fam is not None
+                and fam != family):
+            # The file's first line fixed its format: a line of another is a
+            # user's newline (dmesg --notime keeps them at column 0) or
+            # proves nothing.  Continuations (fam None) follow their record.
+            got = _doubt(buf, s, e, ls + base, FAMILY.format(got=fam, want=family))
         if got and got[0].doubt is None and ls != kept_end and _after_same_stamp(buf, ls, s, start, before):
             # Read from /proc/kmsg (imklog, klogd, dmesg -S), every line of a
             # multi-line record carries that record's stamp: a driver line with
@@ -361,13 +432,17 @@ def _kept_driver_line(line: str) -> bool:
     return bool(_DRIVER.match(rest)) or (dev is not None and rest[dev.end():].startswith("AER: Uncorrected"))
 
 
+_ECHO = "NVRM: API mismatch:"       # the driver message that echoes a client's string (health/xid.py)
+
+
 def line_before(tail: bytes, whole: bool) -> bytes:
     """The line before a read's start, for the same-stamp check (``scan_buffer``'s *before*).
 
     *tail* ends with that line's newline (*whole*: it starts at the top of
     the file).  Empty when that line is a kept driver line: the lines with its
     kernel time back to one with another are all driver lines, as when the
-    earlier run kept them.
+    earlier run kept them, and none of them is the driver's "API mismatch"
+    message (whose record may go on after the boundary with the client's text).
     """
     if not tail.endswith(b"\n"):
         return b""
@@ -380,7 +455,10 @@ def line_before(tail: bytes, whole: bool) -> bytes:
         text = raw[:400].decode("utf-8", "replace")
         if _kernel_stamp(text) != stamp:
             return b""
-        if not _kept_driver_line(text):
+        if not _kept_driver_line(text) or _ECHO in text:
+            # An "API mismatch" record echoes a client's text: a line with
+            # its stamp after the run boundary may be that text (the earlier
+            # run's echo window does not reach this one).
             return prev
     return b"" if whole else prev                      # the group reaches past what was read: not proven
 
@@ -434,7 +512,8 @@ def _scan_line(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, kept
         return []                  # text before the driver's prefix: not the driver's message
     if env.group("kpri") is not None:
         return _message_lines(text, when, sep="\\x0a", at=ls + base)
-    return [KernelLine(when, text, cont, at=ls + base)]
+    return [KernelLine(when, text, cont, at=ls + base,
+                       indents=env.group("rel") is not None or env.group("xfac") is not None)]
 
 
 def _doubt(buf: bytes | bytearray, s: int, e: int, at: int, why: str = UNKNOWN_FORMAT) -> list[KernelLine]:

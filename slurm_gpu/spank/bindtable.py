@@ -8,9 +8,11 @@ the outer C half (``spank/sg_bind.c``) reads instead: the entry's key, boot
 id and input stamps (the C half re-checks every one, as
 :func:`slurm_gpu.nodefacts.load` does), the ``[spank] numa_node_map``, and
 one line per Slurm GPU index with what :func:`slurm_gpu.nodefacts.for_binding`
-gives the planner.  The C half plans and applies exactly what
-:mod:`slurm_gpu.spank.remote` would; anything it does not read falls back to
-Python, which rewrites the table when it differs from the entry.
+gives the planner: the rows :func:`slurm_gpu.binding.rows` writes, which the
+Python path hands the same planner (sg_bind.c) for every other step.  The C
+half applies the plan as :mod:`slurm_gpu.spank.remote` does; a table it does
+not take sends the step to Python, which rewrites the table when it differs
+from the entry.
 
 Format (ASCII, one record a line, every field checked by the reader)::
 
@@ -29,8 +31,7 @@ from __future__ import annotations
 
 import posix
 
-from .. import nodefacts
-from ..binding import cpulist
+from .. import binding, nodefacts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 SUFFIX = ".bind"
 HEADER = "slurm-gpu bind 1"
 MAX_BYTES = 65536          # the C reader's limit; a bigger table is not written
-MAX_ID = 65535             # CPU and NUMA ids the C reader takes
 
 
 def path(config_path: str | None, node: str, gres_conf: str | None,
@@ -51,13 +51,6 @@ def path(config_path: str | None, node: str, gres_conf: str | None,
 def _plain(text: str) -> bool:
     """Printable ASCII and not empty: a field the C reader takes as it is."""
     return bool(text) and text.isascii() and text.isprintable()
-
-
-def _ids(ids: Any) -> str | None:
-    ids = tuple(ids)
-    if any(not isinstance(i, int) or not 0 <= i <= MAX_ID for i in ids):
-        return None
-    return cpulist(ids) or "-"
 
 
 def render(data: dict[str, Any], numa_map: dict[int, int], key: str) -> bytes | None:
@@ -76,20 +69,10 @@ def render(data: dict[str, Any], numa_map: dict[int, int], key: str) -> bytes | 
             lines.append(f"stamp {st[1]} {st[2]} {st[3]} {st[0]}")
         else:
             return None
-    for m, h in sorted(numa_map.items()):
-        if not (0 <= m <= MAX_ID and 0 <= h <= MAX_ID):
-            return None
-        lines.append(f"map {m} {h}")
-    for g in nodefacts.for_binding(gpus):
-        if g.get("missing") is not None:
-            lines.append("missing")
-            continue
-        uuid = g["uuid"] or "-"
-        cpus, mems = _ids(g["cpus"]), _ids(g["mems"])
-        if (not isinstance(g["index"], int) or g["index"] < 0 or cpus is None or mems is None
-                or not _plain(uuid) or " " in uuid or (uuid == "-" and g["uuid"])):
-            return None
-        lines.append(f"gpu {g['index']} {uuid} {cpus} {mems}")
+    rows = binding.rows(nodefacts.for_binding(gpus), numa_map)
+    if rows is None:
+        return None
+    lines += rows
     lines.append("end")
     out = ("\n".join(lines) + "\n").encode()
     return out if len(out) <= MAX_BYTES else None

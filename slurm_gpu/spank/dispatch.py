@@ -88,7 +88,9 @@ def _guard(spank: Any, where: str, fn: Callable[[], int]) -> int:
 def attach(ffi: Any, lib: Any) -> None:
     """Bind the embedding API functions; called once by the plugin's init code."""
     from . import effects
+    from .. import binding
     effects.use_plugin(ffi, lib)
+    binding.use_planner(ffi, lib)           # sg_bind.c, compiled into this half
 
     def onerror(exc: Any, val: Any, tb: Any) -> None:
         # only reached if the guard itself failed: still one line, still -1

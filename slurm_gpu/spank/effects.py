@@ -138,7 +138,9 @@ def set_affinity(cpus: tuple[int, ...]) -> None:
     try:
         posix.sched_setaffinity(0, cpus)
     except OSError as e:
-        raise SlurmGpuError(f"sched_setaffinity to CPUs {cpus} failed: {e.strerror}") from None
+        from ..binding import cpulist
+        raise SlurmGpuError(f"sched_setaffinity to CPUs {cpulist(cpus)} failed: "
+                            f"{e.strerror}") from None
 
 
 def allowed_cpus() -> tuple[int, ...]:

@@ -57,6 +57,7 @@ class Step:
         self.facts = facts or {}          # nodecache: settings, GPU locality, state_dir
         self.hostname = hostname
         self.error = error
+        self.planner: binding.Planner | None = None   # over facts["gpus"], made once
         # Warnings of task_init_privileged, whose stderr is still slurmstepd's
         # (mgr.c connects the task's stdio after it): task_init writes them.
         # Each task is its own forked child: what one holds, no other sees.
@@ -92,6 +93,8 @@ def _load_step(spank: Any) -> Step:
     step.facts = nodecache.get(args.config or None, hostname, with_gpus=bind)
     if not bind:
         step.facts = dict(step.facts, gpus=None)
+    elif step.facts.get("gpus") is not None:
+        step.planner = _planner(step)        # once, in the parent: every task inherits it
     return step
 
 
@@ -172,19 +175,22 @@ def task_init(spank: Any) -> int:
     return 0
 
 
+def _planner(step: Step) -> binding.Planner:
+    if step.planner is None:
+        step.planner = binding.Planner(step.facts["gpus"], step.facts.get("numa_map") or {})
+    return step.planner
+
+
 def _bind(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -> None:
     from . import effects
-    nmap = step.facts.get("numa_map") or {}
-    plan = binding.plan_task(step.facts["gpus"], env, mode=step.numa.mode, local_task=task,
-                             ntasks=ntasks, allowed=effects.allowed_cpus(),
-                             bound_mems=_slurm_bound_mems(step, nmap))
+    plan = _planner(step).plan(env, mode=step.numa.mode, local_task=task, ntasks=ntasks,
+                               allowed=effects.allowed_cpus(), bound_nodes=_slurm_bound_nodes())
     warning = plan.warning
     if plan.applied:
-        mems = tuple(sorted({nmap.get(m, m) for m in plan.mems}))
         effects.set_affinity(plan.cpus)
         mode = effects.MPOL_BIND if plan.mode == binding.STRICT else effects.MPOL_PREFERRED
         try:
-            effects.set_mempolicy(mode, mems)
+            effects.set_mempolicy(mode, plan.host_mems)
         except SlurmGpuError as e:
             if plan.mode == binding.STRICT:
                 raise
@@ -196,11 +202,11 @@ def _bind(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -
         _stderr(binding.verbose_line(plan, hostname=step.hostname, pid=posix.getpid()))
 
 
-def _slurm_bound_mems(step: Step, nmap: dict[int, int]) -> tuple[int, ...] | None:
-    """The model NUMA nodes of an MPOL_BIND policy already in place, else None.
+def _slurm_bound_nodes() -> tuple[int, ...] | None:
+    """The host NUMA nodes of an MPOL_BIND policy already in place, else None.
 
-    task/affinity applies ``--mem-bind`` before task_init: our policy may
-    narrow it, never replace it with other nodes.
+    task/affinity applies ``--mem-bind`` before task_init: the planner
+    narrows it, never replaces it with other nodes.
     """
     from . import effects
     try:
@@ -209,8 +215,7 @@ def _slurm_bound_mems(step: Step, nmap: dict[int, int]) -> tuple[int, ...] | Non
         return None
     if mode & 0xff != effects.MPOL_BIND:        # high bits: MPOL_F_* mode flags
         return None
-    model = {m for g in step.facts["gpus"] for m in g["mems"]}
-    return tuple(sorted(m for m in model if nmap.get(m, m) in host_nodes))
+    return host_nodes
 
 
 def _profile(spank: Any, step: Step, task: int) -> None:

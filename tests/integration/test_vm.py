@@ -23,6 +23,7 @@ from sandboxlib import vm_sandbox
 VERSIONS = os.environ.get("SLURM_GPU_VM_VERSIONS", "22.05 24.11 26.05").split()
 # 22.05/24.11: system.slice/<node>_slurmstepd.scope/job_<id>/step_<n>/user/task_<i>;
 # 26.05 names the job's directory by its SLUID unless CgroupJobIdPaths=yes.
+TWO_NODES = "26.05"     # the Slurm whose VM runs a second node (test_a_two_node_gpu_job_...)
 JOB_CGROUP = re.compile(r"^0::/system\.slice/(?P<scope>[^/]*slurmstepd\.scope)/(?P<job>[^/]+)/"
                         r"step_(?P<step>[^/]+)/user/task_\d+$")
 
@@ -58,8 +59,14 @@ class Node:
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def node(request: pytest.FixtureRequest, job_users: Any) -> Iterator[Node]:
-    with vm_sandbox(f"vm{request.param.replace('.', '')}", slurm=request.param, prolog=None, health=True,
-                    health_interval=5, spank=None, simulate=None) as sb:
+    # 26.05's VM starts with two nodes in the one guest (Debian's
+    # slurmd.service is n1, slurmd@n2 the second) for the two-node job, which
+    # then retires n2; every other check runs on n1, where Slurm places a
+    # one-node job first.  A health run costs about 5 s of a TCG vCPU, so
+    # each node's run every 5 s is a vCPU: with two nodes, every 10 s.
+    nodes = 2 if request.param == TWO_NODES else 1
+    with vm_sandbox(f"vm{request.param.replace('.', '')}", slurm=request.param, nodes=nodes, prolog=None,
+                    health=True, health_interval=5 * nodes, spank=None, simulate=None) as sb:
         yield Node(sb)
 
 
@@ -123,6 +130,77 @@ def test_a_one_gpu_job_is_in_a_v2_job_cgroup_and_sees_exactly_its_gpu(node: Node
     assert devices == {f"/dev/nvidia{i}": ("ENXIO" if str(i) == cuda else "EPERM")
                        for i in range(len(devices))}, devices
     assert len(devices) == 2 and cuda in ("0", "1")
+
+
+TWO_PROBE = ("import errno, glob, os\n"
+             "n = os.environ['SLURMD_NODENAME']\n"
+             "print('CG', n, open('/proc/self/cgroup').read().strip())\n"
+             "for d in sorted(glob.glob('/dev/nvidia[0-9]*')):\n"
+             "    try: open(d, 'rb')\n"
+             "    except OSError as e: print('DEV', n, d, errno.errorcode[e.errno])\n")
+
+
+def test_a_two_node_gpu_job_gets_each_nodes_own_cgroup_gpu_mps_daemon_and_epilog(node: Node) -> None:
+    """`--nodes 2` in the VM: two slurmd in one guest, each its own node.
+    With one of n1's GPUs held by another job, a two-node `--gpu-mps` job
+    gets n1's other GPU and one of n2's: each node's task runs in its own
+    node's v2 job cgroup (`<node>_slurmstepd.scope`) and opens exactly the
+    GPU its node gave it; each node's prolog starts an MPS control daemon
+    that lives below that node's job cgroup; each node's epilog stops it and
+    removes the job's state.
+
+    The nodes share the guest's kernel and /dev: n1's /dev/nvidia0 is n2's
+    (docs/sandbox.md, "Several nodes in one VM"); what is each node's own is
+    its slurmd, its job cgroups and device programs, its GPUs' NVML state
+    and its slurm-gpu state."""
+    if node.sb.options.nodes < 2:
+        pytest.skip(f"only the {TWO_NODES} VM runs two nodes (one boot for both checks)")
+    node.ok(f"cat >/tmp/sg-twoprobe.py <<'EOF'\n{TWO_PROBE}EOF\nchmod 644 /tmp/sg-twoprobe.py")
+    hold = node.ok("sbatch --parsable -w n1 --gres=gpu:1 -o /dev/null --wrap 'exec sleep 300'",
+                   user="sgtest1").strip()
+    two = ""
+    try:
+        node.wait(f"scontrol show job -o {hold} | grep -q JobState=RUNNING", 120)
+        held = re.search(r"gpu[^ ]*\(IDX:(\d)\)", node.ok(f"scontrol show job -d {hold}")).group(1)
+        two = node.ok("sbatch --parsable -N2 --gres=gpu:1 --gpu-mps=default -o /tmp/sg-two-%j.out "
+                      "--wrap 'srun python3 -I /tmp/sg-twoprobe.py; exec sleep 300'", user="sgtest1").strip()
+        out = node.wait(f"[ \"$(grep -c '^CG ' /tmp/sg-two-{two}.out)\" = 2 ] && "
+                        f"[ \"$(grep -c '^DEV ' /tmp/sg-two-{two}.out)\" = 4 ] && cat /tmp/sg-two-{two}.out", 180)
+        lines = [l.split() for l in out.splitlines()]
+        cgroups = {l[1]: JOB_CGROUP.match(l[2]) for l in lines if l[0] == "CG"}
+        assert sorted(cgroups) == ["n1", "n2"] and all(cgroups.values()), out
+        assert {n: m["scope"] for n, m in cgroups.items()} == {n: f"{n}_slurmstepd.scope" for n in cgroups}
+        job_dir = {m["job"] for m in cgroups.values()}
+        assert len(job_dir) == 1, out
+        # Each node's task opens one GPU (ENXIO: no driver) and is refused the
+        # other (EPERM: its device program); n1's is the one the other job left.
+        seen = {(l[1], l[3]): l[2] for l in lines if l[0] == "DEV"}
+        assert sorted(seen) == [("n1", "ENXIO"), ("n1", "EPERM"), ("n2", "ENXIO"), ("n2", "EPERM")], out
+        assert seen[("n1", "ENXIO")] == f"/dev/nvidia{1 - int(held)}", (held, out)
+        # Each node's MPS control daemon, below that node's job cgroup.
+        daemons = node.wait("for p in $(pgrep -x nvidia-cuda-mps); do "
+                            "tr '\\0' ' ' </proc/$p/cmdline | grep -q -- ' -d' || continue; "
+                            "cat /proc/$p/cgroup; done | grep slurm_gpu_mps | sort | "
+                            "{ out=$(cat); [ \"$(echo \"$out\" | grep -c .)\" = 2 ] && echo \"$out\"; }", 60)
+        assert daemons.split() == [f"0::/system.slice/{n}_slurmstepd.scope/{next(iter(job_dir))}/slurm_gpu_mps"
+                                   for n in ("n1", "n2")], daemons
+        node.ok(f"ls /var/lib/slurm-gpu/n1/jobs/{two}.json /var/lib/slurm-gpu/n2/jobs/{two}.json")
+        node.ok(f"scancel {two}")
+        node.wait(f"[ -z \"$(squeue -h -j {two} -o %A)\" ]", 120)
+        # Both epilogs ran: no daemon, no MPS directory, no job state on either node; neither drained.
+        node.ok(f"! pgrep -x nvidia-cuda-mps && for n in n1 n2; do [ ! -e /run/slurm-gpu/mps/$n/{two} ] && "
+                f"[ ! -e /var/lib/slurm-gpu/$n/jobs/{two}.json ] || exit 1; done")
+        assert node.ok("sinfo -h -N -o '%N %E'").split("\n")[:2] == ["n1 none", "n2 none"]
+    finally:
+        node.sh(f"scancel {hold} {two}")
+    node.wait("[ -z \"$(squeue -h -o %A)\" ]", 90)
+    # n2 is done: its slurmd and health check would only slow the one-node
+    # checks below (two health runs every 10 s keep the guest's 2 TCG vCPUs
+    # busy); n1 goes back to the 5 s of the one-node VMs.
+    node.ok("systemctl stop slurmd@n2 && scontrol update nodename=n2 state=down reason=two-node-check-done && "
+            "sed -i 's/^HealthCheckInterval=.*/HealthCheckInterval=5/' /etc/slurm/slurm.conf && "
+            "scontrol reconfigure")
+    node.wait("sinfo -h -n n1 -o %T | grep -qx idle", 60)
 
 
 def test_gpu_numa_bind_inside_the_jobs_cpuset(node: Node) -> None:

@@ -15,7 +15,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from slurm_gpu.errors import SlurmGpuError, UsageError
 from slurm_gpu.fsutil import atomic_write
@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 GUEST_DIR = "/var/lib/slurm-gpu-sandbox"
 SIM_DIR = GUEST_DIR + "/var"
 MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+# `up` options the VM does not have, refused before anything starts: (flag, set?, why).
+REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("--netns", lambda o: bool(o.netns),
+     "the VM's nodes share the guest's one network stack (each slurmd on its own port of 127.0.0.1)"),
+    ("--accounting", lambda o: bool(o.accounting),
+     "the VM's image has no slurmdbd and no MariaDB; use it without --vm"),
+)
 
 
 class Vm:
@@ -41,10 +48,9 @@ class Vm:
     def prepare(self, sb: Any) -> None:
         from . import versions
         o = sb.options
-        unsupported = [flag for flag, on in (("--netns", o.netns), ("--accounting", o.accounting))
-                       if on]
-        if unsupported:
-            raise UsageError(f"{unsupported[0]} is not available with --vm", "sandbox up --vm")
+        for flag, on, why in REFUSED:
+            if on(o):
+                raise UsageError(f"{flag} is not available with --vm: {why}", "sandbox up --vm")
         mm, suite = vm.suite_of(o.slurm)
         vm.require_tools(vm.TOOLS)
         sb.layout.log.mkdir(parents=True, exist_ok=True)

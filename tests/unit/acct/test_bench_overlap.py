@@ -8,7 +8,7 @@ from slurm_gpu.hw.gpustats import DeviceStats, ProcUse
 from paths import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-from overlap import device_users, overlaps  # noqa: E402
+from overlap import device_users, overlaps, slurm_gave_all, slurm_indices  # noqa: E402
 
 JOB_OF = {100: "1", 101: "1", 200: "2", 300: "3", 400: "4"}
 
@@ -54,3 +54,26 @@ def test_mig_instances_are_separate_but_the_whole_gpu_covers_them() -> None:
 def test_a_process_in_no_job_is_nobodys() -> None:
     stats = [gpu(0, ProcUse(100, 0), ProcUse(999, 0))]      # 999: root's MPS server, say
     assert count(stats, {"1": ["0"]}) == []
+
+
+def test_slurm_indices_read_every_version_s_gres_field() -> None:
+    # As scontrol -d show job printed them in the sandbox: 22.05.8, then 24.11.5 and 26.05.5.
+    assert slurm_indices("JOB_GRES=gpu:nvidia_h100_80gb_hbm3:7 GRES=gpu:nvidia_h100_80gb_hbm3:7(IDX:0-6)") \
+        == set(range(7))
+    assert slurm_indices("GRES=shard:1(IDX:7) TresPerNode=gres:shard:1") == {7}
+    assert slurm_indices("GRES=gpu:a:2(IDX:0,3)") == {0, 3}
+    assert slurm_indices("GRES=shard:1(0/4,0/4,0/4,0/4,0/4,0/4,0/4,1/4)") == {7}
+    assert slurm_indices("GRES=mps:25(0/100,25/100)") == {1}
+    assert slurm_indices("JOB_GRES=gpu:1") == set()          # pending: no GRES= yet
+
+
+def test_an_overlap_is_slurm_s_only_where_slurm_gave_the_gpu_to_each_job() -> None:
+    # Slurm 22.05's bug 19110: a whole GPU 4 to job 8 while shard job 6 runs on it.
+    given = {"6": slurm_indices("GRES=shard:1(IDX:4)"), "8": slurm_indices("GRES=gpu:t:1(IDX:4)")}
+    ident = {i: i for i in range(8)}
+    assert slurm_gave_all("4", ("6", "8"), given, ident)
+    # A process on a GPU Slurm did not give its job: the product's leak, not Slurm's.
+    assert not slurm_gave_all("5", ("6", "8"), given, ident)
+    # MIG: Slurm's index 3 is a slice of GPU 2; device keys name the instance.
+    assert slurm_gave_all("2/gi7", ("1", "2"), {"1": {3}, "2": {2}}, {0: 0, 1: 1, 2: 2, 3: 2})
+    assert not slurm_gave_all("2/gi7", ("1", "3"), {"1": {3}}, {0: 0, 1: 1, 2: 2, 3: 2})

@@ -60,6 +60,8 @@ def test_plugin_built_for_another_slurm_is_critical(tmp_path):
     ({"gpus_present": True, "persistenced": False}, "nvidia.persistenced", "WARNING"),
     ({"slurmd_version": None}, "slurm.version", "UNKNOWN"),
     ({"conf_readable": False}, "slurm.conf", "CRITICAL"),
+    ({"slurmd_version": "22.05.8", "conf": {"grestypes": "gpu,shard"}}, "slurm.shared_gres", "WARNING"),
+    ({"slurmd_version": "23.11.4", "conf": {"grestypes": "gpu,mps"}}, "slurm.shared_gres", "WARNING"),
 ])
 def test_each_problem_is_one_line(tmp_path, change, check, status):
     f = facts(tmp_path, **change)
@@ -200,3 +202,16 @@ def test_a_kernel_log_doctor_cannot_read_is_unknown(tmp_path):
     assert state == "empty"
     assert lines(facts(tmp_path, kernel_log=(str(tmp_path / "empty.log"), state, why)))["health.kernel_log"][0] \
         .startswith(f"OK health.kernel_log: {tmp_path}/empty.log: empty so far")
+
+
+def test_shared_gres_on_a_slurm_that_keeps_it_apart(tmp_path):
+    """Slurm 23.11.5 fixed a GPU given whole while a gres/shard or gres/mps job runs on it
+    (SchedMD commit 30eacbe571, bug 19110): before it, doctor says so where the node shares GPUs."""
+    got = lines(facts(tmp_path, slurmd_version="22.05.8", conf={"grestypes": "gpu,shard"}))
+    assert got["slurm.shared_gres"] == [
+        "WARNING slurm.shared_gres: Slurm 22.05.8 can give a GPU whole (gres/gpu) while a gres/shard job "
+        "still runs on it, once another gres/shard job on that GPU ends (fixed in 23.11.5: SchedMD bug 19110)"]
+    for version, types in (("23.11.5", "gpu,shard"), ("24.11.5", "gpu,mps"), ("26.05.5", "gpu,shard"),
+                           ("22.05.8", "gpu"), (None, "gpu,shard")):
+        f = facts(tmp_path, slurmd_version=version, conf={"grestypes": types})
+        assert "slurm.shared_gres" not in lines(f), (version, types)

@@ -36,3 +36,14 @@ def test_autodetect_nvidia_names_what_it_misses():
 def test_autodetect_full_needs_26_05():
     text = render_gres_conf({"n1": node("dgx-h100")}, options=GresOptions(autodetect="full"))
     assert "AutoDetect=full\n" in text and "needs Slurm >= 26.05" in text
+
+
+def test_shared_gpus_name_the_slurm_that_keeps_them_apart():
+    """Slurm before 23.11.5 clears a GPU's "shared gres in use" bit when one of two gres/shard
+    (or gres/mps) jobs on it ends, and then gives the GPU whole while the other runs on it
+    (SchedMD commit 30eacbe571, bug 19110; tests/integration/test_shared_gres_slurm.py)."""
+    for opts in (GresOptions(shards=4), GresOptions(mps_count=100)):
+        text = render_gres_conf({"n1": node("h100-sxm-8x")}, options=opts)
+        assert "# NOTE: Slurm before 23.11.5 can give a GPU whole (gres/gpu) while a gres/" in text
+        assert "SchedMD bug 19110" in text
+    assert "23.11.5" not in render_gres_conf({"n1": node("h100-sxm-8x")})

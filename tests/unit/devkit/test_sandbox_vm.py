@@ -62,7 +62,12 @@ def test_qemu_reaches_nothing_writes_no_image_and_fits_in_2_gib(tmp_path: Path) 
     assert "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:23456-:7000" in text   # loopback only
     assert f"file={img.root},format=raw,if=virtio,snapshot=on" in text          # cache untouched
     assert "readonly=on" in text and "-nodefaults" in argv and "-no-reboot" in argv
-    assert int(argv[argv.index("-m") + 1]) <= 2048
+    # The guest's RAM and TCG's code buffer (QEMU's default: 1 GiB, resident
+    # once filled), with ~200 MiB for QEMU itself, under 2 GiB.
+    tb = int(argv[argv.index("-accel") + 1].removeprefix("tcg,tb-size="))
+    assert int(argv[argv.index("-m") + 1]) + tb <= 2048 - 200
+    kvm = vm.qemu_argv(img, tmp_path / "cfg.img", tmp_path / "console.log", 23456, "kvm", 2, [[0, 1]])
+    assert kvm[kvm.index("-accel") + 1] == "kvm"
     # mini-2numa's two NUMA nodes, one CPU each, as the guest's own topology
     assert "node,nodeid=0,memdev=m0,cpus=0-0" in text and "node,nodeid=1,memdev=m1,cpus=1-1" in text
     assert vm.vm_topology(mini()) == (2, [[0], [1]])
@@ -172,3 +177,23 @@ def test_down_removes_a_nodes_empty_cgroups_on_v1_and_v2(tmp_path: Path, v2_base
     assert not (tmp_path / "memory" / "slurm_n1").exists()
     assert not (tmp_path / v2_base / "system.slice" / "n1_slurmstepd.scope").exists()
     assert other.is_dir()
+
+
+@pytest.mark.parametrize("flag, option, why", [
+    ("--netns", "netns", "the VM's nodes share the guest's one network stack"),
+    ("--accounting", "accounting", "the VM's image has no slurmdbd and no MariaDB"),
+])
+def test_netns_and_accounting_are_refused_with_one_line_before_anything_starts(
+        tmp_path: Path, monkeypatch, flag: str, option: str, why: str) -> None:
+    from types import SimpleNamespace
+    from slurm_gpu_devkit.sandbox import vmplace
+    touched: list[str] = []
+    monkeypatch.setattr(vm, "require_tools", lambda tools: touched.append("tools"))
+    monkeypatch.setattr(vm, "ensure_image", lambda *a: touched.append("image"))
+    sb = SimpleNamespace(options=SandboxOptions(vm=True, **{option: True}), layout=None)
+    with pytest.raises(UsageError) as e:
+        vmplace.Vm().prepare(sb)
+    line = e.value.line()
+    assert line.startswith(f"slurm-gpu: {flag} is not available with --vm: {why}") and \
+        line.endswith(" (sandbox up --vm)") and "\n" not in line, line
+    assert e.value.exit_code == 2 and touched == []

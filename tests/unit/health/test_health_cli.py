@@ -212,3 +212,43 @@ def test_xid_watch_lost_gpu_is_recorded_once_a_minute_not_every_second(tmp_path)
     watch.watch(lambda: NvmlGpus(Patched(base, nvmlEventSetWait_v2=lost)), str(ev), run_for=2.5)
     recs = [json.loads(l) for l in ev.read_text().splitlines()]
     assert [r["event"] for r in recs] == ["gpu_unavailable"]
+
+
+def test_a_slurmd_run_leaves_at_once_while_the_nodes_previous_one_still_runs(tmp_path, capsys, monkeypatch):
+    """slurmd starts HealthCheckProgram every HealthCheckInterval whether or
+    not its last run finished (two slurmd in a 2-vCPU VM piled up a dozen
+    runs): a run that finds the previous one going leaves before it checks
+    or asks Slurm anything; an admin's run is not held back."""
+    import fcntl
+    import os
+    from slurm_gpu import config, runner
+    from slurm_gpu.health import engine
+    from slurm_gpu.health.statefiles import slurmd_run_lock_file
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    config.clear_cache()
+    calls: list = []
+    monkeypatch.setattr(runner, "run", lambda argv, *a, **k: calls.append(argv) or
+                        subprocess.CompletedProcess(argv, 1, "", "no Slurm here"))
+    log = tmp_path / "k.log"
+    log.write_text("")
+    argv = ["health", "--only", "gpu.xid", "--kernel-log", str(log)]
+    ran: list = []
+    real = engine.run
+    monkeypatch.setattr(engine, "run", lambda opts: ran.append(opts.node) or real(opts))
+    os.makedirs(tmp_path / "state")
+    fd = os.open(slurmd_run_lock_file(str(tmp_path / "state"), "n2"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # the previous run, still going
+        rc, out, err = run(argv + ["--slurm"], capsys)
+        assert (rc, out, err, ran, calls) == (
+            0, "slurm-gpu: health n2: skipped: this node's previous run, started by slurmd, "
+               "is still running\n", "", [], [])
+        run(argv, capsys)                                  # an admin's run
+        assert ran == ["n2"]
+    finally:
+        os.close(fd)
+    _, out, _ = run(argv + ["--slurm"], capsys)            # the previous run ended
+    assert ran == ["n2", "n2"] and "skipped" not in out, out

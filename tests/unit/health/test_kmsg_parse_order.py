@@ -16,6 +16,9 @@ LATER = ("[900.000000] NVRM: Xid (PCI:0000:e1:00): 48, pid=1, name=a, DBE\n"
          "[901.000000] nvidia-nvswitch2: SXid (PCI:0000:e2:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n"
          "[902.000000] NVRM: Xid (PCI:0000:e3:00): 79, GPU has fallen off the bus.\n")
 LATER_XIDS = [(48, "0000:e1:00.0"), (79, "0000:e3:00.0")]
+# Each log starts as dmesg's: a file's first line fixes its format (kmsg_scan.FAMILY),
+# and here every construct sits inside a dmesg log.
+HEAD = "[0.100000] Linux version 6.8.0\n"
 
 BEFORE = {
     "xid line": "[1.000000] NVRM: Xid (PCI:0000:02:00): 13, pid=1, name=a, Graphics Exception\n",
@@ -57,7 +60,7 @@ BEFORE = {
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_every_later_report_is_still_found(name):
-    lines = kmsg.scan_buffer((BEFORE[name] + LATER).encode())
+    lines = kmsg.scan_buffer((HEAD + BEFORE[name] + LATER).encode())
     events = [(e.code, e.gpu) for e in xid.parse_lines(lines) if e.untrusted is None]
     assert events[-2:] == LATER_XIDS, (name, events)
     assert [(r["code"], r["bus"]) for r in sxid.parse_lines(lines)][-1:] == [(20034, "0000:e2:00.0")]
@@ -68,7 +71,7 @@ def test_every_later_report_is_still_found_in_a_file(tmp_path, name, monkeypatch
     # the same through the chunked file reader, with chunks smaller than a line
     monkeypatch.setattr(kmsg, "CHUNK", 16)
     log = tmp_path / "kern.log"
-    log.write_text(BEFORE[name] + LATER)
+    log.write_text(HEAD + BEFORE[name] + LATER)
     lines, _ = kmsg.read_file(log)
     assert [(e.code, e.gpu) for e in xid.parse_lines(lines) if e.untrusted is None][-2:] == LATER_XIDS
 

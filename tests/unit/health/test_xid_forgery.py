@@ -324,10 +324,13 @@ SPLIT = {
 def test_a_newline_in_a_foreign_record_only_warns(tmp_path, name):
     fs = findings(SPLIT[name])
     assert fs and {f.severity for f in fs} == {"warn"} and all("not drained" in f.message for f in fs), fs
-    first_driver = SPLIT[name].index("\n") + 1
-    assert f"byte {first_driver} of the kernel log" in fs[0].message
-    log = tmp_path / "kern.log"
-    log.write_text(SPLIT[name])
+    _names_its_line_and_only_warns(tmp_path / "kern.log", SPLIT[name], fs)
+
+
+def _names_its_line_and_only_warns(log, text, fs):
+    """The first warning names the first driver line by its offset, and a health run reading *text* only warns."""
+    assert f"byte {text.rindex(chr(10), 0, text.index('NVRM')) + 1} of the kernel log" in fs[0].message
+    log.write_text(text)
     rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
                                     only=["gpu.xid"], no_drain=True))
     assert rep.status == "warn" and drain_reason(rep.findings) is None
@@ -369,13 +372,7 @@ RAW_NEWLINE = {
 def test_a_kernel_format_line_after_a_text_log_line_only_warns(tmp_path, name):
     fs = findings(RAW_NEWLINE[name])
     assert [(f.xid, f.severity) for f in fs] == [(79, "warn")], fs
-    text = RAW_NEWLINE[name]
-    assert f"byte {text.rindex(chr(10), 0, text.index(XID)) + 1} of the kernel log" in fs[0].message
-    log = tmp_path / "messages"
-    log.write_text(RAW_NEWLINE[name])
-    rep = engine.run(engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir="",
-                                    only=["gpu.xid"], no_drain=True))
-    assert rep.status == "warn" and drain_reason(rep.findings) is None
+    _names_its_line_and_only_warns(tmp_path / "messages", RAW_NEWLINE[name], fs)
 
 
 def test_a_kernel_reader_s_own_output_still_drains_line_after_line():

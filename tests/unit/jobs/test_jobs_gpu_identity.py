@@ -199,7 +199,7 @@ def test_other_jobs_gpu_is_recognised_by_uuid(skewed: Node) -> None:
         assert lifecycle.epilog(c) == 0
 
 
-def test_spank_binding_binds_to_the_job_gpu(skewed: Node) -> None:
+def test_spank_binding_binds_to_the_job_gpu(skewed: Node, planner) -> None:
     from slurm_gpu.binding import locality, plan_task
     loc = locality(skewed.model, node_minors(skewed.model.gpus, read_conf(str(skewed.gres), "n1")))
     by_minor = {g.minor: g for g in skewed.model.gpus}

@@ -1,4 +1,5 @@
-"""The pure binding planner: which GPUs a task gets and where it is bound."""
+"""The binding planner (spank/sg_bind.c, through slurm_gpu.binding): which GPUs a task
+gets and where it is bound."""
 from __future__ import annotations
 
 import pytest
@@ -6,6 +7,8 @@ import pytest
 from slurm_gpu import binding
 from slurm_gpu.binding import BindingError, locality, plan_task, task_gpus
 from slurm_gpu.hw.model import Core, Gpu, Node, NumaNode, Package
+
+pytestmark = pytest.mark.usefixtures("planner")
 
 
 def make_node(numa: int = 2, cores_per_numa: int = 2, gpus_per_numa: int = 1,
@@ -204,9 +207,56 @@ def test_non_ascii_digits_are_not_gpu_indices(cvd):
 
 
 def test_gpu_ranges_are_bounded():
-    # a range list is expanded into a Python list: a silly one must not eat the task's memory
-    assert binding._int_list("0-100000") is None
-    assert binding._int_list("0-3,7") == [0, 1, 2, 3, 7]
+    # a range list is expanded into a list: a silly one must not eat the task's memory
+    loc = locality(make_node(numa=2, gpus_per_numa=4))
+    assert ids(task_gpus(loc, {"SLURM_STEP_GPUS": "0-3,7"}, 0, 1)) == [0, 1, 2, 3, 7]
+    assert task_gpus(loc, {"SLURM_STEP_GPUS": "0-100000"}, 0, 1) == []
+    assert ids(task_gpus(loc, {"SLURM_STEP_GPUS": "1,0-4094"}, 0, 1))[:3] == [1, 0, 1]
+    assert task_gpus(loc, {"SLURM_STEP_GPUS": "1,0-4094,2"}, 0, 1) == []     # 4097 entries
+
+
+def test_list_entries_are_stripped_of_unicode_white_space():
+    """Entries may carry white space around them, Unicode's as str.strip() knows it
+    (what the rules were first written with), not inside a range."""
+    loc = locality(make_node(numa=2, gpus_per_numa=2))
+    for blank in (" ", "\t", "\x1c", "\x85", "\xa0", "\u1680", "\u2000", "\u200a", "\u2028",
+                  "\u202f", "\u205f", "\u3000"):
+        env = {"SLURM_STEP_GPUS": f"{blank}1{blank},{blank}2-3{blank}{blank}"}
+        assert ids(task_gpus(loc, env, 0, 1)) == [1, 2, 3], repr(blank)
+    for not_blank in ("\u200b", "\ufffd", "\u2000\u0301"):
+        assert task_gpus(loc, {"SLURM_STEP_GPUS": f"1{not_blank}"}, 0, 1) == [], repr(not_blank)
+    assert task_gpus(loc, {"SLURM_STEP_GPUS": "1 - 2"}, 0, 1) == []
+    env = {"SLURM_STEP_GPUS": "0-3", "SLURM_GPUS_PER_TASK": "h100:\u30002\xa0"}
+    assert ids(task_gpus(loc, env, 1, 2)) == [2, 3]
+
+
+def test_numbers_of_any_size_are_exact():
+    """Leading zeros count for nothing; a number of 19 digits or more names no GPU,
+    and a range between two such numbers is as long as it is."""
+    loc = locality(make_node(numa=2, gpus_per_numa=2))
+    assert ids(task_gpus(loc, {"SLURM_STEP_GPUS": "0000000000000000000000001"}, 0, 1)) == [1]
+    huge = "18446744073709551616"
+    assert task_gpus(loc, {"SLURM_STEP_GPUS": huge}, 0, 1) == []
+    # one huge GPU in the step: CUDA_VISIBLE_DEVICES 0,1 is not all of the step's GPUs
+    env = {"SLURM_STEP_GPUS": f"0,1,{huge}", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert ids(task_gpus(loc, env, 1, 2)) == [0, 1]
+    # 4093 entries and then 4 of 20 digits: a range may make the list 4096 long, not more
+    big = "99999999999999999990"
+    assert task_gpus(loc, {"SLURM_STEP_GPUS": f"0-4092,{big}-99999999999999999993"}, 0, 1) == []
+    assert ids(task_gpus(loc, {"SLURM_STEP_GPUS": f"0-4091,{big}-99999999999999999993"},
+                         0, 1))[:2] == [0, 1]
+    assert ids(task_gpus(loc, {"SLURM_STEP_GPUS": f"1,{big}-9"}, 0, 1)) == [1]   # backwards: none
+    # the task's share from a per-task count of any size: N mod GPUs
+    env = {"SLURM_STEP_GPUS": "0-3", "SLURM_GPUS_PER_TASK": "99999999999999999999999"}
+    assert ids(task_gpus(loc, env, 1, 2)) == [3, 0, 1, 2]
+
+
+def test_uuid_lists_of_any_length_name_gpus():
+    loc = locality(MINI)
+    env = {"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": ",".join(["GPU-0001"] * 5000)}
+    assert ids(task_gpus(loc, env, 0, 1)) == [1] * 5000
+    b = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(4))
+    assert b.env_value() == "prefer;gpus=" + ",".join(["1"] * 5000) + ";cpus=2-3;mems=1"
 
 
 def test_memory_nodes_slurm_bound_are_only_narrowed():
@@ -214,13 +264,29 @@ def test_memory_nodes_slurm_bound_are_only_narrowed():
     loc = locality(node)
     env = {"SLURM_STEP_GPUS": "1,2"}                     # one GPU on each NUMA node
     plan = plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=range(8),
-                     bound_mems=(1,))
+                     bound_nodes=(1,))
     assert plan.mems == (1,) and plan.cpus == (0, 1, 2, 3)
     assert plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=range(8)).mems == (0, 1)
-    with pytest.raises(BindingError, match="Slurm bound the memory of task 0 to NUMA 3"):
-        plan_task(loc, env, mode="strict", local_task=0, ntasks=1, allowed=range(8), bound_mems=(3,))
-    p = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(8), bound_mems=())
+    with pytest.raises(BindingError, match="local to NUMA 0 but Slurm bound the memory of task 0 to NUMA 1 "):
+        plan_task(loc, {"SLURM_STEP_GPUS": "0,1"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=range(8), bound_nodes=(1,))
+    # a bound node no GPU is local to counts for none
+    p = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(8), bound_nodes=(3,))
     assert not p.applied and "to NUMA none" in p.warning
+    p = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(8), bound_nodes=())
+    assert not p.applied and "to NUMA none" in p.warning
+
+
+def test_numa_node_map_names_the_host_nodes_of_the_policy():
+    """[spank] numa_node_map: the plan's mems stay the model's (SLURM_GPU_BINDING), the
+    policy gets the host's, and a bound policy is read in host nodes."""
+    loc = locality(MINI)
+    b = plan_task(loc, {"SLURM_STEP_GPUS": "0,1"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=range(4), numa_map={1: 5})
+    assert (b.mems, b.host_mems) == ((0, 1), (0, 5)) and b.env_value().endswith("mems=0-1")
+    b = plan_task(loc, {"SLURM_STEP_GPUS": "0,1"}, mode="strict", local_task=0, ntasks=1,
+                  allowed=range(4), numa_map={1: 5}, bound_nodes=(5,))
+    assert (b.mems, b.host_mems) == ((1,), (5,))
 
 
 def test_gres_conf_device_nvml_lacks_never_shifts_the_binding_to_another_gpu():

@@ -1,14 +1,16 @@
-"""The plugin's C binding path (spank/sg_bind.c) against the Python path it stands in for.
+"""The binding planner (spank/sg_bind.c) through both of its front ends.
 
-A plain ``--gpu-numa-bind=prefer`` step binds in the outer C half from the
-binding table the Python path keeps (:mod:`slurm_gpu.spank.bindtable`).
-Two things must hold:
+There is one planner.  A plain ``--gpu-numa-bind=prefer`` step calls it in
+the outer C half with the binding table the Python path keeps
+(:mod:`slurm_gpu.spank.bindtable`); every other bound step calls it from
+:func:`slurm_gpu.spank.remote._bind` through cffi.  What must hold:
 
 * for every recorded machine, Slurm GPU order (NVML's, gres.conf's in minor
-  order, one with a device NVML lacks) and task environment, the C half does
-  exactly what :func:`slurm_gpu.spank.remote._bind` does: the same system
-  calls with the same arguments, the same ``SLURM_GPU_BINDING``, the same
-  warning and error lines;
+  order, one with a device NVML lacks) and task environment, both paths do
+  what the Python path did when it had its own planner
+  (``tests/data/golden/binding-planner.json``), and the same as each other:
+  the same system calls with the same arguments, the same
+  ``SLURM_GPU_BINDING``, the same warning and error lines;
 * a table that is stale, forged or odd in any way is refused, so the step
   goes to Python (which is what every other test of the step covers).
 
@@ -18,6 +20,8 @@ below do.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import posix
 import shutil
@@ -36,6 +40,13 @@ from paths import ROOT
 
 PREFIX = f"{__version__}:{nodefacts.FORMAT}"
 NODE, CONFIG = "n1", "/etc/slurm-gpu/cbind-test.toml"
+GOLDEN = json.loads((ROOT / "tests/data/golden/binding-planner.json").read_text())
+
+pytestmark = pytest.mark.usefixtures("planner")
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +121,7 @@ class _FakeCalls:
 
 def run_py(monkeypatch, gpus, nmap: dict[int, int], env: dict[str, str], task: int,
            ntasks: int, allowed: tuple[int, ...], bound: tuple[int, ...] | None,
-           aff_err: int = 0, mpol_err: int = 0) -> str:
+           aff_err: int = 0, mpol_err: int = 0, mode: str = "prefer") -> str:
     """remote._bind, the Python path's own code, with its system calls faked."""
     out: list[str] = []
 
@@ -125,8 +136,8 @@ def run_py(monkeypatch, gpus, nmap: dict[int, int], env: dict[str, str], task: i
         m.setattr(posix, "sched_setaffinity", setaffinity)
         m.setattr(effects, "_calls", _FakeCalls(out, mpol_err))
         m.setattr(remote, "_stderr", lambda line: out.append(f"say {line}\n"))
-        step = remote.Step(NumaBind("prefer"), facts={"gpus": nodefacts.for_binding(gpus),
-                                                      "numa_map": nmap})
+        step = remote.Step(NumaBind(mode), facts={"gpus": nodefacts.for_binding(gpus),
+                                                  "numa_map": nmap})
         rc = 0
         try:
             remote._bind(_FakeSpank(out), step, {k: v for k, v in env.items()}, task, ntasks)
@@ -192,11 +203,11 @@ def _cases(gpus, model) -> list[tuple[dict[str, str], int, int, tuple[int, ...],
 
 
 @pytest.mark.parametrize("machine", all_machines())
-def test_c_binds_as_python_does_on_every_recorded_machine(machine, harness, cache, tmp_path,
-                                                          monkeypatch) -> None:
+def test_both_paths_bind_as_recorded_on_every_recorded_machine(machine, harness, cache, tmp_path,
+                                                               monkeypatch) -> None:
     model = load_machine(machine)
     gres = str(tmp_path / "gres.conf")
-    compared = 0
+    outputs = []
     for order, minors in _orders(model):
         gpus = nodefacts.gpu_facts(model, minors)
         for nmap in ({}, {1: 0}):
@@ -205,8 +216,8 @@ def test_c_binds_as_python_does_on_every_recorded_machine(machine, harness, cach
                 want = run_py(monkeypatch, gpus, nmap, env, task, ntasks, allowed, bound)
                 got = run_c(harness, cache, gres, env, task, ntasks, allowed, bound)
                 assert got == want, (machine, order, nmap, env, task, ntasks)
-                compared += 1
-    assert compared
+                outputs.append(want)
+    assert outputs and digest("".join(outputs)) == GOLDEN["machines"][machine]
 
 
 def test_machines_where_nvml_index_is_not_the_minor_bind_by_gres_position(
@@ -239,6 +250,14 @@ def test_failing_system_calls_say_what_python_says(harness, cache, tmp_path, mon
         want = run_py(monkeypatch, gpus, {1: 0}, env, 0, 1, every, None, aff, mpol)
         assert want.count("error ") == (1 if aff else 0)
         assert run_c(harness, cache, gres, env, 0, 1, every, None, aff, mpol) == want
+    env = {"SLURM_STEP_GPUS": "0,1"}                      # a CPU list, not a tuple's repr
+    want = run_py(monkeypatch, gpus, {1: 0}, env, 0, 1, every, None, 22, 0)
+    assert want.endswith("error slurm-gpu: sched_setaffinity to CPUs 0-1 failed: Invalid "
+                         "argument\nrc -1\n")
+    assert run_c(harness, cache, gres, env, 0, 1, every, None, 22, 0) == want
+    want = run_py(monkeypatch, gpus, {1: 0}, env, 0, 1, every, None, 0, 1)
+    assert ("say slurm-gpu: warning: gpu-numa-bind=prefer: memory policy not set: set_mempolicy "
+            "to NUMA node(s) 0 failed: Operation not permitted (task 0)\n") in want
 
 
 # -- a table is used only while it is what the entry would say ------------------------------
@@ -409,8 +428,8 @@ def test_render_refuses_what_c_would_misread() -> None:
     assert bindtable.render(_data(gpus, [("/a b", None)]), {}, key) is not None
     assert bindtable.render(_data(gpus, [("/a\nb", None)]), {}, key) is None
     assert bindtable.render(_data(gpus, []), {}, nodefacts.key(CONFIG, "nö", "/g")) is None
-    odd = [dict(gpus[0], uuid="GPU 1")] + gpus[1:]
-    assert bindtable.render(_data(odd, []), {}, key) is None
+    odd = [dict(gpus[0], uuid="GPU 1")] + gpus[1:]       # NVML's never are: no one names it
+    assert b"\ngpu 0 - " in bindtable.render(_data(odd, []), {}, key)
     assert bindtable.render(_data(None, []), {}, key) is None
     assert bindtable.render(dict(_data(gpus, []), boot_id=""), {}, key) is None
 
@@ -435,84 +454,71 @@ def test_keep_writes_rewrites_and_removes_the_table(cache, tmp_path) -> None:
     assert not path.exists()
 
 
-# -- the values the C half takes ---------------------------------------------------------
+# -- any value a job can hold ------------------------------------------------------------
 
-def c_takes(harness: str, value: str) -> bool:
-    """What init_post_opt asks of each GPU variable before the C half binds the step
-    (sg_cbind.c sg_plain_var: sg_bind.c's sg_plain_env)."""
-    res = subprocess.run([harness, "plain", value], capture_output=True, text=True, check=True)
-    return res.stdout == "plain 1\n"
-
-
-def test_every_value_the_c_half_takes_binds_as_python(harness, cache, tmp_path,
-                                                      monkeypatch) -> None:
-    """A task's GPU variables are read by the C half only when they are what it reads as
-    binding.py does; the rest goes to Python (at init_post_opt) or, when a task's own
-    values differ from the step's, is said to be not a plain list.  4097 copies of a
-    uuid were taken at init_post_opt but not read by the planner (the task was left
-    unbound, Python binds it), and a non-ASCII blank around a number was read silently
-    as no GPU (Python strips it)."""
+def _uuid_gpus():
     model = load_machine("mini-2numa")
-    gpus = [dict(g, uuid=f"u{k}") for k, g in enumerate(nodefacts.gpu_facts(model, None))]
+    return model, [dict(g, uuid=f"u{k}") for k, g in enumerate(nodefacts.gpu_facts(model, None))]
+
+
+def test_every_value_binds_on_both_paths_as_recorded(harness, cache, tmp_path, monkeypatch) -> None:
+    """Any GPU variable binds on the C path as on the Python path, as recorded: a list of
+    4097 copies of a uuid (the C half once took it at init_post_opt but did not read it,
+    leaving the task unbound) and non-ASCII blanks around a number (once read as no GPU,
+    then sent to Python: the planner strips them as str.strip() does)."""
+    model, gpus = _uuid_gpus()
     gres = str(tmp_path / "gres.conf")
     write_table(cache, gpus, {}, gres)
     every = tuple(sorted(p for c in model.cores for p in c.pus))
-    envs = [{"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": ",".join(["u1"] * k)}
-            for k in (4095, 4096, 4097, 5000)]
-    envs += [{"SLURM_STEP_GPUS": "1\xa0"}, {"SLURM_STEP_GPUS": "0-1", "CUDA_VISIBLE_DEVICES": "1\xa0"},
-             {"SLURM_STEP_GPUS": "0-1", "SLURM_GPUS_PER_TASK": "\u20031"},
-             {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "\x1c1"}]
-    for env in envs:
-        taken = all(c_takes(harness, v) for v in env.values())
-        for task, ntasks in ((0, 1), (1, 2)):
-            got = run_c(harness, cache, gres, env, task, ntasks, every, None)
-            want = run_py(monkeypatch, gpus, {}, env, task, ntasks, every, None)
-            if taken:
-                assert got == want, env
-            else:
-                # refused, and saying so: an inherited SLURM_GPU_BINDING never claims a binding
-                assert got == ("setenv SLURM_GPU_BINDING=prefer;gpus=;none\n"
-                               f"say slurm-gpu: warning: gpu-numa-bind=prefer not applied: this "
-                               f"task's GPU variables are not a plain GPU list (task {task})\n"
-                               "rc 0\n"), env
-    assert c_takes(harness, ",".join(["u1"] * 4096))
-    assert not c_takes(harness, ",".join(["u1"] * 4097))
-    assert not c_takes(harness, "1234567890") and c_takes(harness, "123456789")
+    for case in GOLDEN["values"]:
+        env, task, ntasks = case["env"], case["task"], case["ntasks"]
+        got = run_c(harness, cache, gres, env, task, ntasks, every, None)
+        want = run_py(monkeypatch, gpus, {}, env, task, ntasks, every, None)
+        assert got == want and digest(want) == case["sha256"], (env, want[:300], case["head"])
 
 
-def test_hostile_task_variables_bind_as_python_or_are_refused(harness, cache, tmp_path,
-                                                              monkeypatch) -> None:
+def test_hostile_task_variables_bind_on_both_paths_as_recorded(harness, cache, tmp_path,
+                                                               monkeypatch) -> None:
     """Seeded random GPU variables a job user could export (huge, negative, empty and
-    backwards entries, blanks, uuids and MIG names, duplicates, non-ASCII): what the C
-    half takes binds as Python binds; the rest is refused with the one warning."""
-    import random
-    rng = random.Random(20261124)
+    backwards entries, blanks, uuids and MIG names, duplicates, non-ASCII): both paths
+    bind as recorded."""
     model = load_machine("dgx-a100-permuted")
     gpus = nodefacts.gpu_facts(model, None)
     gres = str(tmp_path / "gres.conf")
     write_table(cache, gpus, {1: 0}, gres)
-    n = len(gpus)
-    uuid = gpus[1]["uuid"]
-    toks = ["0", "1", str(n - 1), str(n), "-1", "", " ", " 1 ", "00", "999999999", "1000000000",
-            "0-3", "3-0", f"0-{n - 1}", "0-4095", "0-999999999", "-", "1-", "1-2-3", "x", "1e3",
-            uuid, uuid, "MIG-" + uuid, uuid[:-1], " " + uuid, "GPU-0", "MIG-1", "\uff10", "1\xa0",
-            "\u00b2", "\t0"]
     every = tuple(sorted(p for c in model.cores for p in c.pus))
-    compared = refused = 0
-    for _ in range(150):
-        env = {"SLURM_STEP_GPUS": ",".join(rng.choice(toks) for _ in range(rng.choice((1, 2, 4)))),
-               "CUDA_VISIBLE_DEVICES": ",".join(rng.choice(toks) for _ in range(rng.choice((1, 3))))}
-        if rng.random() < 0.5:
-            env["SLURM_GPUS_PER_TASK"] = rng.choice(["2", "h100:3", " 1 ", "0", "99999999999", "x"])
-        ntasks = rng.choice((1, 2, 3, 8))
-        task = rng.randrange(ntasks)
-        allowed = rng.choice((every, every[: len(every) // 2], every[-1:]))
+    choices = (every, every[: len(every) // 2], every[-1:])
+    for case in GOLDEN["hostile"]:
+        env, task, ntasks, allowed = (case["env"], case["task"], case["ntasks"],
+                                      choices[case["allowed"]])
         got = run_c(harness, cache, gres, env, task, ntasks, allowed, None)
         want = run_py(monkeypatch, gpus, {1: 0}, env, task, ntasks, allowed, None)
-        if all(c_takes(harness, v) for v in env.values()):
-            assert got == want, env
-            compared += 1
-        elif got != want:
-            assert "this task's GPU variables are not a plain GPU list" in got, env
-            refused += 1
-    assert compared > 50 and refused, (compared, refused)
+        assert got == want == case["want"], env
+    assert len(GOLDEN["hostile"]) == 150
+
+
+def test_hostile_variables_in_both_modes_bind_as_recorded(harness, cache, tmp_path,
+                                                          monkeypatch) -> None:
+    """Seeded random variables with numbers of any size, every Unicode blank, uuids, a
+    gres.conf GPU NVML lacks, a NUMA node map and a --mem-bind policy, strict and prefer:
+    the Python path binds as recorded, and the C path (prefer) as the Python path."""
+    model = load_machine("dgx-a100-permuted")
+    minors = sorted(int(g.minor) for g in model.gpus)
+    tables = {False: nodefacts.gpu_facts(model, None),
+              True: nodefacts.gpu_facts(model, minors[:2] + [999] + minors[2:])}
+    gres = str(tmp_path / "gres.conf")
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    choices = (every, every[: len(every) // 2], every[-1:])
+    bounds = (None, (0,), (1,), (5,))
+    c_compared = 0
+    for case in GOLDEN["hostile_modes"]:
+        gpus, nmap = tables[case["missing"]], dict(case["map"])
+        args = (case["env"], case["task"], case["ntasks"], choices[case["allowed"]],
+                bounds[case["bound"]])
+        want = run_py(monkeypatch, gpus, nmap, *args, mode=case["mode"])
+        assert want == case["want"], case
+        if case["mode"] == "prefer":
+            write_table(cache, gpus, nmap, gres)
+            assert run_c(harness, cache, gres, *args) == want, case
+            c_compared += 1
+    assert c_compared > 50

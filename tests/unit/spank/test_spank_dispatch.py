@@ -13,6 +13,9 @@ from slurm_gpu.spank import dispatch, effects, nodecache
 from test_binding import MINI
 from paths import ROOT
 
+# remote's binding runs the compiled planner (spank/sg_bind.c)
+pytestmark = pytest.mark.usefixtures("planner")
+
 
 class FakeSpank:
     """The surface of slurm_gpu.spank.api.Spank, recording what the plugin does."""

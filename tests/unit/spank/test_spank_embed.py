@@ -102,3 +102,19 @@ def test_system_calls_go_through_the_plugins_c_side(host):
     assert "BACKEND _PluginCalls" in out, out
     assert "POLICY (2, (0,))" in out and "POLICY (1, (0,))" in out
     assert "CTYPES False" in out
+
+
+def test_the_python_path_plans_with_the_plugins_compiled_planner(host):
+    """One planner: the inner half carries spank/sg_bind.c and hands it to binding.py,
+    so the embedded interpreter plans with it (no planner of its own, no separate module)."""
+    code = ("import sys; from slurm_gpu import binding; "
+            "print('LIB', hasattr(binding._planner[1], 'sg_plan')); "
+            "loc = [{'index': 3, 'minor': 3, 'uuid': 'GPU-3', 'cpus': (4, 5), 'mems': (1,)}]; "
+            "b = binding.plan_task(loc, {'SLURM_STEP_GPUS': '0'}, mode='strict', local_task=0, "
+            "ntasks=1, allowed=range(8), numa_map={1: 2}); "
+            "print('PLAN', b.env_value(), b.host_mems); "
+            "print('MODULES', sorted(m for m in sys.modules if 'planner' in m)); sys.stdout.flush()")
+    out = _run(host, ["strict", None, None, None], code)
+    assert "LIB True" in out, out
+    assert "PLAN strict;gpus=3;cpus=4-5;mems=1 (2,)" in out, out
+    assert "MODULES []" in out, out

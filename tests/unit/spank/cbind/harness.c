@@ -5,7 +5,6 @@
  *
  *   harness DIR PREFIX NODE CONFIG GRES STEP CVD PER TASK NTASKS ALLOWED BOUND
  *           SETAFFINITY_ERRNO SET_MEMPOLICY_ERRNO
- *   harness plain VALUE      (does init_post_opt take this GPU variable?)
  *
  * "@unset" stands for an unset variable; ALLOWED and BOUND are cpu lists
  * (BOUND "@none": no MPOL_BIND policy in place).
@@ -149,10 +148,6 @@ int main(int argc, char **argv)
                           f_setenv, f_setenv_error, f_error, f_say, NULL };
     char key[8192], name[512];
     int rc;
-    if (argc == 3 && strcmp(argv[1], "plain") == 0) {
-        printf("plain %d\n", sg_plain_env(argv[2]));
-        return 0;
-    }
     if (argc != 15)
         return 2;
     if (sg_table_name(argv[2], argv[3], argv[4], argv[5], key, sizeof(key), name, sizeof(name))) {
