@@ -203,7 +203,9 @@ def mounts_below(d: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
     if prefix.encode() not in raw and b"\\" not in raw:
         return []                       # the common case: one substring search
     found = []
-    for line in raw.decode(errors="surrogateescape").splitlines():
+    # Lines end at "\n" only: str.splitlines() would also end one at a form feed
+    # or \x1c-\x1e, which the kernel leaves unescaped in a name the user chose.
+    for line in raw.decode(errors="surrogateescape").split("\n"):
         fields = line.split(" ")
         if len(fields) > 4:
             p = _unescape(fields[4])

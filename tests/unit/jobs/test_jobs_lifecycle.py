@@ -774,7 +774,9 @@ def test_daemon_that_survives_sigkill_is_a_node_fault(node: Env, monkeypatch) ->
     monkeypatch.setattr(os, "kill", lambda *a: None)              # nor is SIGKILL
     monkeypatch.setattr(signal_mod, "pidfd_send_signal", lambda *a: None)
     assert lifecycle.epilog(ctx) == 1
-    assert any("survive SIGKILL" in m for m in node.logs)
+    import re
+    assert re.fullmatch(rf"slurm-gpu: MPS processes [0-9,]+ survive SIGKILL for 1 s \({re.escape(str(pipe))}\) "
+                        r"\[epilog job 100: cleanup incomplete, on_internal_error=drain\]", node.logs[-1]), node.logs
     assert js.load(node.state_dir, "100") is not None and daemon_pids(pipe)
     monkeypatch.undo()
     assert lifecycle.epilog(ctx) == 0                  # once it can be killed, all goes
@@ -828,6 +830,9 @@ def test_prolog_rerun_that_cannot_clean_up_follows_the_policy(node: Env, policy:
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")) == rc
     st = js.load(node.state_dir, "100")
     assert st.mig == old.mig and "In use" in st.error     # the old record stays
+    assert st.consequence == "node" and node.logs[-1] == (
+        "slurm-gpu: cannot destroy GPU instance 1: In use (GPU 3) "
+        f"[job 100: earlier run not cleaned up, on_internal_error={policy}]")
     assert not (Path(node.mps.base_dir) / "100").exists()        # nothing new was started
 
 

@@ -278,3 +278,26 @@ def test_a_record_of_undecodable_bytes_is_set_aside(tmp_path: Path) -> None:
     assert js.load(tmp_path, "5", warn=said.append) is None
     assert said == ["slurm-gpu: warning: dropped a corrupt job state file (not JSON or too big; "
                     f"moved to 5.json.corrupt) ({tmp_path}/jobs/5.json)"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")
+def test_a_record_owned_by_a_system_user_is_refused(tmp_path: Path) -> None:
+    """Root's (or ours) only: uid 1 (daemon) is as untrusted as a job user."""
+    js.save(tmp_path, js.new("5", uid=1000, gid=1000, user="u"))
+    for name in ("5.json", "5.json.copy"):
+        os.chown(tmp_path / "jobs" / name, 1, -1)
+    with pytest.raises(InputError) as e:
+        js.load(tmp_path, "5")
+    assert e.value.line() == ("slurm-gpu: job state file must be a regular file owned by root and "
+                              f"not writable by others ({tmp_path}/jobs/5.json)")
+
+
+def test_save_under_an_open_umask_makes_a_directory_it_trusts(tmp_path: Path) -> None:
+    """The jobs directory is made 0755 whatever the caller's umask (a 0777 one is refused)."""
+    old = os.umask(0)
+    try:
+        js.save(tmp_path, js.new("5", uid=1000, gid=1000, user="u"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "jobs").st_mode) == 0o755
+    assert js.load(tmp_path, "5").uid == 1000

@@ -225,3 +225,144 @@ def test_pending_instance_of_an_unpublished_profile_id_is_undone(node: Env, monk
     assert node.layout(3) != before
     assert lifecycle.epilog(node.ctx()) == 0, node.logs
     assert node.layout(3) == before and node.leftovers() == []
+
+
+# -- what mutmut changed unnoticed (docs/development.md, mutation testing) --
+
+def test_run_node_fault_whose_undo_fails_logs_no_policy_twice(tmp_path: Path) -> None:
+    """The first line names the policy already: the cleanup line adds it only after a user error."""
+    logs: list[str] = []
+    job, pol, cancelled = _job(tmp_path, logs, "drain")
+    ss = [Recorder("a", [], undo_error=HardwareError("GPU held", "GPU 1")),
+          Recorder("b", [], HardwareError("NVML broke", "GPU 0"))]
+    assert steps.run(ss, job, pol) == 1
+    assert logs == ["slurm-gpu: NVML broke (GPU 0) [job 5: node fault, on_internal_error=drain]",
+                    "slurm-gpu: prolog cleanup incomplete, the epilog retries: GPU held (GPU 1)"]
+    st = js.load(job.ctx.state_dir, "5")           # kept for the epilog, though the node drains
+    assert (st.phase, st.error, st.consequence) == ("failed", "NVML broke (GPU 0)", "node")
+    assert cancelled == []
+
+
+def test_fail_records_a_line_as_it_is(tmp_path: Path) -> None:
+    job, _, _ = _job(tmp_path, [])
+    steps.fail(job, "prolog watchdog: NVML gave no answer", Consequence.NODE)
+    st = js.load(job.ctx.state_dir, "5")
+    assert (st.phase, st.error, st.consequence) == ("failed", "prolog watchdog: NVML gave no answer",
+                                                    "node")
+
+
+def test_cancel_says_only_when_scancel_cannot_run(tmp_path: Path) -> None:
+    """A scancel that runs and fails (the job ended meanwhile) is no news; one that cannot run is."""
+    logs: list[str] = []
+    job, _, _ = _job(tmp_path, logs)
+    job.ctx.jobs.scancel = "/bin/false"
+    steps.cancel(job.ctx, "5")
+    assert logs == []
+    job.ctx.jobs.scancel = str(tmp_path / "no-scancel")
+    steps.cancel(job.ctx, "5")
+    assert logs == [f"slurm-gpu: could not cancel job 5: command not found: {tmp_path}/no-scancel"]
+
+
+@pytest.mark.parametrize("value", ["0", "101", "-5", "x"])
+def test_a_bad_mps_value_is_one_usage_line(value: str) -> None:
+    with pytest.raises(UsageError) as e:
+        steps.parse_mps(value)
+    assert e.value.line() == (f"slurm-gpu: bad --gpu-mps value {value!r}: expected a percentage "
+                              "1-100 or 'default' (--gpu-mps)")
+    assert [steps.parse_mps(v) for v in ("default", "1", "100", "50%")] == [None, 1, 100, 50]
+
+
+def test_mps_on_mig_is_started_on_the_jobs_mig_devices(node: Env) -> None:
+    """One MPS server per MIG device: the daemon gets the job's instances, not its GPU,
+    and the job's SLUID (26.05's cgroup name) is recorded for its first step."""
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="3g.40gb,2g.20gb",
+                   SPANK_SLURM_GPU_MPS="default", SLURM_JOB_SLUID="s100abc")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    mig = st.mig_uuids()
+    assert len(mig) == 2 and all(u.startswith("MIG-") for u in mig)
+    assert st.mps["devices"] == ",".join(mig)
+    assert st.mps["sluid"] == "s100abc"
+    assert st.mps["pipe_dir"] == os.path.join(node.mps.base_dir, "100", "pipe")
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
+
+
+@pytest.mark.parametrize("exclusive,opts", [
+    (True, {"SPANK_SLURM_GPU_MIG": "3g.40gb"}),         # no MPS daemon: nothing to keep out
+    (False, {"SPANK_SLURM_GPU_MPS": "default"}),        # [mps] exclusive_process off
+])
+def test_compute_mode_is_left_alone_unless_mps_asks_for_it(node: Env, exclusive: bool, opts) -> None:
+    node.mps.exclusive_process = exclusive
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="3", **opts)) == 0, node.logs
+    assert node.api().compute_mode(3) == 0
+    assert js.load(node.state_dir, "100").compute_mode_saved == {}
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+
+
+def test_compute_mode_never_set_on_a_gpu_found_by_a_stale_minor(node: Env) -> None:
+    """The node model says GPU 2 is minor 3 (a stale cache): the UUID and the minor
+    disagree, so no GPU is touched: the one at that minor is another job's."""
+    node.mps.exclusive_process = True
+    real = node.node
+
+    def swapped():
+        n = real()
+        a, b = n.gpus[2], n.gpus[3]
+        a.minor, b.minor = b.minor, a.minor
+        return n
+    node.node = swapped
+    modes = [node.api().compute_mode(i) for i in range(4)]
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="default")) == 1
+    assert [node.api().compute_mode(i) for i in range(4)] == modes
+    uuid = next(g.uuid for g in real().gpus if g.minor == 2)
+    assert node.logs == [f"slurm-gpu: GPU {uuid} is /dev/nvidia2, not /dev/nvidia3 as recorded ({uuid}) "
+                         "[job 100: node fault, on_internal_error=drain]"]
+
+
+def test_a_gpu_refusing_exclusive_process_is_a_node_fault_named_whole(node: Env) -> None:
+    from slurm_gpu.hw.gpudata import GpuError
+    node.mps.exclusive_process = True
+    real_api = node.api
+
+    def api():
+        a = real_api()
+
+        def refuse(index, mode):
+            raise GpuError("Insufficient Permissions", 4, "NO_PERMISSION", "nvmlDeviceSetComputeMode")
+        a.set_compute_mode = refuse
+        return a
+    node.api = api
+    uuid = next(g.uuid for g in node.node().gpus if g.minor == 2)
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="default")) == 1
+    assert node.logs[0] == (f"slurm-gpu: cannot set EXCLUSIVE_PROCESS compute mode: Insufficient "
+                            f"Permissions ({uuid}) [job 100: node fault, on_internal_error=drain]")
+
+
+def test_a_job_without_gpus_fails_with_the_whole_line(node: Env) -> None:
+    assert lifecycle.prolog(node.ctx(SPANK_SLURM_GPU_MPS="default")) == 0
+    st = js.load(node.state_dir, "100")
+    assert (st.phase, st.consequence) == ("failed", "user")
+    assert st.error == "--gpu-mps/--gpu-mig need GPUs: ask for them with --gpus or --gres=gpu (job 100)"
+
+
+@pytest.mark.parametrize("saved", [{"2": {"mode": 0, "minor": 2}}, {"GPU-x": 0}])
+def test_a_compute_mode_saved_for_an_unidentified_gpu_is_left_for_the_admin(node: Env, saved) -> None:
+    """Written by a version that keyed GPUs by NVML index (or with no record per GPU):
+    which GPU that was is not knowable, so nothing is touched and the admin is told."""
+    st = js.new("100", uid=_uid_of_sgtest1(), gid=1, user="sgtest1")
+    st.compute_mode_saved = dict(saved)
+    js.save(node.state_dir, st)
+    modes = [node.api().compute_mode(i) for i in range(4)]
+    assert lifecycle.epilog(node.ctx()) == 1
+    key = next(iter(saved))
+    assert node.logs == [f"slurm-gpu: compute mode recorded for an unidentified GPU {key!r}; restore it by "
+                         "hand, then run slurm-gpu job cleanup (state) "
+                         "[epilog job 100: cleanup incomplete, on_internal_error=drain]"]
+    assert [node.api().compute_mode(i) for i in range(4)] == modes
+    assert js.load(node.state_dir, "100").compute_mode_saved == saved
+
+
+def _uid_of_sgtest1() -> int:
+    import pwd
+    return pwd.getpwnam("sgtest1").pw_uid

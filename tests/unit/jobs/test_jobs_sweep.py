@@ -99,6 +99,60 @@ def test_parse_squeue() -> None:
     assert sweep.parse_squeue(text, "gpu02") == {"7": True, "8": False, "9": True, "10_3": False}
 
 
+def test_candidates_are_state_files_and_mps_dirs_but_the_callers_job(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(state_dir=str(tmp_path / "state"),
+                          mps=SimpleNamespace(base_dir=str(tmp_path / "mps")))
+    for jobid in ("5", "7"):
+        js.save(ctx.state_dir, js.new(jobid, uid=1000, gid=1000, user="u"))
+    assert sweep.candidates(ctx) == ["5", "7"]                  # no MPS base directory yet
+    for name in ("7", "10", "x"):
+        (tmp_path / "mps" / name).mkdir(parents=True)
+    assert sweep.candidates(ctx) == ["5", "7", "10"]
+    assert sweep.candidates(ctx, exclude="7") == ["5", "10"]
+    assert sweep.candidates(ctx, exclude="10") == ["5", "7"]
+
+
+def test_gone_asks_squeue_once_and_is_unsure_on_any_other_failure() -> None:
+    from slurm_gpu.errors import CommandError
+    from slurm_gpu.runner import Completed
+    calls: list[tuple] = []
+
+    def answer(rc: int, out: str, err: str = ""):
+        def run(argv, timeout, check=True):
+            calls.append((tuple(argv), timeout, check))
+            return Completed(tuple(argv), rc, out, err)
+        return run
+    run = answer(0, "9|RUNNING|n1\n10|COMPLETED|n1\n")
+    assert sweep.gone(["10", "9", "100", "9"], "n1", "/sq", run) == {"10", "100"}
+    assert calls == [(("/sq", "-h", "-t", "all", "-j", "9,10,100", "-o", "%A|%T|%N"), 10, False)]
+    calls.clear()
+    assert sweep.gone([], "n1", "/sq", run) == set() and calls == []
+    invalid = "slurm_load_jobs error: Invalid job id specified"
+    assert sweep.gone(["9", "10"], "n1", "/sq", answer(1, "", invalid)) == {"9", "10"}
+    assert sweep.gone(["9"], "n1", "/sq", answer(1, "9|RUNNING|n1\n", invalid)) == set()
+    assert sweep.gone(["9"], "n1", "/sq", answer(1, "", "Unable to contact slurm controller")) == set()
+
+    def unreachable(argv, timeout, check=True):
+        raise CommandError("squeue timed out", "/sq")
+    assert sweep.gone(["9"], "n1", "/sq", unreachable) == set()
+
+
+def test_parse_squeue_skips_only_what_it_cannot_read() -> None:
+    """A line it cannot read is skipped, never the rest; a job with no state or
+    no node list yet (pending: ``(null)``) still runs somewhere."""
+    text = ("11|RUNNING\n"                 # two fields
+            "x1|COMPLETED|gpu02\n"         # not a job id
+            "12||gpu02\n"
+            "13|PENDING|(null)\n"
+            "14|PENDING|\n"
+            "15|CANCELLED by 0|gpu02\n"
+            "16|RUNNING|gpu[01,03]\n"
+            "17|RUNNING|gpu[1-\n")             # a node list it cannot expand: still here
+    assert sweep.parse_squeue(text, "gpu02") == {"12": True, "13": True, "14": True, "15": False,
+                                                 "16": False, "17": True}
+
+
 def test_job_cleanup_cli(node: Env, monkeypatch, capsys) -> None:
     from slurm_gpu.cli import main
     assert lifecycle.prolog(_ctx(node, "100", SLURM_JOB_GPUS="1",
@@ -171,3 +225,62 @@ def test_a_running_array_task_is_never_swept(node: Env, monkeypatch, capsys) -> 
     _squeue_like_slurm(node, [("12", "10_3", "COMPLETED", "n1")])
     lines = sweep.sweep(_ctx(node, "13"), lifecycle.teardown, exclude="13")
     assert lines and lines[-1].endswith("cleaned up") and node.leftovers("12") == []
+
+
+# -- clean() and sweep() with a stand-in teardown (no GPU, no daemon) ---------
+
+def _bare_ctx(tmp_path: Path, squeue_out: str = "", node_name: str = "n1"):
+    """A context with a state directory, an MPS base and a ``squeue`` that prints *squeue_out*."""
+    from types import SimpleNamespace
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "squeue").write_text(f"#!/bin/sh\necho \"$@\" >> {d}/argv\nprintf '%s' '{squeue_out}'\n")
+    (d / "squeue").chmod(0o755)
+    return SimpleNamespace(state_dir=str(tmp_path / "state"), node_name=node_name,
+                           mps=SimpleNamespace(base_dir=str(tmp_path / "mps")),
+                           jobs=SimpleNamespace(scancel=str(d / "scancel")))
+
+
+def _teardown(seen: list, fail: dict | None = None):
+    def teardown(ctx, st):
+        seen.append((st.jobid, st.uid))
+        if fail and st.jobid in fail:
+            raise fail[st.jobid]
+        return [f"undone {st.jobid}"]
+    return teardown
+
+
+def test_clean_works_from_the_record_or_a_stand_in_for_an_mps_dir(tmp_path: Path) -> None:
+    ctx = _bare_ctx(tmp_path)
+    seen: list = []
+    assert sweep.clean(ctx, "5", _teardown(seen)) == [] and seen == []   # nothing of job 5 here
+    (tmp_path / "mps" / "5").mkdir(parents=True)
+    (tmp_path / "mps" / "6").mkdir()
+    assert sweep.clean(ctx, "5", _teardown(seen)) == ["undone 5", "cleaned up"]
+    assert seen == [("5", None)]                                         # a stand-in: no user known
+    js.save(ctx.state_dir, js.new("8", uid=1000, gid=1000, user="u"))
+    assert sweep.clean(ctx, "8", _teardown(seen)) == ["undone 8", "cleaned up"]
+    assert seen[-1] == ("8", 1000) and js.load(ctx.state_dir, "8") is None
+
+
+def test_sweep_lines_in_job_order_and_failures_named(tmp_path: Path) -> None:
+    from slurm_gpu.errors import HardwareError
+    ctx = _bare_ctx(tmp_path)                           # squeue knows none of them: all gone
+    for jobid in ("8", "9", "10", "11"):
+        js.save(ctx.state_dir, js.new(jobid, uid=1000, gid=1000, user="u"))
+    seen: list = []
+    fail = {"10": HardwareError("cannot destroy GPU instance", "GPU 2"), "11": KeyError("mig")}
+    assert sweep.sweep(ctx, _teardown(seen, fail), exclude="8") == [
+        "slurm-gpu: stale job 9: undone 9", "slurm-gpu: stale job 9: cleaned up",
+        "slurm-gpu: stale job 10: cleanup incomplete: cannot destroy GPU instance (GPU 2)",
+        "slurm-gpu: stale job 11: cleanup incomplete: KeyError: 'mig'"]
+    assert js.list_jobs(ctx.state_dir) == ["8", "10", "11"]   # the failed ones wait for the next sweep
+    assert (tmp_path / "bin" / "argv").read_text() == "-h -t all -j 9,10,11 -o %A|%T|%N\n"
+
+
+def test_sweep_without_a_node_name_asks_nobody(tmp_path: Path) -> None:
+    ctx = _bare_ctx(tmp_path, node_name="")
+    js.save(ctx.state_dir, js.new("9", uid=1000, gid=1000, user="u"))
+    seen: list = []
+    assert sweep.sweep(ctx, _teardown(seen)) == [] and seen == []
+    assert not (tmp_path / "bin" / "argv").exists()
