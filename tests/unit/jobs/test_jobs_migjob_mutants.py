@@ -55,7 +55,7 @@ def _gpu(node: Env, i: int) -> dict:
 
 def test_the_record_names_each_gpus_baseline_and_instances_whole(node: Env) -> None:
     # one layout per GPU (";"): GPU 1 has no baseline, GPU 3 has one
-    base3 = _dicts(node, 3)
+    base3, layout3 = _dicts(node, 3), node.layout(3)
     ctx = node.ctx(SLURM_JOB_GPUS="1,3", SPANK_SLURM_GPU_MIG="3g.40gb;1g.10gb,1g.10gb")
     assert lifecycle.prolog(ctx) == 0, node.logs
     assert node.logs == []
@@ -66,7 +66,7 @@ def test_the_record_names_each_gpus_baseline_and_instances_whole(node: Env) -> N
         {**_gpu(node, 3), "baseline": base3, "baseline_removed": True,
          "instances": _made(node, 3, [("1g.10gb", 19, 0, 1), ("1g.10gb", 19, 1, 1)])}]}
     assert lifecycle.epilog(ctx) == 0, node.logs
-    assert _dicts(node, 1) == [] and _dicts(node, 3) == base3 and node.leftovers() == []
+    assert _dicts(node, 1) == [] and node.layout(3) == layout3 and node.leftovers() == []
 
 
 def test_an_unpublished_profile_id_is_recorded_as_the_driver_tells_it(node: Env, monkeypatch) -> None:
@@ -109,11 +109,11 @@ def test_killed_before_the_ids_the_record_holds_the_pending_placement(node: Env,
 
 
 def test_a_mig_device_without_uuid_is_a_node_fault_undone(node: Env, monkeypatch) -> None:
-    before = _dicts(node, 3)
+    before = node.layout(3)
     monkeypatch.setattr(migjob.instances, "mig_devices", lambda api, dev: [])
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="7g.80gb")) == 1
     assert node.logs[0].startswith("slurm-gpu: new MIG device has no UUID (GPU 3) [job 100: ")
-    assert _dicts(node, 3) == before
+    assert node.layout(3) == before
 
 
 def _edit_sim(node: Env, gpu: int, **facts) -> None:
@@ -159,7 +159,10 @@ def test_a_gpu_another_job_recorded_is_refused_past_broken_records(node: Env) ->
     own = js.new("100", uid=_uid("sgtest1"), gid=0, user="sgtest1")
     own.gpus = [{"index": 1, "uuid": node.node().gpus[1].uuid, "minor": 1}]
     js.save(node.state_dir, own)
-    Path(js.jobs_dir(node.state_dir), "150.json").write_text("{")
+    Path(js.jobs_dir(node.state_dir), "120.json").write_text("{")
+    theirs = js.new("150", uid=_uid("sgtest1"), gid=0, user="sgtest1")
+    js.save(node.state_dir, theirs)
+    os.chown(js.path(node.state_dir, "150"), _uid("sgtest1"), 0)     # load() refuses it
     other = js.new("200", uid=_uid("sgtest1"), gid=0, user="sgtest1")
     other.gpus = [{"index": 3, "uuid": node.node().gpus[3].uuid, "minor": 3}]
     js.save(node.state_dir, other)
@@ -177,7 +180,7 @@ def test_blockers_named_only_when_the_admin_asks(node: Env, check: bool, monkeyp
     node.mig.check_blockers = check
     monkeypatch.setattr(blockers, "find", lambda *a, **k: [blockers.Blocker(
         "DCGM host engine (nv-hostengine)", "pid 4242", "stop it (systemctl stop nvidia-dcgm)")])
-    before = _dicts(node, 3)
+    before = node.layout(3)
     ctx = node.ctx(SLURM_JOB_GPUS="1,3", SPANK_SLURM_GPU_MIG="1g.10gb")
     set_holder(node.sim, "dcgm", gpus=[3], blocks=("create",))
     assert lifecycle.prolog(ctx) == 1
@@ -190,15 +193,15 @@ def test_blockers_named_only_when_the_admin_asks(node: Env, check: bool, monkeyp
         f"cannot create GPU instance (profile 9 at 0:4): {why}"]
     clear_holder(node.sim, "dcgm")
     assert lifecycle.epilog(ctx) == 0, node.logs
-    assert _dicts(node, 1) == [] and _dicts(node, 3) == before
+    assert _dicts(node, 1) == [] and node.layout(3) == before
 
 
 def test_an_epilog_refused_half_way_leaves_a_true_record(node: Env, monkeypatch) -> None:
     from slurm_gpu.mig import blockers
     monkeypatch.setattr(blockers, "find", lambda *a, **k: [blockers.Blocker(
         "DCGM host engine (nv-hostengine)", "pid 4242", "stop it (systemctl stop nvidia-dcgm)")])
-    base3 = _dicts(node, 3)
-    ctx = node.ctx(SLURM_JOB_GPUS="1,3", SPANK_SLURM_GPU_MIG="1g.10gb")
+    base2, layout2, layout3 = _dicts(node, 2), node.layout(2), node.layout(3)
+    ctx = node.ctx(SLURM_JOB_GPUS="2,3", SPANK_SLURM_GPU_MIG="1g.10gb")
     assert lifecycle.prolog(ctx) == 0, node.logs
     made3 = js.load(node.state_dir, "100").mig["gpus"][1]
     set_holder(node.sim, "dcgm", gpus=[3], blocks=("destroy",))
@@ -210,11 +213,14 @@ def test_an_epilog_refused_half_way_leaves_a_true_record(node: Env, monkeypatch)
         assert node.logs == [f"slurm-gpu: cannot destroy GPU instance {gid}: In use by another client"
                              + (f"; blockers: {BLOCKER}" if check else "")
                              + " (GPU 3) [epilog job 100: cleanup incomplete, on_internal_error=drain]"]
+        # GPU 2 is done (its baseline back, and said so), GPU 3 is as the prolog left it
+        assert node.layout(2) == layout2
         st = js.load(node.state_dir, "100")
-        assert st.mig["gpus"] == [{**_gpu(node, 1), "baseline": [], "baseline_removed": False,
+        assert st.mig["gpus"] == [{**_gpu(node, 2), "baseline": base2, "baseline_removed": False,
                                    "instances": []}, made3]
     clear_holder(node.sim, "dcgm")
-    assert lifecycle.epilog(ctx) == 0 and _dicts(node, 1) == [] and _dicts(node, 3) == base3
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.layout(2) == layout2 and node.layout(3) == layout3 and node.leftovers() == []
 
 
 def _hand_record(node: Env, insts: list[dict], gpu: dict | None = None) -> None:
@@ -258,3 +264,33 @@ def test_a_gpu_whose_uuid_and_minor_disagree_is_named_by_its_index(node: Env) ->
     lifecycle.epilog(node.ctx())
     assert len(node.logs) == 1 and node.logs[0].startswith(
         f"slurm-gpu: GPU {g3} is /dev/nvidia3, not /dev/nvidia2 as recorded (GPU 3) ["), node.logs
+
+
+def test_an_instance_of_another_profile_at_the_recorded_start_is_not_the_jobs(node: Env) -> None:
+    """1g.10gb+me (profile 20) has 1g.10gb's size: the profile id tells them apart."""
+    api = node.api()
+    from slurm_gpu.mig.planner import plan
+    from slurm_gpu.mig.profiles import find_model
+    (p,) = plan("1g.10gb+me", find_model("h100-80gb"))[0]
+    instances.create_placement(api, 1, p, "setup")
+    theirs = _dicts(node, 1)
+    assert [(e["profile_id"], e["start"], e["size"]) for e in theirs] == [(20, 0, 1)]
+    _hand_record(node, [{"profile": "1g.10gb", "gi_profile_id": 19, "start": 0, "size": 1, "gi_id": 99}])
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert _dicts(node, 1) == theirs
+
+
+
+def test_a_prolog_failing_after_the_layout_keeps_a_readable_record(node: Env) -> None:
+    """Undone in the prolog, the layout leaves the failed record saying "no MIG" (None)."""
+    layout3 = node.layout(3)
+    node.jobs.on_internal_error = "pass"        # the record stays, for the tasks to fail
+    node.mps.control = "/bin/false"             # the MPS step, after the MIG one, fails
+    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="7g.80gb",
+                                     SPANK_SLURM_GPU_MPS="default")) == 0
+    assert node.layout(3) == layout3
+    st = js.load(node.state_dir, "100", warn=node.logs.append)
+    assert node.logs == ["slurm-gpu: false failed: exit status 1 (/bin/false -d) "
+                         "[job 100: node fault, on_internal_error=pass]"]
+    assert (st.phase, st.mig) == ("failed", None)
+    assert lifecycle.epilog(node.ctx()) == 0 and node.leftovers() == []
