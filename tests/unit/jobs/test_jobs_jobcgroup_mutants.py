@@ -41,15 +41,16 @@ def test_mounts_reads_only_cgroup_mounts_by_their_type(tmp_path: Path) -> None:
     mi.write_text(
         "1 0 0:1 / /short - cgroup2\n"                               # too few fields: skipped
         "2 0 0:2 / - cgroup2 cgroup2 rw\n"                           # no mount point: skipped
-        "36 25 0:31 / /cg/mem rw - cgroup none rw,memory,nosuid\n"   # exactly 5 fields before " - "
+        "36 25 0:31 / /cg/mem - cgroup none rw,memory,nosuid\n"      # exactly 5 fields before " - "
         "37 25 0:32 / /cg/my\\040cpu rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
         "38 25 0:33 / /cg/systemd rw - cgroup cgroup rw,xattr,name=systemd\n"
         "39 25 0:34 / /cg/unified rw shared:9 - cgroup2 - rw\n"      # the source is "-"
         "40 25 0:35 / /cg/src rw - tmpfs cgroup2 rw\n"              # named cgroup2, not one
-        "41 25 0:36 / /cg/two rw - cgroup2 none rw\n")
+        "41 25 0:36 / /cg/two rw - cgroup2 none rw\n"
+        "42 25 0:37 / /cg/pids rw - cgroup my\x0bsource rw,pids\n")       # \x0b is no separator
     assert jobcgroup.mounts(str(mi)) == [
         ("/cg/mem", 1, ("memory",)), ("/cg/my cpu", 1, ("cpu", "cpuacct")),
-        ("/cg/unified", 2, ()), ("/cg/two", 2, ())]
+        ("/cg/unified", 2, ()), ("/cg/two", 2, ()), ("/cg/pids", 1, ("pids",))]
     assert jobcgroup.mounts(str(tmp_path / "absent")) == []
 
 
@@ -164,9 +165,14 @@ def test_ours_lists_only_the_job_directories_that_hold_ours(tmp_path: Path, monk
         pytest.skip("ownership needs root")
     monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(tmp_path / "u"), 2, ())])
     scope = tmp_path / "u" / "system.slice" / "n1_slurmstepd.scope"
-    _dirs(scope, f"job_7/{NAME}", "job_8")
+    _dirs(scope, f"job_7/{NAME}", "job_8", f"s9/{NAME}")
+    _dirs(tmp_path / "u" / "system.slice" / "n2_slurmstepd.scope", f"job_7/{NAME}")
     assert jobcgroup.ours("7", 1001, node="n1") == [f"{scope}/job_7/{NAME}"]
     assert jobcgroup.ours("8", 1001, node="n1") == []
+    assert jobcgroup.ours("9", 1001, "s9", "n1") == [f"{scope}/s9/{NAME}"]
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(tmp_path / "m"), 1, ("memory",))])
+    _dirs(tmp_path / "m" / "slurm", f"uid_1001/job_7/{NAME}", f"uid_1002/job_7/{NAME}")
+    assert jobcgroup.ours("7", 1002) == [f"{tmp_path}/m/slurm/uid_1002/job_7/{NAME}"]
 
 
 # -- make, join, members -----------------------------------------------------
@@ -216,18 +222,17 @@ def test_kill_all_returns_the_members_left_at_the_deadline(tmp_path: Path) -> No
     assert jobcgroup.kill_all([str(tmp_path)], 0.05) == {p.pid}
 
 
-def test_kill_pid_spares_a_recycled_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("recycled", [True, False])
+def test_kill_pid_spares_a_recycled_pid(monkeypatch: pytest.MonkeyPatch, recycled: bool) -> None:
     p = subprocess.Popen(["/bin/sleep", "60"])
     try:
         real = procfs.start_time(p.pid)
         assert real is not None
-        seen = iter([real, real + 1])              # a new process took the pid between the reads
+        seen = iter([real, real + recycled])       # a new process took the pid between the reads
         monkeypatch.setattr(procfs, "start_time", lambda pid, proc="/proc": next(seen) if pid == p.pid else None)
         jobcgroup.kill_pid(p.pid)
-        assert p.poll() is None
-        monkeypatch.setattr(procfs, "start_time", lambda pid, proc="/proc": real if pid == p.pid else None)
-        jobcgroup.kill_pid(p.pid)
-        assert p.wait(timeout=5) == -9
+        p.terminate()                              # the exit status names the first fatal signal
+        assert p.wait(timeout=5) == (-15 if recycled else -9)
     finally:
         p.kill()
         p.wait()
@@ -245,6 +250,9 @@ def test_remove_takes_ours_then_the_job_and_uid_directories_when_empty(tmp_path:
     (tmp_path / "m/slurm_n1/uid_1/job_8/step_0").rmdir()
     jobcgroup.remove([f"{tmp_path}/m/slurm_n1/uid_1/job_8/{NAME}", f"{tmp_path}/m/slurm_n1/uid_1/job_6/{NAME}"])
     assert os.listdir(tmp_path / "m/slurm_n1") == []              # the slurm root stays
+    _dirs(tmp_path, f"m/slurm_n1/uid_1/job_5/{NAME}", "m/slurm_n1/uid_1/job_5/step_0", f"m/slurm_n1/uid_1/job_4/{NAME}")
+    jobcgroup.remove([f"{tmp_path}/m/slurm_n1/uid_1/job_5/{NAME}", f"{tmp_path}/m/slurm_n1/uid_1/job_4/{NAME}"])
+    assert sorted(os.listdir(tmp_path / "m/slurm_n1/uid_1")) == ["job_5"]    # job_5 busy, job_4 gone
     jobcgroup.remove([f"{tmp_path}/v2/scope/job_9/{NAME}"])
     assert os.listdir(tmp_path / "v2/scope") == []                # no uid_ above: the scope stays
     jobcgroup.remove([f"{tmp_path}/plain/x"])
@@ -285,6 +293,29 @@ def test_make_hold_makes_roots_0755_directories_or_refuses(tmp_path: Path, umask
         jobcgroup.make_hold([d])
 
 
+@root_only
+@pytest.mark.parametrize("gone", [2, 5])
+def test_make_hold_retries_when_an_epilog_removes_the_parents(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gone: int) -> None:
+    real = os.makedirs
+    calls: list[str] = []
+
+    def makedirs(name: str, mode: int = 0o777, exist_ok: bool = False) -> None:
+        if name == d:                              # not the recursive calls for the parents
+            calls.append(name)
+            if len(calls) <= gone:
+                raise FileNotFoundError(name)
+        real(name, mode, exist_ok)
+    d = f"{tmp_path}/f/{HOLD}/n1/job_7"
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    if gone < 5:
+        assert jobcgroup.make_hold([d]) == [d]
+    else:                                          # five tries, then the check refuses
+        with pytest.raises(OSError, match="is not root's directory"):
+            jobcgroup.make_hold([d])
+    assert len(calls) == min(gone + 1, 5)
+
+
 def test_is_hold_shapes(tmp_path: Path) -> None:
     assert jobcgroup.is_hold(f"/{HOLD}/n1/job_7", "7", ["/"])
     assert not jobcgroup.is_hold(f"{HOLD}/n1/job_7", "7", ["/", ""])
@@ -292,6 +323,7 @@ def test_is_hold_shapes(tmp_path: Path) -> None:
     assert not jobcgroup.is_hold(f"/cg/{HOLD}/.n1/job_7", "7", ["/cg"])
     assert not jobcgroup.is_hold(f"/cg/x/../{HOLD}/n1/job_7", "7", ["/cg/x/.."])
     assert jobcgroup.is_hold(f"/cg/{HOLD}/n1/job_7", "7", ["/cg//"])
+    assert jobcgroup.is_hold(f"/cgX/{HOLD}/n1/job_7", "7", ["/cgX"])
 
 
 # -- descendants -------------------------------------------------------------
