@@ -46,13 +46,16 @@ def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, int, tupl
     """(mount point, cgroup version, v1 controllers) of every cgroup mount."""
     out = []
     try:
-        with open(mountinfo) as f:
-            lines = f.read().splitlines()
+        with open(mountinfo, "rb") as f:
+            raw = f.read()
     except OSError:
         return []
-    for line in lines:
+    # Bytes, lines ended at "\n" and fields at " " only: a mount point a user
+    # chose (FUSE) may hold any byte but the four the kernel escapes, and
+    # splitlines()/split() would also break at \x0b, \x0c, \x1c-\x1e or \x85.
+    for line in raw.decode(errors="surrogateescape").split("\n"):
         head, _, tail = line.partition(" - ")
-        fields, rest = head.split(), tail.split()
+        fields, rest = head.split(" "), tail.split(" ")
         if len(fields) < 5 or len(rest) < 3:
             continue
         point = fields[4].replace("\\040", " ")
