@@ -19,21 +19,17 @@ from slurm_gpu.jobs import sweep
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="prolog/epilog run as root")
 
 
-@pytest.fixture()
-def node():
-    n = Env()
-    yield n
-    n.close()
+from test_jobs_policy import _scancel, node  # noqa: E402,F401 - the same simulated node and scancel stand-in
 
 
-def _scancel(node: Env):
-    d = node.base / "bin"
-    d.mkdir(exist_ok=True)
-    log = d / "cancelled"
-    (d / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
-    (d / "scancel").chmod(0o755)
-    node.jobs.scancel = str(d / "scancel")
-    return log
+def _other_users_process_on_the_gpu(monkeypatch) -> subprocess.Popen:
+    """Another user's process (sgtest2's, a job that leaked onto the GPU) that NVML lists on every GPU asked."""
+    from slurm_gpu.hw import nvml_health
+    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest2"))
+    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
+        available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
+                                                     processes=((other.pid, None),)) for i in indices]))
+    return other
 
 
 def _bug(monkeypatch) -> None:
@@ -187,11 +183,7 @@ def _health_ctx(node: Env, **env: str) -> lifecycle.Context:
 def test_a_plain_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
     """The job user's processes are leftovers; another user's on the same GPU (a job
     that leaked onto it) are not: no drain, no line."""
-    from slurm_gpu.hw import nvml_health
-    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest2"))
-    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
-        available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
-                                                     processes=((other.pid, None),)) for i in indices]))
+    other = _other_users_process_on_the_gpu(monkeypatch)
     try:
         assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
@@ -446,12 +438,8 @@ def test_an_epilog_without_slurmds_user_takes_the_recorded_one(node: Env) -> Non
 
 
 def test_an_mps_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
-    from slurm_gpu.hw import nvml_health
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
-    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest2"))
-    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
-        available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
-                                                     processes=((other.pid, None),)) for i in indices]))
+    other = _other_users_process_on_the_gpu(monkeypatch)
     try:
         assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
