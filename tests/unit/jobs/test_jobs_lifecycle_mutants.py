@@ -22,10 +22,19 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="prolog/epilog run as 
 from test_jobs_policy import _scancel, node  # noqa: E402,F401 - the same simulated node and scancel stand-in
 
 
-def _other_users_process_on_the_gpu(monkeypatch) -> subprocess.Popen:
-    """Another user's process (sgtest2's, a job that leaked onto the GPU) that NVML lists on every GPU asked."""
+def _process_on_the_gpu(monkeypatch, user: str = "sgtest2", cgroup: str | None = None) -> subprocess.Popen:
+    """A process of *user* (sgtest2: a job that leaked onto the GPU), in *cgroup* if given, that NVML
+    lists on every GPU asked; the caller kills it."""
     from slurm_gpu.hw import nvml_health
-    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest2"))
+    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid(user))
+    try:
+        if cgroup is not None:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(other.pid))
+    except BaseException:
+        other.kill()
+        other.wait()
+        raise
     monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
         available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
                                                      processes=((other.pid, None),)) for i in indices]))
@@ -183,7 +192,7 @@ def _health_ctx(node: Env, **env: str) -> lifecycle.Context:
 def test_a_plain_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
     """The job user's processes are leftovers; another user's on the same GPU (a job
     that leaked onto it) are not: no drain, no line."""
-    other = _other_users_process_on_the_gpu(monkeypatch)
+    other = _process_on_the_gpu(monkeypatch)
     try:
         assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
@@ -255,7 +264,6 @@ def test_the_users_process_in_a_jobs_cgroup_is_that_jobs(node: Env, monkeypatch,
     """A process of the same user in job 555's cgroup (v1 freezer, as Slurm names it) is
     job 555's: no leftover of job 100.  In job 100's own cgroup it is: drained for it."""
     from slurm_gpu.health import userproblem
-    from slurm_gpu.hw import nvml_health
     freezer = "/sys/fs/cgroup/freezer"
     if not os.path.isfile(os.path.join(freezer, "cgroup.procs")):
         pytest.skip("no cgroup v1 freezer hierarchy here")
@@ -264,13 +272,8 @@ def test_the_users_process_in_a_jobs_cgroup_is_that_jobs(node: Env, monkeypatch,
     drains: list[tuple[str, str, float]] = []       # the epilog waits 10 s at most for slurmctld
     monkeypatch.setattr(userproblem, "drain", lambda n, reason, timeout: (drains.append((n, reason, timeout)),
                                                                           "drained")[1])
-    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
+    other = _process_on_the_gpu(monkeypatch, "sgtest1", cg)
     try:
-        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-            f.write(str(other.pid))
-        monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
-            available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
-                                                         processes=((other.pid, None),)) for i in indices]))
         assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
         other.kill()
@@ -332,7 +335,6 @@ def test_undo_never_restores_a_compute_mode_by_a_stale_minor(node: Env) -> None:
 def test_on_26_05_the_users_process_in_its_own_sluid_cgroup_is_a_leftover(node: Env, monkeypatch) -> None:
     """26.05 names the job's cgroup by its SLUID (cgroup v2): a process there is this job's."""
     from slurm_gpu.health import userproblem
-    from slurm_gpu.hw import nvml_health
     unified = "/sys/fs/cgroup/unified"
     if not os.path.isfile(os.path.join(unified, "cgroup.procs")):
         pytest.skip("no cgroup v2 hierarchy here")
@@ -342,13 +344,8 @@ def test_on_26_05_the_users_process_in_its_own_sluid_cgroup_is_a_leftover(node: 
     os.makedirs(cg)
     drains: list[str] = []
     monkeypatch.setattr(userproblem, "drain", lambda n, reason, timeout: (drains.append(reason), "drained")[1])
-    other = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
+    other = _process_on_the_gpu(monkeypatch, "sgtest1", cg)
     try:
-        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-            f.write(str(other.pid))
-        monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
-            available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
-                                                         processes=((other.pid, None),)) for i in indices]))
         assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1", SLURM_JOB_SLUID=sluid)) == 0
     finally:
         other.kill()
@@ -439,7 +436,7 @@ def test_an_epilog_without_slurmds_user_takes_the_recorded_one(node: Env) -> Non
 
 def test_an_mps_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
-    other = _other_users_process_on_the_gpu(monkeypatch)
+    other = _process_on_the_gpu(monkeypatch)
     try:
         assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:

@@ -15,11 +15,7 @@ import pytest
 from slurm_gpu.jobs import mpsdir
 
 
-def _listen(path: Path) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind(str(path))
-    s.listen(1)
-    return s
+from test_jobs_mpsdir import _listen  # noqa: E402 - one listening socket, as the daemon makes
 
 
 def test_the_daemons_sockets_are_read_from_well_formed_fd_links_only(tmp_path: Path) -> None:
