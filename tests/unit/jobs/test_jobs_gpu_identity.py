@@ -58,11 +58,7 @@ def test_autodetect_sorts_by_file_then_links() -> None:
 
 # -- a whole node per machine ------------------------------------------------------
 
-def _uid(name: str) -> int:
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        pytest.skip(f"user {name} missing")
+from test_jobs_lifecycle import _uid  # noqa: E402 - a test user's uid, or the test skips
 
 
 class Node:
