@@ -82,8 +82,12 @@ def drain_reason(findings: Iterable[Finding], limit: int = 200) -> str | None:
         return None
     f = drains[0]
     detail = f.message
-    if len(drains) > 1:
-        detail += f" (+{len(drains) - 1} more)"
+    # "+N more" counts faults, not the sources that saw them: an NVML ECC
+    # event and the ECC counter on one GPU are one fault, and whether
+    # xid-watch's event was read before this run must not change the reason.
+    more = len({(d.check, d.gpu, d.xid) for d in drains} - {(f.check, f.gpu, f.xid)})
+    if more:
+        detail += f" (+{more} more)"
     reason = f"slurm-gpu: {f.check}: {detail}"
     # Slurm stores reasons verbatim; keep them one short line without '='
     # surprises for `scontrol show node` readers.

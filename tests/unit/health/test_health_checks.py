@@ -209,3 +209,21 @@ def test_expected_gpus_from_gres_conf(tmp_path):
     p.write_text("AutoDetect=nvml\n")
     assert expected_gpus(str(p), "n1") is None
     assert expected_gpus(str(tmp_path / "missing"), "n1") is None
+
+
+def test_the_drain_reasons_count_is_of_faults_not_of_the_sources_that_saw_them():
+    """An NVML double-bit ECC event and the ECC counter are one fault on one GPU:
+    whether xid-watch's event was read before the check must not change the
+    reason (the demo's Xid 48 drill read "+1 more" or "+2 more" by timing)."""
+    from slurm_gpu.health.findings import Finding, drain_reason
+    from slurm_gpu.health.xid import events_from_nvml
+    bus = "0000:ad:00.0"
+    counter = Finding("gpu.ecc", DRAIN, f"1 uncorrectable ECC errors on {bus} since the driver loaded", bus)
+    xid = Finding("gpu.xid", DRAIN, f"Xid 48 on {bus}", bus, 48)
+    _, (event,) = events_from_nvml([{"event": "dbe", "gpu": bus}])
+    without = drain_reason([counter, xid])
+    assert without == f"slurm-gpu: gpu.ecc: 1 uncorrectable ECC errors on {bus} since the driver loaded (+1 more)"
+    assert drain_reason([event, counter, xid]) == without
+    # A second GPU's fault is another fault, and counts.
+    other = Finding("gpu.ecc", DRAIN, "NVML double-bit ECC event on 0000:ae:00.0", "0000:ae:00.0")
+    assert drain_reason([counter, xid, other]).endswith("(+2 more)")
