@@ -85,7 +85,11 @@ def drain_reason(findings: Iterable[Finding], limit: int = 200) -> str | None:
     # "+N more" counts faults, not the sources that saw them: an NVML ECC
     # event and the ECC counter on one GPU are one fault, and whether
     # xid-watch's event was read before this run must not change the reason.
-    more = len({(d.check, d.gpu, d.xid) for d in drains} - {(f.check, f.gpu, f.xid)})
+    # A finding with no GPU (an InfiniBand port, a service) is known by its words.
+    def fault(d: Finding) -> tuple[str, str | None, int | None, str]:
+        return d.check, d.gpu, d.xid, d.message if d.gpu is None else ""
+
+    more = len({fault(d) for d in drains} - {fault(f)})
     if more:
         detail += f" (+{more} more)"
     reason = f"slurm-gpu: {f.check}: {detail}"

@@ -227,3 +227,6 @@ def test_the_drain_reasons_count_is_of_faults_not_of_the_sources_that_saw_them()
     # A second GPU's fault is another fault, and counts.
     other = Finding("gpu.ecc", DRAIN, "NVML double-bit ECC event on 0000:ae:00.0", "0000:ae:00.0")
     assert drain_reason([counter, xid, other]).endswith("(+2 more)")
+    # Findings with no GPU are told apart by their words: two ports are two faults.
+    ports = [Finding("ib.port", DRAIN, f"InfiniBand port mlx5_{i}/1 is DOWN") for i in (0, 1)]
+    assert drain_reason(ports).endswith("mlx5_0/1 is DOWN (+1 more)")
