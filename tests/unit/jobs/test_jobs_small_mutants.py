@@ -342,3 +342,70 @@ def test_detach_mount_raises_the_kernels_error(tmp_path: Path) -> None:
     with pytest.raises(OSError) as e:
         libc.detach_mount(str(tmp_path / "none"))
     assert (e.value.errno, e.value.strerror) == (errno.ENOENT, os.strerror(errno.ENOENT))
+
+
+# -- __main__ (what prolog.d/epilog.d run) ----------------------------------------
+
+def test_the_entry_point_runs_the_step_it_names_and_reports_a_failure_in_one_line(
+        conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import gc
+
+    from slurm_gpu.jobs.__main__ import main
+    # timeout 0: no watchdog thread, which would end this process later
+    conf.write_text(f'[node]\nstate_dir = "{tmp_path}/s"\n[jobs]\ntimeout = 0\n')
+    for k in ("SLURM_JOB_ID", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_CONF", f"{tmp_path}/etc/slurm.conf")
+    gres = f"{tmp_path}/etc/gres.conf"
+    umask = os.umask(0o022)
+    try:
+        assert main(["prolog"]) == 0                        # a job with no GPU: nothing to do
+        assert capsys.readouterr().err == ""
+        # Only the epilog reads the health check's part (the prolog never
+        # looks for leftovers): it lands in the node's entry then.
+        entry = nodefacts.load(str(conf), "n7", gres)
+        assert entry is not None and sorted(entry["sections"]) == [settings.SECTION]
+        assert main(["epilog"]) == 1
+        assert capsys.readouterr().err == "slurm-gpu: bad job id '' (SLURM_JOB_ID) [epilog]\n"
+        entry = nodefacts.load(str(conf), "n7", gres)
+        assert entry is not None and sorted(entry["sections"]) == sorted([settings.SECTION,
+                                                                          settings.HEALTH_SECTION])
+        conf.write_text('[jobs]\ntimeout = "x"\n')
+        config.clear_cache()
+        assert main(["prolog"]) == 1
+        assert capsys.readouterr().err == (f"slurm-gpu: config key jobs.timeout must be float "
+                                           f"([jobs] in {conf}) [prolog]\n")
+    finally:
+        os.umask(umask)
+        gc.unfreeze()
+
+
+def test_a_watchdog_under_a_second_still_stops_the_prolog(tmp_path: Path) -> None:
+    """Any positive ``[jobs] timeout`` arms the watchdog (here: a prolog
+    blocked on the simulator's lock, which someone else holds)."""
+    import fcntl
+    import subprocess
+    import sys
+    if os.geteuid() != 0:
+        pytest.skip("prolog/epilog run as root")
+    sim = str(tmp_path / "sim.json")
+    init_state_for_machine(str(MACHINE), sim)
+    conf = tmp_path / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{sim}"\nstate_dir = "{tmp_path}/state"\n'
+                    '[jobs]\ntimeout = 0.5\n')
+    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "9", "PYTHONPATH": str(ROOT),
+           "SLURM_JOB_UID": "0", "SLURM_JOB_GPUS": "2", "SPANK_SLURM_GPU_MIG": "7g.80gb",
+           "SLURMD_NODENAME": "n7", "SLURM_CONF": f"{tmp_path}/etc/slurm.conf"}
+    fd = os.open(sim + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        r = subprocess.run([sys.executable, "-m", "slurm_gpu.jobs", "prolog"], env=env,
+                           cwd="/", capture_output=True, text=True, timeout=20)
+    finally:
+        os.close(fd)
+        entry = nodefacts.cache_file(str(conf), "n7", f"{tmp_path}/etc/gres.conf")
+        if os.path.exists(entry):                           # the node's cache: leave none behind
+            os.unlink(entry)
+    assert (r.returncode, r.stderr) == (1, "slurm-gpu: prolog still running after 0.5 s, stopped "
+                                           "by its watchdog ([jobs] timeout)\n")
