@@ -69,7 +69,7 @@ _step: Step | None = None
 
 def _load_step(spank: Any) -> Step:
     from .. import hostctx
-    args = options.parse_plugstack_args(spank.args)
+    args = spank.plugstack_args()        # parsed once, by the C half
     # Tell the config reader and load_node() in-process: putenv() in
     # slurmstepd, whose message thread may read environ, is not safe.  Only
     # hostctx is imported here: config and hw cost ~25 ms each to import,

@@ -118,3 +118,13 @@ def test_the_python_path_plans_with_the_plugins_compiled_planner(host):
     assert "LIB True" in out, out
     assert "PLAN strict;gpus=3;cpus=4-5;mems=1 (2,)" in out, out
     assert "MODULES []" in out, out
+
+
+def test_python_reads_the_plugstack_arguments_the_c_half_parsed(host):
+    """One parse (issue 25 §5): the hook gets no argv, Python reads the outer
+    half's struct (here embed_host.c's, for numa_bind=prefer,verbose)."""
+    code = ("import slurm_gpu_spank_py as m; from slurm_gpu.spank.api import Spank; "
+            "a = Spank(m.ffi, m.lib).plugstack_args(); "
+            "print('ARGS', a.config, a.numa_bind.mode, a.numa_bind.verbose); import sys; sys.stdout.flush()")
+    out = _run(host, [None, None, None, None], code)
+    assert "ARGS /etc/slurm-gpu/embed.toml prefer True" in out, out
