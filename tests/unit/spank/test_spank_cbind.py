@@ -522,3 +522,46 @@ def test_hostile_variables_in_both_modes_bind_as_recorded(harness, cache, tmp_pa
             assert run_c(harness, cache, gres, *args) == want, case
             c_compared += 1
     assert c_compared > 50
+
+
+def test_a_uuid_of_a_gpu_outside_the_step_binds_the_steps_gpus(harness, cache, tmp_path,
+                                                                monkeypatch) -> None:
+    """A task's CUDA_VISIBLE_DEVICES may name another GPU's uuid (the user's export):
+    it narrows the step's GPUs like a number does, so it counts as unknown.  The planner
+    once bound such a task to that GPU's CPUs and NUMA node and named it in
+    SLURM_GPU_BINDING."""
+    model, gpus = _uuid_gpus()
+    gres = str(tmp_path / "gres.conf")
+    write_table(cache, gpus, {}, gres)
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    plain = run_py(monkeypatch, gpus, {}, {"SLURM_STEP_GPUS": "0"}, 0, 1, every, None)
+    assert "gpus=0;" in plain
+    for cvd in ("u1", "u1,u1", "nope,u1"):
+        env = {"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": cvd}
+        assert run_py(monkeypatch, gpus, {}, env, 0, 1, every, None) == plain, cvd
+        assert run_c(harness, cache, gres, env, 0, 1, every, None) == plain, cvd
+    # a uuid of the step still narrows it
+    env = {"SLURM_STEP_GPUS": "0,1"}
+    assert "gpus=1,0;" in run_py(monkeypatch, gpus, {}, dict(env, CUDA_VISIBLE_DEVICES="u1,u0"),
+                                 0, 1, every, None)
+    assert "gpus=1;" in run_c(harness, cache, gres, dict(env, CUDA_VISIBLE_DEVICES="u9,u1"),
+                              0, 1, every, None)
+
+
+def test_a_uuid_list_of_more_than_4096_entries_is_not_a_gpu_list(harness, cache, tmp_path,
+                                                                monkeypatch) -> None:
+    """As a number list is not (binding.py's rules): such a list binds the step's GPUs,
+    as no CUDA_VISIBLE_DEVICES does, and is not matched entry by entry against the
+    table, which took seconds of the task's start for a long list and a large table."""
+    model, gpus = _uuid_gpus()
+    gres = str(tmp_path / "gres.conf")
+    write_table(cache, gpus, {}, gres)
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    step = {"SLURM_STEP_GPUS": "0-1"}
+    plain = run_py(monkeypatch, gpus, {}, step, 0, 1, every, None)
+    assert "gpus=0,1;" in plain
+    for n, want_one in ((4096, True), (4097, False), (5000, False)):
+        env = dict(step, CUDA_VISIBLE_DEVICES=",".join(["u1"] * n))
+        got = run_c(harness, cache, gres, env, 0, 1, every, None)
+        assert got == run_py(monkeypatch, gpus, {}, env, 0, 1, every, None)
+        assert (got != plain and "gpus=1,1," in got) if want_one else got == plain, n
