@@ -187,7 +187,7 @@ static int parse_u64(const char *p, unsigned long long *v)
 }
 
 /* "stamp <mtime_ns> <size> <ino> <path>": the input is as it was stamped
- * (nodefacts._stamp: stat() following links; "-": it did not exist). */
+ * (nodefacts.stamp: stat() following links; "-": it did not exist). */
 static int stamp_holds(char *rest)
 {
     char *f[3], *path = rest;

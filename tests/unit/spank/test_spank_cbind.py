@@ -272,8 +272,8 @@ def table(harness, cache, tmp_path):
     gres = tmp_path / "gres.conf"
     gres.write_text("AutoDetect=off\n")
     absent = tmp_path / "absent.toml"
-    stamps = [nodefacts._stamp(str(cfg)), nodefacts._stamp(str(absent)),
-              nodefacts._stamp(str(gres))]
+    stamps = [nodefacts.stamp(str(cfg)), nodefacts.stamp(str(absent)),
+              nodefacts.stamp(str(gres))]
     path = write_table(cache, gpus, {}, str(gres), stamps)
 
     def run(node: str = NODE) -> str:

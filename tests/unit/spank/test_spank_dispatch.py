@@ -143,9 +143,9 @@ def applied(monkeypatch, tmp_path):
     cfg.write_text('[spank]\nnuma_node_map = { "1" = 0 }\nmemlock_max = "64G"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     yield calls
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_remote_binds_each_task_to_its_gpu(applied, capfd, monkeypatch):
