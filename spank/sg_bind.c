@@ -1029,7 +1029,7 @@ int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct s
             goto out;
         }
         {
-            /* effects._words: one bit per node, maxnode = words * bits + 1 */
+            /* effects.nodemask: one bit per node, maxnode = words * bits + 1 */
             const int bits = (int) (sizeof(unsigned long) * 8);
             int words = plan.host_node / bits + 1;
             unsigned long mask[SG_BIND_MAXID / (sizeof(unsigned long) * 8) + 1];

@@ -3,7 +3,7 @@
 There is one planner.  A plain ``--gpu-numa-bind=prefer`` step calls it in
 the outer C half with the binding table the Python path keeps
 (:mod:`slurm_gpu.spank.bindtable`); every other bound step calls it from
-:func:`slurm_gpu.spank.remote._bind` through cffi.  What must hold:
+:func:`slurm_gpu.spank.remote.bind_task` through cffi.  What must hold:
 
 * for every recorded machine, Slurm GPU order (NVML's, gres.conf's in minor
   order, one with a device NVML lacks) and task environment, both paths do
@@ -114,7 +114,7 @@ class _FakeCalls:
         self.out, self.err = out, err
 
     def set_mempolicy(self, mode: int, nodes: tuple[int, ...]) -> int:
-        _, maxnode = effects._words(nodes, 64)
+        _, maxnode = effects.nodemask(nodes, 64)
         self.out.append(f"mempolicy {mode} {maxnode} {','.join(map(str, nodes))}\n")
         return self.err
 
@@ -122,7 +122,7 @@ class _FakeCalls:
 def run_py(monkeypatch, gpus, nmap: dict[int, int], env: dict[str, str], task: int,
            ntasks: int, allowed: tuple[int, ...], bound: tuple[int, ...] | None,
            aff_err: int = 0, mpol_err: int = 0, mode: str = "prefer") -> str:
-    """remote._bind, the Python path's own code, with its system calls faked."""
+    """remote.bind_task, the Python path's own code, with its system calls faked."""
     out: list[str] = []
 
     def setaffinity(pid: int, cpus) -> None:
@@ -135,12 +135,19 @@ def run_py(monkeypatch, gpus, nmap: dict[int, int], env: dict[str, str], task: i
         m.setattr(effects, "get_mempolicy", lambda: (0, ()) if bound is None else (2, bound))
         m.setattr(posix, "sched_setaffinity", setaffinity)
         m.setattr(effects, "_calls", _FakeCalls(out, mpol_err))
-        m.setattr(remote, "_stderr", lambda line: out.append(f"say {line}\n"))
+        real_write = posix.write
+
+        def write(fd: int, data: bytes) -> int:        # the task's stderr
+            if fd != 2:
+                return real_write(fd, data)
+            out.append("say " + data.decode())
+            return len(data)
+        m.setattr(posix, "write", write)
         step = remote.Step(NumaBind(mode), facts={"gpus": nodefacts.for_binding(gpus),
                                                   "numa_map": nmap})
         rc = 0
         try:
-            remote._bind(_FakeSpank(out), step, {k: v for k, v in env.items()}, task, ntasks)
+            remote.bind_task(_FakeSpank(out), step, {k: v for k, v in env.items()}, task, ntasks)
         except SlurmGpuError as e:
             out.append(f"error {e.line()}\n")
             rc = -1
