@@ -195,7 +195,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     # (a MESSAGE line in it warns), so no run re-reads the
                     # whole file, however big it grows without a "}" line.
                     cut = buf.rfind(b"\n", 0, n - 2 * MAX_JSON_LINE) + 1
-            elif family == "verbose":
+            elif family in ("verbose", "verbose-tab"):
                 # journalctl -o verbose: an entry is read whole (kmsg_scan.verbose_cut).
                 cut = buf.rfind(b"\n", 0, n) + 1
                 if cut:

@@ -324,7 +324,17 @@ def head_family(head: bytes | bytearray) -> str | None:
     is a newline in someone's message, or proves nothing (``FAMILY``).
     """
     line = head_line(head)
-    return None if line is None else line_family(line)
+    fam = None if line is None else line_family(line)
+    if fam == "verbose":
+        # The first field line says which journalctl wrote the file: an old one
+        # (a tab before each field, values printed raw) lets a newline in any
+        # value write a header and 4-space field lines, so nothing in such a
+        # file is proven, whatever form a later entry seems to have.
+        raw = bytes(head[:4096])
+        at = raw.find(b"\n", raw.find(line.encode("utf-8", "replace")[:64]))
+        if raw[at + 1:at + 2] == b"\t":
+            fam = "verbose-tab"
+    return fam
 
 
 FAMILY = ("a line in another log format ({got}) than the file's (its first line is {want}): "
@@ -395,6 +405,9 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             continue
         if family == "verbose":
             out += _verbose_lines(buf, ls, s, e, start, end, base, entries)
+            continue
+        if family == "verbose-tab":
+            out += _doubt(buf, s, e, ls + base, VERBOSE_TAB)
             continue
         le = buf.find(b"\n", e, end)
         le = end if le < 0 else le + 1
@@ -519,8 +532,7 @@ def _parse_verbose(buf: bytes | bytearray, hs: int, end: int) -> _Entry:
             indent = 4 + len(name) + 1
             fields.setdefault(name, []).append(line[f.end():].rstrip("\r"))
             if name == "MESSAGE":
-                msg_at = pos
-            msg_end = pos + size if name == "MESSAGE" else msg_end
+                msg_at, msg_end = pos, pos + size
         elif name and line.startswith(" " * indent) and line.strip():
             fields[name][-1] += "\n" + line[indent:].rstrip("\r")     # a value's later line
             if name == "MESSAGE":
@@ -559,7 +571,8 @@ def verbose_cut(buf: bytes | bytearray, cut: int, last: bool) -> int:
     if not last:
         return hs
     entry = bytes(buf[hs:cut])
-    if all(b"\n    " + f + b"=" in entry for f in (b"_TRANSPORT", b"SYSLOG_FACILITY", b"MESSAGE")):
+    if all(b"\n    " + f + b"=" in entry or b"\n\t" + f + b"=" in entry
+           for f in (b"_TRANSPORT", b"SYSLOG_FACILITY", b"MESSAGE")):
         return cut
     return hs
 

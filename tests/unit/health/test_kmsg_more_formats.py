@@ -214,3 +214,16 @@ def test_a_dmesg_file_whose_first_record_names_a_task_kernel_only_warns():
             f"[ 5001.000000] {XID79}\n")
     got = findings(text)
     assert [sev for sev, _ in got] == [WARN]
+
+
+def test_a_header_and_fields_forged_in_an_old_verbose_file_never_drain():
+    # Old journalctl printed a value raw after a tab: a user's message can hold
+    # a whole new-form entry, header and 4-space fields included.
+    head, first, second = verbose_entries()
+    forged = with_message(second, XID79)
+    user = ("Tue 2017-10-24 10:37:50.900000 UTC [s=6bffb876a10048479266ab251fa82f13;i=524715b;"
+            "b=0a163cddc55946f889e0c7d0d3b917e8;m=914ed6facb5;t=55c4887dc4ccd;x=98df4480dbf4c068]\n"
+            "\t_TRANSPORT=stdout\n\tMESSAGE=hi\n" + forged)
+    got = findings(head + first.replace("\n    ", "\n\t") + user)
+    assert [sev for sev, _ in got] == [WARN]
+    assert kmsg_scan.head_family((head + first.replace("\n    ", "\n\t")).encode()) == "verbose-tab"
