@@ -170,14 +170,24 @@ def text_log_line(line: str) -> bool:
     return m is not None and m.end() > 0 and _tag_only(m)
 
 
-def _journal_lines(line: str) -> list[KernelLine]:
-    """A ``journalctl -o json`` line: only what journald itself saw come from the kernel."""
+JSON_UNPROVEN = ("a JSON line that is no journal record naming its sender (no _TRANSPORT field: a container "
+                 "log's {\"log\": ...}, --output-fields, a line too long or broken)")
+
+
+def _journal_lines(line: str) -> list[KernelLine] | None:
+    """A ``journalctl -o json`` line: only what journald itself saw come from the kernel.
+
+    None when the line is no journal record that names its sender (not JSON,
+    too long, no ``_TRANSPORT``): nothing proves who wrote it (``JSON_UNPROVEN``).
+    """
     if len(line) > MAX_JSON_LINE:
-        return []
+        return None
     try:
         rec = json.loads(line)
     except (ValueError, RecursionError):
-        return []
+        return None
+    if not isinstance(rec, dict) or "_TRANSPORT" not in rec:
+        return None
     return _journal_record(rec)
 
 
@@ -208,6 +218,8 @@ def _pretty_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, e
         rec = json.loads(bytes(buf[head:tail + 2]).decode("utf-8", "replace"))
     except (ValueError, RecursionError):
         return _doubt(buf, s, e, ls + base)
+    if not isinstance(rec, dict) or "_TRANSPORT" not in rec:
+        return _doubt(buf, s, e, ls + base, JSON_UNPROVEN)
     return _journal_record(rec)
 
 
@@ -412,7 +424,8 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
         le = buf.find(b"\n", e, end)
         le = end if le < 0 else le + 1
         if buf[ls:ls + 1] == b"{":
-            got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+            jl = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+            got = _doubt(buf, s, e, ls + base, JSON_UNPROVEN) if jl is None else jl
             fam: str | None = "json"
         elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
             got = _pretty_lines(buf, ls, s, e, start, end, base)

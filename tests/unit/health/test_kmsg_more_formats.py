@@ -21,6 +21,8 @@ cri_container_log_envelopes.log (provenance in PROVENANCE.md there).
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from slurm_gpu.health import xid
@@ -227,3 +229,38 @@ def test_a_header_and_fields_forged_in_an_old_verbose_file_never_drain():
     got = findings(head + first.replace("\n    ", "\n\t") + user)
     assert [sev for sev, _ in got] == [WARN]
     assert kmsg_scan.head_family((head + first.replace("\n    ", "\n\t")).encode()) == "verbose-tab"
+
+
+# ------------------------------------------------------------ JSON that names no sender
+
+def docker_lines() -> list[str]:
+    return (REAL / "docker_json_file_envelopes.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_an_xid_in_a_docker_json_log_warns_naming_the_line(i):
+    rec = json.loads(docker_lines()[i])
+    text = docker_lines()[1 - i] + "\n" + json.dumps(dict(rec, log=XID79 + "\n")) + "\n"
+    got = findings(text)
+    assert [sev for sev, _ in got] == [WARN]
+    assert "_TRANSPORT" in got[0][1] and f"byte {len(docker_lines()[1 - i]) + 1} " in got[0][1]
+
+
+@pytest.mark.parametrize("line", [
+    json.dumps({"MESSAGE": XID79}),                                      # journalctl -o json --output-fields=MESSAGE
+    '{"_TRANSPORT": "kernel", "MESSAGE": "' + XID79 + '"',             # cut short
+    json.dumps({"_TRANSPORT": "kernel", "MESSAGE": XID79, "X": "y" * kmsg_scan.MAX_JSON_LINE}),
+])
+def test_a_json_line_that_names_no_sender_warns(line):
+    assert [sev for sev, _ in findings(line + "\n")] == [WARN]
+
+
+def test_a_json_pretty_entry_that_names_no_sender_warns():
+    text = '{\n\t"MESSAGE" : "' + XID79 + '"\n}\n'
+    assert [sev for sev, _ in findings(text)] == [WARN]
+
+
+def test_a_journal_json_line_from_a_user_stays_silent():
+    # journald names the sender: proven not the kernel's (as a line tagged "alice:")
+    line = json.dumps({"_TRANSPORT": "syslog", "SYSLOG_FACILITY": "1", "MESSAGE": XID79})
+    assert findings(line + "\n") == []
