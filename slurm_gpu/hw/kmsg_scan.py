@@ -337,7 +337,7 @@ def head_family(head: bytes | bytearray) -> str | None:
     """
     line = head_line(head)
     fam = None if line is None else line_family(line)
-    if fam == "verbose":
+    if fam == "verbose" and line is not None:
         # The first field line says which journalctl wrote the file: an old one
         # (a tab before each field, values printed raw) lets a newline in any
         # value write a header and 4-space field lines, so nothing in such a
