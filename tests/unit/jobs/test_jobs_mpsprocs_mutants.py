@@ -82,3 +82,19 @@ def test_a_process_gone_or_unreadable_mid_scan_is_skipped(tmp_path: Path) -> Non
     uids = (1001,) * 4
     table = {8: (uids, 1), 9: (uids, 1), 10: (uids, 1)}     # scanned in this order
     assert mpsprocs.daemon_procs(PIPE, 1001, proc, table) == {10: (500, 1001)}
+
+
+def test_daemon_tree_walks_on_past_a_bound_process_met_again(tmp_path: Path) -> None:
+    """The MPS server is the control daemon's child and keeps the pipe
+    variable, so the walk meets it again below the daemon: it must go on to
+    the rest of the tree, not stop there.  This shape loses a process when
+    the walk stops, whatever order /proc lists the processes in."""
+    root = tmp_path / "proc"
+    bound = [f"CUDA_MPS_PIPE_DIRECTORY={PIPE}"]
+    _proc(root, 40, 1, (1001,) * 4, bound, start=400)          # control daemon
+    _proc(root, 41, 40, (1001,) * 4, bound, start=410)         # server, bound too
+    _proc(root, 42, 41, (1001,) * 4, [], start=420)            # the server's child
+    _proc(root, 43, 41, (1001,) * 4, bound, start=430)         # a bound client of the server
+    _proc(root, 44, 40, (1001,) * 4, [], start=440)            # the daemon's other child
+    assert mpsprocs.daemon_tree(PIPE, 1001, str(root)) == {
+        40: (400, 1001), 41: (410, 1001), 42: (420, 1001), 43: (430, 1001), 44: (440, 1001)}
