@@ -41,7 +41,7 @@ CEILING: dict[str, int] = {
     "imex": 1,
     "jobs": 14,
     "mig": 0,
-    "spank": 11,
+    "spank": 1,
 }
 
 
