@@ -36,10 +36,10 @@ CEILING: dict[str, int] = {
     "common": 0,
     "confgen": 0,
     "devkit": 0,
-    "health": 16,
+    "health": 4,
     "hw": 2,
     "imex": 1,
-    "jobs": 14,
+    "jobs": 5,
     "mig": 0,
     "spank": 11,
 }

@@ -163,7 +163,7 @@ def test_cli_never_triggers_for_a_replay(tmp_path, monkeypatch):
     cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     ov = tmp_path / "ov.json"
     ov.write_text(json.dumps({"events": [{"type": "xid", "gpu": 3, "data": 79}]}))
     from slurm_gpu.cli import main

@@ -565,24 +565,26 @@ def test_default_context_takes_settings_from_the_node_fact_entry(tmp_path: Path,
                     f'[health]\nstate_dir = "{tmp_path}/h/%n"\n[jobs]\ntimeout = 7.0\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
     monkeypatch.setenv("SLURMD_NODENAME", "ctx1")
-    config._load.cache_clear()
+    config.clear_cache()
     env = {"SLURMD_NODENAME": "ctx1"}
     pro = lifecycle.default_context(env, health=False)
     assert (pro.jobs.timeout, pro.health_state_dir, pro.state_dir) == (7.0, "", f"{tmp_path}/s")
     epi = lifecycle.default_context(env, health=True)
     assert epi.health_state_dir == f"{tmp_path}/h/ctx1" and epi.jobs.timeout == 7.0
-    config._load.cache_clear()
-    # served from the entry now: the TOML is not read again
-    monkeypatch.setattr(config, "_load", lambda path: pytest.fail("config read on a hit"))
-    assert lifecycle.default_context(env, health=True).health_state_dir == f"{tmp_path}/h/ctx1"
-    monkeypatch.undo()
-    monkeypatch.setattr(nodefacts, "CACHE_DIR", str(tmp_path / "facts"))
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    # served from the entry now: the TOML is not read again.  An edit the entry's
+    # stamps cannot see (same inode, size and mtime) proves it: a read would take 8.0.
+    st = conf.stat()
+    conf.write_text(conf.read_text().replace("timeout = 7.0", "timeout = 8.0"))
+    os.utime(conf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (conf.stat().st_size, conf.stat().st_ino) == (st.st_size, st.st_ino)
+    config.clear_cache()
+    hit = lifecycle.default_context(env, health=True)
+    assert (hit.jobs.timeout, hit.health_state_dir) == (7.0, f"{tmp_path}/h/ctx1")
     conf.write_text(f'[node]\nstate_dir = "{tmp_path}/s"\n[jobs]\ntimeout = 9.0\n')
-    config._load.cache_clear()
+    config.clear_cache()
     again = lifecycle.default_context(env, health=True)
     assert (again.jobs.timeout, again.health_state_dir) == (9.0, "")
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
@@ -591,10 +593,10 @@ def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
     p = tmp_path / "c.toml"
     p.write_text('[jobs]\non_internal_error = "ignore"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(p))
-    config._load.cache_clear()
+    config.clear_cache()
     with pytest.raises(InputError, match="on_internal_error must be one of drain, pass"):
         load()
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_user_error_cancel_policy(node: Env, monkeypatch) -> None:
