@@ -36,7 +36,7 @@ CEILING: dict[str, int] = {
     "common": 0,
     "confgen": 0,
     "devkit": 0,
-    "health": 1,
+    "health": 0,
     "hw": 2,
     "imex": 1,
     "jobs": 5,
