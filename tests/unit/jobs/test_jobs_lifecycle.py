@@ -47,6 +47,30 @@ def _uid(name: str) -> int:
         pytest.skip(f"user {name} missing")
 
 
+def own_node_name(base: Path) -> None:
+    """Name the test's node after its directory *base*: the name names the MPS
+    daemons' holding cgroups on this host's real cgroup filesystem, so each
+    test's are its own and runs side by side never meet."""
+    from slurm_gpu import hostctx
+    hostctx.node_name = f"sgt{os.getpid()}-{base.name[-8:]}"
+
+
+def close_node(base: Path, mps_base_dir: str) -> None:
+    """A test node's end: its MPS daemons killed, every holding cgroup under
+    its name emptied and removed (a test that failed or skipped half-way left
+    its job's), then its directory *base*."""
+    from slurm_gpu import hostctx
+    from slurm_gpu.jobs import jobcgroup
+    for d in Path(mps_base_dir).glob("*/pipe") if Path(mps_base_dir).exists() else []:
+        for p in daemon_pids(d):
+            os.kill(p, 9)
+    shutil.rmtree(base, ignore_errors=True)
+    for top in {os.path.dirname(h) for h in jobcgroup.hold_dirs("1", hostctx.node_name or "")}:
+        held = [str(h) for h in Path(top).glob("job_*") if h.is_dir()]
+        jobcgroup.kill_all(held, 2.0)
+        jobcgroup.remove(held)
+
+
 class Env:
     """A node: simulator state, MPS control daemon, state dir, settings."""
 
@@ -73,10 +97,7 @@ class Env:
         self.mig = MigSettings()
         self.state_dir = str(self.base / "state")
         self.logs: list[str] = []
-        # The node's name names the daemon's holding cgroup on this host's real
-        # cgroup filesystem: one of its own, so runs side by side never meet.
-        from slurm_gpu import hostctx
-        hostctx.node_name = f"sgt{os.getpid()}-{self.base.name[-8:]}"
+        own_node_name(self.base)
 
     def api(self):
         return backend.open_gpus(backend.GpuSource("sim", self.sim))
@@ -117,15 +138,7 @@ class Env:
         return out
 
     def close(self) -> None:
-        for d in Path(self.mps.base_dir).glob("*/pipe") if Path(self.mps.base_dir).exists() else []:
-            for p in daemon_pids(d):
-                os.kill(p, 9)
-        shutil.rmtree(self.base, ignore_errors=True)
-        from slurm_gpu.jobs import jobcgroup
-        for jobid in ("100", "101", "102", "7", "9"):   # a test that skipped half-way left its hold
-            held = [h for h in self.hold(jobid) if os.path.isdir(h)]
-            jobcgroup.kill_all(held, 2.0)
-            jobcgroup.remove(held)
+        close_node(self.base, self.mps.base_dir)
 
     def hold(self, jobid: str = "100") -> list[str]:
         """The job's holding cgroup on this host (no job cgroup: no PrologFlags=RunInJob)."""
@@ -1412,9 +1425,11 @@ def test_what_the_daemon_orphans_before_the_jobs_cgroup_exists_stays_in_the_job(
                     pass
 
 
-def _mixed_gres_conf(node: Env) -> str:
-    # Slurm's GPU index counts every gres/gpu line, a MIG slice too (here:
-    # GPU minor 0's two slices are indices 0 and 1, then whole GPUs by minor).
+def _prolog_on_mixed_gres(node: Env, slurm_gpus: str) -> tuple[lifecycle.Context, js.JobRecord]:
+    """An MPS job's prolog on a node whose gres.conf lists MIG slices before whole GPUs.
+
+    Slurm's GPU index counts every gres/gpu line, a MIG slice too (here:
+    GPU minor 0's two slices are indices 0 and 1, then whole GPUs by minor)."""
     minors = sorted(g.minor for g in node.node().gpus)
     lines = ["AutoDetect=off"]
     lines += [f"NodeName=sgmix Name=gpu Type=h100_1g.10gb MultipleFiles=/dev/nvidia{minors[0]},"
@@ -1422,28 +1437,25 @@ def _mixed_gres_conf(node: Env) -> str:
     lines += [f"NodeName=sgmix Name=gpu Type=h100 File=/dev/nvidia{m}" for m in minors[1:]]
     p = node.base / "gres.conf"
     p.write_text("\n".join(lines) + "\n")
-    return str(p)
+    ctx = node.ctx(SLURM_JOB_GPUS=slurm_gpus, SPANK_SLURM_GPU_MPS="40")
+    ctx.gres_conf, ctx.node_name = str(p), "sgmix"
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None
+    return ctx, st
 
 
 def test_a_whole_gpu_listed_after_mig_slices_keeps_slurms_index(node: Env) -> None:
     # The slices once collapsed into their GPU: Slurm's index 2 (whole GPU
     # minor 1) was read as minor 2, another job's GPU.
-    gres = _mixed_gres_conf(node)
-    ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="40")
-    ctx.gres_conf, ctx.node_name = gres, "sgmix"
-    assert lifecycle.prolog(ctx) == 0, node.logs
-    st = js.load(node.state_dir, "100")
+    ctx, st = _prolog_on_mixed_gres(node, "2")
     want = sorted(node.node().gpus, key=lambda g: g.minor)[1]
     assert st.phase == "ready" and [g["uuid"] for g in st.gpus] == [want.uuid]
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
 
 
 def test_a_whole_gpu_option_on_a_mig_slice_fails_the_job_never_the_node(node: Env) -> None:
-    gres = _mixed_gres_conf(node)
-    ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="40")
-    ctx.gres_conf, ctx.node_name = gres, "sgmix"
-    assert lifecycle.prolog(ctx) == 0, node.logs
-    st = js.load(node.state_dir, "100")
+    ctx, st = _prolog_on_mixed_gres(node, "1")
     assert st.phase == "failed" and "Slurm GPU index 1 is a MIG slice" in st.error, st.error
     assert st.consequence == "user"
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
