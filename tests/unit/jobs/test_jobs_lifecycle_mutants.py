@@ -189,16 +189,19 @@ def _health_ctx(node: Env, **env: str) -> lifecycle.Context:
     return c
 
 
-def test_a_plain_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
+@pytest.mark.parametrize("mps", [False, True], ids=["plain", "mps"])
+def test_a_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch, mps: bool) -> None:
     """The job user's processes are leftovers; another user's on the same GPU (a job
-    that leaked onto it) are not: no drain, no line."""
+    that leaked onto it) are not: no drain, no line, a plain job's or an MPS job's."""
+    if mps:
+        assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
     other = _process_on_the_gpu(monkeypatch)
     try:
         assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
         other.kill()
         other.wait()
-    assert node.logs == [] and not os.path.exists(node.base / "health")
+    assert node.logs == [] and not os.path.exists(node.base / "health") and node.leftovers() == []
 
 
 def test_a_plain_job_whose_gpus_are_unknown_is_not_looked_at(node: Env) -> None:
@@ -432,17 +435,6 @@ def test_an_epilog_without_slurmds_user_takes_the_recorded_one(node: Env) -> Non
     del ctx.env["SLURM_JOB_UID"]
     assert lifecycle.epilog(ctx) == 0
     assert node.logs == [] and node.leftovers() == []       # asked to quit: nothing to kill
-
-
-def test_an_mps_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
-    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
-    other = _process_on_the_gpu(monkeypatch)
-    try:
-        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
-    finally:
-        other.kill()
-        other.wait()
-    assert node.logs == [] and node.leftovers() == []
 
 
 def test_the_job_id_is_also_read_from_slurm_jobid(node: Env) -> None:
