@@ -24,7 +24,8 @@ from slurm_gpu.hw import nvml_constants
 from slurm_gpu.hw.nvml_api import NVMLError
 from slurm_gpu.jobs import lifecycle, migjob
 from slurm_gpu.jobs import state as js
-from slurm_gpu.jobs.mps import _alive, daemon_pids
+from slurm_gpu import procfs
+from slurm_gpu.jobs.mps import daemon_pids
 from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.jobs.state import JobFailed
 from slurm_gpu.mig import blockers, instances
@@ -38,6 +39,11 @@ from paths import ROOT
 MACHINE = ROOT / "tests" / "data" / "machines" / "h100-mig"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="prolog/epilog run as root")
+
+
+def _alive(pid: int) -> bool:
+    """The process runs: it is there and no zombie."""
+    return procfs.state(pid) not in (None, "Z")
 
 
 def _uid(name: str) -> int:
