@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from slurm_gpu.jobs import mpsdir
 
 
