@@ -39,7 +39,7 @@ CEILING: dict[str, int] = {
     "health": 0,
     "hw": 2,
     "imex": 1,
-    "jobs": 1,
+    "jobs": 0,
     "mig": 0,
     "spank": 11,
 }
