@@ -38,7 +38,7 @@ CEILING: dict[str, int] = {
     "devkit": 0,
     "health": 0,
     "hw": 2,
-    "imex": 1,
+    "imex": 0,
     "jobs": 0,
     "mig": 0,
     "spank": 11,
