@@ -37,7 +37,7 @@ CEILING: dict[str, int] = {
     "confgen": 0,
     "devkit": 0,
     "health": 0,
-    "hw": 2,
+    "hw": 0,
     "imex": 0,
     "jobs": 0,
     "mig": 0,
