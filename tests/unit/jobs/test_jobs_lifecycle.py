@@ -804,14 +804,19 @@ def test_daemon_that_survives_sigkill_is_a_node_fault(node: Env, monkeypatch) ->
     assert node.leftovers() == []
 
 
+def _entry_env(node: Env, sections: str, jobid: str, state_dir: str = "", **env: str) -> dict[str, str]:
+    """The environment of ``python -m slurm_gpu.jobs`` for job *jobid* of sgtest1 on
+    *node*: a config file of its own (the simulator, the state dir, *sections*)."""
+    conf = node.base / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{state_dir or node.state_dir}"\n' + sections)
+    return {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": jobid, "PYTHONPATH": str(ROOT),
+            "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1", **env}
+
+
 def test_entry_point_sets_its_own_umask(node: Env) -> None:
     """slurmd's umask (here 002) must not make root's directories group-writable."""
-    conf = node.base / "slurm-gpu.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.base}/var/state"\n'
-                    f'[mps]\ncontrol = "{node.ctl}"\nbase_dir = "{node.base}/var/mps"\n')
-    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "8", "PYTHONPATH": str(ROOT),
-           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
-           "SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MPS": "default"}
+    env = _entry_env(node, f'[mps]\ncontrol = "{node.ctl}"\nbase_dir = "{node.base}/var/mps"\n', "8",
+                     state_dir=f"{node.base}/var/state", SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     run = lambda what: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "slurm_gpu.jobs", what], env=env, cwd="/", umask=0o002,
         capture_output=True, text=True, timeout=60)
@@ -884,12 +889,8 @@ def test_epilog_script_reads_toml_like_python(node: Env, conf: str) -> None:
 def test_watchdog_ends_a_prolog_stuck_in_nvml(node: Env, policy: str, rc: int) -> None:
     """An NVML call that never returns (here: the simulator's lock held by someone else)."""
     import fcntl
-    conf = node.base / "slurm-gpu.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
-                    f'[jobs]\ntimeout = 2\non_internal_error = "{policy}"\n')
-    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "9", "PYTHONPATH": str(ROOT),
-           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
-           "SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MIG": "7g.80gb"}
+    env = _entry_env(node, f'[jobs]\ntimeout = 2\non_internal_error = "{policy}"\n', "9",
+                     SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MIG="7g.80gb")
     fd = os.open(node.sim + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
@@ -1110,13 +1111,9 @@ def test_fifo_log_never_blocks_the_prolog(node: Env) -> None:
     ctl.write_text('#!/bin/sh\nif [ "$1" = -d ]; then mkfifo "$CUDA_MPS_LOG_DIRECTORY/control.log"; '
                    'exit 0; fi\necho "Cannot find MPS control daemon process"; exit 1\n')
     ctl.chmod(0o755)
-    conf = node.base / "slurm-gpu.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
-                    f'[jobs]\ntimeout = 5\n'
-                    f'[mps]\ncontrol = "{ctl}"\nbase_dir = "{node.mps.base_dir}"\nstart_timeout = 1\n')
-    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "9", "PYTHONPATH": str(ROOT),
-           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
-           "SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MPS": "default"}
+    env = _entry_env(node, f'[jobs]\ntimeout = 5\n'
+                           f'[mps]\ncontrol = "{ctl}"\nbase_dir = "{node.mps.base_dir}"\nstart_timeout = 1\n',
+                     "9", SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     r = subprocess.run([sys.executable, "-m", "slurm_gpu.jobs", "prolog"], env=env,
                        cwd="/", capture_output=True, text=True, timeout=60)
     assert "watchdog" not in r.stderr, r.stderr
