@@ -56,7 +56,7 @@ def test_autodetect_sorts_by_file_then_links() -> None:
 
 # -- a whole node per machine ------------------------------------------------------
 
-from test_jobs_lifecycle import _uid, close_node, own_node_name  # noqa: E402 - a test user's uid, or the test skips
+from test_jobs_lifecycle import _uid, close_node, own_node_name, processes_asked  # noqa: E402 - shared with the lifecycle tests
 
 
 class Node:
@@ -218,13 +218,7 @@ def test_locality_cache_follows_gres_conf(skewed: Node) -> None:
 
 def test_epilog_leftover_check_reads_the_job_gpu(skewed: Node, monkeypatch) -> None:
     """[repair] user_problem: the processes looked at are those of the job's GPU, not NVML index k."""
-    from slurm_gpu.hw import nvml_health
-    seen: list[list[int]] = []
-
-    def read_processes(gpus, indices):
-        seen.append(list(indices))
-        return nvml_health.NvmlHealth(available=True)
-    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    seen = processes_asked(monkeypatch)
     api = open_mig_sim(skewed.sim)
     nvml_of_minor = {api.nvmlDeviceGetMinorNumber(api.nvmlDeviceGetHandleByIndex(i)): i
                      for i in range(api.nvmlDeviceGetCount())}

@@ -160,6 +160,25 @@ def node():
     n.close()
 
 
+def health_ctx(node: Env, **env: str) -> lifecycle.Context:
+    """The context of a job on *node* with a [health] state dir: its epilog looks for leftovers."""
+    c = node.ctx(**env)
+    c.health_state_dir, c.node_name = str(node.base / "health"), "n1"
+    return c
+
+
+def processes_asked(monkeypatch) -> list[list[int]]:
+    """NVML's process lists faked empty; returns the GPU indices each read asks about."""
+    from slurm_gpu.hw import nvml_health
+    seen: list[list[int]] = []
+
+    def read_processes(gpus, indices):
+        seen.append(list(indices))
+        return nvml_health.NvmlHealth(available=True)
+    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    return seen
+
+
 def test_no_options_is_a_no_op(node: Env) -> None:
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="0")) == 0
     assert not Path(node.state_dir).exists()
@@ -968,18 +987,10 @@ def test_straggler_killed_on_a_kernel_without_pidfd(node: Env, monkeypatch) -> N
 def test_leftovers_are_looked_at_only_on_gpus_the_job_held_whole(node: Env, monkeypatch) -> None:
     """A shard (CUDA_VISIBLE_DEVICES alone: gres/shard, gres/mps) shares its GPU with other
     jobs, the user's own included: their processes are no leftover, and no user-problem drain."""
-    from slurm_gpu.hw import nvml_health
-    seen: list[list[int]] = []
-
-    def read_processes(gpus, indices):
-        seen.append(list(indices))
-        return nvml_health.NvmlHealth(available=True)
-    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    seen = processes_asked(monkeypatch)
 
     def ctx(**env: str) -> lifecycle.Context:
-        c = node.ctx(**env)
-        c.health_state_dir, c.node_name = str(node.base / "health"), "n1"
-        return c
+        return health_ctx(node, **env)
     assert lifecycle.prolog(ctx(CUDA_VISIBLE_DEVICES="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
     assert lifecycle.epilog(ctx(CUDA_VISIBLE_DEVICES="1")) == 0, node.logs
     assert lifecycle.epilog(ctx(SLURM_JOB_ID="101", CUDA_VISIBLE_DEVICES="1")) == 0, node.logs
