@@ -81,9 +81,9 @@ def sim_config(tmp_path, monkeypatch):
     conf = tmp_path / "c.toml"
     conf.write_text(f'[node]\nnvml = "sim:{sim}"\nstate_dir = "{tmp_path}/var"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
-    config._load.cache_clear()
+    config.clear_cache()
     yield sim
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 @pytest.fixture(scope="session")
