@@ -149,6 +149,22 @@ def test_a_requeued_jobs_prolog_detaches_what_its_earlier_run_left_mounted(base:
     assert os.listdir(pipe) == [] and _mounts_under(base) == []
 
 
+def test_mounted_over_names_what_is_mounted_in_the_job_directory(base: Path) -> None:
+    """From mountinfo (odd names quoted), else from a directory on another device."""
+    jd = base / "7"
+    (jd / "pipe").mkdir(parents=True)
+    (jd / "log").mkdir()
+    mi = base / "mountinfo"
+    mi.write_text(f"40 22 0:40 / {jd}/log rw - fuse f rw\n"
+                  f"41 22 0:41 / {jd}/pipe/a\\012b rw - fuse f rw\n")
+    assert mpsdir.mounted_over(str(jd), str(mi)) == "log, 'pipe/a\\nb'"
+    mi.write_text("")
+    assert mpsdir.mounted_over(str(jd), str(mi)) is None
+    _mount("-t", "tmpfs", "sg-over", str(jd / "pipe"))
+    assert mpsdir.mounted_over(str(jd), str(mi)) == "pipe"      # not in that mountinfo: by device
+    assert mpsdir.mounted_over(str(jd)) == "pipe"
+
+
 # -- the prolog -------------------------------------------------------------
 
 @pytest.fixture()
