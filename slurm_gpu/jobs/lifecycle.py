@@ -61,9 +61,10 @@ def prolog(ctx: Context) -> int:
 
     Every way out honours ``on_internal_error``: whatever escapes the steps
     below (no job uid in the environment, an untrusted old record, a full
-    disk under the state file, an undo that fails after a user error) is a
-    node fault; under ``pass`` the job is failed instead (recorded for its
-    tasks, or cancelled when even that cannot be written) and the exit is 0.
+    disk under the state file that holds no MPS base_dir, an undo that fails
+    after a user error) is a node fault; under ``pass`` the job is failed
+    instead (recorded for its tasks, or cancelled when even that cannot be
+    written) and the exit is 0.
     """
     policy = policy_of(ctx)
     try:
