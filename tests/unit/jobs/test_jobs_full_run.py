@@ -166,6 +166,31 @@ def test_the_epilog_on_a_full_run_cleans_up_and_stays_up(
     assert node.leftovers() == []
 
 
+def test_filled_half_way_through_a_mig_layout_the_baseline_comes_back(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/run filled once the job's first MIG instance is on record: the next
+    instance cannot be recorded before it is made, so it is not made; the
+    instance made is destroyed and the GPU's baseline recreated while the
+    record cannot follow; the failure cannot be recorded: the record goes."""
+    run = _small_run(node)
+    node.mig.check_blockers = False
+    before = node.layout(3)
+    real = js.save
+
+    def save_then_fill(state_dir: str, record: js.JobRecord) -> None:
+        real(state_dir, record)
+        if record.mig and any(i.get("uuid") for g in record.mig["gpus"] for i in g["instances"]):
+            _fill(run)
+    monkeypatch.setattr(js, "save", save_then_fill)
+    ctx = node.ctx(SLURM_JOB_GPUS="3", SPANK_SLURM_GPU_MIG="4g.40gb,2g.20gb,1g.10gb")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    assert node.logs[0] == _full_line(run) + " [job 100: user error, job fails, node stays up]"
+    assert js.load(node.state_dir, "100") is None, node.logs
+    assert node.layout(3) == before
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.layout(3) == before
+
+
 def test_a_full_state_filesystem_without_mps_dirs_stays_a_node_fault(node: Env) -> None:
     run = _small_run(node, mps_on_it=False)
     _fill(run)
