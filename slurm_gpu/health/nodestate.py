@@ -7,8 +7,9 @@ with its field bugs fixed):
 
 * drain with ``slurm-gpu: <check>: <detail>``; a node already drained,
   failed (``FAIL``) or down for another reason is left alone (its reason is
-  never overwritten); a reason on a node that is none of those holds no job
-  off it (stale text, or a note), so a drain replaces it;
+  never overwritten), and a drain found from events meanwhile stays owed
+  until that is lifted; a reason on a node that is none of those holds no
+  job off it (stale text, or a note), so a drain replaces it;
 * resume only a node whose reason is exactly the one we set (remembered in
   the state file), and only after N clean runs in a row; an admin who
   changes our reason takes the drain over, even to text that starts like
@@ -182,7 +183,8 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
     if not node.drained and node.failed:
         # "scontrol update state=fail reason=..." sets FAIL without DRAIN; our
         # drain would replace the admin's reason (and we would later resume it).
-        mem.drained_reason, mem.clean_runs = None, 0
+        # What the events found stays owed (see below).
+        mem.drained_reason, mem.clean_runs, mem.pending_reason = None, 0, owed
         return Plan("none", f"node is {'+'.join([node.base, *sorted(node.flags)])} for someone else's "
                     f"reason ({node.reason or 'no reason'}): left alone", memory=mem)
     if node.drained:
@@ -193,7 +195,12 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
             # longer know what we set, so only the exact reason we remember counts.
             note = (f"drained with a {PREFIX} reason this node's state does not record: left for an admin"
                     if node.ours else f"drained by someone else ({node.reason or 'no reason'}): left alone")
-            mem.drained_reason, mem.clean_runs = None, 0
+            # A fault the events found meanwhile stays owed (the cursors have
+            # consumed it): once their drain is lifted ("Kill task failed",
+            # which a user's unkillable process provokes, is resumed by an
+            # admin who knows nothing of the Xid), ours is made.  It dies
+            # with the boot, like any owed drain.
+            mem.drained_reason, mem.clean_runs, mem.pending_reason = None, 0, owed
             return Plan("none", note, memory=mem)
         mem.drained_reason = node.reason
         if want is not None:
