@@ -93,6 +93,22 @@ def parse_show_node(text: str) -> NodeState | None:
     return NodeState(m.group(1), parts[0].upper(), frozenset(p.upper() for p in parts[1:]), reason)
 
 
+def hands_off(node: NodeState) -> str | None:
+    """Why no slurm-gpu drain or resume may touch *node* now, or None.
+
+    It boots, powers up or down, awaits a reboot (which cures what a drain
+    would hold off), is down, not responding or a FUTURE node, or sits in a
+    maintenance reservation (admins are working on it).  One rule for the
+    health check's drains (:func:`decide`) and the epilog's user-problem
+    drain (health/userproblem.py).
+    """
+    if node.flags & _BOOTING or node.base in _NO_TOUCH_BASE or "NOT_RESPONDING" in node.flags:
+        return f"node is {'+'.join([node.base, *sorted(node.flags)])}"
+    if "MAINTENANCE" in node.flags:
+        return "node is in a maintenance reservation"
+    return None
+
+
 @dataclass
 class Memory:
     """What the health check remembers between runs (the state file)."""
@@ -173,12 +189,10 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
     if node is None:
         mem.pending_reason = owed
         return Plan("none", "node unknown to Slurm: no action", memory=mem)
-    if node.flags & _BOOTING or node.base in _NO_TOUCH_BASE or "NOT_RESPONDING" in node.flags:
+    why = hands_off(node)
+    if why:
         mem.pending_reason = owed
-        return Plan("none", f"node is {'+'.join([node.base, *sorted(node.flags)])}: no action", memory=mem)
-    if "MAINTENANCE" in node.flags:
-        mem.pending_reason = owed
-        return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
+        return Plan("none", f"{why}: no action", memory=mem)
     mem.pending_reason = None
     if not node.drained and node.failed:
         # "scontrol update state=fail reason=..." sets FAIL without DRAIN; our

@@ -10,7 +10,9 @@ those GPUs on every run (one extra NVML read, only while a marker exists)
 and resumes the node by itself on the first clean run; a node fault found
 meanwhile replaces the reason and is resumed only by the usual clean runs.
 
-A node someone else drained is never drained again, and a marker whose
+A node someone else drained is never drained again, nor one the health
+check leaves alone (rebooting, powering up or down, not responding, in a
+maintenance reservation: :func:`nodestate.hands_off`), and a marker whose
 reason no longer stands (an admin resumed or re-drained the node) is
 dropped.
 """
@@ -163,6 +165,7 @@ def drain(node: str, reason: str, timeout: float) -> str:
     from .. import slurmclient
     from ..errors import CommandError
     from .actions import show_node
+    from .nodestate import hands_off
     try:
         ns = show_node(node, timeout)
     except CommandError as e:
@@ -173,6 +176,11 @@ def drain(node: str, reason: str, timeout: float) -> str:
     # nor down holds nothing (24.11.5 keeps it after a resume), so it is replaced.
     if ns.drained or ns.failed or ns.down:
         return f"not drained: node already {'drained' if ns.drained else 'flagged'} ({ns.reason or 'no reason'})"
+    # And, as decide, nothing while it reboots, powers down or up, does not
+    # respond, or sits in a maintenance reservation.
+    why = hands_off(ns)
+    if why:
+        return f"not drained: {why}"
     try:
         slurmclient.drain(node, reason, timeout)
     except CommandError as e:

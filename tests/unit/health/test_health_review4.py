@@ -84,3 +84,30 @@ def test_kill_task_failed_drain_then_resume_still_drains_for_the_xid(tmp_path, m
     rep = engine.run(o)
     assert rep.action == "drain", rep.notes
     assert fake.updates and f"reason={R}" in fake.updates[0]
+
+
+# ------------------------------- 4. the user-problem drain keeps decide's hands-off rule
+
+# Slurm's flag names (node_state_flags[] in src/common/slurm_protocol_defs.c,
+# the same in 22.05.8, 24.11.5 and 26.05.3).
+HANDS_OFF = ["IDLE+MAINTENANCE+RESERVED", "MIXED+NOT_RESPONDING", "IDLE+REBOOT_REQUESTED",
+             "IDLE+REBOOT_ISSUED", "IDLE+POWERING_DOWN", "IDLE+POWER_DOWN", "IDLE+POWERING_UP",
+             "IDLE+POWERED_DOWN", "FUTURE"]
+
+
+@pytest.mark.parametrize("state", HANDS_OFF)
+def test_user_problem_drain_leaves_alone_what_decide_leaves_alone(state, monkeypatch):
+    from slurm_gpu.health import userproblem as up
+    fake = _Slurm(node(state))
+    monkeypatch.setattr(runner, "run", fake.run)
+    assert decide(parse_show_node(fake.text), R, Memory(), 3).action == "none"
+    note = up.drain("n1", "slurm-gpu: user-problem: job 7 left process 99 on GPU 0000:02:00.0", 5)
+    assert note.startswith("not drained: node ") and fake.updates == [], note
+
+
+@pytest.mark.parametrize("state", ["IDLE", "MIXED+RESERVED", "ALLOCATED+PLANNED", "COMPLETING"])
+def test_user_problem_drain_still_drains_a_node_in_service(state, monkeypatch):
+    from slurm_gpu.health import userproblem as up
+    fake = _Slurm(node(state))
+    monkeypatch.setattr(runner, "run", fake.run)
+    assert up.drain("n1", "slurm-gpu: user-problem: job 7 left x", 5) == "drained" and fake.updates
