@@ -33,7 +33,8 @@ from .gpu_checks import run_gpu_checks
 from .registry import (ACT_MIN_SECONDS, ALL_CHECKS, KMSG, NVML, OS, OWN, KmsgGather, OsGather, OwnGather,
                        enabled_checks, of_gather)
 from .settings import HealthSettings
-from .statefiles import _node_tag, lock_file, state_file  # noqa: F401 - engine.state_file is their old home
+from .statefiles import _node_tag, lock_file, open_lock, state_file  # noqa: F401 - engine.state_file: old home
+from .statefiles import untrusted_state_dir
 
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
 EVENTS_FILE = "xid-events.jsonl"
@@ -141,7 +142,7 @@ def _run(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
     # file and the cursors are read-modify-write.
     import fcntl
     os.makedirs(opts.state_dir, mode=0o755, exist_ok=True)
-    fd = os.open(lock_file(opts.state_dir, opts.node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_lock(lock_file(opts.state_dir, opts.node))
     try:
         t_end = time.monotonic() + 2.0
         while True:
@@ -188,6 +189,11 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     findings: list[Finding] = []
     incomplete: str | None = None          # a gather fell short: this run is no clean run
     event_findings: list[Finding] = []     # from XIDs/xid-watch records: consumed by the cursors, so owed
+    if opts.state_dir:
+        bad = untrusted_state_dir(opts.state_dir)
+        if bad:     # the run goes on: refusing would leave a faulty node in service
+            findings.append(Finding("health.state_dir", WARN, f"state_dir {opts.state_dir} is not root-trusted: "
+                                    f"another user may change {bad} (and so this check's state and locks)"))
 
     # gres.conf: only when a check compares against it.
     expected = None

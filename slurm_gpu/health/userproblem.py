@@ -80,13 +80,14 @@ def health_lock(state_dir: str, node: str, wait: float | None = None) -> int | N
 
     The epilog marks and drains under it: a health check deciding a fault
     drain meanwhile must not see its reason relabelled a user problem, which
-    resumes after one clean run and skips the DCGM gate.
+    resumes after one clean run and skips the DCGM gate.  A lock file a
+    user planted is InputError (:func:`slurm_gpu.health.statefiles.open_lock`).
     """
     import fcntl
     import time
-    from .statefiles import lock_file
+    from .statefiles import lock_file, open_lock
     os.makedirs(state_dir, mode=0o755, exist_ok=True)
-    fd = os.open(lock_file(state_dir, node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = open_lock(lock_file(state_dir, node))
     end = time.monotonic() + (LOCK_WAIT if wait is None else wait)
     while True:
         try:

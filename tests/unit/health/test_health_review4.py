@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import re
 
 import pytest
 
@@ -111,3 +110,159 @@ def test_user_problem_drain_still_drains_a_node_in_service(state, monkeypatch):
     fake = _Slurm(node(state))
     monkeypatch.setattr(runner, "run", fake.run)
     assert up.drain("n1", "slurm-gpu: user-problem: job 7 left x", 5) == "drained" and fake.updates
+
+
+# ------------------------------------------- 2. the run locks refuse a planted file
+
+def _plant(kind: str, path, tmp_path) -> None:
+    import os
+    if kind == "symlink":
+        (tmp_path / "elsewhere").mkdir(exist_ok=True)
+        os.symlink(tmp_path / "elsewhere" / "made-by-root", path)
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        path.write_text("")
+        os.chmod(path, 0o600)
+        if kind == "world-writable":
+            os.chmod(path, 0o666)
+        elif kind == "group-writable":
+            os.chmod(path, 0o620)
+        else:                                               # "a user's"
+            if os.geteuid() != 0:
+                pytest.skip("needs root to give the file away")
+            os.chown(path, 65534, -1)
+
+
+PLANTED = ["symlink", "fifo", "world-writable", "group-writable", "a user's"]
+
+
+@pytest.mark.parametrize("kind", PLANTED)
+def test_the_acting_run_refuses_a_planted_lock_file(kind, tmp_path, monkeypatch):
+    from slurm_gpu.errors import InputError
+    calls: list = []
+    monkeypatch.setattr(runner, "run", lambda argv, *a, **k: calls.append(argv))
+    log = tmp_path / "kern.log"
+    log.write_text(XID79)
+    (tmp_path / "s").mkdir()
+    _plant(kind, tmp_path / "s" / "health.n1.lock", tmp_path)
+    o = engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)), state_dir=str(tmp_path / "s"),
+                       only=["gpu.xid"])
+    with pytest.raises(InputError, match=r"lock file .*refused"):
+        engine.run(o)
+    assert calls == [] and not (tmp_path / "elsewhere" / "made-by-root").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "world-writable"])
+def test_the_epilogs_lock_refuses_a_planted_lock_file(kind, tmp_path):
+    from slurm_gpu.errors import InputError
+    from slurm_gpu.health import userproblem as up
+    _plant(kind, tmp_path / "health.n1.lock", tmp_path)
+    with pytest.raises(InputError, match="lock file"):
+        up.health_lock(str(tmp_path), "n1", wait=0)
+
+
+def _cli(args, capsys):
+    from slurm_gpu.cli import main
+    rc = main(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.usefixtures("isolated_config")
+@pytest.mark.parametrize("kind", ["symlink", "world-writable"])
+def test_a_slurmd_run_refuses_a_planted_run_lock_in_one_line(kind, tmp_path, capsys, monkeypatch):
+    from slurm_gpu.health.statefiles import slurmd_run_lock_file
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    ran: list = []
+    monkeypatch.setattr(engine, "run", lambda opts: ran.append(opts))
+    (tmp_path / "state").mkdir()
+    lock = slurmd_run_lock_file(str(tmp_path / "state"), "n2")
+    _plant(kind, __import__("pathlib").Path(lock), tmp_path)
+    log = tmp_path / "k.log"
+    log.write_text("")
+    rc, out, err = _cli(["health", "--slurm", "--only", "gpu.xid", "--kernel-log", str(log)], capsys)
+    assert (rc, out, ran) == (3, "", [])
+    assert err.count("\n") == 1 and err.startswith("slurm-gpu: health check incomplete: lock file ")
+    assert f"({lock})" in err and not (tmp_path / "elsewhere" / "made-by-root").exists()
+
+
+def test_a_state_dir_others_may_change_is_a_warning(tmp_path):
+    import os
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)                       # not sticky: a user may rename state/ away
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    o = engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)),
+                       state_dir=str(shared / "state"), only=["gpu.xid"], no_drain=True)
+    rep = engine.run(o)
+    (f,) = [f for f in rep.findings if f.check == "health.state_dir"]
+    assert f.severity == "warn" and str(shared) in f.message and rep.status == "warn"
+    os.chmod(shared, 0o1777)                      # sticky, like /tmp: trusted
+    assert not [f for f in engine.run(o).findings if f.check == "health.state_dir"]
+
+
+# ------------------------- 3. xid-watch's run, skipped while slurmd's holds the node
+
+@pytest.mark.usefixtures("isolated_config")
+def test_a_skip_is_0_for_slurmd_and_its_own_code_for_anyone_else(tmp_path, capsys, monkeypatch):
+    import fcntl
+    import os
+    from slurm_gpu import procfs
+    from slurm_gpu.health.findings import EXIT_SKIPPED
+    from slurm_gpu.health.statefiles import slurmd_run_lock_file
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    (tmp_path / "state").mkdir()
+    fd = os.open(slurmd_run_lock_file(str(tmp_path / "state"), "n2"), os.O_RDWR | os.O_CREAT, 0o600)
+    log = tmp_path / "k.log"
+    log.write_text("")
+    argv = ["health", "--slurm", "--only", "gpu.xid", "--kernel-log", str(log)]
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert _cli(argv, capsys)[0] == EXIT_SKIPPED == 75          # xid-watch's run: try again
+        monkeypatch.setattr(procfs, "parent_slurmd", lambda *a, **k: "4242:99")
+        rc, out, _ = _cli(argv, capsys)
+        assert rc == 0 and "skipped" in out                         # slurmd's: its contract
+    finally:
+        os.close(fd)
+
+
+def test_xid_watch_asks_again_soon_after_a_skipped_run(monkeypatch):
+    from slurm_gpu.health import watch
+    seen: list = []
+
+    def fake_run(argv, timeout, **kw):
+        seen.append(1)
+        return runner.Completed(argv=tuple(argv), returncode=75, stdout="slurm-gpu: health n1: skipped", stderr="")
+    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.setattr(watch.time, "sleep", lambda s: None)
+    # drained by someone else (settled) says nothing of this event: the run checked nothing
+    assert watch.health_trigger("n1", timeout=30, settled=lambda: True)("x") is False
+    assert len(seen) == 1                  # no 0.5 s retries: slurmd's run lasts seconds; _Retry asks again
+
+
+@pytest.mark.usefixtures("isolated_config")
+def test_the_stale_job_sweep_runs_after_the_run_lock_is_released(tmp_path, capsys, monkeypatch):
+    import fcntl
+    import os
+    from slurm_gpu.commands import health_run
+    from slurm_gpu.health.statefiles import slurmd_run_lock_file
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    monkeypatch.setattr(runner, "run", lambda argv, *a, **k: runner.Completed(tuple(argv), 1, "", "no Slurm"))
+    free: list[bool] = []
+
+    def sweep() -> None:
+        fd = os.open(slurmd_run_lock_file(str(tmp_path / "state"), "n2"), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free.append(True)
+        except BlockingIOError:
+            free.append(False)
+        finally:
+            os.close(fd)
+    monkeypatch.setattr(health_run, "_sweep_stale_jobs", sweep)
+    log = tmp_path / "k.log"
+    log.write_text("")
+    _cli(["health", "--slurm", "--only", "gpu.xid", "--kernel-log", str(log)], capsys)
+    assert free == [True]
