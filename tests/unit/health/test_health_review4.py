@@ -266,3 +266,29 @@ def test_the_stale_job_sweep_runs_after_the_run_lock_is_released(tmp_path, capsy
     log.write_text("")
     _cli(["health", "--slurm", "--only", "gpu.xid", "--kernel-log", str(log)], capsys)
     assert free == [True]
+
+
+def test_the_epilog_says_a_planted_lock_file_and_drains_nothing(tmp_path, monkeypatch):
+    """The epilog's user-problem drain behind a refused lock: one log line, no drain, no marker."""
+    import os
+    from types import SimpleNamespace
+    from slurm_gpu.health import userproblem as up
+    from slurm_gpu.hw import nvml_health
+    from slurm_gpu.jobs import lifecycle
+    drains: list = []
+    monkeypatch.setattr(up, "drain", lambda *a, **k: drains.append(a) or "drained")
+    me = os.getpid()       # the job's leftover: a process of the job's user (this test's)
+    monkeypatch.setattr(nvml_health, "read_processes", lambda api, handles: nvml_health.NvmlHealth(
+        available=True, gpus=[nvml_health.GpuHealth(index=0, bus_id="00000000:01:00.0", processes=((me, None),))]))
+    health = tmp_path / "health"
+    health.mkdir()
+    _plant("world-writable", health / "health.n1.lock", tmp_path)
+    logs: list[str] = []
+    ctx = SimpleNamespace(health_state_dir=str(health), node_name="n1", state_dir=str(tmp_path / "jobs"),
+                          env={}, log=logs.append)
+    st = SimpleNamespace(jobid="7", whole_gpus=True, gpus=[{"index": 0, "uuid": "GPU-1", "minor": 0}])
+    api = SimpleNamespace(find=lambda uuid=None, minor=None: 0)
+    lifecycle._leftovers(ctx, st, SimpleNamespace(uid=os.geteuid()), lambda: api)
+    assert drains == [] and up.load_marker(up.marker_path(str(health), "n1")) is None
+    (line,) = logs
+    assert line.startswith("slurm-gpu: user-problem: job 7 left process") and "[not drained: lock file " in line
