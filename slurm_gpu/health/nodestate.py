@@ -213,8 +213,11 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
             # consumed it): once their drain is lifted ("Kill task failed",
             # which a user's unkillable process provokes, is resumed by an
             # admin who knows nothing of the Xid), ours is made.  It dies
-            # with the boot, like any owed drain.
-            mem.drained_reason, mem.clean_runs, mem.pending_reason = None, 0, owed
+            # with the boot, like any owed drain.  A drain with exactly the owed
+            # reason is that drain made (a scontrol that timed out after
+            # slurmctld applied it): nothing is owed, whoever lifts it.
+            mem.drained_reason, mem.clean_runs = None, 0
+            mem.pending_reason = owed if owed != node.reason else None
             return Plan("none", note, memory=mem)
         mem.drained_reason = node.reason
         if want is not None:

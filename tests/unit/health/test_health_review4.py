@@ -292,3 +292,13 @@ def test_the_epilog_says_a_planted_lock_file_and_drains_nothing(tmp_path, monkey
     assert drains == [] and up.load_marker(up.marker_path(str(health), "n1")) is None
     (line,) = logs
     assert line.startswith("slurm-gpu: user-problem: job 7 left process") and "[not drained: lock file " in line
+
+
+def test_the_owed_drain_itself_standing_unrecorded_is_no_longer_owed():
+    """scontrol timed out after slurmctld drained: the node stands drained with
+    exactly the owed reason, which the state does not record.  That is the
+    drain made; an admin who lifts it is not drained over again."""
+    stamp = " [root@2026-11-29T03:00:00]"
+    p = decide(parse_show_node(node("IDLE+DRAIN", f" Reason={R}{stamp}")), None, Memory(pending_reason=R), 3)
+    assert p.action == "none" and p.memory.pending_reason is None
+    assert decide(parse_show_node(node("IDLE")), None, p.memory, 3).action == "none"
