@@ -95,7 +95,7 @@ def test_hung_nvml_is_cut_off_and_drains(tmp_path, capsys):
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text(cfg.read_text() + "[health]\nnvml_call_timeout = 0.5\n")
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     rc, out, _ = run(["health", "--snapshot", H100, "--overlay", str(ov), "--only", "gpu.nvml,gpu.ecc", "--json",
                       "--no-drain"], capsys)
     doc = json.loads(out)
@@ -162,7 +162,7 @@ def test_slurm_mode_unreadable_configured_source_is_unknown(tmp_path, capsys):
     cfg = tmp_path / "slurm-gpu.toml"
     cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "{tmp_path}/gone.log"\n')
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     rc, _, err = run(["health", "--only", "gpu.xid", "--slurm"], capsys)
     assert rc == 3 and "kernel log not found" in err
 
