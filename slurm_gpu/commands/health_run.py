@@ -35,6 +35,12 @@ def _job_gpus(state_dir: str) -> Any:
     return read
 
 
+def _untrusted_dir(path: str) -> str | None:
+    """The job state's trust rule (jobs/trust.py), for the check's state_dir."""
+    from ..jobs.trust import untrusted_ancestor
+    return untrusted_ancestor(path)
+
+
 def _state_dir(s: Any) -> str:
     from ..hw import live
     if s.state_dir:
@@ -182,7 +188,7 @@ def _run_health(s: Any, name: str, as_json: bool, slurm_mode: bool, no_drain: bo
         gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
         expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None,
         repair=_repair_settings(), job_gpus=_job_gpus(live.settings().state_dir),
-        slurm_healthy=healthy)
+        slurm_healthy=healthy, untrusted_dir=_untrusted_dir)
     from ..errors import SlurmGpuError
     try:
         rep = engine.run(opts)

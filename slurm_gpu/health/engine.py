@@ -34,7 +34,6 @@ from .registry import (ACT_MIN_SECONDS, ALL_CHECKS, KMSG, NVML, OS, OWN, KmsgGat
                        enabled_checks, of_gather)
 from .settings import HealthSettings
 from .statefiles import _node_tag, lock_file, open_lock, state_file  # noqa: F401 - engine.state_file: old home
-from .statefiles import untrusted_state_dir
 
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
 EVENTS_FILE = "xid-events.jsonl"
@@ -66,6 +65,9 @@ class Options:
     # passes from Slurm 26.05.2 with SlurmctldParameters=health_check_report
     # (by default from 26.11).  Unset at slurmd's start-up run, before it registers.
     slurm_healthy: str | None = None
+    # path -> the first directory above it a non-root user could change, or
+    # None (jobs.trust.untrusted_ancestor; the front end passes it in).
+    untrusted_dir: Callable[[str], str | None] | None = None
 
 
 @dataclass
@@ -189,8 +191,10 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     findings: list[Finding] = []
     incomplete: str | None = None          # a gather fell short: this run is no clean run
     event_findings: list[Finding] = []     # from XIDs/xid-watch records: consumed by the cursors, so owed
-    if opts.state_dir:
-        bad = untrusted_state_dir(opts.state_dir)
+    if opts.state_dir and opts.untrusted_dir is not None:
+        # Whoever may change state_dir may swap the state file (our drains,
+        # the cursors) or the locks under the check.
+        bad = opts.untrusted_dir(os.path.join(opts.state_dir, "_"))
         if bad:     # the run goes on: refusing would leave a faulty node in service
             findings.append(Finding("health.state_dir", WARN, f"state_dir {opts.state_dir} is not root-trusted: "
                                     f"another user may change {bad} (and so this check's state and locks)"))

@@ -50,16 +50,6 @@ def open_lock(path: str | os.PathLike[str]) -> int:
     return fd
 
 
-def untrusted_state_dir(state_dir: str | os.PathLike[str]) -> str | None:
-    """The directory of *state_dir* or above it that a non-root user could change, or None.
-
-    Such a user could swap the state file (our drains, the cursors) or the
-    locks under the check; the rules are the job state's (jobs/trust.py).
-    """
-    from ..jobs.trust import untrusted_ancestor
-    return untrusted_ancestor(os.path.join(state_dir, "_"))
-
-
 def slurmd_run_lock_file(state_dir: str | os.PathLike[str], node: str) -> str:
     """The lock a slurmd-started run (``--slurm``) holds from start to exit."""
     return os.path.join(state_dir, f"health.{_node_tag(node)}.slurmd.lock")

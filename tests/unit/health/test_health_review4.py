@@ -187,20 +187,30 @@ def test_a_slurmd_run_refuses_a_planted_run_lock_in_one_line(kind, tmp_path, cap
     assert f"({lock})" in err and not (tmp_path / "elsewhere" / "made-by-root").exists()
 
 
-def test_a_state_dir_others_may_change_is_a_warning(tmp_path):
+def test_a_state_dir_others_may_change_is_a_warning(tmp_path, monkeypatch, capsys):
+    import json
     import os
+    from slurm_gpu import config
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)                       # not sticky: a user may rename state/ away
+    cfg = tmp_path / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/node"\n[health]\nstate_dir = "{shared}/state"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    config.clear_cache()
     log = tmp_path / "kern.log"
     log.write_text("")
-    o = engine.Options(node="n1", settings=HealthSettings(kernel_log=str(log)),
-                       state_dir=str(shared / "state"), only=["gpu.xid"], no_drain=True)
-    rep = engine.run(o)
-    (f,) = [f for f in rep.findings if f.check == "health.state_dir"]
-    assert f.severity == "warn" and str(shared) in f.message and rep.status == "warn"
-    os.chmod(shared, 0o1777)                      # sticky, like /tmp: trusted
-    assert not [f for f in engine.run(o).findings if f.check == "health.state_dir"]
+    argv = ["health", "--no-drain", "--json", "--only", "gpu.xid", "--kernel-log", str(log), "--node", "n1"]
+    try:
+        rc, out, _ = _cli(argv, capsys)
+        (f,) = [f for f in json.loads(out)["findings"] if f["check"] == "health.state_dir"]
+        assert (rc, f["severity"]) == (1, "warn") and str(shared) in f["message"]
+        os.chmod(shared, 0o1777)                  # sticky, like /tmp: trusted
+        rc, out, _ = _cli(argv, capsys)
+        assert rc == 0 and json.loads(out)["findings"] == [], out
+    finally:
+        config.clear_cache()
 
 
 # ------------------------- 3. xid-watch's run, skipped while slurmd's holds the node
@@ -246,13 +256,13 @@ def test_xid_watch_asks_again_soon_after_a_skipped_run(monkeypatch):
 def test_the_stale_job_sweep_runs_after_the_run_lock_is_released(tmp_path, capsys, monkeypatch):
     import fcntl
     import os
-    from slurm_gpu.commands import health_run
     from slurm_gpu.health.statefiles import slurmd_run_lock_file
+    from slurm_gpu.jobs import state as jobstate
     monkeypatch.setenv("SLURMD_NODENAME", "n2")
     monkeypatch.setattr(runner, "run", lambda argv, *a, **k: runner.Completed(tuple(argv), 1, "", "no Slurm"))
     free: list[bool] = []
 
-    def sweep() -> None:
+    def list_jobs(state_dir):      # the sweep's first look: which jobs have state here
         fd = os.open(slurmd_run_lock_file(str(tmp_path / "state"), "n2"), os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -261,37 +271,12 @@ def test_the_stale_job_sweep_runs_after_the_run_lock_is_released(tmp_path, capsy
             free.append(False)
         finally:
             os.close(fd)
-    monkeypatch.setattr(health_run, "_sweep_stale_jobs", sweep)
+        return []
+    monkeypatch.setattr(jobstate, "list_jobs", list_jobs)
     log = tmp_path / "k.log"
     log.write_text("")
     _cli(["health", "--slurm", "--only", "gpu.xid", "--kernel-log", str(log)], capsys)
     assert free == [True]
-
-
-def test_the_epilog_says_a_planted_lock_file_and_drains_nothing(tmp_path, monkeypatch):
-    """The epilog's user-problem drain behind a refused lock: one log line, no drain, no marker."""
-    import os
-    from types import SimpleNamespace
-    from slurm_gpu.health import userproblem as up
-    from slurm_gpu.hw import nvml_health
-    from slurm_gpu.jobs import lifecycle
-    drains: list = []
-    monkeypatch.setattr(up, "drain", lambda *a, **k: drains.append(a) or "drained")
-    me = os.getpid()       # the job's leftover: a process of the job's user (this test's)
-    monkeypatch.setattr(nvml_health, "read_processes", lambda api, handles: nvml_health.NvmlHealth(
-        available=True, gpus=[nvml_health.GpuHealth(index=0, bus_id="00000000:01:00.0", processes=((me, None),))]))
-    health = tmp_path / "health"
-    health.mkdir()
-    _plant("world-writable", health / "health.n1.lock", tmp_path)
-    logs: list[str] = []
-    ctx = SimpleNamespace(health_state_dir=str(health), node_name="n1", state_dir=str(tmp_path / "jobs"),
-                          env={}, log=logs.append)
-    st = SimpleNamespace(jobid="7", whole_gpus=True, gpus=[{"index": 0, "uuid": "GPU-1", "minor": 0}])
-    api = SimpleNamespace(find=lambda uuid=None, minor=None: 0)
-    lifecycle._leftovers(ctx, st, SimpleNamespace(uid=os.geteuid()), lambda: api)
-    assert drains == [] and up.load_marker(up.marker_path(str(health), "n1")) is None
-    (line,) = logs
-    assert line.startswith("slurm-gpu: user-problem: job 7 left process") and "[not drained: lock file " in line
 
 
 def test_the_owed_drain_itself_standing_unrecorded_is_no_longer_owed():
