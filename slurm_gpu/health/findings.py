@@ -22,6 +22,11 @@ INFO, WARN, DRAIN = "info", "warn", "drain"
 _RANK = {INFO: 0, WARN: 1, DRAIN: 2}
 
 EXIT_OK, EXIT_WARN, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+# A --slurm run not started by slurmd (xid-watch's, an admin's) that left at
+# once because slurmd's run holds the node: nothing checked, ask again soon
+# (sysexits' EX_TEMPFAIL).  slurmd's own runs still exit 0 then: slurmd logs
+# any other code as "error: health_check failed".
+EXIT_SKIPPED = 75
 
 
 @dataclass(frozen=True)

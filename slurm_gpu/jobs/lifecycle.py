@@ -235,7 +235,11 @@ def _leftovers(ctx: Context, st: JobRecord, user: JobUser | None, api: Callable[
         return
     reason = up.reason_for(jobid, found)
     path = up.marker_path(ctx.health_state_dir, ctx.node_name)
-    lock = up.health_lock(ctx.health_state_dir, ctx.node_name)
+    try:
+        lock = up.health_lock(ctx.health_state_dir, ctx.node_name)
+    except (OSError, SlurmGpuError) as e:      # a planted or unopenable lock file: the job's note, no drain
+        ctx.log(f"{reason} [not drained: {e}]")
+        return
     if lock is None:
         ctx.log(f"{reason} [not drained: the health check holds its lock for longer than "
                 f"{up.LOCK_WAIT:g} s]")

@@ -1473,3 +1473,35 @@ def test_a_whole_gpu_option_on_a_mig_slice_fails_the_job_never_the_node(node: En
     assert st.phase == "failed" and "Slurm GPU index 1 is a MIG slice" in st.error, st.error
     assert st.consequence == "user"
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
+
+
+@pytest.mark.parametrize("plant", ["symlink", "world-writable"])
+def test_a_planted_health_lock_file_is_one_line_and_no_drain(node: Env, monkeypatch, plant: str) -> None:
+    """A lock file a user planted in the health state dir (a link, one others may
+    write) is refused by the epilog's user-problem drain: one line, no drain, no
+    marker, and the epilog still succeeds."""
+    from slurm_gpu.health import engine
+    from slurm_gpu.health import userproblem as up
+    from slurm_gpu.hw import nvml_health
+    left = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1")   # the job's leftover on GPU 0
+    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, idx: nvml_health.NvmlHealth(
+        available=True, gpus=[SimpleNamespace(bus_id="00000000:1B:00.0", lost=None, memory_used=0,
+                                              processes=((left.pid, None),))]))
+    drains: list[str] = []
+    monkeypatch.setattr(up, "drain", lambda node_, reason, timeout: drains.append(reason) or "drained")
+    health = node.base / "health"
+    health.mkdir()
+    lock = engine.lock_file(str(health), "n1")
+    if plant == "symlink":
+        os.symlink(node.base / "elsewhere", lock)
+    else:
+        Path(lock).write_text("")
+        os.chmod(lock, 0o666)
+    try:
+        assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="0")) == 0, node.logs
+    finally:
+        left.kill()
+        left.wait()
+    assert drains == [] and up.load_marker(up.marker_path(str(health), "n1")) is None
+    assert [m for m in node.logs if "user-problem" in m and "[not drained: lock file " in m], node.logs
+    assert not (node.base / "elsewhere").exists()
