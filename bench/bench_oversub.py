@@ -44,12 +44,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import string
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,7 +56,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from benchrow import row  # noqa: E402
 from overlap import device_users, overlaps, slurm_gave_all, slurm_indices  # noqa: E402
-from sbjobs import JOB_USERS, client, job, sbatch, slurm_gpu_minors, use_load_file  # noqa: E402
+from sbjobs import (JOB_USERS, client, job, sandbox_options, sbatch, slurm_gpu_minors, use_load_file,  # noqa: E402
+                    workdir)
 
 MACHINE = "h100-mig"
 TICK = 0.3
@@ -236,8 +235,7 @@ def run_phase(share: str, n: int, rng: random.Random, slurm: str | None, machine
     ph = Phase(share)
     kinds_here = [k for k in KINDS if (k[0] not in SHARING or k[0] == share)
                   and (machine == MACHINE or not any("g.10gb:" in o for o in k[1]))]   # MIG gres: h100-mig's
-    d = Path(tempfile.mkdtemp(prefix="bench-oversub."))
-    os.chmod(d, 0o755)
+    d = workdir("oversub")
     out = d / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
@@ -322,8 +320,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=27)
     ap.add_argument("--share", default="shard,mps", help="the sharing gres to run a stream with, in turn")
     ap.add_argument("--machine", default=MACHINE, help="the node's recorded machine (MIG gres jobs only on h100-mig)")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--slurm", default=None, help="Slurm version of the sandbox (default: the host's)")
+    sandbox_options(ap)
     a = ap.parse_args()
     shares = [x for x in a.share.split(",") if x]
     n = 6 if a.smoke else max(1, a.jobs // len(shares))

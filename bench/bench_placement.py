@@ -18,12 +18,10 @@ figures (docs/topology.md keeps them).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from benchrow import row  # noqa: E402
+from sbjobs import workdir  # noqa: E402
 
 NODES = 16
 TOPOLOGY = "".join(f"SwitchName=leaf{i} Nodes=n[{4 * i - 3}-{4 * i}]\n" for i in range(1, 5)) + \
@@ -45,8 +44,7 @@ def stream(n: int, seed: int) -> list[tuple[int, int]]:
 def run_stream(tree: bool, jobs: list[tuple[int, int]]) -> dict[str, list[str]]:
     from slurm_gpu.confgen import hostlist
     from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
-    d = Path(tempfile.mkdtemp(prefix="bench-placement."))
-    os.chmod(d, 0o755)
+    d = workdir("placement")
     extra = {"slurm_conf": {"TopologyPlugin": "topology/tree"}, "etc_files": {"topology.conf": TOPOLOGY}} \
         if tree else {}
     sb = Sandbox(d, SandboxOptions(nodes=NODES, machine="mini-2numa", timeout=120.0, **extra))

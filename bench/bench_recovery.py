@@ -25,12 +25,10 @@ round trips take).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -140,14 +138,12 @@ def job_runs(sb, layout, runs: int) -> tuple[list[float], list[float]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--slurm", default=None, help="Slurm version of the sandbox (default: the host's)")
+    sbjobs.sandbox_options(ap)
     a = ap.parse_args()
     runs = 1 if a.smoke else a.runs
     from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions, nodesim
     from slurm_gpu_devkit.sandbox.layout import Layout
-    d = Path(tempfile.mkdtemp(prefix="bench-recovery."))
-    os.chmod(d, 0o755)
+    d = sbjobs.workdir("recovery")
     sb = Sandbox(d, SandboxOptions(nodes=2, health=True, health_interval=300, simulate=True, slurm=a.slurm,
                                    extra_config={"health": {"clean_runs_to_resume": 1}}))
     fault, floor = [], []

@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -41,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from benchrow import row  # noqa: E402
-from sbjobs import JOB_USERS, client, indices, job, sbatch, slurm_gpu_minors, until, use_load_file  # noqa: E402
+from sbjobs import (JOB_USERS, client, indices, job, sandbox_options, sbatch, slurm_gpu_minors, until,  # noqa: E402
+                    use_load_file, workdir)
 
 GOAL_PTS = 2.0
 MACHINE = "h100-sxm-8x"
@@ -121,13 +120,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--seed", type=int, default=27)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--slurm", default=None, help="Slurm version of the sandbox (default: the host's)")
+    sandbox_options(ap)
     a = ap.parse_args()
     n = 3 if a.smoke else a.jobs
     from slurm_gpu_devkit.sandbox import Sandbox, SandboxOptions
-    d = Path(tempfile.mkdtemp(prefix="bench-util."))
-    os.chmod(d, 0o755)
+    d = workdir("util")
     out = d / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)

@@ -1,15 +1,31 @@
-"""What the sandbox benchmarks of issue 27's outcome rows share: Slurm
+"""What the sandbox benchmarks share: their options and work directory, Slurm
 clients as root or as a job user, a job's record, polling, and the node's
-simulator load (bench_oversub.py, bench_util.py)."""
+simulator load (bench_oversub.py, bench_util.py, bench_recovery.py,
+bench_placement.py)."""
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 JOB_USERS = ("sgtest1", "sgtest2")
+
+
+def sandbox_options(ap: argparse.ArgumentParser) -> None:
+    """The options every sandbox benchmark takes: ``--smoke`` and the sandbox's ``--slurm``."""
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--slurm", default=None, help="Slurm version of the sandbox (default: the host's)")
+
+
+def workdir(name: str) -> Path:
+    """A new directory for a sandbox: 0755, so its daemons and job users can reach what is inside."""
+    d = Path(tempfile.mkdtemp(prefix=f"bench-{name}."))
+    os.chmod(d, 0o755)
+    return d
 
 
 def client(sb: Any, argv: list[str], user: str | None = None, check: bool = True, cwd: str = "/tmp",

@@ -23,12 +23,14 @@ Rules (sg_bind.c):
 * A task's GPUs come from ``SLURM_STEP_GPUS`` (``SLURM_JOB_GPUS`` in a batch
   step: node-level GRES indices) narrowed by the task's own
   ``CUDA_VISIBLE_DEVICES`` (GPU indices, global or local to the step, or
-  uuids).  When every task sees all of the step's GPUs, they are handed out
+  uuids; a uuid of a GPU outside the step counts as unknown, as a number
+  outside it does).  When every task sees all of the step's GPUs, they are handed out
   like ``--gpu-bind=per_task:N``: task *i* gets the *N* GPUs starting at
   ``i*N`` (wrapping), with N from ``SLURM_GPUS_PER_TASK`` or else GPUs/tasks
   (at least 1).  List entries may carry white space around them (Unicode's,
   as Python's ``str.strip`` strips it); numbers are ASCII digits of any
-  size; a number list of 4096 entries or more is not a GPU list.
+  size; a list of more than 4096 entries (numbers or uuids) is not a GPU
+  list.
 * The CPU set is the GPUs' local CPUs intersected with the CPUs the task may
   use: Slurm's binding is only ever narrowed, never widened.
 * The memory policy is MPOL_BIND (strict) or MPOL_PREFERRED (prefer) to the

@@ -101,3 +101,13 @@ def consequence(e: BaseException) -> str:
 def line(text: str) -> str:
     """*text* with the program prefix, added once (text that has it already is kept)."""
     return text if text.startswith(PREFIX) else PREFIX + text
+
+
+def unreadable(e: OSError, what: str, path: str, verb: str = "read") -> InputError:
+    """*e*, met opening *what* at *path*, as the one line a user sees: missing,
+    a directory, or why it cannot be read (or listed: *verb*)."""
+    if isinstance(e, FileNotFoundError):
+        return InputError(f"{what} not found", path)
+    if isinstance(e, IsADirectoryError):
+        return InputError(f"{what} is a directory", path)
+    return InputError(f"cannot {verb} {what}: {e.strerror}", path)

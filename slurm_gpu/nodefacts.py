@@ -118,7 +118,11 @@ def _join(head: str, name: str) -> str:
 
 # -- the file ------------------------------------------------------------------------
 
-def _stamp(path: str | None) -> tuple[Any, ...] | None:
+def stamp(path: str | None) -> tuple[Any, ...] | None:
+    """What an entry records of one input: ``(path, mtime_ns, size, inode)``
+    (``stat()`` following links), ``(path, None)`` when it does not exist,
+    None for no path.  The binding table carries these too, and the C half
+    re-checks them the same way (spank/sg_bind.c, stamp_holds)."""
     if not path:
         return None
     try:
@@ -214,7 +218,7 @@ def _valid(data: Any, key: str) -> bool:
     if not now or data.get("boot_id") != now:
         return False                    # an unknown boot id could be any boot
     for st in data["stamps"]:
-        if not (isinstance(st, tuple) and st and _stamp(st[0]) == st):
+        if not (isinstance(st, tuple) and st and stamp(st[0]) == st):
             return False
     return True
 
@@ -255,9 +259,9 @@ def _inputs(config_path: str | None, gres_conf: str | None) -> tuple[tuple[Any, 
     from .hw import live
     candidates = [config_path, str(config.config_path() or ""), "/etc/slurm-gpu/slurm-gpu.toml",
                   os.path.join(sys.prefix, "etc", "slurm-gpu", "slurm-gpu.toml")]
-    stamps = [_stamp(p) for p in dict.fromkeys(candidates)]
+    stamps = [stamp(p) for p in dict.fromkeys(candidates)]
     n = live.settings()
-    stamps += [_stamp(n.snapshot or None), _stamp(n.nvml_plugin[1] if n.nvml_plugin else None), _stamp(gres_conf)]
+    stamps += [stamp(n.snapshot or None), stamp(n.nvml_plugin[1] if n.nvml_plugin else None), stamp(gres_conf)]
     return tuple(st for st in stamps if st is not None), n.state_dir
 
 

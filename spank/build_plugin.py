@@ -68,6 +68,8 @@ void slurm_verbose(const char *format, ...);
 void slurm_debug(const char *format, ...);
 
 const char *sg_option_value(int which);
+struct sg_args { const char *config; const char *numa_mode; int numa_verbose; ...; };
+const struct sg_args *sg_plugstack_args(void);
 int sg_set_mempolicy(int mode, const unsigned long *nodemask, unsigned long maxnode);
 int sg_get_mempolicy(int *mode, unsigned long *nodemask, unsigned long maxnode);
 int sg_thp_disable(void);
@@ -113,7 +115,7 @@ PLANNER_SOURCE = "sg_bind.c"
 PLANNER_MODULE = "_sg_planner"
 
 EMBEDDING_API = r"""
-int sg_py_hook(int hook, spank_t sp, int ac, char **av);
+int sg_py_hook(int hook, spank_t sp);
 int sg_py_option(int which, int remote);
 """
 

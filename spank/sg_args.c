@@ -2,7 +2,7 @@
  * slurm-gpu SPANK plugin, outer half: the plugstack.conf arguments.
  *
  * Parsed once, in slurm_spank_init, into sg_args; every later hook reads
- * the struct.  Unknown keys are fatal, like pyxis: a typo must not be
+ * the struct, and so does the Python side (sg_api.h: it gets no argv).  Unknown keys are fatal, like pyxis: a typo must not be
  * ignored.  The rules are slurm_gpu/joboptions.py's (parse_plugstack_args),
  * so that a mistake stops every context here instead of only the steps
  * that start Python.
@@ -43,32 +43,38 @@ int sg_has_token(const char *list, const char *tok)
     return 0;
 }
 
-/* Every token is a mode or "verbose", with exactly one mode. */
-static int sg_numa_value_ok(const char *v)
+/* Every token is a mode or "verbose", with exactly one mode: 0 with the
+ * mode (a static string) and whether "verbose" was there, or -1. */
+static int sg_numa_value(const char *v, const char **mode, int *verbose)
 {
     static const char *modes[] = SG_NUMA_MODES;
     const char *p = v;
     int nmodes = 0, k;
+    *verbose = 0;
     while (p) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t) (end - p) : strlen(p);
-        int known = (len == 7 && strncmp(p, "verbose", 7) == 0);
+        int known = 0;
+        if (len == 7 && strncmp(p, "verbose", 7) == 0)
+            known = *verbose = 1;
         for (k = 0; modes[k]; k++)
             if (len == strlen(modes[k]) && strncmp(p, modes[k], len) == 0) {
                 known = 1;
                 nmodes++;
+                *mode = modes[k];
             }
         if (!known)
-            return 0;
+            return -1;
         p = end ? end + 1 : NULL;
     }
-    return nmodes == 1;
+    return nmodes == 1 ? 0 : -1;
 }
 
 int sg_args_parse(int ac, char **av, struct sg_args *out)
 {
     int i, k;
     memset(out, 0, sizeof(*out));
+    out->numa_mode = "off";             /* numa_bind not given */
     for (i = 0; i < ac; i++) {
         const char *eq = strchr(av[i], '=');
         int ok = 0;
@@ -88,12 +94,11 @@ int sg_args_parse(int ac, char **av, struct sg_args *out)
                 return -1;
             }
         if (strncmp(av[i], "numa_bind=", 10) == 0) {
-            if (!sg_numa_value_ok(av[i] + 10)) {
+            if (sg_numa_value(av[i] + 10, &out->numa_mode, &out->numa_verbose) != 0) {
                 slurm_error("slurm-gpu: bad plugstack argument '%s' "
                             "(numa_bind=strict|prefer|off[,verbose])", av[i]);
                 return -1;
             }
-            out->numa_bind = av[i] + 10;
         } else if (strncmp(av[i], "config=", 7) == 0) {
             if (av[i][7] != '/') {
                 slurm_error("slurm-gpu: plugstack argument %s must be an absolute path", av[i]);

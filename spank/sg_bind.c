@@ -187,7 +187,7 @@ static int parse_u64(const char *p, unsigned long long *v)
 }
 
 /* "stamp <mtime_ns> <size> <ino> <path>": the input is as it was stamped
- * (nodefacts._stamp: stat() following links; "-": it did not exist). */
+ * (nodefacts.stamp: stat() following links; "-": it did not exist). */
 static int stamp_holds(char *rest)
 {
     char *f[3], *path = rest;
@@ -629,14 +629,14 @@ static int in_list(long long v, const long long *l, int n)
  * positions) into *ids, and how many; -1 out of memory. */
 static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long long **ids_out)
 {
-    int nstep, ncvd = 0, n = 0, i, k, full, cap = SG_MAX_GPU_IDS;
+    int nstep, ncvd = 0, n = 0, i, k, full, entries = 1;
     const char *cvd_text = in->cvd ? in->cvd : "", *c;
     long long *step, *cvd, *ids;
-    for (c = cvd_text; *c; c++)
-        cap += *c == ',';           /* a uuid list is as long as it is */
+    for (c = cvd_text; *c && entries <= SG_MAX_GPU_IDS; c++)
+        entries += *c == ',';
     step = malloc(sizeof(*step) * SG_MAX_GPU_IDS);
     cvd = malloc(sizeof(*cvd) * SG_MAX_GPU_IDS);
-    ids = *ids_out = malloc(sizeof(*ids) * (size_t) (cap + 1));
+    ids = *ids_out = malloc(sizeof(*ids) * SG_MAX_GPU_IDS);
     if (!step || !cvd || !ids) {
         n = -1;
         goto out;
@@ -646,8 +646,14 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
         goto out;
     if (*cvd_text)
         ncvd = int_list(cvd_text, cvd);
-    if (ncvd == 0 && *cvd_text && strncmp(cvd_text, "MIG-", 4) != 0) {
-        /* uuids: each entry as it is, the last GPU of a uuid wins (a dict) */
+    if (ncvd == 0 && *cvd_text && strncmp(cvd_text, "MIG-", 4) != 0
+        && entries <= SG_MAX_GPU_IDS) {
+        /* uuids: each entry as it is, the last GPU of a uuid wins (a dict);
+         * a uuid of a GPU outside the step counts as unknown, as a number
+         * outside it does (or the task would be bound to another GPU's CPUs
+         * and memory, and SLURM_GPU_BINDING name it); a list of
+         * more than SG_MAX_GPU_IDS entries is no GPU list, as a number list is
+         * not (each entry is matched against the whole table) */
         const char *p = cvd_text;
         for (;;) {
             const char *end = strchr(p, ',');
@@ -657,7 +663,7 @@ static int task_gpus(const struct sg_table *t, const struct sg_task_in *in, long
                 if (!t->gpus[k].missing && t->gpus[k].uuid[0]
                     && strlen(t->gpus[k].uuid) == len && strncmp(t->gpus[k].uuid, p, len) == 0)
                     found = k;
-            if (found >= 0)
+            if (found >= 0 && in_list(found, step, nstep))
                 ids[n++] = found;
             if (!end)
                 break;
@@ -1023,7 +1029,7 @@ int sg_bind_task(const struct sg_table *t, struct sg_task_in *in, const struct s
             goto out;
         }
         {
-            /* effects._words: one bit per node, maxnode = words * bits + 1 */
+            /* effects.nodemask: one bit per node, maxnode = words * bits + 1 */
             const int bits = (int) (sizeof(unsigned long) * 8);
             int words = plan.host_node / bits + 1;
             unsigned long mask[SG_BIND_MAXID / (sizeof(unsigned long) * 8) + 1];

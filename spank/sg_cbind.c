@@ -66,11 +66,12 @@ static int sg_readable_var(spank_t sp, const char *name)
  * readable. */
 int sg_cbind_eligible(spank_t sp)
 {
-    const char *user = sg_values[SG_OPT_NUMA_BIND], *admin = sg_args.numa_bind;
+    const char *user = sg_values[SG_OPT_NUMA_BIND];
     const char *prof = sg_values[SG_OPT_PROFILE], *var;
     if (sg_values[SG_OPT_MPS] || sg_values[SG_OPT_MIG] || (prof && strcmp(prof, "none")))
         return 0;
-    if (user ? strcmp(user, "prefer") : (!admin || strcmp(admin, "prefer")))
+    if (user ? strcmp(user, "prefer")
+             : (strcmp(sg_args.numa_mode, "prefer") || sg_args.numa_verbose))
         return 0;
     if (!(var = sg_gpu_var(sp)))
         return 0;

@@ -105,12 +105,14 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
+    (void) ac;                      /* parsed once, at init: sg_args */
+    (void) av;
     switch (spank_context()) {
     case S_CTX_REMOTE:
-        return sg_remote_init_post_opt(sp, ac, av);
+        return sg_remote_init_post_opt(sp);
     case S_CTX_LOCAL:
     case S_CTX_ALLOCATOR:
-        return sg_local_init_post_opt(sp, ac, av);
+        return sg_local_init_post_opt(sp);
     default:
         return 0;
     }
@@ -125,10 +127,14 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
-    return spank_context() == S_CTX_REMOTE ? sg_remote_task_init_privileged(sp, ac, av) : 0;
+    (void) ac;
+    (void) av;
+    return spank_context() == S_CTX_REMOTE ? sg_remote_task_init_privileged(sp) : 0;
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
-    return spank_context() == S_CTX_REMOTE ? sg_remote_task_init(sp, ac, av) : 0;
+    (void) ac;
+    (void) av;
+    return spank_context() == S_CTX_REMOTE ? sg_remote_task_init(sp) : 0;
 }

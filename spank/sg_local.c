@@ -28,11 +28,11 @@ static int sg_pass_to_prolog(spank_t sp)
     return 0;
 }
 
-int sg_local_init_post_opt(spank_t sp, int ac, char **av)
+int sg_local_init_post_opt(spank_t sp)
 {
     if (!sg_any_option())
         return 0;
     if (sg_python_state() == 0 && sg_all_canonical())
         return sg_pass_to_prolog(sp);
-    return sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av);
+    return sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp);
 }

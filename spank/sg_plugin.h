@@ -4,6 +4,7 @@
  * One file per context, as NVIDIA/pyxis does it:
  *   sg_dispatch.c  the exported slurm_spank_* hooks, routing on spank_context()
  *   sg_args.c      plugstack arguments, parsed once at init into sg_args
+ *                  (the only parse: Python reads the struct, sg_api.h)
  *   sg_options.c   the job options (srun, sbatch, salloc and slurmstepd)
  *   sg_local.c     srun/sbatch/salloc: options handed to the prolog
  *   sg_remote.c    slurmstepd: the need-Python decision, forwarding to Python
@@ -17,6 +18,7 @@
 #include <stddef.h>
 #include <slurm/spank.h>
 
+#include "sg_api.h"
 #include "sg_build.h"
 
 /* Keep in sync with slurm_gpu/spank/dispatch.py (HOOKS). */
@@ -24,12 +26,8 @@
 #define SG_HOOK_TASK_PRIV     3
 #define SG_HOOK_TASK_INIT     4
 
-/* The plugstack.conf arguments, as parsed once by slurm_spank_init. */
-struct sg_args {
-    const char *config;             /* config=PATH, absolute; NULL: not given */
-    const char *numa_bind;          /* numa_bind=MODE[,verbose]; NULL: not given */
-    int bad;                        /* slurmstepd before Slurm 25.05: refused, fail the tasks */
-};
+/* The plugstack.conf arguments (struct in sg_api.h), as parsed once by
+ * slurm_spank_init; the inner half gets a pointer to them. */
 extern struct sg_args sg_args;
 
 /* sg_args.c: 0, or -1 after one slurm_error line (unknown key, bad value). */
@@ -47,17 +45,17 @@ int sg_all_canonical(void);
 /* sg_python.c */
 int sg_python(const char *where);   /* start the inner half once: 0 or -1 */
 int sg_python_state(void);          /* 0: not tried, 1: running, -1: did not start */
-int sg_forward(const char *where, int hook, spank_t sp, int ac, char **av);
+int sg_forward(const char *where, int hook, spank_t sp);
 int sg_forward_option(int which, int remote);
 
 /* sg_local.c: srun, sbatch, salloc */
-int sg_local_init_post_opt(spank_t sp, int ac, char **av);
+int sg_local_init_post_opt(spank_t sp);
 
 /* sg_remote.c: slurmstepd */
-int sg_remote_init_post_opt(spank_t sp, int ac, char **av);
+int sg_remote_init_post_opt(spank_t sp);
 int sg_remote_user_init(spank_t sp);
-int sg_remote_task_init_privileged(spank_t sp, int ac, char **av);
-int sg_remote_task_init(spank_t sp, int ac, char **av);
+int sg_remote_task_init_privileged(spank_t sp);
+int sg_remote_task_init(spank_t sp);
 const char *sg_gpu_var(spank_t sp);
 
 /* sg_cbind.c: slurmstepd, plain prefer steps */

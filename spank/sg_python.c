@@ -16,16 +16,8 @@
 
 #define SG_INNER "slurm_gpu_spank_py.so"
 
-/* What the inner half gets from us (it cannot see our symbols: Slurm loads
- * this plugin RTLD_LOCAL).  Keep in sync with slurm_gpu_spank_py.c. */
-struct sg_outer_api {
-    int version;
-    const char *(*option_value)(int which);
-};
-#define SG_API_VERSION 1
-
 typedef int (*sg_start_f)(const char *where, const struct sg_outer_api *api);
-typedef int (*sg_hook_f)(int hook, spank_t sp, int ac, char **av);
+typedef int (*sg_hook_f)(int hook, spank_t sp);
 typedef int (*sg_option_f)(int which, int remote);
 static sg_hook_f sg_py_hook;
 static sg_option_f sg_py_option;
@@ -38,7 +30,9 @@ static const char *sg_option_value(int which)
     return sg_values[which];
 }
 
-static const struct sg_outer_api sg_api = { SG_API_VERSION, sg_option_value };
+/* What the inner half gets from us (sg_api.h): it cannot see our symbols,
+ * Slurm loads this plugin RTLD_LOCAL. */
+static const struct sg_outer_api sg_api = { SG_API_VERSION, sg_option_value, &sg_args };
 
 /* One hex number at *p, which is moved past it; 0 when there is none (or it
  * is too long).  By hand, not sscanf/strtoul: under _GNU_SOURCE, glibc 2.38
@@ -170,11 +164,11 @@ int sg_python_state(void)
 }
 
 /* Start Python if needed and hand the hook to the dispatcher. */
-int sg_forward(const char *where, int hook, spank_t sp, int ac, char **av)
+int sg_forward(const char *where, int hook, spank_t sp)
 {
     if (sg_python(where) != 0)
         return -1;
-    return sg_py_hook(hook, sp, ac, av);
+    return sg_py_hook(hook, sp);
 }
 
 /* An option value C does not take as it is: Python checks it (srun, sbatch, salloc). */

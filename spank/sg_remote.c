@@ -18,19 +18,14 @@ static int sg_c_bind;               /* this step binds in C (sg_cbind.c) */
 /* strict/prefer/off from the user's value, else the admin default. */
 static int sg_numa_active(void)
 {
-    const char *srcs[2];
-    int i;
-    srcs[0] = sg_values[SG_OPT_NUMA_BIND];
-    srcs[1] = sg_args.numa_bind;
-    for (i = 0; i < 2; i++) {
-        if (!srcs[i])
-            continue;
-        if (sg_has_token(srcs[i], "strict") || sg_has_token(srcs[i], "prefer"))
+    const char *user = sg_values[SG_OPT_NUMA_BIND];
+    if (user) {
+        if (sg_has_token(user, "strict") || sg_has_token(user, "prefer"))
             return 1;
-        if (sg_has_token(srcs[i], "off"))
+        if (sg_has_token(user, "off"))
             return 0;
     }
-    return 0;
+    return strcmp(sg_args.numa_mode, "off") != 0;
 }
 
 static int sg_env_nonempty(spank_t sp, const char *name)
@@ -73,7 +68,7 @@ static int sg_step_needs_python(spank_t sp)
     return !var || sg_env_nonempty(sp, var);
 }
 
-int sg_remote_init_post_opt(spank_t sp, int ac, char **av)
+int sg_remote_init_post_opt(spank_t sp)
 {
     if (sg_args.bad)
         return 0;                   /* no Python; the tasks fail in task_init */
@@ -95,7 +90,7 @@ int sg_remote_init_post_opt(spank_t sp, int ac, char **av)
         sg_py_wanted = 0;
         return 0;
     }
-    if (sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp, ac, av) == 0)
+    if (sg_forward("init_post_opt", SG_HOOK_INIT_POST_OPT, sp) == 0)
         return 0;
     /* The interpreter did not start here (venv removed or unreadable,
      * inner half missing: said why above, in the node's log).  Failing
@@ -128,16 +123,16 @@ static int sg_py_unavailable(void)
     return -1;
 }
 
-int sg_remote_task_init_privileged(spank_t sp, int ac, char **av)
+int sg_remote_task_init_privileged(spank_t sp)
 {
     if (!sg_py_wanted)
         return 0;
     if (sg_python_state() == -1)
         return sg_py_unavailable();
-    return sg_forward("task_init_privileged", SG_HOOK_TASK_PRIV, sp, ac, av);
+    return sg_forward("task_init_privileged", SG_HOOK_TASK_PRIV, sp);
 }
 
-int sg_remote_task_init(spank_t sp, int ac, char **av)
+int sg_remote_task_init(spank_t sp)
 {
     if (sg_args.bad) {
         slurm_error("slurm-gpu: plugstack.conf has bad slurm-gpu arguments on this node "
@@ -150,5 +145,5 @@ int sg_remote_task_init(spank_t sp, int ac, char **av)
         return 0;
     if (sg_python_state() == -1)
         return sg_py_unavailable();
-    return sg_forward("task_init", SG_HOOK_TASK_INIT, sp, ac, av);
+    return sg_forward("task_init", SG_HOOK_TASK_INIT, sp);
 }

@@ -26,16 +26,11 @@
 #include <unistd.h>
 #include <wchar.h>
 
+#include "sg_api.h"           /* struct sg_outer_api, struct sg_args (cffi cdef) */
 #include "sg_bind.h"          /* the planner, for the Python path (cffi cdef) */
 
-struct sg_outer_api {
-    int version;
-    const char *(*option_value)(int which);
-};
-#define SG_API_VERSION 1
-
 /* Defined by cffi's generated code (ffi.embedding_api in build_plugin.py). */
-int sg_py_hook(int hook, spank_t sp, int ac, char **av);
+int sg_py_hook(int hook, spank_t sp);
 int sg_py_option(int which, int remote);
 
 static const struct sg_outer_api *sg_outer;
@@ -47,6 +42,14 @@ static const char *sg_paths[] = SG_PATHS;
 const char *sg_option_value(int which)
 {
     return sg_outer ? sg_outer->option_value(which) : NULL;
+}
+
+/* The plugstack arguments as the outer half parsed them at init: Python
+ * reads these, never the argv (cffi cdef). */
+const struct sg_args *sg_plugstack_args(void)
+{
+    static const struct sg_args none = { NULL, "off", 0, 0 };
+    return sg_outer && sg_outer->args ? sg_outer->args : &none;
 }
 
 /*
@@ -145,9 +148,9 @@ int sg_inner_start(const char *where, const struct sg_outer_api *api)
     return 0;
 }
 
-int sg_inner_hook(int hook, spank_t sp, int ac, char **av)
+int sg_inner_hook(int hook, spank_t sp)
 {
-    return sg_py_hook(hook, sp, ac, av);
+    return sg_py_hook(hook, sp);
 }
 
 int sg_inner_option(int which, int remote)

@@ -62,14 +62,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def isolated_config(tmp_path, monkeypatch):
     """A config of the test's own (state under tmp_path) and no SLURM_CONF,
     for tests that run the health check or the CLI in-process."""
-    cfg = tmp_path / "slurm-gpu.toml"
-    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
+    from configfile import use_config
     from slurm_gpu import config
-    config._load.cache_clear()
+    use_config(monkeypatch, tmp_path / "slurm-gpu.toml", f'[node]\nstate_dir = "{tmp_path}/state"\n')
     yield
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 @pytest.fixture
@@ -84,9 +81,9 @@ def sim_config(tmp_path, monkeypatch):
     conf = tmp_path / "c.toml"
     conf.write_text(f'[node]\nnvml = "sim:{sim}"\nstate_dir = "{tmp_path}/var"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
-    config._load.cache_clear()
+    config.clear_cache()
     yield sim
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 @pytest.fixture(scope="session")

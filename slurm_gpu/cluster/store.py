@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError, SlurmGpuError
+from ..errors import InputError, SlurmGpuError, unreadable
 from ..gcpause import freeze_if_large, gc_paused
 from ..hw.snapshot_bulk import SnapshotLoader
 from . import modelfile
@@ -154,12 +154,10 @@ def _scandir(directory: str) -> Any:
     """``os.scandir(directory)``, its failures as one InputError line each."""
     try:
         return os.scandir(directory)
-    except FileNotFoundError:
-        raise InputError("collection directory not found", directory) from None
     except NotADirectoryError:
         raise InputError("not a directory", directory) from None
     except OSError as e:
-        raise InputError(f"cannot list collection directory: {e.strerror}", directory) from None
+        raise unreadable(e, "collection directory", directory, "list") from None
     except ValueError:   # a NUL in the path
         raise InputError("bad collection directory name", repr(directory)[:80]) from None
 

@@ -42,7 +42,7 @@ def health(as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None, ke
     """Check this GPU node; drain it on a hardware fault, resume it when clean.
 
     Exit codes follow Nagios: 0 ok, 1 warn, 2 drain, 3 unknown (with --slurm:
-    0 unless the check itself broke).
+    0 unless the check itself broke; 75 when skipped outside slurmd).
     """
     if action:
         # `health baseline record`: this known-good node's fabric values

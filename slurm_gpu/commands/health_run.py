@@ -35,6 +35,12 @@ def _job_gpus(state_dir: str) -> Any:
     return read
 
 
+def _untrusted_dir(path: str) -> str | None:
+    """The job state's trust rule (jobs/trust.py), for the check's state_dir."""
+    from ..jobs.trust import untrusted_ancestor
+    return untrusted_ancestor(path)
+
+
 def _state_dir(s: Any) -> str:
     from ..hw import live
     if s.state_dir:
@@ -51,13 +57,16 @@ def _slurmd_run_lock(state_dir: str, node: str) -> int | None:
     run outlasts the interval (a slow NVML, a loaded or emulated CPU) the
     runs pile up, each paying for its start and its Slurm queries, and the
     node gets slower still.  The acting part has its own lock (engine); this
-    one lets the late run leave before it costs anything."""
+    one lets the late run leave before it costs anything.
+
+    A lock file a user planted (a link, not root's, writable by others) is
+    InputError (:func:`slurm_gpu.health.statefiles.open_lock`)."""
     import fcntl
 
-    from ..health.statefiles import slurmd_run_lock_file
+    from ..health.statefiles import open_lock, slurmd_run_lock_file
     try:
         os.makedirs(state_dir, mode=0o755, exist_ok=True)
-        fd = os.open(slurmd_run_lock_file(state_dir, node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_lock(slurmd_run_lock_file(state_dir, node))
     except OSError:
         return -1           # no lock to take: run (the engine's lock still guards the state)
     try:
@@ -113,28 +122,44 @@ def run_health(as_json: bool = False, slurm_mode: bool = False, no_drain: bool =
     """Check this GPU node; drain it on a hardware fault, resume it when clean.
 
     Exit codes follow Nagios: 0 ok, 1 warn, 2 drain, 3 unknown (with --slurm:
-    0 unless the check itself broke).
+    0 unless the check itself broke; 75 for a run not started by slurmd that
+    found slurmd's run holding the node).
     """
+    from ..errors import SlurmGpuError
+    from ..health.findings import EXIT_SKIPPED, EXIT_UNKNOWN
     from ..hw import live
     s = _settings()
     name = node or live.node_name()
-    lock = _slurmd_run_lock(_state_dir(s), name) if slurm_mode and not no_drain else -1
+    try:
+        lock = _slurmd_run_lock(_state_dir(s), name) if slurm_mode and not no_drain else -1
+    except SlurmGpuError as e:
+        echo(f"slurm-gpu: health check incomplete: {e}", err=True)
+        return EXIT_UNKNOWN
     if lock is None:
         echo(f"slurm-gpu: health {name}: skipped: this node's previous run, started by slurmd, "
              "is still running")
-        return 0
+        from ..procfs import parent_slurmd
+        # slurmd's own run: 0, as Slurm's contract asks.  Anyone else
+        # (xid-watch's run) is told apart, to try again shortly.
+        return 0 if parent_slurmd() else EXIT_SKIPPED
     try:
-        return _run_health(s, name, as_json, slurm_mode, no_drain, only, kernel_log, prom_file,
-                           snapshot, overlay, gres_conf, isolate_bad_gpu, debug)
+        rc, verdict = _run_health(s, name, as_json, slurm_mode, no_drain, only, kernel_log, prom_file,
+                                  snapshot, overlay, gres_conf, isolate_bad_gpu, debug)
     finally:
         if lock >= 0:
             os.close(lock)
+    if slurm_mode and verdict:
+        # After the lock is released: a slow teardown of a stale job must not
+        # hold off the run xid-watch starts for a fault.
+        _sweep_stale_jobs()
+    return rc
 
 
 def _run_health(s: Any, name: str, as_json: bool, slurm_mode: bool, no_drain: bool, only: str | None,
                 kernel_log: str | None, prom_file: str | None, snapshot: str | None,
                 overlay: str | None, gres_conf: str | None, isolate_bad_gpu: bool | None,
-                debug: bool) -> int:
+                debug: bool) -> tuple[int, bool]:
+    """The exit code, and whether the run came to a verdict (the stale-job sweep follows it)."""
     import json as _json
     from ..health import engine
     from ..health.findings import EXIT_UNKNOWN, exit_code
@@ -163,7 +188,7 @@ def _run_health(s: Any, name: str, as_json: bool, slurm_mode: bool, no_drain: bo
         gres_conf=gres_conf, parent_slurmd=engine.parent_slurmd() if slurm_mode else None,
         expected_links=model_links(snapshot) if "gpu.nvlink" in checks else None,
         repair=_repair_settings(), job_gpus=_job_gpus(live.settings().state_dir),
-        slurm_healthy=healthy)
+        slurm_healthy=healthy, untrusted_dir=_untrusted_dir)
     from ..errors import SlurmGpuError
     try:
         rep = engine.run(opts)
@@ -176,16 +201,14 @@ def _run_health(s: Any, name: str, as_json: bool, slurm_mode: bool, no_drain: bo
         # HealthCheckProgram: the check itself broke (a configured source is
         # unreadable): Nagios unknown, and nothing was drained or resumed.
         echo(f"slurm-gpu: health check incomplete: {e}", err=True)
-        return EXIT_UNKNOWN
+        return EXIT_UNKNOWN, False
     except Exception as e:  # noqa: BLE001 - a bug in a check is "unknown", never a drain
         if debug:
             raise           # --debug: cli.py prints the traceback
         echo(f"slurm-gpu: health check broke: {type(e).__name__}: {e} "
              "(run with --debug for a traceback)", err=True)
-        return EXIT_UNKNOWN
+        return EXIT_UNKNOWN, False
     _publish(name, snapshot)
-    if slurm_mode:
-        _sweep_stale_jobs()
     if as_json:
         echo(_json.dumps(rep.to_json(), indent=1))
     else:
@@ -197,10 +220,10 @@ def _run_health(s: Any, name: str, as_json: bool, slurm_mode: bool, no_drain: bo
             echo(f"  note: {n}", err=True)
     if rep.broken:
         echo(f"slurm-gpu: health check incomplete: {rep.broken}", err=True)
-        return EXIT_UNKNOWN
+        return EXIT_UNKNOWN, True
     if slurm_mode:
-        return 0
-    return exit_code(rep.status)
+        return 0, True
+    return exit_code(rep.status), True
 
 
 # The verdict is given (drain or resume done) before the model is published;

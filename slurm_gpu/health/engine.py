@@ -33,7 +33,7 @@ from .gpu_checks import run_gpu_checks
 from .registry import (ACT_MIN_SECONDS, ALL_CHECKS, KMSG, NVML, OS, OWN, KmsgGather, OsGather, OwnGather,
                        enabled_checks, of_gather)
 from .settings import HealthSettings
-from .statefiles import _node_tag, lock_file, state_file  # noqa: F401 - engine.state_file is their old home
+from .statefiles import _node_tag, lock_file, open_lock, state_file  # noqa: F401 - engine.state_file: old home
 
 STATE_FILE = "health-state.json"          # before 0.x: one file per state_dir (read once, to migrate)
 EVENTS_FILE = "xid-events.jsonl"
@@ -65,6 +65,9 @@ class Options:
     # passes from Slurm 26.05.2 with SlurmctldParameters=health_check_report
     # (by default from 26.11).  Unset at slurmd's start-up run, before it registers.
     slurm_healthy: str | None = None
+    # path -> the first directory above it a non-root user could change, or
+    # None (jobs.trust.untrusted_ancestor; the front end passes it in).
+    untrusted_dir: Callable[[str], str | None] | None = None
 
 
 @dataclass
@@ -141,7 +144,7 @@ def _run(opts: Options, deadline: float, disarm: Callable[[], None]) -> Report:
     # file and the cursors are read-modify-write.
     import fcntl
     os.makedirs(opts.state_dir, mode=0o755, exist_ok=True)
-    fd = os.open(lock_file(opts.state_dir, opts.node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_lock(lock_file(opts.state_dir, opts.node))
     try:
         t_end = time.monotonic() + 2.0
         while True:
@@ -188,6 +191,13 @@ def _run_locked(opts: Options, deadline: float, disarm: Callable[[], None]) -> R
     findings: list[Finding] = []
     incomplete: str | None = None          # a gather fell short: this run is no clean run
     event_findings: list[Finding] = []     # from XIDs/xid-watch records: consumed by the cursors, so owed
+    if opts.state_dir and opts.untrusted_dir is not None:
+        # Whoever may change state_dir may swap the state file (our drains,
+        # the cursors) or the locks under the check.
+        bad = opts.untrusted_dir(os.path.join(opts.state_dir, "_"))
+        if bad:     # the run goes on: refusing would leave a faulty node in service
+            findings.append(Finding("health.state_dir", WARN, f"state_dir {opts.state_dir} is not root-trusted: "
+                                    f"another user may change {bad} (and so this check's state and locks)"))
 
     # gres.conf: only when a check compares against it.
     expected = None

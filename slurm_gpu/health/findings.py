@@ -22,6 +22,11 @@ INFO, WARN, DRAIN = "info", "warn", "drain"
 _RANK = {INFO: 0, WARN: 1, DRAIN: 2}
 
 EXIT_OK, EXIT_WARN, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+# A --slurm run not started by slurmd (xid-watch's, an admin's) that left at
+# once because slurmd's run holds the node: nothing checked, ask again soon
+# (sysexits' EX_TEMPFAIL).  slurmd's own runs still exit 0 then: slurmd logs
+# any other code as "error: health_check failed".
+EXIT_SKIPPED = 75
 
 
 @dataclass(frozen=True)
@@ -81,19 +86,21 @@ def drain_reason(findings: Iterable[Finding], limit: int = 200) -> str | None:
     if not drains:
         return None
     f = drains[0]
-    detail = f.message
+
     # "+N more" counts faults, not the sources that saw them: an NVML ECC
     # event and the ECC counter on one GPU are one fault, and whether
     # xid-watch's event was read before this run must not change the reason.
-    # A finding with no GPU (an InfiniBand port, a service) is known by its words.
+    # A finding with no GPU (an InfiniBand port, a service) is known by its
+    # words, as they are printed (spaces collapsed).
     def fault(d: Finding) -> tuple[str, str | None, int | None, str]:
-        return d.check, d.gpu, d.xid, d.message if d.gpu is None else ""
+        return d.check, d.gpu, d.xid, " ".join(d.message.split()) if d.gpu is None else ""
 
     more = len({fault(d) for d in drains} - {fault(f)})
-    if more:
-        detail += f" (+{more} more)"
-    reason = f"slurm-gpu: {f.check}: {detail}"
+    suffix = f" (+{more} more)" if more else ""
     # Slurm stores reasons verbatim; keep them one short line without '='
-    # surprises for `scontrol show node` readers.
-    reason = " ".join(reason.split())
-    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+    # surprises for `scontrol show node` readers.  A cut falls in the first
+    # fault's words, never on the count.
+    reason = " ".join(f"slurm-gpu: {f.check}: {f.message}".split())
+    if len(reason) + len(suffix) > limit:
+        reason = reason[: limit - 3 - len(suffix)] + "..."
+    return reason + suffix

@@ -7,8 +7,9 @@ with its field bugs fixed):
 
 * drain with ``slurm-gpu: <check>: <detail>``; a node already drained,
   failed (``FAIL``) or down for another reason is left alone (its reason is
-  never overwritten); a reason on a node that is none of those holds no job
-  off it (stale text, or a note), so a drain replaces it;
+  never overwritten), and a drain found from events meanwhile stays owed
+  until that is lifted; a reason on a node that is none of those holds no
+  job off it (stale text, or a note), so a drain replaces it;
 * resume only a node whose reason is exactly the one we set (remembered in
   the state file), and only after N clean runs in a row; an admin who
   changes our reason takes the drain over, even to text that starts like
@@ -92,6 +93,22 @@ def parse_show_node(text: str) -> NodeState | None:
     return NodeState(m.group(1), parts[0].upper(), frozenset(p.upper() for p in parts[1:]), reason)
 
 
+def hands_off(node: NodeState) -> str | None:
+    """Why no slurm-gpu drain or resume may touch *node* now, or None.
+
+    It boots, powers up or down, awaits a reboot (which cures what a drain
+    would hold off), is down, not responding or a FUTURE node, or sits in a
+    maintenance reservation (admins are working on it).  One rule for the
+    health check's drains (:func:`decide`) and the epilog's user-problem
+    drain (health/userproblem.py).
+    """
+    if node.flags & _BOOTING or node.base in _NO_TOUCH_BASE or "NOT_RESPONDING" in node.flags:
+        return f"node is {'+'.join([node.base, *sorted(node.flags)])}"
+    if "MAINTENANCE" in node.flags:
+        return "node is in a maintenance reservation"
+    return None
+
+
 @dataclass
 class Memory:
     """What the health check remembers between runs (the state file)."""
@@ -172,17 +189,16 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
     if node is None:
         mem.pending_reason = owed
         return Plan("none", "node unknown to Slurm: no action", memory=mem)
-    if node.flags & _BOOTING or node.base in _NO_TOUCH_BASE or "NOT_RESPONDING" in node.flags:
+    why = hands_off(node)
+    if why:
         mem.pending_reason = owed
-        return Plan("none", f"node is {'+'.join([node.base, *sorted(node.flags)])}: no action", memory=mem)
-    if "MAINTENANCE" in node.flags:
-        mem.pending_reason = owed
-        return Plan("none", "node is in a maintenance reservation: no action", memory=mem)
+        return Plan("none", f"{why}: no action", memory=mem)
     mem.pending_reason = None
     if not node.drained and node.failed:
         # "scontrol update state=fail reason=..." sets FAIL without DRAIN; our
         # drain would replace the admin's reason (and we would later resume it).
-        mem.drained_reason, mem.clean_runs = None, 0
+        # What the events found stays owed (see below).
+        mem.drained_reason, mem.clean_runs, mem.pending_reason = None, 0, owed
         return Plan("none", f"node is {'+'.join([node.base, *sorted(node.flags)])} for someone else's "
                     f"reason ({node.reason or 'no reason'}): left alone", memory=mem)
     if node.drained:
@@ -193,7 +209,15 @@ def decide(node: NodeState | None, want: str | None, mem: Memory, clean_runs_to_
             # longer know what we set, so only the exact reason we remember counts.
             note = (f"drained with a {PREFIX} reason this node's state does not record: left for an admin"
                     if node.ours else f"drained by someone else ({node.reason or 'no reason'}): left alone")
+            # A fault the events found meanwhile stays owed (the cursors have
+            # consumed it): once their drain is lifted ("Kill task failed",
+            # which a user's unkillable process provokes, is resumed by an
+            # admin who knows nothing of the Xid), ours is made.  It dies
+            # with the boot, like any owed drain.  A drain with exactly the owed
+            # reason is that drain made (a scontrol that timed out after
+            # slurmctld applied it): nothing is owed, whoever lifts it.
             mem.drained_reason, mem.clean_runs = None, 0
+            mem.pending_reason = owed if owed != node.reason else None
             return Plan("none", note, memory=mem)
         mem.drained_reason = node.reason
         if want is not None:

@@ -261,11 +261,15 @@ class Ladder:
             return f"process(es) {', '.join(str(p) for p, _ in g.processes)} use it"
         return None
 
+    def _skip(self, key: str, ep: dict[str, Any], step: str, then: str, why: str) -> None:
+        """*step* passed over for *why*: the ladder goes on with *then*."""
+        ep["step"] = then
+        self.step(key, step, "skipped", why)
+
     def _reset(self, key: str, ep: dict[str, Any]) -> None:
         s = self.c.settings
         if not s.reset:
-            ep["step"] = "reboot"
-            self.step(key, "reset", "skipped", "[repair] reset is off")
+            self._skip(key, ep, "reset", "reboot", "[repair] reset is off")
             return
         why = self._busy(ep)
         if why:
@@ -294,18 +298,15 @@ class Ladder:
     def _reboot(self, key: str, ep: dict[str, Any]) -> None:
         s = self.c.settings
         if not s.reboot:
-            ep["step"] = "admin"
-            self.step(key, "reboot", "skipped", "[repair] reboot is off: left drained for an admin")
+            self._skip(key, ep, "reboot", "admin", "[repair] reboot is off: left drained for an admin")
             return
         ns = self.c.node_state
         rma = (self.out.new_reason or self.c.our_reason or "").startswith("slurm-gpu: rma:")
         if rma:
-            ep["step"] = "admin"
-            self.step(key, "reboot", "skipped", "the node is drained for an RMA: left for an admin")
+            self._skip(key, ep, "reboot", "admin", "the node is drained for an RMA: left for an admin")
             return
         if self._reboot_pending():
-            ep["step"] = "admin"
-            self.step(key, "reboot", "skipped", "a reboot someone else asked for is pending: left alone")
+            self._skip(key, ep, "reboot", "admin", "a reboot someone else asked for is pending: left alone")
             return
         reason = f"slurm-gpu: reboot: GPU {ep['bus']} {ep['what']}"
         err = self.scontrol(["reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", self.c.node])

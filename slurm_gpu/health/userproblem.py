@@ -10,7 +10,9 @@ those GPUs on every run (one extra NVML read, only while a marker exists)
 and resumes the node by itself on the first clean run; a node fault found
 meanwhile replaces the reason and is resumed only by the usual clean runs.
 
-A node someone else drained is never drained again, and a marker whose
+A node someone else drained is never drained again, nor one the health
+check leaves alone (rebooting, powering up or down, not responding, in a
+maintenance reservation: :func:`nodestate.hands_off`), and a marker whose
 reason no longer stands (an admin resumed or re-drained the node) is
 dropped.
 """
@@ -78,13 +80,14 @@ def health_lock(state_dir: str, node: str, wait: float | None = None) -> int | N
 
     The epilog marks and drains under it: a health check deciding a fault
     drain meanwhile must not see its reason relabelled a user problem, which
-    resumes after one clean run and skips the DCGM gate.
+    resumes after one clean run and skips the DCGM gate.  A lock file a
+    user planted is InputError (:func:`slurm_gpu.health.statefiles.open_lock`).
     """
     import fcntl
     import time
-    from .statefiles import lock_file
+    from .statefiles import lock_file, open_lock
     os.makedirs(state_dir, mode=0o755, exist_ok=True)
-    fd = os.open(lock_file(state_dir, node), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = open_lock(lock_file(state_dir, node))
     end = time.monotonic() + (LOCK_WAIT if wait is None else wait)
     while True:
         try:
@@ -163,6 +166,7 @@ def drain(node: str, reason: str, timeout: float) -> str:
     from .. import slurmclient
     from ..errors import CommandError
     from .actions import show_node
+    from .nodestate import hands_off
     try:
         ns = show_node(node, timeout)
     except CommandError as e:
@@ -173,6 +177,11 @@ def drain(node: str, reason: str, timeout: float) -> str:
     # nor down holds nothing (24.11.5 keeps it after a resume), so it is replaced.
     if ns.drained or ns.failed or ns.down:
         return f"not drained: node already {'drained' if ns.drained else 'flagged'} ({ns.reason or 'no reason'})"
+    # And, as decide, nothing while it reboots, powers down or up, does not
+    # respond, or sits in a maintenance reservation.
+    why = hands_off(ns)
+    if why:
+        return f"not drained: {why}"
     try:
         slurmclient.drain(node, reason, timeout)
     except CommandError as e:

@@ -343,8 +343,12 @@ def health_trigger(node: str | None, timeout: float, retries: int = 3,
     with a minimal environment.  When another run holds the node's lock (the
     health check gives up after 2 s), it tries again: the run holding it may
     have read the events before this one was written.  Returns whether the
-    node stands drained afterwards (*settled*, default ``scontrol show node``).
+    node stands drained afterwards (*settled*, default ``scontrol show node``);
+    False at once when the run was skipped because slurmd's run holds the
+    node (:data:`~slurm_gpu.health.findings.EXIT_SKIPPED`: it checked
+    nothing), so :class:`_Retry` asks again in seconds.
     """
+    from .findings import EXIT_SKIPPED
     is_settled = settled or (lambda: _drained(node))
     from .. import runner
     from ..runner import SAFE_PATH
@@ -368,6 +372,12 @@ def health_trigger(node: str | None, timeout: float, retries: int = 3,
             # listener's log: it has no other reader.
             for line in res.stderr.strip().splitlines()[-5:]:
                 print(f"slurm-gpu: xid-watch: health check: {line.removeprefix('slurm-gpu: ')}", file=sys.stderr)
+            if res.returncode == EXIT_SKIPPED:
+                # slurmd's run holds the node for its whole run (seconds, up to
+                # the watchdog): 0.5 s retries would only be skipped too.
+                print(f"slurm-gpu: xid-watch: {why}: slurmd's run holds the node; trying again shortly",
+                      file=sys.stderr)
+                return False
             if res.returncode == 0:
                 break
             time.sleep(0.5)

@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
-from .kmsg_scan import KERN, MAX_JSON_LINE, KernelLine, head_family, line_before, scan_buffer, text_log_head  # noqa: F401
+from .kmsg_scan import (KERN, MAX_JSON_LINE, KernelLine, head_family, line_before, scan_buffer,  # noqa: F401
+                        text_log_head, verbose_cut)
 from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
 TYPE_CHECKING = False   # not typing's: the health check imports this module (~2 ms)
@@ -187,6 +188,18 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                 # "}" line, as the export reader stops at an entry's end.
                 last = buf.rfind(b"\n}\n", 0, n)
                 cut = last + 3 if last >= 0 else 0
+                if not cut and n > 2 * MAX_JSON_LINE:
+                    # No entry ends here: only the last two MAX_JSON_LINE
+                    # windows can still be part of one being written (a longer
+                    # one is never parsed).  What is before them is read now
+                    # (a MESSAGE line in it warns), so no run re-reads the
+                    # whole file, however big it grows without a "}" line.
+                    cut = buf.rfind(b"\n", 0, n - 2 * MAX_JSON_LINE) + 1
+            elif family in ("verbose", "verbose-tab"):
+                # journalctl -o verbose: an entry is read whole (kmsg_scan.verbose_cut).
+                cut = buf.rfind(b"\n", 0, n) + 1
+                if cut:
+                    cut = verbose_cut(buf, cut, pos + n >= st.st_size)
             else:
                 cut = buf.rfind(b"\n", 0, n) + 1
             if not cut:
@@ -338,7 +351,8 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
         # Only root may write it (checked above); the health check judges each
         # line by its format as it reads it, so nothing unproven can drain.
         return "empty", "empty so far (root's, writable by no one else): each line is judged by its format"
-    return "proven", "dmesg output, /dev/kmsg records or journal JSON (the kernel's facility or journald's fields)"
+    return "proven", ("dmesg output, /dev/kmsg records, journal JSON or journalctl -o verbose "
+                      "(the kernel's facility or journald's fields)")
 
 
 # ------------------------------------------------------------------ cursors

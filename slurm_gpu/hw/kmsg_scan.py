@@ -170,14 +170,24 @@ def text_log_line(line: str) -> bool:
     return m is not None and m.end() > 0 and _tag_only(m)
 
 
-def _journal_lines(line: str) -> list[KernelLine]:
-    """A ``journalctl -o json`` line: only what journald itself saw come from the kernel."""
+JSON_UNPROVEN = ("a JSON line that is no journal record naming its sender (no _TRANSPORT field: a container "
+                 "log's {\"log\": ...}, --output-fields, a line too long or broken)")
+
+
+def _journal_lines(line: str) -> list[KernelLine] | None:
+    """A ``journalctl -o json`` line: only what journald itself saw come from the kernel.
+
+    None when the line is no journal record that names its sender (not JSON,
+    too long, no ``_TRANSPORT``): nothing proves who wrote it (``JSON_UNPROVEN``).
+    """
     if len(line) > MAX_JSON_LINE:
-        return []
+        return None
     try:
         rec = json.loads(line)
     except (ValueError, RecursionError):
-        return []
+        return None
+    if not isinstance(rec, dict) or "_TRANSPORT" not in rec:
+        return None
     return _journal_record(rec)
 
 
@@ -208,6 +218,8 @@ def _pretty_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, e
         rec = json.loads(bytes(buf[head:tail + 2]).decode("utf-8", "replace"))
     except (ValueError, RecursionError):
         return _doubt(buf, s, e, ls + base)
+    if not isinstance(rec, dict) or "_TRANSPORT" not in rec:
+        return _doubt(buf, s, e, ls + base, JSON_UNPROVEN)
     return _journal_record(rec)
 
 
@@ -300,7 +312,10 @@ def text_log_head(head: bytes | bytearray) -> bool:
 def line_family(line: str) -> str | None:
     """The log format family of *line*: "text" (syslog/journal text), "kernel" (a kernel
     reader's: dmesg stamps, kmsg records, ``-r``, ``-x``, Talos), "json", "pretty"
-    (journalctl json-pretty), "none" (no envelope); None for an indented line."""
+    (journalctl json-pretty), "verbose" (an entry's header in ``journalctl -o verbose``),
+    "none" (no envelope); None for an indented line."""
+    if _VERBOSE_HEAD.match(line):
+        return "verbose"
     if line.startswith("{"):
         return "pretty" if line.rstrip() == "{" else "json"
     if _TEXT_HEAD.match(line):
@@ -321,7 +336,17 @@ def head_family(head: bytes | bytearray) -> str | None:
     is a newline in someone's message, or proves nothing (``FAMILY``).
     """
     line = head_line(head)
-    return None if line is None else line_family(line)
+    fam = None if line is None else line_family(line)
+    if fam == "verbose" and line is not None:
+        # The first field line says which journalctl wrote the file: an old one
+        # (a tab before each field, values printed raw) lets a newline in any
+        # value write a header and 4-space field lines, so nothing in such a
+        # file is proven, whatever form a later entry seems to have.
+        raw = bytes(head[:4096])
+        at = raw.find(b"\n", raw.find(line.encode("utf-8", "replace")[:64]))
+        if raw[at + 1:at + 2] == b"\t":
+            fam = "verbose-tab"
+    return fam
 
 
 FAMILY = ("a line in another log format ({got}) than the file's (its first line is {want}): "
@@ -380,14 +405,27 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             out: list[KernelLine], before: bytes = b"", family: str | None = None) -> list[KernelLine]:
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
+    entries: dict[int, _Entry] = {}     # journalctl -o verbose: each entry parsed once
     for ls, s, e in hits:
         if ls == done_line:
             continue               # one decision per line: a second hit in it is its own text
         done_line = ls
+        if _CRI.match(buf, ls):
+            # kubelet's container log: whatever follows is a container's output
+            # (a dmesg run inside it included), never the kernel's word.
+            out += _doubt(buf, s, e, ls + base, CONTAINER)
+            continue
+        if family == "verbose":
+            out += _verbose_lines(buf, ls, s, e, start, end, base, entries)
+            continue
+        if family == "verbose-tab":
+            out += _doubt(buf, s, e, ls + base, VERBOSE_TAB)
+            continue
         le = buf.find(b"\n", e, end)
         le = end if le < 0 else le + 1
         if buf[ls:ls + 1] == b"{":
-            got = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+            jl = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
+            got = _doubt(buf, s, e, ls + base, JSON_UNPROVEN) if jl is None else jl
             fam: str | None = "json"
         elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
             got = _pretty_lines(buf, ls, s, e, start, end, base)
@@ -412,6 +450,144 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             if got[0].doubt is None:
                 kept_end = le
     return out
+
+
+# ---------------------------------------------------------- journalctl -o verbose
+
+# systemd's output_verbose (src/shared/logs-show.c): an entry is a header at
+# column 0, "<time> [<cursor>]", then one field per line, "    NAME=value";
+# a value's later lines are indented by 4 + len(NAME) + 1 (print_multiline),
+# so no newline in a value starts a line at column 0 or 4 spaces in, and a
+# field name is journald's (a user cannot send one that starts with "_").
+# The time is format_timestamp's ("%a %Y-%m-%d %H:%M:%S[.%06u] %Z", weekday in
+# any locale) or "(no timestamp)".
+_VERBOSE_HEAD = re.compile(r"(?:" + _WORD + r" \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{6})?(?: [^\s\[\]]{1,64})?"
+                           r"|\(no timestamp\)) \[s=[0-9a-f]{32};i=[0-9a-f]{1,16};b=[0-9a-f]{32};m=[0-9a-f]{1,16};"
+                           r"t=(?P<t>[0-9a-f]{1,16});x=[0-9a-f]{1,16}\]\r?$")
+_VERBOSE_FIELD = re.compile(r"(?P<ind>    |\t)(?P<name>[A-Za-z_][A-Za-z0-9_]{0,63})=")
+_COLUMN0 = re.compile(rb"\n(?=[^ \t\r\n])")
+# CRI container logs (kubelet, /var/log/pods): "<RFC3339Nano> stdout|stderr F|P <msg>".
+_CRI = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
+
+CONTAINER = ("a container's output in a CRI container log (\"<time> stdout|stderr F|P <msg>\", what kubelet "
+             "writes under /var/log/pods): a dmesg run in a container, or any program's text")
+VERBOSE_UNPROVEN = ("a journalctl -o verbose entry without its _TRANSPORT and SYSLOG_FACILITY fields "
+                    "(--output-fields, or cut short): nothing proves the kernel sent it")
+VERBOSE_TAB = ("journalctl -o verbose output in its old form (fields indented by a tab, values printed raw): "
+               "a newline in a value may have made any field line")
+VERBOSE_NO_ENTRY = "a line that is no field of a journalctl -o verbose entry"
+
+
+@dataclass
+class _Entry:
+    """One parsed ``journalctl -o verbose`` entry."""
+
+    why: str | None                          # why nothing in it is proven (a doubt), else None
+    rec: dict[str, object]
+    message: tuple[int, int] = (-1, -1)      # where its MESSAGE field's lines are (buffer offsets)
+    emitted: bool = False
+
+
+def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, end: int, base: int,
+                   entries: dict[int, _Entry]) -> list[KernelLine]:
+    """The kernel lines of the verbose entry that holds the hit at ``buf[s:e]`` (line at *ls*)."""
+    hs = _verbose_entry_start(buf, ls, start)
+    if hs < 0:
+        return _doubt(buf, s, e, ls + base, VERBOSE_NO_ENTRY)
+    ent = entries.get(hs)
+    if ent is None:
+        ent = entries[hs] = _parse_verbose(buf, hs, end)
+    if ent.why in (VERBOSE_NO_ENTRY, VERBOSE_TAB):
+        return _doubt(buf, s, e, ls + base, ent.why)     # its field lines themselves are not proven
+    m0, m1 = ent.message
+    if not m0 <= ls < m1:
+        return []                                # another field's value: no log line
+    if ent.why is not None:
+        return _doubt(buf, s, e, ls + base, ent.why)
+    if ent.emitted:
+        return []                                # the record's lines were given at its first hit
+    ent.emitted = True
+    got = _journal_record(ent.rec)
+    return [KernelLine(ln.when, ln.text, ln.cont, ln.doubt, m0 + base, ln.indents) for ln in got]
+
+
+def _verbose_entry_start(buf: bytes | bytearray, ls: int, start: int) -> int:
+    """Where the verbose entry holding the line at *ls* starts (its header line); -1: none in reach."""
+    p = ls
+    while True:
+        if buf[p:p + 1] not in (b" ", b"\t", b"\r", b"\n", b""):
+            return p if p != ls else -1          # a column-0 line: the header (the hit's own: no field)
+        if p <= start or ls - p > MAX_JSON_LINE:
+            return -1
+        p = max(buf.rfind(b"\n", start, p - 1) + 1, start)
+
+
+def _parse_verbose(buf: bytes | bytearray, hs: int, end: int) -> _Entry:
+    """Parse the verbose entry whose header line starts at *hs* (up to the next column-0 line)."""
+    m = _COLUMN0.search(buf, hs, min(end, hs + 2 * MAX_JSON_LINE))
+    he = m.start() + 1 if m else end
+    if m is None and end > hs + 2 * MAX_JSON_LINE:
+        return _Entry(VERBOSE_UNPROVEN, {})      # an entry too long to read: not proven
+    lines = bytes(buf[hs:he]).decode("utf-8", "replace").split("\n")
+    head = _VERBOSE_HEAD.match(lines[0])
+    if head is None:
+        return _Entry(VERBOSE_NO_ENTRY, {})
+    fields: dict[str, list[str]] = {}
+    name, indent, tab = "", 0, False
+    msg_at, msg_end = -1, -1
+    pos = hs + len(lines[0].encode()) + 1
+    for line in lines[1:]:
+        size = len(line.encode()) + 1
+        f = _VERBOSE_FIELD.match(line)
+        if f is not None:
+            tab = tab or f.group("ind") == "\t"
+            name = f.group("name")
+            indent = 4 + len(name) + 1
+            fields.setdefault(name, []).append(line[f.end():].rstrip("\r"))
+            if name == "MESSAGE":
+                msg_at, msg_end = pos, pos + size
+        elif name and line.startswith(" " * indent) and line.strip():
+            fields[name][-1] += "\n" + line[indent:].rstrip("\r")     # a value's later line
+            if name == "MESSAGE":
+                msg_end = pos + size
+        elif line.strip():
+            return _Entry(VERBOSE_NO_ENTRY, {})  # not journalctl's: nothing in the entry is proven
+        pos += size
+    rec: dict[str, object] = {k: v[0] if len(v) == 1 else v for k, v in fields.items()}
+    rec.setdefault("__REALTIME_TIMESTAMP", str(int(head.group("t"), 16)))
+    why = None
+    if tab:
+        why = VERBOSE_TAB
+    elif "_TRANSPORT" not in rec or "SYSLOG_FACILITY" not in rec:
+        why = VERBOSE_UNPROVEN
+    return _Entry(why, rec, (msg_at, min(msg_end, he)))
+
+
+def verbose_cut(buf: bytes | bytearray, cut: int, last: bool) -> int:
+    """Where a read of a verbose file should stop in ``buf[:cut]`` (whole lines; 0: read more).
+
+    An entry ends where the next one's header starts, so a chunk stops before
+    its last entry's header (read whole by the next chunk).  At the end of the
+    file (*last*) the last entry is read once it has its ``_TRANSPORT``,
+    ``SYSLOG_FACILITY`` and ``MESSAGE`` lines; before that journalctl is
+    still writing it, and the next run reads it whole.
+    """
+    lo = max(0, cut - 2 * MAX_JSON_LINE)
+    p = buf.rfind(b"\n", lo, cut - 1)
+    while p >= lo:
+        if buf[p + 1:p + 2] not in (b" ", b"\t", b"\r", b"\n"):
+            break
+        p = buf.rfind(b"\n", lo, p)
+    hs = p + 1 if p >= lo else (0 if lo == 0 and buf[:1] not in (b" ", b"\t") else -1)
+    if hs < 0 or (hs == 0 and cut >= 2 * MAX_JSON_LINE):
+        return cut                                # an entry too long to prove anything: judged as it is
+    if not last:
+        return hs
+    entry = bytes(buf[hs:cut])
+    if all(b"\n    " + f + b"=" in entry or b"\n\t" + f + b"=" in entry
+           for f in (b"_TRANSPORT", b"SYSLOG_FACILITY", b"MESSAGE")):
+        return cut
+    return hs
 
 
 def _kernel_stamp(prefix: str) -> str | None:

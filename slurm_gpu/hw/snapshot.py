@@ -26,7 +26,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import InputError
+from ..errors import InputError, unreadable
 
 if TYPE_CHECKING:   # the health check reads a snapshot's NVML answers, not its node
     from .model import Node
@@ -39,12 +39,8 @@ def _read_json(path: str, what: str) -> Any:
     try:
         with open(path, "rb") as f:
             raw = f.read()
-    except FileNotFoundError:
-        raise InputError(f"{what} not found", path) from None
-    except IsADirectoryError:
-        raise InputError(f"{what} is a directory", path) from None
     except OSError as e:
-        raise InputError(f"cannot read {what}: {e.strerror}", path) from None
+        raise unreadable(e, what, path) from None
     try:
         return json.loads(raw)
     except UnicodeDecodeError:

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, unreadable
 from .model import Fabric, Gpu, Node, NumaNode
 
 # A snapshot (schema slurm-gpu.snapshot/1, docs/snapshots.md) carries its
@@ -407,12 +407,8 @@ def load_snapshot_node(path: str, loader: SnapshotLoader | None = None) -> Any:
 
     try:
         node = _fast_node(path, loader)
-    except FileNotFoundError:
-        raise InputError("snapshot not found", path) from None
-    except IsADirectoryError:
-        raise InputError("snapshot is a directory", path) from None
     except OSError as e:
-        raise InputError(f"cannot read snapshot: {e.strerror}", path) from None
+        raise unreadable(e, "snapshot", path) from None
     except UnicodeDecodeError:
         node = None
     if node is not None:

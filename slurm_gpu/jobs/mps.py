@@ -20,6 +20,7 @@ unchanged against the real binary (which the tests use without a GPU, see
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -83,7 +84,25 @@ def _ensure_base(base: str) -> None:
 
 
 def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[str, str]:
-    """Create ``<base>/<jobid>/pipe`` and ``log`` for *user* (0700); root owns the job dir."""
+    """Create ``<base>/<jobid>/pipe`` and ``log`` for *user* (0700); root owns the job dir.
+
+    A full filesystem (ENOSPC, EDQUOT) fails the job, never the node: any
+    job's user can fill ``/run`` through their own pipe directory, and
+    their epilog removes what they wrote with it.
+    """
+    try:
+        return _make_dirs(settings, jobid, user)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        from .mpsdir import mount_point
+        from .state import JobFailed
+        raise JobFailed(f"--gpu-mps: the filesystem {mount_point(settings.base_dir)} is full "
+                        f"({e.strerror}): the job's MPS directories cannot be made",
+                        f"job {jobid}") from None
+
+
+def _make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[str, str]:
     _ensure_base(settings.base_dir)
     jd = job_dir(settings.base_dir, jobid)
     try:
@@ -92,6 +111,15 @@ def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[str, st
         st = os.lstat(jd)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
             raise HardwareError("unexpected MPS job directory", str(jd)) from None
+        # An earlier run's (requeued; its epilog left it for a mount it could
+        # not detach): root's first, its mounts detached, before the walk below.
+        _disown(jd)
+        from .mpsdir import detach_mounts
+        _done, stuck = detach_mounts(jd)
+        if stuck:
+            from .state import JobFailed
+            raise JobFailed(f"--gpu-mps: mounts the job's user made in {jd} cannot be "
+                            f"detached ({'; '.join(stuck)})", f"job {jobid}")
     os.chmod(jd, 0o755)
     out = []
     for name in ("pipe", "log"):
@@ -215,9 +243,11 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
                          cpus=use, check=False)
     except runner.TimedOut as e:
         _client_users_doing(jobid, "launcher", e)
+        _dirs_users_doing(jobid, pipe)
         raise
     _client_killed(jobid, "launcher", res)
     if not res.ok:
+        _dirs_users_doing(jobid, pipe)
         from .mpsdir import planted
         why = planted(pipe)
         if why:
@@ -333,6 +363,24 @@ def _users_doing(jobid: str, pipe: str, procs: dict[int, Any]) -> None:
     if why:
         raise JobFailed(f"MPS control daemon runs but its sockets are gone ({why}; by a "
                         "process of the job's user?)", f"job {jobid}") from None
+    _dirs_users_doing(jobid, pipe)
+
+
+def _dirs_users_doing(jobid: str, pipe: str) -> None:
+    """Raise JobFailed when the daemon's directories keep it from starting through a user's
+    doing: a mount over them (only the job's user mounts there: FUSE), or their
+    filesystem filled (through a pipe directory, any job user's own)."""
+    from .mpsdir import full_filesystem, mounted_over
+    from .state import JobFailed
+    jd = os.path.dirname(pipe)
+    what = mounted_over(jd)
+    if what:
+        raise JobFailed(f"MPS control daemon could not start: {what} was mounted over by a "
+                        "process of the job's user", f"job {jobid}") from None
+    full = full_filesystem(jd)
+    if full:
+        raise JobFailed(f"MPS control daemon could not start: the filesystem {full} of its "
+                        "directories is full", f"job {jobid}") from None
 
 
 def _stopped(procs: dict[int, Any]) -> bool:
@@ -389,7 +437,7 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
     # A mount the user made inside (FUSE) would hang or block the walks
     # below: detached first, whatever it is.
     from .mpsdir import detach_mounts
-    detached, stuck = detach_mounts(jd)
+    detached, _stuck = detach_mounts(jd)      # tried again below, once the directory is root's
     if detached:
         notes.append(f"MPS: detached mounts the job's user made in {jd}: {', '.join(detached)}")
     # Whose processes may be signalled: the job user's (the pipe directory's
@@ -428,13 +476,21 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
             raise HardwareError(f"MPS processes {','.join(map(str, alive))} survive SIGKILL "
                                 f"for {kill_wait:g} s", str(pipe))
     _end_cgroups(info, jobid, uid, kill_wait)
-    if stuck:
+    # Root's from here, mode 0700 all the way down: the user can make no
+    # new entry there, nor reach it to mount on (fusermount3 resolves and
+    # checks the mount point as the user).  What they mounted since the
+    # detach above (while the daemon quit) is detached now, before the
+    # removal walks the tree: never into a mount of theirs.
+    _disown(jd)
+    late, stuck = detach_mounts(jd)
+    if late:
+        notes.append(f"MPS: detached mounts the job's user made in {jd}: {', '.join(late)}")
+    if stuck or not _remove_job_dir(jd):
         # Not the node's fault, and nothing of the job runs any more: the
-        # directory stays for the admin, the node stays up.
-        notes.append(f"MPS: mounts in {jd} could not be detached ({'; '.join(stuck)}): "
-                     "the directory is left")
-        return notes
-    _remove_job_dir(jd)
+        # directory stays, root's, and the next prolog's sweep (or
+        # `slurm-gpu job cleanup`) finds it by its name and tries again.
+        why = "; ".join(stuck) or "a mount is left below it"
+        notes.append(f"MPS: mounts in {jd} could not be detached ({why}): the directory is left")
     return notes
 
 
@@ -494,8 +550,15 @@ def _disown(jd: str) -> None:
     takes no new entries from the user, whatever fds they hold.
     """
     try:
-        for _top, _dirs, _files, fd in os.fwalk(jd, follow_symlinks=False):
+        dev = os.lstat(jd).st_dev
+    except OSError:
+        return
+    try:
+        for _top, dirs, _files, fd in os.fwalk(jd, follow_symlinks=False):
             try:
+                if os.fstat(fd).st_dev != dev:
+                    dirs.clear()            # a mount of the user's: detached, never walked
+                    continue
                 os.fchown(fd, 0, 0)
                 os.fchmod(fd, 0o700)
             except OSError:
@@ -504,15 +567,21 @@ def _disown(jd: str) -> None:
         pass
 
 
-def _remove_job_dir(jd: str) -> None:
-    """Remove the job's MPS directory; the user cannot keep it alive."""
-    for _ in range(3):
+def _remove_job_dir(jd: str) -> bool:
+    """Remove the job's MPS directory (made root's by :func:`_disown`); the user cannot
+    keep it alive.  False when a mount below it keeps it (never the node's fault)."""
+    for i in range(3):
         if not os.path.lexists(jd):
-            return
-        _disown(jd)
+            return True
+        if i:
+            _disown(jd)
         shutil.rmtree(jd, ignore_errors=True)    # fd-relative, never follows a symlink
-    if os.path.lexists(jd):
-        raise HardwareError("cannot remove MPS job directory", str(jd))
+    if not os.path.lexists(jd):
+        return True
+    from .mpsdir import mounts_below
+    if mounts_below(jd):
+        return False
+    raise HardwareError("cannot remove MPS job directory", str(jd))
 
 
 def adopt(state_dir: str, jobid: str, sluid: str | None = None) -> list[str]:

@@ -176,6 +176,22 @@ def planted(pipe: str) -> str | None:
 
 # -- mounts below the job directory ---------------------------------------
 
+def real_path(d: str) -> str:
+    """*d* with every symlink resolved, as mountinfo names it: the kernel's name of an
+    ``O_PATH`` descriptor (three system calls; ``os.path.realpath`` makes one per
+    component), else ``os.path.realpath`` (*d* is not there)."""
+    try:
+        fd = os.open(d, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(d)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(d)
+    finally:
+        os.close(fd)
+
+
 def _unescape(field: str) -> str:
     r"""A mountinfo path: the kernel writes space, tab, newline and ``\`` as ``\ooo``."""
     if "\\" not in field:
@@ -193,8 +209,13 @@ def _unescape(field: str) -> str:
 
 
 def mounts_below(d: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """Mount points strictly below *d*, the outermost only (detaching one detaches what is inside)."""
-    prefix = d.rstrip("/") + "/"
+    """Mount points strictly below *d*, the outermost only (detaching one detaches what is inside).
+
+    Compared with *d*'s real path: mountinfo names real paths, and *d* may
+    be reached through a symlink above it (``/var/run -> /run``; its parents
+    are root's, :mod:`.trust`).
+    """
+    prefix = real_path(d).rstrip("/") + "/"
     try:
         with open(mountinfo, "rb") as f:
             raw = f.read()
@@ -221,7 +242,12 @@ def mounts_below(d: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
 
 def _open_below(d: str, path: str) -> int:
     """An O_PATH descriptor of *path*, reached from *d* one component at a time, never
-    through a symlink: the user cannot redirect it elsewhere by swapping a component."""
+    through a symlink: the user cannot redirect it elsewhere by swapping a component.
+
+    The last one may be a regular file (fusermount3 mounts on a file the
+    user owns), so it is opened without ``O_DIRECTORY``; a symlink there is
+    refused as before (``O_PATH|O_NOFOLLOW`` opens the link itself).
+    """
     rel = path[len(d.rstrip("/")) + 1:]
     parts = rel.split("/")
     if not rel or any(p in ("", ".", "..") for p in parts):
@@ -229,10 +255,13 @@ def _open_below(d: str, path: str) -> int:
     flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
     fd = os.open(d, flags)
     try:
-        for p in parts:
-            nxt = os.open(p, flags, dir_fd=fd)
+        for i, p in enumerate(parts):
+            last = i == len(parts) - 1
+            nxt = os.open(p, flags & ~os.O_DIRECTORY if last else flags, dir_fd=fd)
             os.close(fd)
             fd = nxt
+            if last and stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(20, os.strerror(20), path)     # ENOTDIR, as O_DIRECTORY says
     except BaseException:
         os.close(fd)
         raise
@@ -243,6 +272,7 @@ def detach_mounts(d: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[list
     """Detach every mount below *d* (``umount2(MNT_DETACH)``): (detached, left with why)."""
     done: list[str] = []
     left: list[str] = []
+    d = real_path(d)                    # as mountinfo names it (see mounts_below)
     for _ in range(3):                  # again for a mount made while we detached
         todo = mounts_below(d, mountinfo)
         if not todo:
@@ -263,3 +293,76 @@ def detach_mounts(d: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[list
             finally:
                 os.close(fd)
     return done, left
+
+
+# -- what makes the daemon fail without a node fault ----------------------
+
+def mounted_over(jd: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """What the job's user mounted in the job directory *jd* ("pipe", "log", ...), or None.
+
+    Root mounts nothing there: any mount is the user's (FUSE).  Read from
+    mountinfo first (nothing of the user's is touched); then a ``pipe`` or
+    ``log`` on another device than *jd*, or one root may not even ``lstat``
+    (a FUSE mount without ``allow_other`` refuses every other user, root
+    included, with EACCES).
+    """
+    real = real_path(jd)
+    found = [m[len(real) + 1:] for m in mounts_below(real, mountinfo)]
+    if not found:
+        try:
+            dev = os.lstat(real).st_dev
+        except OSError:
+            return None
+        for name in ("pipe", "log"):
+            try:
+                if os.lstat(os.path.join(real, name)).st_dev != dev:
+                    found.append(name)
+            except PermissionError:
+                found.append(name)
+            except OSError:
+                pass
+    if not found:
+        return None
+    # A name the user chose is shown quoted when it is not plain text.
+    shown = [f if f.isprintable() else repr(f) for f in found[:3]]
+    return ", ".join(shown) + (" ..." if len(found) > 3 else "")
+
+
+def full_filesystem(d: str) -> str | None:
+    """The mount point of *d*'s filesystem when it has no block or no inode left for
+    users (``statvfs``: ``f_bavail``/``f_favail``), else None.
+
+    The job user can fill it through their own directories (``/run`` is a
+    small tmpfs); a daemon that then cannot make its sockets is no node fault.
+    """
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return None
+    if st.f_bavail > 0 and (st.f_favail > 0 or st.f_files == 0):   # f_files 0: no inode limit
+        return None
+    return mount_point(d)
+
+
+def mount_point(d: str) -> str:
+    """The mount point of the filesystem *d* is on (its parents are root's)."""
+    p = os.path.realpath(d)
+    while p != "/" and not os.path.ismount(p):
+        p = os.path.dirname(p)
+    return p
+
+
+def same_filesystem(a: str, b: str) -> bool:
+    """*a* and *b* (or, where they do not exist yet, their nearest parents) are on
+    one filesystem (``st_dev``: a bind mount of it counts too)."""
+    def dev(p: str) -> int | None:
+        p = os.path.abspath(p)
+        while True:
+            try:
+                return os.stat(p).st_dev
+            except OSError:
+                if p == os.path.dirname(p):
+                    return None
+                p = os.path.dirname(p)
+    da = dev(a)
+    return da is not None and da == dev(b)

@@ -9,17 +9,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..joboptions import PluginArgs
+
 CONTEXTS = ("error", "local", "remote", "allocator", "slurmd", "job_script")
 
 
 class Spank:
-    """One callback's SPANK handle and plugstack arguments."""
+    """One callback's SPANK handle."""
 
-    def __init__(self, ffi: Any, lib: Any, sp: Any = None, ac: int = 0, av: Any = None) -> None:
+    def __init__(self, ffi: Any, lib: Any, sp: Any = None) -> None:
         self._ffi, self._lib, self._sp = ffi, lib, sp
-        # plugstack arguments are paths and keys: keep any byte as the OS would
-        self.args = ([ffi.string(av[i]).decode(errors="surrogateescape") for i in range(ac)]
-                     if ac else [])
 
     def _c(self, s: str) -> Any:
         return self._ffi.new("char[]", s.encode())
@@ -37,6 +36,21 @@ class Spank:
         """
         p = self._lib.sg_option_value(which)
         return None if p == self._ffi.NULL else self._ffi.string(p).decode(errors="replace")
+
+    def plugstack_args(self) -> PluginArgs:
+        """The plugstack.conf arguments, as the C half parsed them once at init.
+
+        spank/sg_args.c is the only parser in the plugin (issue 25 §5): it
+        refused a bad line before any hook could reach Python, and hands
+        over its struct (spank/sg_api.h), not the argv.
+        """
+        from ..joboptions import NumaBind, PluginArgs
+        a = self._lib.sg_plugstack_args()
+        # a path: keep any byte as the OS would
+        config = (None if a.config == self._ffi.NULL
+                  else self._ffi.string(a.config).decode(errors="surrogateescape"))
+        return PluginArgs(config, NumaBind(self._ffi.string(a.numa_mode).decode(),
+                                           bool(a.numa_verbose)))
 
     def getenv(self, name: str) -> str | None:
         """A variable of the job's environment (None when unset)."""

@@ -97,8 +97,8 @@ def attach(ffi: Any, lib: Any) -> None:
         lib.slurm_error(b"%s", ffi.new("char[]", f"slurm-gpu: {exc.__name__}: {val}".encode()))
 
     @ffi.def_extern(name="sg_py_hook", error=-1, onerror=onerror)
-    def _hook(hook_id: int, sp: Any, ac: int, av: Any) -> int:
-        return run_hook_id(Spank(ffi, lib, sp, ac, av), hook_id)
+    def _hook(hook_id: int, sp: Any) -> int:
+        return run_hook_id(Spank(ffi, lib, sp), hook_id)
 
     @ffi.def_extern(name="sg_py_option", error=-1, onerror=onerror)
     def _option(which: int, remote: int) -> int:

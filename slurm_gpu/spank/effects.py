@@ -40,7 +40,7 @@ class _PluginCalls:
         self.bits = ffi.sizeof("unsigned long") * 8
 
     def set_mempolicy(self, mode: int, nodes: tuple[int, ...]) -> int:
-        words, maxnode = _words(nodes, self.bits)
+        words, maxnode = nodemask(nodes, self.bits)
         return int(self.lib.sg_set_mempolicy(mode, self.ffi.new("unsigned long[]", words),
                                              maxnode))
 
@@ -72,7 +72,7 @@ class _CtypesCalls:
         return self.ct.get_errno() if rc != 0 else 0
 
     def set_mempolicy(self, mode: int, nodes: tuple[int, ...]) -> int:
-        words, maxnode = _words(nodes, self.bits)
+        words, maxnode = nodemask(nodes, self.bits)
         arr = (self.ct.c_ulong * len(words))(*words)
         return self._errno(self.libc.syscall(self.nums[0], mode, arr, self.ct.c_ulong(maxnode)))
 
@@ -104,8 +104,13 @@ def _c() -> Any:
     return _calls
 
 
-def _words(nodes: tuple[int, ...], bits: int) -> tuple[list[int], int]:
-    """Node ids -> (unsigned long words of the mask, maxnode)."""
+def nodemask(nodes: tuple[int, ...], bits: int) -> tuple[list[int], int]:
+    """Node ids -> (the *bits*-bit words of set_mempolicy(2)'s nodemask, its maxnode).
+
+    What either backend passes to the kernel; the C half's plain prefer
+    binding builds the same (spank/sg_bind.c), and tests hold the two to
+    each other.
+    """
     words = [0] * (max(nodes) // bits + 1)
     for n in nodes:
         words[n // bits] |= 1 << (n % bits)

@@ -69,7 +69,7 @@ _step: Step | None = None
 
 def _load_step(spank: Any) -> Step:
     from .. import hostctx
-    args = options.parse_plugstack_args(spank.args)
+    args = spank.plugstack_args()        # parsed once, by the C half
     # Tell the config reader and load_node() in-process: putenv() in
     # slurmstepd, whose message thread may read environ, is not safe.  Only
     # hostctx is imported here: config and hw cost ~25 ms each to import,
@@ -167,7 +167,7 @@ def task_init(spank: Any) -> int:
         _stderr(f"slurm-gpu: warning: {step.held.pop(0)} (task {task})")
     if step.facts.get("gpus") is not None:
         env = {k: v for k in (gpu_var(spank), *_TASK_ENV) if (v := spank.getenv(k)) is not None}
-        _bind(spank, step, env, task, ntasks)
+        bind_task(spank, step, env, task, ntasks)
     if step.profile:
         _profile(spank, step, task)
     if step.mps is not None or step.mig is not None:
@@ -181,7 +181,15 @@ def _planner(step: Step) -> binding.Planner:
     return step.planner
 
 
-def _bind(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -> None:
+def bind_task(spank: Any, step: Step, env: dict[str, str], task: int, ntasks: int) -> None:
+    """Bind the calling task (*task* of *ntasks* on this node) by *env*, its GPU variables.
+
+    The Python path's binding, as ``task_init`` does it: plan with the
+    step's planner, set affinity and memory policy, set SLURM_GPU_BINDING,
+    write warnings (and the verbose line) to the task's stderr; strict's
+    impossibility raises.  The outer C half does the same for a plain
+    prefer step (spank/sg_cbind.c): tests hold the two to each other.
+    """
     from . import effects
     plan = _planner(step).plan(env, mode=step.numa.mode, local_task=task, ntasks=ntasks,
                                allowed=effects.allowed_cpus(), bound_nodes=_slurm_bound_nodes())

@@ -178,7 +178,7 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
     monkeypatch.setenv("SLURMD_NODENAME", node)
     monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "etc" / "slurm.conf"))   # squeue in the sweep
-    config._load.cache_clear()
+    config.clear_cache()
     state_dir = Path(lifecycle.default_context({}).state_dir)
     # The real prolog/epilog processes: this venv, and a short watchdog for the hung-NVML case.
     python = os.environ.get("SLURM_GPU_VENV", "/opt/slurm-gpu/venv") + "/bin/python"

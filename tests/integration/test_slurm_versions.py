@@ -20,7 +20,9 @@ import signal
 import subprocess
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import ContextManager, Iterator
 
 import pytest
 
@@ -317,6 +319,21 @@ def test_health_drains_on_xid79_and_resumes(cluster: Cluster) -> None:
     cluster.wait_node_state("n2", "idle", timeout=6 * INTERVAL + 10)
 
 
+def _release_into_failure(cluster: Cluster, jobid: int, out: Path, broken: ContextManager[object]) -> str:
+    """Release the held job *jobid* while *broken* holds on the node: the job
+    FAILED; its output (*out*, "" when it never ran)."""
+    with broken:
+        assert cluster.run(["scontrol", "release", str(jobid)]).returncode == 0
+        info = cluster.wait_job(jobid, timeout=30)
+    assert info["JobState"] == "FAILED", info
+    return out.read_text() if out.exists() else ""
+
+
+def _assert_never_drained(cluster: Cluster, node: str) -> None:
+    res = cluster.run(["sinfo", "-h", "-n", node, "-o", "%T %E"])
+    assert res.stdout.split()[0] in ("idle", "mixed"), res.stdout
+
+
 def test_bad_plugstack_argument_on_the_node_fails_the_job_not_the_node(cluster: Cluster) -> None:
     """The job was submitted with a good plugstack.conf; the node's is bad when it
     starts.  26.05: slurm_spank_init_failure_mode makes init's refusal a job
@@ -328,19 +345,19 @@ def test_bad_plugstack_argument_on_the_node_fails_the_job_not_the_node(cluster: 
     good = plugstack.read_text()
     jobid = cluster.sbatch("-H", "-w", "n1", "-o", str(out), "--wrap", "echo RAN", user="sgtest1",
                            cwd=str(d))
-    try:
-        plugstack.write_text(good.replace("config=", "bogus=1 config=", 1))
-        assert cluster.run(["scontrol", "release", str(jobid)]).returncode == 0
-        info = cluster.wait_job(jobid, timeout=30)
-    finally:
-        plugstack.write_text(good)
-    assert info["JobState"] == "FAILED", info
-    text = out.read_text() if out.exists() else ""
+
+    @contextmanager
+    def bad_plugstack() -> Iterator[None]:
+        try:
+            plugstack.write_text(good.replace("config=", "bogus=1 config=", 1))
+            yield
+        finally:
+            plugstack.write_text(good)
+    text = _release_into_failure(cluster, jobid, out, bad_plugstack())
     assert "RAN" not in text
     log = cluster.log("n1")
     assert "slurm-gpu: unknown plugstack argument 'bogus=1'" in log
-    res = cluster.run(["sinfo", "-h", "-n", "n1", "-o", "%T %E"])
-    assert res.stdout.split()[0] in ("idle", "mixed"), res.stdout   # never drained
+    _assert_never_drained(cluster, "n1")
 
 
 def test_install_guides_config_path_gives_working_job_options(cluster: Cluster) -> None:
@@ -449,18 +466,18 @@ def test_python_that_cannot_start_in_slurmstepd_fails_the_step_not_the_node(clus
     jobid = cluster.sbatch("-H", "-w", "n1", "--gpus=1", "--gpu-numa-bind=strict", "-o", str(out),
                            "--wrap", "echo RAN", user="sgtest1", cwd=str(d))
     aside = inner.with_name(inner.name + ".aside")
-    inner.rename(aside)
-    try:
-        assert cluster.run(["scontrol", "release", str(jobid)]).returncode == 0
-        info = cluster.wait_job(jobid, timeout=30)
-    finally:
-        aside.rename(inner)
-    assert info["JobState"] == "FAILED", info
-    text = out.read_text() if out.exists() else ""
+
+    @contextmanager
+    def no_inner_half() -> Iterator[None]:
+        inner.rename(aside)
+        try:
+            yield
+        finally:
+            aside.rename(inner)
+    text = _release_into_failure(cluster, jobid, out, no_inner_half())
     ours = [l for l in text.splitlines() if "slurm-gpu:" in l]
     assert "RAN" not in text and len(ours) == 1 and "could not start" in ours[0], text
-    res = cluster.run(["sinfo", "-h", "-n", "n1", "-o", "%T"])
-    assert res.stdout.split()[0] in ("idle", "mixed"), res.stdout   # never drained
+    _assert_never_drained(cluster, "n1")
 
 
 def test_a_sandbox_started_from_inside_a_chroot_runs_in_its_own_root(tmp_path: Path) -> None:

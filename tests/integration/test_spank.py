@@ -178,21 +178,16 @@ def test_user_cannot_steer_the_node_name(cluster):
     assert "evil" not in res.stderr
 
 
-def test_step_without_gpus_is_not_bound(cluster):
+@pytest.mark.parametrize("exported", [
     # CUDA_VISIBLE_DEVICES exported by the user does not make a GPU step
-    res = cluster.run(["srun", "--gpu-numa-bind=strict,verbose", _venv_python(), "-c", PROBE],
-                      user="sgtest1", env={"CUDA_VISIBLE_DEVICES": "1"})
-    assert res.returncode == 0, res.stderr
-    row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
-    assert row[3] == "-" and row[6] == "0"         # no SLURM_GPU_BINDING, default policy
-    assert "gpu-numa-bind=strict -" not in res.stderr
-
-
-def test_exported_job_gpus_do_not_make_a_gpu_step(cluster):
+    {"CUDA_VISIBLE_DEVICES": "1"},
     # Slurm unsets a user's SLURM_STEP_GPUS in a step without GPUs, but
     # leaves SLURM_JOB_GPUS alone: it must not be taken for the step's GPUs
+    {"SLURM_JOB_GPUS": "1"},
+], ids=["cuda-visible-devices", "job-gpus"])
+def test_step_without_gpus_is_not_bound(cluster, exported):
     res = cluster.run(["srun", "--gpu-numa-bind=strict,verbose", _venv_python(), "-c", PROBE],
-                      user="sgtest1", env={"SLURM_JOB_GPUS": "1"})
+                      user="sgtest1", env=exported)
     assert res.returncode == 0, res.stderr
     row = [l.split() for l in res.stdout.splitlines() if l.startswith("TASK")][0]
     assert row[3] == "-" and row[6] == "0", row     # no SLURM_GPU_BINDING, default policy

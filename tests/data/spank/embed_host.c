@@ -14,8 +14,12 @@
 
 static const char *vals[4];
 static const char *option_value(int w) { return (w >= 0 && w < 4) ? vals[w] : NULL; }
-struct sg_outer_api { int version; const char *(*option_value)(int); };
-static const struct sg_outer_api api = { 1, option_value };
+/* spank/sg_api.h: what the outer half hands over, its plugstack arguments
+ * parsed (as "config=/etc/slurm-gpu/embed.toml numa_bind=prefer,verbose") */
+struct sg_args { const char *config; const char *numa_mode; int numa_verbose; int bad; };
+static const struct sg_args args = { "/etc/slurm-gpu/embed.toml", "prefer", 1, 0 };
+struct sg_outer_api { int version; const char *(*option_value)(int); const struct sg_args *args; };
+static const struct sg_outer_api api = { 2, option_value, &args };
 
 static void say(const char *tag, const char *fmt, va_list ap)
 {
@@ -47,7 +51,7 @@ int main(int argc, char **argv)
     int i, rc;
     void *h;
     int (*start)(const char *, const struct sg_outer_api *);
-    int (*hook)(int, spank_t, int, char **);
+    int (*hook)(int, spank_t);
     int (*option)(int, int);
     if (argc < 6)
         return 2;
@@ -75,7 +79,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     if (rc != 0)                         /* like srun: stop at a bad option */
         return 1;
-    rc = hook(1, NULL, 0, NULL);         /* init_post_opt */
+    rc = hook(1, NULL);                  /* init_post_opt */
     printf("HOOK %d\n", rc);
     fflush(stdout);
     if (argc > 6) {

@@ -47,8 +47,8 @@ BUCKET_ACTION: dict[str, tuple[str, str]] = {
     "IGNORE": ("info", "informational"),
 }
 
-# Codes the catalog leaves without a bucket, or where a production policy
-# overrides it.  Each entry: code -> (action, kind, why).
+# Codes where a production policy overrides the catalog's bucket, and (NO_BUCKET
+# below) those it leaves without one.  Each entry: code -> (action, kind, why).
 OVERRIDES: dict[int, tuple[str, str, str]] = {
     109: ("info", "application",
           "catalog says RESET_GPU, but a context-switch timeout is raised by the faulting "
@@ -59,18 +59,23 @@ OVERRIDES: dict[int, tuple[str, str, str]] = {
     45: ("info", "application",
          "k8s-device-plugin application-error list; a 45 caused by a hardware Xid takes that Xid's action"),
     68: ("info", "application", "k8s-device-plugin application-error list"),
-    162: ("info", "informational", "power smoothing capability came back (no bucket in catalog)"),
-    163: ("warn", "power", "power smoothing disengaged (no bucket in catalog)"),
-    164: ("warn", "power", "power smoothing circuitry near end of life (no bucket in catalog)"),
-    165: ("warn", "power", "power smoothing circuitry exhausted (no bucket in catalog)"),
-    166: ("warn", "nvlink", "confidential-computing link setup (no bucket in catalog)"),
-    167: ("drain", "hardware", "PCIe fatal timeout (no bucket in catalog)"),
-    168: ("drain", "hardware", "GPU memory capacity reduced (no bucket in catalog)"),
-    169: ("drain", "hardware", "micro-controller halt, like Xid 62 (no bucket in catalog)"),
-    170: ("warn", "nvlink", "confidential-computing interrupt (no bucket in catalog)"),
-    171: ("drain", "hardware", "uncorrectable DRAM error, companion of Xid 48 (no bucket in catalog)"),
-    172: ("drain", "hardware", "uncorrectable SRAM error, companion of Xid 48 (no bucket in catalog)"),
 }
+# Codes the catalog leaves without a bucket: code -> (action, kind, what the fault is).
+NO_BUCKET: dict[int, tuple[str, str, str]] = {
+    162: ("info", "informational", "power smoothing capability came back"),
+    163: ("warn", "power", "power smoothing disengaged"),
+    164: ("warn", "power", "power smoothing circuitry near end of life"),
+    165: ("warn", "power", "power smoothing circuitry exhausted"),
+    166: ("warn", "nvlink", "confidential-computing link setup"),
+    167: ("drain", "hardware", "PCIe fatal timeout"),
+    168: ("drain", "hardware", "GPU memory capacity reduced"),
+    169: ("drain", "hardware", "micro-controller halt, like Xid 62"),
+    170: ("warn", "nvlink", "confidential-computing interrupt"),
+    171: ("drain", "hardware", "uncorrectable DRAM error, companion of Xid 48"),
+    172: ("drain", "hardware", "uncorrectable SRAM error, companion of Xid 48"),
+}
+OVERRIDES.update((code, (action, kind, f"{what} (no bucket in catalog)"))
+                 for code, (action, kind, what) in NO_BUCKET.items())
 
 # What a fault does to the job running on the GPU ("job": issue 27, on_fatal),
 # from the same NVIDIA columns:
@@ -84,7 +89,7 @@ OVERRIDES: dict[int, tuple[str, str, str]] = {
 #   recorded, or failed to be, and the reset only activates it; the running
 #   work goes on.
 JOB_FATAL_BUCKETS = ("RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48")
-# Codes without a bucket (the OVERRIDES above): code -> (job, why).
+# Codes without a bucket (NO_BUCKET above): code -> (job, why).
 JOB_OVERRIDES: dict[int, tuple[str, str]] = {
     167: ("fatal", "PCIe fatal timeout: the GPU stops answering"),
     169: ("fatal", "micro-controller halt, like Xid 62 (RESET_GPU)"),

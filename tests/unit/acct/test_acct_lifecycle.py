@@ -81,6 +81,14 @@ class Node:
         self.running.discard(jobid)
         hooks.finish(self.s, self.store, jobid, "n1", now=self.clock)
 
+    def run_out(self, ticks: int, *jobids: str) -> list[dict]:
+        """*ticks* sampling intervals, then each job's epilog: their summaries of n1 in slurmdbd."""
+        for _ in range(ticks):
+            self.advance()
+        for jobid in jobids:
+            self.epilog(jobid)
+        return [dbd.parse(self.db[jobid])["n1"] for jobid in jobids]
+
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
@@ -111,17 +119,12 @@ def test_loaded_gpus_busy_and_held_idle_gpu_idle(node):
     node.prolog("8", ["2/gi2"])
     node.process(200, "8")
     node.script("1", 60, [100, 200])
-    for _ in range(6):
-        node.advance()
-    node.epilog("7")
-    node.epilog("8")
-    s7 = dbd.parse(node.db["7"])["n1"]
+    s7, s8 = node.run_out(6, "7", "8")
     assert s7["dev"]["0"]["sm"] == 90.0 and s7["dev"]["1"]["sm"] == 60.0
     assert s7["dev"]["0"]["idle"] == 0.0 and s7["held"] == ["0", "1"]
-    other, s8 = dbd.split(node.db["8"])
-    assert other == "nhc: fine"                            # another tool's text kept
-    assert s8["n1"]["dev"]["2/gi2"]["idle"] == 1.0 or s8["n1"]["dev"]["2/gi2"]["sm"] is None
-    assert s8["n1"]["dev"]["1"]["leak"] == 1               # seen through its process's cgroup
+    assert dbd.split(node.db["8"])[0] == "nhc: fine"       # another tool's text kept
+    assert s8["dev"]["2/gi2"]["idle"] == 1.0 or s8["dev"]["2/gi2"]["sm"] is None
+    assert s8["dev"]["1"]["leak"] == 1                     # seen through its process's cgroup
     assert "leak" not in s7["dev"]["1"]
 
 
@@ -137,12 +140,7 @@ def test_a_leak_is_seen_through_slurm_2605_sluid_cgroups(node):
     node.process_sluid(200, "sEKNKTV3WPV501")
     node.process_sluid(300, "sEKNKTV3WPV599")            # a job not registered here: nobody's
     node.script("0", 90, [100, 200, 300])
-    for _ in range(3):
-        node.advance()
-    node.epilog("7")
-    node.epilog("8")
-    s7 = dbd.parse(node.db["7"])["n1"]
-    s8 = dbd.parse(node.db["8"])["n1"]
+    s7, s8 = node.run_out(3, "7", "8")
     assert "leak" not in s7["dev"]["0"] and s7["dev"]["0"]["sm"] == 90.0
     assert s8["dev"]["0"]["leak"] == 1 and s8["dev"]["0"]["mem"] == 1000
 
@@ -167,14 +165,10 @@ def test_a_requeued_jobs_earlier_sluid_directories_stay_its(node, epilog_ran):
     node.process_sluid(101, second)
     node.script("0", 80, [101])
     node.script("1", 40, [100])
-    for _ in range(3):
-        node.advance()
-    node.epilog("7")
-    node.epilog("8")
-    s7 = dbd.parse(node.db["7"])["n1"]
+    s7, s8 = node.run_out(3, "7", "8")
     assert s7["dev"]["1"]["leak"] == 1 and s7["dev"]["1"]["mem"] == 1000
     assert s7["dev"]["0"]["sm"] == 80.0
-    assert "leak" not in dbd.parse(node.db["8"])["n1"]["dev"]["1"]
+    assert "leak" not in s8["dev"]["1"]
 
 
 def test_a_requeued_jobs_sluids_are_bounded(node):
@@ -311,13 +305,8 @@ def _jobs_7_and_8_on_gpu_0(node, procs: dict[int, tuple[str, float]], ticks: int
     _shared(node, "0", {pid: sm for pid, (_, sm) in procs.items()})
     node.advance()
     e0 = _energy(node, "0")
-    for _ in range(ticks):
-        node.advance()
-    e1 = _energy(node, "0")
-    node.epilog("7")
-    node.epilog("8")
-    return (dbd.parse(node.db["7"])["n1"]["dev"]["0"], dbd.parse(node.db["8"])["n1"]["dev"]["0"],
-            (e1 - e0) // 1000)
+    s7, s8 = node.run_out(ticks, "7", "8")
+    return s7["dev"]["0"], s8["dev"]["0"], (_energy(node, "0") - e0) // 1000
 
 
 def test_a_shared_gpu_is_split_by_process_and_the_idle_job_looks_idle(node):
@@ -353,8 +342,5 @@ def test_a_gres_mps_job_alone_is_still_counted_by_its_processes(node):
                    None, now=node.clock)
     node.process(100, "7")
     _shared(node, "0", {100: 30.0, 999: 50.0})          # 999: not a job's process
-    for _ in range(3):
-        node.advance()
-    node.epilog("7")
-    d7 = dbd.parse(node.db["7"])["n1"]["dev"]["0"]
+    d7 = node.run_out(3, "7")[0]["dev"]["0"]
     assert d7["sm"] == 30.0 and d7["sh"] == 1 and d7["fr"] == 1.0

@@ -14,6 +14,7 @@ from slurm_gpu.hw import snapshot as snap
 from paths import ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
+from configfile import use_config  # noqa: E402
 from machinedata import MACHINES_DIR  # noqa: E402
 
 H100 = str(MACHINES_DIR / "h100-sxm-8x" / "snapshot.json")
@@ -236,12 +237,10 @@ def test_health_check_publishes_only_a_changed_model(tmp_path: Path, recorded: d
     snap.write(str(lost), recorded["lost"])
     pub = tmp_path / "pub"
     pub.mkdir()
-    cfg = tmp_path / "slurm-gpu.toml"
-    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "/dev/null"\n'
-                   f'skip = ["os.thp", "os.swappiness", "os.governor", "os.memlock", "os.persistenced"]\n'
-                   f'[cluster]\npublish_dir = "{pub}"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
+    use_config(monkeypatch, tmp_path / "slurm-gpu.toml",
+               f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "/dev/null"\n'
+               f'skip = ["os.thp", "os.swappiness", "os.governor", "os.memlock", "os.persistenced"]\n'
+               f'[cluster]\npublish_dir = "{pub}"\n')
 
     def run(node: str, snapshot: str) -> None:
         assert main(["health", "--no-drain", "--node", node, "--snapshot", snapshot]) in (0, 1, 2)
@@ -269,11 +268,9 @@ def test_a_hung_publish_dir_is_left_behind_with_a_note(tmp_path: Path, monkeypat
     from slurm_gpu.commands import health_run
     pub = tmp_path / "pub"
     pub.mkdir()
-    cfg = tmp_path / "slurm-gpu.toml"
-    cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "/dev/null"\n'
-                   f'[cluster]\npublish_dir = "{pub}"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
+    use_config(monkeypatch, tmp_path / "slurm-gpu.toml",
+               f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nkernel_log = "/dev/null"\n'
+               f'[cluster]\npublish_dir = "{pub}"\n')
     release, entered = threading.Event(), threading.Event()
 
     def hung(*a: object, **kw: object) -> None:

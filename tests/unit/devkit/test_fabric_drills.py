@@ -16,6 +16,7 @@ from slurm_gpu.cli import main
 from slurm_gpu_devkit.sim import drills
 
 from test_health_drain import FakeSlurm, capture
+from configfile import use_config
 from paths import ROOT
 
 MACHINES = ROOT / "tests" / "data" / "machines"
@@ -41,13 +42,9 @@ class Node:
         (tmp / "kernel.log").write_text("")
         self.overlay = tmp / "ov.json"
         self.overlay.write_text("{}")
-        cfg = tmp / "slurm-gpu.toml"
-        cfg.write_text(f'[node]\nstate_dir = "{tmp}/state"\n[health]\nkernel_log = "{tmp}/kernel.log"\n'
-                       f'fabric_root = "{self.root}"\nbaseline = "{tmp}/none.json"\nclean_runs_to_resume = 1\n')
-        monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-        monkeypatch.delenv("SLURM_CONF", raising=False)
-        from slurm_gpu import config
-        config.clear_cache()
+        use_config(monkeypatch, tmp / "slurm-gpu.toml",
+                   f'[node]\nstate_dir = "{tmp}/state"\n[health]\nkernel_log = "{tmp}/kernel.log"\n'
+                   f'fabric_root = "{self.root}"\nbaseline = "{tmp}/none.json"\nclean_runs_to_resume = 1\n')
         self.slurm = FakeSlurm(capture("idle"))
         monkeypatch.setattr(runner, "run", self.slurm.run)
 

@@ -13,6 +13,7 @@ from slurm_gpu_devkit import MACHINES_DIR
 from slurm_gpu_devkit.sandbox import nodesim
 from slurm_gpu_devkit.sandbox.layout import Layout
 from slurm_gpu_devkit.sandbox.machine import resolve
+from configfile import use_config
 from paths import ROOT
 
 MACHINES = MACHINES_DIR
@@ -179,13 +180,10 @@ def test_fabric_degraded_drill_reaches_the_nodes_nvml_and_warns_until_cleared(tm
         d.mkdir(parents=True)
     nodesim.prepare(L, MACHINES / "gb200-nvl", ["n1", "n2"], tmp_path)
     node = L.var / "n2"
-    cfg = tmp_path / "slurm-gpu.toml"
-    cfg.write_text(f'[node]\nnvml = "sim:{node}/sim.json"\nstate_dir = "{tmp_path}/state"\n[health]\n'
-                   f'kernel_log = "{node}/kernel.log"\nfabric_root = "{node}/fabric"\n'
-                   f'baseline = "{tmp_path}/none.json"\n')
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    config.clear_cache()
+    use_config(monkeypatch, tmp_path / "slurm-gpu.toml",
+               f'[node]\nnvml = "sim:{node}/sim.json"\nstate_dir = "{tmp_path}/state"\n[health]\n'
+               f'kernel_log = "{node}/kernel.log"\nfabric_root = "{node}/fabric"\n'
+               f'baseline = "{tmp_path}/none.json"\n')
 
     def fabric_findings() -> tuple[str, list[str]]:
         main(["health", "--no-drain", "--json", "--node", "n2"])

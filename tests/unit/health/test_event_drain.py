@@ -115,44 +115,61 @@ def test_trigger_retries_while_another_run_holds_the_lock(monkeypatch):
     assert len(seen) == 2
 
 
-def test_a_run_that_left_the_node_undrained_is_asked_again_then_given_up(monkeypatch):
+class Clock:
+    """Fake seconds for :func:`watch.watch`: only sleeps move the clock (the
+    replay's event wait sleeps 50 ms a loop), so the retry delays and the
+    trigger gap run at their real values and no test waits for them.
+    *writes* maps a time on this clock to a kernel line appended then."""
+
+    def __init__(self, monkeypatch, log, writes: dict[float, str]) -> None:
+        self.now = 0.0
+        self.log = log
+        self.writes = sorted(writes.items())
+        monkeypatch.setattr(watch.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(watch.time, "sleep", self.sleep)
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+        while self.writes and self.writes[0][0] <= self.now + 1e-9:
+            with open(self.log, "a") as f:
+                f.write(self.writes.pop(0)[1])
+
+
+def watch_kernel(tmp_path, monkeypatch, writes, answers, run_for):
+    """Run the watch on a kernel log for *run_for* fake seconds; the fake times
+    (rounded to the loop's 50 ms) at which it asked for a health run, each
+    answered by the next of *answers* (True: the node is now drained)."""
+    log = tmp_path / "kernel.log"
+    log.write_text("")
+    clock = Clock(monkeypatch, log, writes)
+    k = watch.KernelFollower(str(log))
+    said = iter(answers)
+    asked: list[float] = []
+
+    def on_drain(why):
+        assert why == "kernel log: gpu.xid: Xid 79 on 0000:18:00.0: GPU has fallen off the bus"
+        asked.append(round(clock.now, 2))
+        return next(said)
+    watch.watch(opener({}), str(tmp_path / "ev.jsonl"), run_for=run_for, on_drain=on_drain, kernel=k)
+    return asked
+
+
+def test_a_run_that_left_the_node_undrained_is_asked_again_then_given_up(tmp_path, monkeypatch, capsys):
     """slurmd not responding (or booting): the check owes the drain to a later
     run, and with HealthCheckInterval=300 that run must come from xid-watch."""
-    clock = [0.0]
-    monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
-    r = watch._Retry()
-    r.after("x", False)
-    assert not r.due()
-    fired = []
-    for _ in range(400):
-        clock[0] += 0.5
-        if r.due():
-            fired.append(clock[0])
-            r.after("x", False)
-    assert fired == [2.0, 6.0, 14.0, 29.0, 59.0]          # 2, 4, 8, 15, 30 s apart, then left
-    r.after("x", False)
-    clock[0] += 2.0
-    assert r.due()
-    r.after("x", True)                                      # drained: nothing more
-    clock[0] += 100
-    assert not r.due()
+    asked = watch_kernel(tmp_path, monkeypatch, {1.0: KERNEL79.format(seq=1), 70.0: KERNEL79.format(seq=2)},
+                         [False] * 6 + [False, True], run_for=120)
+    first = asked[:6]
+    # at once, then 2, 4, 8, 15, 30 s apart (the next 50 ms loop), then left
+    assert [round(t - first[0]) for t in first] == [0, 2, 6, 14, 29, 59] and first[0] == pytest.approx(1.0, abs=0.06)
+    assert "node still not drained; left to the periodic check" in capsys.readouterr().err
+    # a new fault after that is asked about afresh; drained: nothing more
+    assert [round(t) for t in asked[6:]] == [70, 72], asked
 
 
 def test_watch_reruns_until_the_node_is_drained(tmp_path, monkeypatch):
-    log = tmp_path / "kernel.log"
-    log.write_text("")
-    k = watch.KernelFollower(str(log))
-    with open(log, "a") as f:
-        f.write(KERNEL79.format(seq=1))
-    answers = iter([False, True])
-    calls: list[str] = []
-
-    def on_drain(why):
-        calls.append(why)
-        return next(answers)
-    monkeypatch.setattr(watch._Retry, "DELAYS", (0.3,) * 5)
-    watch.watch(opener({}), str(tmp_path / "ev.jsonl"), run_for=2.0, on_drain=on_drain, kernel=k)
-    assert len(calls) == 2 and calls[0] == calls[1]
+    asked = watch_kernel(tmp_path, monkeypatch, {0.5: KERNEL79.format(seq=1)}, [False, True], run_for=10)
+    assert len(asked) == 2
 
 
 def test_cli_never_triggers_for_a_replay(tmp_path, monkeypatch):
@@ -163,7 +180,7 @@ def test_cli_never_triggers_for_a_replay(tmp_path, monkeypatch):
     cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     ov = tmp_path / "ov.json"
     ov.write_text(json.dumps({"events": [{"type": "xid", "gpu": 3, "data": 79}]}))
     from slurm_gpu.cli import main
@@ -175,25 +192,10 @@ def test_triggers_within_the_gap_are_one_run_at_its_end(tmp_path, monkeypatch):
     """A user who can write drain-class-looking lines the check then refuses
     (an echo split across polls) costs one run per gap, not one per line
     (security review F4)."""
-    log = tmp_path / "kernel.log"
-    log.write_text("")
-    k = watch.KernelFollower(str(log))
-    monkeypatch.setattr(watch._Gap, "MIN_GAP", 1.0)
-    calls: list[str] = []
-    import threading
-
-    def writer():
-        import time as t
-        for i in range(12):                 # a line every 0.1 s for 1.2 s
-            with open(log, "a") as f:
-                f.write(KERNEL79.format(seq=i + 1))
-            t.sleep(0.1)
-    th = threading.Thread(target=writer)
-    th.start()
-    watch.watch(opener({}), str(tmp_path / "ev.jsonl"), run_for=2.6, on_drain=lambda w: calls.append(w) or True,
-                kernel=k)
-    th.join()
-    assert 2 <= len(calls) <= 3, calls        # the first at once, the rest coalesced per second
+    lines = {0.5 * (i + 1): KERNEL79.format(seq=i + 1) for i in range(24)}   # a line every 0.5 s for 12 s
+    asked = watch_kernel(tmp_path, monkeypatch, lines, [True] * 24, run_for=30)
+    # the first at once, the rest coalesced: one run at the end of each 5 s gap
+    assert [round(t - asked[0]) for t in asked] == [0, 5, 10, 15] and asked[0] == pytest.approx(0.5, abs=0.06)
 
 
 def test_a_skipped_check_triggers_nothing():

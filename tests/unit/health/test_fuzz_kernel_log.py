@@ -111,7 +111,9 @@ def test_health_state_and_cursors(files, doc):
     _check_reason(xid.events_from_nvml(recs)[1])
     for raw in (doc, {"events": doc}, {"files": {str(log): doc}}, {"kmsg": doc}):
         if isinstance(raw, dict):
-            c = actions._valid_cursor(raw)
+            # the cursor a run goes on with when its state file holds this one
+            state.write_text(json.dumps({"cursor": raw}, allow_nan=True))
+            c = outcome(actions.load_state, state, [])["cursor"]
             outcome(kmsg.read_source, str(log), c)
             outcome(kmsg.read_events, str(ev), c)
 

@@ -230,3 +230,18 @@ def test_the_drain_reasons_count_is_of_faults_not_of_the_sources_that_saw_them()
     # Findings with no GPU are told apart by their words: two ports are two faults.
     ports = [Finding("ib.port", DRAIN, f"InfiniBand port mlx5_{i}/1 is DOWN") for i in (0, 1)]
     assert drain_reason(ports).endswith("mlx5_0/1 is DOWN (+1 more)")
+
+
+def test_a_long_drain_reason_keeps_its_count_when_cut():
+    """Slurm keeps the reason whole, but we cut it at 200 characters: the cut
+    falls in the first fault's words, never on "(+N more)"."""
+    from slurm_gpu.health.findings import Finding, drain_reason
+    long = Finding("gpu.ecc", DRAIN, "uncorrectable ECC errors on 0000:18:00.0: " + "detail " * 40, "0000:18:00.0")
+    other = Finding("gpu.xid", DRAIN, "Xid 79 on 0000:19:00.0", "0000:19:00.0", 79)
+    reason = drain_reason([long, other])
+    assert len(reason) == 200 and reason.endswith("... (+1 more)"), reason
+    assert reason.startswith("slurm-gpu: gpu.ecc: uncorrectable ECC errors on 0000:18:00.0: detail")
+    # Words that differ only in spacing are one fault (the reason is printed with spaces collapsed).
+    a = Finding("svc.imex", DRAIN, "nvidia-imex is not running")
+    b = Finding("svc.imex", DRAIN, "nvidia-imex  is not\nrunning")
+    assert drain_reason([a, b]) == "slurm-gpu: svc.imex: nvidia-imex is not running"

@@ -475,11 +475,12 @@ def test_45_follows_a_nonfatal_145_decoded_in_the_previous_run(tmp_path, slurm):
     assert r.status == "ok" and slurm.updates == [], [f.message for f in r.findings]
 
 
-def test_a_condition_seen_on_the_first_run_is_not_owed(tmp_path, slurm, monkeypatch):
+@pytest.mark.parametrize("kernel_log,drained", [("", False), (XID79, True)], ids=["condition", "event"])
+def test_on_the_first_run_a_condition_is_not_owed_an_event_is(tmp_path, slurm, monkeypatch, kernel_log, drained):
     # At boot slurmd's first run may see the NVLink fabric not started yet (the
     # fabric manager comes up later). That condition is checked again next run;
     # only events (which the cursor consumes) are owed. A clean second run must
-    # not drain the node for the boot-time state.
+    # not drain the node for the boot-time state; an Xid the first run read must.
     from slurm_gpu.health.findings import Finding
     from slurm_gpu.hw import nvml_health
     monkeypatch.setattr(nvml_health, "read_health_bounded", lambda *a, **k: nvml_health.NvmlHealth(available=True))
@@ -487,28 +488,15 @@ def test_a_condition_seen_on_the_first_run_is_not_owed(tmp_path, slurm, monkeypa
     seen = iter([fabric, []])
     monkeypatch.setattr(engine, "run_gpu_checks", lambda *a, **k: next(seen))
     log = tmp_path / "kern.log"
-    log.write_text("")
-    for expect in ("deferred", "none"):
+    log.write_text(kernel_log)
+    for expect in ("deferred", "drain" if drained else "none"):
         o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000", nvml_opener=lambda: None)
         o.only = ["gpu.xid", "gpu.fabric"]
         assert engine.run(o).action == expect
-    assert slurm.updates == []
-
-
-def test_an_event_seen_on_the_first_run_is_still_owed_with_a_condition(tmp_path, slurm, monkeypatch):
-    from slurm_gpu.health.findings import Finding
-    from slurm_gpu.hw import nvml_health
-    monkeypatch.setattr(nvml_health, "read_health_bounded", lambda *a, **k: nvml_health.NvmlHealth(available=True))
-    fabric = [Finding("gpu.fabric", "drain", "NVLink fabric not started on 0000:18:00.0", "0000:18:00.0")]
-    seen = iter([fabric, []])
-    monkeypatch.setattr(engine, "run_gpu_checks", lambda *a, **k: next(seen))
-    log = tmp_path / "kern.log"
-    log.write_text(XID79)
-    for expect in ("deferred", "drain"):
-        o = opts(tmp_path, log, slurm_mode=True, parent_slurmd="4242:1000", nvml_opener=lambda: None)
-        o.only = ["gpu.xid", "gpu.fabric"]
-        assert engine.run(o).action == expect
-    assert slurm.updates[-1][4] == f"reason={R}"
+    if drained:
+        assert slurm.updates[-1][4] == f"reason={R}"
+    else:
+        assert slurm.updates == []
 
 
 def test_condition_while_booting_is_not_owed_but_an_event_is():

@@ -323,7 +323,7 @@ def test_bad_debounce_config_is_one_line(tmp_path, monkeypatch, capsys):
     cfg.write_text('[health]\ndebounce = {"gpu.pcie" = "x"}\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     rc = main(["health", "--no-drain", "--only", "gpu.xid", "--kernel-log", str(cfg)])
     err = capsys.readouterr().err
     assert rc != 0 and err.startswith("slurm-gpu: ") and "Traceback" not in err and "debounce" in err
@@ -368,11 +368,11 @@ def _health_with_baseline(tmp_path, monkeypatch, capsys, write) -> tuple[int, di
     cfg.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\n[health]\nbaseline = "{bl}"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    config._load.cache_clear()
+    config.clear_cache()
     rc = main(["health", "--snapshot", str(MACHINES / "h100-sxm-8x" / "snapshot.json"),
                "--only", "gpu.pcie,gpu.nvlink", "--json", "--no-drain"])
     out = capsys.readouterr().out
-    config._load.cache_clear()
+    config.clear_cache()
     return rc, json.loads(out)
 
 

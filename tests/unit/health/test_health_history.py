@@ -73,9 +73,9 @@ def published(tmp_path, monkeypatch):
                    f'[cluster]\npublish_dir = "{tmp_path}/pub"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     yield tmp_path
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_report_node_shows_the_history_and_the_jobs_between_first_signal_and_drain(published, capsys):

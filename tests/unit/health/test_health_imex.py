@@ -65,12 +65,12 @@ def test_per_job_imex_makes_the_node_wide_check_not_applicable(tmp_path, monkeyp
     toml.write_text('[imex]\nmode = "per-job"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(toml))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     monkeypatch.setattr(runner, "run", lambda *a, **kw: pytest.fail("no node-wide query under per-job IMEX"))
     (f,) = imex.run_check(1.0, str(conf), root=str(tmp_path))
     assert f.severity == INFO and f.message.startswith("not applicable: per-job IMEX")
     toml.write_text('[imex]\nmode = "off"\n')
-    config._load.cache_clear()
+    config.clear_cache()
     monkeypatch.setattr(runner, "run", lambda argv, timeout, **kw: runner.Completed(
         tuple(argv), 0, (DATA / "imex-ctl-N-j-up.json").read_text(), ""))
     monkeypatch.setattr(imex.os, "access", lambda p, m: p.endswith("/usr/bin/nvidia-imex-ctl"))

@@ -25,7 +25,7 @@ def node_env(tmp_path, monkeypatch):
     cfg.write_text(f'[node]\nsnapshot = "{H100}"\nstate_dir = "{tmp_path}/state"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
-    config._load.cache_clear()
+    config.clear_cache()
     calls: list[list[str]] = []
     text = re.sub(r"^NodeName=\S+", "NodeName=n1", (SC / "idle.txt").read_text())
 
@@ -36,7 +36,7 @@ def node_env(tmp_path, monkeypatch):
         return runner.Completed(tuple(argv), 0, "", "")
     monkeypatch.setattr(runner, "run", fake_run)
     yield calls
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def gres_for(tmp_path, names) -> Path:

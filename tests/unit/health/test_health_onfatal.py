@@ -213,15 +213,15 @@ def test_on_fatal_accepts_only_its_three_modes():
 XID79_TEXT = "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=a.out, GPU has fallen off the bus."
 # What `logger -t kernel "NVRM: Xid ..."` (any local user) leaves in each text
 # log a site may name as [health] kernel_log: the same bytes the kernel's own line makes there.
-FORGEABLE = {
-    "rsyslog traditional": f"Nov 28 20:14:44 n1 kernel: {XID79_TEXT}\n",
-    "rsyslog, no host": f"Nov 28 20:14:44 kernel: {XID79_TEXT}\n",
-    "rsyslog RFC 3339": f"2026-11-28T20:14:44.123456+00:00 n1 kernel: {XID79_TEXT}\n",
-    "journalctl short-unix": f"1764360884.123456 n1 kernel: {XID79_TEXT}\n",
-    "journalctl short-full": f"Sat 2026-11-28 20:14:44 UTC n1 kernel: {XID79_TEXT}\n",
-    "journalctl short-monotonic": f"[74889.644138] n1 kernel: {XID79_TEXT}\n",
-    "an excerpt": f"kernel: {XID79_TEXT}\n",
-}
+FORGEABLE = {name: f"{head}kernel: {XID79_TEXT}\n" for name, head in [
+    ("rsyslog traditional", "Nov 28 20:14:44 n1 "),
+    ("rsyslog, no host", "Nov 28 20:14:44 "),
+    ("rsyslog RFC 3339", "2026-11-28T20:14:44.123456+00:00 n1 "),
+    ("journalctl short-unix", "1764360884.123456 n1 "),
+    ("journalctl short-full", "Sat 2026-11-28 20:14:44 UTC n1 "),
+    ("journalctl short-monotonic", "[74889.644138] n1 "),
+    ("an excerpt", ""),
+]}
 # Formats whose sender is proven: a /dev/kmsg record's facility (userspace
 # cannot claim 0), journald's own _TRANSPORT field, dmesg (it reads /dev/kmsg,
 # which only root can write).

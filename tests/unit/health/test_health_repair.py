@@ -233,16 +233,21 @@ def test_all_steps_off_by_default_only_counts(tmp_path, cluster):
     assert ("reset", "skipped") in _steps(tmp_path) and ("reboot", "skipped") in _steps(tmp_path)
 
 
-def test_admin_drain_and_other_reboots_are_never_touched(tmp_path, cluster):
+@pytest.mark.parametrize("state,reason,runs", [
+    ("IDLE+DRAIN", "disk swap ticket 7", 1),                                      # an admin's drain
+    ("IDLE+DRAIN+REBOOT_REQUESTED", "firmware update, reboot queued by the admin", 3),  # someone else's reboot
+])
+def test_admin_drain_and_other_reboots_are_never_touched(tmp_path, cluster, state, reason, runs):
     rs = RepairSettings(reset=True, reboot=True, rma=True, rma_failures=1, state_dir=str(tmp_path / "var"))
     (tmp_path / "kern.log").write_text("")
     engine.run(_opts(tmp_path, cluster, rs))
-    cluster.set_state("IDLE+DRAIN")
-    cluster._reason("disk swap ticket 7")
+    cluster.set_state(state)
+    cluster._reason(reason)
     cluster.overlay = LOST
     _xid(tmp_path)
-    engine.run(_opts(tmp_path, cluster, rs))
-    assert cluster.node.reason == "disk swap ticket 7"
+    for _ in range(runs):
+        engine.run(_opts(tmp_path, cluster, rs))
+    assert cluster.node.reason == reason
     assert [c for c in cluster.calls if c[0] == repair.NVIDIA_SMI or c[1] in ("update", "reboot")] == []
     assert _steps(tmp_path)[-1] == ("rma", "recorded")
 
@@ -258,20 +263,6 @@ def test_our_reboot_is_asked_once(tmp_path, cluster):
     # Runs while it is pending: nothing more asked.
     engine.run(_opts(tmp_path, cluster, rs))
     assert len(cluster.reboots()) == 1
-
-
-def test_someone_elses_pending_reboot_is_left_alone(tmp_path, cluster):
-    rs = RepairSettings(reset=True, reboot=True, rma=True, rma_failures=1, state_dir=str(tmp_path / "var"))
-    (tmp_path / "kern.log").write_text("")
-    engine.run(_opts(tmp_path, cluster, rs))
-    cluster.set_state("IDLE+DRAIN+REBOOT_REQUESTED")
-    cluster._reason("firmware update, reboot queued by the admin")
-    cluster.overlay = LOST
-    _xid(tmp_path)
-    for _ in range(3):
-        engine.run(_opts(tmp_path, cluster, rs))
-    assert cluster.node.reason == "firmware update, reboot queued by the admin"
-    assert [c for c in cluster.calls if c[0] == repair.NVIDIA_SMI or c[1] in ("update", "reboot")] == []
 
 
 @pytest.mark.parametrize("text", ["{", "[]", '{"schema": 1, "failures": {"x": "y"}, "episodes": 3}',

@@ -235,9 +235,8 @@ JOURNAL_SHORT = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(JOURNAL_SHORT))
-def test_journalctl_short_formats(tmp_path, name):
-    env = JOURNAL_SHORT[name]
+@pytest.mark.parametrize("env", JOURNAL_SHORT.values(), ids=list(JOURNAL_SHORT))
+def test_journalctl_short_formats(tmp_path, env):
     assert verdicts(env + XID79 + "\n") == [(79, "0000:02:00.0", WARN)]      # the tag is the sender's claim
     for user in ("alice", "python3[7]", "x kernel"):
         line = env.replace(" kernel: ", f" {user}: ") + XID79 + "\n"

@@ -43,7 +43,8 @@ def test_someone_elses_fail_or_reason_is_left_alone():
                      (node("MIXED", "FAIL", reason="bad fan"), "MIXED+FAIL")):
         why = n.reason or "no reason"
         assert decide(n, OURS, mem, 3) == Plan(
-            "none", f"node is {shown} for someone else's reason ({why}): left alone", memory=Memory())
+            "none", f"node is {shown} for someone else's reason ({why}): left alone",
+            memory=Memory(pending_reason=OURS))     # an event's drain stays owed until the FAIL is lifted
     # our reason on a node that is not drained (an admin resumed it half-way): start over, drain again
     assert decide(node("IDLE", reason=OURS), OURS, mem, 3) == Plan(
         "drain", "draining", reason=OURS, memory=Memory(drained_reason=OURS))
@@ -76,7 +77,7 @@ def test_a_drain_we_do_not_remember_is_never_ours_to_lift():
     assert decide(node("IDLE", "DRAIN"), None, Memory(drained_reason=OURS, clean_runs=4), 1) == Plan(
         "none", "drained by someone else (no reason): left alone", memory=Memory())
     assert decide(node("DRAINED", reason="disk"), OURS, Memory(drained_reason=OURS), 1) == Plan(
-        "none", "drained by someone else (disk): left alone", memory=Memory())
+        "none", "drained by someone else (disk): left alone", memory=Memory(pending_reason=OURS))  # owed
 
 
 def test_our_drain_counts_clean_runs_then_resumes():

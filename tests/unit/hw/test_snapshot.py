@@ -143,6 +143,20 @@ def test_corrupt_snapshot_names_file_and_place(tmp_path: Path, content: str, whe
         snap.node_from_file(str(tmp_path / "missing.json"))
 
 
+@pytest.mark.parametrize("reader", ["read_snapshot", "load_snapshot_node"])
+def test_a_snapshot_that_cannot_be_opened_is_one_line(tmp_path: Path, reader: str) -> None:
+    """Both readers say the same words for a path that is missing, a directory, or not under a directory."""
+    from slurm_gpu.hw import snapshot_bulk
+    read = getattr(snap, reader, None) or getattr(snapshot_bulk, reader)
+    (tmp_path / "file").write_text("")
+    for path, words in ((tmp_path / "missing.json", "snapshot not found"),
+                        (tmp_path, "snapshot is a directory"),
+                        (tmp_path / "file" / "s.json", "cannot read snapshot: Not a directory")):
+        with pytest.raises(InputError) as ei:
+            read(str(path))
+        assert ei.value.line() == f"slurm-gpu: {words} ({path})"
+
+
 def test_truncated_snapshot(tmp_path: Path) -> None:
     p = tmp_path / "t.json"
     p.write_text(Path(H100).read_text()[:5000])

@@ -10,6 +10,7 @@ nodes).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import uuid
@@ -98,13 +99,11 @@ def test_mig_nodes_of_one_kind_share_a_template() -> None:
 
 def test_nodes_that_all_differ_are_decoded_plainly_without_keeping_their_text() -> None:
     """A template per node would cost two decodes and 17 KB a node: after a trial, plain decoding."""
-    from slurm_gpu.hw import snapshot_bulk
-
     loader = SnapshotLoader()
     texts = [json.dumps(dict(variant(BASE, i, 0), notes=[f"GPU {i % 8} lost"] * (1 + i // 8))) for i in range(200)]
     got = [loader.node_from_text(t) for t in texts]
     assert got == [plain(t) for t in texts]
-    assert loader._plain and len(loader._templates) < snapshot_bulk._TRIAL
+    assert loader._plain and not loader._templates      # the trial's templates are let go
     # ...while a cluster of one kind keeps its one template.
     loader = SnapshotLoader()
     for i in range(200):
@@ -261,7 +260,8 @@ def test_models_made_without_init_are_the_ones_init_makes() -> None:
 
 
 def _old_body(tail: bytes, start: int) -> str | type | None:
-    """What fast_node did before _object_body: decode everything after the key, then strip."""
+    """What fast_node took for the node's text before it decoded only that slice:
+    everything after the key decoded, stripped, less the closing brace."""
     try:
         text = tail[start:].decode("utf-8", "strict").strip()
     except UnicodeDecodeError as e:
@@ -275,17 +275,27 @@ def _old_body(tail: bytes, start: int) -> str | type | None:
     b' {"a": 1}\n', b'{"a": 1}', b'{}', b'{', b'}', b'', b'  \n', b' {"a": 1} \n}', b'{"a": 1}x',
     b'\x1c{"a": 1}\x1f', b'\t{"a": 1\r\n}\x0b\x0c', '\u00a0{"a": 1}'.encode(), '{"a": 1}\u2003'.encode(),
     '{"a": 1\u00a0}'.encode(), '{"a": "\u00e9"\u3000}\n'.encode(), b'{"a": "\xff"}', b'{"a": 1}\xff',
-    b'\xc3{"a": 1}', '{"é": 1\x85}'.encode(), b'x{"a": 1}', b'{"a": 1} \xe2\x80', b'\x00{"a": 1}',
+    b'\xc3{"a": 1}', '{"é": 1\x85}'.encode(), b'x{"a": 1}', b'x\xff{"a": 1}', b'{"a": 1} \xe2\x80', b'\x00{"a": 1}',
 ])
-def test_object_body_is_the_old_decode_and_strip(tail: bytes) -> None:
-    from slurm_gpu.hw.snapshot_bulk import _object_body
-
-    for prefix in (b"", b'"node":', b'"x": 1, "node": '):
-        try:
-            got: object = _object_body(prefix + tail, len(prefix))
-        except UnicodeDecodeError as e:
-            got = type(e)
-        assert got == _old_body(prefix + tail, len(prefix))
+def test_a_snapshots_node_is_found_as_the_old_decode_and_strip_found_it(tail: bytes, tmp_path: Path) -> None:
+    """fast_node reads the node's object after its key, less the snapshot's closing
+    brace, as decoding all of it and ``str.strip`` did: ASCII and Unicode spaces
+    around either brace, other bytes there, and bytes that are no UTF-8.  In each
+    tail ``{"a": 1`` stands for the node's object: here a real node's."""
+    tail = tail.replace(b'{"a": 1', BASE_TEXT.encode())
+    path = tmp_path / "snapshot.json"
+    for before in (b"", b'"x": 1, '):
+        text = b'{"schema": "' + snap.SCHEMA.encode() + b'", ' + before + b'"node":' + tail
+        path.write_bytes(text)
+        body = _old_body(text, len(text) - len(tail))
+        if body is UnicodeDecodeError:
+            with pytest.raises(UnicodeDecodeError):
+                SnapshotLoader().fast_node(str(path))
+            continue
+        want = plain(body) if isinstance(body, str) else None
+        if isinstance(want, Node):
+            want = dataclasses.replace(want, sources=(f"snapshot:{path}",))
+        assert SnapshotLoader().fast_node(str(path)) == (want if isinstance(want, Node) else None)
 
 
 def test_tail_sized_after_a_small_model_still_finds_a_large_one(tmp_path: Path) -> None:

@@ -374,14 +374,21 @@ def test_a_port_taken_between_the_check_and_the_daemons_bind_fails_the_job_never
     # (the race a hostile review won 5 of 5): nvidia-imex cannot bind and exits.
     # With its port held by someone else, that exit proves no node fault.
     import socket
+
+    from slurm_gpu.imex import daemon
     rig = Rig(tmp_path, {"n1": _model(GB200)})
     c = rig.ctx("n1", _env("43", "n1"), timeout=3)
-    monkeypatch.setattr(job, "_port_taken", lambda ip, port: False)    # the check ran before the listen
-    with socket.socket() as squatter:
+    real_start = daemon.start
+
+    def start_once_the_squatter_listens(*a: Any, **kw: Any) -> Any:    # the check has passed
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", c.imex["port_base"]))
         squatter.listen()
+        return real_start(*a, **kw)
+    monkeypatch.setattr(daemon, "start", start_once_the_squatter_listens)
+    with socket.socket() as squatter:
         assert job.prolog(c) == 0                   # on_internal_error=drain: 1 were it the node's
+        assert squatter.getsockname()[1] == c.imex["port_base"]
     assert rig.cancelled == ["43"]
     line = next(m for m in rig.logs["n1"] if "exited" in m)
     assert f"port(s) {c.imex['port_base']} are held by another process" in line and "this node stays up" in line

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from slurm_gpu.confgen.gresorder import node_minors, read_conf, slurm_minors
 from slurm_gpu.confgen.grescheck import parse_gres_conf
 from slurm_gpu.jobs import lifecycle
 from slurm_gpu.jobs import state as js
-from slurm_gpu.jobs.mps import daemon_pids
 from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.mig import instances
 from slurm_gpu.hw import backend
@@ -58,7 +56,7 @@ def test_autodetect_sorts_by_file_then_links() -> None:
 
 # -- a whole node per machine ------------------------------------------------------
 
-from test_jobs_lifecycle import _uid  # noqa: E402 - a test user's uid, or the test skips
+from test_jobs_lifecycle import _uid, close_node, own_node_name, processes_asked  # noqa: E402 - shared with the lifecycle tests
 
 
 class Node:
@@ -91,6 +89,7 @@ class Node:
                                start_timeout=10, quit_timeout=3, exclusive_process=True)
         self.state_dir = str(self.base / "state")
         self.logs: list[str] = []
+        own_node_name(self.base)
 
     def api(self):
         return backend.open_gpus(backend.GpuSource("sim", self.sim))
@@ -120,10 +119,7 @@ class Node:
         return out
 
     def close(self) -> None:
-        for d in Path(self.mps.base_dir).glob("*/pipe") if Path(self.mps.base_dir).exists() else []:
-            for p in daemon_pids(d):
-                os.kill(p, 9)
-        shutil.rmtree(self.base, ignore_errors=True)
+        close_node(self.base, self.mps.base_dir)
 
 
 @pytest.fixture(params=[(m, s) for m in SKEWED for s in ("generated", "hand-written")],
@@ -222,13 +218,7 @@ def test_locality_cache_follows_gres_conf(skewed: Node) -> None:
 
 def test_epilog_leftover_check_reads_the_job_gpu(skewed: Node, monkeypatch) -> None:
     """[repair] user_problem: the processes looked at are those of the job's GPU, not NVML index k."""
-    from slurm_gpu.hw import nvml_health
-    seen: list[list[int]] = []
-
-    def read_processes(gpus, indices):
-        seen.append(list(indices))
-        return nvml_health.NvmlHealth(available=True)
-    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    seen = processes_asked(monkeypatch)
     api = open_mig_sim(skewed.sim)
     nvml_of_minor = {api.nvmlDeviceGetMinorNumber(api.nvmlDeviceGetHandleByIndex(i)): i
                      for i in range(api.nvmlDeviceGetCount())}

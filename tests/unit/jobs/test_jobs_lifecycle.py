@@ -24,7 +24,8 @@ from slurm_gpu.hw import nvml_constants
 from slurm_gpu.hw.nvml_api import NVMLError
 from slurm_gpu.jobs import lifecycle, migjob
 from slurm_gpu.jobs import state as js
-from slurm_gpu.jobs.mps import _alive, daemon_pids
+from slurm_gpu import procfs
+from slurm_gpu.jobs.mps import daemon_pids
 from slurm_gpu.jobs.settings import JobsSettings, MigSettings, MpsSettings
 from slurm_gpu.jobs.state import JobFailed
 from slurm_gpu.mig import blockers, instances
@@ -40,11 +41,40 @@ MACHINE = ROOT / "tests" / "data" / "machines" / "h100-mig"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="prolog/epilog run as root")
 
 
+def _alive(pid: int) -> bool:
+    """The process runs: it is there and no zombie."""
+    return procfs.state(pid) not in (None, "Z")
+
+
 def _uid(name: str) -> int:
     try:
         return pwd.getpwnam(name).pw_uid
     except KeyError:
         pytest.skip(f"user {name} missing")
+
+
+def own_node_name(base: Path) -> None:
+    """Name the test's node after its directory *base*: the name names the MPS
+    daemons' holding cgroups on this host's real cgroup filesystem, so each
+    test's are its own and runs side by side never meet."""
+    from slurm_gpu import hostctx
+    hostctx.node_name = f"sgt{os.getpid()}-{base.name[-8:]}"
+
+
+def close_node(base: Path, mps_base_dir: str) -> None:
+    """A test node's end: its MPS daemons killed, every holding cgroup under
+    its name emptied and removed (a test that failed or skipped half-way left
+    its job's), then its directory *base*."""
+    from slurm_gpu import hostctx
+    from slurm_gpu.jobs import jobcgroup
+    for d in Path(mps_base_dir).glob("*/pipe") if Path(mps_base_dir).exists() else []:
+        for p in daemon_pids(d):
+            os.kill(p, 9)
+    shutil.rmtree(base, ignore_errors=True)
+    for top in {os.path.dirname(h) for h in jobcgroup.hold_dirs("1", hostctx.node_name or "")}:
+        held = [str(h) for h in Path(top).glob("job_*") if h.is_dir()]
+        jobcgroup.kill_all(held, 2.0)
+        jobcgroup.remove(held)
 
 
 class Env:
@@ -73,10 +103,7 @@ class Env:
         self.mig = MigSettings()
         self.state_dir = str(self.base / "state")
         self.logs: list[str] = []
-        # The node's name names the daemon's holding cgroup on this host's real
-        # cgroup filesystem: one of its own, so runs side by side never meet.
-        from slurm_gpu import hostctx
-        hostctx.node_name = f"sgt{os.getpid()}-{self.base.name[-8:]}"
+        own_node_name(self.base)
 
     def api(self):
         return backend.open_gpus(backend.GpuSource("sim", self.sim))
@@ -117,15 +144,7 @@ class Env:
         return out
 
     def close(self) -> None:
-        for d in Path(self.mps.base_dir).glob("*/pipe") if Path(self.mps.base_dir).exists() else []:
-            for p in daemon_pids(d):
-                os.kill(p, 9)
-        shutil.rmtree(self.base, ignore_errors=True)
-        from slurm_gpu.jobs import jobcgroup
-        for jobid in ("100", "101", "102", "7", "9"):   # a test that skipped half-way left its hold
-            held = [h for h in self.hold(jobid) if os.path.isdir(h)]
-            jobcgroup.kill_all(held, 2.0)
-            jobcgroup.remove(held)
+        close_node(self.base, self.mps.base_dir)
 
     def hold(self, jobid: str = "100") -> list[str]:
         """The job's holding cgroup on this host (no job cgroup: no PrologFlags=RunInJob)."""
@@ -139,6 +158,25 @@ def node():
     n = Env()
     yield n
     n.close()
+
+
+def health_ctx(node: Env, **env: str) -> lifecycle.Context:
+    """The context of a job on *node* with a [health] state dir: its epilog looks for leftovers."""
+    c = node.ctx(**env)
+    c.health_state_dir, c.node_name = str(node.base / "health"), "n1"
+    return c
+
+
+def processes_asked(monkeypatch) -> list[list[int]]:
+    """NVML's process lists faked empty; returns the GPU indices each read asks about."""
+    from slurm_gpu.hw import nvml_health
+    seen: list[list[int]] = []
+
+    def read_processes(gpus, indices):
+        seen.append(list(indices))
+        return nvml_health.NvmlHealth(available=True)
+    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    return seen
 
 
 def test_no_options_is_a_no_op(node: Env) -> None:
@@ -565,24 +603,26 @@ def test_default_context_takes_settings_from_the_node_fact_entry(tmp_path: Path,
                     f'[health]\nstate_dir = "{tmp_path}/h/%n"\n[jobs]\ntimeout = 7.0\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
     monkeypatch.setenv("SLURMD_NODENAME", "ctx1")
-    config._load.cache_clear()
+    config.clear_cache()
     env = {"SLURMD_NODENAME": "ctx1"}
     pro = lifecycle.default_context(env, health=False)
     assert (pro.jobs.timeout, pro.health_state_dir, pro.state_dir) == (7.0, "", f"{tmp_path}/s")
     epi = lifecycle.default_context(env, health=True)
     assert epi.health_state_dir == f"{tmp_path}/h/ctx1" and epi.jobs.timeout == 7.0
-    config._load.cache_clear()
-    # served from the entry now: the TOML is not read again
-    monkeypatch.setattr(config, "_load", lambda path: pytest.fail("config read on a hit"))
-    assert lifecycle.default_context(env, health=True).health_state_dir == f"{tmp_path}/h/ctx1"
-    monkeypatch.undo()
-    monkeypatch.setattr(nodefacts, "CACHE_DIR", str(tmp_path / "facts"))
-    monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
+    # served from the entry now: the TOML is not read again.  An edit the entry's
+    # stamps cannot see (same inode, size and mtime) proves it: a read would take 8.0.
+    st = conf.stat()
+    conf.write_text(conf.read_text().replace("timeout = 7.0", "timeout = 8.0"))
+    os.utime(conf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (conf.stat().st_size, conf.stat().st_ino) == (st.st_size, st.st_ino)
+    config.clear_cache()
+    hit = lifecycle.default_context(env, health=True)
+    assert (hit.jobs.timeout, hit.health_state_dir) == (7.0, f"{tmp_path}/h/ctx1")
     conf.write_text(f'[node]\nstate_dir = "{tmp_path}/s"\n[jobs]\ntimeout = 9.0\n')
-    config._load.cache_clear()
+    config.clear_cache()
     again = lifecycle.default_context(env, health=True)
     assert (again.jobs.timeout, again.health_state_dir) == (9.0, "")
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
@@ -591,10 +631,10 @@ def test_settings_reject_bad_policy(tmp_path: Path, monkeypatch) -> None:
     p = tmp_path / "c.toml"
     p.write_text('[jobs]\non_internal_error = "ignore"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(p))
-    config._load.cache_clear()
+    config.clear_cache()
     with pytest.raises(InputError, match="on_internal_error must be one of drain, pass"):
         load()
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_user_error_cancel_policy(node: Env, monkeypatch) -> None:
@@ -783,14 +823,19 @@ def test_daemon_that_survives_sigkill_is_a_node_fault(node: Env, monkeypatch) ->
     assert node.leftovers() == []
 
 
+def _entry_env(node: Env, sections: str, jobid: str, state_dir: str = "", **env: str) -> dict[str, str]:
+    """The environment of ``python -m slurm_gpu.jobs`` for job *jobid* of sgtest1 on
+    *node*: a config file of its own (the simulator, the state dir, *sections*)."""
+    conf = node.base / "slurm-gpu.toml"
+    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{state_dir or node.state_dir}"\n' + sections)
+    return {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": jobid, "PYTHONPATH": str(ROOT),
+            "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1", **env}
+
+
 def test_entry_point_sets_its_own_umask(node: Env) -> None:
     """slurmd's umask (here 002) must not make root's directories group-writable."""
-    conf = node.base / "slurm-gpu.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.base}/var/state"\n'
-                    f'[mps]\ncontrol = "{node.ctl}"\nbase_dir = "{node.base}/var/mps"\n')
-    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "8", "PYTHONPATH": str(ROOT),
-           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
-           "SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MPS": "default"}
+    env = _entry_env(node, f'[mps]\ncontrol = "{node.ctl}"\nbase_dir = "{node.base}/var/mps"\n', "8",
+                     state_dir=f"{node.base}/var/state", SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     run = lambda what: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "slurm_gpu.jobs", what], env=env, cwd="/", umask=0o002,
         capture_output=True, text=True, timeout=60)
@@ -863,12 +908,8 @@ def test_epilog_script_reads_toml_like_python(node: Env, conf: str) -> None:
 def test_watchdog_ends_a_prolog_stuck_in_nvml(node: Env, policy: str, rc: int) -> None:
     """An NVML call that never returns (here: the simulator's lock held by someone else)."""
     import fcntl
-    conf = node.base / "slurm-gpu.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
-                    f'[jobs]\ntimeout = 2\non_internal_error = "{policy}"\n')
-    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "9", "PYTHONPATH": str(ROOT),
-           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
-           "SLURM_JOB_GPUS": "1", "SPANK_SLURM_GPU_MIG": "7g.80gb"}
+    env = _entry_env(node, f'[jobs]\ntimeout = 2\non_internal_error = "{policy}"\n', "9",
+                     SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MIG="7g.80gb")
     fd = os.open(node.sim + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
@@ -946,18 +987,10 @@ def test_straggler_killed_on_a_kernel_without_pidfd(node: Env, monkeypatch) -> N
 def test_leftovers_are_looked_at_only_on_gpus_the_job_held_whole(node: Env, monkeypatch) -> None:
     """A shard (CUDA_VISIBLE_DEVICES alone: gres/shard, gres/mps) shares its GPU with other
     jobs, the user's own included: their processes are no leftover, and no user-problem drain."""
-    from slurm_gpu.hw import nvml_health
-    seen: list[list[int]] = []
-
-    def read_processes(gpus, indices):
-        seen.append(list(indices))
-        return nvml_health.NvmlHealth(available=True)
-    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    seen = processes_asked(monkeypatch)
 
     def ctx(**env: str) -> lifecycle.Context:
-        c = node.ctx(**env)
-        c.health_state_dir, c.node_name = str(node.base / "health"), "n1"
-        return c
+        return health_ctx(node, **env)
     assert lifecycle.prolog(ctx(CUDA_VISIBLE_DEVICES="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
     assert lifecycle.epilog(ctx(CUDA_VISIBLE_DEVICES="1")) == 0, node.logs
     assert lifecycle.epilog(ctx(SLURM_JOB_ID="101", CUDA_VISIBLE_DEVICES="1")) == 0, node.logs
@@ -1089,13 +1122,9 @@ def test_fifo_log_never_blocks_the_prolog(node: Env) -> None:
     ctl.write_text('#!/bin/sh\nif [ "$1" = -d ]; then mkfifo "$CUDA_MPS_LOG_DIRECTORY/control.log"; '
                    'exit 0; fi\necho "Cannot find MPS control daemon process"; exit 1\n')
     ctl.chmod(0o755)
-    conf = node.base / "slurm-gpu.toml"
-    conf.write_text(f'[node]\nnvml = "sim:{node.sim}"\nstate_dir = "{node.state_dir}"\n'
-                    f'[jobs]\ntimeout = 5\n'
-                    f'[mps]\ncontrol = "{ctl}"\nbase_dir = "{node.mps.base_dir}"\nstart_timeout = 1\n')
-    env = {"SLURM_GPU_CONFIG": str(conf), "SLURM_JOB_ID": "9", "PYTHONPATH": str(ROOT),
-           "SLURM_JOB_UID": str(_uid("sgtest1")), "SLURM_JOB_USER": "sgtest1",
-           "SLURM_JOB_GPUS": "0", "SPANK_SLURM_GPU_MPS": "default"}
+    env = _entry_env(node, f'[jobs]\ntimeout = 5\n'
+                           f'[mps]\ncontrol = "{ctl}"\nbase_dir = "{node.mps.base_dir}"\nstart_timeout = 1\n',
+                     "9", SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     r = subprocess.run([sys.executable, "-m", "slurm_gpu.jobs", "prolog"], env=env,
                        cwd="/", capture_output=True, text=True, timeout=60)
     assert "watchdog" not in r.stderr, r.stderr
@@ -1151,12 +1180,9 @@ def test_mps_disabled_fails_the_job_with_one_line(node: Env) -> None:
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
 
 
-def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypatch) -> None:
-    """Issue 24 §5: the epilog's user-problem drain and the health check take the same
-    lock, so a fault drain the health check is making is never relabelled a user problem
-    (which would resume after one clean run, without the DCGM gate)."""
-    import fcntl
-    from slurm_gpu.health import engine
+def _leftover_on_gpu0(monkeypatch) -> tuple[subprocess.Popen, list[str]]:
+    """A process of the job user's left on GPU 0 (as NVML lists it), and the
+    drains the epilog's user-problem check asks for, recorded instead of made."""
     from slurm_gpu.health import userproblem as up
     from slurm_gpu.hw import nvml_health
     left = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1")   # the job's leftover on GPU 0
@@ -1165,6 +1191,17 @@ def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypa
                                               processes=((left.pid, None),))]))
     drains: list[str] = []
     monkeypatch.setattr(up, "drain", lambda node_, reason, timeout: drains.append(reason) or "drained")
+    return left, drains
+
+
+def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypatch) -> None:
+    """Issue 24 §5: the epilog's user-problem drain and the health check take the same
+    lock, so a fault drain the health check is making is never relabelled a user problem
+    (which would resume after one clean run, without the DCGM gate)."""
+    import fcntl
+    from slurm_gpu.health import engine
+    from slurm_gpu.health import userproblem as up
+    left, drains = _leftover_on_gpu0(monkeypatch)
     monkeypatch.setattr(up, "LOCK_WAIT", 0.0, raising=False)
     health = node.base / "health"
     health.mkdir()
@@ -1410,9 +1447,11 @@ def test_what_the_daemon_orphans_before_the_jobs_cgroup_exists_stays_in_the_job(
                     pass
 
 
-def _mixed_gres_conf(node: Env) -> str:
-    # Slurm's GPU index counts every gres/gpu line, a MIG slice too (here:
-    # GPU minor 0's two slices are indices 0 and 1, then whole GPUs by minor).
+def _prolog_on_mixed_gres(node: Env, slurm_gpus: str) -> tuple[lifecycle.Context, js.JobRecord]:
+    """An MPS job's prolog on a node whose gres.conf lists MIG slices before whole GPUs.
+
+    Slurm's GPU index counts every gres/gpu line, a MIG slice too (here:
+    GPU minor 0's two slices are indices 0 and 1, then whole GPUs by minor)."""
     minors = sorted(g.minor for g in node.node().gpus)
     lines = ["AutoDetect=off"]
     lines += [f"NodeName=sgmix Name=gpu Type=h100_1g.10gb MultipleFiles=/dev/nvidia{minors[0]},"
@@ -1420,28 +1459,51 @@ def _mixed_gres_conf(node: Env) -> str:
     lines += [f"NodeName=sgmix Name=gpu Type=h100 File=/dev/nvidia{m}" for m in minors[1:]]
     p = node.base / "gres.conf"
     p.write_text("\n".join(lines) + "\n")
-    return str(p)
+    ctx = node.ctx(SLURM_JOB_GPUS=slurm_gpus, SPANK_SLURM_GPU_MPS="40")
+    ctx.gres_conf, ctx.node_name = str(p), "sgmix"
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None
+    return ctx, st
 
 
 def test_a_whole_gpu_listed_after_mig_slices_keeps_slurms_index(node: Env) -> None:
     # The slices once collapsed into their GPU: Slurm's index 2 (whole GPU
     # minor 1) was read as minor 2, another job's GPU.
-    gres = _mixed_gres_conf(node)
-    ctx = node.ctx(SLURM_JOB_GPUS="2", SPANK_SLURM_GPU_MPS="40")
-    ctx.gres_conf, ctx.node_name = gres, "sgmix"
-    assert lifecycle.prolog(ctx) == 0, node.logs
-    st = js.load(node.state_dir, "100")
+    ctx, st = _prolog_on_mixed_gres(node, "2")
     want = sorted(node.node().gpus, key=lambda g: g.minor)[1]
     assert st.phase == "ready" and [g["uuid"] for g in st.gpus] == [want.uuid]
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
 
 
 def test_a_whole_gpu_option_on_a_mig_slice_fails_the_job_never_the_node(node: Env) -> None:
-    gres = _mixed_gres_conf(node)
-    ctx = node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="40")
-    ctx.gres_conf, ctx.node_name = gres, "sgmix"
-    assert lifecycle.prolog(ctx) == 0, node.logs
-    st = js.load(node.state_dir, "100")
+    ctx, st = _prolog_on_mixed_gres(node, "1")
     assert st.phase == "failed" and "Slurm GPU index 1 is a MIG slice" in st.error, st.error
     assert st.consequence == "user"
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
+
+
+@pytest.mark.parametrize("plant", ["symlink", "world-writable"])
+def test_a_planted_health_lock_file_is_one_line_and_no_drain(node: Env, monkeypatch, plant: str) -> None:
+    """A lock file a user planted in the health state dir (a link, one others may
+    write) is refused by the epilog's user-problem drain: one line, no drain, no
+    marker, and the epilog still succeeds."""
+    from slurm_gpu.health import engine
+    from slurm_gpu.health import userproblem as up
+    left, drains = _leftover_on_gpu0(monkeypatch)
+    health = node.base / "health"
+    health.mkdir()
+    lock = engine.lock_file(str(health), "n1")
+    if plant == "symlink":
+        os.symlink(node.base / "elsewhere", lock)
+    else:
+        Path(lock).write_text("")
+        os.chmod(lock, 0o666)
+    try:
+        assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="0")) == 0, node.logs
+    finally:
+        left.kill()
+        left.wait()
+    assert drains == [] and up.load_marker(up.marker_path(str(health), "n1")) is None
+    assert [m for m in node.logs if "user-problem" in m and "[not drained: lock file " in m], node.logs
+    assert not (node.base / "elsewhere").exists()

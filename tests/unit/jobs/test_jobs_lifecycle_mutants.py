@@ -9,7 +9,7 @@ import os
 import subprocess
 
 import pytest
-from test_jobs_lifecycle import Env, _uid
+from test_jobs_lifecycle import Env, _uid, health_ctx, processes_asked
 
 from slurm_gpu.errors import InputError
 from slurm_gpu.jobs import lifecycle
@@ -183,63 +183,51 @@ def test_untrusted_state_an_mps_stop_that_fails_is_logged(node: Env, monkeypatch
                              "MPS processes 4242 survive SIGKILL for 1 s (pipe)"]
 
 
-def _health_ctx(node: Env, **env: str) -> lifecycle.Context:
-    c = node.ctx(**env)
-    c.health_state_dir, c.node_name = str(node.base / "health"), "n1"
-    return c
-
-
-def test_a_plain_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
+@pytest.mark.parametrize("mps", [False, True], ids=["plain", "mps"])
+def test_a_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch, mps: bool) -> None:
     """The job user's processes are leftovers; another user's on the same GPU (a job
-    that leaked onto it) are not: no drain, no line."""
+    that leaked onto it) are not: no drain, no line, a plain job's or an MPS job's."""
+    if mps:
+        assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
     other = _process_on_the_gpu(monkeypatch)
     try:
-        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
+        assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
         other.kill()
         other.wait()
-    assert node.logs == [] and not os.path.exists(node.base / "health")
+    assert node.logs == [] and not os.path.exists(node.base / "health") and node.leftovers() == []
 
 
 def test_a_plain_job_whose_gpus_are_unknown_is_not_looked_at(node: Env) -> None:
-    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="9")) == 0
+    assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="9")) == 0
     assert node.logs == ["slurm-gpu: epilog job 100: leftovers not checked: Slurm GPU index 9 names "
                          "no GPU of this node (gres.conf and NVML disagree) (gres.conf)"]
 
 
 def test_an_mps_jobs_own_gpus_are_looked_at_only_with_a_health_state_dir(node: Env, monkeypatch) -> None:
     """Its own record does not make its GPUs "another job's"; without [health] nothing is read."""
-    from slurm_gpu.hw import nvml_health
-    seen: list[list[int]] = []
-
-    def read_processes(gpus, indices):
-        seen.append(list(indices))
-        return nvml_health.NvmlHealth(available=True)
-    monkeypatch.setattr(nvml_health, "read_processes", read_processes)
+    seen = processes_asked(monkeypatch)
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
     assert lifecycle.epilog(node.ctx(SLURM_JOB_GPUS="1")) == 0, node.logs
     assert seen == []
     assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
-    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0, node.logs
+    assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="1")) == 0, node.logs
     assert len(seen) == 1 and len(seen[0]) == 1
 
 
 def test_a_gpu_another_jobs_record_lists_is_not_this_jobs_leftover(node: Env, monkeypatch) -> None:
-    from slurm_gpu.hw import nvml_health
-    seen: list[list[int]] = []
-    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: (
-        seen.append(list(indices)), nvml_health.NvmlHealth(available=True))[1])
+    seen = processes_asked(monkeypatch)
     assert lifecycle.prolog(node.ctx(SLURM_JOB_ID="101", SLURM_JOB_GPUS="1",
                                      SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
-    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0, node.logs   # plain job 100
+    assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="1")) == 0, node.logs   # plain job 100
     assert seen == []
-    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_ID="101", SLURM_JOB_GPUS="1")) == 0
+    assert lifecycle.epilog(health_ctx(node, SLURM_JOB_ID="101", SLURM_JOB_GPUS="1")) == 0
     assert len(seen) == 1 and node.leftovers("101") == []
 
 
 def test_leftovers_read_through_nvml_on_the_gpu_the_record_names(node: Env) -> None:
     """The simulator's NVML answers (no process left): nothing to say."""
-    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="2")) == 0
+    assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="2")) == 0
     assert node.logs == []
 
 
@@ -253,7 +241,7 @@ def test_leftovers_never_guess_a_gpu_by_a_stale_minor(node: Env) -> None:
         return n
     node.node = swapped
     uuid = next(g.uuid for g in real().gpus if g.minor == 2)
-    assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="2")) == 0
+    assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="2")) == 0
     assert node.logs == [f"slurm-gpu: epilog job 100: leftovers not checked: GPU {uuid} is /dev/nvidia2, "
                          f"not /dev/nvidia3 as recorded ({uuid})"]
 
@@ -274,7 +262,7 @@ def test_the_users_process_in_a_jobs_cgroup_is_that_jobs(node: Env, monkeypatch,
                                                                           "drained")[1])
     other = _process_on_the_gpu(monkeypatch, "sgtest1", cg)
     try:
-        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
+        assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
         other.kill()
         other.wait()
@@ -293,7 +281,7 @@ def test_a_leftover_of_a_job_without_a_known_user_is_drained_for_nobody(node: En
     from slurm_gpu.hw import nvml_health
     monkeypatch.setattr(up, "drain", lambda n, reason, timeout: "drained")
     proc = subprocess.Popen(["/bin/sleep", "60"], user=_uid("sgtest1"))
-    ctx = _health_ctx(node, SLURM_JOB_GPUS="1")
+    ctx = health_ctx(node, SLURM_JOB_GPUS="1")
     del ctx.env["SLURM_JOB_UID"]
     try:
         monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
@@ -310,7 +298,7 @@ def test_a_leftover_of_a_job_without_a_known_user_is_drained_for_nobody(node: En
 
 
 def test_a_plain_job_without_a_user_in_its_environment_is_looked_at(node: Env) -> None:
-    ctx = _health_ctx(node, SLURM_JOB_GPUS="2")
+    ctx = health_ctx(node, SLURM_JOB_GPUS="2")
     del ctx.env["SLURM_JOB_UID"]
     assert lifecycle.epilog(ctx) == 0
     assert node.logs == []
@@ -346,7 +334,7 @@ def test_on_26_05_the_users_process_in_its_own_sluid_cgroup_is_a_leftover(node: 
     monkeypatch.setattr(userproblem, "drain", lambda n, reason, timeout: (drains.append(reason), "drained")[1])
     other = _process_on_the_gpu(monkeypatch, "sgtest1", cg)
     try:
-        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1", SLURM_JOB_SLUID=sluid)) == 0
+        assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="1", SLURM_JOB_SLUID=sluid)) == 0
     finally:
         other.kill()
         other.wait()
@@ -368,7 +356,7 @@ def test_a_leftover_while_an_earlier_user_problem_drain_is_open_is_only_said(nod
         monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, indices: nvml_health.NvmlHealth(
             available=True, gpus=[nvml_health.GpuHealth(index=i, bus_id="00000000:01:00.0",
                                                          processes=((mine.pid, None),)) for i in indices]))
-        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
+        assert lifecycle.epilog(health_ctx(node, SLURM_JOB_GPUS="1")) == 0
     finally:
         mine.kill()
         mine.wait()
@@ -432,17 +420,6 @@ def test_an_epilog_without_slurmds_user_takes_the_recorded_one(node: Env) -> Non
     del ctx.env["SLURM_JOB_UID"]
     assert lifecycle.epilog(ctx) == 0
     assert node.logs == [] and node.leftovers() == []       # asked to quit: nothing to kill
-
-
-def test_an_mps_jobs_epilog_leaves_another_users_process_alone(node: Env, monkeypatch) -> None:
-    assert lifecycle.prolog(node.ctx(SLURM_JOB_GPUS="1", SPANK_SLURM_GPU_MPS="default")) == 0, node.logs
-    other = _process_on_the_gpu(monkeypatch)
-    try:
-        assert lifecycle.epilog(_health_ctx(node, SLURM_JOB_GPUS="1")) == 0
-    finally:
-        other.kill()
-        other.wait()
-    assert node.logs == [] and node.leftovers() == []
 
 
 def test_the_job_id_is_also_read_from_slurm_jobid(node: Env) -> None:

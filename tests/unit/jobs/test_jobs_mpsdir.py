@@ -1,13 +1,12 @@
 """jobs/mpsdir.py: what a job user can do to their MPS directories, told apart from a node fault."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from slurm_gpu.jobs import mpsdir
 
@@ -93,12 +92,34 @@ def test_mounts_below_reads_escaped_paths_and_keeps_the_outermost(tmp_path: Path
 
 
 def test_a_symlinked_component_never_leads_the_detach_elsewhere(tmp_path: Path) -> None:
-    (tmp_path / "job" / "pipe").mkdir(parents=True)
-    (tmp_path / "elsewhere" / "m").mkdir(parents=True)
-    (tmp_path / "job" / "pipe" / "sub").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(OSError):
-        mpsdir._open_below(str(tmp_path / "job"), str(tmp_path / "job" / "pipe" / "sub" / "m"))
-    with pytest.raises(OSError):
-        mpsdir._open_below(str(tmp_path / "job"), str(tmp_path / "job" / "pipe" / ".." / "x"))
-    fd = mpsdir._open_below(str(tmp_path / "job"), str(tmp_path / "job" / "pipe"))
-    os.close(fd)
+    """The user swaps a component of their mount's path for a symlink: the
+    detach reaches nothing outside the job's directory (as root, a real mount
+    there stays), and a mount really below it is detached."""
+    job, pipe, elsewhere = tmp_path / "job", tmp_path / "job" / "pipe", tmp_path / "elsewhere"
+    pipe.mkdir(parents=True)
+    (elsewhere / "m").mkdir(parents=True)
+    (pipe / "sub").symlink_to(elsewhere)
+    root = os.geteuid() == 0
+    mounted = []
+
+    def detach(path: str, *, mount: str | None = None) -> tuple[list[str], list[str]]:
+        if root and mount:
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "sg-test", mount], check=True)
+            mounted.append(mount)
+        if root and mount == path:      # the kernel's own table: the detach must empty it
+            return mpsdir.detach_mounts(str(job))
+        mi = tmp_path / "mountinfo"
+        mi.write_text(f"22 1 0:21 / / rw - ext4 /dev/sda1 rw\n40 22 0:40 / {path} rw - tmpfs t rw\n")
+        return mpsdir.detach_mounts(str(job), str(mi))
+    try:
+        swapped = str(pipe / "sub" / "m")
+        assert detach(swapped, mount=str(elsewhere / "m")) == ([], [f"{swapped}: {os.strerror(errno.ENOTDIR)}"])
+        assert os.path.ismount(elsewhere / "m") == root
+        up = str(pipe / ".." / "x")
+        assert detach(up) == ([], [f"{up}: not a path below the job directory"])
+        got = detach(str(pipe), mount=str(pipe))
+        assert got == (([str(pipe)], []) if root else ([], [f"{pipe}: {os.strerror(errno.EPERM)}"]))
+        assert not os.path.ismount(pipe)
+    finally:
+        for m in mounted:
+            subprocess.run(["umount", "-l", m], capture_output=True)

@@ -151,7 +151,7 @@ def test_job_show(tmp_path: Path, monkeypatch, capsys) -> None:
     conf = tmp_path / "c.toml"
     conf.write_text(f'[node]\nstate_dir = "{tmp_path}/var"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(conf))
-    config._load.cache_clear()
+    config.clear_cache()
     st = _state_with()
     st.gpus = [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 NVL", "cpus": [0, 1]}]
     st.mig["gpus"][0]["instances"] = [{"uuid": "MIG-a", "profile": "3g.47gb", "gi_id": 1,
@@ -168,7 +168,7 @@ def test_job_show(tmp_path: Path, monkeypatch, capsys) -> None:
     assert main(["job", "show", "10"]) == 1
     assert "job 10 has no GPU state on this node" in capsys.readouterr().err
     assert main(["job", "list"]) == 0 and capsys.readouterr().out.split() == ["9"]
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_blockers_found_in_proc_and_slurm_conf(tmp_path: Path) -> None:

@@ -242,17 +242,22 @@ def test_gpus_held_skips_a_record_set_aside(tmp_path: Path) -> None:
     assert js.gpus_held(str(tmp_path)) == {}
 
 
-def test_a_record_that_cannot_be_set_aside_says_so(tmp_path: Path, monkeypatch) -> None:
+def _corrupt_record_warns(tmp_path: Path, raw: bytes) -> list[str]:
+    """What loading job 5's record *raw* from *tmp_path* warns; it loads as no record."""
     (tmp_path / "jobs").mkdir()
-    (tmp_path / "jobs" / "5.json").write_text("[]")
+    (tmp_path / "jobs" / "5.json").write_bytes(raw)
+    said: list[str] = []
+    assert js.load(tmp_path, "5", warn=said.append) is None
+    return said
 
+
+def test_a_record_that_cannot_be_set_aside_says_so(tmp_path: Path, monkeypatch) -> None:
     def refuse(src, dst):
         raise PermissionError(13, "Permission denied")
     monkeypatch.setattr(os, "replace", refuse)
-    said: list[str] = []
-    assert js.load(tmp_path, "5", warn=said.append) is None
-    assert said == ["slurm-gpu: warning: dropped a corrupt job state file (not an object; left in "
-                    f"place: Permission denied) ({tmp_path}/jobs/5.json)"]
+    assert _corrupt_record_warns(tmp_path, b"[]") == [
+        "slurm-gpu: warning: dropped a corrupt job state file (not an object; left in "
+        f"place: Permission denied) ({tmp_path}/jobs/5.json)"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
@@ -272,12 +277,9 @@ def test_state_dir_under_a_user_directory_error_whole(tmp_path: Path) -> None:
 
 
 def test_a_record_of_undecodable_bytes_is_set_aside(tmp_path: Path) -> None:
-    (tmp_path / "jobs").mkdir()
-    (tmp_path / "jobs" / "5.json").write_bytes(b'{"version": 2, "user": "\xff"}')
-    said: list[str] = []
-    assert js.load(tmp_path, "5", warn=said.append) is None
-    assert said == ["slurm-gpu: warning: dropped a corrupt job state file (not JSON or too big; "
-                    f"moved to 5.json.corrupt) ({tmp_path}/jobs/5.json)"]
+    assert _corrupt_record_warns(tmp_path, b'{"version": 2, "user": "\xff"}') == [
+        "slurm-gpu: warning: dropped a corrupt job state file (not JSON or too big; "
+        f"moved to 5.json.corrupt) ({tmp_path}/jobs/5.json)"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files away")

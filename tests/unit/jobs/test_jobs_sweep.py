@@ -177,18 +177,38 @@ def test_job_cleanup_cli(node: Env, monkeypatch, capsys) -> None:
 
 
 def test_the_health_run_sweeps_too(node: Env, monkeypatch, capsys) -> None:
-    """A node no new MPS/MIG job comes to is cleaned by its HealthCheckProgram run."""
-    from types import SimpleNamespace
+    """A node no new MPS/MIG job comes to is cleaned by its HealthCheckProgram run
+    (``slurm-gpu health --slurm``: a clean run, here of the kernel log alone)."""
+    import re
 
-    from slurm_gpu.commands import health
-    from slurm_gpu.hw import live
+    from paths import ROOT
+    from slurm_gpu import config, hostctx, runner
+    from slurm_gpu.cli import main
     assert lifecycle.prolog(_ctx(node, "100", SLURM_JOB_GPUS="2",
                                  SPANK_SLURM_GPU_MIG="3g.40gb")) == 0, node.logs
     _fail_epilog(node, "100", monkeypatch)
     _squeue(node, stdout="100|COMPLETED|n1\n")
-    monkeypatch.setattr(live, "settings", lambda: SimpleNamespace(state_dir=node.state_dir))
+    cfg = node.base / "slurm-gpu.toml"
+    cfg.write_text(f'[node]\nstate_dir = "{node.state_dir}"\n[health]\nstate_dir = "{node.base}/health"\n')
+    monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
     monkeypatch.setattr(lifecycle, "default_context", lambda env=None: _ctx(node, "1"))
-    health._sweep_stale_jobs()
+    # slurmctld's answer about this node: an idle one (real 24.11 output); squeue stays the stand-in
+    shown = re.sub(r"^NodeName=\S+", f"NodeName={hostctx.node_name}",
+                   (ROOT / "tests" / "data" / "slurm" / "show-node-24.11.txt").read_text())
+    real_run = runner.run
+
+    def run(argv, timeout, **kw):
+        if list(argv)[1:3] == ["show", "node"]:
+            return runner.Completed(tuple(argv), 0, shown, "")
+        return real_run(argv, timeout, **kw)
+    monkeypatch.setattr(runner, "run", run)
+    (node.base / "kern.log").write_text("")
+    config.clear_cache()
+    try:
+        assert main(["health", "--slurm", "--only", "gpu.xid", "--kernel-log", str(node.base / "kern.log")]) == 0
+    finally:
+        config.clear_cache()
     assert "stale job 100: cleaned up" in capsys.readouterr().err
     assert node.leftovers("100") == []
 

@@ -251,12 +251,26 @@ def test_numbers_of_any_size_are_exact():
     assert ids(task_gpus(loc, env, 1, 2)) == [3, 0, 1, 2]
 
 
-def test_uuid_lists_of_any_length_name_gpus():
+def test_uuid_lists_up_to_4096_entries_name_gpus():
+    loc = locality(MINI)
+    env = {"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": ",".join(["GPU-0001"] * 4096)}
+    assert ids(task_gpus(loc, env, 0, 1)) == [1] * 4096
+    b = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(4))
+    assert b.env_value() == "prefer;gpus=" + ",".join(["1"] * 4096) + ";cpus=2-3;mems=1"
+    # more is no GPU list (as for numbers): the step's GPUs, as without the variable
+    env["CUDA_VISIBLE_DEVICES"] += ",GPU-0001"
+    assert ids(task_gpus(loc, env, 0, 1)) == [0, 1]
+
+
+def test_a_uuid_outside_the_step_is_unknown():
+    """As a number outside the step is: the task is never bound to another GPU's
+    CPUs and memory (the planner once took GPU 1 for a step of GPU 0)."""
     loc = locality(MINI)
     env = {"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": ",".join(["GPU-0001"] * 5000)}
-    assert ids(task_gpus(loc, env, 0, 1)) == [1] * 5000
+    assert ids(task_gpus(loc, env, 0, 1)) == [0]
+    env["CUDA_VISIBLE_DEVICES"] = "GPU-0001"
     b = plan_task(loc, env, mode="prefer", local_task=0, ntasks=1, allowed=range(4))
-    assert b.env_value() == "prefer;gpus=" + ",".join(["1"] * 5000) + ";cpus=2-3;mems=1"
+    assert b.env_value() == "prefer;gpus=0;cpus=0-1;mems=0"
 
 
 def test_memory_nodes_slurm_bound_are_only_narrowed():

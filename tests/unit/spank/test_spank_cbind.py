@@ -3,7 +3,7 @@
 There is one planner.  A plain ``--gpu-numa-bind=prefer`` step calls it in
 the outer C half with the binding table the Python path keeps
 (:mod:`slurm_gpu.spank.bindtable`); every other bound step calls it from
-:func:`slurm_gpu.spank.remote._bind` through cffi.  What must hold:
+:func:`slurm_gpu.spank.remote.bind_task` through cffi.  What must hold:
 
 * for every recorded machine, Slurm GPU order (NVML's, gres.conf's in minor
   order, one with a device NVML lacks) and task environment, both paths do
@@ -114,7 +114,7 @@ class _FakeCalls:
         self.out, self.err = out, err
 
     def set_mempolicy(self, mode: int, nodes: tuple[int, ...]) -> int:
-        _, maxnode = effects._words(nodes, 64)
+        _, maxnode = effects.nodemask(nodes, 64)
         self.out.append(f"mempolicy {mode} {maxnode} {','.join(map(str, nodes))}\n")
         return self.err
 
@@ -122,7 +122,7 @@ class _FakeCalls:
 def run_py(monkeypatch, gpus, nmap: dict[int, int], env: dict[str, str], task: int,
            ntasks: int, allowed: tuple[int, ...], bound: tuple[int, ...] | None,
            aff_err: int = 0, mpol_err: int = 0, mode: str = "prefer") -> str:
-    """remote._bind, the Python path's own code, with its system calls faked."""
+    """remote.bind_task, the Python path's own code, with its system calls faked."""
     out: list[str] = []
 
     def setaffinity(pid: int, cpus) -> None:
@@ -135,12 +135,19 @@ def run_py(monkeypatch, gpus, nmap: dict[int, int], env: dict[str, str], task: i
         m.setattr(effects, "get_mempolicy", lambda: (0, ()) if bound is None else (2, bound))
         m.setattr(posix, "sched_setaffinity", setaffinity)
         m.setattr(effects, "_calls", _FakeCalls(out, mpol_err))
-        m.setattr(remote, "_stderr", lambda line: out.append(f"say {line}\n"))
+        real_write = posix.write
+
+        def write(fd: int, data: bytes) -> int:        # the task's stderr
+            if fd != 2:
+                return real_write(fd, data)
+            out.append("say " + data.decode())
+            return len(data)
+        m.setattr(posix, "write", write)
         step = remote.Step(NumaBind(mode), facts={"gpus": nodefacts.for_binding(gpus),
                                                   "numa_map": nmap})
         rc = 0
         try:
-            remote._bind(_FakeSpank(out), step, {k: v for k, v in env.items()}, task, ntasks)
+            remote.bind_task(_FakeSpank(out), step, {k: v for k, v in env.items()}, task, ntasks)
         except SlurmGpuError as e:
             out.append(f"error {e.line()}\n")
             rc = -1
@@ -272,8 +279,8 @@ def table(harness, cache, tmp_path):
     gres = tmp_path / "gres.conf"
     gres.write_text("AutoDetect=off\n")
     absent = tmp_path / "absent.toml"
-    stamps = [nodefacts._stamp(str(cfg)), nodefacts._stamp(str(absent)),
-              nodefacts._stamp(str(gres))]
+    stamps = [nodefacts.stamp(str(cfg)), nodefacts.stamp(str(absent)),
+              nodefacts.stamp(str(gres))]
     path = write_table(cache, gpus, {}, str(gres), stamps)
 
     def run(node: str = NODE) -> str:
@@ -522,3 +529,46 @@ def test_hostile_variables_in_both_modes_bind_as_recorded(harness, cache, tmp_pa
             assert run_c(harness, cache, gres, *args) == want, case
             c_compared += 1
     assert c_compared > 50
+
+
+def test_a_uuid_of_a_gpu_outside_the_step_binds_the_steps_gpus(harness, cache, tmp_path,
+                                                                monkeypatch) -> None:
+    """A task's CUDA_VISIBLE_DEVICES may name another GPU's uuid (the user's export):
+    it narrows the step's GPUs like a number does, so it counts as unknown.  The planner
+    once bound such a task to that GPU's CPUs and NUMA node and named it in
+    SLURM_GPU_BINDING."""
+    model, gpus = _uuid_gpus()
+    gres = str(tmp_path / "gres.conf")
+    write_table(cache, gpus, {}, gres)
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    plain = run_py(monkeypatch, gpus, {}, {"SLURM_STEP_GPUS": "0"}, 0, 1, every, None)
+    assert "gpus=0;" in plain
+    for cvd in ("u1", "u1,u1", "nope,u1"):
+        env = {"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": cvd}
+        assert run_py(monkeypatch, gpus, {}, env, 0, 1, every, None) == plain, cvd
+        assert run_c(harness, cache, gres, env, 0, 1, every, None) == plain, cvd
+    # a uuid of the step still narrows it
+    env = {"SLURM_STEP_GPUS": "0,1"}
+    assert "gpus=1,0;" in run_py(monkeypatch, gpus, {}, dict(env, CUDA_VISIBLE_DEVICES="u1,u0"),
+                                 0, 1, every, None)
+    assert "gpus=1;" in run_c(harness, cache, gres, dict(env, CUDA_VISIBLE_DEVICES="u9,u1"),
+                              0, 1, every, None)
+
+
+def test_a_uuid_list_of_more_than_4096_entries_is_not_a_gpu_list(harness, cache, tmp_path,
+                                                                monkeypatch) -> None:
+    """As a number list is not (binding.py's rules): such a list binds the step's GPUs,
+    as no CUDA_VISIBLE_DEVICES does, and is not matched entry by entry against the
+    table, which took seconds of the task's start for a long list and a large table."""
+    model, gpus = _uuid_gpus()
+    gres = str(tmp_path / "gres.conf")
+    write_table(cache, gpus, {}, gres)
+    every = tuple(sorted(p for c in model.cores for p in c.pus))
+    step = {"SLURM_STEP_GPUS": "0-1"}
+    plain = run_py(monkeypatch, gpus, {}, step, 0, 1, every, None)
+    assert "gpus=0,1;" in plain
+    for n, want_one in ((4096, True), (4097, False), (5000, False)):
+        env = dict(step, CUDA_VISIBLE_DEVICES=",".join(["u1"] * n))
+        got = run_c(harness, cache, gres, env, 0, 1, every, None)
+        assert got == run_py(monkeypatch, gpus, {}, env, 0, 1, every, None)
+        assert (got != plain and "gpus=1,1," in got) if want_one else got == plain, n

@@ -36,6 +36,10 @@ class FakeSpank:
     def option_value(self, which: int) -> str | None:
         return self.values.get(which)
 
+    def plugstack_args(self) -> options.PluginArgs:
+        # what spank/sg_args.c hands over for this argv (the same rules)
+        return options.parse_plugstack_args(self.args)
+
     def getenv(self, name: str) -> str | None:
         return self.env.get(name)
 
@@ -139,9 +143,9 @@ def applied(monkeypatch, tmp_path):
     cfg.write_text('[spank]\nnuma_node_map = { "1" = 0 }\nmemlock_max = "64G"\n')
     monkeypatch.setenv("SLURM_GPU_CONFIG", str(cfg))
     from slurm_gpu import config
-    config._load.cache_clear()
+    config.clear_cache()
     yield calls
-    config._load.cache_clear()
+    config.clear_cache()
 
 
 def test_remote_binds_each_task_to_its_gpu(applied, capfd, monkeypatch):
@@ -449,8 +453,9 @@ def test_cached_step_imports_neither_config_nor_hw() -> None:
 import sys
 sys.path.insert(0, {str(root)!r})
 from slurm_gpu.spank import nodecache, remote
+from slurm_gpu.joboptions import PluginArgs
 class Handle:
-    args = ["config=/etc/slurm-gpu/x.toml"]
+    def plugstack_args(self): return PluginArgs("/etc/slurm-gpu/x.toml")
     def option_value(self, which): return None
     def getenv(self, name): return None
     def item_u32(self, item): return 0

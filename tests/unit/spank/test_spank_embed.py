@@ -92,29 +92,35 @@ def test_python_that_cannot_start_returns_an_error(host, tmp_path):
                for l in out), out
 
 
-def test_system_calls_go_through_the_plugins_c_side(host):
-    code = ("import sys; from slurm_gpu.spank import effects; "
+def test_system_calls_and_the_planner_are_the_plugins_c_side(host):
+    """System calls go through the plugin's C functions (no ctypes in a bound task).
+    One planner: the inner half carries spank/sg_bind.c and hands it to binding.py,
+    so the embedded interpreter plans with it (no planner of its own, no separate module)."""
+    code = ("import sys; from slurm_gpu.spank import effects; from slurm_gpu import binding; "
             "print('BACKEND', type(effects._c()).__name__); "
             "effects.set_mempolicy(effects.MPOL_BIND, (0,)); print('POLICY', effects.get_mempolicy()); "
             "effects.set_mempolicy(effects.MPOL_PREFERRED, (0,)); print('POLICY', effects.get_mempolicy()); "
-            "effects.disable_thp(); print('CTYPES', 'ctypes' in sys.modules); sys.stdout.flush()")
-    out = _run(host, ["prefer", None, None, None], code)
-    assert "BACKEND _PluginCalls" in out, out
-    assert "POLICY (2, (0,))" in out and "POLICY (1, (0,))" in out
-    assert "CTYPES False" in out
-
-
-def test_the_python_path_plans_with_the_plugins_compiled_planner(host):
-    """One planner: the inner half carries spank/sg_bind.c and hands it to binding.py,
-    so the embedded interpreter plans with it (no planner of its own, no separate module)."""
-    code = ("import sys; from slurm_gpu import binding; "
+            "effects.disable_thp(); print('CTYPES', 'ctypes' in sys.modules); "
             "print('LIB', hasattr(binding._planner[1], 'sg_plan')); "
             "loc = [{'index': 3, 'minor': 3, 'uuid': 'GPU-3', 'cpus': (4, 5), 'mems': (1,)}]; "
             "b = binding.plan_task(loc, {'SLURM_STEP_GPUS': '0'}, mode='strict', local_task=0, "
             "ntasks=1, allowed=range(8), numa_map={1: 2}); "
             "print('PLAN', b.env_value(), b.host_mems); "
             "print('MODULES', sorted(m for m in sys.modules if 'planner' in m)); sys.stdout.flush()")
-    out = _run(host, ["strict", None, None, None], code)
+    out = _run(host, ["prefer", None, None, None], code)
+    assert "BACKEND _PluginCalls" in out, out
+    assert "POLICY (2, (0,))" in out and "POLICY (1, (0,))" in out
+    assert "CTYPES False" in out
     assert "LIB True" in out, out
     assert "PLAN strict;gpus=3;cpus=4-5;mems=1 (2,)" in out, out
     assert "MODULES []" in out, out
+
+
+def test_python_reads_the_plugstack_arguments_the_c_half_parsed(host):
+    """One parse (issue 25 §5): the hook gets no argv, Python reads the outer
+    half's struct (here embed_host.c's, for numa_bind=prefer,verbose)."""
+    code = ("import slurm_gpu_spank_py as m; from slurm_gpu.spank.api import Spank; "
+            "a = Spank(m.ffi, m.lib).plugstack_args(); "
+            "print('ARGS', a.config, a.numa_bind.mode, a.numa_bind.verbose); import sys; sys.stdout.flush()")
+    out = _run(host, [None, None, None, None], code)
+    assert "ARGS /etc/slurm-gpu/embed.toml prefer True" in out, out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,14 +71,17 @@ def test_mig_syntax():
 
 
 def test_mig_syntax_uses_the_planner():
-    # The planner is installed with the package: counts and per-GPU groups are accepted.
-    assert o._mig_planner_parser() is not None
+    # The planner is installed with the package: counts and per-GPU groups are
+    # accepted (the fallback below refuses "2x1g.12gb").
     assert o.parse_mig("3g.47gb,2x1g.12gb") == "3g.47gb,2x1g.12gb"
     assert o.parse_mig("3g.40gb;7g.80gb") == "3g.40gb;7g.80gb"
 
 
 def test_mig_syntax_without_the_planner(monkeypatch):
-    monkeypatch.setattr(o, "_mig_planner_parser", lambda: None)
+    # the mps/mig area not installed: importing its planner fails
+    monkeypatch.setitem(sys.modules, "slurm_gpu.mig.planner", None)
+    with pytest.raises(UsageError, match=r"'2x1g\.12gb' is not a MIG profile name"):
+        o.parse_mig("3g.47gb,2x1g.12gb")
     assert o.parse_mig("3g.40gb, 1c.3g.40gb,1g.10gb+me") == "3g.40gb,1c.3g.40gb,1g.10gb+me"
     for bad in ("", "bogus", "3g.40gb,,1g.10gb", "9g.80gb"):
         with pytest.raises(UsageError, match=r"--gpu-mig"):

@@ -28,7 +28,7 @@ TAGGED_INNER = r"""
 #include <stdio.h>
 int sg_inner_start(const char *where, const void *api)
 { (void) where; (void) api; printf("INNER %s\n", TAG); fflush(stdout); return -1; }
-int sg_inner_hook(int h, void *sp, int ac, char **av) { (void) h; (void) sp; (void) ac; (void) av; return 0; }
+int sg_inner_hook(int h, void *sp) { (void) h; (void) sp; return 0; }
 int sg_inner_option(int w, int r) { (void) w; (void) r; return 0; }
 """
 

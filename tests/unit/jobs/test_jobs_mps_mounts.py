@@ -1,0 +1,261 @@
+"""jobs/mps.py and mpsdir.py: what a job user can do to a node through the mounts and the
+filesystem of their ``--gpu-mps`` directories fails that user's job, never drains the node.
+
+Real mounts (tmpfs and bind mounts, as root: what the user's FUSE mount does to the
+directories), real full filesystems (a small tmpfs) and NVIDIA's real control binary;
+every mount a test makes is detached when it ends, whatever happened.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from test_jobs_lifecycle import Env
+
+from slurm_gpu.errors import Consequence
+from slurm_gpu.jobs import lifecycle, mps, mpsdir
+from slurm_gpu.jobs import state as js
+from slurm_gpu.jobs.settings import MpsSettings
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+
+USER = mps.JobUser(65534, 65534, "nobody")
+
+
+def _mounts_under(d: str | Path) -> list[str]:
+    prefix = os.path.realpath(d).rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as f:
+        return [ln.split()[4] for ln in f if ln.split()[4].startswith(prefix)]
+
+
+def _mount(*argv: str) -> None:
+    subprocess.run(["mount", *argv], check=True)
+
+
+@pytest.fixture()
+def base(tmp_path: Path) -> Iterator[Path]:
+    """A root-owned directory for <base>/<jobid>; every mount below it is gone afterwards."""
+    os.chmod(tmp_path, 0o755)
+    try:
+        yield tmp_path
+    finally:
+        for m in reversed(_mounts_under(tmp_path)):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+
+
+def _settings(base_dir: Path) -> MpsSettings:
+    return MpsSettings(base_dir=str(base_dir))
+
+
+def _stop(s: MpsSettings, jobid: str = "7") -> list[str]:
+    return mps.stop(s, None, jobid, USER, kill_wait=0.1)
+
+
+# -- the epilog -------------------------------------------------------------
+
+def test_a_mount_made_while_the_epilog_runs_is_detached_before_the_removal(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user mounts in pipe/ after the epilog's first detach (while the daemon quits):
+    the directory is made root's, the mount detached, the directory removed, no drain.
+    Its contents are never walked (a FUSE mount of the user's home would lose files)."""
+    s = _settings(base / "mps")
+    pipe, _log = mps.make_dirs(s, "7", USER)
+    late = os.path.join(pipe, "late")
+    real = mps.daemon_tree          # the epilog's scan for the daemon, after its first detach
+
+    def mount_late(*a: Any, **k: Any) -> Any:
+        os.mkdir(late)
+        _mount("-t", "tmpfs", "sg-late", late)
+        Path(late, "theirs").write_text("x")
+        return real(*a, **k)
+    monkeypatch.setattr(mps, "daemon_tree", mount_late)
+    notes = _stop(s)
+    assert notes == [f"MPS: detached mounts the job's user made in {base}/mps/7: {late}"]
+    assert not os.path.lexists(base / "mps" / "7")
+    assert _mounts_under(base) == []
+
+
+def test_a_mount_that_cannot_be_detached_leaves_a_roots_directory_not_a_drain(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """umount2 refused (a kernel that says EBUSY/EPERM): the directory is left, root's and
+    mode 0700 all the way down (the user can add nothing), the mount's contents
+    untouched; the next sweep or epilog tries again and removes it."""
+    from slurm_gpu.jobs import libc
+    s = _settings(base / "mps")
+    pipe, _log = mps.make_dirs(s, "7", USER)
+    os.mkdir(os.path.join(pipe, "sub"))
+    os.chown(os.path.join(pipe, "sub"), USER.uid, USER.gid)
+    m = os.path.join(pipe, "m")
+    os.mkdir(m)
+    _mount("-t", "tmpfs", "sg-stuck", m)
+    Path(m, "theirs").write_text("x")
+
+    def refuse(path: str) -> None:
+        raise OSError(16, os.strerror(16))
+    monkeypatch.setattr(libc, "detach_mount", refuse)
+    notes = _stop(s)
+    assert notes == [f"MPS: mounts in {base}/mps/7 could not be detached ({m}: {os.strerror(16)}): "
+                     "the directory is left"]
+    for d in (pipe, os.path.join(pipe, "sub")):
+        st = os.lstat(d)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o700), d
+    assert Path(m, "theirs").read_text() == "x"
+    monkeypatch.undo()
+    assert _stop(s) == [f"MPS: detached mounts the job's user made in {base}/mps/7: {m}"]
+    assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
+
+
+def test_a_mount_on_a_file_is_detached(base: Path) -> None:
+    """fusermount3 mounts on a regular file the user owns: reached without O_DIRECTORY,
+    detached, and the directory removed."""
+    s = _settings(base / "mps")
+    pipe, _log = mps.make_dirs(s, "7", USER)
+    f = os.path.join(pipe, "f")
+    Path(f).write_text("")
+    _mount("--bind", "/etc/hostname", f)
+    assert _stop(s) == [f"MPS: detached mounts the job's user made in {base}/mps/7: {f}"]
+    assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
+
+
+def test_mounts_are_found_below_a_base_dir_reached_through_a_symlink(base: Path) -> None:
+    """base_dir = /var/run/slurm-gpu/mps where /var/run -> /run (root's symlink):
+    mountinfo names the real path, which is what is compared."""
+    (base / "real").mkdir(mode=0o755)
+    (base / "link").symlink_to(base / "real")
+    s = _settings(base / "link" / "mps")
+    pipe, _log = mps.make_dirs(s, "7", USER)
+    os.mkdir(os.path.join(pipe, "m"))
+    _mount("-t", "tmpfs", "sg-sym", os.path.join(pipe, "m"))
+    jd = str(base / "link" / "mps" / "7")
+    assert mpsdir.mounts_below(jd) == [f"{base}/real/mps/7/pipe/m"]
+    assert _stop(s) == [f"MPS: detached mounts the job's user made in {jd}: {base}/real/mps/7/pipe/m"]
+    assert not os.path.lexists(jd) and _mounts_under(base) == []
+
+
+def test_a_requeued_jobs_prolog_detaches_what_its_earlier_run_left_mounted(base: Path) -> None:
+    """An earlier run's directory (its epilog left it: a mount it could not detach then)
+    is made afresh for the same job: the mount detached, never walked, never a drain."""
+    s = _settings(base / "mps")
+    pipe, _log = mps.make_dirs(s, "7", USER)
+    m = os.path.join(pipe, "m")
+    os.mkdir(m)
+    _mount("-t", "tmpfs", "sg-left", m)
+    Path(m, "theirs").write_text("x")
+    assert mps.make_dirs(s, "7", USER) == (pipe, _log)
+    assert os.listdir(pipe) == [] and _mounts_under(base) == []
+
+
+def test_mounted_over_names_what_is_mounted_in_the_job_directory(base: Path) -> None:
+    """From mountinfo (odd names quoted), else from a directory on another device."""
+    jd = base / "7"
+    (jd / "pipe").mkdir(parents=True)
+    (jd / "log").mkdir()
+    mi = base / "mountinfo"
+    mi.write_text(f"40 22 0:40 / {jd}/log rw - fuse f rw\n"
+                  f"41 22 0:41 / {jd}/pipe/a\\012b rw - fuse f rw\n")
+    assert mpsdir.mounted_over(str(jd), str(mi)) == "log, 'pipe/a\\nb'"
+    mi.write_text("")
+    assert mpsdir.mounted_over(str(jd), str(mi)) is None
+    _mount("-t", "tmpfs", "sg-over", str(jd / "pipe"))
+    assert mpsdir.mounted_over(str(jd), str(mi)) == "pipe"      # not in that mountinfo: by device
+    assert mpsdir.mounted_over(str(jd)) == "pipe"
+
+
+# -- the prolog -------------------------------------------------------------
+
+@pytest.fixture()
+def node(base: Path) -> Iterator[Env]:
+    n = Env()
+    try:
+        yield n
+    finally:
+        for m in reversed(_mounts_under(n.base)):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        n.close()
+
+
+def _after_make_dirs(monkeypatch: pytest.MonkeyPatch, act: Callable[[str, str], None]) -> None:
+    """Run *act(pipe, log)* right after the prolog made (and chowned) the job's directories:
+    what another process of the job's user can do there before the daemon starts."""
+    real = mps.make_dirs
+
+    def made(*a: Any) -> tuple[str, str]:
+        pipe, log = real(*a)
+        act(pipe, log)
+        return pipe, log
+    monkeypatch.setattr(mps, "make_dirs", made)
+
+
+def _prolog_fails_the_job(node: Env) -> str:
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.phase == "failed" and st.consequence == Consequence.USER, node.logs
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == [] and _mounts_under(node.mps.base_dir) == []
+    return str(st.error)
+
+
+def test_the_pipe_directory_mounted_over_in_the_prolog_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount over <job>/pipe (squashfuse, fusermount3 -o ro), made as soon as the
+    prolog chowned it: NVIDIA's daemon says "Cannot access CUDA_MPS_PIPE_DIRECTORY"."""
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=5, quit_timeout=1)
+    _after_make_dirs(monkeypatch, lambda pipe, log: _mount(
+        "-t", "tmpfs", "-o", "ro,mode=0700", "sg-over", pipe))
+    assert _prolog_fails_the_job(node) == (
+        "MPS control daemon could not start: pipe was mounted over by a process of the "
+        "job's user (job 100)")
+
+
+def test_the_log_directory_mounted_over_leaves_the_job_running(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA's daemon starts without its log directory; the epilog detaches the mount."""
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=5, quit_timeout=1)
+    _after_make_dirs(monkeypatch, lambda pipe, log: _mount(
+        "-t", "tmpfs", "-o", "ro,mode=0700", "sg-over", log))
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.phase == "ready", node.logs
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == [] and _mounts_under(node.mps.base_dir) == []
+
+
+def _fill(d: str) -> None:
+    i = 0
+    try:
+        while True:
+            Path(d, f"f{i}").write_text("")
+            i += 1
+    except OSError as e:
+        assert e.errno == 28
+
+
+@pytest.mark.parametrize("when", ["dirs", "daemon"])
+def test_a_full_filesystem_under_the_mps_dirs_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """/run (a small tmpfs) filled through a pipe directory: making the next job's
+    directories, or its daemon's start, fails that job with one line naming the
+    filesystem; the node stays up."""
+    run = node.base / "run"
+    run.mkdir(mode=0o755)
+    _mount("-t", "tmpfs", "-o", "nr_inodes=16,mode=0755", "sg-run", str(run))
+    node.mps = MpsSettings(control=node.mps.control, base_dir=str(run / "mps"),
+                           start_timeout=5, quit_timeout=1)
+    (run / "mps").mkdir(mode=0o755)
+    if when == "dirs":
+        _fill(str(run))
+        want = (f"--gpu-mps: the filesystem {run} is full (No space left on device): "
+                "the job's MPS directories cannot be made (job 100)")
+    else:
+        _after_make_dirs(monkeypatch, lambda pipe, log: _fill(str(run)))
+        want = (f"MPS control daemon could not start: the filesystem {run} of its directories "
+                "is full (job 100)")
+    assert _prolog_fails_the_job(node) == want
