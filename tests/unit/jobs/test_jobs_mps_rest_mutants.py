@@ -174,6 +174,48 @@ def test_a_daemon_stopped_by_its_user_fails_the_job(node: Env, monkeypatch: pyte
     assert _user_failed(node) == f"MPS control daemon was stopped before it answered {USER_TAG}"
 
 
+def test_a_daemon_traced_by_its_user_fails_the_job(node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ptrace stop (``t`` in /proc/PID/stat: a debugger of the user's attached) is a stop too."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    traced: list[int] = []
+
+    def trace_it(pipe: str) -> None:
+        for p in daemon_pids(pipe):
+            assert libc.ptrace(0x4206, p, None, None) == 0          # PTRACE_SEIZE
+            traced.append(p)
+            assert libc.ptrace(0x4207, p, None, None) == 0          # PTRACE_INTERRUPT
+            os.waitpid(p, 0x40000000)                               # __WALL: in its trap stop
+            assert state(p) == "t"
+    _short(node)
+    _client_fails_after(monkeypatch, trace_it)
+    rc, st = _prolog(node)
+    assert traced
+    for p in traced:
+        libc.ptrace(17, p, None, None)                               # PTRACE_DETACH
+    assert rc == 0 and st is not None and st.error == (
+        f"MPS control daemon was stopped before it answered {USER_TAG}"), node.logs
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
+
+
+def test_a_running_daemon_whose_log_directory_its_user_mounted_over_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    _short(node)
+
+    def mount(pipe: str) -> None:
+        assert daemon_pids(pipe)
+        log = os.path.join(os.path.dirname(pipe), "log")
+        subprocess.run(["mount", "-t", "tmpfs", "sg-over", log], check=True)
+    _client_fails_after(monkeypatch, mount)
+    try:
+        assert _user_failed(node) == ("MPS control daemon could not start: log was mounted over "
+                                      "by a process of the job's user (job 100)")
+    finally:
+        subprocess.run(["umount", "-l", f"{node.mps.base_dir}/100/log"], capture_output=True)
+
+
 def test_a_daemon_whose_socket_its_user_removed_fails_the_job(
         node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     _short(node)
@@ -260,9 +302,12 @@ def test_stop_takes_a_recorded_job_directory_only_below_a_roots_base(
 
 # -- check_usable --------------------------------------------------------------
 
-def test_check_usable_finds_the_binary_by_path_or_on_the_safe_path(tmp_path: Path) -> None:
+def test_check_usable_finds_the_binary_by_path_or_on_the_safe_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mps.check_usable(MpsSettings(control="sh"))                   # /usr/bin/sh or /bin/sh
     mps.check_usable(MpsSettings(control="/bin/sh"))
+    monkeypatch.chdir("/")                  # a relative path is found as exec finds it
+    mps.check_usable(MpsSettings(control="bin/sh"))
     (tmp_path / "noexec").write_text("#!/bin/sh\n")
     for bad in ("no-such-mps-control", "/no/such/mps-control", str(tmp_path),
                 str(tmp_path / "noexec")):
@@ -365,18 +410,20 @@ def test_make_dirs_again_replaces_a_pipe_the_user_turned_into_a_symlink(base: Pa
 def test_make_dirs_again_fails_the_job_when_the_earlier_runs_mount_stays(
         base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_gpu.jobs import libc
-    pipe, _log = _make(base / "mps")
-    m = os.path.join(pipe, "m")
-    os.mkdir(m)
-    subprocess.run(["mount", "-t", "tmpfs", "sg-stuck", m], check=True)
+    pipe, log = _make(base / "mps")
+    m, n = os.path.join(pipe, "m"), os.path.join(log, "n")
+    for d in (m, n):
+        os.mkdir(d)
+        subprocess.run(["mount", "-t", "tmpfs", "sg-stuck", d], check=True)
 
     def refuse(path: str) -> None:
         raise OSError(16, os.strerror(16))
     monkeypatch.setattr(libc, "detach_mount", refuse)
     with pytest.raises(js.JobFailed) as e:
         _make(base / "mps")
+    busy = os.strerror(16)
     assert str(e.value) == (f"--gpu-mps: mounts the job's user made in {base}/mps/7 cannot be "
-                            f"detached ({m}: {os.strerror(16)}) (job 7)")
+                            f"detached ({n}: {busy}; {m}: {busy}) (job 7)")
 
 
 # -- stop: what the user left in their directories ------------------------------
