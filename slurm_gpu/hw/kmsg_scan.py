@@ -6,6 +6,7 @@ count as the kernel's): pure functions over bytes, no I/O.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -406,6 +407,7 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     entries: dict[int, _Entry] = {}     # journalctl -o verbose: each entry parsed once
+    column0: list[int] | None = None    # its line starts at column 0, collected at the first hit
     for ls, s, e in hits:
         if ls == done_line:
             continue               # one decision per line: a second hit in it is its own text
@@ -416,7 +418,9 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             out += _doubt(buf, s, e, ls + base, CONTAINER)
             continue
         if family == "verbose":
-            out += _verbose_lines(buf, ls, s, e, start, end, base, entries)
+            if column0 is None:
+                column0 = _column0_starts(buf, start, end)
+            out += _verbose_lines(buf, ls, s, e, end, base, entries, column0)
             continue
         if family == "verbose-tab":
             out += _doubt(buf, s, e, ls + base, VERBOSE_TAB)
@@ -488,10 +492,13 @@ class _Entry:
     emitted: bool = False
 
 
-def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, end: int, base: int,
-                   entries: dict[int, _Entry]) -> list[KernelLine]:
-    """The kernel lines of the verbose entry that holds the hit at ``buf[s:e]`` (line at *ls*)."""
-    hs = _verbose_entry_start(buf, ls, start)
+def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, end: int, base: int,
+                   entries: dict[int, _Entry], column0: list[int]) -> list[KernelLine]:
+    """The kernel lines of the verbose entry that holds the hit at ``buf[s:e]`` (line at *ls*).
+
+    *entries*: the entries parsed so far, by header offset; *column0*: ``_column0_starts``.
+    """
+    hs = _verbose_entry_start(ls, column0)
     if hs < 0:
         return _doubt(buf, s, e, ls + base, VERBOSE_NO_ENTRY)
     ent = entries.get(hs)
@@ -511,15 +518,27 @@ def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, 
     return [KernelLine(ln.when, ln.text, ln.cont, ln.doubt, m0 + base, ln.indents) for ln in got]
 
 
-def _verbose_entry_start(buf: bytes | bytearray, ls: int, start: int) -> int:
-    """Where the verbose entry holding the line at *ls* starts (its header line); -1: none in reach."""
-    p = ls
-    while True:
-        if buf[p:p + 1] not in (b" ", b"\t", b"\r", b"\n", b""):
-            return p if p != ls else -1          # a column-0 line: the header (the hit's own: no field)
-        if p <= start or ls - p > MAX_JSON_LINE:
-            return -1
-        p = max(buf.rfind(b"\n", start, p - 1) + 1, start)
+def _column0_starts(buf: bytes | bytearray, start: int, end: int) -> list[int]:
+    """The start of every line in ``buf[start:end]`` that is at column 0 (a verbose entry's header, or no field).
+
+    Collected once per scan, so finding each hit's entry is a bisection: a
+    user's message of thousands of "NVRM: " lines (each a later line of one
+    value, indented) costs linear work, not a walk back per hit.
+    """
+    first = [start] if buf[start:start + 1] not in (b" ", b"\t", b"\r", b"\n", b"") else []
+    return first + [m.start() + 1 for m in _COLUMN0.finditer(buf, start, end)]
+
+
+def _verbose_entry_start(ls: int, column0: list[int]) -> int:
+    """Where the verbose entry holding the line at *ls* starts (its header line); -1: none.
+
+    *column0*: ``_column0_starts`` of what is scanned.  The hit's own line at
+    column 0 is no field of an entry (-1).
+    """
+    i = bisect.bisect_right(column0, ls) - 1
+    if i < 0 or column0[i] == ls:
+        return -1
+    return column0[i]
 
 
 def _parse_verbose(buf: bytes | bytearray, hs: int, end: int) -> _Entry:
