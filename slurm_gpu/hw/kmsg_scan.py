@@ -338,6 +338,13 @@ def head_family(head: bytes | bytearray) -> str | None:
     """
     line = head_line(head)
     fam = None if line is None else line_family(line)
+    if line is not None and fam in (None, "none"):
+        # A verbose file cut mid-entry (copytruncate, or a follower's block
+        # cut mid-line) starts with a field line, a value's later line or the
+        # tail of one: its first entry header says what the file is.
+        header = _cut_verbose_header(head, line)
+        if header is not None:
+            fam, line = "verbose", header
     if fam == "verbose" and line is not None:
         # The first field line says which journalctl wrote the file: an old one
         # (a tab before each field, values printed raw) lets a newline in any
@@ -348,6 +355,32 @@ def head_family(head: bytes | bytearray) -> str | None:
         if raw[at + 1:at + 2] == b"\t":
             fam = "verbose-tab"
     return fam
+
+
+def _cut_verbose_header(head: bytes | bytearray, first: str) -> str | None:
+    """The first entry header of a verbose file whose first line *first* is no header; else None.
+
+    The lines between are the cut entry's: indented (a field, a value's later
+    line), or the first line itself cut mid-line.  Stamped dmesg indents a
+    record's later lines too, but its next column-0 line is a dmesg line,
+    never a verbose header; a bare first line counts only when an indented
+    line follows it.
+    """
+    lines = bytes(head[:4096]).decode("utf-8", "replace").split("\n")[:-1]    # whole lines only
+    seen = False
+    for raw in lines:
+        text = raw.rstrip("\r")
+        if not seen:
+            seen = text == first
+            indented = first[:1] in (" ", "\t")
+            continue
+        if not text.strip():
+            continue
+        if text[:1] in (" ", "\t"):
+            indented = True
+            continue
+        return text if indented and _VERBOSE_HEAD.match(text) else None
+    return None
 
 
 FAMILY = ("a line in another log format ({got}) than the file's (its first line is {want}): "
@@ -431,6 +464,11 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             jl = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
             got = _doubt(buf, s, e, ls + base, JSON_UNPROVEN) if jl is None else jl
             fam: str | None = "json"
+        elif family in (None, "none", "any") and (vm := _VERBOSE_MESSAGE.match(buf, ls)) is not None \
+                and vm.end() == s:
+            # A verbose entry's MESSAGE line in a file whose first line proved
+            # no format: perhaps the kernel's, never proven (not silence).
+            got, fam = _doubt(buf, s, e, ls + base, VERBOSE_ORPHAN), None
         elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
             got = _pretty_lines(buf, ls, s, e, start, end, base)
             fam = "pretty"
@@ -480,6 +518,9 @@ VERBOSE_UNPROVEN = ("a journalctl -o verbose entry without its _TRANSPORT and SY
 VERBOSE_TAB = ("journalctl -o verbose output in its old form (fields indented by a tab, values printed raw): "
                "a newline in a value may have made any field line")
 VERBOSE_NO_ENTRY = "a line that is no field of a journalctl -o verbose entry"
+VERBOSE_ORPHAN = ("a journalctl -o verbose MESSAGE field in a file whose format is not proven (no entry header "
+                  "in its first 4 KiB: a copy cut mid-entry); read the journal whole or use -o export")
+_VERBOSE_MESSAGE = re.compile(rb"(?:    |\t)MESSAGE=")
 
 
 @dataclass

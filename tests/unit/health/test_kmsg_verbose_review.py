@@ -4,9 +4,16 @@
   entry holding each hit is found from the column-0 line starts, collected
   once, not by walking back line by line from every hit (which took 93 s for
   a 128 KiB file and tripped the run's watchdog on every run).
+* A verbose file whose first line is no entry header (copytruncate, or
+  ``journalctl -f -o verbose > f`` cut mid-entry) is still a verbose file: its
+  family comes from its first column-0 line when that is an entry header, and
+  a ``    MESSAGE=`` hit in a file of no proven family warns, naming the line.
 """
 from __future__ import annotations
 
+import pytest
+
+from slurm_gpu.health.findings import DRAIN, WARN
 from slurm_gpu.hw import kmsg, kmsg_scan
 
 from test_kmsg_more_formats import XID79, findings, verbose_entries, with_message
@@ -64,3 +71,58 @@ def test_a_hit_deep_in_a_long_kernel_free_entry_is_still_that_entry_s():
     head = verbose_entries()[0]
     assert findings(head + user_entry(4000)) == []
     assert kmsg_scan.MAX_JSON_LINE < len(user_entry(4000)) < 2 * kmsg_scan.MAX_JSON_LINE
+
+
+# ------------------------------------------------------------ a verbose file cut mid-entry
+
+def kernel_xid_entry() -> str:
+    return with_message(verbose_entries()[2], XID79)
+
+
+@pytest.mark.parametrize("cut", [
+    "    _HOSTNAME=n1\n    MESSAGE=hi\n",            # copytruncate: the file starts inside an entry
+    "ORT=kernel\n    MESSAGE=hi\n",                 # a follower's block cut mid-line
+    "  continued line of a value\n",                 # inside a value's later lines
+])
+def test_a_verbose_file_cut_mid_entry_still_reads_its_kernel_entries(cut, tmp_path):
+    text = cut + kernel_xid_entry()
+    assert kmsg_scan.head_family(text.encode()) == "verbose"
+    assert [sev for sev, _ in findings(text)] == [DRAIN]
+    log = tmp_path / "journal.verbose"
+    log.write_text(text)
+    log.chmod(0o644)
+    lines, cur = kmsg.read_file(log)
+    assert [(ln.doubt, ln.text) for ln in lines] == [(None, XID79)]
+    assert cur.offset == log.stat().st_size
+
+
+def test_the_cut_entry_s_own_message_warns_naming_the_line():
+    text = f"    _HOSTNAME=n1\n    MESSAGE={XID79}\n" + kernel_xid_entry()
+    got = findings(text)
+    assert sorted(sev for sev, _ in got) == sorted([DRAIN, WARN])
+    assert any("byte 17 " in msg for sev, msg in got if sev == WARN), got
+
+
+def test_a_message_field_in_a_file_of_no_proven_family_warns_never_silent():
+    # no entry header within the file's head: nothing says which writer it is
+    text = "    _HOSTNAME=n1\n" + f"    MESSAGE={XID79}\n" + "    _PID=1\n" * 3
+    got = findings(text)
+    assert [sev for sev, _ in got] == [WARN]
+    assert "byte 17 " in got[0][1]
+
+
+@pytest.mark.parametrize("first, family, sev", [
+    ("    continued text of a record\n", None, DRAIN),   # each line judged alone, as before
+    ("ORT=kernel\n", "none", WARN),                     # a bare first line: another family warns, as before
+])
+def test_a_dmesg_file_starting_with_an_indented_or_bare_line_is_not_made_verbose(first, family, sev):
+    # stamped dmesg indents a record's later lines: a cut file may start with one
+    text = first + f"[    5.000000] {XID79}\n"
+    assert kmsg_scan.head_family(text.encode()) == family
+    assert [s for s, _ in findings(text)] == [sev]
+
+
+def test_a_cut_old_tab_verbose_file_stays_unproven():
+    text = "\t_HOSTNAME=n1\n" + kernel_xid_entry().replace("\n    ", "\n\t")
+    assert kmsg_scan.head_family(text.encode()) == "verbose-tab"
+    assert [sev for sev, _ in findings(text)] == [WARN]
