@@ -513,8 +513,8 @@ _CRI = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\
 
 CONTAINER = ("a container's output in a CRI container log (\"<time> stdout|stderr F|P <msg>\", what kubelet "
              "writes under /var/log/pods): a dmesg run in a container, or any program's text")
-VERBOSE_UNPROVEN = ("a journalctl -o verbose entry without its _TRANSPORT and SYSLOG_FACILITY fields "
-                    "(--output-fields, or cut short): nothing proves the kernel sent it")
+VERBOSE_UNPROVEN = ("a journalctl -o verbose entry without its _TRANSPORT field, or _TRANSPORT=kernel without "
+                    "SYSLOG_FACILITY (--output-fields, or cut short): nothing proves the kernel sent it")
 VERBOSE_TAB = ("journalctl -o verbose output in its old form (fields indented by a tab, values printed raw): "
                "a newline in a value may have made any field line")
 VERBOSE_NO_ENTRY = "a line that is no field of a journalctl -o verbose entry"
@@ -618,7 +618,10 @@ def _parse_verbose(buf: bytes | bytearray, hs: int, end: int) -> _Entry:
     why = None
     if tab:
         why = VERBOSE_TAB
-    elif "_TRANSPORT" not in rec or "SYSLOG_FACILITY" not in rec:
+    elif "_TRANSPORT" not in rec or (rec["_TRANSPORT"] == "kernel" and "SYSLOG_FACILITY" not in rec):
+        # journald omits SYSLOG_FACILITY for facility 0 from userspace
+        # (`logger -p kern.err`): any other _TRANSPORT names a sender that
+        # is not the kernel, with or without it (silent, as in JSON).
         why = VERBOSE_UNPROVEN
     return _Entry(why, rec, (msg_at, min(msg_end, he)))
 

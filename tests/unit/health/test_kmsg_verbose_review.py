@@ -126,3 +126,23 @@ def test_a_cut_old_tab_verbose_file_stays_unproven():
     text = "\t_HOSTNAME=n1\n" + kernel_xid_entry().replace("\n    ", "\n\t")
     assert kmsg_scan.head_family(text.encode()) == "verbose-tab"
     assert [sev for sev, _ in findings(text)] == [WARN]
+
+
+# ------------------------------------------------------------ facility 0 from userspace
+
+@pytest.mark.parametrize("transport", ["syslog", "stdout", "journal"])
+def test_a_users_kern_facility_entry_is_silent(transport):
+    # journald omits SYSLOG_FACILITY for facility 0 (`logger -p kern.err 'NVRM: Xid ...'`):
+    # its _TRANSPORT still names a sender that is not the kernel
+    head, first, second = verbose_entries()
+    user = "\n".join(ln for ln in kernel_xid_entry().split("\n") if not ln.startswith("    SYSLOG_FACILITY="))
+    user = user.replace("    _TRANSPORT=kernel\n", f"    _TRANSPORT={transport}\n")
+    assert findings(head + first + user) == []
+
+
+def test_a_kernel_entry_without_its_facility_still_warns():
+    head, first, _ = verbose_entries()
+    entry = "\n".join(ln for ln in kernel_xid_entry().split("\n") if not ln.startswith("    SYSLOG_FACILITY="))
+    got = findings(head + first + entry)
+    assert [sev for sev, _ in got] == [WARN]
+    assert "SYSLOG_FACILITY" in got[0][1]
