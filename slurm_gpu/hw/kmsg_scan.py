@@ -229,8 +229,13 @@ def _journal_record(rec: object) -> list[KernelLine]:
     if not isinstance(rec, dict) or rec.get("_TRANSPORT") != "kernel" or rec.get("SYSLOG_FACILITY", "0") != "0":
         return []
     msg = rec.get("MESSAGE")
+    if isinstance(msg, list) and msg and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256
+                                             for b in msg):
+        # journalctl -o json prints a message that is not printable UTF-8 (a
+        # control byte in a process name an Xid names) as its bytes
+        msg = bytes(msg).decode("utf-8", "replace")
     if not isinstance(msg, str):
-        return []                                  # journald stores non-UTF-8 messages as byte arrays
+        return []
     when = rec.get("_SOURCE_MONOTONIC_TIMESTAMP") or rec.get("__REALTIME_TIMESTAMP")
     when = str(when) if isinstance(when, (str, int)) and not isinstance(when, bool) else None
     return _message_lines(msg, when)
@@ -405,10 +410,46 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, 
         family = "text"
     if family is None and base == 0 and text_log is None:
         family = head_family(buf[:4096])
-    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before, family)
+    hits = find_hits(buf, start, end)
+    if family in _BYTE_MESSAGES:
+        hits = sorted(hits + _byte_message_hits(buf, start, end, family))
+    out = _decide(buf, start, end, base, hits, [], before, family)
+    blobs = [i for i, ln in enumerate(out) if ln.doubt is not None and ln.doubt.startswith(_BLOB_WHY)]
+    if len(blobs) > 1:
+        # one warning per read, not one per entry
+        first = out[blobs[0]]
+        more = f" (and {len(blobs) - 1} more such entries)"
+        out[blobs[0]] = KernelLine(None, "", doubt=first.doubt + more if first.doubt else more, at=first.at)
+        drop = set(blobs[1:])
+        out = [ln for i, ln in enumerate(out) if i not in drop]
     if family == "text":
         out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, TEXT_LOG, ln.at) for ln in out]
     return out
+
+
+# journalctl prints a value that is not printable UTF-8 (a control byte in a
+# process name an Xid names) as an array of its bytes (-o json) or, without
+# --all, as "[142B blob data]" (-o verbose, format_bytes' size): such a
+# MESSAGE has no "NVRM: " to find, so the scan looks for the field itself.
+_BYTE_MESSAGES = {"json": (b'"MESSAGE":[', b'"MESSAGE" : ['), "verbose": (b"\n    MESSAGE=[",)}
+_BLOB = re.compile(rb"MESSAGE=\[[0-9.]{1,12}[BKMGTPE]? blob data\]")
+_BLOB_WHY = "a kernel entry's MESSAGE that journalctl -o verbose printed as"
+
+
+def _byte_message_hits(buf: bytes | bytearray, start: int, end: int, family: str) -> list[tuple[int, int, int]]:
+    """``find_hits``' tuples for the MESSAGE fields printed as bytes (``_BYTE_MESSAGES``) in *family*."""
+    hits: list[tuple[int, int, int]] = []
+    for lit in _BYTE_MESSAGES[family]:
+        pos = max(start - 1, 0) if lit.startswith(b"\n") else start
+        while (at := _find(buf, lit, pos, end, _WINDOW)) >= 0:
+            pos = at + len(lit)
+            if lit.startswith(b"\n"):
+                m = _BLOB.match(buf, at + 5, end)
+                if m is not None:
+                    hits.append((at + 1, at + 5, m.end()))
+            else:
+                hits.append((_line_start(buf, at), at, at + len(lit)))
+    return hits
 
 
 def find_hits(buf: bytes | bytearray, start: int, end: int, window: int = _WINDOW) -> list[tuple[int, int, int]]:
@@ -550,6 +591,14 @@ def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, end: int, ba
     m0, m1 = ent.message
     if not m0 <= ls < m1:
         return []                                # another field's value: no log line
+    if buf.startswith(b"MESSAGE=[", s):
+        # "[N blob data]": a message journalctl did not print (not printable)
+        if ent.rec.get("_TRANSPORT") != "kernel" or ent.rec.get("SYSLOG_FACILITY", "0") != "0":
+            return []
+        blob = bytes(buf[s + 8:e]).decode("utf-8", "replace")
+        return [KernelLine(None, "", doubt=f"{_BLOB_WHY} {blob} (byte {ls + base} of the kernel log): its text "
+                           "(an Xid, perhaps) cannot be read; write the file with journalctl -o verbose --all",
+                           at=ls + base)]
     if ent.why is not None:
         return _doubt(buf, s, e, ls + base, ent.why)
     if ent.emitted:

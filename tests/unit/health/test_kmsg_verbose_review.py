@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from slurm_gpu.health.findings import DRAIN, WARN
@@ -146,3 +148,40 @@ def test_a_kernel_entry_without_its_facility_still_warns():
     got = findings(head + first + entry)
     assert [sev for sev, _ in got] == [WARN]
     assert "SYSLOG_FACILITY" in got[0][1]
+
+
+# ------------------------------------------------------------ a message journalctl prints as bytes
+
+CTRL_XID = XID79.replace("name=python3", "name=py\x01thon3")
+
+
+def test_a_json_kernel_message_printed_as_bytes_is_read():
+    # journalctl -o json prints a message that is not printable as an array of its bytes
+    rec = {"_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0", "__REALTIME_TIMESTAMP": "1",
+           "MESSAGE": list(CTRL_XID.encode())}
+    for line in (json.dumps(rec, separators=(",", ":")), json.dumps(rec, separators=(", ", " : "))):
+        assert [sev for sev, _ in findings(line + "\n")] == [DRAIN], line[:80]
+
+
+def test_a_json_users_message_printed_as_bytes_stays_silent():
+    rec = {"_TRANSPORT": "syslog", "SYSLOG_FACILITY": "0", "MESSAGE": list(CTRL_XID.encode())}
+    assert findings(json.dumps(rec, separators=(",", ":")) + "\n") == []
+
+
+def blob_lines(text: str) -> list[kmsg.KernelLine]:
+    return [ln for ln in kmsg.scan_buffer(text.encode()) if ln.doubt and not ln.text]
+
+
+def test_a_verbose_kernel_message_printed_as_a_blob_warns_naming_the_line():
+    head, first, second = verbose_entries()
+    text = head + first + with_message(second, "[142B blob data]") + with_message(second, "[1.5K blob data]")
+    got = blob_lines(text)
+    at = text.index("    MESSAGE=[142B")
+    assert len(got) == 1, got                                # one warning per read
+    assert f"byte {at} " in got[0].doubt and "--all" in got[0].doubt and "1 more" in got[0].doubt
+
+
+def test_a_users_blob_message_stays_silent():
+    head, first, second = verbose_entries()
+    user = with_message(second, "[142B blob data]").replace("    _TRANSPORT=kernel\n", "    _TRANSPORT=stdout\n")
+    assert kmsg.scan_buffer((head + first + user).encode()) == []
