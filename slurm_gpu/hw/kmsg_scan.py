@@ -702,6 +702,23 @@ def verbose_cut(buf: bytes | bytearray, cut: int, last: bool) -> int:
     return hs
 
 
+def resume_after_long_line(block: bytes, family: str) -> int:
+    """Where a read resumes in *block*, which follows a verbose or json-pretty line too long for the kernel's.
+
+    No kernel entry has a line of ``2 * MAX_JSON_LINE`` bytes: it is a
+    program's value.  json-pretty resumes at the next line (a ``MESSAGE``
+    line of the cut entry then warns); verbose at the next column-0 line, the
+    next entry's header (the long entry is no kernel entry: silent, as
+    ``_parse_verbose`` treats one too long to read).  -1: not in *block*
+    (the last byte of a verbose block is looked at again in the next).
+    """
+    if family == "pretty":
+        k = block.find(b"\n")
+        return k + 1 if k >= 0 else -1
+    m = _COLUMN0.search(block)
+    return m.start() + 1 if m else -1
+
+
 def _kernel_stamp(prefix: str) -> str | None:
     """The kernel's own monotonic time in a kernel-written line's envelope, else None."""
     m = _ENVELOPE.match(prefix)

@@ -185,3 +185,31 @@ def test_a_users_blob_message_stays_silent():
     head, first, second = verbose_entries()
     user = with_message(second, "[142B blob data]").replace("    _TRANSPORT=kernel\n", "    _TRANSPORT=stdout\n")
     assert kmsg.scan_buffer((head + first + user).encode()) == []
+
+
+# ------------------------------------------------------------ a line too long for any entry of the kernel's
+
+@pytest.mark.parametrize("family", ["verbose", "pretty"])
+def test_a_huge_single_line_value_is_stepped_over_not_read_whole(family, tmp_path, monkeypatch):
+    monkeypatch.setattr(kmsg, "CHUNK", 256 << 10)
+    reads: list[int] = []
+    preadv, pread = kmsg.os.preadv, kmsg.os.pread
+    monkeypatch.setattr(kmsg.os, "preadv", lambda fd, bufs, pos: reads.append(sum(len(b) for b in bufs))
+                        or preadv(fd, bufs, pos))
+    monkeypatch.setattr(kmsg.os, "pread", lambda fd, n, pos: reads.append(n) or pread(fd, n, pos))
+    long = "NVRM: " + "y" * (3 << 20)                         # a user's 3 MiB message, one line
+    if family == "verbose":
+        head, first, second = verbose_entries()
+        user = HEADER + "    _TRANSPORT=stdout\n    MESSAGE=" + long + "\n    _PID=1\n"
+        text = head + first + user + kernel_xid_entry()
+    else:
+        def entry(transport: str, msg: str) -> str:
+            return f'{{\n\t"_TRANSPORT" : "{transport}",\n\t"SYSLOG_FACILITY" : "0",\n\t"MESSAGE" : "{msg}"\n}}\n'
+        text = entry("stdout", "hi") + entry("stdout", long) + entry("kernel", XID79)
+    log = tmp_path / "journal.log"
+    log.write_text(text)
+    log.chmod(0o644)
+    lines, cur = kmsg.read_file(log)
+    assert max(reads) <= 256 << 10, max(reads)               # memory stays one chunk, however long the line
+    assert [(ln.doubt, ln.text) for ln in lines] == [(None, XID79)]
+    assert cur.offset == log.stat().st_size
