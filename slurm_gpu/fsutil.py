@@ -19,6 +19,14 @@ from .errors import SlurmGpuError
 from .ownedfile import read_owned
 
 
+class WriteError(SlurmGpuError):
+    """A file could not be written; ``errno`` says why (ENOSPC: a full filesystem)."""
+
+    def __init__(self, what: str, where: str | None, err: int | None) -> None:
+        super().__init__(what, where)
+        self.errno = err
+
+
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int = 0o644,
                  uid: int | None = None, gid: int | None = None, durable: bool = True) -> None:
     """Write *data* to *path* atomically with permissions *mode*.
@@ -35,7 +43,7 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
         # exclusive, 0600, never through an existing file or symlink
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
     except OSError as e:
-        raise SlurmGpuError(f"cannot write {name}: {e.strerror}", path) from None
+        raise WriteError(f"cannot write {name}: {e.strerror}", path, e.errno) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
@@ -54,7 +62,7 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int =
         except FileNotFoundError:
             pass
         if isinstance(e, OSError):
-            raise SlurmGpuError(f"cannot write {name}: {e.strerror}", path) from None
+            raise WriteError(f"cannot write {name}: {e.strerror}", path, e.errno) from None
         raise
 
 

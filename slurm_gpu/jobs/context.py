@@ -198,9 +198,33 @@ class Job:
         return self.record.jobid
 
     def save(self) -> None:
-        jobstate.save(self.ctx.state_dir, self.record)
+        """Write the record; a full filesystem that a job user can fill fails the job.
+
+        Raises :class:`~.state.RecordFull` when that filesystem also holds the
+        MPS base directory (``/run`` by default for both): any ``--gpu-mps``
+        job's user can fill it through their pipe directory, so it is no
+        node fault.  A full state filesystem of its own stays one.
+        """
+        try:
+            jobstate.save(self.ctx.state_dir, self.record)
+        except jobstate.StateFull as e:
+            from .mpsdir import mount_point, same_filesystem
+            if not same_filesystem(e.where or self.ctx.state_dir, self.ctx.mps.base_dir):
+                raise
+            raise jobstate.RecordFull(
+                f"the filesystem {mount_point(self.ctx.state_dir)} of the job state and the "
+                f"MPS directories is full ({e.strerror}): the job's record cannot be written",
+                f"job {self.jobid}") from None
 
     def save_if_on_file(self) -> None:
-        """Keep an existing file up to date (an undo of a job without one writes none)."""
+        """Keep an existing file up to date (an undo of a job without one writes none).
+
+        Only undos call it: what they undid stays undone when the record cannot
+        say so (every undo is idempotent), so a full filesystem of the job
+        user's doing is logged, not raised, and the undo goes on.
+        """
         if self.record.uid is not None and jobstate.exists(self.ctx.state_dir, self.jobid):
-            self.save()
+            try:
+                self.save()
+            except jobstate.RecordFull as e:
+                self.ctx.log(f"{e.line()} [undo goes on; the record on file is not updated]")

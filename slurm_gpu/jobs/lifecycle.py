@@ -35,8 +35,8 @@ from . import state as jobstate
 # lifecycle.default_context are the entry points of __main__, commands and tests).
 from .context import Context, _lazy_api, default_context, job_gpu_facts, job_gpus, job_user  # noqa: F401 - default_context: the entry points import it from here
 from .mps import JobUser
-from .state import JobFailed, JobRecord, Phase
-from .steps import Job, every_undo, parse_mps, policy_of, run, steps_for, undo
+from .state import JobFailed, JobRecord, Phase, RecordFull
+from .steps import Job, _failed, every_undo, parse_mps, policy_of, run, steps_for, undo
 from .steps import cancel as _cancel
 
 if TYPE_CHECKING:
@@ -61,9 +61,10 @@ def prolog(ctx: Context) -> int:
 
     Every way out honours ``on_internal_error``: whatever escapes the steps
     below (no job uid in the environment, an untrusted old record, a full
-    disk under the state file, an undo that fails after a user error) is a
-    node fault; under ``pass`` the job is failed instead (recorded for its
-    tasks, or cancelled when even that cannot be written) and the exit is 0.
+    disk under the state file that holds no MPS base_dir, an undo that fails
+    after a user error) is a node fault; under ``pass`` the job is failed
+    instead (recorded for its tasks, or cancelled when even that cannot be
+    written) and the exit is 0.
     """
     policy = policy_of(ctx)
     try:
@@ -130,7 +131,10 @@ def _prolog(ctx: Context) -> int:
     st = jobstate.new(jobid, uid=user.uid, gid=user.gid, user=user.name)
     st.options = {"mps": mps_opt or None, "mig": mig_opt or None}
     job = Job(ctx, st, user, _lazy_api(ctx))
-    job.save()
+    try:
+        job.save()
+    except RecordFull as e:         # a job user filled the filesystem: nothing done yet
+        return _failed([], job, policy, e)
     return run(steps_for(mps_opt, mig_opt), job, policy)
 
 

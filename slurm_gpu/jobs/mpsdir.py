@@ -350,3 +350,19 @@ def mount_point(d: str) -> str:
     while p != "/" and not os.path.ismount(p):
         p = os.path.dirname(p)
     return p
+
+
+def same_filesystem(a: str, b: str) -> bool:
+    """*a* and *b* (or, where they do not exist yet, their nearest parents) are on
+    one filesystem (``st_dev``: a bind mount of it counts too)."""
+    def dev(p: str) -> int | None:
+        p = os.path.abspath(p)
+        while True:
+            try:
+                return os.stat(p).st_dev
+            except OSError:
+                if p == os.path.dirname(p):
+                    return None
+                p = os.path.dirname(p)
+    da = dev(a)
+    return da is not None and da == dev(b)

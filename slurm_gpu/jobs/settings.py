@@ -105,12 +105,3 @@ def cached(config_path: str | None, node: str, gres_conf: str | None, *,
     got = data["sections"]
     return dict(got[SECTION], health_state_dir=got[HEALTH_SECTION]["state_dir"] if health else "")
 
-
-def node_settings() -> dict:
-    """The ``[node]`` keys this area reads (state_dir, nvml), with ``%n`` expanded."""
-    import os
-    raw = config.load_raw().get("node", {})
-    name = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    state_dir = str(raw.get("state_dir", "/run/slurm-gpu")).replace("%n", name)
-    nvml = str(raw.get("nvml", "live")).replace("%n", name)
-    return {"state_dir": state_dir, "nvml": nvml, "node_name": name}

@@ -12,13 +12,14 @@ before an upgrade may have written the record its epilog reads.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 import sys
 
 from ..errors import PREFIX, Consequence, InputError, SlurmGpuError
-from ..fsutil import atomic_write
+from ..fsutil import WriteError, atomic_write
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -207,6 +208,26 @@ class JobFailed(SlurmGpuError):
     consequence = Consequence.USER
 
 
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StateFull(SlurmGpuError):
+    """The job's record was not written: its filesystem has no block or inode left.
+
+    A node fault as it stands; :meth:`slurm_gpu.jobs.context.Job.save` makes it
+    a :class:`RecordFull` where a job user could have filled that filesystem.
+    """
+
+    def __init__(self, what: str, where: str, strerror: str) -> None:
+        super().__init__(what, where)
+        self.strerror = strerror
+
+
+class RecordFull(JobFailed):
+    """The job's record was not written: its filesystem, which also holds the MPS
+    directories a job user writes to, is full.  The job fails, the node stays up."""
+
+
 def check_jobid(jobid: str) -> str:
     """A Slurm job id, refusing anything that could escape the state directory."""
     jobid = str(jobid)
@@ -255,14 +276,20 @@ def save(state_dir: str | os.PathLike[str], record: JobRecord) -> None:
     if record.uid is None:
         raise InputError("a stand-in job record is never saved", f"job {record.jobid}")
     d = jobs_dir(state_dir)
-    os.makedirs(d, mode=0o755, exist_ok=True)
-    _check_dir(d)
     text = json.dumps(record.to_dict(), indent=1, sort_keys=True)
     jobid = check_jobid(record.jobid)
-    # The copy first: whichever file a crash or a bad sector leaves broken,
-    # the other holds this or the previous record (see load()).
-    atomic_write(os.path.join(d, f"{jobid}.json{COPY}"), text, mode=0o644)
-    atomic_write(os.path.join(d, f"{jobid}.json"), text, mode=0o644)
+    try:
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        _check_dir(d)
+        # The copy first: whichever file a crash or a bad sector leaves broken,
+        # the other holds this or the previous record (see load()).
+        atomic_write(os.path.join(d, f"{jobid}.json{COPY}"), text, mode=0o644)
+        atomic_write(os.path.join(d, f"{jobid}.json"), text, mode=0o644)
+    except (OSError, WriteError) as e:
+        if e.errno not in FULL:
+            raise
+        why = e.strerror if isinstance(e, OSError) else os.strerror(e.errno or 0)
+        raise StateFull(f"cannot write the state of job {jobid}: {why}", d, str(why)) from None
 
 
 def exists(state_dir: str | os.PathLike[str], jobid: str) -> bool:

@@ -24,7 +24,7 @@ from .. import joboptions as _options
 from ..errors import Consequence, SlurmGpuError, UsageError, consequence, message
 from . import state as jobstate
 from .context import Job
-from .state import JobFailed, Phase
+from .state import JobFailed, Phase, RecordFull
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -263,15 +263,39 @@ def _failed(steps: list[Step], job: Job, policy: Policy, e: Exception) -> int:
         job.ctx.log(f"slurm-gpu: prolog cleanup incomplete, the epilog retries: {e2}"
                     + (f" [job {job.jobid}: on_internal_error={policy.on_internal_error}]"
                        if users else ""))
-        fail(job, e, kind)
+        if not _recorded(job, e, kind, "its record stays for the epilog") \
+                and not policy.node_fault_exit():
+            # The record lists what is left but cannot say the job failed:
+            # its tasks would run without what it asked for.
+            policy.cancel(job.jobid)
         return policy.node_fault_exit()
     if users:
-        fail(job, e, kind)
+        _recorded(job, e, kind)
         if policy.user_error == "cancel":
             policy.cancel(job.jobid)
         return 0
     if policy.node_fault_exit():
         jobstate.remove(job.ctx.state_dir, job.jobid)   # requeued elsewhere; nothing left here
         return 1
-    fail(job, e, kind)
+    _recorded(job, e, kind)
     return 0
+
+
+def _recorded(job: Job, e: Exception, kind: str, left: str = "") -> bool:
+    """Record the job's failure; False when its filesystem is full (:class:`RecordFull`).
+
+    Unless something is *left* for the epilog, the record is then removed
+    (unlinking needs no space): a job without one fails each of its steps in
+    the SPANK plugin ("no GPU state for job N"), while a record that stayed
+    in phase ``prolog`` without its error would let them run without their
+    MPS daemon or MIG instances.
+    """
+    try:
+        fail(job, e, kind)
+        return True
+    except RecordFull as full:
+        if not left:
+            jobstate.remove(job.ctx.state_dir, job.jobid)
+        job.ctx.log(f"{full.line()} [job {job.jobid}: its failure is not recorded; "
+                    + (left or "its record is removed, so its steps fail without one") + "]")
+        return False

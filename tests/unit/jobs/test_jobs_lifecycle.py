@@ -1180,12 +1180,9 @@ def test_mps_disabled_fails_the_job_with_one_line(node: Env) -> None:
     assert lifecycle.epilog(ctx) == 0 and node.leftovers() == []
 
 
-def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypatch) -> None:
-    """Issue 24 §5: the epilog's user-problem drain and the health check take the same
-    lock, so a fault drain the health check is making is never relabelled a user problem
-    (which would resume after one clean run, without the DCGM gate)."""
-    import fcntl
-    from slurm_gpu.health import engine
+def _leftover_on_gpu0(monkeypatch) -> tuple[subprocess.Popen, list[str]]:
+    """A process of the job user's left on GPU 0 (as NVML lists it), and the
+    drains the epilog's user-problem check asks for, recorded instead of made."""
     from slurm_gpu.health import userproblem as up
     from slurm_gpu.hw import nvml_health
     left = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1")   # the job's leftover on GPU 0
@@ -1194,6 +1191,17 @@ def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypa
                                               processes=((left.pid, None),))]))
     drains: list[str] = []
     monkeypatch.setattr(up, "drain", lambda node_, reason, timeout: drains.append(reason) or "drained")
+    return left, drains
+
+
+def test_user_problem_drain_waits_for_the_health_checks_lock(node: Env, monkeypatch) -> None:
+    """Issue 24 §5: the epilog's user-problem drain and the health check take the same
+    lock, so a fault drain the health check is making is never relabelled a user problem
+    (which would resume after one clean run, without the DCGM gate)."""
+    import fcntl
+    from slurm_gpu.health import engine
+    from slurm_gpu.health import userproblem as up
+    left, drains = _leftover_on_gpu0(monkeypatch)
     monkeypatch.setattr(up, "LOCK_WAIT", 0.0, raising=False)
     health = node.base / "health"
     health.mkdir()
@@ -1482,13 +1490,7 @@ def test_a_planted_health_lock_file_is_one_line_and_no_drain(node: Env, monkeypa
     marker, and the epilog still succeeds."""
     from slurm_gpu.health import engine
     from slurm_gpu.health import userproblem as up
-    from slurm_gpu.hw import nvml_health
-    left = subprocess.Popen(["/bin/sleep", "60"], user="sgtest1")   # the job's leftover on GPU 0
-    monkeypatch.setattr(nvml_health, "read_processes", lambda gpus, idx: nvml_health.NvmlHealth(
-        available=True, gpus=[SimpleNamespace(bus_id="00000000:1B:00.0", lost=None, memory_used=0,
-                                              processes=((left.pid, None),))]))
-    drains: list[str] = []
-    monkeypatch.setattr(up, "drain", lambda node_, reason, timeout: drains.append(reason) or "drained")
+    left, drains = _leftover_on_gpu0(monkeypatch)
     health = node.base / "health"
     health.mkdir()
     lock = engine.lock_file(str(health), "n1")
