@@ -195,7 +195,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     # (a MESSAGE line in it warns), so no run re-reads the
                     # whole file, however big it grows without a "}" line.
                     cut = buf.rfind(b"\n", 0, n - 2 * MAX_JSON_LINE) + 1
-            elif family in ("verbose", "verbose-tab"):
+            elif family in ("verbose", "verbose-tab", "verbose-cut"):
                 # journalctl -o verbose: an entry is read whole (kmsg_scan.verbose_cut).
                 cut = buf.rfind(b"\n", 0, n) + 1
                 if cut:
@@ -206,7 +206,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                 if pos + n >= st.st_size:
                     break                  # the last line (entry), still being written
                 tail = buf.rfind(b"\n", 0, n) + 1
-                if family in ("verbose", "verbose-tab", "pretty") and n - tail > 2 * MAX_JSON_LINE:
+                if family in ("verbose", "verbose-tab", "verbose-cut", "pretty") and n - tail > 2 * MAX_JSON_LINE:
                     # A line longer than any of the kernel's entries (a
                     # program's value, up to journald's 768 MiB): stepped
                     # over in blocks, never read whole into memory.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KERN = 0                     # syslog facility of the kernel's own records
 MAX_JSON_LINE = 64 << 10     # a journal export line longer than this is not ours to parse
@@ -349,7 +349,10 @@ def head_family(head: bytes | bytearray) -> str | None:
         # tail of one: its first entry header says what the file is.
         header = _cut_verbose_header(head, line)
         if header is not None:
-            fam, line = "verbose", header
+            # Read as verbose, but nothing in it is proven: a cut dmesg
+            # --notime file whose first lines are a client's echoed text
+            # (column 0, the user's words) could show a header of theirs.
+            return "verbose-cut"
     if fam == "verbose" and line is not None:
         # The first field line says which journalctl wrote the file: an old one
         # (a tab before each field, values printed raw) lets a newline in any
@@ -491,10 +494,14 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             # (a dmesg run inside it included), never the kernel's word.
             out += _doubt(buf, s, e, ls + base, CONTAINER)
             continue
-        if family == "verbose":
+        if family in ("verbose", "verbose-cut"):
             if column0 is None:
                 column0 = _column0_starts(buf, start, end)
-            out += _verbose_lines(buf, ls, s, e, end, base, entries, column0)
+            got = _verbose_lines(buf, ls, s, e, end, base, entries, column0)
+            if family == "verbose-cut":
+                # The kernel's entries of a file cut mid-entry warn, never drain.
+                got = [k if k.doubt else replace(k, when=None, doubt=VERBOSE_CUT) for k in got]
+            out += got
             continue
         if family == "verbose-tab":
             out += _doubt(buf, s, e, ls + base, VERBOSE_TAB)
@@ -559,6 +566,8 @@ VERBOSE_UNPROVEN = ("a journalctl -o verbose entry without its _TRANSPORT field,
 VERBOSE_TAB = ("journalctl -o verbose output in its old form (fields indented by a tab, values printed raw): "
                "a newline in a value may have made any field line")
 VERBOSE_NO_ENTRY = "a line that is no field of a journalctl -o verbose entry"
+VERBOSE_CUT = ("a journalctl -o verbose entry in a file that starts mid-entry (copytruncate, a follower's cut): "
+               "its first line proves no writer, so no entry in it is proven the kernel's")
 VERBOSE_ORPHAN = ("a journalctl -o verbose MESSAGE field in a file whose format is not proven (no entry header "
                   "in its first 4 KiB: a copy cut mid-entry); read the journal whole or use -o export")
 _VERBOSE_MESSAGE = re.compile(rb"(?:    |\t)MESSAGE=")
