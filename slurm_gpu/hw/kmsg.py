@@ -60,8 +60,8 @@ from dataclasses import dataclass
 from .. import procfs
 from ..errors import InputError
 # The scan over the text (re-exported: kmsg.KernelLine and kmsg.scan_buffer are the public names).
-from .kmsg_scan import (KERN, MAX_JSON_LINE, KernelLine, head_family, line_before, scan_buffer,  # noqa: F401
-                        text_log_head, verbose_cut)
+from .kmsg_scan import (KERN, MAX_JSON_LINE, KernelLine, head_family, line_before,  # noqa: F401
+                        resume_after_long_line, scan_buffer, text_log_head, verbose_cut)
 from .kmsg_export import MAGIC, Broken, Oversized, resync, scan_export
 
 TYPE_CHECKING = False   # not typing's: the health check imports this module (~2 ms)
@@ -195,7 +195,7 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
                     # (a MESSAGE line in it warns), so no run re-reads the
                     # whole file, however big it grows without a "}" line.
                     cut = buf.rfind(b"\n", 0, n - 2 * MAX_JSON_LINE) + 1
-            elif family in ("verbose", "verbose-tab"):
+            elif family in ("verbose", "verbose-tab", "verbose-cut"):
                 # journalctl -o verbose: an entry is read whole (kmsg_scan.verbose_cut).
                 cut = buf.rfind(b"\n", 0, n) + 1
                 if cut:
@@ -205,6 +205,18 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
             if not cut:
                 if pos + n >= st.st_size:
                     break                  # the last line (entry), still being written
+                tail = buf.rfind(b"\n", 0, n) + 1
+                if family in ("verbose", "verbose-tab", "verbose-cut", "pretty") and n - tail > 2 * MAX_JSON_LINE:
+                    # A line longer than any of the kernel's entries (a
+                    # program's value, up to journald's 768 MiB): stepped
+                    # over in blocks, never read whole into memory.
+                    to = _resume_at(fd, pos + n, st.st_size, "pretty" if family == "pretty" else "verbose")
+                    if to < 0:
+                        break              # its end is not written yet: read next time
+                    if family == "pretty" and tail:
+                        out += scan_buffer(buf, 0, tail, pos, _line_before(fd, pos), family=family)
+                    pos, want = to, CHUNK
+                    continue
                 want *= 2
                 continue
             out += got if export else scan_buffer(buf, 0, cut, pos, _line_before(fd, pos), family=family)
@@ -226,6 +238,20 @@ def _line_before(fd: int, pos: int) -> bytes:
     if pos <= 0:
         return b""
     return line_before(os.pread(fd, min(pos, 64 << 10), max(0, pos - (64 << 10))), pos <= 64 << 10)
+
+
+def _resume_at(fd: int, frm: int, size: int, family: str) -> int:
+    """Where reading resumes after a line too long for the kernel's that goes on at *frm* (-1: none yet)."""
+    at = frm
+    while at < size:
+        block = os.pread(fd, 64 << 10, at)
+        k = resume_after_long_line(block, family)
+        if k >= 0:
+            return at + k
+        if len(block) <= 1:
+            break
+        at += len(block) - (family != "pretty")      # a verbose block's last newline is looked at again
+    return -1
 
 
 OPEN_FILE = "the kernel log file is not root's, or someone else may write it"

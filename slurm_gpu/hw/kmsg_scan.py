@@ -6,9 +6,10 @@ count as the kernel's): pure functions over bytes, no I/O.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KERN = 0                     # syslog facility of the kernel's own records
 MAX_JSON_LINE = 64 << 10     # a journal export line longer than this is not ours to parse
@@ -228,8 +229,13 @@ def _journal_record(rec: object) -> list[KernelLine]:
     if not isinstance(rec, dict) or rec.get("_TRANSPORT") != "kernel" or rec.get("SYSLOG_FACILITY", "0") != "0":
         return []
     msg = rec.get("MESSAGE")
+    if isinstance(msg, list) and msg and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256
+                                             for b in msg):
+        # journalctl -o json prints a message that is not printable UTF-8 (a
+        # control byte in a process name an Xid names) as its bytes
+        msg = bytes(msg).decode("utf-8", "replace")
     if not isinstance(msg, str):
-        return []                                  # journald stores non-UTF-8 messages as byte arrays
+        return []
     when = rec.get("_SOURCE_MONOTONIC_TIMESTAMP") or rec.get("__REALTIME_TIMESTAMP")
     when = str(when) if isinstance(when, (str, int)) and not isinstance(when, bool) else None
     return _message_lines(msg, when)
@@ -337,6 +343,16 @@ def head_family(head: bytes | bytearray) -> str | None:
     """
     line = head_line(head)
     fam = None if line is None else line_family(line)
+    if line is not None and fam in (None, "none"):
+        # A verbose file cut mid-entry (copytruncate, or a follower's block
+        # cut mid-line) starts with a field line, a value's later line or the
+        # tail of one: its first entry header says what the file is.
+        header = _cut_verbose_header(head, line)
+        if header is not None:
+            # Read as verbose, but nothing in it is proven: a cut dmesg
+            # --notime file whose first lines are a client's echoed text
+            # (column 0, the user's words) could show a header of theirs.
+            return "verbose-cut"
     if fam == "verbose" and line is not None:
         # The first field line says which journalctl wrote the file: an old one
         # (a tab before each field, values printed raw) lets a newline in any
@@ -347,6 +363,32 @@ def head_family(head: bytes | bytearray) -> str | None:
         if raw[at + 1:at + 2] == b"\t":
             fam = "verbose-tab"
     return fam
+
+
+def _cut_verbose_header(head: bytes | bytearray, first: str) -> str | None:
+    """The first entry header of a verbose file whose first line *first* is no header; else None.
+
+    The lines between are the cut entry's: indented (a field, a value's later
+    line), or the first line itself cut mid-line.  Stamped dmesg indents a
+    record's later lines too, but its next column-0 line is a dmesg line,
+    never a verbose header; a bare first line counts only when an indented
+    line follows it.
+    """
+    lines = bytes(head[:4096]).decode("utf-8", "replace").split("\n")[:-1]    # whole lines only
+    seen = False
+    for raw in lines:
+        text = raw.rstrip("\r")
+        if not seen:
+            seen = text == first
+            indented = first[:1] in (" ", "\t")
+            continue
+        if not text.strip():
+            continue
+        if text[:1] in (" ", "\t"):
+            indented = True
+            continue
+        return text if indented and _VERBOSE_HEAD.match(text) else None
+    return None
 
 
 FAMILY = ("a line in another log format ({got}) than the file's (its first line is {want}): "
@@ -371,10 +413,46 @@ def scan_buffer(buf: bytes | bytearray, start: int = 0, end: int | None = None, 
         family = "text"
     if family is None and base == 0 and text_log is None:
         family = head_family(buf[:4096])
-    out = _decide(buf, start, end, base, find_hits(buf, start, end), [], before, family)
+    hits = find_hits(buf, start, end)
+    if family in _BYTE_MESSAGES:
+        hits = sorted(hits + _byte_message_hits(buf, start, end, family))
+    out = _decide(buf, start, end, base, hits, [], before, family)
+    blobs = [i for i, ln in enumerate(out) if ln.doubt is not None and ln.doubt.startswith(_BLOB_WHY)]
+    if len(blobs) > 1:
+        # one warning per read, not one per entry
+        first = out[blobs[0]]
+        more = f" (and {len(blobs) - 1} more such entries)"
+        out[blobs[0]] = KernelLine(None, "", doubt=first.doubt + more if first.doubt else more, at=first.at)
+        drop = set(blobs[1:])
+        out = [ln for i, ln in enumerate(out) if i not in drop]
     if family == "text":
         out = [ln if ln.doubt else KernelLine(ln.when, ln.text, ln.cont, TEXT_LOG, ln.at) for ln in out]
     return out
+
+
+# journalctl prints a value that is not printable UTF-8 (a control byte in a
+# process name an Xid names) as an array of its bytes (-o json) or, without
+# --all, as "[142B blob data]" (-o verbose, format_bytes' size): such a
+# MESSAGE has no "NVRM: " to find, so the scan looks for the field itself.
+_BYTE_MESSAGES = {"json": (b'"MESSAGE":[', b'"MESSAGE" : ['), "verbose": (b"\n    MESSAGE=[",)}
+_BLOB = re.compile(rb"MESSAGE=\[[0-9.]{1,12}[BKMGTPE]? blob data\]")
+_BLOB_WHY = "a kernel entry's MESSAGE that journalctl -o verbose printed as"
+
+
+def _byte_message_hits(buf: bytes | bytearray, start: int, end: int, family: str) -> list[tuple[int, int, int]]:
+    """``find_hits``' tuples for the MESSAGE fields printed as bytes (``_BYTE_MESSAGES``) in *family*."""
+    hits: list[tuple[int, int, int]] = []
+    for lit in _BYTE_MESSAGES[family]:
+        pos = max(start - 1, 0) if lit.startswith(b"\n") else start
+        while (at := _find(buf, lit, pos, end, _WINDOW)) >= 0:
+            pos = at + len(lit)
+            if lit.startswith(b"\n"):
+                m = _BLOB.match(buf, at + 5, end)
+                if m is not None:
+                    hits.append((at + 1, at + 5, m.end()))
+            else:
+                hits.append((_line_start(buf, at), at, at + len(lit)))
+    return hits
 
 
 def find_hits(buf: bytes | bytearray, start: int, end: int, window: int = _WINDOW) -> list[tuple[int, int, int]]:
@@ -406,6 +484,7 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
     done_line = -1
     kept_end = -1                  # where the last kept line ends: a continuation must start there
     entries: dict[int, _Entry] = {}     # journalctl -o verbose: each entry parsed once
+    column0: list[int] | None = None    # its line starts at column 0, collected at the first hit
     for ls, s, e in hits:
         if ls == done_line:
             continue               # one decision per line: a second hit in it is its own text
@@ -415,8 +494,14 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             # (a dmesg run inside it included), never the kernel's word.
             out += _doubt(buf, s, e, ls + base, CONTAINER)
             continue
-        if family == "verbose":
-            out += _verbose_lines(buf, ls, s, e, start, end, base, entries)
+        if family in ("verbose", "verbose-cut"):
+            if column0 is None:
+                column0 = _column0_starts(buf, start, end)
+            got = _verbose_lines(buf, ls, s, e, end, base, entries, column0)
+            if family == "verbose-cut":
+                # The kernel's entries of a file cut mid-entry warn, never drain.
+                got = [k if k.doubt else replace(k, when=None, doubt=VERBOSE_CUT) for k in got]
+            out += got
             continue
         if family == "verbose-tab":
             out += _doubt(buf, s, e, ls + base, VERBOSE_TAB)
@@ -427,6 +512,11 @@ def _decide(buf: bytes | bytearray, start: int, end: int, base: int, hits: list[
             jl = _journal_lines(bytes(buf[ls:le]).decode("utf-8", "replace"))
             got = _doubt(buf, s, e, ls + base, JSON_UNPROVEN) if jl is None else jl
             fam: str | None = "json"
+        elif family in (None, "none", "any") and (vm := _VERBOSE_MESSAGE.match(buf, ls)) is not None \
+                and vm.end() == s:
+            # A verbose entry's MESSAGE line in a file whose first line proved
+            # no format: perhaps the kernel's, never proven (not silence).
+            got, fam = _doubt(buf, s, e, ls + base, VERBOSE_ORPHAN), None
         elif (pm := _PRETTY_MESSAGE.match(buf, ls)) is not None and pm.end() == s:
             got = _pretty_lines(buf, ls, s, e, start, end, base)
             fam = "pretty"
@@ -471,11 +561,16 @@ _CRI = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\
 
 CONTAINER = ("a container's output in a CRI container log (\"<time> stdout|stderr F|P <msg>\", what kubelet "
              "writes under /var/log/pods): a dmesg run in a container, or any program's text")
-VERBOSE_UNPROVEN = ("a journalctl -o verbose entry without its _TRANSPORT and SYSLOG_FACILITY fields "
-                    "(--output-fields, or cut short): nothing proves the kernel sent it")
+VERBOSE_UNPROVEN = ("a journalctl -o verbose entry without its _TRANSPORT field, or _TRANSPORT=kernel without "
+                    "SYSLOG_FACILITY (--output-fields, or cut short): nothing proves the kernel sent it")
 VERBOSE_TAB = ("journalctl -o verbose output in its old form (fields indented by a tab, values printed raw): "
                "a newline in a value may have made any field line")
 VERBOSE_NO_ENTRY = "a line that is no field of a journalctl -o verbose entry"
+VERBOSE_CUT = ("a journalctl -o verbose entry in a file that starts mid-entry (copytruncate, a follower's cut): "
+               "its first line proves no writer, so no entry in it is proven the kernel's")
+VERBOSE_ORPHAN = ("a journalctl -o verbose MESSAGE field in a file whose format is not proven (no entry header "
+                  "in its first 4 KiB: a copy cut mid-entry); read the journal whole or use -o export")
+_VERBOSE_MESSAGE = re.compile(rb"(?:    |\t)MESSAGE=")
 
 
 @dataclass
@@ -488,10 +583,13 @@ class _Entry:
     emitted: bool = False
 
 
-def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, end: int, base: int,
-                   entries: dict[int, _Entry]) -> list[KernelLine]:
-    """The kernel lines of the verbose entry that holds the hit at ``buf[s:e]`` (line at *ls*)."""
-    hs = _verbose_entry_start(buf, ls, start)
+def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, end: int, base: int,
+                   entries: dict[int, _Entry], column0: list[int]) -> list[KernelLine]:
+    """The kernel lines of the verbose entry that holds the hit at ``buf[s:e]`` (line at *ls*).
+
+    *entries*: the entries parsed so far, by header offset; *column0*: ``_column0_starts``.
+    """
+    hs = _verbose_entry_start(ls, column0)
     if hs < 0:
         return _doubt(buf, s, e, ls + base, VERBOSE_NO_ENTRY)
     ent = entries.get(hs)
@@ -502,6 +600,14 @@ def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, 
     m0, m1 = ent.message
     if not m0 <= ls < m1:
         return []                                # another field's value: no log line
+    if buf.startswith(b"MESSAGE=[", s):
+        # "[N blob data]": a message journalctl did not print (not printable)
+        if ent.rec.get("_TRANSPORT") != "kernel" or ent.rec.get("SYSLOG_FACILITY", "0") != "0":
+            return []
+        blob = bytes(buf[s + 8:e]).decode("utf-8", "replace")
+        return [KernelLine(None, "", doubt=f"{_BLOB_WHY} {blob} (byte {ls + base} of the kernel log): its text "
+                           "(an Xid, perhaps) cannot be read; write the file with journalctl -o verbose --all",
+                           at=ls + base)]
     if ent.why is not None:
         return _doubt(buf, s, e, ls + base, ent.why)
     if ent.emitted:
@@ -511,15 +617,27 @@ def _verbose_lines(buf: bytes | bytearray, ls: int, s: int, e: int, start: int, 
     return [KernelLine(ln.when, ln.text, ln.cont, ln.doubt, m0 + base, ln.indents) for ln in got]
 
 
-def _verbose_entry_start(buf: bytes | bytearray, ls: int, start: int) -> int:
-    """Where the verbose entry holding the line at *ls* starts (its header line); -1: none in reach."""
-    p = ls
-    while True:
-        if buf[p:p + 1] not in (b" ", b"\t", b"\r", b"\n", b""):
-            return p if p != ls else -1          # a column-0 line: the header (the hit's own: no field)
-        if p <= start or ls - p > MAX_JSON_LINE:
-            return -1
-        p = max(buf.rfind(b"\n", start, p - 1) + 1, start)
+def _column0_starts(buf: bytes | bytearray, start: int, end: int) -> list[int]:
+    """The start of every line in ``buf[start:end]`` that is at column 0 (a verbose entry's header, or no field).
+
+    Collected once per scan, so finding each hit's entry is a bisection: a
+    user's message of thousands of "NVRM: " lines (each a later line of one
+    value, indented) costs linear work, not a walk back per hit.
+    """
+    first = [start] if buf[start:start + 1] not in (b" ", b"\t", b"\r", b"\n", b"") else []
+    return first + [m.start() + 1 for m in _COLUMN0.finditer(buf, start, end)]
+
+
+def _verbose_entry_start(ls: int, column0: list[int]) -> int:
+    """Where the verbose entry holding the line at *ls* starts (its header line); -1: none.
+
+    *column0*: ``_column0_starts`` of what is scanned.  The hit's own line at
+    column 0 is no field of an entry (-1).
+    """
+    i = bisect.bisect_right(column0, ls) - 1
+    if i < 0 or column0[i] == ls:
+        return -1
+    return column0[i]
 
 
 def _parse_verbose(buf: bytes | bytearray, hs: int, end: int) -> _Entry:
@@ -558,7 +676,10 @@ def _parse_verbose(buf: bytes | bytearray, hs: int, end: int) -> _Entry:
     why = None
     if tab:
         why = VERBOSE_TAB
-    elif "_TRANSPORT" not in rec or "SYSLOG_FACILITY" not in rec:
+    elif "_TRANSPORT" not in rec or (rec["_TRANSPORT"] == "kernel" and "SYSLOG_FACILITY" not in rec):
+        # journald omits SYSLOG_FACILITY for facility 0 from userspace
+        # (`logger -p kern.err`): any other _TRANSPORT names a sender that
+        # is not the kernel, with or without it (silent, as in JSON).
         why = VERBOSE_UNPROVEN
     return _Entry(why, rec, (msg_at, min(msg_end, he)))
 
@@ -588,6 +709,23 @@ def verbose_cut(buf: bytes | bytearray, cut: int, last: bool) -> int:
            for f in (b"_TRANSPORT", b"SYSLOG_FACILITY", b"MESSAGE")):
         return cut
     return hs
+
+
+def resume_after_long_line(block: bytes, family: str) -> int:
+    """Where a read resumes in *block*, which follows a verbose or json-pretty line too long for the kernel's.
+
+    No kernel entry has a line of ``2 * MAX_JSON_LINE`` bytes: it is a
+    program's value.  json-pretty resumes at the next line (a ``MESSAGE``
+    line of the cut entry then warns); verbose at the next column-0 line, the
+    next entry's header (the long entry is no kernel entry: silent, as
+    ``_parse_verbose`` treats one too long to read).  -1: not in *block*
+    (the last byte of a verbose block is looked at again in the next).
+    """
+    if family == "pretty":
+        k = block.find(b"\n")
+        return k + 1 if k >= 0 else -1
+    m = _COLUMN0.search(block)
+    return m.start() + 1 if m else -1
 
 
 def _kernel_stamp(prefix: str) -> str | None:

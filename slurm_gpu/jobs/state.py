@@ -484,8 +484,11 @@ def task_share(n_devices: int, local_task_id: int, ntasks: int) -> list[int]:
 def task_env(state: JobRecord | None, local_task_id: int, ntasks: int) -> dict[str, str]:
     """Environment for one task of the job, from the prolog's work.
 
-    Raises :class:`JobFailed` when the prolog recorded a user error, so the
-    SPANK plugin fails the task with that one line.  Never overrides what
+    Raises :class:`JobFailed` when the prolog recorded an error, or when it
+    never got the record to phase ``ready`` (killed by slurmd's
+    ``PrologEpilogTimeout`` or the OOM killer after its first save), so the
+    SPANK plugin fails the task with one line instead of running it without
+    the MPS daemon or MIG instances the job asked for.  Never overrides what
     Slurm's own gres/mps set (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``): that
     variable is per client and MPS honours it over the daemon default.
     """
@@ -493,6 +496,16 @@ def task_env(state: JobRecord | None, local_task_id: int, ntasks: int) -> dict[s
         return {}
     if state.error:
         raise JobFailed(state.error)
+    if state.phase != Phase.READY:
+        # slurmd starts no step while the job's prolog on this node runs
+        # (slurmd/req.c, 22.05 to 26.05: a launch waits for it; RunInJob runs
+        # it in the extern step, which runs no task_init), so a record short
+        # of ready is a prolog that died half-way, never one still working.
+        # A launch that waited on a prolog that failed can still start its
+        # step (without PrologFlags=Alloc only _rpc_prolog revokes the
+        # credential): that step fails here too.
+        raise JobFailed(f"the prolog of job {state.jobid} did not finish setting up MPS/MIG "
+                        "on this node", f"phase {state.phase}")
     env: dict[str, str] = {}
     mps = state.mps
     if mps and mps.get("ready"):

@@ -286,9 +286,9 @@ def _recorded(job: Job, e: Exception, kind: str, left: str = "") -> bool:
 
     Unless something is *left* for the epilog, the record is then removed
     (unlinking needs no space): a job without one fails each of its steps in
-    the SPANK plugin ("no GPU state for job N"), while a record that stayed
-    in phase ``prolog`` without its error would let them run without their
-    MPS daemon or MIG instances.
+    the SPANK plugin ("no GPU state for job N"); one that stays, in phase
+    ``prolog`` without its error, fails them too (``state.task_env``: "the
+    prolog of job N did not finish setting up MPS/MIG").
     """
     try:
         fail(job, e, kind)

@@ -115,3 +115,40 @@ def test_bad_layout_one_clear_line_node_up(cluster: Cluster, node_files, layout:
     from slurm_gpu.hw import backend
     gpus = backend.open_gpus(backend.GpuSource("sim", str(node_files["sim"])))
     assert [len(instances.list_instances(gpus, i)) for i in (0, 1)] == [0, 0]
+
+
+def test_step_fails_when_the_prolog_did_not_finish(cluster: Cluster, node_files) -> None:
+    """A record left in phase prolog without an error (a prolog killed after its
+    first save): a step of the job fails with one line through the installed
+    plugin, the node stays up, and the epilog still takes the daemon down."""
+    from slurm_gpu.jobs import state as jobstate
+    name = cluster.nodes[0]
+    state_dir = cluster.dir / "var" / name
+    d = cluster.user_dir("sgtest1")
+    script = d / "wait.sh"
+    script.write_text("#!/bin/sh\nsleep 60\n")
+    script.chmod(0o755)
+    jobid = cluster.sbatch("--gres=gpu:1", "--gpu-mps", "-w", name, "-o", "/dev/null",
+                           str(script), user="sgtest1", cwd=str(d))
+    cluster.wait_job(jobid, states={"RUNNING"})
+    deadline = time.monotonic() + 30          # RUNNING comes before the prolog without Alloc
+    while ((rec := jobstate.load(state_dir, str(jobid))) is None
+           or rec.phase != jobstate.Phase.READY) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rec is not None and rec.phase == jobstate.Phase.READY and rec.mps, rec
+    pipe = rec.mps["pipe_dir"]
+    rec.phase = jobstate.Phase.PROLOG           # as the killed prolog left it
+    jobstate.save(state_dir, rec)
+    res = cluster.srun("--jobid", str(jobid), "--overlap", "-w", name, "--gpu-mps",
+                       "/bin/sh", "-c", "echo RAN $CUDA_MPS_PIPE_DIRECTORY", user="sgtest1")
+    assert res.returncode != 0 and "RAN" not in res.stdout, res.stdout + res.stderr
+    lines = {l[l.index("slurm-gpu:"):] for l in res.stderr.splitlines() if "slurm-gpu:" in l}
+    assert lines == {f"slurm-gpu: the prolog of job {jobid} did not finish setting up MPS/MIG "
+                     "on this node (phase prolog)"}, res.stderr
+    cluster.run(["scancel", str(jobid)])
+    cluster.wait_job(jobid)
+    cluster.wait_node_state(name, re.compile("idle|mixed"), timeout=20)   # not drained
+    deadline = time.monotonic() + 20
+    while (Path(pipe).exists() or _mps_pids(pipe)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(pipe).parent.exists() and _mps_pids(pipe) == []

@@ -393,8 +393,16 @@ def _started(node: Node, jobid: str, timeout: float = 120) -> dict[str, str]:
 
 
 def _held(node: Node, jobid: str) -> str:
-    """The GPU (NVML index) the job's prolog registered for it."""
-    reg = json.loads(node.ok(f"cat {ACCT}/jobs/{jobid}.json"))
+    """The GPU (NVML index) the job's prolog registered for it.
+
+    Waited for: once, under load, 24.11's guest ran the job's script before
+    the registration could be read (not seen since; slurmd's log is shown
+    when it never comes)."""
+    path = f"{ACCT}/jobs/{jobid}.json"
+    r = node.sh(f"for i in $(seq 120); do [ -f {path} ] && break; sleep 0.5; done; cat {path}", None, 90)
+    assert r.returncode == 0, (path, node.sh("journalctl --no-pager -u slurmd | tail -40; squeue -a; "
+                                             f"scontrol show job {jobid}", None, 60).stdout)
+    reg = json.loads(r.stdout)
     assert len(reg["devices"]) == 1, reg
     return reg["devices"][0]
 

@@ -7,30 +7,15 @@ test_mps_control.py), its CPU list in the job's record (:func:`state.load`).
 """
 from __future__ import annotations
 
-import os
-import pwd
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from test_jobs_lifecycle import Env
+from test_jobs_mps_mutants import node  # noqa: F401 - the same root + sgtest1 node fixture
 
 from slurm_gpu import runner
 from slurm_gpu.jobs import lifecycle
 from slurm_gpu.jobs import state as js
-
-
-@pytest.fixture()
-def node() -> Iterator[Env]:
-    if os.geteuid() != 0:
-        pytest.skip("runs the daemon as a job user")
-    try:
-        pwd.getpwnam("sgtest1")
-    except KeyError:
-        pytest.skip("user sgtest1 missing")
-    n = Env()
-    yield n
-    n.close()
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -116,7 +116,9 @@ def test_task_share(n: int, ntasks: int, want: list[list[int]]) -> None:
 
 
 def _state_with(mig: bool = True, mps: bool = True, ready: bool = True) -> js.JobRecord:
+    """A record whose prolog finished (phase ready); *ready* False: MPS and MIG not ready."""
     st = js.new("9", uid=1, gid=1, user="u")
+    st.phase = js.Phase.READY
     if mps:
         st.mps = {"pipe_dir": "/run/x/9/pipe", "log_dir": "/run/x/9/log", "ready": ready}
     if mig:
@@ -138,6 +140,15 @@ def test_task_env_mps_and_mig() -> None:
 def test_task_env_nothing_until_ready_and_error_fails() -> None:
     assert task_env(_state_with(ready=False), 0, 1) == {}
     assert task_env(None, 0, 1) == {}
+    # a prolog that died before phase ready (no error recorded): the tasks
+    # fail, rather than run without what the job asked for
+    unfinished = _state_with()
+    unfinished.phase = js.Phase.PROLOG
+    with pytest.raises(JobFailed) as ei:
+        task_env(unfinished, 0, 1)
+    assert ei.value.line() == ("slurm-gpu: the prolog of job 9 did not finish setting up "
+                               "MPS/MIG on this node (phase prolog)")
+    assert ei.value.consequence == "user"      # the job fails; the node is not drained
     st = _state_with()
     st.fail("slurm-gpu: MIG layout 2x4g.40gb asks for 2 x 4g.40gb (--gpu-mig)", "user")
     assert st.error == "MIG layout 2x4g.40gb asks for 2 x 4g.40gb (--gpu-mig)"

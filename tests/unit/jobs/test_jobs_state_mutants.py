@@ -127,6 +127,7 @@ def test_a_stand_in_is_never_saved(tmp_path: Path) -> None:
 
 def test_task_env_mig_devices_and_mig_without_instances() -> None:
     st = js.new("9", uid=1, gid=1, user="u")
+    st.phase = js.Phase.READY
     st.mig = {"layout": "x", "ready": True, "gpus": [{"index": 0}, {"index": 1, "instances": [
         {"uuid": "MIG-a"}, {"uuid": None}, {"uuid": "MIG-b"}]}]}
     assert st.mig_uuids() == ["MIG-a", "MIG-b"]
