@@ -54,7 +54,7 @@ def _user() -> mps.JobUser:
 
 def _short(node: Env, control: str | None = None, timeout: float = 1.0) -> None:
     node.mps = MpsSettings(control=control or str(node.ctl), base_dir=node.mps.base_dir,
-                           start_timeout=timeout, quit_timeout=1)
+                           start_timeout=timeout, quit_timeout=0.3)   # a stopped daemon never quits
 
 
 def _script(node: Env, name: str, body: str) -> str:
