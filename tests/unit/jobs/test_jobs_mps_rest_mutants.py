@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from test_jobs_lifecycle import Env
+from test_jobs_mps_mutants import node  # noqa: F401 - the same root + sgtest1 node fixture
 
 from slurm_gpu import runner
 from slurm_gpu.errors import CommandError, Consequence, HardwareError
@@ -34,17 +35,6 @@ from slurm_gpu.procfs import state
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the daemon as a job user")
 
 USER_TAG = "(by a process of the job's user?) (job 100)"
-
-
-@pytest.fixture()
-def node() -> Iterator[Env]:
-    try:
-        pwd.getpwnam("sgtest1")
-    except KeyError:
-        pytest.skip("user sgtest1 missing")
-    n = Env()
-    yield n
-    n.close()
 
 
 def _user() -> mps.JobUser:
