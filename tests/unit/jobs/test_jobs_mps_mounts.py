@@ -38,13 +38,15 @@ def _mount(*argv: str) -> None:
 
 @pytest.fixture()
 def base(tmp_path: Path) -> Iterator[Path]:
-    """A root-owned directory for <base>/<jobid>; every mount below it is gone afterwards."""
+    """A root-owned directory for <base>/<jobid>; every mount below it, and any
+    immutable flag a test set, is gone afterwards."""
     os.chmod(tmp_path, 0o755)
     try:
         yield tmp_path
     finally:
         for m in reversed(_mounts_under(tmp_path)):
             subprocess.run(["umount", "-l", m], capture_output=True)
+        subprocess.run(["chattr", "-R", "-i", str(tmp_path)], capture_output=True)   # a test's immutable dir
 
 
 def _settings(base_dir: Path) -> MpsSettings:

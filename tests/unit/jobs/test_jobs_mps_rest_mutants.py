@@ -18,10 +18,11 @@ import stat
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 from test_jobs_lifecycle import Env
+from test_jobs_mps_mounts import base  # noqa: F401 - a root-owned base, its mounts undone afterwards
 from test_jobs_mps_mutants import node  # noqa: F401 - the same root + sgtest1 node fixture
 
 from slurm_gpu import runner
@@ -310,21 +311,6 @@ def test_check_usable_finds_the_binary_by_path_or_on_the_safe_path(
 
 
 # -- make_dirs: the base, the job directory, an earlier run's -------------------
-
-@pytest.fixture()
-def base(tmp_path: Path) -> Iterator[Path]:
-    """A root-owned directory for <base>/<jobid>; every mount below it is gone afterwards."""
-    os.chmod(tmp_path, 0o755)
-    try:
-        yield tmp_path
-    finally:
-        prefix = os.path.realpath(tmp_path).rstrip("/") + "/"
-        with open("/proc/self/mountinfo") as f:
-            mounts = [ln.split()[4] for ln in f if ln.split()[4].startswith(prefix)]
-        for m in reversed(mounts):
-            subprocess.run(["umount", "-l", m], capture_output=True)
-        subprocess.run(["chattr", "-R", "-i", str(tmp_path)], capture_output=True)
-
 
 def _make(base_dir: Path, jobid: str = "7") -> tuple[str, str]:
     return mps.make_dirs(MpsSettings(base_dir=str(base_dir)), jobid, _user())
