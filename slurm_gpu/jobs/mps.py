@@ -20,7 +20,6 @@ unchanged against the real binary (which the tests use without a GPU, see
 """
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import stat
@@ -93,10 +92,10 @@ def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[str, st
     try:
         return _make_dirs(settings, jobid, user)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        from .state import FULL, JobFailed
+        if e.errno not in FULL:
             raise
         from .mpsdir import mount_point
-        from .state import JobFailed
         raise JobFailed(f"--gpu-mps: the filesystem {mount_point(settings.base_dir)} is full "
                         f"({e.strerror}): the job's MPS directories cannot be made",
                         f"job {jobid}") from None
