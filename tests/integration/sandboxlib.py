@@ -154,8 +154,20 @@ class Cluster:
             if info.get("JobState") in states:
                 return info
             time.sleep(0.1)
+        why = "; " + self.why_unavailable(*self.nodes) if "ReqNodeNotAvail" in info.get("Reason", "") else ""
         raise AssertionError(f"job {jobid} not in {sorted(states)} after {timeout} s: "
-                             f"{info.get('JobState')} {info.get('Reason')}")
+                             f"{info.get('JobState')} {info.get('Reason')}{why}")
+
+    def why_unavailable(self, *names: str) -> str:
+        """Each node's state and reason, and the last error lines of its slurmd
+        log: what a failure that a drained node caused should print."""
+        out = []
+        for name in names:
+            res = self.run(["scontrol", "show", "node", "-o", name], timeout=10)
+            kv = parse_kv(res.stdout) if res.returncode == 0 else {}
+            errors = [line for line in self.log(name).splitlines() if "error" in line.lower()][-5:]
+            out.append(f"{name}: {kv.get('State')} reason={kv.get('Reason')!r} errors={errors}")
+        return "; ".join(out)
 
     def node(self, name: str) -> dict[str, str]:
         res = self.run(["scontrol", "show", "node", "-o", name], timeout=10)

@@ -236,10 +236,18 @@ def test_hooks_run_in_the_order_they_need(cluster: Cluster) -> None:
                 probes.append(probe)
         res = cluster.srun("-w", "n1", "/bin/true", user="sgtest1")
         assert res.returncode == 0, res.stderr
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (not log.exists() or log.read_text().count("epilog.d/") < 2):
-            time.sleep(0.1)
-        ran = log.read_text().split()
+        # The probes stay until every epilog probe has run and the node is idle
+        # again: slurmd globs epilog.d/* when the epilog starts, and a probe
+        # removed after that fails the epilog and drains n1 for every later test
+        # (waiting for two of the three epilog probes did that under load).
+        epilogs = sum(p.parent.name == "epilog.d" for p in probes)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and (
+                not log.exists() or log.read_text().count("epilog.d/") < epilogs
+                or cluster.node_states().get("n1") not in ("idle", "mixed")):
+            time.sleep(0.2)
+        ran = log.read_text().split() if log.exists() else []
+        assert cluster.node_states().get("n1") in ("idle", "mixed"), (ran, cluster.why_unavailable("n1"))
     finally:
         for p in probes:
             p.unlink(missing_ok=True)
