@@ -52,6 +52,12 @@ class JobUser(Plain):
         return RunAs(self.uid, self.gid, self.groups)
 
 
+# What NVIDIA's launcher (``-d``) prints, exiting 1, when it cannot use its
+# pipe directory: seen with the real binary for a directory its owner made
+# mode 000, one mounted over, and a filesystem out of inodes.
+PIPE_INACCESSIBLE = "Cannot access CUDA_MPS_PIPE_DIRECTORY"
+
+
 # Paths are strings here: pathlib (with urllib.parse and ipaddress) costs
 # every prolog and epilog ~3 ms of imports.
 def job_dir(base: str, jobid: str) -> str:
@@ -75,11 +81,43 @@ def _ensure_base(base: str) -> None:
     if bad:
         raise HardwareError("MPS base directory lies under a directory that users other "
                             f"than root can change ({bad})", str(base))
-    os.makedirs(base, mode=0o755, exist_ok=True)
+    _make_searchable(base)
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise HardwareError("MPS base directory must be a root-owned directory not writable "
                             "by others", str(base))
+
+
+def _make_searchable(base: str) -> None:
+    """Make *base* and its missing parents 0755 whatever the umask (slurmd's may
+    be 077, which would shut every job's user out of their pipe directory)."""
+    missing = []
+    d = os.path.abspath(base)
+    while not os.path.lexists(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o755)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o755)
+
+
+def _closed_to_others(base: str) -> str | None:
+    """The first of *base* and its parents (as named, and with symlinks resolved)
+    that others cannot search, or None."""
+    for d in (os.path.abspath(base), os.path.realpath(base)):
+        while True:
+            try:
+                if not os.stat(d).st_mode & stat.S_IXOTH:
+                    return d
+            except OSError:
+                return d
+            if d == "/":
+                break
+            d = os.path.dirname(d)
+    return None
 
 
 def make_dirs(settings: MpsSettings, jobid: str, user: JobUser) -> tuple[str, str]:
@@ -236,6 +274,10 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
 
     t0 = time.monotonic()
     argv = [settings.control, "-d"]
+    # Children we had before the launch are not of it (tests run many prologs in
+    # one process; a prolog has none).
+    from .mpsprocs import _my_children
+    before = frozenset(_my_children()) if reaper else frozenset()
     try:
         res = runner.run(argv, settings.start_timeout, env=_env(pipe, log, devices),
                          run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups),
@@ -243,19 +285,32 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
     except runner.TimedOut as e:
         _client_users_doing(jobid, "launcher", e)
         _dirs_users_doing(jobid, pipe)
+        # A FIFO of the user's at pipe/control_lock blocks NVIDIA's launcher
+        # in open() until its time is up.
+        _planted(jobid, pipe)
         raise
     _client_killed(jobid, "launcher", res)
     if not res.ok:
         _dirs_users_doing(jobid, pipe)
-        from .mpsdir import planted
-        why = planted(pipe)
-        if why:
-            # The directory was empty a moment ago: another process of the
-            # job's user filled it (a directory where a socket goes).
+        _planted(jobid, pipe)
+        said = res.stderr.strip() or res.stdout.strip()
+        if PIPE_INACCESSIBLE in res.stdout or PIPE_INACCESSIBLE in res.stderr:
+            # A base that shuts job users out is the admin's to fix (it fails
+            # every --gpu-mps job); it and its parents are root's, so what
+            # they are now is what they were at the launch.
+            closed = _closed_to_others(settings.base_dir)
+            if closed:
+                raise HardwareError(f"MPS base directory is not searchable by job users "
+                                    f"({closed} lacks the x bit for others)", settings.base_dir)
+            # Else the directory is the user's (0700, theirs), made a moment
+            # ago: only its user can have shut the daemon out of it since
+            # (chmod, a mount, the filesystem filled and perhaps emptied
+            # again by now), which fails their job, never the node.
             from .state import JobFailed
-            raise JobFailed(f"MPS control daemon could not start: its pipe directory was "
-                            f"changed by a process of the job's user ({why})", f"job {jobid}")
-        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
+            raise JobFailed("MPS control daemon could not start: it cannot access its pipe "
+                            "directory, which is the job's user's (changed by a process of "
+                            "theirs?)", f"job {jobid}")
+        first = said.splitlines()
         raise CommandError(f"{os.path.basename(settings.control)} failed: "
                            f"{first[0] if first else f'exit status {res.returncode}'}",
                            " ".join(argv))
@@ -306,6 +361,8 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             from .state import JobFailed
             raise JobFailed("MPS control daemon exited before it answered "
                             "(stopped by a process of the job's user?)", f"job {jobid}")
+        elif reaper:
+            _ended_early(jobid, user.uid, before)
         if time.monotonic() > deadline:
             _users_doing(jobid, pipe, procs)
             raise HardwareError(f"MPS control daemon did not answer within "
@@ -323,6 +380,42 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
     info["ready"] = True
     record(info)
     return info
+
+
+def _planted(jobid: str, pipe: str) -> None:
+    """Raise JobFailed when the pipe directory holds what the daemon did not make."""
+    from .mpsdir import planted
+    why = planted(pipe)
+    if why:
+        # The directory was empty a moment ago: another process of the
+        # job's user filled it (a directory where a socket goes).
+        from .state import JobFailed
+        raise JobFailed(f"MPS control daemon could not start: its pipe directory was "
+                        f"changed by a process of the job's user ({why})", f"job {jobid}")
+
+
+def _ended_early(jobid: str, uid: int, before: frozenset[int]) -> None:
+    """Raise JobFailed when a process that -d left (ours, as subreaper) ended badly.
+
+    Gone before it was ever scanned, with its control.log removed (the log
+    directory is the user's), the daemon leaves one trace the user cannot
+    remove: its exit status, which only its parent, the prolog, collects.
+    -d's intermediate process ends with 0; a daemon killed or failing before it
+    answered never touched a GPU (the control daemon does so only for a
+    client's server), so it is no node fault.
+    """
+    from .mpsprocs import reap_ended_children
+    # A signal first: it names the cause (another of -d's processes may exit 1 then).
+    for status in sorted(reap_ended_children(uid, before), key=lambda st: not os.WIFSIGNALED(st)):
+        if os.WIFSIGNALED(status):
+            how = f"killed by signal {os.WTERMSIG(status)}"
+        elif os.WIFEXITED(status) and os.WEXITSTATUS(status):
+            how = f"exit status {os.WEXITSTATUS(status)}"
+        else:
+            continue
+        from .state import JobFailed
+        raise JobFailed(f"MPS control daemon exited before it answered ({how}; by a process "
+                        "of the job's user?)", f"job {jobid}")
 
 
 def _client_users_doing(jobid: str, which: str, e: CommandError) -> None:

@@ -256,3 +256,27 @@ def children_of_ours(uid: int, proc: str = "/proc") -> dict[int, tuple[int, int]
         if ids is not None and set(ids[0]) == {uid} and _alive(pid):
             out[pid] = (ids[1], uid)
     return out
+
+
+def reap_ended_children(uid: int, skip: frozenset[int] = frozenset(), proc: str = "/proc") -> list[int]:
+    """Collect this process's ended children that ran as *uid* (every uid), but
+    those in *skip*: their wait statuses.
+
+    Only zombies of that user are waited for, each by its PID, so a child that
+    something else of ours still waits on is never taken from it.
+    """
+    from ..procfs import state
+    out = []
+    for pid in _my_children(proc):
+        if pid in skip:
+            continue
+        ids = _ids(pid, proc)
+        if ids is None or set(ids[0]) != {uid} or state(pid) != "Z":
+            continue
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if got == pid:
+            out.append(status)
+    return out

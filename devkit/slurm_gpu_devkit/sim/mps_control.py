@@ -217,8 +217,13 @@ def _daemon_main() -> int:
     if _connect(sock_path) is not None:
         print("An instance of this daemon is already running")   # stdout, as the real one
         return 1
-    if not pipe.is_dir():
-        print(f"Failed to open the pipe directory {pipe}", file=sys.stderr)
+    try:
+        # As the real 535 binary: it opens control_lock in the pipe directory
+        # first; where it cannot (missing, mode 000, mounted over, out of
+        # inodes) it prints this on stdout and exits 1.
+        os.close(os.open(pipe / "control_lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666))
+    except OSError:
+        print(f"Cannot access CUDA_MPS_PIPE_DIRECTORY={pipe}")
         return 1
     rfd, wfd = os.pipe()
     pid = os.fork()

@@ -261,3 +261,119 @@ def test_a_full_filesystem_under_the_mps_dirs_fails_the_job(
         want = (f"MPS control daemon could not start: the filesystem {run} of its directories "
                 "is full (job 100)")
     assert _prolog_fails_the_job(node) == want
+
+
+# -- the user's directories, changed before the daemon starts: evidence from the failure --
+
+def test_a_filesystem_freed_before_the_prolog_looks_still_fails_only_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's user fills /run once the directories are made, so NVIDIA's launcher
+    cannot use the pipe directory, and empties it again before the prolog looks
+    (statvfs then shows room): the launcher's own word is the evidence, so the job
+    fails and the node stays up."""
+    run = node.base / "run"
+    run.mkdir(mode=0o755)
+    _mount("-t", "tmpfs", "-o", "nr_inodes=16,mode=0755", "sg-run", str(run))
+    node.mps = MpsSettings(control=node.mps.control, base_dir=str(run / "mps"),
+                           start_timeout=5, quit_timeout=1)
+    (run / "mps").mkdir(mode=0o755)
+    _after_make_dirs(monkeypatch, lambda pipe, log: _fill(str(run)))
+    real = mpsdir.full_filesystem
+
+    def freed_first(d: str) -> str | None:
+        for f in run.glob("f*"):
+            f.unlink()
+        return real(d)
+    monkeypatch.setattr(mpsdir, "full_filesystem", freed_first)
+    assert _prolog_fails_the_job(node) == (
+        "MPS control daemon could not start: it cannot access its pipe directory, which is the "
+        "job's user's (changed by a process of theirs?) (job 100)")
+
+
+def test_a_pipe_directory_its_user_made_unreadable_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """chmod 000 on the pipe directory (its owner may): NVIDIA's launcher says
+    "Cannot access CUDA_MPS_PIPE_DIRECTORY" and exits 1."""
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=5, quit_timeout=1)
+    _after_make_dirs(monkeypatch, lambda pipe, log: os.chmod(pipe, 0))
+    assert _prolog_fails_the_job(node) == (
+        "MPS control daemon could not start: it cannot access its pipe directory, which is the "
+        "job's user's (changed by a process of theirs?) (job 100)")
+
+
+def test_a_fifo_planted_as_the_control_lock_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FIFO at pipe/control_lock: NVIDIA's launcher blocks opening it until its
+    time is up (seen with the real binary); the prolog finds what was planted."""
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=1, quit_timeout=1)
+
+    def plant(pipe: str, log: str) -> None:
+        fifo = os.path.join(pipe, "control_lock")
+        os.mkfifo(fifo)
+        os.chown(fifo, os.stat(pipe).st_uid, -1)        # the user's own, as they would make it
+    _after_make_dirs(monkeypatch, plant)
+    assert _prolog_fails_the_job(node) == (
+        "MPS control daemon could not start: its pipe directory was changed by a process of "
+        "the job's user (found 'control_lock') (job 100)")
+
+
+def test_a_daemon_killed_at_once_with_its_log_removed_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process of the job's user kills the daemon as soon as -d returns and
+    removes its control.log: nothing the user can reach says it started, but the
+    prolog, its subreaper, collects it and how it ended."""
+    from slurm_gpu import runner
+    from slurm_gpu.jobs.mps import daemon_pids
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=2, quit_timeout=1)
+    real = runner.run
+
+    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
+        res = real(argv, *a, **k)
+        if argv[1:] == ["-d"]:
+            pipe, log = k["env"]["CUDA_MPS_PIPE_DIRECTORY"], k["env"]["CUDA_MPS_LOG_DIRECTORY"]
+            for pid in daemon_pids(pipe):
+                os.kill(pid, 9)
+            Path(log, "control.log").unlink(missing_ok=True)
+        return res
+    monkeypatch.setattr(runner, "run", launched)
+    assert _prolog_fails_the_job(node) == (
+        "MPS control daemon exited before it answered (killed by signal 9; by a process of "
+        "the job's user?) (job 100)")
+
+
+def test_a_base_directory_job_users_cannot_search_is_the_nodes_fault(node: Env) -> None:
+    """Where the admin's base shuts job users out, every --gpu-mps job would fail with
+    "Cannot access CUDA_MPS_PIPE_DIRECTORY": the node's fault, said before any start,
+    so that message from the launcher can only ever be the job user's doing."""
+    closed = node.base / "closed"
+    closed.mkdir(mode=0o700)
+    node.mps = MpsSettings(control=node.mps.control, base_dir=str(closed / "mps"),
+                           start_timeout=5, quit_timeout=1)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 1
+    assert node.logs == [f"slurm-gpu: MPS base directory is not searchable by job users ({closed} "
+                         f"lacks the x bit for others) ({closed / 'mps'}) [job 100: node fault, "
+                         "on_internal_error=drain]"], node.logs
+    assert lifecycle.epilog(ctx) == 0, node.logs
+
+
+def test_a_base_directory_made_under_umask_077_lets_the_job_in(node: Env) -> None:
+    """slurmd may run the prolog with umask 077: the base and its missing parents
+    are made 0755 all the same, and the daemon starts."""
+    base = node.base / "made" / "mps"
+    node.mps = MpsSettings(control=node.mps.control, base_dir=str(base),
+                           start_timeout=5, quit_timeout=1)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    old = os.umask(0o077)
+    try:
+        assert lifecycle.prolog(ctx) == 0, node.logs
+    finally:
+        os.umask(old)
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.phase != "failed", st
+    assert [stat.S_IMODE(os.stat(d).st_mode) for d in (base.parent, base)] == [0o755, 0o755]
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []

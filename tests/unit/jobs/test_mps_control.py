@@ -227,3 +227,22 @@ def test_bad_option(mpsdir) -> None:
     ctl, env, u, pipe, log = mpsdir
     bad = runner.run([str(ctl), "-x"], 5, env=env, check=False)
     assert bad.returncode == 1
+
+
+@pytest.mark.parametrize("shut", ["mode 000", "missing"])
+def test_a_pipe_directory_it_cannot_use_is_one_line_on_stdout_and_exit_1(mpsdir, shut: str) -> None:
+    """What the prolog reads as the job user's doing (slurm_gpu.jobs.mps.PIPE_INACCESSIBLE):
+    the launcher's one line, on stdout, and no daemon left."""
+    ctl, env, u, pipe, log = mpsdir
+    if shut == "mode 000":
+        os.chmod(pipe, 0)
+    else:
+        pipe.rmdir()
+    try:
+        res = runner.run([str(ctl), "-d"], 5, env=env, run_as=u, check=False)
+    finally:
+        pipe.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(pipe, 0o700)
+        os.chown(pipe, u.uid, u.gid)
+    assert (res.returncode, res.stdout, res.stderr) == (1, f"Cannot access CUDA_MPS_PIPE_DIRECTORY={pipe}\n", "")
+    assert daemon_pids(pipe) == []
