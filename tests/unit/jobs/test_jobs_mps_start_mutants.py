@@ -1,0 +1,221 @@
+"""jobs.mps, what the prolog tests left open of the daemon's start (mutmut on
+``_start_daemon``, ``_ended_early`` and ``_closed_to_others``, issue 24 §8).
+
+Through the prolog (:func:`lifecycle.prolog`: the job's error, whole, or the
+node's one line, and the MPS record its state file keeps).  The launchers here
+are scripts of the test's, run as the job's user as NVIDIA's binary is: one
+whose ``-d`` leaves ended processes behind, as a daemon killed at once does.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from test_jobs_lifecycle import Env
+from test_jobs_mps_mounts import _after_make_dirs, _mount
+from test_jobs_mps_mutants import node  # noqa: F401 - the root + sgtest1 node fixture
+from test_jobs_mps_rest_mutants import (_client_fails_after, _node_fault, _patch_run, _prolog,
+                                        _script, _short, _user_failed, stop_daemon)
+
+from slurm_gpu import runner
+from slurm_gpu.jobs import lifecycle, libc
+from slurm_gpu.jobs import state as js
+from slurm_gpu.jobs.mpsprocs import daemon_pids
+from slurm_gpu.jobs.settings import MpsSettings
+from slurm_gpu.procfs import state
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the daemon as a job user")
+
+
+def _no_subreaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel before 3.4 refuses PR_SET_CHILD_SUBREAPER (EINVAL), which
+    :func:`libc.set_child_subreaper` answers with False."""
+    monkeypatch.setattr(libc, "set_child_subreaper", lambda on: False)
+
+
+# -- no subreaper: the daemon is the job user's process bound to the pipe ----------
+
+def test_without_a_subreaper_the_daemon_is_the_users_process_bound_to_the_pipe(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's process naming the job's pipe directory is never taken for the
+    daemon, and no daemon is recorded by PID (none was ours to collect)."""
+    _no_subreaper(monkeypatch)
+    pipe = f"{node.mps.base_dir}/100/pipe"
+    other = subprocess.Popen(["/bin/sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": pipe},
+                             user="nobody")
+    try:
+        rc, st = _prolog(node)
+        assert rc == 0 and st is not None and st.mps is not None, node.logs
+        assert st.phase == "ready" and st.mps["ready"] is True
+        assert st.mps["pids"] == daemon_pids(pipe) and len(st.mps["pids"]) == 1
+        assert other.pid not in st.mps["pids"]
+        assert st.mps["daemon"] == []
+        assert lifecycle.epilog(node.ctx()) == 0, node.logs
+        assert other.poll() is None                 # never the epilog's to end
+    finally:
+        other.kill()
+        other.wait()
+    assert node.leftovers() == []
+
+
+def test_without_a_subreaper_a_daemon_stopped_by_its_user_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_subreaper(monkeypatch)
+    _short(node)
+    _client_fails_after(monkeypatch, stop_daemon)
+    assert _user_failed(node) == ("MPS control daemon was stopped before it answered "
+                                  "(by a process of the job's user?) (job 100)")
+
+
+# -- -d's processes ended before the prolog saw them: their exit statuses ------------
+
+# A launcher whose -d forks one process per status, leaves them ended (zombies:
+# the prolog, their subreaper, collects them once it exits) and exits 0; its
+# client never finds a daemon, as NVIDIA's says.
+_LAUNCHER = '''#!/usr/bin/python3
+import os, sys, time
+if sys.argv[1:] != ["-d"]:
+    sys.stderr.write("Cannot find MPS control daemon process\\n")
+    sys.exit(1)
+kids = []
+for how, n in %r:
+    pid = os.fork()
+    if pid == 0:
+        if how == "signal":
+            os.kill(os.getpid(), n)
+        os._exit(n)
+    kids.append(pid)
+def ended(pid):
+    with open("/proc/%%d/stat" %% pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+while not all(ended(p) for p in kids):
+    time.sleep(0.001)
+'''
+
+
+@pytest.mark.parametrize("ends, how", [
+    ([("exit", 1), ("signal", 9)], "killed by signal 9"),     # the signal names the cause
+    ([("exit", 0), ("exit", 3)], "exit status 3"),            # -d's own 0 is no failure
+])
+def test_processes_of_the_launch_that_ended_badly_fail_the_job(
+        node: Env, ends: list[tuple[str, int]], how: str) -> None:
+    """An ended child of the prolog's process from before the launch (tests run
+    many prologs in one process) is neither counted nor collected."""
+    ctl = node.base / "ended-mps-control"
+    ctl.write_text(_LAUNCHER % (ends,))
+    ctl.chmod(0o755)
+    _short(node, str(ctl), 0.5)
+    earlier = subprocess.Popen(["/bin/sh", "-c", "kill -9 $$"], user="sgtest1")
+    while state(earlier.pid) != "Z":
+        time.sleep(0.001)
+    try:
+        assert _user_failed(node) == (f"MPS control daemon exited before it answered ({how}; "
+                                      "by a process of the job's user?) (job 100)")
+    finally:
+        assert earlier.wait() == -9
+
+
+# -- a base job users cannot search: named as given, or as it resolves ---------------
+
+def test_a_base_reached_through_a_symlink_into_a_closed_directory_is_the_nodes_fault(
+        node: Env) -> None:
+    """Every directory on the base's named path lets others search, but its symlink
+    leads into one that does not: NVIDIA's launcher cannot reach the pipe."""
+    closed = node.base / "closed"
+    (closed / "real").mkdir(parents=True, mode=0o755)
+    closed.chmod(0o700)
+    (node.base / "link").symlink_to(closed / "real")
+    base = node.base / "link" / "mps"
+    node.mps = MpsSettings(control=node.mps.control, base_dir=str(base), start_timeout=5,
+                           quit_timeout=1)
+    assert _node_fault(node) == (f"slurm-gpu: MPS base directory is not searchable by job users "
+                                 f"({closed} lacks the x bit for others) ({base})")
+
+
+# -- what the record keeps of a start --------------------------------------------------
+
+def test_the_record_keeps_how_long_the_start_took(node: Env) -> None:
+    t0 = time.monotonic()
+    rc, st = _prolog(node)
+    took = time.monotonic() - t0
+    assert rc == 0 and st is not None and st.mps is not None, node.logs
+    assert isinstance(st.mps["start_s"], float) and 0 < st.mps["start_s"] <= took
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or 0 not in os.sched_getaffinity(0),
+                    reason="needs CPU 0 and another")
+def test_the_daemon_runs_on_the_cpus_local_to_the_jobs_gpus(node: Env) -> None:
+    # The test node's GPUs 0 and 2 are local to CPU 0 (Env.node).
+    ctx = node.ctx(SLURM_JOB_GPUS="0,2", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.mps is not None and st.mps["cpus"] == "0"
+    assert [os.sched_getaffinity(p) for p in st.mps["pids"]] == [{0}]
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
+
+
+# -- a launcher that fails: its own word, or the evidence in the job's directories ----
+
+@pytest.mark.parametrize("out, err, said", [
+    ("", "cannot open the device\\nsecond line", "cannot open the device"),
+    ("on stdout only", "", "on stdout only"),
+    ("", "", "exit status 3"),
+])
+def test_a_launcher_that_fails_on_its_own_is_the_nodes_fault(
+        node: Env, out: str, err: str, said: str) -> None:
+    ctl = _script(node, "failing-mps-control", f'printf "{out}"; printf "{err}" >&2; exit 3\n')
+    _short(node, ctl)
+    assert _node_fault(node) == f"slurm-gpu: failing-mps-control failed: {said} ({ctl} -d)"
+
+
+def test_a_launcher_that_exits_on_an_entry_its_user_planted_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory where the daemon's socket goes: NVIDIA's daemon exits 1 without a word."""
+    _short(node, timeout=5)
+
+    def plant(pipe: str, log: str) -> None:
+        os.mkdir(os.path.join(pipe, "control"))
+        os.chown(os.path.join(pipe, "control"), os.stat(pipe).st_uid, -1)
+    _after_make_dirs(monkeypatch, plant)
+    assert _user_failed(node) == ("MPS control daemon could not start: its pipe directory was "
+                                  "changed by a process of the job's user (found 'control') "
+                                  "(job 100)")
+
+
+def test_a_launcher_that_timed_out_with_its_log_directory_mounted_over_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    _short(node)
+    _after_make_dirs(monkeypatch, lambda pipe, log: _mount("-t", "tmpfs", "sg-over", log))
+
+    def timed_out(res: Any) -> Any:
+        raise runner.TimedOut("nvidia-cuda-mps-control timed out after 1 s", "launcher")
+    _patch_run(monkeypatch, launcher=timed_out)
+    try:
+        assert _user_failed(node) == ("MPS control daemon could not start: log was mounted over "
+                                      "by a process of the job's user (job 100)")
+    finally:
+        subprocess.run(["umount", "-l", f"{node.mps.base_dir}/100/log"], capture_output=True)
+
+
+def test_a_daemon_that_answers_only_at_the_third_try_starts(node: Env) -> None:
+    """Until the daemon listens, NVIDIA's client exits 1 with "Cannot find MPS control
+    daemon process" (before sending anything): the prolog asks again until it answers."""
+    tries = node.base / "tries"
+    ctl = _script(node, "slow-mps-control",
+                  f'[ "$1" = -d ] || [ "$(wc -l < {tries})" -ge 2 ] || {{ echo >> {tries}; '
+                  'echo "Cannot find MPS control daemon process" >&2; exit 1; }\n'
+                  f'exec {node.mps.control} "$@"\n')
+    tries.write_text("")
+    tries.chmod(0o666)
+    _short(node, ctl, 5)
+    rc, st = _prolog(node)
+    assert rc == 0 and st is not None and st.mps is not None and st.phase == "ready", node.logs
+    assert tries.read_text() == "\n\n" and len(st.mps["pids"]) == 1
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
