@@ -25,7 +25,7 @@ from slurm_gpu.jobs import lifecycle, libc
 from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.mpsprocs import daemon_pids
 from slurm_gpu.jobs.settings import MpsSettings
-from slurm_gpu.procfs import state
+from slurm_gpu.procfs import start_time, state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the daemon as a job user")
 
@@ -137,14 +137,33 @@ def test_a_base_reached_through_a_symlink_into_a_closed_directory_is_the_nodes_f
 
 # -- what the record keeps of a start --------------------------------------------------
 
-def test_the_record_keeps_how_long_the_start_took(node: Env) -> None:
+def test_the_record_keeps_the_daemon_by_pid_and_start_time_and_how_long_the_start_took(
+        node: Env) -> None:
     t0 = time.monotonic()
     rc, st = _prolog(node)
     took = time.monotonic() - t0
     assert rc == 0 and st is not None and st.mps is not None, node.logs
+    assert st.mps["ready"] is True
+    (pid,) = st.mps["pids"]
+    assert st.mps["daemon"] == [[pid, start_time(pid)]] and pid in daemon_pids(st.mps["pipe_dir"])
     assert isinstance(st.mps["start_s"], float) and 0 < st.mps["start_s"] <= took
     assert lifecycle.epilog(node.ctx()) == 0, node.logs
     assert node.leftovers() == []
+
+
+def test_a_daemon_that_scrubbed_its_environment_is_recorded_and_ended_by_pid(node: Env) -> None:
+    """The pipe variable gone from the daemon's environment (a process of its user's
+    can make it exec anew without): known as the child the prolog collected."""
+    ctl = _script(node, "scrubbed-mps-control",
+                  '[ "$1" = -d ] && { env -u CUDA_MPS_PIPE_DIRECTORY /bin/sleep 60 >/dev/null 2>&1 & exit 0; }\n'
+                  'cat > /dev/null\n')
+    _short(node, ctl)
+    rc, st = _prolog(node)
+    assert rc == 0 and st is not None and st.mps is not None, node.logs
+    (pid,) = st.mps["pids"]
+    assert daemon_pids(st.mps["pipe_dir"]) == [] and st.mps["daemon"] == [[pid, start_time(pid)]]
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == [] and state(pid) in (None, "Z")         # ended (ours to reap)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or 0 not in os.sched_getaffinity(0),
@@ -218,4 +237,27 @@ def test_a_daemon_that_answers_only_at_the_third_try_starts(node: Env) -> None:
     assert rc == 0 and st is not None and st.mps is not None and st.phase == "ready", node.logs
     assert tries.read_text() == "\n\n" and len(st.mps["pids"]) == 1
     assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
+
+
+def test_a_client_answered_by_no_process_of_the_launch_records_the_users_bound_to_the_pipe(
+        node: Env) -> None:
+    """-d left nothing alive, yet a client got its answer: whatever of the job user's
+    is bound to the pipe answered, and is recorded so that the epilog ends it."""
+    ctl = _script(node, "empty-mps-control", '[ "$1" = -d ] && exit 0\ncat > /dev/null\n')
+    _short(node, ctl)
+    pipe = f"{node.mps.base_dir}/100/pipe"
+    # Started before the job, and not of the prolog's process tree (its parent gone).
+    theirs = int(subprocess.run(["/bin/sh", "-c", "/bin/sleep 60 >/dev/null 2>&1 & echo $!"],
+                                env={"CUDA_MPS_PIPE_DIRECTORY": pipe}, user="sgtest1",
+                                capture_output=True, text=True, check=True).stdout)
+    try:
+        rc, st = _prolog(node)
+        assert rc == 0 and st is not None and st.mps is not None, node.logs
+        assert st.mps["pids"] == [theirs] and st.mps["daemon"] == []
+        assert lifecycle.epilog(node.ctx()) == 0, node.logs
+        assert state(theirs) in (None, "Z")
+    finally:
+        if state(theirs) not in (None, "Z"):
+            os.kill(theirs, 9)
     assert node.leftovers() == []
