@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from test_jobs_mps_rest_mutants import (_client_fails_after, _node_fault, _patch
                                         _script, _short, _user_failed, stop_daemon)
 
 from slurm_gpu import runner
-from slurm_gpu.jobs import lifecycle, libc
+from slurm_gpu.jobs import lifecycle, libc, mps
 from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.mpsprocs import daemon_pids
 from slurm_gpu.jobs.settings import MpsSettings
@@ -147,6 +148,9 @@ def test_the_record_keeps_the_daemon_by_pid_and_start_time_and_how_long_the_star
     (pid,) = st.mps["pids"]
     assert st.mps["daemon"] == [[pid, start_time(pid)]] and pid in daemon_pids(st.mps["pipe_dir"])
     assert isinstance(st.mps["start_s"], float) and 0 < st.mps["start_s"] <= took
+    # One client session asked whether the daemon answers (NVIDIA's daemon logs each command).
+    log = (Path(st.mps["log_dir"]) / "control.log").read_text()
+    assert [x.split("Cmd:", 1)[1] for x in log.splitlines() if "Cmd:" in x] == ["get_server_list"]
     assert lifecycle.epilog(node.ctx()) == 0, node.logs
     assert node.leftovers() == []
 
@@ -261,3 +265,22 @@ def test_a_client_answered_by_no_process_of_the_launch_records_the_users_bound_t
         if state(theirs) not in (None, "Z"):
             os.kill(theirs, 9)
     assert node.leftovers() == []
+
+
+def test_a_daemon_seen_at_the_launch_and_killed_with_its_log_removed_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen once, its vanishing is its user's doing, whatever is left to tell of it."""
+    real = mps.control
+
+    def control(settings: Any, user: Any, pipe: str, log: str, cmd: str, **kw: Any) -> Any:
+        monkeypatch.setattr(mps, "control", real)
+        for p in daemon_pids(pipe):
+            os.kill(p, 9)
+            while state(p) not in (None, "Z"):
+                time.sleep(0.001)
+        os.unlink(os.path.join(log, "control.log"))
+        return real(settings, user, pipe, log, cmd, **kw)
+    monkeypatch.setattr(mps, "control", control)
+    _short(node)
+    assert _user_failed(node) == ("MPS control daemon exited before it answered (stopped by a "
+                                  "process of the job's user?) (job 100)")
