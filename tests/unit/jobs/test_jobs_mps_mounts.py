@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -20,6 +21,7 @@ from slurm_gpu.errors import Consequence
 from slurm_gpu.jobs import lifecycle, mps, mpsdir
 from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.settings import MpsSettings
+from slurm_gpu.procfs import state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
 
@@ -336,6 +338,10 @@ def test_a_daemon_killed_at_once_with_its_log_removed_fails_the_job(
             pipe, log = k["env"]["CUDA_MPS_PIPE_DIRECTORY"], k["env"]["CUDA_MPS_LOG_DIRECTORY"]
             for pid in daemon_pids(pipe):
                 os.kill(pid, 9)
+                # Dead before the prolog looks: SIGKILL lands asynchronously, and a
+                # daemon seen alive once is judged by that (flaky under load).
+                while state(pid) not in (None, "Z"):
+                    time.sleep(0.001)
             Path(log, "control.log").unlink(missing_ok=True)
         return res
     monkeypatch.setattr(runner, "run", launched)
