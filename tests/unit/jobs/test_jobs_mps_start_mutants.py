@@ -9,6 +9,7 @@ whose ``-d`` leaves ended processes behind, as a daemon killed at once does.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -294,3 +295,24 @@ def test_a_client_gets_at_least_half_a_second_to_answer(node: Env) -> None:
                   '[ "$1" = -d ] && { /bin/sleep 60 >/dev/null 2>&1 & exit 0; }\nexec /bin/sleep 60\n')
     _short(node, ctl, 0.4)
     assert _node_fault(node) == f"slurm-gpu: hung-mps-control timed out after 0.5 s ({ctl})"
+
+
+def test_a_base_parent_another_prolog_made_first_is_passed_over(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs' prologs on a fresh node make the same missing base: the one that
+    finds a parent made by the other goes on with the rest."""
+    base = node.base / "a" / "b" / "mps"
+    node.mps = MpsSettings(control=node.mps.control, base_dir=str(base), start_timeout=5,
+                           quit_timeout=1)
+    real = os.mkdir
+
+    def mkdir(path: Any, *a: Any, **kw: Any) -> None:
+        if str(path) == str(node.base / "a") and not os.path.lexists(path):
+            real(path, 0o755)                       # the other prolog, a moment earlier
+        real(path, *a, **kw)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    rc, st = _prolog(node)
+    assert rc == 0 and st is not None and st.phase == "ready", node.logs
+    assert [stat.S_IMODE(os.stat(d).st_mode) for d in (base.parent, base)] == [0o755, 0o755]
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
