@@ -13,7 +13,7 @@ import stat
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from test_jobs_lifecycle import Env
@@ -268,23 +268,45 @@ def test_a_client_answered_by_no_process_of_the_launch_records_the_users_bound_t
     assert node.leftovers() == []
 
 
-def test_a_daemon_seen_at_the_launch_and_killed_with_its_log_removed_fails_the_job(
-        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seen once, its vanishing is its user's doing, whatever is left to tell of it."""
+def _before_the_first_client(monkeypatch: pytest.MonkeyPatch, act: Callable[[str, str], None]) -> None:
+    """Run *act(pipe, log)* once the daemon was launched and looked for, before the
+    prolog's first client session (which then runs for real)."""
     real = mps.control
 
     def control(settings: Any, user: Any, pipe: str, log: str, cmd: str, **kw: Any) -> Any:
         monkeypatch.setattr(mps, "control", real)
+        act(pipe, log)
+        return real(settings, user, pipe, log, cmd, **kw)
+    monkeypatch.setattr(mps, "control", control)
+
+
+def test_a_daemon_seen_at_the_launch_and_killed_with_its_log_removed_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen once, its vanishing is its user's doing, whatever is left to tell of it."""
+    def kill(pipe: str, log: str) -> None:
         for p in daemon_pids(pipe):
             os.kill(p, 9)
             while state(p) not in (None, "Z"):
                 time.sleep(0.001)
         os.unlink(os.path.join(log, "control.log"))
-        return real(settings, user, pipe, log, cmd, **kw)
-    monkeypatch.setattr(mps, "control", control)
+    _before_the_first_client(monkeypatch, kill)
     _short(node)
     assert _user_failed(node) == ("MPS control daemon exited before it answered (stopped by a "
                                   "process of the job's user?) (job 100)")
+
+
+def test_a_daemon_whose_socket_its_user_removed_before_any_client_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA's client finds no daemon without its sockets (exit 1, at once) until the
+    start's time is up: the daemon runs, so its user's doing."""
+    def unlink(pipe: str, log: str) -> None:
+        for name in ("control", "control_privileged"):
+            os.unlink(os.path.join(pipe, name))
+    _before_the_first_client(monkeypatch, unlink)
+    _short(node, timeout=0.3)
+    assert _user_failed(node) == ("MPS control daemon runs but its sockets are gone (control "
+                                  "moved away, control_privileged moved away; by a process of "
+                                  "the job's user?) (job 100)")
 
 
 def test_a_client_gets_at_least_half_a_second_to_answer(node: Env) -> None:
