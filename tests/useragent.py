@@ -55,3 +55,16 @@ PLANT_DIRS = "for n in ('control', 'control_privileged'):\n    os.mkdir(arg + '/
 PLANT_FIFOS = ("try:\n    os.unlink(arg + '/control.log')\nexcept OSError:\n    pass\n"
                "os.mkfifo(arg + '/control.log')\nos.mkfifo(arg + '/server.log.fifo')\n"
                "os.symlink('/etc/shadow', arg + '/shadow')\n")
+# The pipe directory shut to its own daemon (its owner may chmod it).
+CHMOD_DIR = "os.chmod(arg, 0)\n"
+# Kill the daemon bound to this pipe directory the moment -d has returned, and
+# remove its control.log: nothing the user can reach then says it started.
+KILL_UNSEEN = ("want = ('CUDA_MPS_PIPE_DIRECTORY=' + arg).encode()\n"
+               "for p in os.listdir('/proc'):\n"
+               "    try:\n"
+               "        env = open('/proc/' + p + '/environ', 'rb').read().split(b'\\0')\n"
+               "    except (OSError, ValueError):\n"
+               "        continue\n"
+               "    if want in env and int(p) != os.getpid():\n"
+               "        os.kill(int(p), 9)\n"
+               "try:\n    os.unlink(os.path.dirname(arg) + '/log/control.log')\nexcept OSError:\n    pass\n")

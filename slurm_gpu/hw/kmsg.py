@@ -358,11 +358,16 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
             return "unknown", "not a regular file"
         if not trusted_stat(st):
             return "unproven", OPEN_FILE + ": any line in it may be theirs"
-        if os.pread(fd, len(MAGIC), 0) == MAGIC:
+        head = os.pread(fd, 4096, 0)
+        if head.startswith(MAGIC):
             return "proven", "a journal export file (journald's own _TRANSPORT field)"
         tail = os.pread(fd, sample, max(0, st.st_size - sample))
     finally:
         os.close(fd)
+    # What the health check reads as unproven in every line, whatever each looks like.
+    why = _unproven_format(head)
+    if why:
+        return "unproven", why
     lines = tail.split(b"\n")[1 if st.st_size > sample else 0:]
     seen = False
     for raw in lines[-2000:]:
@@ -379,6 +384,30 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
         return "empty", "empty so far (root's, writable by no one else): each line is judged by its format"
     return "proven", ("dmesg output, /dev/kmsg records, journal JSON or journalctl -o verbose "
                       "(the kernel's facility or journald's fields)")
+
+
+def _unproven_format(head: bytes) -> str | None:
+    """Why no line of a file whose first bytes are *head* can prove the kernel wrote it
+    (as the health check reads them: ``kmsg_scan``), or None."""
+    from .kmsg_scan import CONTAINER, JSON_UNPROVEN, VERBOSE_CUT, VERBOSE_TAB, _CRI, head_family, head_line
+    line = head_line(head)
+    if line is None:
+        return None
+    if _CRI.match(line.encode("utf-8", "replace")):
+        return CONTAINER
+    fam = head_family(head)
+    if fam == "verbose-tab":
+        return VERBOSE_TAB
+    if fam == "verbose-cut":
+        return VERBOSE_CUT
+    if fam == "json":
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(rec, dict) or "_TRANSPORT" not in rec:
+            return JSON_UNPROVEN
+    return None
 
 
 # ------------------------------------------------------------------ cursors

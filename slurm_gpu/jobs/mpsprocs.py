@@ -223,9 +223,9 @@ def _kill(pid: int, start: int, uid: int) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, proc: str = "/proc") -> bool:
     from ..procfs import state
-    s = state(pid)
+    s = state(pid, proc)
     return s is not None and s != "Z"
 
 
@@ -253,7 +253,7 @@ def children_of_ours(uid: int, proc: str = "/proc") -> dict[int, tuple[int, int]
     out: dict[int, tuple[int, int]] = {}
     for pid in _my_children(proc):
         ids = _ids(pid, proc)
-        if ids is not None and set(ids[0]) == {uid} and _alive(pid):
+        if ids is not None and set(ids[0]) == {uid} and _alive(pid, proc):
             out[pid] = (ids[1], uid)
     return out
 
@@ -271,7 +271,7 @@ def reap_ended_children(uid: int, skip: frozenset[int] = frozenset(), proc: str 
         if pid in skip:
             continue
         ids = _ids(pid, proc)
-        if ids is None or set(ids[0]) != {uid} or state(pid) != "Z":
+        if ids is None or set(ids[0]) != {uid} or state(pid, proc) != "Z":
             continue
         try:
             got, status = os.waitpid(pid, os.WNOHANG)

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from sandboxlib import REPO, Cluster
-from useragent import PLANT_DIRS, PLANT_FIFOS, RENAME_SOCKETS, REPLACE_SOCKETS, Agent
+from useragent import CHMOD_DIR, KILL_UNSEEN, PLANT_DIRS, PLANT_FIFOS, RENAME_SOCKETS, REPLACE_SOCKETS, Agent
 
 MACHINE = REPO / "tests" / "data" / "machines" / "mini-2numa"
 N_LIFECYCLES = int(os.environ.get("SLURM_GPU_LIFECYCLES", "500"))
@@ -108,12 +108,14 @@ NODE_FAULTS = {"fault", "killed", "sigkill", "full_disk", "nvml_hang", "epilog_k
                "epilog_sigkill"}
 # A hostile job user's doing (issue 24 §1): never a drain.  What another process of
 # theirs does to the job's MPS directories, and when (just before the prolog's first
-# client session, or just before it starts the daemon).
+# client session, just before it starts the daemon, or as soon as -d returned).
 ATTACKS = {"renamed_sockets": (RENAME_SOCKETS, "pipe", "session"),
            "replaced_sockets": (REPLACE_SOCKETS, "pipe", "session"),
            "look_alike": ("", "pipe", "session"),
            "fifo": (PLANT_FIFOS, "log", "session"),
            "planted": (PLANT_DIRS, "pipe", "start"),
+           "chmod_pipe": (CHMOD_DIR, "pipe", "start"),
+           "kill_unseen": (KILL_UNSEEN, "pipe", "launched"),
            "mount": ("", "pipe", "epilog")}
 
 
@@ -261,15 +263,20 @@ def test_500_random_lifecycles(cluster: Cluster, node_files, small_jobs_fs, monk
                         _a.do(_t)
                     return _r(settings, user, pipe_, log, command, **kw)
                 monkeypatch.setattr(mps, "control", first_session)
-            elif when == "start":
+            elif when in ("start", "launched"):
                 real_run = runner.run
 
-                def before_start(argv, *a, _r=real_run, _a=agent, _t=target, **kw):
-                    if list(argv)[1:] == ["-d"]:
-                        monkeypatch.setattr(runner, "run", _r)
+                def around_start(argv, *a, _r=real_run, _a=agent, _t=target, _w=when, **kw):
+                    if list(argv)[1:] != ["-d"]:
+                        return _r(argv, *a, **kw)
+                    monkeypatch.setattr(runner, "run", _r)
+                    if _w == "start":
                         _a.do(_t)
-                    return _r(argv, *a, **kw)
-                monkeypatch.setattr(runner, "run", before_start)
+                    res = _r(argv, *a, **kw)
+                    if _w == "launched":
+                        _a.do(_t)
+                    return res
+                monkeypatch.setattr(runner, "run", around_start)
         if event == "sigkill":
             _run_killed("prolog.d/50-slurm-gpu-jobs", full, rng.uniform(0.0, 0.4))
         elif event == "nvml_hang":

@@ -188,6 +188,28 @@ def test_a_kernel_log_whose_format_proves_the_sender_is_ok(tmp_path, text):
     assert kmsg.sender_proof("/dev/kmsg")[0] == "proven"
 
 
+@pytest.mark.parametrize("text, says", [
+    # Docker's json-file log: JSON, but no journald field says who sent it
+    ('{"log":"[ 1.0] NVRM: Xid (PCI:0000:cb:00): 79, GPU has fallen off the bus.\\n","stream":"stdout",'
+     '"time":"2026-11-28T20:14:44.1Z"}\n', "_TRANSPORT"),
+    # kubelet's CRI container log
+    ("2026-11-28T20:14:44.123456789Z stdout F [ 1.0] usb 1-1: new device\n", "container"),
+    # journalctl -o verbose in its old, tab-indented form
+    ("Sat 2026-11-28 20:14:44.000000 UTC [s=0123456789abcdef0123456789abcdef;i=1;b=0123456789abcdef0123456789abcdef;"
+     "m=1;t=1;x=1]\n\t_TRANSPORT=kernel\n\tMESSAGE=usb 1-1: new device\n", "tab"),
+])
+def test_a_kernel_log_whose_every_xid_only_warns_is_not_called_proven(tmp_path, text, says):
+    """The health check reads every line of these formats as unproven (a warning, never a
+    drain): doctor must say so too, not "proven" from the lines' look."""
+    from slurm_gpu.hw import kmsg
+    log = tmp_path / "k.log"
+    log.write_text(text * 3)
+    state, why = kmsg.sender_proof(str(log))
+    assert state == "unproven" and says in why, (state, why)
+    got = lines(facts(tmp_path, kernel_log=(str(log), state, why)))["health.kernel_log"][0]
+    assert got.startswith(f"WARNING health.kernel_log: {log} cannot prove who wrote its lines (")
+
+
 def test_a_kernel_log_doctor_cannot_read_is_unknown(tmp_path):
     from slurm_gpu.hw import kmsg
     state, why = kmsg.sender_proof(str(tmp_path / "gone.log"))

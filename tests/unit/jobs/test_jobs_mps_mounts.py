@@ -242,18 +242,24 @@ def _fill(d: str) -> None:
         assert e.errno == 28
 
 
-@pytest.mark.parametrize("when", ["dirs", "daemon"])
-def test_a_full_filesystem_under_the_mps_dirs_fails_the_job(
-        node: Env, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
-    """/run (a small tmpfs) filled through a pipe directory: making the next job's
-    directories, or its daemon's start, fails that job with one line naming the
-    filesystem; the node stays up."""
+def _small_run(node: Env) -> Path:
+    """A 16-inode tmpfs as the node's /run, the MPS base directory on it."""
     run = node.base / "run"
     run.mkdir(mode=0o755)
     _mount("-t", "tmpfs", "-o", "nr_inodes=16,mode=0755", "sg-run", str(run))
     node.mps = MpsSettings(control=node.mps.control, base_dir=str(run / "mps"),
                            start_timeout=5, quit_timeout=1)
     (run / "mps").mkdir(mode=0o755)
+    return run
+
+
+@pytest.mark.parametrize("when", ["dirs", "daemon"])
+def test_a_full_filesystem_under_the_mps_dirs_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """/run (a small tmpfs) filled through a pipe directory: making the next job's
+    directories, or its daemon's start, fails that job with one line naming the
+    filesystem; the node stays up."""
+    run = _small_run(node)
     if when == "dirs":
         _fill(str(run))
         want = (f"--gpu-mps: the filesystem {run} is full (No space left on device): "
@@ -273,12 +279,7 @@ def test_a_filesystem_freed_before_the_prolog_looks_still_fails_only_the_job(
     cannot use the pipe directory, and empties it again before the prolog looks
     (statvfs then shows room): the launcher's own word is the evidence, so the job
     fails and the node stays up."""
-    run = node.base / "run"
-    run.mkdir(mode=0o755)
-    _mount("-t", "tmpfs", "-o", "nr_inodes=16,mode=0755", "sg-run", str(run))
-    node.mps = MpsSettings(control=node.mps.control, base_dir=str(run / "mps"),
-                           start_timeout=5, quit_timeout=1)
-    (run / "mps").mkdir(mode=0o755)
+    run = _small_run(node)
     _after_make_dirs(monkeypatch, lambda pipe, log: _fill(str(run)))
     real = mpsdir.full_filesystem
 

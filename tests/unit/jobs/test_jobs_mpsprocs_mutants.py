@@ -225,9 +225,45 @@ def test_children_of_ours_are_the_users_live_children_of_every_thread(
     fake = tmp_path / "proc"
     me = os.getpid()
     _proc(fake, a.pid, me, (uid,) * 4, [], start=4242)
-    _proc(fake, dead, me, (uid,) * 4, [], start=4243)          # a zombie in the live /proc
+    _proc(fake, dead, me, (uid,) * 4, [], start=4243)          # a zombie (in that root too)
+    zst = fake / str(dead) / "stat"
+    zst.write_text(zst.read_text().replace(" S ", " Z ", 1))
     _proc(fake, b.pid, 1, (uid,) * 4, [], start=4244)          # not a child
     assert mpsprocs.children_of_ours(uid, str(fake)) == {a.pid: (4242, uid)}
+
+
+def test_children_of_ours_judge_liveness_in_the_proc_root_they_are_given(
+        tmp_path: Path, procs: _Procs) -> None:
+    """A child alive in the live /proc but a zombie in the given root is not live there."""
+    uid, gid = _job_user()
+    a = procs.cat(uid, gid)
+    fake = tmp_path / "proc"
+    _proc(fake, a.pid, os.getpid(), (uid,) * 4, [], start=4242)
+    st = fake / str(a.pid) / "stat"
+    st.write_text(st.read_text().replace(" S ", " Z ", 1))
+    assert mpsprocs.children_of_ours(uid, str(fake)) == {}
+
+
+def test_reap_ended_children_takes_only_the_users_ended_children_outside_skip(procs: _Procs) -> None:
+    """Each ended child of uid's is waited for once, with its status; a live one, another
+    user's, and one in *skip* are left to whoever waits on them."""
+    uid, gid = _job_user()
+    live = procs.cat(uid, gid)
+    skipped = procs.zombie(uid, gid)
+    ended = procs.cat(uid, gid)
+    os.kill(ended.pid, 9)
+    os.waitid(os.P_PID, ended.pid, os.WEXITED | os.WNOWAIT)
+    roots = procs.cat()
+    assert roots.stdin is not None
+    roots.stdin.close()
+    os.waitid(os.P_PID, roots.pid, os.WEXITED | os.WNOWAIT)
+    got = mpsprocs.reap_ended_children(uid, frozenset({skipped}))
+    assert [os.WTERMSIG(st) for st in got if os.WIFSIGNALED(st)] == [9] and len(got) == 1, got
+    assert mpsprocs.reap_ended_children(uid, frozenset({skipped})) == []      # reaped once
+    assert live.poll() is None
+    # The skipped zombie, root's, and the live child: still ours to wait for.
+    assert os.waitpid(skipped, os.WNOHANG)[0] == skipped
+    assert os.waitpid(roots.pid, os.WNOHANG)[0] == roots.pid
 
 
 def test_recorded_daemon_is_the_same_live_process_of_the_user(procs: _Procs) -> None:
