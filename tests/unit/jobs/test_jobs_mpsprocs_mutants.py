@@ -248,6 +248,9 @@ def test_reap_ended_children_takes_only_the_users_ended_children_outside_skip(pr
     """Each ended child of uid's is waited for once, with its status; a live one, another
     user's, and one in *skip* are left to whoever waits on them."""
     uid, gid = _job_user()
+    # What earlier tests in this process left ended (the daemons their prologs
+    # collected as subreaper and their epilogs ended) is not this test's.
+    mpsprocs.reap_ended_children(uid)
     live = procs.cat(uid, gid)
     skipped = procs.zombie(uid, gid)
     ended = procs.cat(uid, gid)
