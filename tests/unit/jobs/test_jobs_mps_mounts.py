@@ -378,3 +378,51 @@ def test_a_base_directory_made_under_umask_077_lets_the_job_in(node: Env) -> Non
     assert [stat.S_IMODE(os.stat(d).st_mode) for d in (base.parent, base)] == [0o755, 0o755]
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
+
+
+def test_a_control_lock_its_user_holds_fails_the_job(node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process of the job's user makes pipe/control_lock and holds a write lock
+    on it, the lock NVIDIA's daemon takes: the launcher says "An instance of this daemon
+    is already running" and exits 1 (hostile review, this session: HIGH-1)."""
+    from useragent import Agent
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=5, quit_timeout=1)
+    agent = Agent("import fcntl\nfd = os.open(arg + '/control_lock', os.O_WRONLY | os.O_CREAT, 0o666)\n"
+                  "fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nkeep.append(fd)\n")
+    try:
+        _after_make_dirs(monkeypatch, lambda pipe, log: agent.do(pipe))
+        assert _prolog_fails_the_job(node) == (
+            "MPS control daemon could not start: nvidia-cuda-mps-control -d failed: An instance of this "
+            "daemon is already running (its directories and daemon are the job's user's) (job 100)")
+    finally:
+        agent.close()
+
+
+def test_a_daemon_its_user_quit_before_the_prolog_saw_it_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As soon as -d returns, the job's user tells the daemon to quit (it exits 0) and
+    removes control.log: the prolog, its subreaper, collects the daemon (its own
+    session's leader) and fails the job (hostile review, this session: HIGH-3)."""
+    import time
+
+    from slurm_gpu import runner
+    from slurm_gpu.jobs.mps import daemon_pids
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=2, quit_timeout=1)
+    real = runner.run
+
+    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
+        res = real(argv, *a, **k)
+        if argv[1:] == ["-d"]:
+            env = k["env"]
+            quit_ = real([argv[0]], 5, input="quit\n", env=env, run_as=k["run_as"], check=False)
+            assert quit_.ok, quit_
+            deadline = time.monotonic() + 5
+            while daemon_pids(env["CUDA_MPS_PIPE_DIRECTORY"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            Path(env["CUDA_MPS_LOG_DIRECTORY"], "control.log").unlink(missing_ok=True)
+        return res
+    monkeypatch.setattr(runner, "run", launched)
+    assert _prolog_fails_the_job(node) == (
+        "MPS control daemon exited before it answered (exit status 0; by a process of the job's user?) "
+        "(job 100)")
