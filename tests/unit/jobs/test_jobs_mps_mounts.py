@@ -320,31 +320,6 @@ def test_a_fifo_planted_as_the_control_lock_fails_the_job(
         "the job's user (found 'control_lock') (job 100)")
 
 
-def test_a_daemon_killed_at_once_with_its_log_removed_fails_the_job(
-        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process of the job's user kills the daemon as soon as -d returns and
-    removes its control.log: nothing the user can reach says it started, but the
-    prolog, its subreaper, collects it and how it ended."""
-    from slurm_gpu import runner
-    from slurm_gpu.jobs.mps import daemon_pids
-    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
-                           start_timeout=2, quit_timeout=1)
-    real = runner.run
-
-    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
-        res = real(argv, *a, **k)
-        if argv[1:] == ["-d"]:
-            pipe, log = k["env"]["CUDA_MPS_PIPE_DIRECTORY"], k["env"]["CUDA_MPS_LOG_DIRECTORY"]
-            for pid in daemon_pids(pipe):
-                os.kill(pid, 9)
-            Path(log, "control.log").unlink(missing_ok=True)
-        return res
-    monkeypatch.setattr(runner, "run", launched)
-    assert _prolog_fails_the_job(node) == (
-        "MPS control daemon exited before it answered (killed by signal 9; by a process of "
-        "the job's user?) (job 100)")
-
-
 def test_a_base_directory_job_users_cannot_search_is_the_nodes_fault(node: Env) -> None:
     """Where the admin's base shuts job users out, every --gpu-mps job would fail with
     "Cannot access CUDA_MPS_PIPE_DIRECTORY": the node's fault, said before any start,
@@ -398,11 +373,13 @@ def test_a_control_lock_its_user_holds_fails_the_job(node: Env, monkeypatch: pyt
         agent.close()
 
 
-def test_a_daemon_its_user_quit_before_the_prolog_saw_it_fails_the_job(
-        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As soon as -d returns, the job's user tells the daemon to quit (it exits 0) and
-    removes control.log: the prolog, its subreaper, collects the daemon (its own
-    session's leader) and fails the job (hostile review, this session: HIGH-3)."""
+@pytest.mark.parametrize("how, status", [("kill", "killed by signal 9"), ("quit", "exit status 0")])
+def test_a_daemon_its_user_ended_before_the_prolog_saw_it_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch, how: str, status: str) -> None:
+    """As soon as -d returns, another process of the job's user kills the daemon, or
+    tells it to quit (it exits 0), and removes its control.log: nothing the user can
+    reach says it started, but the prolog, its subreaper, collects it and how it
+    ended (the daemon leads its own session) (hostile review, this session: HIGH-3)."""
     import time
 
     from slurm_gpu import runner
@@ -414,15 +391,17 @@ def test_a_daemon_its_user_quit_before_the_prolog_saw_it_fails_the_job(
     def launched(argv: list[str], *a: Any, **k: Any) -> Any:
         res = real(argv, *a, **k)
         if argv[1:] == ["-d"]:
-            env = k["env"]
-            quit_ = real([argv[0]], 5, input="quit\n", env=env, run_as=k["run_as"], check=False)
-            assert quit_.ok, quit_
-            deadline = time.monotonic() + 5
-            while daemon_pids(env["CUDA_MPS_PIPE_DIRECTORY"]) and time.monotonic() < deadline:
+            pipe, log = k["env"]["CUDA_MPS_PIPE_DIRECTORY"], k["env"]["CUDA_MPS_LOG_DIRECTORY"]
+            if how == "kill":
+                for pid in daemon_pids(pipe):
+                    os.kill(pid, 9)
+            else:
+                assert real([argv[0]], 5, input="quit\n", env=k["env"], run_as=k["run_as"], check=False).ok
+            deadline = time.monotonic() + 5          # ended before the prolog's first look
+            while daemon_pids(pipe) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            Path(env["CUDA_MPS_LOG_DIRECTORY"], "control.log").unlink(missing_ok=True)
+            Path(log, "control.log").unlink(missing_ok=True)
         return res
     monkeypatch.setattr(runner, "run", launched)
     assert _prolog_fails_the_job(node) == (
-        "MPS control daemon exited before it answered (exit status 0; by a process of the job's user?) "
-        "(job 100)")
+        f"MPS control daemon exited before it answered ({status}; by a process of the job's user?) (job 100)")
