@@ -27,7 +27,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, NoReturn
 
     from .state import MpsRecord
 
@@ -284,16 +284,10 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
                          cpus=use, check=False)
     except runner.TimedOut as e:
         _client_users_doing(jobid, "launcher", e)
-        _dirs_users_doing(jobid, pipe)
-        # A FIFO of the user's at pipe/control_lock blocks NVIDIA's launcher
-        # in open() until its time is up.
-        _planted(jobid, pipe)
-        raise
+        _launcher_failed(settings, jobid, pipe, user.uid, before, f"timed out after {settings.start_timeout:g} s")
     _client_killed(jobid, "launcher", res)
     if not res.ok:
-        _dirs_users_doing(jobid, pipe)
-        _planted(jobid, pipe)
-        said = res.stderr.strip() or res.stdout.strip()
+        said = (res.stderr.strip() or res.stdout.strip()).splitlines()
         if PIPE_INACCESSIBLE in res.stdout or PIPE_INACCESSIBLE in res.stderr:
             # A base that shuts job users out is the admin's to fix (it fails
             # every --gpu-mps job); it and its parents are root's, so what
@@ -302,18 +296,8 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             if closed:
                 raise HardwareError(f"MPS base directory is not searchable by job users "
                                     f"({closed} lacks the x bit for others)", settings.base_dir)
-            # Else the directory is the user's (0700, theirs), made a moment
-            # ago: only its user can have shut the daemon out of it since
-            # (chmod, a mount, the filesystem filled and perhaps emptied
-            # again by now), which fails their job, never the node.
-            from .state import JobFailed
-            raise JobFailed("MPS control daemon could not start: it cannot access its pipe "
-                            "directory, which is the job's user's (changed by a process of "
-                            "theirs?)", f"job {jobid}")
-        first = said.splitlines()
-        raise CommandError(f"{os.path.basename(settings.control)} failed: "
-                           f"{first[0] if first else f'exit status {res.returncode}'}",
-                           " ".join(argv))
+        _launcher_failed(settings, jobid, pipe, user.uid, before,
+                         said[0] if said else f"exit status {res.returncode}")
     # One client session both asks whether the daemon answers and applies
     # the admin's defaults: the client reads stdin line by line and sends
     # every command over one connection (NVIDIA's 535 binary: one "NEW UI"
@@ -382,6 +366,36 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
     return info
 
 
+def _launcher_failed(settings: MpsSettings, jobid: str, pipe: str, uid: int, before: frozenset[int],
+                     what: str) -> NoReturn:
+    """Raise JobFailed for a launcher (``-d``) that failed or timed out, most precise cause first.
+
+    Everything the launcher waits on is the job user's: their directories
+    (a mount, chmod, a planted entry or a lock on ``control_lock``: "An
+    instance of this daemon is already running"; a full filesystem, perhaps
+    emptied again by now) and their daemon, which signals the launcher once
+    it listens (killed, stopped or traced before then, the launcher exits 1
+    without a word or waits until its time is up).  None of it touches a GPU
+    (the control daemon does only for a client's server), so a failed launch
+    is never a proven node fault; a binary that cannot run at all is
+    (``runner.run`` raises that), and so is a base closed to job users.
+    """
+    _dirs_users_doing(jobid, pipe)
+    _planted(jobid, pipe)
+    from .state import JobFailed
+    if PIPE_INACCESSIBLE in what:
+        raise JobFailed("MPS control daemon could not start: it cannot access its pipe "
+                        "directory, which is the job's user's (changed by a process of "
+                        "theirs?)", f"job {jobid}")
+    if what.startswith(("exit status", "timed out")):
+        # The launcher said nothing: its daemon ended before it signalled
+        # (killed, or quit) says more, where it was collected.
+        _ended_early(jobid, uid, before)
+    raise JobFailed(f"MPS control daemon could not start: {os.path.basename(settings.control)} -d "
+                    f"{what if what.startswith('timed out') else 'failed: ' + what} (its directories "
+                    "and daemon are the job's user's)", f"job {jobid}")
+
+
 def _planted(jobid: str, pipe: str) -> None:
     """Raise JobFailed when the pipe directory holds what the daemon did not make."""
     from .mpsdir import planted
@@ -405,11 +419,15 @@ def _ended_early(jobid: str, uid: int, before: frozenset[int]) -> None:
     client's server), so it is no node fault.
     """
     from .mpsprocs import reap_ended_children
-    # A signal first: it names the cause (another of -d's processes may exit 1 then).
-    for status in sorted(reap_ended_children(uid, before), key=lambda st: not os.WIFSIGNALED(st)):
+    # A signal first: it names the cause (another of -d's processes may exit 1
+    # then); the daemon (its own session's leader: it calls setsid, -d's
+    # intermediate process does not) counts whatever its status: told to quit
+    # by its user, it exits 0.
+    ended = sorted(reap_ended_children(uid, before), key=lambda e: (not os.WIFSIGNALED(e[0]), not e[1]))
+    for status, leader in ended:
         if os.WIFSIGNALED(status):
             how = f"killed by signal {os.WTERMSIG(status)}"
-        elif os.WIFEXITED(status) and os.WEXITSTATUS(status):
+        elif os.WIFEXITED(status) and (os.WEXITSTATUS(status) or leader):
             how = f"exit status {os.WEXITSTATUS(status)}"
         else:
             continue

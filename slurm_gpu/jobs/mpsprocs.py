@@ -258,14 +258,16 @@ def children_of_ours(uid: int, proc: str = "/proc") -> dict[int, tuple[int, int]
     return out
 
 
-def reap_ended_children(uid: int, skip: frozenset[int] = frozenset(), proc: str = "/proc") -> list[int]:
+def reap_ended_children(uid: int, skip: frozenset[int] = frozenset(),
+                        proc: str = "/proc") -> list[tuple[int, bool]]:
     """Collect this process's ended children that ran as *uid* (every uid), but
-    those in *skip*: their wait statuses.
+    those in *skip*: (wait status, whether it led its own session) of each.
 
     Only zombies of that user are waited for, each by its PID, so a child that
-    something else of ours still waits on is never taken from it.
+    something else of ours still waits on is never taken from it.  The
+    session is read before the wait (a zombie keeps its ``stat``).
     """
-    from ..procfs import state
+    from ..procfs import session, state
     out = []
     for pid in _my_children(proc):
         if pid in skip:
@@ -273,10 +275,11 @@ def reap_ended_children(uid: int, skip: frozenset[int] = frozenset(), proc: str 
         ids = _ids(pid, proc)
         if ids is None or set(ids[0]) != {uid} or state(pid, proc) != "Z":
             continue
+        leader = session(pid, proc) == pid
         try:
             got, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             continue
         if got == pid:
-            out.append(status)
+            out.append((status, leader))
     return out

@@ -37,6 +37,7 @@ Run it through :func:`write_wrapper`, which makes an executable file the
 from __future__ import annotations
 
 from typing import Any
+import fcntl
 import os
 import signal
 import socket
@@ -214,17 +215,25 @@ def _serve(d: _Daemon, sock: socket.socket) -> None:
 def _daemon_main() -> int:
     pipe, log = _dirs()
     sock_path = pipe / SOCKET_NAME
-    if _connect(sock_path) is not None:
-        print("An instance of this daemon is already running")   # stdout, as the real one
-        return 1
+    lock = pipe / "control_lock"
     try:
         # As the real 535 binary: it opens control_lock in the pipe directory
         # first; where it cannot (missing, mode 000, mounted over, out of
         # inodes) it prints this on stdout and exits 1.
-        os.close(os.open(pipe / "control_lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666))
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError:
         print(f"Cannot access CUDA_MPS_PIPE_DIRECTORY={pipe}")
         return 1
+    try:
+        # A running daemon holds a write lock on it (the real one's test for
+        # another instance: a socket someone else bound at "control" it replaces).
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+    except OSError:
+        print("An instance of this daemon is already running")   # stdout, as the real one
+        return 1
+    finally:
+        os.close(fd)
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid:
@@ -235,6 +244,8 @@ def _daemon_main() -> int:
     os.close(rfd)
     try:
         os.setsid()
+        held = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)    # for the daemon's life
         os.chdir("/")
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):

@@ -290,7 +290,8 @@ def test_a_prolog_failing_after_the_layout_keeps_a_readable_record(node: Env) ->
                                      SPANK_SLURM_GPU_MPS="default")) == 0
     assert node.layout(3) == layout3
     st = js.load(node.state_dir, "100", warn=node.logs.append)
-    assert node.logs == ["slurm-gpu: false failed: exit status 1 (/bin/false -d) "
-                         "[job 100: node fault, on_internal_error=pass]"]
+    assert node.logs == ["slurm-gpu: MPS control daemon could not start: false -d failed: exit status 1 "
+                         "(its directories and daemon are the job's user's) (job 100) "
+                         "[job 100: user error, job fails, node stays up]"]
     assert (st.phase, st.mig) == ("failed", None)
     assert lifecycle.epilog(node.ctx()) == 0 and node.leftovers() == []

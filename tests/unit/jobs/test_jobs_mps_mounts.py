@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -21,7 +20,6 @@ from slurm_gpu.errors import Consequence
 from slurm_gpu.jobs import lifecycle, mps, mpsdir
 from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.settings import MpsSettings
-from slurm_gpu.procfs import state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
 
@@ -322,35 +320,6 @@ def test_a_fifo_planted_as_the_control_lock_fails_the_job(
         "the job's user (found 'control_lock') (job 100)")
 
 
-def test_a_daemon_killed_at_once_with_its_log_removed_fails_the_job(
-        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process of the job's user kills the daemon as soon as -d returns and
-    removes its control.log: nothing the user can reach says it started, but the
-    prolog, its subreaper, collects it and how it ended."""
-    from slurm_gpu import runner
-    from slurm_gpu.jobs.mps import daemon_pids
-    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
-                           start_timeout=2, quit_timeout=1)
-    real = runner.run
-
-    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
-        res = real(argv, *a, **k)
-        if argv[1:] == ["-d"]:
-            pipe, log = k["env"]["CUDA_MPS_PIPE_DIRECTORY"], k["env"]["CUDA_MPS_LOG_DIRECTORY"]
-            for pid in daemon_pids(pipe):
-                os.kill(pid, 9)
-                # Dead before the prolog looks: SIGKILL lands asynchronously, and a
-                # daemon seen alive once is judged by that (flaky under load).
-                while state(pid) not in (None, "Z"):
-                    time.sleep(0.001)
-            Path(log, "control.log").unlink(missing_ok=True)
-        return res
-    monkeypatch.setattr(runner, "run", launched)
-    assert _prolog_fails_the_job(node) == (
-        "MPS control daemon exited before it answered (killed by signal 9; by a process of "
-        "the job's user?) (job 100)")
-
-
 def test_a_base_directory_job_users_cannot_search_is_the_nodes_fault(node: Env) -> None:
     """Where the admin's base shuts job users out, every --gpu-mps job would fail with
     "Cannot access CUDA_MPS_PIPE_DIRECTORY": the node's fault, said before any start,
@@ -384,3 +353,55 @@ def test_a_base_directory_made_under_umask_077_lets_the_job_in(node: Env) -> Non
     assert [stat.S_IMODE(os.stat(d).st_mode) for d in (base.parent, base)] == [0o755, 0o755]
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
+
+
+def test_a_control_lock_its_user_holds_fails_the_job(node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process of the job's user makes pipe/control_lock and holds a write lock
+    on it, the lock NVIDIA's daemon takes: the launcher says "An instance of this daemon
+    is already running" and exits 1 (hostile review, this session: HIGH-1)."""
+    from useragent import Agent
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=5, quit_timeout=1)
+    agent = Agent("import fcntl\nfd = os.open(arg + '/control_lock', os.O_WRONLY | os.O_CREAT, 0o666)\n"
+                  "fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nkeep.append(fd)\n")
+    try:
+        _after_make_dirs(monkeypatch, lambda pipe, log: agent.do(pipe))
+        assert _prolog_fails_the_job(node) == (
+            "MPS control daemon could not start: nvidia-cuda-mps-control -d failed: An instance of this "
+            "daemon is already running (its directories and daemon are the job's user's) (job 100)")
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("how, status", [("kill", "killed by signal 9"), ("quit", "exit status 0")])
+def test_a_daemon_its_user_ended_before_the_prolog_saw_it_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch, how: str, status: str) -> None:
+    """As soon as -d returns, another process of the job's user kills the daemon, or
+    tells it to quit (it exits 0), and removes its control.log: nothing the user can
+    reach says it started, but the prolog, its subreaper, collects it and how it
+    ended (the daemon leads its own session) (hostile review, this session: HIGH-3)."""
+    import time
+
+    from slurm_gpu import runner
+    from slurm_gpu.jobs.mps import daemon_pids
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=2, quit_timeout=1)
+    real = runner.run
+
+    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
+        res = real(argv, *a, **k)
+        if argv[1:] == ["-d"]:
+            pipe, log = k["env"]["CUDA_MPS_PIPE_DIRECTORY"], k["env"]["CUDA_MPS_LOG_DIRECTORY"]
+            if how == "kill":
+                for pid in daemon_pids(pipe):
+                    os.kill(pid, 9)
+            else:
+                assert real([argv[0]], 5, input="quit\n", env=k["env"], run_as=k["run_as"], check=False).ok
+            deadline = time.monotonic() + 5          # ended before the prolog's first look
+            while daemon_pids(pipe) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            Path(log, "control.log").unlink(missing_ok=True)
+        return res
+    monkeypatch.setattr(runner, "run", launched)
+    assert _prolog_fails_the_job(node) == (
+        f"MPS control daemon exited before it answered ({status}; by a process of the job's user?) (job 100)")

@@ -248,9 +248,7 @@ def test_reap_ended_children_takes_only_the_users_ended_children_outside_skip(pr
     """Each ended child of uid's is waited for once, with its status; a live one, another
     user's, and one in *skip* are left to whoever waits on them."""
     uid, gid = _job_user()
-    # What earlier tests in this process left ended (the daemons their prologs
-    # collected as subreaper and their epilogs ended) is not this test's.
-    mpsprocs.reap_ended_children(uid)
+    mpsprocs.reap_ended_children(uid)     # what earlier tests in this process left ended
     live = procs.cat(uid, gid)
     skipped = procs.zombie(uid, gid)
     ended = procs.cat(uid, gid)
@@ -261,7 +259,8 @@ def test_reap_ended_children_takes_only_the_users_ended_children_outside_skip(pr
     roots.stdin.close()
     os.waitid(os.P_PID, roots.pid, os.WEXITED | os.WNOWAIT)
     got = mpsprocs.reap_ended_children(uid, frozenset({skipped}))
-    assert [os.WTERMSIG(st) for st in got if os.WIFSIGNALED(st)] == [9] and len(got) == 1, got
+    assert [(os.WTERMSIG(st), leader) for st, leader in got if os.WIFSIGNALED(st)] == [(9, False)] \
+        and len(got) == 1, got
     assert mpsprocs.reap_ended_children(uid, frozenset({skipped})) == []      # reaped once
     assert live.poll() is None
     # The skipped zombie, root's, and the live child: still ours to wait for.

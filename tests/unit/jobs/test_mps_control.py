@@ -246,3 +246,19 @@ def test_a_pipe_directory_it_cannot_use_is_one_line_on_stdout_and_exit_1(mpsdir,
         os.chown(pipe, u.uid, u.gid)
     assert (res.returncode, res.stdout, res.stderr) == (1, f"Cannot access CUDA_MPS_PIPE_DIRECTORY={pipe}\n", "")
     assert daemon_pids(pipe) == []
+
+
+def test_a_control_lock_someone_holds_is_another_instance(mpsdir) -> None:
+    """The launcher tells another instance by the write lock on pipe/control_lock (what
+    a user's process can hold: slurm_gpu.jobs.mps fails that job, not the node)."""
+    import fcntl
+    ctl, env, u, pipe, log = mpsdir
+    fd = os.open(pipe / "control_lock", os.O_WRONLY | os.O_CREAT, 0o666)
+    os.fchown(fd, u.uid, u.gid)                 # the user's own, as their process makes it
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = runner.run([str(ctl), "-d"], 5, env=env, run_as=u, check=False)
+    finally:
+        os.close(fd)
+    assert (res.returncode, res.stdout, res.stderr) == (1, "An instance of this daemon is already running\n", "")
+    assert daemon_pids(pipe) == []
