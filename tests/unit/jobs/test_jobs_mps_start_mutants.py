@@ -191,11 +191,14 @@ def test_the_daemon_runs_on_the_cpus_local_to_the_jobs_gpus(node: Env) -> None:
     ("on stdout only", "", "on stdout only"),
     ("", "", "exit status 3"),
 ])
-def test_a_launcher_that_fails_on_its_own_is_the_nodes_fault(
+def test_a_launcher_that_fails_fails_the_job_with_its_first_word(
         node: Env, out: str, err: str, said: str) -> None:
+    """Everything -d waits on is the job user's: its failure fails the job, saying why."""
     ctl = _script(node, "failing-mps-control", f'printf "{out}"; printf "{err}" >&2; exit 3\n')
     _short(node, ctl)
-    assert _node_fault(node) == f"slurm-gpu: failing-mps-control failed: {said} ({ctl} -d)"
+    assert _user_failed(node) == (f"MPS control daemon could not start: failing-mps-control -d "
+                                  f"failed: {said} (its directories and daemon are the job's "
+                                  "user's) (job 100)")
 
 
 def test_a_launcher_that_exits_on_an_entry_its_user_planted_fails_the_job(
