@@ -95,19 +95,23 @@ def ended(pid):
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 while not all(ended(p) for p in kids):
     time.sleep(0.001)
+if %r == "hang":
+    time.sleep(60)
+sys.exit(%r)
 '''
 
 
+@pytest.mark.parametrize("launcher", [0, 1, "hang"])                 # -d's own end: 1 or hung says nothing
 @pytest.mark.parametrize("ends, how", [
     ([("exit", 1), ("signal", 9)], "killed by signal 9"),     # the signal names the cause
     ([("exit", 0), ("exit", 3)], "exit status 3"),            # -d's own 0 is no failure
 ])
 def test_processes_of_the_launch_that_ended_badly_fail_the_job(
-        node: Env, ends: list[tuple[str, int]], how: str) -> None:
+        node: Env, ends: list[tuple[str, int]], how: str, launcher: int | str) -> None:
     """An ended child of the prolog's process from before the launch (tests run
     many prologs in one process) is neither counted nor collected."""
     ctl = node.base / "ended-mps-control"
-    ctl.write_text(_LAUNCHER % (ends,))
+    ctl.write_text(_LAUNCHER % (ends, launcher, launcher if launcher != "hang" else 0))
     ctl.chmod(0o755)
     _short(node, str(ctl), 0.5)
     earlier = subprocess.Popen(["/bin/sh", "-c", "kill -9 $$"], user="sgtest1")
