@@ -154,18 +154,20 @@ def _client_fails_after(monkeypatch: pytest.MonkeyPatch, act: Callable[[str], No
     monkeypatch.setattr(mps, "control", control)
 
 
+def stop_daemon(pipe: str) -> None:
+    """SIGSTOP the daemon bound to *pipe*, as a process of its user can; back once it is stopped."""
+    pids = daemon_pids(pipe)
+    assert pids
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    for p in pids:                  # the signal is delivered once the daemon runs again
+        while state(p) != "T":
+            time.sleep(0.01)
+
+
 def test_a_daemon_stopped_by_its_user_fails_the_job(node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     _short(node)
-
-    def stop_it(pipe: str) -> None:
-        pids = daemon_pids(pipe)
-        assert pids
-        for p in pids:
-            os.kill(p, signal.SIGSTOP)
-        for p in pids:                  # the signal is delivered once the daemon runs again
-            while state(p) != "T":
-                time.sleep(0.01)
-    _client_fails_after(monkeypatch, stop_it)
+    _client_fails_after(monkeypatch, stop_daemon)
     assert _user_failed(node) == f"MPS control daemon was stopped before it answered {USER_TAG}"
 
 
