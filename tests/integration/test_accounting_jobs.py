@@ -364,9 +364,11 @@ def test_two_gres_mps_jobs_on_one_gpu_are_split_by_process(make_sandbox, sandbox
             n.c.wait_job(j)
         a, b = (dbd.parse(n.comment(j))[n.node.lower()]["dev"][gpu] for j in jobs)
         assert "leak" not in a and "leak" not in b, (a, b)
-        # The job whose prolog ran first may have had the GPU alone for a sample or two
-        # (its part 1 then): the later one shared it throughout.
-        assert a["sh"] == b["sh"] == 1 and min(a["fr"], b["fr"]) == 0.5 and max(a["fr"], b["fr"]) < 1, (a, b)
+        # Each job shared the GPU (its part 0.5) but for the samples it had it alone: the
+        # one whose prolog ran first at the start, the one that started later at the end
+        # (both sleep 6 s; on a loaded machine their starts lie a sample or more apart,
+        # and both then read 0.5238: 20 shared samples of 21).
+        assert a["sh"] == b["sh"] == 1 and min(a["fr"], b["fr"]) >= 0.5 and max(a["fr"], b["fr"]) < 1, (a, b)
         assert a["smx"] == 70 and a["idle"] < 1 and a["mem"] == 3000, a
         assert b["smx"] == 0 and b["idle"] == 1.0 and b["mem"] == 0, b
         assert a["j"] > b["j"], (a, b)
