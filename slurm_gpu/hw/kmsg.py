@@ -389,7 +389,8 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
 def _unproven_format(head: bytes) -> str | None:
     """Why no line of a file whose first bytes are *head* can prove the kernel wrote it
     (as the health check reads them: ``kmsg_scan``), or None."""
-    from .kmsg_scan import CONTAINER, JSON_UNPROVEN, VERBOSE_CUT, VERBOSE_TAB, _CRI, head_family, head_line
+    from .kmsg_scan import (CONTAINER, JSON_UNPROVEN, VERBOSE_CUT, VERBOSE_TAB, _CRI, head_family, head_line,
+                            journal_json)
     line = head_line(head)
     if line is None:
         return None
@@ -401,11 +402,9 @@ def _unproven_format(head: bytes) -> str | None:
     if fam == "verbose-cut":
         return VERBOSE_CUT
     if fam == "json":
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            return None
-        if not isinstance(rec, dict) or "_TRANSPORT" not in rec:
+        # A first line that does not parse (cut at the 4 KiB head) says nothing.
+        rec = journal_json(line)
+        if rec is not None and "_TRANSPORT" not in rec:
             return JSON_UNPROVEN
     return None
 

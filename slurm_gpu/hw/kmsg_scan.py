@@ -11,6 +11,10 @@ import json
 import re
 from dataclasses import dataclass, replace
 
+TYPE_CHECKING = False   # not typing's: the health check imports this module
+if TYPE_CHECKING:
+    from typing import Any
+
 KERN = 0                     # syslog facility of the kernel's own records
 MAX_JSON_LINE = 64 << 10     # a journal export line longer than this is not ours to parse
 
@@ -175,19 +179,25 @@ JSON_UNPROVEN = ("a JSON line that is no journal record naming its sender (no _T
                  "log's {\"log\": ...}, --output-fields, a line too long or broken)")
 
 
-def _journal_lines(line: str) -> list[KernelLine] | None:
-    """A ``journalctl -o json`` line: only what journald itself saw come from the kernel.
-
-    None when the line is no journal record that names its sender (not JSON,
-    too long, no ``_TRANSPORT``): nothing proves who wrote it (``JSON_UNPROVEN``).
-    """
+def journal_json(line: str) -> dict[str, Any] | None:
+    """*line* as a JSON object, or None (too long, not JSON, nested too deep, no object)."""
     if len(line) > MAX_JSON_LINE:
         return None
     try:
         rec = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(rec, dict) or "_TRANSPORT" not in rec:
+    return rec if isinstance(rec, dict) else None
+
+
+def _journal_lines(line: str) -> list[KernelLine] | None:
+    """A ``journalctl -o json`` line: only what journald itself saw come from the kernel.
+
+    None when the line is no journal record that names its sender (not JSON,
+    too long, no ``_TRANSPORT``): nothing proves who wrote it (``JSON_UNPROVEN``).
+    """
+    rec = journal_json(line)
+    if rec is None or "_TRANSPORT" not in rec:
         return None
     return _journal_record(rec)
 

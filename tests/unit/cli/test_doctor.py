@@ -210,6 +210,17 @@ def test_a_kernel_log_whose_every_xid_only_warns_is_not_called_proven(tmp_path, 
     assert got.startswith(f"WARNING health.kernel_log: {log} cannot prove who wrote its lines (")
 
 
+def test_a_kernel_log_whose_first_line_nests_too_deep_is_judged_without_a_traceback(tmp_path):
+    """A first line json.loads cannot take (RecursionError, not ValueError) is no journal
+    record (kmsg_scan.journal_json, as the health check parses it): like a line cut at
+    doctor's 4 KiB head, it says nothing of the sender, and the tail is judged."""
+    from slurm_gpu.hw import kmsg
+    log = tmp_path / "k.log"
+    log.write_text('{"a": ' + "[" * 3000 + "\n[    1.000000] usb 1-1: new device\n")
+    state, why = kmsg.sender_proof(str(log))
+    assert state == "proven", (state, why)
+
+
 def test_a_kernel_log_doctor_cannot_read_is_unknown(tmp_path):
     from slurm_gpu.hw import kmsg
     state, why = kmsg.sender_proof(str(tmp_path / "gone.log"))
