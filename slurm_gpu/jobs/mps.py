@@ -284,11 +284,12 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
                          cpus=use, check=False)
     except runner.TimedOut as e:
         _client_users_doing(jobid, "launcher", e)
-        _launcher_failed(settings, jobid, pipe, user.uid, before, f"timed out after {settings.start_timeout:g} s")
+        _launcher_failed(settings, jobid, pipe, user.uid, before, f"timed out after {settings.start_timeout:g} s",
+                         said=False)
     _client_killed(jobid, "launcher", res)
     if not res.ok:
-        said = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        if PIPE_INACCESSIBLE in res.stdout or PIPE_INACCESSIBLE in res.stderr:
+        inaccessible = PIPE_INACCESSIBLE in res.stdout or PIPE_INACCESSIBLE in res.stderr
+        if inaccessible:
             # A base that shuts job users out is the admin's to fix (it fails
             # every --gpu-mps job); it and its parents are root's, so what
             # they are now is what they were at the launch.
@@ -296,8 +297,10 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             if closed:
                 raise HardwareError(f"MPS base directory is not searchable by job users "
                                     f"({closed} lacks the x bit for others)", settings.base_dir)
+        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
         _launcher_failed(settings, jobid, pipe, user.uid, before,
-                         said[0] if said else f"exit status {res.returncode}")
+                         f"failed: {first[0] if first else f'exit status {res.returncode}'}",
+                         said=bool(first), inaccessible=inaccessible)
     # One client session both asks whether the daemon answers and applies
     # the admin's defaults: the client reads stdin line by line and sends
     # every command over one connection (NVIDIA's 535 binary: one "NEW UI"
@@ -367,8 +370,10 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
 
 
 def _launcher_failed(settings: MpsSettings, jobid: str, pipe: str, uid: int, before: frozenset[int],
-                     what: str) -> NoReturn:
-    """Raise JobFailed for a launcher (``-d``) that failed or timed out, most precise cause first.
+                     what: str, *, said: bool, inaccessible: bool = False) -> NoReturn:
+    """Raise JobFailed for a launcher (``-d``) that failed or timed out (*what*), most
+    precise cause first; *said*: it printed something, *inaccessible*: that it cannot
+    use its pipe directory (``PIPE_INACCESSIBLE``).
 
     Everything the launcher waits on is the job user's: their directories
     (a mount, chmod, a planted entry or a lock on ``control_lock``: "An
@@ -383,17 +388,16 @@ def _launcher_failed(settings: MpsSettings, jobid: str, pipe: str, uid: int, bef
     _dirs_users_doing(jobid, pipe)
     _planted(jobid, pipe)
     from .state import JobFailed
-    if PIPE_INACCESSIBLE in what:
+    if inaccessible:
         raise JobFailed("MPS control daemon could not start: it cannot access its pipe "
                         "directory, which is the job's user's (changed by a process of "
                         "theirs?)", f"job {jobid}")
-    if what.startswith(("exit status", "timed out")):
+    if not said:
         # The launcher said nothing: its daemon ended before it signalled
         # (killed, or quit) says more, where it was collected.
         _ended_early(jobid, uid, before)
     raise JobFailed(f"MPS control daemon could not start: {os.path.basename(settings.control)} -d "
-                    f"{what if what.startswith('timed out') else 'failed: ' + what} (its directories "
-                    "and daemon are the job's user's)", f"job {jobid}")
+                    f"{what} (its directories and daemon are the job's user's)", f"job {jobid}")
 
 
 def _planted(jobid: str, pipe: str) -> None:
