@@ -55,12 +55,6 @@ def parent(pid: int | str, proc: str = PROC) -> int | None:
     return int(v) if v is not None and v.lstrip("-").isdigit() else None
 
 
-def session(pid: int | str, proc: str = PROC) -> int | None:
-    """The session id (the PID of the session's leader), None when gone."""
-    v = _field(pid, 3, proc)
-    return int(v) if v is not None and v.lstrip("-").isdigit() else None
-
-
 def start_time(pid: int | str, proc: str = PROC) -> int | None:
     """The start time in clock ticks after boot, None when gone."""
     v = _field(pid, 19, proc)

@@ -264,18 +264,19 @@ def reap_ended_children(uid: int, skip: frozenset[int] = frozenset(),
     those in *skip*: (wait status, whether it led its own session) of each.
 
     Only zombies of that user are waited for, each by its PID, so a child that
-    something else of ours still waits on is never taken from it.  The
-    session is read before the wait (a zombie keeps its ``stat``).
+    something else of ours still waits on is never taken from it.  State and
+    session come from one read of ``stat``, before the wait (a zombie keeps it).
     """
-    from ..procfs import session, state
+    from ..procfs import stat
     out = []
     for pid in _my_children(proc):
         if pid in skip:
             continue
-        ids = _ids(pid, proc)
-        if ids is None or set(ids[0]) != {uid} or state(pid, proc) != "Z":
+        ids = _status(pid, proc)
+        st = stat(pid, proc)
+        if ids is None or set(ids[0]) != {uid} or st is None or len(st[1]) < 4 or st[1][0] != "Z":
             continue
-        leader = session(pid, proc) == pid
+        leader = st[1][3] == str(pid)
         try:
             got, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
