@@ -331,9 +331,18 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             # ptrace stop, from another process of its user: only they and
             # root can) never answers, nor do sockets of the user's own put
             # in place of the daemon's: the user's doing, which must never
-            # drain the node.  One that runs and stays silent is the node's.
-            _users_doing(jobid, pipe, daemon())
-            raise
+            # drain the node.  Nor does one that runs: another process of
+            # its user can hold its control socket with a silent connection
+            # (connected as the socket appears), or ptrace it; and the
+            # control daemon touches no GPU before a client's server starts,
+            # so its silence proves no node fault.
+            alive = daemon()
+            _users_doing(jobid, pipe, alive)
+            if not alive:
+                raise
+            from .state import JobFailed
+            raise JobFailed(f"MPS control daemon runs but did not answer ({e.what}; a process of the "
+                            "job's user may hold its socket)", f"job {jobid}") from None
         if res.ok:
             break
         _client_killed(jobid, "client", res)

@@ -119,7 +119,7 @@ def sockets_tampered(pipe: str, pids: list[int], proc: str = "/proc") -> str | N
 
     None also when nothing can be proven: the daemon (*pids*, the processes
     the prolog started) listens on no socket under *pipe* yet, or the
-    kernel keeps no record of it.  Then a silent daemon stays a node fault.
+    kernel keeps no record of it (the prolog then fails the job on its silence alone).
     """
     mine = _socket_inodes(pids, proc)
     if not mine:

@@ -1105,11 +1105,13 @@ def _fake_daemon(path: Path) -> Path:
     return path
 
 
-def test_daemon_alive_with_its_own_sockets_but_silent_is_a_node_fault(node: Env) -> None:
+def test_daemon_alive_with_its_own_sockets_but_silent_fails_the_job(node: Env) -> None:
+    """A process of its user can hold its socket (a silent connection): no node fault."""
     _short_start(node, control=str(_fake_daemon(node.base / "hung-mps-control")))
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
-    assert lifecycle.prolog(ctx) == 1, node.logs                 # on_internal_error = drain
-    assert any("did not answer" in m or "timed out" in m for m in node.logs), node.logs
+    assert lifecycle.prolog(ctx) == 0, node.logs                 # the node stays up
+    st = js.load(node.state_dir, "100")
+    assert st.phase == "failed" and st.error.startswith("MPS control daemon runs but did not answer ("), st
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
 

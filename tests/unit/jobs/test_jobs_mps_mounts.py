@@ -405,3 +405,35 @@ def test_a_daemon_its_user_ended_before_the_prolog_saw_it_fails_the_job(
     monkeypatch.setattr(runner, "run", launched)
     assert _prolog_fails_the_job(node) == (
         f"MPS control daemon exited before it answered ({status}; by a process of the job's user?) (job 100)")
+
+
+def test_a_silent_connection_its_user_holds_on_the_control_socket_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process of the job's user connects to pipe/control as it appears and
+    holds the connection silent: NVIDIA's daemon then never answers the prolog's
+    client (second hostile review, HIGH-1).  Its silence proves no node fault."""
+    import time
+
+    from useragent import Agent
+
+    from slurm_gpu import runner
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=2, quit_timeout=1)
+    agent = Agent("s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\ns.connect(arg + '/control')\n"
+                  "keep.append(s)\n")
+    real = runner.run
+
+    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
+        res = real(argv, *a, **k)
+        if argv[1:] == ["-d"]:
+            monkeypatch.setattr(runner, "run", real)
+            agent.do(k["env"]["CUDA_MPS_PIPE_DIRECTORY"])
+            time.sleep(0.1)
+        return res
+    try:
+        monkeypatch.setattr(runner, "run", launched)
+        error = _prolog_fails_the_job(node)
+    finally:
+        agent.close()
+    assert error.startswith("MPS control daemon runs but did not answer (") and error.endswith(
+        "a process of the job's user may hold its socket) (job 100)"), error
