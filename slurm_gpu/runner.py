@@ -17,6 +17,7 @@ identity, in that order) is done by a small C program, ``slurm-gpu-exec``
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import select
@@ -26,7 +27,7 @@ import sys
 import time
 from collections import namedtuple
 
-from .errors import CommandError
+from .errors import CommandError, Consequence
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,6 +76,14 @@ class TimedOut(CommandError):
     def __init__(self, what: str, where: str | None = None, stopped: bool = False) -> None:
         super().__init__(what, where)
         self.stopped = stopped
+
+
+class UserLimited(CommandError):
+    """The command, run as a user (:class:`RunAs`), could not start because that
+    user has as many processes as its ``RLIMIT_NPROC`` allows: their doing, so
+    a job they own fails and the node stays up."""
+
+    consequence = Consequence.USER
 
 
 class _StartError(Exception):
@@ -229,7 +238,7 @@ def run(
         p = _start(argv, env, input is not None, cwd or "/", tuple(join_cgroups), run_as,
                    tuple(cpus), deadline)
     except _StartError as e:
-        raise _start_error(argv[0], e, bool(join_cgroups)) from None
+        raise _start_error(argv[0], e, bool(join_cgroups), run_as) from None
     if p is None:
         raise TimedOut(what, " ".join(argv[:3]))
     try:
@@ -253,8 +262,15 @@ def run(
     return res
 
 
-def _start_error(prog: str, e: _StartError, in_cgroups: bool) -> CommandError:
+def _start_error(prog: str, e: _StartError, in_cgroups: bool, run_as: RunAs | None) -> CommandError:
     why = os.strerror(e.errno) if e.errno else "unknown error"
+    if run_as is not None and e.errno == errno.EAGAIN and e.stage in ("exec", "identity"):
+        # RLIMIT_NPROC (slurmd's LimitNPROC, inherited): since Linux 3.1
+        # setresuid succeeds over it and execve fails with EAGAIN (before,
+        # setresuid did); the count is the user's processes, so any of theirs
+        # can bring it about (kernel/sys.c flag_nproc_exceeded, fs/exec.c).
+        return UserLimited(f"cannot run {prog} as uid {int(run_as.uid)}: that user has as many "
+                           "processes as its limit allows (RLIMIT_NPROC)")
     if e.stage == "helper":
         return CommandError(f"cannot start {prog} {'in its cgroup' if in_cgroups else 'on its CPUs'}: "
                             f"{HELPER_NAME} is not built (slurm-gpu spank build)", helper_path())

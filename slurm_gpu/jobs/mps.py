@@ -321,6 +321,8 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
         try:
             res = control(settings, user, pipe, log, session, check=False,
                           timeout=max(0.5, deadline - time.monotonic()))
+        except runner.UserLimited:
+            raise           # the user's processes fill their RLIMIT_NPROC: it says so
         except CommandError as e:
             # No answer in time.  The client runs as the job's user (as
             # root it would connect to whatever the user put in their pipe

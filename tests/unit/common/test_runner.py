@@ -226,3 +226,35 @@ def test_the_helper_never_stays_root_on_an_identity_it_cannot_read(tmp_path, ide
     subprocess.run(["cc", "-O2", "-o", str(exe), str(resource_dir("spank") / "sg_exec.c")], check=True)
     r = subprocess.run([str(exe), *ident, "--", "/usr/bin/id", "-u"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 255 and r.stdout == "", (r.returncode, r.stdout)
+
+
+@pytest.mark.parametrize("through_helper", [False, True])
+def test_a_user_at_their_process_limit_is_their_doing(through_helper) -> None:
+    # slurmd may run with a finite LimitNPROC, which its children inherit.
+    # Since Linux 3.1 setresuid succeeds over the limit and execve then fails
+    # with EAGAIN (kernel/sys.c set_user, fs/exec.c PF_NPROC_EXCEEDED): a
+    # user with too many processes of their own, not a node fault.  The
+    # kernel counts the user's other processes (set_user runs before this
+    # one is counted), so the user needs one: limit 0, one process.
+    import resource
+    from slurm_gpu.errors import Consequence, consequence
+    other = subprocess.Popen(["/bin/sleep", "30"], user=65534, group=65534, extra_groups=[])
+    old = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, old[1]))
+    try:
+        with pytest.raises(CommandError) as e:
+            run(["/usr/bin/id", "-u"], timeout=5, run_as=RunAs(uid=65534, gid=65534),
+                cpus=sorted(os.sched_getaffinity(0))[-1:] if through_helper else ())
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, old)
+        other.kill()
+        other.wait()
+    assert e.value.what == ("cannot run /usr/bin/id as uid 65534: that user has as many "
+                            "processes as its limit allows (RLIMIT_NPROC)")
+    assert consequence(e.value) == Consequence.USER
+    # root is not limited: the same command as root runs
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, old[1]))
+    try:
+        assert run(["/usr/bin/id", "-u"], timeout=5).stdout == "0\n"
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, old)

@@ -437,3 +437,59 @@ def test_a_silent_connection_its_user_holds_on_the_control_socket_fails_the_job(
         agent.close()
     assert error.startswith("MPS control daemon runs but did not answer (") and error.endswith(
         "a process of the job's user may hold its socket) (job 100)"), error
+
+
+@pytest.fixture()
+def nproc_limit() -> Iterator[Callable[[bool], None]]:
+    """slurmd's LimitNPROC, as the job's user (Env's: sgtest1) reaches it: one
+    process of theirs runs, and calling the fixture's value with True sets this process's
+    RLIMIT_NPROC to 0, with False back (root is not limited, the user is: the
+    kernel compares the user's count)."""
+    import resource
+    import pwd
+    pw = pwd.getpwnam("sgtest1")
+    other = subprocess.Popen(["/bin/sleep", "60"], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    old = resource.getrlimit(resource.RLIMIT_NPROC)
+    try:
+        yield lambda on: resource.setrlimit(resource.RLIMIT_NPROC, (0, old[1]) if on else old)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, old)
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize("when", ["launcher", "client"])
+def test_a_user_at_their_process_limit_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch, nproc_limit: Callable[[bool], None],
+        when: str) -> None:
+    """Under slurmd's finite LimitNPROC, a job's user with as many processes as it allows
+    (a fork bomb in an earlier job of theirs) makes the launcher's or the client's exec
+    fail with EAGAIN after the identity is dropped: their doing, never the node's
+    (second hostile review, HIGH-2)."""
+    import pwd
+
+    from slurm_gpu import runner
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=2, quit_timeout=1)
+    real = runner.run
+
+    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
+        if argv[1:] == ["-d"] and when == "launcher":
+            nproc_limit(True)
+        res = real(argv, *a, **k)
+        if argv[1:] == ["-d"] and when == "client":
+            nproc_limit(True)
+        return res
+    monkeypatch.setattr(runner, "run", launched)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    try:
+        assert lifecycle.prolog(ctx) == 0, node.logs
+    finally:
+        nproc_limit(False)
+    monkeypatch.setattr(runner, "run", real)
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.phase == "failed" and st.consequence == Consequence.USER, node.logs
+    assert st.error == (f"cannot run {node.mps.control} as uid {pwd.getpwnam('sgtest1').pw_uid}: that user has as many processes "
+                        "as its limit allows (RLIMIT_NPROC)"), st.error
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []
