@@ -1,0 +1,289 @@
+"""jobs.mps, what the prolog/epilog/SPANK tests left open of :func:`mps.start`,
+:func:`mps.stop` and :func:`mps.adopt` (mutmut on those three, issue 24 §8).
+
+:func:`mps.adopt` runs against a cgroup tree of the test's (``jobcgroup.mounts``
+answers its root, as test_jobs_cgroup.py does) and real processes; where the
+kernel's part matters (a process moved leaves its holding cgroup, a process
+forks while the step moves its parent) the move is the real ``jobcgroup.join``
+followed by what the kernel would do, written into the tree.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from slurm_gpu.jobs import jobcgroup, mps
+from slurm_gpu.jobs import state as js
+
+
+def _uid(name: str) -> int:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        pytest.skip(f"user {name} missing")
+
+
+class Tree:
+    """A cgroup v2 (or v1 freezer) tree of the test's, seen as node n1's."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, version: int = 2) -> None:
+        self.root = root
+        self.state_dir = str(root / "state")
+        self.version = version
+        point = root / ("cg" if version == 2 else "freezer")
+        point.mkdir(parents=True)
+        self.point = point
+        monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [
+            (str(point), version, () if version == 2 else ("freezer",))])
+        monkeypatch.setenv("SLURMD_NODENAME", "n1")
+
+    def job(self, name: str = "job_7", uid: int | None = None) -> Path:
+        """The job's cgroup, as slurmstepd makes it."""
+        d = (self.point / "system.slice" / "n1_slurmstepd.scope" / name if self.version == 2
+             else self.point / "slurm_n1" / f"uid_{uid}" / name)
+        d.mkdir(parents=True)
+        (d / "cgroup.procs").write_text("")
+        return d
+
+    def hold(self) -> Path:
+        """The job's holding cgroup, made (as the prolog's make_hold does)."""
+        h, = jobcgroup.hold_dirs("7", "n1")
+        os.makedirs(h)
+        (Path(h) / "cgroup.procs").write_text("")
+        return Path(h)
+
+    def record(self, uid: int | None, **mps_rec: Any) -> None:
+        st = js.new("7", uid=uid, gid=uid, user="sgtest1")
+        st.mps = mps_rec
+        js.save(self.state_dir, st)
+
+    def adopt(self) -> list[str]:
+        return mps.adopt(self.state_dir, "7")
+
+    def pipe(self) -> str:
+        return str(self.root / "mps" / "7" / "pipe")
+
+
+@pytest.fixture()
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tree:
+    return Tree(tmp_path, monkeypatch)
+
+
+def _joins(monkeypatch: pytest.MonkeyPatch, after: Callable[[int], None] | None = None) -> list[int]:
+    """Every PID the step moves, in order (the real move), then *after* (what the
+    kernel or the process does meanwhile)."""
+    real = jobcgroup.join
+    moved: list[int] = []
+
+    def join(pid: int, dirs: Any) -> None:
+        dirs = list(dirs)
+        real(pid, dirs)
+        moved.append(pid)
+        if after is not None:
+            after(pid)
+    monkeypatch.setattr(jobcgroup, "join", join)
+    return moved
+
+
+def _leave(hold: Path, pid: int) -> None:
+    """What the kernel does to the holding cgroup when *pid* moves out of it."""
+    f = hold / "cgroup.procs"
+    f.write_text("".join(f"{p}\n" for p in f.read_text().split() if p != str(pid)))
+
+
+def _sleeper(user: str = "sgtest1", env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["/bin/sleep", "60"], user=user, env=env or {})
+
+
+# -- what adopt answers without moving anything -------------------------------------
+
+def test_adopt_of_a_job_without_a_state_file_or_an_mps_daemon_makes_nothing(tree: Tree) -> None:
+    job = tree.job()
+    assert tree.adopt() == []                               # no state file
+    tree.record(1001)                                       # a job without --gpu-mps
+    assert tree.adopt() == []
+    tree.record(1001, pipe_dir="")
+    assert tree.adopt() == []
+    assert sorted(p.name for p in job.iterdir()) == ["cgroup.procs"]
+
+
+def test_adopt_done_once_answers_the_recorded_cgroups(tree: Tree) -> None:
+    """The first step records where it moved the daemon; the others answer that and
+    touch nothing (the job's cgroup may have gone, or differ, by then)."""
+    job = tree.job()
+    recorded = [str(tree.root / "elsewhere" / jobcgroup.NAME)]
+    tree.record(1001, pipe_dir=tree.pipe(), cgroup=recorded)
+    assert tree.adopt() == recorded
+    assert sorted(p.name for p in job.iterdir()) == ["cgroup.procs"]
+    assert js.load(tree.state_dir, "7").mps["cgroup"] == recorded
+
+
+# -- which cgroup -----------------------------------------------------------------------
+
+def test_adopt_on_cgroup_v1_takes_the_job_users_directory_never_a_stale_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """22.05's v1 layout has the uid in the path: an earlier job 7 of another user
+    (uid_1000 sorts first) is not this one."""
+    tree = Tree(tmp_path, monkeypatch, version=1)
+    tree.job(uid=1000)
+    job = tree.job(uid=1001)
+    tree.record(1001, pipe_dir=tree.pipe())
+    assert tree.adopt() == [str(job / jobcgroup.NAME)]
+
+
+def test_adopt_ignores_a_recorded_sluid_that_is_no_string(tree: Tree) -> None:
+    job = tree.job()
+    tree.record(1001, pipe_dir=tree.pipe(), sluid=7)
+    assert tree.adopt() == [str(job / jobcgroup.NAME)]
+    assert js.load(tree.state_dir, "7").mps["cgroup"] == [str(job / jobcgroup.NAME)]
+
+
+# -- what is moved ----------------------------------------------------------------------
+
+def test_adopt_uses_only_the_holding_cgroup_the_prolog_recorded(
+        tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state file without a hold (written before holds were made) keeps to the
+    daemon's process tree: whatever sits in an unrecorded holding cgroup is not moved."""
+    _uid("sgtest1")
+    job = tree.job()
+    hold = tree.hold()
+    other = _sleeper()
+    try:
+        (hold / "cgroup.procs").write_text(f"{other.pid}\n")
+        tree.record(1001, pipe_dir=tree.pipe())
+        moved = _joins(monkeypatch)
+        assert tree.adopt() == [str(job / jobcgroup.NAME)]
+        assert moved == []
+        assert hold.is_dir()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_adopt_without_a_hold_moves_the_job_users_processes_bound_to_the_pipe(
+        tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hold and no daemon recorded (a kernel without subreapers): the job user's
+    processes that name the pipe directory, never another user's that names it."""
+    uid = _uid("sgtest1")
+    _uid("nobody")
+    job = tree.job()
+    env = {"CUDA_MPS_PIPE_DIRECTORY": tree.pipe()}
+    daemon, other = _sleeper(env=env), _sleeper("nobody", env=env)
+    try:
+        tree.record(uid, pipe_dir=tree.pipe())
+        moved = _joins(monkeypatch)
+        assert tree.adopt() == [str(job / jobcgroup.NAME)]
+        assert moved == [daemon.pid]
+    finally:
+        for p in (daemon, other):
+            p.kill()
+            p.wait()
+
+
+def test_adopt_fails_when_the_kernel_refuses_a_move(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a process that exited meanwhile (ESRCH) is passed over; any other refusal
+    (here EISDIR: the job cgroup's cgroup.procs is no file) is raised to the step."""
+    uid = _uid("sgtest1")
+    job = tree.job()
+    (job / jobcgroup.NAME / "cgroup.procs").mkdir(parents=True)
+    daemon = _sleeper(env={"CUDA_MPS_PIPE_DIRECTORY": tree.pipe()})
+    try:
+        tree.record(uid, pipe_dir=tree.pipe())
+        with pytest.raises(IsADirectoryError):
+            tree.adopt()
+        assert "cgroup" not in js.load(tree.state_dir, "7").mps
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_adopt_ends_what_still_forks_in_the_hold_after_eight_passes(
+        tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each move lets the held process fork one more into the hold (the kernel takes
+    the moved one out of it): 8 passes move 8 generations, the 9th is killed."""
+    uid = _uid("sgtest1")
+    job = tree.job()
+    hold = tree.hold()
+    procs = [_sleeper()]
+    (hold / "cgroup.procs").write_text(f"{procs[0].pid}\n")
+
+    def fork(pid: int) -> None:
+        _leave(hold, pid)
+        procs.append(_sleeper())
+        with open(hold / "cgroup.procs", "a") as f:
+            f.write(f"{procs[-1].pid}\n")
+    try:
+        tree.record(uid, pipe_dir=tree.pipe(), hold=[str(hold)])
+        moved = _joins(monkeypatch, fork)
+        assert tree.adopt() == [str(job / jobcgroup.NAME)]
+        assert len(procs) == 9 and moved == [p.pid for p in procs[:8]]
+        assert procs[8].wait(timeout=10) == -signal.SIGKILL
+        assert [p.poll() for p in procs[:8]] == [None] * 8
+        assert js.load(tree.state_dir, "7").mps["cgroup"] == [str(job / jobcgroup.NAME)]
+    finally:
+        _kill_all(procs)
+
+
+# A daemon (as the job user, bound to the pipe) that forks one child, bound too,
+# each time it gets SIGUSR1.
+_FORKER = """import os, signal, time
+def fork(s, f):
+    if os.fork() == 0:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        time.sleep(60)
+        os._exit(0)
+signal.signal(signal.SIGUSR1, fork)
+while True:
+    time.sleep(60)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def test_adopt_without_a_hold_follows_the_daemons_forks_for_three_passes(
+        tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    uid = _uid("sgtest1")
+    job = tree.job()
+    daemon = subprocess.Popen(["/usr/bin/python3", "-c", _FORKER], user="sgtest1",
+                              env={"CUDA_MPS_PIPE_DIRECTORY": tree.pipe()})
+
+    def catches_usr1() -> bool:
+        with open(f"/proc/{daemon.pid}/status") as f:
+            cgt = next(x for x in f if x.startswith("SigCgt:")).split()[1]
+        return bool(int(cgt, 16) & (1 << (signal.SIGUSR1 - 1)))
+
+    def fork(_pid: int) -> None:
+        n = len(_children(daemon.pid))
+        os.kill(daemon.pid, signal.SIGUSR1)
+        while len(_children(daemon.pid)) == n:
+            time.sleep(0.001)
+    try:
+        while not catches_usr1():
+            time.sleep(0.001)
+        tree.record(uid, pipe_dir=tree.pipe())
+        moved = _joins(monkeypatch, fork)
+        assert tree.adopt() == [str(job / jobcgroup.NAME)]
+        kids = _children(daemon.pid)
+        assert len(kids) == 3 and moved == [daemon.pid] + kids[:2]
+    finally:
+        for k in _children(daemon.pid):
+            os.kill(k, signal.SIGKILL)
+        daemon.kill()
+        daemon.wait()
