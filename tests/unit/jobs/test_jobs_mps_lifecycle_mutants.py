@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from test_jobs_mps_mounts import _mount, _mounts_under, base  # noqa: F401 - base: a root-owned base dir
 
 from slurm_gpu.jobs import jobcgroup, mps
 from slurm_gpu.jobs import state as js
+from slurm_gpu.jobs.settings import MpsSettings
+from slurm_gpu.procfs import start_time
 
 
 def _uid(name: str) -> int:
@@ -287,3 +290,68 @@ def test_adopt_without_a_hold_follows_the_daemons_forks_for_three_passes(
             os.kill(k, signal.SIGKILL)
         daemon.kill()
         daemon.wait()
+
+
+# -- stop ----------------------------------------------------------------------------------
+
+def _user() -> mps.JobUser:
+    uid = _uid("sgtest1")
+    return mps.JobUser(uid, uid, "sgtest1", (uid,))
+
+
+def _orphan(env: dict[str, str]) -> int:
+    """A process of the job user's that is nobody's child here (init reaps it)."""
+    out = subprocess.run(["/bin/sh", "-c", "/bin/sleep 60 >/dev/null 2>&1 & echo $!"], user="sgtest1",
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return int(out)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_stop_names_every_mount_it_detached(base: Path) -> None:
+    s = MpsSettings(base_dir=str(base / "mps"))
+    pipe, log = mps.make_dirs(s, "7", _user())
+    for d in (pipe, log):
+        os.mkdir(os.path.join(d, "m"))
+        _mount("-t", "tmpfs", "sg-m", os.path.join(d, "m"))
+    assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == [
+        f"MPS: detached mounts the job's user made in {base}/mps/7: {log}/m, {pipe}/m"]
+    assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
+
+
+def test_stop_ends_the_recorded_daemon_of_the_job_user_when_its_pipe_directory_is_gone(
+        base: Path) -> None:
+    """The job user, not the pipe directory's owner, says whose processes count."""
+    s = MpsSettings(base_dir=str(base / "mps"))
+    pipe, _log = mps.make_dirs(s, "7", _user())
+    os.rmdir(pipe)
+    daemon = _orphan({})
+    try:
+        info = {"job_dir": f"{base}/mps/7", "daemon": [[daemon, start_time(daemon)]]}
+        assert mps.stop(s, info, "7", _user(), kill_wait=2) == [f"MPS: killed stragglers {daemon}"]
+        assert _gone(daemon)
+    finally:
+        if not _gone(daemon):
+            os.kill(daemon, signal.SIGKILL)
+    assert not os.path.lexists(base / "mps" / "7")
+
+
+def test_stop_without_the_job_user_takes_the_pipe_directorys_owner(base: Path) -> None:
+    """An epilog that lost the job user (no SLURM_JOB_UID, no state): the pipe
+    directory's owner's processes bound to it are ended, no quit sent (as whom?)."""
+    s = MpsSettings(base_dir=str(base / "mps"))
+    pipe, _log = mps.make_dirs(s, "7", _user())
+    daemon = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    try:
+        assert mps.stop(s, None, "7", None, kill_wait=2) == [f"MPS: killed stragglers {daemon}"]
+        assert _gone(daemon)
+    finally:
+        if not _gone(daemon):
+            os.kill(daemon, signal.SIGKILL)
+    assert not os.path.lexists(base / "mps" / "7")
