@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from test_jobs_lifecycle import Env
 from test_jobs_mps_mounts import _mount, _mounts_under, base  # noqa: F401 - base: a root-owned base dir
+from test_jobs_mps_mutants import node  # noqa: F401 - the root + sgtest1 node fixture
 
 from slurm_gpu.jobs import jobcgroup, mps
 from slurm_gpu.jobs import state as js
@@ -299,9 +301,9 @@ def _user() -> mps.JobUser:
     return mps.JobUser(uid, uid, "sgtest1", (uid,))
 
 
-def _orphan(env: dict[str, str]) -> int:
-    """A process of the job user's that is nobody's child here (init reaps it)."""
-    out = subprocess.run(["/bin/sh", "-c", "/bin/sleep 60 >/dev/null 2>&1 & echo $!"], user="sgtest1",
+def _orphan(env: dict[str, str], user: str = "sgtest1") -> int:
+    """A process of *user*'s that is nobody's child here (init reaps it)."""
+    out = subprocess.run(["/bin/sh", "-c", "/bin/sleep 60 >/dev/null 2>&1 & echo $!"], user=user,
                          env=env, capture_output=True, text=True, check=True).stdout
     return int(out)
 
@@ -344,14 +346,53 @@ def test_stop_ends_the_recorded_daemon_of_the_job_user_when_its_pipe_directory_i
 
 def test_stop_without_the_job_user_takes_the_pipe_directorys_owner(base: Path) -> None:
     """An epilog that lost the job user (no SLURM_JOB_UID, no state): the pipe
-    directory's owner's processes bound to it are ended, no quit sent (as whom?)."""
+    directory's owner's processes bound to it are ended, no quit sent (as whom?),
+    never another user's process that names the directory."""
     s = MpsSettings(base_dir=str(base / "mps"))
     pipe, _log = mps.make_dirs(s, "7", _user())
     daemon = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    other = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe}, "nobody")
     try:
         assert mps.stop(s, None, "7", None, kill_wait=2) == [f"MPS: killed stragglers {daemon}"]
+        assert _gone(daemon) and not _gone(other)
+    finally:
+        for p in (daemon, other):
+            if not _gone(p):
+                os.kill(p, signal.SIGKILL)
+    assert not os.path.lexists(base / "mps" / "7")
+
+
+def test_stop_without_a_job_directory_scans_for_no_daemon(base: Path) -> None:
+    """A job without --gpu-mps (every epilog calls stop): a process of its user that
+    names the pipe directory this job never had is none of its daemon's."""
+    s = MpsSettings(base_dir=str(base / "mps"))
+    theirs = _orphan({"CUDA_MPS_PIPE_DIRECTORY": f"{base}/mps/7/pipe"})
+    try:
+        assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == []
+        assert not _gone(theirs)
+    finally:
+        os.kill(theirs, signal.SIGKILL)
+
+
+def test_stop_without_the_job_user_and_no_daemon_left_sends_nothing(base: Path) -> None:
+    s = MpsSettings(base_dir=str(base / "mps"), control="/bin/false")
+    mps.make_dirs(s, "7", _user())
+    assert mps.stop(s, None, "7", None, kill_wait=0.1) == []
+    assert not os.path.lexists(base / "mps" / "7")
+
+
+def test_a_quit_that_hangs_is_bounded_by_quit_timeout_and_the_daemon_killed(node: Env) -> None:
+    hang = node.base / "hanging-mps-control"
+    hang.write_text("#!/bin/sh\nexec /bin/sleep 60\n")
+    hang.chmod(0o755)
+    s = MpsSettings(control=str(hang), base_dir=node.mps.base_dir, quit_timeout=0.3)
+    pipe, _log = mps.make_dirs(s, "100", _user())
+    daemon = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    try:
+        notes = mps.stop(s, None, "100", _user(), kill_wait=2)
+        assert notes == [f"MPS quit: {hang.name} timed out after 0.3 s",     # not the client's 5 s
+                         f"MPS: killed stragglers {daemon}"]
         assert _gone(daemon)
     finally:
         if not _gone(daemon):
             os.kill(daemon, signal.SIGKILL)
-    assert not os.path.lexists(base / "mps" / "7")
