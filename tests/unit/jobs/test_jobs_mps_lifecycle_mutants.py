@@ -362,6 +362,21 @@ def test_stop_without_the_job_user_takes_the_pipe_directorys_owner(base: Path) -
     assert not os.path.lexists(base / "mps" / "7")
 
 
+def test_stop_ends_the_daemon_of_a_job_user_with_uid_1(base: Path) -> None:
+    """Only root's processes are never signalled: uid 1 (``daemon``) is a user like any."""
+    s = MpsSettings(base_dir=str(base / "mps"), control="/bin/true",     # a quit that does nothing
+                    quit_timeout=0.1)
+    user = mps.JobUser(1, 1, "daemon", (1,))
+    pipe, _log = mps.make_dirs(s, "7", user)
+    daemon = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe}, "daemon")
+    try:
+        assert mps.stop(s, None, "7", user, kill_wait=2) == [f"MPS: killed stragglers {daemon}"]
+        assert _gone(daemon)
+    finally:
+        if not _gone(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
 def test_stop_without_a_job_directory_scans_for_no_daemon(base: Path) -> None:
     """A job without --gpu-mps (every epilog calls stop): a process of its user that
     names the pipe directory this job never had is none of its daemon's."""
