@@ -411,3 +411,97 @@ def test_a_quit_that_hangs_is_bounded_by_quit_timeout_and_the_daemon_killed(node
     finally:
         if not _gone(daemon):
             os.kill(daemon, signal.SIGKILL)
+
+
+# -- start: through the prolog -------------------------------------------------------------
+
+def _prolog(node: Env, **env: str) -> js.JobRecord:
+    from slurm_gpu.jobs import lifecycle
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default", **env)
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.mps is not None and st.phase == "ready", node.logs
+    return st
+
+
+def _epilog(node: Env) -> None:
+    from slurm_gpu.jobs import lifecycle
+    assert lifecycle.epilog(node.ctx()) == 0, node.logs
+    assert node.leftovers() == []
+
+
+def _job_tree(node: Env, monkeypatch: pytest.MonkeyPatch, jobs: list[str], version: int = 2) -> Path:
+    """Slurm's job cgroups *jobs* (paths below the mount point), made before the
+    prolog (PrologFlags=RunInJob) in a cgroup tree of the test's."""
+    point = node.base / "cg"
+    for j in jobs:
+        (point / j / jobcgroup.NAME).mkdir(parents=True)
+        for d in (point / j, point / j / jobcgroup.NAME):      # a cgroup's procs file comes with it
+            (d / "cgroup.procs").write_text("")
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [
+        (str(point), version, () if version == 2 else ("freezer",))])
+    return point
+
+
+def _in_job_cgroup(node: Env, monkeypatch: pytest.MonkeyPatch, jobs: list[str], want: str,
+                   version: int = 2, **env: str) -> js.JobRecord:
+    """The prolog runs the daemon in ``<want>/slurm_gpu_mps`` and records it, no hold."""
+    with monkeypatch.context() as m:
+        point = _job_tree(node, m, jobs, version)
+        st = _prolog(node, **env)
+    cg = point / want / jobcgroup.NAME
+    assert st.mps["cgroup"] == [str(cg)] and st.mps["hold"] is None
+    # The launcher joined it (its children, the daemon, follow in a real cgroup).
+    assert [j for j in jobs if (point / j / jobcgroup.NAME / "cgroup.procs").read_text()] == [want]
+    assert not any(os.path.exists(h) for h in node.hold())
+    _epilog(node)
+    return st
+
+
+def test_the_daemon_runs_in_the_jobs_cgroup_named_by_its_sluid(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """26.05 names the job's cgroup by SLURM_JOB_SLUID; the prolog records the SLUID."""
+    from slurm_gpu import hostctx
+    scope = f"system.slice/{hostctx.node_name}_slurmstepd.scope"
+    st = _in_job_cgroup(node, monkeypatch, [f"{scope}/s100sluid"], f"{scope}/s100sluid",
+                        SLURM_JOB_SLUID="s100sluid")
+    assert st.mps["sluid"] == "s100sluid"
+
+
+def test_the_daemon_runs_in_this_nodes_job_cgroup_never_another_slurmds(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_gpu import hostctx
+    mine = f"system.slice/{hostctx.node_name}_slurmstepd.scope/job_100"
+    st = _in_job_cgroup(node, monkeypatch, ["system.slice/other_slurmstepd.scope/job_100", mine], mine)
+    assert st.mps["sluid"] is None
+
+
+def test_the_daemon_runs_in_the_job_users_v1_cgroup_never_a_stale_one(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_gpu import hostctx
+    top = f"slurm_{hostctx.node_name}"
+    mine = f"{top}/uid_{_uid('sgtest1')}/job_100"
+    _in_job_cgroup(node, monkeypatch, [f"{top}/uid_0/job_100", mine], mine, version=1)
+
+
+def test_a_job_of_root_gets_no_daemon(node: Env) -> None:
+    root = mps.JobUser(0, 0, "root", (0,))
+    with pytest.raises(js.JobFailed) as e:
+        mps.start(node.mps, "100", root, "0", [0], None, lambda rec: None)
+    assert str(e.value) == "--gpu-mps is refused for root's jobs: the daemon never runs as root (job 100)"
+    assert not os.path.exists(f"{node.mps.base_dir}/100")
+
+
+def _subreaper() -> int:
+    import ctypes
+    v = ctypes.c_int(-1)
+    assert ctypes.CDLL(None, use_errno=True).prctl(37, ctypes.byref(v), 0, 0, 0) == 0   # PR_GET_CHILD_SUBREAPER
+    return v.value
+
+
+def test_the_prolog_is_a_subreaper_only_while_it_starts_the_daemon(node: Env) -> None:
+    """Orphans of whatever the prolog runs later (nvidia-smi, scontrol) are never its own."""
+    assert _subreaper() == 0
+    st = _prolog(node)
+    assert _subreaper() == 0 and len(st.mps["daemon"]) == 1
+    _epilog(node)
