@@ -505,3 +505,17 @@ def test_the_prolog_is_a_subreaper_only_while_it_starts_the_daemon(node: Env) ->
     st = _prolog(node)
     assert _subreaper() == 0 and len(st.mps["daemon"]) == 1
     _epilog(node)
+
+
+def test_a_quit_no_daemon_answers_is_no_note_its_stragglers_are_killed(node: Env) -> None:
+    """What is bound to the pipe may be no daemon (a server or client left over):
+    NVIDIA's client then finds none and exits 1, which the epilog does not report."""
+    s = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir, quit_timeout=0.1)
+    pipe, _log = mps.make_dirs(s, "100", _user())
+    left = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    try:
+        assert mps.stop(s, None, "100", _user(), kill_wait=2) == [f"MPS: killed stragglers {left}"]
+        assert _gone(left)
+    finally:
+        if not _gone(left):
+            os.kill(left, signal.SIGKILL)
