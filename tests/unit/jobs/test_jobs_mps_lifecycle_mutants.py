@@ -27,6 +27,8 @@ from slurm_gpu.jobs import state as js
 from slurm_gpu.jobs.settings import MpsSettings
 from slurm_gpu.procfs import start_time
 
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as job users")
+
 
 def _uid(name: str) -> int:
     try:
