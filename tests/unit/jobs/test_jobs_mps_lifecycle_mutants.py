@@ -521,3 +521,22 @@ def test_a_quit_no_daemon_answers_is_no_note_its_stragglers_are_killed(node: Env
     finally:
         if not _gone(left):
             os.kill(left, signal.SIGKILL)
+
+
+def test_start_records_the_daemon_step_by_step(node: Env) -> None:
+    """The first record (made before the launch, kept if the prolog dies there) says
+    where everything is and that nothing is ready (SPANK gives tasks the daemon only
+    once it is); the last adds the daemon.  The state file keeps these fields."""
+    seen: list[dict[str, Any]] = []
+    info = mps.start(node.mps, "100", _user(), None, [1, 0, 1], 40, lambda r: seen.append(dict(r)))
+    jd = f"{node.mps.base_dir}/100"
+    try:
+        assert seen[0] == {"pipe_dir": f"{jd}/pipe", "log_dir": f"{jd}/log", "job_dir": jd,
+                           "control": node.mps.control, "devices": "", "cpus": "0,1", "pids": [],
+                           "ready": False, "percentage": 40, "sluid": None, "cgroup": None,
+                           "hold": node.hold()}
+        assert seen[-1] == info and info["ready"] is True and len(info["pids"]) == 1
+        assert sorted(info) == sorted([*seen[0], "daemon", "start_s"])
+    finally:
+        assert mps.stop(node.mps, info, "100", _user(), kill_wait=1) == []
+    assert node.leftovers() == []
