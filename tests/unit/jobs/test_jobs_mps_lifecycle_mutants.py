@@ -540,3 +540,26 @@ def test_start_records_the_daemon_step_by_step(node: Env) -> None:
     finally:
         assert mps.stop(node.mps, info, "100", _user(), kill_wait=1) == []
     assert node.leftovers() == []
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
+def test_the_daemon_is_pinned_only_to_cpus_the_prolog_may_use(node: Env) -> None:
+    """slurmd (and so its prolog) kept off the GPU's CPU 0: the daemon is not moved
+    there, it stays where the prolog may run (pid 1's CPUs are not the prolog's)."""
+    was = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {1})
+    try:
+        st = _prolog(node)                          # GPU 0: local to CPU 0 (Env.node)
+    finally:
+        os.sched_setaffinity(0, was)
+    assert st.mps["cpus"] == "0"
+    assert [os.sched_getaffinity(p) for p in st.mps["pids"]] == [{1}]
+    _epilog(node)
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
+def test_bind_cpus_off_leaves_the_daemon_on_the_prologs_cpus(node: Env) -> None:
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir, bind_cpus=False)
+    st = _prolog(node)                              # GPU 0: local to CPU 0 (Env.node)
+    assert [os.sched_getaffinity(p) for p in st.mps["pids"]] == [os.sched_getaffinity(0)]
+    _epilog(node)
