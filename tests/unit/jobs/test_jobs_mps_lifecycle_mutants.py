@@ -563,3 +563,24 @@ def test_bind_cpus_off_leaves_the_daemon_on_the_prologs_cpus(node: Env) -> None:
     st = _prolog(node)                              # GPU 0: local to CPU 0 (Env.node)
     assert [os.sched_getaffinity(p) for p in st.mps["pids"]] == [os.sched_getaffinity(0)]
     _epilog(node)
+
+
+def test_a_mount_left_after_the_last_detach_leaves_the_directory_with_a_note(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount the detaches never saw (made after the last one) keeps the directory:
+    a note, no drain; the next epilog or sweep removes it."""
+    from slurm_gpu.jobs import mpsdir
+    s = MpsSettings(base_dir=str(base / "mps"))
+    pipe, _log = mps.make_dirs(s, "7", _user())
+    m = os.path.join(pipe, "m")
+    os.mkdir(m)
+    _mount("-t", "tmpfs", "sg-after", m)
+    monkeypatch.setattr(mpsdir, "detach_mounts", lambda d, mountinfo="": ([], []))
+    assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == [
+        f"MPS: mounts in {base}/mps/7 could not be detached (a mount is left below it): "
+        "the directory is left"]
+    assert _mounts_under(base) == [m]
+    monkeypatch.undo()
+    assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == [
+        f"MPS: detached mounts the job's user made in {base}/mps/7: {m}"]
+    assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
