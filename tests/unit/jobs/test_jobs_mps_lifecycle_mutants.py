@@ -584,3 +584,42 @@ def test_a_mount_left_after_the_last_detach_leaves_the_directory_with_a_note(
     assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == [
         f"MPS: detached mounts the job's user made in {base}/mps/7: {m}"]
     assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
+
+
+def _two_stragglers(base: Path) -> tuple[MpsSettings, str, list[int]]:
+    s = MpsSettings(base_dir=str(base / "mps"), control="/bin/true", quit_timeout=0.1)
+    pipe, _log = mps.make_dirs(s, "7", _user())
+    return s, pipe, sorted(_orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe}) for _ in range(2))
+
+
+def test_stop_names_every_straggler_it_killed(base: Path) -> None:
+    s, _pipe, left = _two_stragglers(base)
+    try:
+        assert mps.stop(s, None, "7", _user(), kill_wait=2) == [
+            f"MPS: killed stragglers {left[0]},{left[1]}"]
+        assert all(_gone(p) for p in left)
+    finally:
+        for p in left:
+            if not _gone(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_stragglers_that_survive_sigkill_are_named_in_the_node_fault(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stuck in the driver: SIGKILL is not heard (as test_jobs_lifecycle's daemon)."""
+    from slurm_gpu.errors import HardwareError
+    s, pipe, left = _two_stragglers(base)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(os, "kill", lambda *a: None)
+            m.setattr(signal, "pidfd_send_signal", lambda *a: None)
+            with pytest.raises(HardwareError) as e:
+                mps.stop(s, None, "7", _user(), kill_wait=0.1)
+        assert str(e.value) == f"MPS processes {left[0]},{left[1]} survive SIGKILL for 0.1 s ({pipe})"
+        assert os.path.isdir(pipe)                  # left for the next epilog
+        assert mps.stop(s, None, "7", _user(), kill_wait=2) == [
+            f"MPS: killed stragglers {left[0]},{left[1]}"]
+    finally:
+        for p in left:
+            if not _gone(p):
+                os.kill(p, signal.SIGKILL)
