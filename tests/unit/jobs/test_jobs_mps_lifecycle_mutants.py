@@ -623,3 +623,21 @@ def test_stragglers_that_survive_sigkill_are_named_in_the_node_fault(
         for p in left:
             if not _gone(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_stop_ends_the_daemons_cgroup_of_the_job_user_never_a_stale_one(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """v1 (22.05): uid_<uid>/job_<id>/slurm_gpu_mps, found without a record (a lost
+    state file); an earlier job 7 of another user (uid_0 sorts first) is not this one."""
+    from slurm_gpu import hostctx
+    monkeypatch.setattr(hostctx, "node_name", "n1")
+    point = base / "freezer"
+    mine, stale = (point / "slurm_n1" / f"uid_{u}" / "job_7" / jobcgroup.NAME
+                   for u in (_uid("sgtest1"), 0))
+    for d in (mine, stale):
+        d.mkdir(parents=True)                       # empty: nothing runs in them
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(point), 1, ("freezer",))])
+    s = MpsSettings(base_dir=str(base / "mps"))
+    mps.make_dirs(s, "7", _user())
+    assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == []
+    assert not mine.parent.parent.exists() and stale.is_dir()
