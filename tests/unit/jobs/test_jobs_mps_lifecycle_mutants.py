@@ -641,3 +641,59 @@ def test_stop_ends_the_daemons_cgroup_of_the_job_user_never_a_stale_one(
     mps.make_dirs(s, "7", _user())
     assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == []
     assert not mine.parent.parent.exists() and stale.is_dir()
+
+
+def test_stop_names_every_late_mount_and_every_one_it_could_not_detach(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two mounts made while the daemon quits (after the first detach): both named; two
+    a kernel refuses to detach: both named, with why, and the directory left."""
+    from slurm_gpu.jobs import libc
+    s = MpsSettings(base_dir=str(base / "mps"))
+    pipe, log = mps.make_dirs(s, "7", _user())
+    late = [os.path.join(d, "late") for d in (log, pipe)]
+    real = mps.daemon_tree
+
+    def mount_late(*a: Any, **k: Any) -> Any:
+        for m in late:
+            os.mkdir(m)
+            _mount("-t", "tmpfs", "sg-late", m)
+        return real(*a, **k)
+    with monkeypatch.context() as mp:
+        mp.setattr(mps, "daemon_tree", mount_late)
+        assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == [
+            f"MPS: detached mounts the job's user made in {base}/mps/7: {late[0]}, {late[1]}"]
+    assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
+
+    pipe, log = mps.make_dirs(s, "7", _user())
+    stuck = [os.path.join(d, "m") for d in (log, pipe)]
+    for m in stuck:
+        os.mkdir(m)
+        _mount("-t", "tmpfs", "sg-stuck", m)
+
+    def refuse(path: str) -> None:
+        raise OSError(16, os.strerror(16))
+    with monkeypatch.context() as mp:
+        mp.setattr(libc, "detach_mount", refuse)
+        busy = os.strerror(16)
+        assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == [
+            f"MPS: mounts in {base}/mps/7 could not be detached ({stuck[0]}: {busy}; {stuck[1]}: {busy}): "
+            "the directory is left"]
+    assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == [
+        f"MPS: detached mounts the job's user made in {base}/mps/7: {stuck[0]}, {stuck[1]}"]
+    assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
+
+
+def test_stop_ends_the_recorded_cgroup_the_job_names_by_its_sluid(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """26.05: the job's cgroup is named by its SLUID, which only the record keeps."""
+    from slurm_gpu import hostctx
+    monkeypatch.setattr(hostctx, "node_name", "n1")
+    point = base / "cg"
+    cg = point / "system.slice" / "n1_slurmstepd.scope" / "s7sluid" / jobcgroup.NAME
+    cg.mkdir(parents=True)                          # empty: nothing runs in it
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(point), 2, ())])
+    s = MpsSettings(base_dir=str(base / "mps"))
+    mps.make_dirs(s, "7", _user())
+    info = {"job_dir": f"{base}/mps/7", "cgroup": [str(cg)], "sluid": "s7sluid"}
+    assert mps.stop(s, info, "7", _user(), kill_wait=0.1) == []
+    assert not cg.parent.exists() and cg.parent.parent.is_dir()
