@@ -366,13 +366,12 @@ def test_stop_without_the_job_user_takes_the_pipe_directorys_owner(base: Path) -
 
 def test_stop_ends_the_daemon_of_a_job_user_with_uid_1(base: Path) -> None:
     """Only root's processes are never signalled: uid 1 (``daemon``) is a user like any."""
-    s = MpsSettings(base_dir=str(base / "mps"), control="/bin/true",     # a quit that does nothing
-                    quit_timeout=0.1)
+    s = MpsSettings(base_dir=str(base / "mps"))
     user = mps.JobUser(1, 1, "daemon", (1,))
     pipe, _log = mps.make_dirs(s, "7", user)
     daemon = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe}, "daemon")
-    try:
-        assert mps.stop(s, None, "7", user, kill_wait=2) == [f"MPS: killed stragglers {daemon}"]
+    try:        # no job user: no quit, the pipe directory's owner's processes are killed
+        assert mps.stop(s, None, "7", None, kill_wait=2) == [f"MPS: killed stragglers {daemon}"]
         assert _gone(daemon)
     finally:
         if not _gone(daemon):
@@ -512,7 +511,7 @@ def test_the_prolog_is_a_subreaper_only_while_it_starts_the_daemon(node: Env) ->
 def test_a_quit_no_daemon_answers_is_no_note_its_stragglers_are_killed(node: Env) -> None:
     """What is bound to the pipe may be no daemon (a server or client left over):
     NVIDIA's client then finds none and exits 1, which the epilog does not report."""
-    s = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir, quit_timeout=0.1)
+    s = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir, quit_timeout=1)
     pipe, _log = mps.make_dirs(s, "100", _user())
     left = _orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe})
     try:
@@ -587,7 +586,8 @@ def test_a_mount_left_after_the_last_detach_leaves_the_directory_with_a_note(
 
 
 def _two_stragglers(base: Path) -> tuple[MpsSettings, str, list[int]]:
-    s = MpsSettings(base_dir=str(base / "mps"), control="/bin/true", quit_timeout=0.1)
+    """Two processes bound to the pipe; stopped without a job user: no quit, killed."""
+    s = MpsSettings(base_dir=str(base / "mps"))
     pipe, _log = mps.make_dirs(s, "7", _user())
     return s, pipe, sorted(_orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe}) for _ in range(2))
 
@@ -595,7 +595,7 @@ def _two_stragglers(base: Path) -> tuple[MpsSettings, str, list[int]]:
 def test_stop_names_every_straggler_it_killed(base: Path) -> None:
     s, _pipe, left = _two_stragglers(base)
     try:
-        assert mps.stop(s, None, "7", _user(), kill_wait=2) == [
+        assert mps.stop(s, None, "7", None, kill_wait=2) == [
             f"MPS: killed stragglers {left[0]},{left[1]}"]
         assert all(_gone(p) for p in left)
     finally:
@@ -614,10 +614,10 @@ def test_stragglers_that_survive_sigkill_are_named_in_the_node_fault(
             m.setattr(os, "kill", lambda *a: None)
             m.setattr(signal, "pidfd_send_signal", lambda *a: None)
             with pytest.raises(HardwareError) as e:
-                mps.stop(s, None, "7", _user(), kill_wait=0.1)
+                mps.stop(s, None, "7", None, kill_wait=0.1)
         assert str(e.value) == f"MPS processes {left[0]},{left[1]} survive SIGKILL for 0.1 s ({pipe})"
         assert os.path.isdir(pipe)                  # left for the next epilog
-        assert mps.stop(s, None, "7", _user(), kill_wait=2) == [
+        assert mps.stop(s, None, "7", None, kill_wait=2) == [
             f"MPS: killed stragglers {left[0]},{left[1]}"]
     finally:
         for p in left:
