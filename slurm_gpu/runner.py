@@ -101,6 +101,20 @@ def _text(raw: bytes) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
+def first_line(res: Completed, cap: int = 200) -> str | None:
+    """The first line a command printed (stderr first), as a message may quote it:
+    at most *cap* characters (the rest is "…"), and ``repr()`` when it holds what
+    is not printable (terminal escapes); None when it printed nothing.
+
+    A command that runs as a job's user can be made to print anything (they
+    can trace it): its words reach drain reasons, job records and logs."""
+    lines = (res.stderr.strip() or res.stdout.strip()).splitlines()
+    if not lines:
+        return None
+    line = lines[0] if len(lines[0]) <= cap else lines[0][:cap - 1] + "…"
+    return line if line.isprintable() else repr(line)
+
+
 def _check_argv_env(argv: tuple[str, ...], env: dict[str, str]) -> None:
     """What exec would refuse, refused here with one line (subprocess raises ValueError)."""
     if any("\0" in a for a in argv):
@@ -256,8 +270,7 @@ def run(
                        stopped) from None
     res = Completed(argv, p.returncode, _text(out), _text(err))
     if check and res.returncode != 0:
-        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        detail = first[0] if first else f"exit status {res.returncode}"
+        detail = first_line(res) or f"exit status {res.returncode}"
         raise CommandError(f"{os.path.basename(argv[0])} failed: {detail}", " ".join(argv[:3]))
     return res
 

@@ -297,10 +297,10 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             if closed:
                 raise HardwareError(f"MPS base directory is not searchable by job users "
                                     f"({closed} lacks the x bit for others)", settings.base_dir)
-        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        said = runner.first_line(res)
         _launcher_failed(settings, jobid, pipe, user.uid, before,
-                         f"failed: {first[0] if first else f'exit status {res.returncode}'}",
-                         said=bool(first), inaccessible=inaccessible)
+                         f"failed: {said or f'exit status {res.returncode}'}",
+                         said=said is not None, inaccessible=inaccessible)
     # One client session both asks whether the daemon answers and applies
     # the admin's defaults: the client reads stdin line by line and sends
     # every command over one connection (NVIDIA's 535 binary: one "NEW UI"

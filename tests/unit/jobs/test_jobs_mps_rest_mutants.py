@@ -467,3 +467,16 @@ def test_a_holding_cgroup_that_cannot_be_made_is_the_nodes_fault(
         raise err
     monkeypatch.setattr(jobcgroup, "make_hold", refuse)
     assert _node_fault(node) == f"slurm-gpu: cannot make the MPS daemon's holding cgroup: {text} ({hold[0]})"
+
+
+def test_what_a_failed_launcher_printed_is_quoted_short_and_printable(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher runs as the job's user, who can trace it and make it print
+    anything: a line of terminal escapes and 2 MB reaches the job's record and
+    slurmd's log as at most 200 characters, escaped (second hostile review, LOW)."""
+    _short(node)
+    _patch_run(monkeypatch, launcher=lambda res: res._replace(
+        returncode=1, stdout="\x1b[2J\x07" + "A" * 2_000_000 + "\n", stderr=""))
+    assert _user_failed(node) == (
+        "MPS control daemon could not start: nvidia-cuda-mps-control -d failed: '\\x1b[2J\\x07"
+        + "A" * 194 + "…' (its directories and daemon are the job's user's) (job 100)")
