@@ -61,6 +61,31 @@ def start_time(pid: int | str, proc: str = PROC) -> int | None:
     return int(v) if v is not None and v.isdigit() else None
 
 
+def wchan(pid: int | str, proc: str = PROC) -> str:
+    """Where in the kernel *pid* waits (``/proc/PID/wchan``: a function name); "" when
+    it runs, is gone, or the kernel does not say."""
+    try:
+        with open(f"{proc}/{pid}/wchan", "rb") as f:
+            name = f.read(128).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return name if name.isidentifier() else ""
+
+
+def is_fuse_wait(name: str) -> bool:
+    """Whether the kernel function *name* (a :func:`wchan`) is a FUSE wait
+    (``request_wait_answer`` and ``fuse_*``, fs/fuse/).  Once a FUSE server has
+    read a request, its sender waits uninterruptibly until it answers: SIGKILL
+    stays pending."""
+    return name == "request_wait_answer" or name.startswith("fuse_")
+
+
+def in_fuse_request(pid: int | str, proc: str = PROC) -> str:
+    """The FUSE wait *pid* is blocked in (:func:`is_fuse_wait`), else ""."""
+    name = wchan(pid, proc)
+    return name if is_fuse_wait(name) else ""
+
+
 def uids(pid: int | str, proc: str = PROC) -> tuple[int, ...] | None:
     """(real, effective, saved, fs uid) of *pid* from ``/proc/PID/status``, None when gone.
 
@@ -81,13 +106,18 @@ def read_each(paths: list[str], wait: float = 1.0, give_up: int = 4) -> list[byt
     ever blocking the caller for long.
 
     For the files of another process that read its memory (``environ``,
-    ``cmdline``): the kernel takes that process's mmap lock and faults its
-    pages in, so a process whose pages are a FUSE file of its user's (mapped
-    over them) blocks the reader until that user's FUSE server answers, or
-    forever.  The reads run in a worker thread, in order; one that takes
-    longer than *wait* seconds is given up (its thread is left blocked, in a
-    killable wait that ends with this process) and a new worker goes on with
-    the next path.  After *give_up* such paths the rest count as unreadable.
+    ``cmdline``): the kernel takes that process's mmap lock to read them
+    (``access_remote_vm``), and the process's own threads decide how long
+    that waits: one that holds the lock for reading while it waits on a FUSE
+    server of its user's (a direct read into a FUSE-backed buffer), with
+    another queued to write (``mmap``), holds every reader until that server
+    answers.  (The pages themselves are read with ``FOLL_ANON`` since Linux
+    4.17: a file mapped over them reads as nothing, never as a FUSE request;
+    before, it was one.)  The reads run in a worker thread, in order; one
+    that takes longer than *wait* seconds is given up (its thread is left
+    blocked, in a killable wait that ends with this process) and a new
+    worker goes on with the next path.  After *give_up* such paths the rest
+    count as unreadable.
     """
     import queue
     import threading

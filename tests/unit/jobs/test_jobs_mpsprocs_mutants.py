@@ -354,10 +354,10 @@ def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
 
 
 def test_a_process_whose_environment_never_reads_is_skipped_not_waited_on(tmp_path: Path) -> None:
-    """Reading /proc/PID/environ faults in the target's memory under its mmap lock: a
-    process of the user's whose environment pages are a FUSE file of theirs (mmap over
-    them) never answers.  Stood in for by a FIFO without a writer (open blocks) and a
-    FIFO with one that never writes (read blocks): the scan goes on past both, and the
+    """Reading /proc/PID/environ takes the target's mmap lock, which its own threads can
+    hold while one waits on their user's FUSE server (procfs.read_each): such a read
+    does not return.  Stood in for by a FIFO without a writer (open blocks) and a FIFO
+    with one that never writes (read blocks): the scan goes on past both, and the
     daemon, bound to the pipe, is still found."""
     proc = _node(tmp_path)
     root = Path(proc)
