@@ -61,6 +61,92 @@ def start_time(pid: int | str, proc: str = PROC) -> int | None:
     return int(v) if v is not None and v.isdigit() else None
 
 
+def wchan(pid: int | str, proc: str = PROC) -> str:
+    """Where in the kernel *pid* waits (``/proc/PID/wchan``: a function name); "" when
+    it runs, is gone, or the kernel does not say."""
+    try:
+        with open(f"{proc}/{pid}/wchan", "rb") as f:
+            name = f.read(128).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return name if name.isidentifier() else ""
+
+
+def is_fuse_wait(name: str) -> bool:
+    """Whether the kernel function *name* (a :func:`wchan`) is a FUSE wait
+    (``request_wait_answer`` and ``fuse_*``, fs/fuse/).  Once a FUSE server has
+    read a request, its sender waits uninterruptibly until it answers: SIGKILL
+    stays pending."""
+    return name == "request_wait_answer" or name.startswith("fuse_")
+
+
+def in_fuse_request(pid: int | str, proc: str = PROC) -> str:
+    """The FUSE wait *pid* is blocked in (:func:`is_fuse_wait`), else ""."""
+    name = wchan(pid, proc)
+    return name if is_fuse_wait(name) else ""
+
+
+def uids(pid: int | str, proc: str = PROC) -> tuple[int, ...] | None:
+    """(real, effective, saved, fs uid) of *pid* from ``/proc/PID/status``, None when gone.
+
+    ``status`` does not read the target's memory (no mmap lock): safe on any
+    process, unlike ``cmdline`` and ``environ``.
+    """
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            line = next((ln for ln in f if ln.startswith(b"Uid:")), b"")
+        out = tuple(int(u) for u in line.split()[1:5])
+    except (OSError, ValueError):
+        return None
+    return out if len(out) == 4 else None
+
+
+def read_each(paths: list[str], wait: float = 1.0, give_up: int = 4) -> list[bytes | None]:
+    """The contents of each of *paths* (None: unreadable, or given up), read without
+    ever blocking the caller for long.
+
+    For the files of another process that read its memory (``environ``,
+    ``cmdline``): the kernel takes that process's mmap lock to read them
+    (``access_remote_vm``), and the process's own threads decide how long
+    that waits: one that holds the lock for reading while it waits on a FUSE
+    server of its user's (a direct read into a FUSE-backed buffer), with
+    another queued to write (``mmap``), holds every reader until that server
+    answers.  (The pages themselves are read with ``FOLL_ANON`` since Linux
+    4.17: a file mapped over them reads as nothing, never as a FUSE request;
+    before, it was one.)  The reads run in a worker thread, in order; one
+    that takes longer than *wait* seconds is given up (its thread is left
+    blocked, in a killable wait that ends with this process) and a new
+    worker goes on with the next path.  After *give_up* such paths the rest
+    count as unreadable.
+    """
+    import queue
+    import threading
+    out: list[bytes | None] = [None] * len(paths)
+    i = stuck = 0
+    while i < len(paths) and stuck < give_up:
+        results: queue.SimpleQueue[tuple[int, bytes | None]] = queue.SimpleQueue()
+
+        def work(first: int, results: queue.SimpleQueue[tuple[int, bytes | None]]) -> None:
+            for j in range(first, len(paths)):
+                try:
+                    with open(paths[j], "rb") as f:
+                        data: bytes | None = f.read()
+                except OSError:
+                    data = None
+                results.put((j, data))
+        threading.Thread(target=work, args=(i, results), daemon=True, name="sg-proc-read").start()
+        while i < len(paths):
+            try:
+                j, data = results.get(timeout=wait)
+            except queue.Empty:
+                stuck += 1
+                i += 1                  # this one does not answer: the next worker skips it
+                break
+            out[j] = data
+            i = j + 1
+    return out
+
+
 def parent_slurmd(max_depth: int = 3, proc: str = PROC) -> str | None:
     """``pid:starttime`` of the slurmd that started us (HealthCheckProgram), else None.
 

@@ -71,11 +71,23 @@ _STAGES = {b"E": "exec", b"C": "cgroup", b"A": "affinity", b"U": "identity", b"S
 
 class TimedOut(CommandError):
     """The command did not finish in time; *stopped*: it was stopped then
-    (SIGSTOP or a ptrace stop: only root and its own user can do that)."""
+    (SIGSTOP or a ptrace stop: only root and its own user can do that);
+    *stuck*: it did not end when killed, and was given up (:data:`KILL_WAIT`)."""
 
-    def __init__(self, what: str, where: str | None = None, stopped: bool = False) -> None:
+    def __init__(self, what: str, where: str | None = None, stopped: bool = False,
+                 stuck: bool = False, blocked_in: str = "") -> None:
         super().__init__(what, where)
         self.stopped = stopped
+        self.stuck = stuck
+        self.blocked_in = blocked_in        # a stuck command's kernel wait (/proc/PID/wchan)
+
+
+# How long a killed command may take to end before it is given up.  SIGKILL
+# waits for a process in an uninterruptible sleep: one blocked in a FUSE
+# request its server took never ends until the server answers (fs/fuse/dev.c,
+# request_wait_answer), and a job's user can mount FUSE where a command run
+# for their job looks.  The caller must not wait with it.
+KILL_WAIT = 2.0
 
 
 class UserLimited(CommandError):
@@ -99,6 +111,20 @@ def _text(raw: bytes) -> str:
     # undecodable byte no longer raises.
     text = raw.decode("utf-8", "replace")
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def first_line(res: Completed, cap: int = 200) -> str | None:
+    """The first line a command printed (stderr first), as a message may quote it:
+    at most *cap* characters (the rest is "…"), and ``repr()`` when it holds what
+    is not printable (terminal escapes); None when it printed nothing.
+
+    A command that runs as a job's user can be made to print anything (they
+    can trace it): its words reach drain reasons, job records and logs."""
+    lines = (res.stderr.strip() or res.stdout.strip()).splitlines()
+    if not lines:
+        return None
+    line = lines[0] if len(lines[0]) <= cap else lines[0][:cap - 1] + "…"
+    return line if line.isprintable() else repr(line)
 
 
 def _check_argv_env(argv: tuple[str, ...], env: dict[str, str]) -> None:
@@ -182,7 +208,7 @@ def _start(argv: tuple[str, ...], env: dict[str, str], has_input: bool, cwd: str
         os.close(report_r)
     if report is None:
         _kill_group(p.pid)
-        _reap(p)
+        _reap(p, KILL_WAIT)
         return None
     if report:
         _reap(p)
@@ -191,11 +217,18 @@ def _start(argv: tuple[str, ...], env: dict[str, str], has_input: bool, cwd: str
     return p
 
 
-def _reap(p: subprocess.Popen[bytes]) -> None:
-    p.wait()
+def _reap(p: subprocess.Popen[bytes], wait: float | None = None) -> bool:
+    """Wait for *p* (at most *wait* s) and close its pipes; False when it did not end
+    (subprocess reaps it later, when it does: ``subprocess._cleanup``)."""
+    try:
+        p.wait(wait)
+        ended = True
+    except subprocess.TimeoutExpired:
+        ended = False
     for f in (p.stdin, p.stdout, p.stderr):
         if f is not None:
             f.close()
+    return ended
 
 
 def run(
@@ -251,13 +284,16 @@ def run(
         # stopped by any process of that user, which is theirs to answer for.
         stopped = _stopped(p.pid)
         _kill_group(p.pid)
-        _reap(p)
-        raise TimedOut(what + (" (it was stopped)" if stopped else ""), " ".join(argv[:3]),
-                       stopped) from None
+        stuck = not _reap(p, KILL_WAIT)
+        from .procfs import wchan as _wchan
+        wchan = _wchan(p.pid) if stuck else ""
+        raise TimedOut(what + (" (it was stopped)" if stopped else "")
+                       + (f" and could not be ended (blocked in the kernel{', in ' + wchan if wchan else ''})"
+                          if stuck else ""),
+                       " ".join(argv[:3]), stopped, stuck, wchan) from None
     res = Completed(argv, p.returncode, _text(out), _text(err))
     if check and res.returncode != 0:
-        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
-        detail = first[0] if first else f"exit status {res.returncode}"
+        detail = first_line(res) or f"exit status {res.returncode}"
         raise CommandError(f"{os.path.basename(argv[0])} failed: {detail}", " ".join(argv[:3]))
     return res
 

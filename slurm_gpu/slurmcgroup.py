@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterator, Mapping
+TYPE_CHECKING = False
+if TYPE_CHECKING:       # typing costs the epilog ~2 ms of imports (it checks other jobs' processes)
+    from typing import Iterator, Mapping
 
 # Slurm 26.05 names a job's cgroup v2 directory by its SLUID ("s" and 13
 # Crockford base32 digits, e.g. sEKNKTV3WPV500) unless CgroupJobIdPaths=yes.

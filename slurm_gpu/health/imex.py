@@ -85,12 +85,18 @@ def query(timeout: float) -> ImexStatus:
 
 
 def jobs_running(proc: str = "/proc") -> bool:
-    """Whether a job step runs here (a ``slurmstepd: [<job>.<step>]`` process)."""
+    """Whether a job step runs here (a root ``slurmstepd: [<job>.<step>]`` process)."""
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()]
     except OSError:
         return False
+    from ..procfs import uids
+    # slurmstepd is root's (every uid): a job user's process can take its
+    # name, and its cmdline is its memory, which a FUSE file of the user's
+    # can back so that reading it never returns; root's is neither.
     for pid in pids:
+        if uids(pid, proc) != (0, 0, 0, 0):
+            continue
         try:
             with open(f"{proc}/{pid}/cmdline", "rb") as f:
                 head = f.read(64)

@@ -69,6 +69,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEV_KMSG = "/dev/kmsg"
+# The kernel's syslog(2) buffer: a read takes the messages it returns from
+# every other reader (rsyslog's imklog, klogd), so it is never read here.
+PROC_KMSG = "/proc/kmsg"
+PROC_KMSG_WHY = ("/proc/kmsg, whose every read takes its messages from the syslog daemon: "
+                 "name /dev/kmsg (the default) or the file the syslog daemon writes")
+
+
+def _is_proc_kmsg(path: str) -> bool:
+    try:
+        return os.path.realpath(path) == PROC_KMSG
+    except (OSError, ValueError):
+        return False
 CHUNK = 8 << 20
 @dataclass
 class FileCursor:
@@ -108,6 +120,8 @@ def read_file(path: str | os.PathLike[str], cursor: FileCursor | None = None) ->
     is read from the top.
     """
     p = str(path)
+    if _is_proc_kmsg(p):
+        raise InputError(f"kernel log is {PROC_KMSG_WHY}", p)
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -348,6 +362,8 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
     from .kmsg_scan import text_log_line
     if source == DEV_KMSG:
         return "proven", "the kernel's records, whose facility userspace cannot claim"
+    if _is_proc_kmsg(source):
+        return "unknown", PROC_KMSG_WHY
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
@@ -362,6 +378,8 @@ def sender_proof(source: str, sample: int = 256 << 10) -> tuple[str, str]:
         if head.startswith(MAGIC):
             return "proven", "a journal export file (journald's own _TRANSPORT field)"
         tail = os.pread(fd, sample, max(0, st.st_size - sample))
+    except OSError as e:
+        return "unknown", f"cannot be read ({e.strerror})"
     finally:
         os.close(fd)
     # What the health check reads as unproven in every line, whatever each looks like.

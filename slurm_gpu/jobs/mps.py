@@ -297,10 +297,10 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             if closed:
                 raise HardwareError(f"MPS base directory is not searchable by job users "
                                     f"({closed} lacks the x bit for others)", settings.base_dir)
-        first = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        said = runner.first_line(res)
         _launcher_failed(settings, jobid, pipe, user.uid, before,
-                         f"failed: {first[0] if first else f'exit status {res.returncode}'}",
-                         said=bool(first), inaccessible=inaccessible)
+                         f"failed: {said or f'exit status {res.returncode}'}",
+                         said=said is not None, inaccessible=inaccessible)
     # One client session both asks whether the daemon answers and applies
     # the admin's defaults: the client reads stdin line by line and sends
     # every command over one connection (NVIDIA's 535 binary: one "NEW UI"
@@ -363,6 +363,15 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             _ended_early(jobid, user.uid, before)
         if time.monotonic() > deadline:
             _users_doing(jobid, pipe, procs)
+            if procs:
+                # Ours, alive, and never reached: what stands between it and
+                # its clients (its directories, their modes, its sockets) is
+                # the job user's to change and put back, and the control
+                # daemon touches no GPU before a client's server starts.
+                from .state import JobFailed
+                raise JobFailed(f"MPS control daemon runs but did not answer within "
+                                f"{settings.start_timeout:g} s (its directories are the job's "
+                                "user's)", f"job {jobid}")
             raise HardwareError(f"MPS control daemon did not answer within "
                                 f"{settings.start_timeout:g} s", str(pipe))
         time.sleep(delay)
@@ -462,6 +471,16 @@ def _client_users_doing(jobid: str, which: str, e: CommandError) -> None:
         from .state import JobFailed
         raise JobFailed(f"MPS control {which} was stopped before the daemon answered "
                         "(by a process of the job's user?)", f"job {jobid}") from None
+    # Killed at its time out and still there, in a FUSE wait: a FUSE server
+    # of the job's user's holds it (what runs as them reaches only their
+    # directories, where they can mount one), until it answers or goes.
+    from ..procfs import is_fuse_wait
+    blocked = getattr(e, "blocked_in", "")
+    if getattr(e, "stuck", False) and is_fuse_wait(blocked):
+        from .state import JobFailed
+        raise JobFailed(f"MPS control {which} could not be ended after its time out: it is blocked "
+                        f"in a FUSE request ({blocked}) (by a process of the job's user?)",
+                        f"job {jobid}") from None
 
 
 def _client_killed(jobid: str, which: str, res: runner.Completed) -> None:
@@ -483,12 +502,24 @@ def _users_doing(jobid: str, pipe: str, procs: dict[int, Any]) -> None:
     if _stopped(procs):
         raise JobFailed("MPS control daemon was stopped before it answered "
                         "(by a process of the job's user?)", f"job {jobid}") from None
+    # The most precise cause first: a mount over the directories hides their
+    # sockets, and a mode refuses them.
+    _dirs_users_doing(jobid, pipe)
+    # make_dirs made both 0700; only their owner (the job's user) or root
+    # changes a mode, and a client refused a directory finds no daemon.
+    for name, d in (("pipe", pipe), ("log", os.path.join(os.path.dirname(pipe), "log"))):
+        try:
+            mode = stat.S_IMODE(os.lstat(d).st_mode)
+        except OSError:
+            continue
+        if mode != 0o700:
+            raise JobFailed(f"MPS control daemon cannot be reached: its {name} directory was made "
+                            f"mode {mode:03o} by a process of the job's user", f"job {jobid}") from None
     from .mpsdir import sockets_tampered
     why = sockets_tampered(pipe, sorted(procs)) if procs else None
     if why:
         raise JobFailed(f"MPS control daemon runs but its sockets are gone ({why}; by a "
                         "process of the job's user?)", f"job {jobid}") from None
-    _dirs_users_doing(jobid, pipe)
 
 
 def _dirs_users_doing(jobid: str, pipe: str) -> None:
@@ -577,6 +608,13 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
     # The scan finds what still has the pipe directory in its environment;
     # the process tree below it adds children that dropped it.
     procs = daemon_tree(pipe, uid) if uid != 0 and os.path.exists(jd) else {}
+    if procs:
+        # A process in another job's cgroup is that job's, whatever its
+        # environment names: its user can put this pipe directory there.
+        from ..slurmcgroup import job_dir_of_pid
+        sluid = (info or {}).get("sluid")
+        ours = {None, f"job_{jobid}"} | ({sluid} if isinstance(sluid, str) else set())
+        procs = {p: i for p, i in procs.items() if job_dir_of_pid("/proc", p) in ours}
     # The daemon the prolog started, by PID and start time: found even when
     # its environment no longer names the pipe directory.
     for pid, ident in recorded_daemon(info, uid).items():
@@ -595,12 +633,13 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
             _kill(p, *i)
         wait_gone(left, kill_wait)
         alive = sorted(p for p, i in left.items() if _same(p, *i))
+        notes += _in_users_fuse(alive)
         if alive:
             # Stuck in the kernel (a hung driver call): a node fault.  The
             # directory and the state stay, so the next epilog tries again.
             raise HardwareError(f"MPS processes {','.join(map(str, alive))} survive SIGKILL "
                                 f"for {kill_wait:g} s", str(pipe))
-    _end_cgroups(info, jobid, uid, kill_wait)
+    notes += _end_cgroups(info, jobid, uid, kill_wait)
     # Root's from here, mode 0700 all the way down: the user can make no
     # new entry there, nor reach it to mount on (fusermount3 resolves and
     # checks the mount point as the user).  What they mounted since the
@@ -637,13 +676,29 @@ def _node_name() -> str:
     return node_name()
 
 
-def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: float) -> None:
-    """End every process in the daemon's cgroups, then remove them.
+def _in_users_fuse(alive: list[int]) -> list[str]:
+    """Take out of *alive* (survivors of SIGKILL) those blocked in a FUSE request; a note
+    naming them.  Their user's FUSE server holds them (the job's processes and daemon
+    run as that user, who may mount FUSE wherever they can write): no node fault, and
+    they end when it answers or goes."""
+    from ..procfs import in_fuse_request
+    held = {p: w for p in alive if (w := in_fuse_request(p))}
+    if not held:
+        return []
+    alive[:] = [p for p in alive if p not in held]
+    return [f"MPS: processes {','.join(map(str, sorted(held)))} survive SIGKILL, blocked in a FUSE "
+            f"request ({', '.join(sorted(set(held.values())))}): left to end when its server answers"]
+
+
+def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: float) -> list[str]:
+    """End every process in the daemon's cgroups, then remove them; notes.
 
     The recorded ones, any ``slurm_gpu_mps`` under the job's cgroup and the
     job's holding cgroup (a lost state file, a prolog killed before it
     recorded them).  Whatever is in there is the daemon's tree, whoever it
-    runs as now, wherever it went in the process tree.
+    runs as now, wherever it went in the process tree.  One held by its
+    user's FUSE server (:func:`_in_users_fuse`) keeps its cgroup, which the
+    next epilog's sweep removes.
     """
     from . import jobcgroup
     found = jobcgroup.mounts()
@@ -657,12 +712,15 @@ def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: floa
                   | set(jobcgroup.ours(jobid, uid, node=node))
                   | {c for c in jobcgroup.hold_dirs(jobid, node) if os.path.isdir(c)})
     if not dirs:
-        return
-    left = jobcgroup.kill_all(dirs, wait)
-    if left:
-        raise HardwareError(f"processes {','.join(map(str, sorted(left)))} in the MPS cgroup "
+        return []
+    alive = sorted(jobcgroup.kill_all(dirs, wait))
+    notes = _in_users_fuse(alive)
+    if alive:
+        raise HardwareError(f"processes {','.join(map(str, alive))} in the MPS cgroup "
                             f"survive SIGKILL for {wait:g} s", dirs[0])
-    jobcgroup.remove(dirs)
+    if not notes:
+        jobcgroup.remove(dirs)
+    return notes
 
 
 def _disown(jd: str) -> None:

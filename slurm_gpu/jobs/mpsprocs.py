@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 
+from ..procfs import read_each
+
 
 def _ids(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] | None:
     """(real, effective, saved, fs uid) and start time (clock ticks after boot) of *pid*.
@@ -34,7 +36,9 @@ def _status(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] 
 
     One read per process: the scan below reads only this file for every
     process on the node (~6 us each), and ``stat``/``environ`` only for the
-    job user's.  Like :func:`_ids`, it does not take the target's memory lock.
+    job user's.  Like :func:`_ids` (``status`` and ``stat``), it does not
+    take the target's memory lock; ``environ`` does, so it is read through
+    :func:`slurm_gpu.procfs.read_each`, which never waits long on one.
     """
     try:
         fd = os.open(f"{proc}/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
@@ -81,22 +85,22 @@ def daemon_procs(pipe: str | os.PathLike[str], uid: int | None, proc: str = "/pr
     if uid == 0:
         return {}
     want = f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode()
-    out: dict[int, tuple[int, int]] = {}
+    seen: dict[int, tuple[tuple[int, ...], int]] = {}
     for pid, (uids, _ppid) in (_table(proc) if table is None else table).items():
         if len(set(uids)) != 1 or uids[0] == 0 or (uid is not None and uids[0] != uid):
             continue
         ids = _ids(pid, proc)               # the start time, read before the environment
-        if ids is None or ids[0] != uids:
-            continue
-        try:
-            with open(f"{proc}/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
+        if ids is not None and ids[0] == uids:
+            seen[pid] = ids
+    # Every environment is the user's memory: read so that none can hold
+    # the scan (procfs.read_each); one that does not answer is not theirs
+    # to be found by (the daemon is found by its PID and its cgroup too).
+    out: dict[int, tuple[int, int]] = {}
+    for (pid, ids), raw in zip(seen.items(), read_each([f"{proc}/{pid}/environ" for pid in seen])):
         # Read again after the environment: the same process throughout
         # (a recycled PID has another start time).
-        if want in env and _ids(pid, proc) == ids:
-            out[pid] = (ids[1], uids[0])
+        if raw is not None and want in raw.split(b"\0") and _ids(pid, proc) == ids:
+            out[pid] = (ids[1], ids[0][0])
     return out
 
 

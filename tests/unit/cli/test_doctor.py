@@ -248,3 +248,26 @@ def test_shared_gres_on_a_slurm_that_keeps_it_apart(tmp_path):
                            ("22.05.8", "gpu"), (None, "gpu,shard")):
         f = facts(tmp_path, slurmd_version=version, conf={"grestypes": types})
         assert "slurm.shared_gres" not in lines(f), (version, types)
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_proc_kmsg_as_the_kernel_log_is_refused_unread(tmp_path, monkeypatch, link):
+    """/proc/kmsg is the kernel's syslog(2) buffer: each read takes its messages from
+    the syslog daemon (rsyslog's imklog), and an empty one raised BlockingIOError in
+    doctor (second hostile review, LOW).  Neither doctor nor the health check reads
+    it; both name /dev/kmsg."""
+    from slurm_gpu.errors import InputError
+    from slurm_gpu.hw import kmsg
+    src = "/proc/kmsg"
+    if link:
+        (tmp_path / "k").symlink_to(src)
+        src = str(tmp_path / "k")
+    monkeypatch.setattr(os, "pread", lambda *a: pytest.fail("read /proc/kmsg"))
+    monkeypatch.setattr(os, "read", lambda *a: pytest.fail("read /proc/kmsg"))
+    state, why = kmsg.sender_proof(src)
+    assert (state, why) == ("unknown", kmsg.PROC_KMSG_WHY)
+    assert lines(facts(tmp_path, kernel_log=(src, state, why)))["health.kernel_log"][0] == (
+        f"UNKNOWN health.kernel_log: {src}: {kmsg.PROC_KMSG_WHY}")
+    with pytest.raises(InputError) as e:
+        kmsg.read_file(src)
+    assert e.value.line() == f"slurm-gpu: kernel log is {kmsg.PROC_KMSG_WHY} ({src})"

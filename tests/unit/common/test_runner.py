@@ -12,6 +12,7 @@ from slurm_gpu.runner import RunAs, run
 from paths import ROOT
 
 
+
 def test_runs_argv_without_a_shell() -> None:
     # A shell would expand this; argv passing must hand it over verbatim.
     res = run(["/bin/echo", "$(id -u); `id`"], timeout=5)
@@ -258,3 +259,45 @@ def test_a_user_at_their_process_limit_is_their_doing(through_helper) -> None:
         assert run(["/usr/bin/id", "-u"], timeout=5).stdout == "0\n"
     finally:
         resource.setrlimit(resource.RLIMIT_NPROC, old)
+
+
+@pytest.fixture()
+def stalling_fuse(tmp_path):  # type: ignore[no-untyped-def]
+    from fusestall import StallingFuse, available
+    if not available():
+        pytest.skip("no FUSE here (/dev/fuse, root)")
+    d = tmp_path / "fuse"
+    d.mkdir()
+    fs = StallingFuse(str(d))
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
+@pytest.mark.parametrize("through_helper", [False, True])
+def test_a_command_that_survives_its_kill_is_given_up_not_waited_for(stalling_fuse, through_helper) -> None:
+    """A command blocked in a FUSE request its server took waits uninterruptibly: the
+    kill at the time out stays pending (second hostile review round 3, H2: a job's
+    user mounted FUSE on their pipe directory and the prolog never returned).  The
+    runner waits a bounded time for the kill, then gives the command up."""
+    import threading
+    from slurm_gpu.runner import TimedOut
+    box: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run(["/bin/cat", f"{stalling_fuse.mountpoint}/x"], timeout=0.5,
+                cpus=sorted(os.sched_getaffinity(0))[-1:] if through_helper else ())
+        except BaseException as e:  # noqa: BLE001
+            box.append(e)
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(30)
+    assert box, "the runner waited for a command it could not end"
+    e = box[0]
+    assert isinstance(e, TimedOut) and e.stuck and not e.stopped, repr(e)
+    assert e.what == ("cat timed out after 0.5 s and could not be ended (blocked in the kernel, "
+                      "in request_wait_answer)")
+    assert e.blocked_in == "request_wait_answer"        # fs/fuse/dev.c
+    assert stalling_fuse.requests >= 1

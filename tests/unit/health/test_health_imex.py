@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 
+import os
+
 import pytest
 
 from slurm_gpu import runner
@@ -50,6 +52,7 @@ def test_engine_runs_it_from_the_node_root(tmp_path, monkeypatch):
     (tmp_path / "proc" / "77").mkdir(parents=True)
     (tmp_path / "proc" / "devices").write_text("Character devices:\n511 nvidia-caps-imex-channels\n")
     (tmp_path / "proc" / "77" / "cmdline").write_bytes(b"slurmstepd: [1234.0]\x00")
+    (tmp_path / "proc" / "77" / "status").write_text("Name:\tslurmstepd\nUid:\t0\t0\t0\t0\n")
     monkeypatch.setattr(imex.os, "access", lambda p, m: p.endswith("/usr/bin/nvidia-imex-ctl"))
     monkeypatch.setattr(runner, "run", lambda argv, timeout, **kw: runner.Completed(
         tuple(argv), 0, (DATA / "imex-ctl-N-j-degraded.json").read_text(), ""))
@@ -76,3 +79,39 @@ def test_per_job_imex_makes_the_node_wide_check_not_applicable(tmp_path, monkeyp
     monkeypatch.setattr(imex.os, "access", lambda p, m: p.endswith("/usr/bin/nvidia-imex-ctl"))
     (f,) = imex.run_check(1.0, str(conf), root=str(tmp_path))
     assert f.message.startswith("IMEX ready") or f.message.startswith("IMEX not ready")
+
+
+def _proc(root, pid, uids, cmdline):
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    u = "\t".join(str(x) for x in uids)
+    (d / "status").write_text(f"Name:\tx\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t1\n"
+                              f"Uid:\t{u}\nGid:\t{u}\n")
+    if cmdline is None:
+        os.mkfifo(d / "cmdline")        # a read that never answers (a FUSE-backed page)
+    else:
+        (d / "cmdline").write_bytes(cmdline)
+
+
+def test_a_job_runs_only_where_roots_slurmstepd_runs_a_step(tmp_path):
+    """slurmstepd runs as root; a job user can name a process of theirs "slurmstepd:
+    [5.0]" (prctl, argv[0]) or back its argv pages with a FUSE file of theirs, so
+    that reading its cmdline never answers.  Neither counts, nor holds the check."""
+    import threading
+    root = tmp_path / "proc"
+    _proc(root, 7, (1001,) * 4, b"slurmstepd: [5.0]\0")
+    _proc(root, 8, (1001,) * 4, None)
+    _proc(root, 9, (0,) * 4, b"/usr/sbin/slurmd\0-D\0")
+    box = []
+    t = threading.Thread(target=lambda: box.append(imex.jobs_running(str(root))), daemon=True)
+    t.start()
+    t.join(30)
+    try:
+        assert box == [False]
+        _proc(root, 10, (0,) * 4, b"slurmstepd: [5.0]\0")
+        assert imex.jobs_running(str(root)) is True
+    finally:
+        try:
+            os.close(os.open(root / "8" / "cmdline", os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass

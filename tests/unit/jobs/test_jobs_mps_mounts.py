@@ -493,3 +493,178 @@ def test_a_user_at_their_process_limit_fails_the_job(
                         "as its limit allows (RLIMIT_NPROC)"), st.error
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
+
+
+def test_a_pipe_directory_shut_once_the_daemon_listens_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once -d has returned (the daemon listens), another process of the job's user
+    makes pipe/ mode 000: every client is refused ("Cannot find MPS control daemon
+    process") until the prolog's time is up (review round 3, H1: it drained the node)."""
+    from useragent import CHMOD_DIR, Agent
+
+    from slurm_gpu import runner
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=2, quit_timeout=1)
+    agent = Agent(CHMOD_DIR)
+    real = runner.run
+
+    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
+        res = real(argv, *a, **k)
+        if argv[1:] == ["-d"]:
+            agent.do(k["env"]["CUDA_MPS_PIPE_DIRECTORY"])
+        return res
+    monkeypatch.setattr(runner, "run", launched)
+    try:
+        error = _prolog_fails_the_job(node)
+    finally:
+        agent.close()
+    assert error == ("MPS control daemon cannot be reached: its pipe directory was made mode 000 "
+                     "by a process of the job's user (job 100)"), error
+
+
+def test_a_daemon_alive_but_never_reached_fails_the_job(node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every client refused until the prolog's time is up, with the daemon (ours) alive
+    and its directories as they were made (put back by the user's process, say): the
+    control daemon touches no GPU before a client's server, so its silence proves no
+    node fault (review round 3, H1)."""
+    from slurm_gpu import runner
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=1, quit_timeout=1)
+    real = runner.run
+
+    def refused(argv: list[str], *a: Any, **k: Any) -> Any:
+        res = real(argv, *a, **k)
+        if argv[1:] == [] and k.get("input", "").startswith("get_server_list"):
+            return res._replace(returncode=1, stdout="Cannot find MPS control daemon process\n")
+        return res
+    monkeypatch.setattr(runner, "run", refused)
+    assert _prolog_fails_the_job(node) == (
+        "MPS control daemon runs but did not answer within 1 s (its directories are the job's "
+        "user's) (job 100)")
+
+
+# -- the epilog and processes it must not end, or cannot ----------------------
+
+@pytest.fixture()
+def other_job_cgroup() -> Iterator[Callable[[int], None]]:
+    """Move a pid into another job's cgroup (v1 freezer: Slurm's
+    /slurm_<node>/uid_<uid>/job_999, as proctrack/cgroup makes it); removed after."""
+    from slurm_gpu.jobs import jobcgroup
+    found = [p for p, v, c in jobcgroup.mounts() if v == 1 and "freezer" in c]
+    if not found:
+        pytest.skip("no cgroup v1 freezer hierarchy here")
+    top = Path(found[0]) / f"slurm_sgtest{os.getpid()}"
+    job = top / "uid_1001" / "job_999"
+    job.mkdir(parents=True)
+    try:
+        yield lambda pid: (job / "cgroup.procs").write_text(str(pid))
+    finally:
+        for pid in (job / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+        import time
+        deadline = time.monotonic() + 5
+        while (job / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for d in (job, job.parent, top):
+            d.rmdir()
+
+
+def test_the_epilog_leaves_another_jobs_process_that_names_this_pipe_alone(
+        node: Env, other_job_cgroup: Callable[[int], None]) -> None:
+    """A process of the same user in another job of theirs, with this job's pipe
+    directory in its environment, is that job's: this job's epilog does not kill
+    it (review round 3, H3: it did, with its children)."""
+    from useragent import Agent
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.mps
+    agent = Agent("pass", env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
+    try:
+        other_job_cgroup(agent.pid)
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        # what names the pipe now is the other job's process alone
+        assert node.leftovers() == ["daemon"] and mps.daemon_pids(st.mps["pipe_dir"]) == [agent.pid]
+        agent.do("still alive")
+    finally:
+        agent.close()
+
+
+def test_a_process_blocked_in_the_users_fuse_at_the_epilog_is_no_node_fault(
+        node: Env) -> None:
+    """A process of the job's, bound to its pipe directory, blocked in a FUSE request
+    of its user's server, survives SIGKILL: the epilog notes it and ends without a
+    drain (review round 3, H3); it ends when the user's server answers or goes."""
+    from fusestall import StallingFuse, available
+    from useragent import Agent
+    if not available():
+        pytest.skip("no FUSE here")
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.mps
+    mnt = node.base / "fuse"
+    mnt.mkdir()
+    fs = StallingFuse(str(mnt), uid=1001, gid=1001)
+    agent = Agent("if not os.fork():\n    open(arg)\n", env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
+    try:
+        agent.do(str(mnt / "x"))
+        assert fs.taken.wait(10)
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        import re
+        assert [ln for ln in node.logs if "FUSE" in ln and re.fullmatch(
+            r"slurm-gpu: epilog job 100: MPS: processes \d+ survive SIGKILL, blocked in a FUSE request "
+            r"\(request_wait_answer\): left to end when its server answers", ln)], node.logs
+        assert js.load(node.state_dir, "100") is None
+    finally:
+        fs.close()
+        agent.close()
+
+
+def test_a_fuse_mount_over_the_pipe_directory_that_never_answers_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once -d has returned, the job's user mounts a FUSE filesystem of theirs over
+    pipe/ whose server takes each request and never answers: the prolog's client
+    (run as the user) waits uninterruptibly, SIGKILL stays pending.  The prolog
+    gives it up and fails the job (review round 3, H2: the prolog never returned)."""
+    import threading
+
+    from fusestall import StallingFuse, available
+
+    from slurm_gpu import runner
+    if not available():
+        pytest.skip("no FUSE here")
+    node.mps = MpsSettings(control=node.mps.control, base_dir=node.mps.base_dir,
+                           start_timeout=1, quit_timeout=1)
+    real = runner.run
+    mounted: list[StallingFuse] = []
+
+    def launched(argv: list[str], *a: Any, **k: Any) -> Any:
+        res = real(argv, *a, **k)
+        if argv[1:] == ["-d"]:
+            mounted.append(StallingFuse(k["env"]["CUDA_MPS_PIPE_DIRECTORY"], uid=1001, gid=1001,
+                                        allow_other=False))
+        return res
+    monkeypatch.setattr(runner, "run", launched)
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    box: list[int] = []
+    try:
+        t = threading.Thread(target=lambda: box.append(lifecycle.prolog(ctx)), daemon=True)
+        t.start()
+        t.join(60)
+        assert box == [0], ("the prolog did not return", node.logs)
+        assert mounted and mounted[0].requests >= 1
+        st = js.load(node.state_dir, "100")
+        assert st is not None and st.phase == "failed" and st.consequence == Consequence.USER, node.logs
+        assert st.error == ("MPS control client could not be ended after its time out: it is blocked "
+                            "in a FUSE request (request_wait_answer) (by a process of the job's user?) "
+                            "(job 100)"), st.error
+    finally:
+        for fs in mounted:
+            fs.close()
+    monkeypatch.setattr(runner, "run", real)
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert node.leftovers() == []

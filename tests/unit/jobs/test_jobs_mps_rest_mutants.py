@@ -467,3 +467,33 @@ def test_a_holding_cgroup_that_cannot_be_made_is_the_nodes_fault(
         raise err
     monkeypatch.setattr(jobcgroup, "make_hold", refuse)
     assert _node_fault(node) == f"slurm-gpu: cannot make the MPS daemon's holding cgroup: {text} ({hold[0]})"
+
+
+def test_what_a_failed_launcher_printed_is_quoted_short_and_printable(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher runs as the job's user, who can trace it and make it print
+    anything: a line of terminal escapes and 2 MB reaches the job's record and
+    slurmd's log as at most 200 characters, escaped (second hostile review, LOW)."""
+    _short(node)
+    _patch_run(monkeypatch, launcher=lambda res: res._replace(
+        returncode=1, stdout="\x1b[2J\x07" + "A" * 2_000_000 + "\n", stderr=""))
+    assert _user_failed(node) == (
+        "MPS control daemon could not start: nvidia-cuda-mps-control -d failed: '\\x1b[2J\\x07"
+        + "A" * 194 + "…' (its directories and daemon are the job's user's) (job 100)")
+
+
+@pytest.mark.parametrize("which", ["launcher", "client"])
+def test_a_launcher_or_client_held_in_the_users_fuse_fails_the_job(
+        node: Env, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    """Given up by the runner after its kill (runner.KILL_WAIT), blocked in a FUSE
+    request: only the job's user's FUSE server holds what runs as them (review
+    round 3, H2)."""
+    _short(node)
+
+    def held(res: Any) -> Any:
+        raise runner.TimedOut("nvidia-cuda-mps-control timed out after 1 s and could not be ended "
+                              "(blocked in the kernel, in request_wait_answer)", "x", stuck=True,
+                              blocked_in="request_wait_answer")
+    _patch_run(monkeypatch, **{which: held})
+    assert _user_failed(node) == (f"MPS control {which} could not be ended after its time out: it is "
+                                  f"blocked in a FUSE request (request_wait_answer) {USER_TAG}")

@@ -340,3 +340,41 @@ def test_wait_gone_gives_up_at_the_timeout_not_before(
     mpsprocs.wait_gone({dead: (_start(dead), uid), p.pid: (_start(p.pid), uid)}, 0.05)
     assert time.monotonic() - t0 >= 0.05        # a lower bound: the wait's own promise
     assert p.poll() is None
+
+
+def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
+    """fn(*args) in a thread; its result, or a failure if it is still blocked after 30 s
+    (a safety bound, not a speed check: a blocked read never returns)."""
+    box: list[object] = []
+    t = threading.Thread(target=lambda: box.append(fn(*args)), daemon=True)
+    t.start()
+    t.join(30)
+    assert box, f"{fn.__name__} blocked on a process's environment"
+    return box[0]
+
+
+def test_a_process_whose_environment_never_reads_is_skipped_not_waited_on(tmp_path: Path) -> None:
+    """Reading /proc/PID/environ takes the target's mmap lock, which its own threads can
+    hold while one waits on their user's FUSE server (procfs.read_each): such a read
+    does not return.  Stood in for by a FIFO without a writer (open blocks) and a FIFO
+    with one that never writes (read blocks): the scan goes on past both, and the
+    daemon, bound to the pipe, is still found."""
+    proc = _node(tmp_path)
+    root = Path(proc)
+    for pid in (5, 6):
+        _proc(root, pid, 1, (1001,) * 4, [])
+        (root / str(pid) / "environ").unlink()
+        os.mkfifo(root / str(pid) / "environ")
+    held = os.open(root / "6" / "environ", os.O_RDWR)       # a writer that never writes
+    try:
+        uids = (1001,) * 4
+        table = {5: (uids, 1), 6: (uids, 1), 10: (uids, 1), 20: (uids, 10), 21: (uids, 20)}
+        assert _in_thread(mpsprocs.daemon_procs, PIPE, 1001, proc, table) == {10: (500, 1001)}
+        assert _in_thread(mpsprocs.daemon_tree, PIPE, 1001, proc) == {
+            10: (500, 1001), 20: (700, 1001), 21: (800, 1001)}
+    finally:
+        os.close(held)                  # what still reads them (a thread given up) ends
+        try:
+            os.close(os.open(root / "5" / "environ", os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass                        # nothing waits on it
