@@ -697,3 +697,20 @@ def test_stop_ends_the_recorded_cgroup_the_job_names_by_its_sluid(
     info = {"job_dir": f"{base}/mps/7", "cgroup": [str(cg)], "sluid": "s7sluid"}
     assert mps.stop(s, info, "7", _user(), kill_wait=0.1) == []
     assert not cg.parent.exists() and cg.parent.parent.is_dir()
+
+
+def test_stop_ends_the_recorded_holding_cgroup_of_an_earlier_node_name(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hold the prolog recorded is ended even when the node's name now differs
+    (slurmd restarted with another -N): it has the holding cgroup's shape for this job."""
+    from slurm_gpu import hostctx
+    monkeypatch.setattr(hostctx, "node_name", "n1")
+    point = base / "cg"
+    hold = point / jobcgroup.HOLD / "n0" / "job_7"
+    hold.mkdir(parents=True)                        # empty: nothing runs in it
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(point), 2, ())])
+    s = MpsSettings(base_dir=str(base / "mps"))
+    mps.make_dirs(s, "7", _user())
+    info = {"job_dir": f"{base}/mps/7", "hold": [str(hold)]}
+    assert mps.stop(s, info, "7", _user(), kill_wait=0.1) == []
+    assert not (point / jobcgroup.HOLD).exists()
