@@ -714,3 +714,19 @@ def test_stop_ends_the_recorded_holding_cgroup_of_an_earlier_node_name(
     info = {"job_dir": f"{base}/mps/7", "hold": [str(hold)]}
     assert mps.stop(s, info, "7", _user(), kill_wait=0.1) == []
     assert not (point / jobcgroup.HOLD).exists()
+
+
+def test_stop_leaves_another_slurmds_job_of_the_same_id_alone(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several slurmd on one host (the sandbox's n1, n2): job 7's epilog on n1 never
+    ends n2's job 7's slurm_gpu_mps."""
+    from slurm_gpu import hostctx
+    monkeypatch.setattr(hostctx, "node_name", "n1")
+    point = base / "freezer"
+    theirs = point / "slurm_n2" / f"uid_{_uid('sgtest1')}" / "job_7" / jobcgroup.NAME
+    theirs.mkdir(parents=True)
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(point), 1, ("freezer",))])
+    s = MpsSettings(base_dir=str(base / "mps"))
+    mps.make_dirs(s, "7", _user())
+    assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == []
+    assert theirs.is_dir()
