@@ -730,3 +730,33 @@ def test_stop_leaves_another_slurmds_job_of_the_same_id_alone(
     mps.make_dirs(s, "7", _user())
     assert mps.stop(s, None, "7", _user(), kill_wait=0.1) == []
     assert theirs.is_dir()
+
+
+def test_processes_in_the_daemons_cgroup_that_survive_sigkill_are_a_node_fault(
+        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever is in the daemon's cgroup is its tree; stuck in the driver it ignores
+    SIGKILL: the node's fault, every one named, the cgroup named."""
+    from slurm_gpu import hostctx
+    from slurm_gpu.errors import HardwareError
+    monkeypatch.setattr(hostctx, "node_name", "n1")
+    point = base / "cg"
+    cg = point / "system.slice" / "n1_slurmstepd.scope" / "job_7" / jobcgroup.NAME
+    cg.mkdir(parents=True)
+    monkeypatch.setattr(jobcgroup, "mounts", lambda mountinfo="": [(str(point), 2, ())])
+    s = MpsSettings(base_dir=str(base / "mps"))
+    mps.make_dirs(s, "7", _user())
+    stuck = sorted(_orphan({}) for _ in range(2))
+    try:
+        (cg / "cgroup.procs").write_text("".join(f"{p}\n" for p in stuck))
+        with monkeypatch.context() as m:
+            m.setattr(os, "kill", lambda *a: None)
+            m.setattr(signal, "pidfd_send_signal", lambda *a: None)
+            with pytest.raises(HardwareError) as e:
+                mps.stop(s, None, "7", _user(), kill_wait=0.1)
+        assert str(e.value) == (f"processes {stuck[0]},{stuck[1]} in the MPS cgroup survive SIGKILL "
+                                f"for 0.1 s ({cg})")
+        assert cg.is_dir() and not any(_gone(p) for p in stuck)
+    finally:
+        for p in stuck:
+            if not _gone(p):
+                os.kill(p, signal.SIGKILL)
