@@ -80,6 +80,8 @@ class Facts:
     kernel_log: tuple[str, str, str] | None = None
     # The package's systemd units: name -> `systemctl show` properties (None: not gathered)
     units: dict[str, dict[str, str]] | None = None
+    # /etc/fuse.conf: (its path, whether it sets user_allow_other); None: no such file
+    fuse_allow_other: tuple[str, bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,7 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
     from .imex.doctor import gather as gather_imex
     facts.imex = gather_imex(conf, path)
     facts.kernel_log = _gather_kernel_log(node)
+    facts.fuse_allow_other = read_fuse_allow_other()
     if doctor_cgroup.systemd_running("/"):
         facts.units = gather_units(doctor_cgroup._default_runner)
     gres = Path(path).parent / "gres.conf"
@@ -267,6 +270,20 @@ def gather(slurm_conf: str | None = None, node: str | None = None,
         except Exception as e:  # noqa: BLE001 - reported as a finding, not a crash
             facts.gres_error = getattr(e, "what", None) or f"{type(e).__name__}: {e}"
     return facts
+
+
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def read_fuse_allow_other(path: str = FUSE_CONF) -> tuple[str, bool] | None:
+    """(*path*, whether it sets ``user_allow_other``: fuse(8), a line of that word alone);
+    None when there is no such file to read."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 16).decode(errors="replace")
+    except OSError:
+        return None
+    return path, any(line.split("#", 1)[0].strip() == "user_allow_other" for line in text.splitlines())
 
 
 XID_WATCH = "slurm-gpu-xid-watch.service"
@@ -728,9 +745,20 @@ def check_units(f: Facts) -> list[Finding]:
     return out
 
 
+def check_fuse(f: Facts) -> list[Finding]:
+    """``user_allow_other`` in /etc/fuse.conf where ``--gpu-mps`` runs: a job user's FUSE
+    mount in their MPS directories could then answer root too, and hold root's prolog or
+    epilog in a request its server never answers (mounts without it refuse root: EACCES)."""
+    if f.fuse_allow_other is None or not f.fuse_allow_other[1] or not f.mps_enabled:
+        return []
+    return [Finding(WARNING, "fuse.allow_other", f"{f.fuse_allow_other[0]} sets user_allow_other: a job's "
+                    "user can mount FUSE in their --gpu-mps directories that root's prolog and epilog "
+                    "then wait on (remove it, or set [mps] enabled = false)")]
+
+
 CHECKS = (check_slurm, check_shared_gres, check_plugin, check_plugin_tree, check_setup, check_prolog, check_health,
           check_gres, check_venv, check_venv_writable, check_persistenced, check_config, check_mps_control,
-          check_cgroup, check_imex, check_kernel_log, check_units)
+          check_cgroup, check_imex, check_kernel_log, check_units, check_fuse)
 # What each kind of node needs.  A login node runs srun/sbatch/salloc, which
 # load the SPANK plugin and read its config to check the options; slurmd,
 # the prolog, the health check, gres.conf and the GPUs are a GPU node's.

@@ -81,9 +81,25 @@ def is_fuse_wait(name: str) -> bool:
 
 
 def in_fuse_request(pid: int | str, proc: str = PROC) -> str:
-    """The FUSE wait *pid* is blocked in (:func:`is_fuse_wait`), else ""."""
-    name = wchan(pid, proc)
-    return name if is_fuse_wait(name) else ""
+    """The FUSE wait (:func:`is_fuse_wait`) that holds *pid*, else "": every thread of
+    it in an uninterruptible sleep (``D``) waits in FUSE, one at least.  All threads
+    are read: ``/proc/PID/wchan`` is the leader's alone, and another thread stuck in
+    a driver must still count as the node's."""
+    import os
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return ""
+    found = ""
+    for tid in tids:
+        st = stat(f"{pid}/task/{tid}", proc)
+        if st is None or not st[1] or st[1][0] != "D":
+            continue
+        name = wchan(f"{pid}/task/{tid}", proc)
+        if not is_fuse_wait(name):
+            return ""
+        found = found or name
+    return found
 
 
 def uids(pid: int | str, proc: str = PROC) -> tuple[int, ...] | None:

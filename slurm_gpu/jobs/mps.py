@@ -283,7 +283,7 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
                          run_as=user.run_as(), join_cgroups=jobcgroup.procs_files(cgroups),
                          cpus=use, check=False)
     except runner.TimedOut as e:
-        _client_users_doing(jobid, "launcher", e)
+        _client_users_doing(jobid, "launcher", e, user.uid)
         _launcher_failed(settings, jobid, pipe, user.uid, before, f"timed out after {settings.start_timeout:g} s",
                          said=False)
     _client_killed(jobid, "launcher", res)
@@ -328,7 +328,7 @@ def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str
             # root it would connect to whatever the user put in their pipe
             # directory), so any process of that user can stop it, or kill
             # it (below): their doing, never the node's.
-            _client_users_doing(jobid, "client", e)
+            _client_users_doing(jobid, "client", e, user.uid)
             # A daemon that is stopped (SIGSTOP, or a
             # ptrace stop, from another process of its user: only they and
             # root can) never answers, nor do sockets of the user's own put
@@ -460,8 +460,10 @@ def _ended_early(jobid: str, uid: int, before: frozenset[int]) -> None:
                         "of the job's user?)", f"job {jobid}")
 
 
-def _client_users_doing(jobid: str, which: str, e: CommandError) -> None:
-    """Raise JobFailed when *e* is the time out of a launcher or client that was stopped.
+def _client_users_doing(jobid: str, which: str, e: CommandError, uid: int) -> None:
+    """Raise JobFailed when *e* is the time out of a launcher or client that was stopped,
+    or that was given up in a FUSE wait while the job's user has a FUSE mount; raise
+    HardwareError when it was given up stuck anywhere else in the kernel.
 
     Both run as the job's user: only that user's processes (or root) can
     stop them.  Their real uid cannot be kept root to prevent it: execve
@@ -471,16 +473,22 @@ def _client_users_doing(jobid: str, which: str, e: CommandError) -> None:
         from .state import JobFailed
         raise JobFailed(f"MPS control {which} was stopped before the daemon answered "
                         "(by a process of the job's user?)", f"job {jobid}") from None
-    # Killed at its time out and still there, in a FUSE wait: a FUSE server
-    # of the job's user's holds it (what runs as them reaches only their
-    # directories, where they can mount one), until it answers or goes.
+    if not getattr(e, "stuck", False):
+        return
+    # Killed at its time out and still there.  In a FUSE wait while the job's
+    # user has a FUSE mount: theirs holds it (what runs as them reaches only
+    # their directories, where they can mount one).  A site's FUSE (root's:
+    # CVMFS, a virtiofs root), a driver or a disk: the node's.
     from ..procfs import is_fuse_wait
+    from .mpsdir import user_fuse_mounts
     blocked = getattr(e, "blocked_in", "")
-    if getattr(e, "stuck", False) and is_fuse_wait(blocked):
+    if is_fuse_wait(blocked) and user_fuse_mounts(uid):
         from .state import JobFailed
         raise JobFailed(f"MPS control {which} could not be ended after its time out: it is blocked "
                         f"in a FUSE request ({blocked}) (by a process of the job's user?)",
                         f"job {jobid}") from None
+    raise HardwareError(f"MPS control {which} could not be ended after its time out (blocked in "
+                        f"the kernel{', in ' + blocked if blocked else ''})", f"job {jobid}") from None
 
 
 def _client_killed(jobid: str, which: str, res: runner.Completed) -> None:
@@ -611,10 +619,18 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
     if procs:
         # A process in another job's cgroup is that job's, whatever its
         # environment names: its user can put this pipe directory there.
-        from ..slurmcgroup import job_dir_of_pid
+        from ..slurmcgroup import SLUID, job_dir_of_pid
         sluid = (info or {}).get("sluid")
-        ours = {None, f"job_{jobid}"} | ({sluid} if isinstance(sluid, str) else set())
-        procs = {p: i for p, i in procs.items() if job_dir_of_pid("/proc", p) in ours}
+        sluid = sluid if isinstance(sluid, str) else None
+
+        def others(pid: int) -> bool:
+            d = job_dir_of_pid("/proc", pid)
+            if d is None or d == f"job_{jobid}" or d == sluid:
+                return False
+            # A SLUID-named directory (26.05) counts as another job's only
+            # when this job's own SLUID is known (no record: it may be ours).
+            return sluid is not None or not SLUID.fullmatch(d)
+        procs = {p: i for p, i in procs.items() if not others(p)}
     # The daemon the prolog started, by PID and start time: found even when
     # its environment no longer names the pipe directory.
     for pid, ident in recorded_daemon(info, uid).items():
@@ -633,7 +649,7 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
             _kill(p, *i)
         wait_gone(left, kill_wait)
         alive = sorted(p for p, i in left.items() if _same(p, *i))
-        notes += _in_users_fuse(alive)
+        notes += _in_users_fuse(alive, uid, kill_wait)
         if alive:
             # Stuck in the kernel (a hung driver call): a node fault.  The
             # directory and the state stay, so the next epilog tries again.
@@ -676,18 +692,40 @@ def _node_name() -> str:
     return node_name()
 
 
-def _in_users_fuse(alive: list[int]) -> list[str]:
-    """Take out of *alive* (survivors of SIGKILL) those blocked in a FUSE request; a note
-    naming them.  Their user's FUSE server holds them (the job's processes and daemon
-    run as that user, who may mount FUSE wherever they can write): no node fault, and
-    they end when it answers or goes."""
+def _in_users_fuse(alive: list[int], uid: int | None, wait: float) -> list[str]:
+    """Take out of *alive* (survivors of SIGKILL) those a FUSE server of the job's user
+    holds; notes.
+
+    A process blocked in a FUSE request its server took ignores SIGKILL until
+    the server answers.  When the job's user has FUSE mounts, those with
+    requests waiting are aborted (fusectl), which ends such a wait, and the
+    survivors are looked at again after *wait* s; one still held in FUSE is
+    left, with a note (their server, or fusectl not mounted).  Anything else
+    stays in *alive*: stuck in a driver, or in a site's FUSE (root's), is the
+    node's.
+    """
     from ..procfs import in_fuse_request
-    held = {p: w for p in alive if (w := in_fuse_request(p))}
-    if not held:
+    from .mpsdir import abort_fuse, user_fuse_mounts
+    held = [p for p in alive if in_fuse_request(p)]
+    mounts = user_fuse_mounts(uid) if held and uid else []
+    if not mounts:
         return []
-    alive[:] = [p for p in alive if p not in held]
-    return [f"MPS: processes {','.join(map(str, sorted(held)))} survive SIGKILL, blocked in a FUSE "
-            f"request ({', '.join(sorted(set(held.values())))}): left to end when its server answers"]
+    notes = []
+    aborted = abort_fuse([c for _m, c in mounts])
+    if aborted:
+        notes.append("MPS: aborted FUSE connections of the job's user that held processes past "
+                     f"SIGKILL: {', '.join(m for m, c in mounts if c in aborted)}")
+        import time
+        deadline = time.monotonic() + wait
+        while any(_alive(p) for p in held) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    still = {p: w for p in held if _alive(p) and (w := in_fuse_request(p))}
+    alive[:] = [p for p in alive if _alive(p) and p not in still]
+    if still:
+        notes.append(f"MPS: processes {','.join(map(str, sorted(still)))} survive SIGKILL, blocked "
+                     f"in a FUSE request ({', '.join(sorted(set(still.values())))}) while the job's "
+                     "user has FUSE mounts: left to end when their server answers")
+    return notes
 
 
 def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: float) -> list[str]:
@@ -714,11 +752,11 @@ def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: floa
     if not dirs:
         return []
     alive = sorted(jobcgroup.kill_all(dirs, wait))
-    notes = _in_users_fuse(alive)
+    notes = _in_users_fuse(alive, uid, wait) if alive else []
     if alive:
         raise HardwareError(f"processes {','.join(map(str, alive))} in the MPS cgroup "
                             f"survive SIGKILL for {wait:g} s", dirs[0])
-    if not notes:
+    if not jobcgroup.members(dirs):         # one held in its user's FUSE keeps its cgroup
         jobcgroup.remove(dirs)
     return notes
 

@@ -297,6 +297,55 @@ def detach_mounts(d: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[list
 
 # -- what makes the daemon fail without a node fault ----------------------
 
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def user_fuse_mounts(uid: int, mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, int]]:
+    """(mount point, connection number) of each FUSE mount made for *uid*
+    (``user_id=<uid>``: fusermount3 mounts for its caller), root's never."""
+    if uid == 0:
+        return []
+    try:
+        with open(mountinfo, "rb") as f:
+            raw = f.read().decode(errors="surrogateescape")
+    except OSError:
+        return []
+    out = []
+    for line in raw.split("\n"):
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(" "), tail.split(" ")
+        if not sep or len(fields) < 5 or len(rest) < 3:
+            continue
+        if rest[0] not in ("fuse", "fuseblk") and not rest[0].startswith("fuse."):
+            continue
+        if f"user_id={uid}" not in rest[2].split(","):
+            continue
+        major, _, minor = fields[2].partition(":")
+        if major.isdigit() and minor.isdigit():
+            # fusectl names a connection by its device number (fs/fuse/control.c)
+            out.append((_unescape(fields[4]), (int(major) << 20) | int(minor)))
+    return out
+
+
+def abort_fuse(conns: list[int], fusectl: str = FUSECTL) -> list[int]:
+    """Abort each FUSE connection of *conns* that has requests waiting (fusectl's
+    ``waiting``, ``abort``: every request then fails, whoever waits on it); the
+    ones aborted.  Nothing where fusectl is not mounted (systemd mounts it)."""
+    done = []
+    for c in conns:
+        d = f"{fusectl}/{int(c)}"
+        try:
+            with open(f"{d}/waiting", "rb") as f:
+                if int(f.read(32) or b"0") <= 0:
+                    continue
+            with open(f"{d}/abort", "wb") as f:
+                f.write(b"1")
+        except (OSError, ValueError):
+            continue
+        done.append(c)
+    return done
+
+
 def mounted_over(jd: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
     """What the job's user mounted in the job directory *jd* ("pipe", "log", ...), or None.
 

@@ -271,3 +271,29 @@ def test_proc_kmsg_as_the_kernel_log_is_refused_unread(tmp_path, monkeypatch, li
     with pytest.raises(InputError) as e:
         kmsg.read_file(src)
     assert e.value.line() == f"slurm-gpu: kernel log is {kmsg.PROC_KMSG_WHY} ({src})"
+
+
+@pytest.mark.parametrize("text, warns", [
+    ("# mount_max = 1000\n#user_allow_other\n", False),          # fuse3's shipped file
+    ("user_allow_other\n", True),
+    ("  user_allow_other   \n", True),
+    ("user_allow_other_x\n", False),
+])
+def test_fuse_user_allow_other_is_a_warning_where_mps_runs(tmp_path, text, warns):
+    """With user_allow_other in /etc/fuse.conf a job's user can mount FUSE over their MPS
+    directories that answers root too, and hold the prolog or epilog in a request their
+    server never answers (fourth hostile review, M5).  fuse(8): the option lets
+    non-root users use allow_other."""
+    conf = tmp_path / "fuse.conf"
+    conf.write_text(text)
+    f = facts(tmp_path, fuse_allow_other=d.read_fuse_allow_other(str(conf)))
+    got = lines(f).get("fuse.allow_other", [])
+    if warns:
+        assert got == [f"WARNING fuse.allow_other: {conf} sets user_allow_other: a job's user can mount "
+                       "FUSE in their --gpu-mps directories that root's prolog and epilog then wait on "
+                       "(remove it, or set [mps] enabled = false)"]
+    else:
+        assert got == []
+    f = facts(tmp_path, fuse_allow_other=d.read_fuse_allow_other(str(conf)), mps_enabled=False)
+    assert lines(f).get("fuse.allow_other", []) == []
+    assert d.read_fuse_allow_other(str(tmp_path / "none")) is None

@@ -43,3 +43,29 @@ def test_the_live_proc_agrees_with_os():
     st = procfs.stat(os.getpid())
     assert st is not None and procfs.parent(os.getpid()) == os.getppid()
     assert procfs.state(os.getpid()) in ("R", "S")
+
+
+def _task(root, pid, tid, state, wchan):  # type: ignore[no-untyped-def]
+    d = root / str(pid) / "task" / str(tid)
+    d.mkdir(parents=True)
+    rest = " ".join(["0"] * 17)
+    (d / "stat").write_text(f"{tid} (x) {state} 1 {rest} 4242 0 0\n")
+    (d / "wchan").write_text(wchan)
+
+
+def test_a_process_counts_as_held_in_fuse_only_when_every_stuck_thread_is(tmp_path) -> None:
+    """/proc/PID/wchan is the leader's alone: a process whose leader waits in FUSE while
+    another thread is stuck in the driver is the node's (review round 4, M4)."""
+    root = tmp_path
+    _task(root, 10, 10, "D", "request_wait_answer")
+    _task(root, 10, 11, "S", "futex_wait_queue")             # asleep, killable: ends with SIGKILL
+    _task(root, 11, 11, "Z", "0")                            # the leader gone, a thread in FUSE
+    _task(root, 11, 12, "D", "fuse_lock_inode")
+    _task(root, 12, 12, "D", "request_wait_answer")
+    _task(root, 12, 13, "D", "os_acquire_mutex")              # stuck in the driver
+    _task(root, 13, 13, "R", "0")
+    assert procfs.in_fuse_request(10, str(root)) == "request_wait_answer"
+    assert procfs.in_fuse_request(11, str(root)) == "fuse_lock_inode"
+    assert procfs.in_fuse_request(12, str(root)) == ""
+    assert procfs.in_fuse_request(13, str(root)) == ""
+    assert procfs.in_fuse_request(99, str(root)) == ""        # gone

@@ -593,11 +593,27 @@ def test_the_epilog_leaves_another_jobs_process_that_names_this_pipe_alone(
         agent.close()
 
 
-def test_a_process_blocked_in_the_users_fuse_at_the_epilog_is_no_node_fault(
-        node: Env) -> None:
-    """A process of the job's, bound to its pipe directory, blocked in a FUSE request
-    of its user's server, survives SIGKILL: the epilog notes it and ends without a
-    drain (review round 3, H3); it ends when the user's server answers or goes."""
+@pytest.fixture()
+def fusectl() -> Iterator[bool]:
+    """fusectl at /sys/fs/fuse/connections (systemd mounts it at boot); mounted for the
+    test where it is not, and unmounted after."""
+    d = "/sys/fs/fuse/connections"
+    with open("/proc/self/mountinfo") as f:
+        there = any(ln.split()[4] == d for ln in f)
+    if not there:
+        if subprocess.run(["mount", "-t", "fusectl", "fusectl", d], capture_output=True).returncode:
+            pytest.skip("cannot mount fusectl")
+    try:
+        yield True
+    finally:
+        if not there:
+            subprocess.run(["umount", d], capture_output=True)
+
+
+def _blocked_in_fuse(node: Env, uid: int) -> tuple[list[str], int, Any]:
+    """Prolog a --gpu-mps job, then a process of its user's, bound to its pipe directory,
+    blocks in a FUSE filesystem mounted for *uid* whose server never answers; the
+    epilog runs.  Returns (the epilog's log lines, its exit status, the agent)."""
     from fusestall import StallingFuse, available
     from useragent import Agent
     if not available():
@@ -608,20 +624,54 @@ def test_a_process_blocked_in_the_users_fuse_at_the_epilog_is_no_node_fault(
     assert st is not None and st.mps
     mnt = node.base / "fuse"
     mnt.mkdir()
-    fs = StallingFuse(str(mnt), uid=1001, gid=1001)
+    fs = StallingFuse(str(mnt), uid=uid, gid=uid)
     agent = Agent("if not os.fork():\n    open(arg)\n", env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
     try:
         agent.do(str(mnt / "x"))
         assert fs.taken.wait(10)
-        assert lifecycle.epilog(ctx) == 0, node.logs
-        import re
-        assert [ln for ln in node.logs if "FUSE" in ln and re.fullmatch(
-            r"slurm-gpu: epilog job 100: MPS: processes \d+ survive SIGKILL, blocked in a FUSE request "
-            r"\(request_wait_answer\): left to end when its server answers", ln)], node.logs
-        assert js.load(node.state_dir, "100") is None
+        rc = lifecycle.epilog(ctx)
+        return list(node.logs), rc, agent
     finally:
         fs.close()
         agent.close()
+
+
+def test_a_process_blocked_in_the_users_fuse_at_the_epilog_is_no_node_fault(node: Env) -> None:
+    """A process of the job's, bound to its pipe directory, blocked in a FUSE request
+    of its user's server, survives SIGKILL: without fusectl the epilog notes it and
+    ends without a drain (review round 3, H3)."""
+    import re
+    with open("/proc/self/mountinfo") as f:
+        if any(ln.split()[4] == "/sys/fs/fuse/connections" for ln in f):
+            pytest.skip("fusectl is mounted here: the abort is tested below")
+    logs, rc, _agent = _blocked_in_fuse(node, 1001)
+    assert rc == 0, logs
+    assert [ln for ln in logs if re.fullmatch(
+        r"slurm-gpu: epilog job 100: MPS: processes \d+ survive SIGKILL, blocked in a FUSE request "
+        r"\(request_wait_answer\) while the job's user has FUSE mounts: left to end when their "
+        r"server answers", ln)], logs
+    assert js.load(node.state_dir, "100") is None
+
+
+def test_the_epilog_aborts_the_users_fuse_that_holds_a_process_past_sigkill(
+        node: Env, fusectl: bool) -> None:
+    """With fusectl (systemd mounts it), the job's user's FUSE connections with requests
+    waiting are aborted: the held process ends, nothing is left, no drain (review
+    round 4, H2: a process that holds its own server's /dev/fuse never ends otherwise)."""
+    logs, rc, _agent = _blocked_in_fuse(node, 1001)
+    assert rc == 0, logs
+    assert [ln for ln in logs if "FUSE" in ln] == [
+        f"slurm-gpu: epilog job 100: MPS: aborted FUSE connections of the job's user that held "
+        f"processes past SIGKILL: {node.base}/fuse"], logs
+    assert node.leftovers() == []
+
+
+def test_a_process_stuck_in_a_sites_fuse_at_the_epilog_is_the_nodes_fault(node: Env, fusectl: bool) -> None:
+    """A FUSE filesystem of root's (a site's: CVMFS, a virtiofs root) that holds a
+    process past SIGKILL is the node's fault, and is never aborted (review round 4, H1)."""
+    logs, rc, _agent = _blocked_in_fuse(node, 0)
+    assert rc == 1, logs
+    assert len(logs) == 1 and "survive SIGKILL" in logs[0] and "cleanup incomplete" in logs[0], logs
 
 
 def test_a_fuse_mount_over_the_pipe_directory_that_never_answers_fails_the_job(
@@ -668,3 +718,22 @@ def test_a_fuse_mount_over_the_pipe_directory_that_never_answers_fails_the_job(
     monkeypatch.setattr(runner, "run", real)
     assert lifecycle.epilog(ctx) == 0, node.logs
     assert node.leftovers() == []
+
+
+def test_a_lost_record_epilog_still_ends_a_daemon_in_a_sluid_named_cgroup(
+        node: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """26.05 names a job's cgroup by its SLUID.  With the record lost, the epilog does
+    not know its job's SLUID: a process in a SLUID-named directory may be its own
+    daemon, which must still be ended (review round 4, H3).  No cgroup hierarchy
+    here (the daemon is found by its environment), every process in a SLUID's."""
+    from slurm_gpu import slurmcgroup
+    from slurm_gpu.jobs import jobcgroup
+    monkeypatch.setattr(jobcgroup, "mounts", lambda *a, **k: [])
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.mps and mps.daemon_pids(st.mps["pipe_dir"])
+    monkeypatch.setattr(slurmcgroup, "job_dir_of_pid", lambda proc, pid: "sEKNKTV3WPV500")
+    js.remove(node.state_dir, "100")                 # lost: a reinstalled node, a wiped /run
+    assert lifecycle.epilog(ctx) == 0, node.logs
+    assert mps.daemon_pids(st.mps["pipe_dir"]) == [] and node.leftovers() == []

@@ -483,17 +483,19 @@ def test_what_a_failed_launcher_printed_is_quoted_short_and_printable(
 
 
 @pytest.mark.parametrize("which", ["launcher", "client"])
-def test_a_launcher_or_client_held_in_the_users_fuse_fails_the_job(
-        node: Env, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
-    """Given up by the runner after its kill (runner.KILL_WAIT), blocked in a FUSE
-    request: only the job's user's FUSE server holds what runs as them (review
-    round 3, H2)."""
+@pytest.mark.parametrize("blocked", ["request_wait_answer", "nv_wait_for_gpu", ""])
+def test_a_launcher_or_client_stuck_in_the_kernel_with_no_fuse_of_the_users_is_the_nodes(
+        node: Env, monkeypatch: pytest.MonkeyPatch, which: str, blocked: str) -> None:
+    """Given up by the runner after its kill (runner.KILL_WAIT): with no FUSE mount of
+    the job's user on the node, whatever holds it (a site's FUSE, a driver, a disk)
+    is the node's (review round 4, H1).  The user's own FUSE is tested with a real
+    server in test_jobs_mps_mounts."""
     _short(node)
 
     def held(res: Any) -> Any:
-        raise runner.TimedOut("nvidia-cuda-mps-control timed out after 1 s and could not be ended "
-                              "(blocked in the kernel, in request_wait_answer)", "x", stuck=True,
-                              blocked_in="request_wait_answer")
+        raise runner.TimedOut("nvidia-cuda-mps-control timed out after 1 s and could not be ended",
+                              "x", stuck=True, blocked_in=blocked)
     _patch_run(monkeypatch, **{which: held})
-    assert _user_failed(node) == (f"MPS control {which} could not be ended after its time out: it is "
-                                  f"blocked in a FUSE request (request_wait_answer) {USER_TAG}")
+    where = f", in {blocked}" if blocked else ""
+    assert _node_fault(node) == (f"slurm-gpu: MPS control {which} could not be ended after its time "
+                                 f"out (blocked in the kernel{where}) (job 100)")
