@@ -126,15 +126,21 @@ def test_step_fails_when_the_prolog_did_not_finish(cluster: Cluster, node_files)
     state_dir = cluster.dir / "var" / name
     d = cluster.user_dir("sgtest1")
     script = d / "wait.sh"
-    script.write_text("#!/bin/sh\nsleep 60\n")
+    started = d / "started"
+    started.unlink(missing_ok=True)
+    script.write_text(f"#!/bin/sh\ntouch {started}\nsleep 60\n")
     script.chmod(0o755)
     jobid = cluster.sbatch("--gres=gpu:1", "--gpu-mps", "-w", name, "-o", "/dev/null",
                            str(script), user="sgtest1", cwd=str(d))
     cluster.wait_job(jobid, states={"RUNNING"})
-    deadline = time.monotonic() + 30          # RUNNING comes before the prolog without Alloc
-    while ((rec := jobstate.load(state_dir, str(jobid))) is None
-           or rec.phase != jobstate.Phase.READY) and time.monotonic() < deadline:
+    # The batch step must be running before the record is changed: its own
+    # step checks the record too, and would fail the whole job ("Job/step
+    # already completing" for the srun below; seen under load).
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert started.exists(), "the batch step never started"
+    rec = jobstate.load(state_dir, str(jobid))
     assert rec is not None and rec.phase == jobstate.Phase.READY and rec.mps, rec
     pipe = rec.mps["pipe_dir"]
     rec.phase = jobstate.Phase.PROLOG           # as the killed prolog left it
