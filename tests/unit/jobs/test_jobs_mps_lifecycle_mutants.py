@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from test_jobs_lifecycle import Env
@@ -585,44 +585,40 @@ def test_a_mount_left_after_the_last_detach_leaves_the_directory_with_a_note(
     assert not os.path.lexists(base / "mps" / "7") and _mounts_under(base) == []
 
 
-def _two_stragglers(base: Path) -> tuple[MpsSettings, str, list[int]]:
-    """Two processes bound to the pipe; stopped without a job user: no quit, killed."""
+@pytest.fixture()
+def two_stragglers(base: Path) -> Iterator[tuple[MpsSettings, str, list[int]]]:
+    """Two processes bound to the pipe; stopped without a job user: no quit, killed.
+    Whatever a test left of them is killed after it."""
     s = MpsSettings(base_dir=str(base / "mps"))
     pipe, _log = mps.make_dirs(s, "7", _user())
-    return s, pipe, sorted(_orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe}) for _ in range(2))
-
-
-def test_stop_names_every_straggler_it_killed(base: Path) -> None:
-    s, _pipe, left = _two_stragglers(base)
+    left = sorted(_orphan({"CUDA_MPS_PIPE_DIRECTORY": pipe}) for _ in range(2))
     try:
-        assert mps.stop(s, None, "7", None, kill_wait=2) == [
-            f"MPS: killed stragglers {left[0]},{left[1]}"]
-        assert all(_gone(p) for p in left)
+        yield s, pipe, left
     finally:
         for p in left:
             if not _gone(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_stop_names_every_straggler_it_killed(two_stragglers: tuple[MpsSettings, str, list[int]]) -> None:
+    s, _pipe, left = two_stragglers
+    assert mps.stop(s, None, "7", None, kill_wait=2) == [f"MPS: killed stragglers {left[0]},{left[1]}"]
+    assert all(_gone(p) for p in left)
 
 
 def test_stragglers_that_survive_sigkill_are_named_in_the_node_fault(
-        base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        two_stragglers: tuple[MpsSettings, str, list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
     """Stuck in the driver: SIGKILL is not heard (as test_jobs_lifecycle's daemon)."""
     from slurm_gpu.errors import HardwareError
-    s, pipe, left = _two_stragglers(base)
-    try:
-        with monkeypatch.context() as m:
-            m.setattr(os, "kill", lambda *a: None)
-            m.setattr(signal, "pidfd_send_signal", lambda *a: None)
-            with pytest.raises(HardwareError) as e:
-                mps.stop(s, None, "7", None, kill_wait=0.1)
-        assert str(e.value) == f"MPS processes {left[0]},{left[1]} survive SIGKILL for 0.1 s ({pipe})"
-        assert os.path.isdir(pipe)                  # left for the next epilog
-        assert mps.stop(s, None, "7", None, kill_wait=2) == [
-            f"MPS: killed stragglers {left[0]},{left[1]}"]
-    finally:
-        for p in left:
-            if not _gone(p):
-                os.kill(p, signal.SIGKILL)
+    s, pipe, left = two_stragglers
+    with monkeypatch.context() as m:
+        m.setattr(os, "kill", lambda *a: None)
+        m.setattr(signal, "pidfd_send_signal", lambda *a: None)
+        with pytest.raises(HardwareError) as e:
+            mps.stop(s, None, "7", None, kill_wait=0.1)
+    assert str(e.value) == f"MPS processes {left[0]},{left[1]} survive SIGKILL for 0.1 s ({pipe})"
+    assert os.path.isdir(pipe)                  # left for the next epilog
+    assert mps.stop(s, None, "7", None, kill_wait=2) == [f"MPS: killed stragglers {left[0]},{left[1]}"]
 
 
 def test_stop_ends_the_daemons_cgroup_of_the_job_user_never_a_stale_one(
