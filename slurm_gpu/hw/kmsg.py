@@ -74,6 +74,7 @@ DEV_KMSG = "/dev/kmsg"
 PROC_KMSG = "/proc/kmsg"
 PROC_KMSG_WHY = ("/proc/kmsg, whose every read takes its messages from the syslog daemon: "
                  "name /dev/kmsg (the default) or the file the syslog daemon writes")
+CHUNK = 8 << 20
 
 
 def _is_proc_kmsg(path: str) -> bool:
@@ -81,7 +82,8 @@ def _is_proc_kmsg(path: str) -> bool:
         return os.path.realpath(path) == PROC_KMSG
     except (OSError, ValueError):
         return False
-CHUNK = 8 << 20
+
+
 @dataclass
 class FileCursor:
     """Where the last read of a kernel log file stopped (and proof it is the same file)."""

@@ -735,8 +735,8 @@ def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: floa
     job's holding cgroup (a lost state file, a prolog killed before it
     recorded them).  Whatever is in there is the daemon's tree, whoever it
     runs as now, wherever it went in the process tree.  One held by its
-    user's FUSE server (:func:`_in_users_fuse`) keeps its cgroup, which the
-    next epilog's sweep removes.
+    user's FUSE server (:func:`_in_users_fuse`) keeps its cgroup: nothing
+    removes that directory later (empty once the process ends).
     """
     from . import jobcgroup
     found = jobcgroup.mounts()

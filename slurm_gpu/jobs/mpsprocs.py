@@ -19,16 +19,12 @@ def _ids(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] | N
     process hung in the driver cannot hang this scan.  The start time tells
     a process from a later one that got its recycled PID.
     """
-    from ..procfs import start_time
-    try:
-        start = start_time(pid, proc)
-        if start is None:
-            return None
-        with open(f"{proc}/{pid}/status", "rb") as f:
-            uids = next(line for line in f if line.startswith(b"Uid:")).split()[1:5]
-        return tuple(int(u) for u in uids), start
-    except (OSError, IndexError, ValueError, StopIteration):
+    from ..procfs import start_time, uids
+    start = start_time(pid, proc)
+    if start is None:
         return None
+    ids = uids(pid, proc)
+    return None if ids is None else (ids, start)
 
 
 def _status(pid: int | str, proc: str = "/proc") -> tuple[tuple[int, ...], int] | None:
