@@ -187,7 +187,8 @@ class Cluster:
             if (want.fullmatch(state) if isinstance(want, re.Pattern) else state == want):
                 return state
             time.sleep(0.1)
-        raise AssertionError(f"node {name} not {want} after {timeout} s (state {state!r})")
+        raise AssertionError(f"node {name} not {want} after {timeout} s (state {state!r}; "
+                             f"{self.why_unavailable(name)})")
 
     def log(self, name: str) -> str:
         """Text of a daemon log: ``slurmctld`` or a node name."""

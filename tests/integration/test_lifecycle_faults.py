@@ -436,7 +436,8 @@ def test_real_slurm_subset(cluster: Cluster, node_files) -> None:
         time.sleep(0.2)
     assert _leftovers(node_files, state_dir) == []
     # "planned": idle, with the backfill scheduler planning a job on it (Slurm 22.05+); never drained
-    assert cluster.node_states()[cluster.nodes[0]] in ("idle", "mixed", "planned")
+    assert cluster.node_states()[cluster.nodes[0]] in ("idle", "mixed", "planned"), \
+        cluster.why_unavailable(cluster.nodes[0])
     out = (d / f"slurm-{jobs[1][0]}.out").read_text()
     assert "MIG=MIG-" in out and "MPS=" in out
     bad = cluster.job(jobs[4][0])
