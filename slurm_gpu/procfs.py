@@ -49,6 +49,27 @@ def state(pid: int | str, proc: str = PROC) -> str | None:
     return _field(pid, 0, proc)
 
 
+def alive(pid: int | str, proc: str = PROC) -> bool:
+    """*pid* has a thread that has not exited.
+
+    Its own ``stat`` is its main thread's: ``Z`` once that one called
+    pthread_exit, while another may run on (or hang in a driver), still
+    holding what it opened and reachable by a signal to the PID; only once
+    every thread has exited is the process gone.
+    """
+    s = state(pid, proc)
+    if s is None:
+        return False
+    if s != "Z":
+        return True
+    import os
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return False
+    return any(state(f"{pid}/task/{t}", proc) not in (None, "Z", "X") for t in tids if t != str(pid))
+
+
 def parent(pid: int | str, proc: str = PROC) -> int | None:
     """The parent PID, None when gone."""
     v = _field(pid, 1, proc)
@@ -81,25 +102,27 @@ def is_fuse_wait(name: str) -> bool:
 
 
 def in_fuse_request(pid: int | str, proc: str = PROC) -> str:
-    """The FUSE wait (:func:`is_fuse_wait`) that holds *pid*, else "": every thread of
-    it in an uninterruptible sleep (``D``) waits in FUSE, one at least.  All threads
-    are read: ``/proc/PID/wchan`` is the leader's alone, and another thread stuck in
-    a driver must still count as the node's."""
+    """The FUSE wait (:func:`is_fuse_wait`) that holds a thread of *pid*, else "".
+
+    Every thread is read: ``/proc/PID/wchan`` is the main thread's alone.  One
+    thread in a FUSE wait is enough: the others may wait behind it in the VFS
+    (``filename_create``, an inode lock it holds), where no wchan names FUSE.
+    Whether FUSE was all that held the process shows once its user's
+    connections are aborted: then it ends, or it does not.
+    """
     import os
     try:
         tids = os.listdir(f"{proc}/{pid}/task")
     except OSError:
         return ""
-    found = ""
     for tid in tids:
         st = stat(f"{pid}/task/{tid}", proc)
         if st is None or not st[1] or st[1][0] != "D":
             continue
         name = wchan(f"{pid}/task/{tid}", proc)
-        if not is_fuse_wait(name):
-            return ""
-        found = found or name
-    return found
+        if is_fuse_wait(name):
+            return name
+    return ""
 
 
 def uids(pid: int | str, proc: str = PROC) -> tuple[int, ...] | None:

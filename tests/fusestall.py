@@ -52,11 +52,12 @@ class StallingFuse:
     (whatever waits on it gets an error) and detaches the mount.
     """
 
-    def __init__(self, mountpoint: str, uid: int = 0, gid: int = 0, allow_other: bool = True) -> None:
+    def __init__(self, mountpoint: str, uid: int = 0, gid: int = 0, allow_other: bool = True,
+                 dev: str = "/dev/fuse") -> None:
         self.mountpoint = mountpoint
         self.requests = 0
         self.taken = threading.Event()
-        self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        self.fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
         subprocess.run(["mount", "-t", "fuse", "-o",
                         f"fd={self.fd},rootmode=40000,user_id={uid},group_id={gid}"
                         + (",allow_other" if allow_other else ""),

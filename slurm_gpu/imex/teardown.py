@@ -77,8 +77,7 @@ def reap(pid: int) -> int | None:
 def alive(pid: int, start: int | None) -> bool:
     if pid <= 0:
         return False
-    st = procfs.state(pid)
-    return st is not None and st != "Z" and procfs.start_time(pid) == start
+    return procfs.alive(pid) and procfs.start_time(pid) == start
 
 
 def stop(pid: int, start: int | None, wait: float) -> str | None:

@@ -616,21 +616,11 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
     # The scan finds what still has the pipe directory in its environment;
     # the process tree below it adds children that dropped it.
     procs = daemon_tree(pipe, uid) if uid != 0 and os.path.exists(jd) else {}
+    elsewhere = _other_job(info, jobid)
     if procs:
         # A process in another job's cgroup is that job's, whatever its
         # environment names: its user can put this pipe directory there.
-        from ..slurmcgroup import SLUID, job_dir_of_pid
-        sluid = (info or {}).get("sluid")
-        sluid = sluid if isinstance(sluid, str) else None
-
-        def others(pid: int) -> bool:
-            d = job_dir_of_pid("/proc", pid)
-            if d is None or d == f"job_{jobid}" or d == sluid:
-                return False
-            # A SLUID-named directory (26.05) counts as another job's only
-            # when this job's own SLUID is known (no record: it may be ours).
-            return sluid is not None or not SLUID.fullmatch(d)
-        procs = {p: i for p, i in procs.items() if not others(p)}
+        procs = {p: i for p, i in procs.items() if not elsewhere(p)}
     # The daemon the prolog started, by PID and start time: found even when
     # its environment no longer names the pipe directory.
     for pid, ident in recorded_daemon(info, uid).items():
@@ -649,7 +639,7 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
             _kill(p, *i)
         wait_gone(left, kill_wait)
         alive = sorted(p for p, i in left.items() if _same(p, *i))
-        notes += _in_users_fuse(alive, uid, kill_wait)
+        notes += _in_users_fuse(alive, uid, kill_wait, elsewhere)
         if alive:
             # Stuck in the kernel (a hung driver call): a node fault.  The
             # directory and the state stay, so the next epilog tries again.
@@ -674,6 +664,34 @@ def stop(settings: MpsSettings, info: MpsRecord | None, jobid: str, user: JobUse
     return notes
 
 
+def _other_job(info: MpsRecord | None, jobid: str) -> Callable[[int], str | None]:
+    """The Slurm job directory of a pid's cgroup when it is another job's than *jobid*'s,
+    else None (this job's, none, or gone)."""
+    from ..slurmcgroup import SLUID, job_dir_of_pid
+    sluid = (info or {}).get("sluid")
+    sluid = sluid if isinstance(sluid, str) else None
+
+    def elsewhere(pid: int) -> str | None:
+        d = job_dir_of_pid("/proc", pid)
+        if d is None or d == f"job_{jobid}" or d == sluid:
+            return None
+        # A SLUID-named directory (26.05) counts as another job's only
+        # when this job's own SLUID is known (no record: it may be ours).
+        return d if sluid is not None or not SLUID.fullmatch(d) else None
+    return elsewhere
+
+
+def _users_other_jobs(uid: int, elsewhere: Callable[[int], str | None]) -> list[str]:
+    """The other jobs' directories (:func:`_other_job`) where processes of *uid* run."""
+    from ..procfs import uids
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (ids := uids(name)) is not None and ids[0] == uid \
+                and (d := elsewhere(int(name))):
+            found.add(d)
+    return sorted(found)
+
+
 def recorded_daemon(info: MpsRecord | None, uid: int | None) -> dict[int, tuple[int, int]]:
     """The daemon the prolog recorded (PID, start time), while that process still runs as *uid*."""
     out: dict[int, tuple[int, int]] = {}
@@ -692,7 +710,8 @@ def _node_name() -> str:
     return node_name()
 
 
-def _in_users_fuse(alive: list[int], uid: int | None, wait: float) -> list[str]:
+def _in_users_fuse(alive: list[int], uid: int | None, wait: float,
+                   elsewhere: Callable[[int], str | None]) -> list[str]:
     """Take out of *alive* (survivors of SIGKILL) those a FUSE server of the job's user
     holds; notes.
 
@@ -702,16 +721,19 @@ def _in_users_fuse(alive: list[int], uid: int | None, wait: float) -> list[str]:
     survivors are looked at again after *wait* s; one still held in FUSE is
     left, with a note (their server, or fusectl not mounted).  Anything else
     stays in *alive*: stuck in a driver, or in a site's FUSE (root's), is the
-    node's.
+    node's.  Nothing is aborted while another job of the user's runs here
+    (*elsewhere* names its directory): fusectl does not say which job a
+    connection serves, and that job's filesystem would fail under it.
     """
     from ..procfs import in_fuse_request
     from .mpsdir import abort_fuse, user_fuse_mounts
     held = [p for p in alive if in_fuse_request(p)]
-    mounts = user_fuse_mounts(uid) if held and uid else []
-    if not mounts:
+    mounts = user_fuse_mounts(uid, held) if held and uid else []
+    if not mounts or not uid:
         return []
     notes = []
-    aborted = abort_fuse([c for _m, c in mounts])
+    busy = _users_other_jobs(uid, elsewhere)
+    aborted = abort_fuse([c for _m, c in mounts]) if not busy else []
     if aborted:
         notes.append("MPS: aborted FUSE connections of the job's user that held processes past "
                      f"SIGKILL: {', '.join(m for m, c in mounts if c in aborted)}")
@@ -724,7 +746,9 @@ def _in_users_fuse(alive: list[int], uid: int | None, wait: float) -> list[str]:
     if still:
         notes.append(f"MPS: processes {','.join(map(str, sorted(still)))} survive SIGKILL, blocked "
                      f"in a FUSE request ({', '.join(sorted(set(still.values())))}) while the job's "
-                     "user has FUSE mounts: left to end when their server answers")
+                     "user has FUSE mounts: left to end when their server answers"
+                     + (f" (not aborted: the job's user has processes in {', '.join(busy)} here)"
+                        if busy else ""))
     return notes
 
 
@@ -752,7 +776,7 @@ def _end_cgroups(info: MpsRecord | None, jobid: str, uid: int | None, wait: floa
     if not dirs:
         return []
     alive = sorted(jobcgroup.kill_all(dirs, wait))
-    notes = _in_users_fuse(alive, uid, wait) if alive else []
+    notes = _in_users_fuse(alive, uid, wait, _other_job(info, jobid)) if alive else []
     if alive:
         raise HardwareError(f"processes {','.join(map(str, alive))} in the MPS cgroup "
                             f"survive SIGKILL for {wait:g} s", dirs[0])

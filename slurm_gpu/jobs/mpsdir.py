@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from ..ownedfile import read_owned
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 SOCKETS = ("control", "control_privileged")
 
@@ -300,15 +304,84 @@ def detach_mounts(d: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[list
 FUSECTL = "/sys/fs/fuse/connections"
 
 
-def user_fuse_mounts(uid: int, mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, int]]:
-    """(mount point, connection number) of each FUSE mount made for *uid*
-    (``user_id=<uid>``: fusermount3 mounts for its caller), root's never."""
+# ioctl_ns(2): _IO(0xb7, 1) and _IO(0xb7, 4) (include/uapi/linux/nsfs.h)
+NS_GET_USERNS = 0xB701
+NS_GET_OWNER_UID = 0xB704
+
+
+def user_fuse_mounts(uid: int, pids: Iterable[int] = (), proc: str = "/proc") -> list[tuple[str, int]]:
+    """(mount point, connection number) of each FUSE mount of *uid*'s, root's never:
+    in this process's mount namespace and in each of *pids*'.
+
+    Where the namespace is the node's (or one a site's plugin made, owned by
+    the initial user namespace: job_container/tmpfs), a mount is *uid*'s when
+    made for them (``user_id=<uid>``: fusermount3 mounts for its caller).
+    Where a user namespace owns it (``unshare -Urm``, rootless apptainer and
+    podman), every FUSE mount there is that namespace's owner's: ``user_id=``
+    is printed as that namespace maps it, and its root may write any value.
+    """
     if uid == 0:
         return []
+    out: dict[int, str] = {}
+    for mp, conn, opts in _fuse_mounts(f"{proc}/self/mountinfo"):
+        if f"user_id={uid}" in opts:
+            out.setdefault(conn, mp)
+    for pid in pids:
+        owner = _userns_owner(pid, proc)
+        for mp, conn, opts in _fuse_mounts(*_mountinfo_paths(pid, proc)):
+            if owner == uid or (owner is None and f"user_id={uid}" in opts):
+                out.setdefault(conn, mp)
+    return [(mp, conn) for conn, mp in out.items()]
+
+
+def _mountinfo_paths(pid: int, proc: str) -> list[str]:
+    """``mountinfo`` of *pid*, then of each of its threads: a main thread that has
+    exited (``Z``) has no namespaces left to show, while its other threads do."""
+    paths = [f"{proc}/{pid}/mountinfo"]
     try:
-        with open(mountinfo, "rb") as f:
-            raw = f.read().decode(errors="surrogateescape")
+        paths += [f"{proc}/{pid}/task/{t}/mountinfo" for t in os.listdir(f"{proc}/{pid}/task")]
     except OSError:
+        pass
+    return paths
+
+
+def _userns_owner(pid: int, proc: str) -> int | None:
+    """The uid that owns the user namespace owning *pid*'s mount namespace; None for
+    this process's own user namespace (or when it cannot be told)."""
+    import fcntl
+    import struct
+    try:
+        fd = os.open(f"{proc}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        userns = fcntl.ioctl(fd, NS_GET_USERNS)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        if os.fstat(userns).st_ino == os.stat(f"{proc}/self/ns/user").st_ino:
+            return None
+        return int(struct.unpack("=I", fcntl.ioctl(userns, NS_GET_OWNER_UID, bytes(4)))[0])
+    except OSError:
+        return None
+    finally:
+        os.close(userns)
+
+
+def _fuse_mounts(*paths: str) -> list[tuple[str, int, list[str]]]:
+    """(mount point, connection number, superblock options) of each FUSE mount in the
+    first of *paths* (``mountinfo`` files) that reads (empty: one that does not)."""
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read().decode(errors="surrogateescape")
+        except OSError:
+            continue
+        if raw:
+            break
+    else:
         return []
     out = []
     for line in raw.split("\n"):
@@ -318,12 +391,10 @@ def user_fuse_mounts(uid: int, mountinfo: str = "/proc/self/mountinfo") -> list[
             continue
         if rest[0] not in ("fuse", "fuseblk") and not rest[0].startswith("fuse."):
             continue
-        if f"user_id={uid}" not in rest[2].split(","):
-            continue
         major, _, minor = fields[2].partition(":")
         if major.isdigit() and minor.isdigit():
             # fusectl names a connection by its device number (fs/fuse/control.c)
-            out.append((_unescape(fields[4]), (int(major) << 20) | int(minor)))
+            out.append((_unescape(fields[4]), (int(major) << 20) | int(minor), rest[2].split(",")))
     return out
 
 

@@ -224,9 +224,8 @@ def _kill(pid: int, start: int, uid: int) -> None:
 
 
 def _alive(pid: int, proc: str = "/proc") -> bool:
-    from ..procfs import state
-    s = state(pid, proc)
-    return s is not None and s != "Z"
+    from ..procfs import alive
+    return alive(pid, proc)
 
 
 def _my_children(proc: str = "/proc") -> list[int]:

@@ -610,7 +610,8 @@ def fusectl() -> Iterator[bool]:
             subprocess.run(["umount", d], capture_output=True)
 
 
-def _blocked_in_fuse(node: Env, uid: int) -> tuple[list[str], int, Any]:
+def _blocked_in_fuse(node: Env, uid: int,
+                     code: str = "if not os.fork():\n    open(arg)\n") -> tuple[list[str], int, Any]:
     """Prolog a --gpu-mps job, then a process of its user's, bound to its pipe directory,
     blocks in a FUSE filesystem mounted for *uid* whose server never answers; the
     epilog runs.  Returns (the epilog's log lines, its exit status, the agent)."""
@@ -625,7 +626,7 @@ def _blocked_in_fuse(node: Env, uid: int) -> tuple[list[str], int, Any]:
     mnt = node.base / "fuse"
     mnt.mkdir()
     fs = StallingFuse(str(mnt), uid=uid, gid=uid)
-    agent = Agent("if not os.fork():\n    open(arg)\n", env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
+    agent = Agent(code, env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
     try:
         agent.do(str(mnt / "x"))
         assert fs.taken.wait(10)
@@ -664,6 +665,109 @@ def test_the_epilog_aborts_the_users_fuse_that_holds_a_process_past_sigkill(
         f"slurm-gpu: epilog job 100: MPS: aborted FUSE connections of the job's user that held "
         f"processes past SIGKILL: {node.base}/fuse"], logs
     assert node.leftovers() == []
+
+
+def test_a_thread_that_waits_behind_the_users_fuse_request_is_no_node_fault(
+        node: Env, fusectl: bool) -> None:
+    """One thread of the process waits in its user's FUSE request (a lookup, under its
+    directory's lock); another waits for that lock, in the VFS (``filename_create``),
+    not in FUSE: the process is still held by its user's FUSE, whose abort ends both
+    (review round 5, H2: it drained the node)."""
+    code = ("if not os.fork():\n"
+            "    import threading, time\n"
+            "    threading.Thread(target=os.mkdir, args=(arg,), daemon=True).start()\n"
+            "    time.sleep(0.5)\n"
+            "    os.mkdir(arg)\n")
+    logs, rc, _agent = _blocked_in_fuse(node, 1001, code)
+    assert rc == 0, logs
+    assert [ln for ln in logs if "FUSE" in ln] == [
+        f"slurm-gpu: epilog job 100: MPS: aborted FUSE connections of the job's user that held "
+        f"processes past SIGKILL: {node.base}/fuse"], logs
+    assert node.leftovers() == []
+
+
+# Run as the job's user inside ``unshare -Urm`` (their own user and mount namespaces,
+# what rootless apptainer and podman make): a FUSE filesystem of theirs mounted
+# there, invisible from the node's namespace, and a process bound to the pipe
+# directory (its own environment: the server's is not) blocked in it.
+_IN_USERNS = """
+import os, sys
+sys.path.insert(0, sys.argv[3])
+from fusestall import StallingFuse
+mnt, pipe, dev = sys.argv[1], sys.argv[2], sys.argv[4]
+fs = StallingFuse(mnt, uid=0, gid=0, dev=dev)
+if not os.fork():
+    os.execve("/usr/bin/python3", ["python3", "-I", "-c", "import sys; open(sys.argv[1])",
+              mnt + "/x"], {"CUDA_MPS_PIPE_DIRECTORY": pipe})
+assert fs.taken.wait(10)
+print("ready", flush=True)
+sys.stdin.read()
+fs.close()
+"""
+
+
+def test_a_process_held_by_the_users_fuse_in_their_own_namespaces_is_no_node_fault(
+        node: Env, fusectl: bool) -> None:
+    """The job's user's FUSE lives in a mount namespace of theirs (unshare -Urm, rootless
+    containers): the node's mountinfo does not show it, the held process's does; in a
+    user namespace of theirs every FUSE mount is theirs, whatever ``user_id=`` it
+    prints (0 there).  Aborted, no drain (review round 5, H1)."""
+    from fusestall import available
+    if not available():
+        pytest.skip("no FUSE here")
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.mps
+    mnt = node.base / "userfuse"
+    mnt.mkdir()
+    os.chown(mnt, 1001, 1001)
+    # /dev/fuse is 0666 on a node (fuse3's udev rule), 0600 in some containers:
+    # the user's own node of that device, then (the opener's user namespace must
+    # be the mount's: fs/fuse/inode.c, fuse_fill_super).
+    dev = node.base / "fuse-dev"
+    os.mknod(dev, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
+    os.chown(dev, 1001, 1001)
+    tests = str(Path(__file__).resolve().parents[2])
+    server = subprocess.Popen(["/usr/bin/unshare", "-Urm", "/usr/bin/python3", "-I", "-c", _IN_USERNS,
+                               str(mnt), st.mps["pipe_dir"], tests, str(dev)],
+                              user=1001, group=1001, extra_groups=[], env={"PATH": "/usr/bin:/bin"},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        with open("/proc/self/mountinfo") as f:
+            assert str(mnt) not in f.read()              # not in the node's namespace
+        rc = lifecycle.epilog(ctx)
+        assert rc == 0, node.logs
+        assert [ln for ln in node.logs if "FUSE" in ln] == [
+            f"slurm-gpu: epilog job 100: MPS: aborted FUSE connections of the job's user that held "
+            f"processes past SIGKILL: {mnt}"], node.logs
+        assert node.leftovers() == []
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(10)
+
+
+def test_the_users_fuse_is_not_aborted_while_another_job_of_theirs_runs_here(
+        node: Env, fusectl: bool, other_job_cgroup: Callable[[int], None]) -> None:
+    """fusectl cannot tell which of the user's FUSE connections serve which job: while
+    another job of theirs has processes on the node, none is aborted (that job's
+    filesystem would fail under it); the held process is noted, no drain (review
+    round 5, M1)."""
+    from useragent import Agent
+    other = Agent("pass")
+    try:
+        other_job_cgroup(other.pid)
+        logs, rc, _agent = _blocked_in_fuse(node, 1001)
+        assert rc == 0, logs
+        fuse = [ln for ln in logs if "FUSE" in ln]
+        assert len(fuse) == 1 and "MPS: aborted FUSE" not in fuse[0], logs
+        assert fuse[0].endswith("left to end when their server answers (not aborted: the job's user "
+                                "has processes in job_999 here)"), logs
+        other.do("still alive")
+    finally:
+        other.close()
 
 
 def test_a_process_stuck_in_a_sites_fuse_at_the_epilog_is_the_nodes_fault(node: Env, fusectl: bool) -> None:

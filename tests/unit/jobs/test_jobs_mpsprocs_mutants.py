@@ -140,6 +140,21 @@ class _Procs:
         self.all.append(p)
         return p
 
+    def leaderless(self, uid: int, gid: int) -> int:
+        """A process of uid's whose main thread has exited (pthread_exit) while another
+        thread runs on: ``Z`` in its ``/proc/PID/stat``, alive in ``task/*/stat``."""
+        code = ("import ctypes, sys, threading\n"
+                "threading.Thread(target=sys.stdin.buffer.read).start()\n"
+                "ctypes.CDLL(None).pthread_exit(None)\n")
+        p = subprocess.Popen(["/usr/bin/python3", "-I", "-c", code], stdin=subprocess.PIPE,
+                             env={"PATH": "/usr/bin:/bin"}, user=uid, group=gid, extra_groups=[])
+        self.all.append(p)
+        deadline = time.monotonic() + 10
+        while procfs.state(p.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert procfs.state(p.pid) == "Z" and len(os.listdir(f"/proc/{p.pid}/task")) == 2
+        return p.pid
+
     def zombie(self, uid: int, gid: int) -> int:
         """A child of uid's that has exited and is not reaped yet."""
         p = self.cat(uid, gid)
@@ -282,6 +297,25 @@ def test_recorded_daemon_is_the_same_live_process_of_the_user(procs: _Procs) -> 
     assert mps.recorded_daemon(rec(a.pid, start), uid + 1) == {}        # another user's
     assert mps.recorded_daemon(rec(rooted.pid, _start(rooted.pid)), uid) == {}
     assert mps.recorded_daemon(rec(dead, _start(dead)), uid) == {}      # exited
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "polling"])
+def test_a_recorded_daemon_whose_main_thread_exited_is_still_found_and_killed(
+        tmp_path: Path, procs: _Procs, monkeypatch: pytest.MonkeyPatch, pidfds: bool) -> None:
+    """A daemon whose main thread called pthread_exit while another runs on (perhaps
+    stuck in the driver) reads ``Z`` in /proc/PID/stat: still the job's, still
+    killed, never taken for gone (review round 5, H3)."""
+    uid, gid = _job_user()
+    if not pidfds:
+        _no_pidfds(monkeypatch)
+    pid = procs.leaderless(uid, gid)
+    start = _start(pid)
+    assert mps.recorded_daemon({"daemon": [[pid, start]]}, uid) == {pid: (start, uid)}
+    user = mps.JobUser(uid=uid, gid=gid, name="sgtest1")
+    settings = MpsSettings(base_dir=str(tmp_path / "mps"))
+    assert mps.stop(settings, {"daemon": [[pid, start]]}, "98765432", user) == \
+        [f"MPS: killed stragglers {pid}"]
+    assert procs.all[-1].wait(10) == -signal.SIGKILL
 
 
 def _no_pidfds(monkeypatch: pytest.MonkeyPatch) -> None:
