@@ -140,6 +140,9 @@ def uids(pid: int | str, proc: str = PROC) -> tuple[int, ...] | None:
     return out if len(out) == 4 else None
 
 
+SLOW_CAP = 10.0
+
+
 def read_each(paths: list[str], wait: float = 1.0, give_up: int = 4) -> list[bytes | None]:
     """The contents of each of *paths* (None: unreadable, or given up), read without
     ever blocking the caller for long.
@@ -153,10 +156,14 @@ def read_each(paths: list[str], wait: float = 1.0, give_up: int = 4) -> list[byt
     answers.  (The pages themselves are read with ``FOLL_ANON`` since Linux
     4.17: a file mapped over them reads as nothing, never as a FUSE request;
     before, it was one.)  The reads run in a worker thread, in order; one
-    that takes longer than *wait* seconds is given up (its thread is left
-    blocked, in a killable wait that ends with this process) and a new
-    worker goes on with the next path.  After *give_up* such paths the rest
-    count as unreadable.
+    that is still waiting in the kernel after *wait* seconds is given up (its
+    thread is left blocked, in a killable wait that ends with this process,
+    and reads nothing more) and a new worker goes on with the next path.
+    After *give_up* such paths the rest count as unreadable.  A worker that
+    is only slow (runnable, or waiting for the interpreter's lock: a loaded
+    node) is waited for, up to :data:`SLOW_CAP` seconds a path: it is no
+    user's doing, and a process it skipped would be missed (an MPS daemon
+    taken for gone).
     """
     import queue
     import threading
@@ -164,26 +171,50 @@ def read_each(paths: list[str], wait: float = 1.0, give_up: int = 4) -> list[byt
     i = stuck = 0
     while i < len(paths) and stuck < give_up:
         results: queue.SimpleQueue[tuple[int, bytes | None]] = queue.SimpleQueue()
+        tid: list[int] = []
+        dropped = threading.Event()
 
-        def work(first: int, results: queue.SimpleQueue[tuple[int, bytes | None]]) -> None:
+        def work(first: int, results: queue.SimpleQueue[tuple[int, bytes | None]],
+                 tid: list[int], dropped: threading.Event) -> None:
+            tid.append(threading.get_native_id())
             for j in range(first, len(paths)):
+                if dropped.is_set():
+                    return              # given up: the next worker reads on
                 try:
                     with open(paths[j], "rb") as f:
                         data: bytes | None = f.read()
                 except OSError:
                     data = None
                 results.put((j, data))
-        threading.Thread(target=work, args=(i, results), daemon=True, name="sg-proc-read").start()
+        threading.Thread(target=work, args=(i, results, tid, dropped), daemon=True,
+                         name="sg-proc-read").start()
+        waited = 0.0
         while i < len(paths):
             try:
                 j, data = results.get(timeout=wait)
             except queue.Empty:
+                waited += wait
+                if waited < SLOW_CAP and _only_slow(tid):
+                    continue
+                dropped.set()
                 stuck += 1
                 i += 1                  # this one does not answer: the next worker skips it
                 break
             out[j] = data
             i = j + 1
+            waited = 0.0
     return out
+
+
+def _only_slow(tid: list[int]) -> bool:
+    """The worker thread (*tid*: its native id, once it has run) is not blocked in a
+    read: not started yet, runnable (``R``), or waiting for the interpreter's lock
+    (a futex)."""
+    if not tid:
+        return True
+    me = f"self/task/{tid[0]}"
+    s = state(me)
+    return s == "R" or (s == "S" and wchan(me).startswith("futex"))
 
 
 def parent_slurmd(max_depth: int = 3, proc: str = PROC) -> str | None:

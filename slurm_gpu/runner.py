@@ -88,6 +88,8 @@ class TimedOut(CommandError):
 # request_wait_answer), and a job's user can mount FUSE where a command run
 # for their job looks.  The caller must not wait with it.
 KILL_WAIT = 2.0
+# How long a killed command that is still running (exiting, not blocked) is waited for.
+EXIT_CAP = 30.0
 
 
 class UserLimited(CommandError):
@@ -217,6 +219,21 @@ def _start(argv: tuple[str, ...], env: dict[str, str], has_input: bool, cwd: str
     return p
 
 
+def _gone_after_kill(p: subprocess.Popen[bytes]) -> bool:
+    """Reap *p*, killed: False when it is still there after :data:`KILL_WAIT` s, blocked
+    in the kernel.  One still running then is on its way out (its address space
+    torn down: a large one takes seconds on a loaded node) and is waited for, up
+    to :data:`EXIT_CAP` s."""
+    if _reap(p, KILL_WAIT):
+        return True
+    from .procfs import state
+    cap = time.monotonic() + EXIT_CAP
+    while state(p.pid) == "R" and time.monotonic() < cap:
+        if _reap(p, 0.05):
+            return True
+    return False
+
+
 def _reap(p: subprocess.Popen[bytes], wait: float | None = None) -> bool:
     """Wait for *p* (at most *wait* s) and close its pipes; False when it did not end
     (subprocess reaps it later, when it does: ``subprocess._cleanup``)."""
@@ -284,7 +301,7 @@ def run(
         # stopped by any process of that user, which is theirs to answer for.
         stopped = _stopped(p.pid)
         _kill_group(p.pid)
-        stuck = not _reap(p, KILL_WAIT)
+        stuck = not _gone_after_kill(p)
         from .procfs import wchan as _wchan
         wchan = _wchan(p.pid) if stuck else ""
         raise TimedOut(what + (" (it was stopped)" if stopped else "")

@@ -301,3 +301,19 @@ def test_a_command_that_survives_its_kill_is_given_up_not_waited_for(stalling_fu
                       "in request_wait_answer)")
     assert e.blocked_in == "request_wait_answer"        # fs/fuse/dev.c
     assert stalling_fuse.requests >= 1
+
+
+def test_a_command_still_on_its_way_out_after_the_kill_is_waited_for_not_given_up(
+        monkeypatch) -> None:
+    """Killed at its time out, a command that holds much memory runs on in the kernel
+    while its address space is torn down (``R``: exit_mmap), longer than
+    :data:`runner.KILL_WAIT` on a loaded node: no process stuck in the kernel, and
+    never reported as one (a stuck MPS client is a node fault).  Here 1 GiB against
+    a 1 ms KILL_WAIT."""
+    from slurm_gpu import runner
+    from slurm_gpu.runner import TimedOut
+    monkeypatch.setattr(runner, "KILL_WAIT", 0.001)
+    with pytest.raises(TimedOut) as caught:
+        run(["/usr/bin/python3", "-c", "b = bytearray(1 << 30); print(1, flush=True)\n"
+             "import time; time.sleep(60)"], timeout=3)
+    assert not caught.value.stuck, repr(caught.value)
