@@ -59,6 +59,9 @@ def show(jobid: str, as_json: bool) -> None:
                    f"log {m['log_dir']}  pids {','.join(map(str, live_pids)) or 'none'}  "
                    f"CPUs {m.get('cpus') or '-'}  active threads "
                    f"{m.get('percentage') or 'default'}")
+        if m.get("hold"):
+            click.echo(f"  MPS hold until the first step: {','.join(m['hold'] or [])}  GPU limit: "
+                       f"{m.get('hold_devices') or 'none recorded'}")
     mig = st.mig
     if mig:
         click.echo(f"  MIG layout {mig['layout']} ({'ready' if mig.get('ready') else 'incomplete'})")

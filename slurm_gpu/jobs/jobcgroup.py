@@ -132,7 +132,8 @@ def _expand(point: str, parts: tuple[str, ...]) -> list[str]:
     return sorted(paths)
 
 
-def _version(d: str) -> int:
+def version(d: str) -> int:
+    """The cgroup version of the hierarchy that holds directory *d* (its parent's files tell)."""
     return 2 if os.path.exists(os.path.join(os.path.dirname(d), "cgroup.subtree_control")) else 1
 
 
@@ -148,7 +149,7 @@ def make(dirs: Iterable[str]) -> list[str]:
                 raise
         for key in ("cpuset.cpus", "cpuset.mems"):   # v1 cpuset: a new child starts empty
             src = os.path.join(d, key)
-            if os.path.exists(src) and _version(c) == 1:
+            if os.path.exists(src) and version(c) == 1:
                 with open(src) as f:
                     value = f.read().strip()
                 with open(os.path.join(c, key), "w") as f:

@@ -203,13 +203,15 @@ def _cpu_list(cpus: list[int]) -> str:
 
 def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
           cpus: list[int], percentage: int | None, record: Callable[[MpsRecord], None],
-          sluid: str | None = None) -> MpsRecord:
+          sluid: str | None = None, gpu_minors: list[int] | None = None) -> MpsRecord:
     """Start the job's daemon; *record* is called with the state after each step.
 
     The daemon execs inside ``<job cgroup>/slurm_gpu_mps`` when the job's
     cgroup exists already (:mod:`.jobcgroup`); else inside a root-owned
     holding cgroup of the job's (:func:`.jobcgroup.hold_dirs`), from which
-    the SPANK plugin moves all of it there from the job's first step.
+    the SPANK plugin moves all of it there from the job's first step.  On
+    cgroup v2 the hold refuses every GPU device but the job's (*gpu_minors*,
+    :mod:`.devprog`).
     """
     if user.uid == 0:
         from .state import JobFailed
@@ -227,6 +229,8 @@ def start(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,
     hold = [] if cgroups else _make_hold(jobid)
     info["cgroup"] = cgroups or None
     info["hold"] = hold or None
+    if hold:
+        info["hold_devices"] = _limit_hold(hold, gpu_minors)
     record(info)
     online = os.sched_getaffinity(0)
     use = sorted({c for c in cpus if c in online}) if settings.bind_cpus else []
@@ -261,6 +265,31 @@ def _make_hold(jobid: str) -> list[str]:
     except OSError as e:
         raise HardwareError(f"cannot make the MPS daemon's holding cgroup: "
                             f"{e.strerror or e}", dirs[0] if dirs else None) from None
+
+
+def _limit_hold(hold: list[str], gpu_minors: list[int] | None) -> str:
+    """Give the hold the job's GPU limit where it is cgroup v2; what it got, in words.
+
+    The daemon opens no GPU before a client's server starts, and clients come
+    from the job's steps, which move it out first (where Slurm makes no job
+    cgroup, proctrack/linuxproc, it serves them from here: the job's own GPUs
+    stay open).  Without a limit (cgroup v1 here, a kernel that refuses the
+    program, minors unknown) the job runs as before, and this says so
+    (``job show``): the daemon's GPU reach until the first step is then
+    what Yama's ptrace_scope leaves a user (docs/mps-mig.md).
+    """
+    from . import jobcgroup
+    if not all(jobcgroup.version(h) == 2 for h in hold):
+        return "not limited: a cgroup v1 hold (no device program there)"
+    if gpu_minors is None or not all(isinstance(m, int) for m in gpu_minors):
+        return "not limited: the job's GPU minor numbers are unknown"
+    from .devprog import limit_gpus
+    try:
+        for h in hold:
+            limit_gpus(h, gpu_minors)
+    except OSError as e:
+        return f"not limited: the kernel refused the device program ({e.strerror or e})"
+    return "the job's GPUs only (" + ",".join(f"/dev/nvidia{m}" for m in sorted(gpu_minors)) + ")"
 
 
 def _start_daemon(settings: MpsSettings, jobid: str, user: JobUser, devices: str | None,

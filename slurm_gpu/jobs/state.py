@@ -73,6 +73,7 @@ if TYPE_CHECKING:
         sluid: str | None                  # slurmd's SLURM_JOB_SLUID (26.05 cgroup names)
         cgroup: list[str] | None           # the slurm_gpu_mps cgroup dirs it runs in
         hold: list[str] | None             # its holding cgroup until the first step (no RunInJob)
+        hold_devices: str                  # the hold's GPU limit, in words (mps._limit_hold)
         start_s: float
 
     class MigRecord(TypedDict):

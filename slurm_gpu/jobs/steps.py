@@ -170,8 +170,10 @@ class MpsDaemon(Step):
             rec.mps = info.copy()
             job.save()
 
+        minors = [m for m in (g.get("minor") for g in rec.gpus) if type(m) is int]
         mps.start(job.ctx.mps, rec.jobid, job.user, devices, cpus, job.percentage, record,
-                  sluid=job.ctx.env.get("SLURM_JOB_SLUID"))
+                  sluid=job.ctx.env.get("SLURM_JOB_SLUID"),
+                  gpu_minors=minors if len(minors) == len(rec.gpus) else None)
 
     def undo(self, job: Job) -> list[str]:
         # Always: the daemon is found by its deterministic directory and the

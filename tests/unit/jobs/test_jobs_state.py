@@ -174,6 +174,13 @@ def test_job_show(tmp_path: Path, monkeypatch, capsys) -> None:
     assert "GPU 0  NVIDIA H100 NVL  GPU-0  local CPUs 0,1" in out
     assert "MPS: ready  pipe /run/x/9/pipe" in out and "pids none" in out
     assert "3g.47gb" in out and "GI 1" in out and "MIG-a" in out
+    assert "MPS hold" not in out                    # none recorded: the job's cgroup from the start
+    st.mps["hold"] = ["/sys/fs/cgroup/slurm_gpu_mps_hold/n1/job_9"]
+    st.mps["hold_devices"] = "the job's GPUs only (/dev/nvidia0)"
+    js.save(tmp_path / "var", st)
+    assert main(["job", "show", "9"]) == 0
+    assert ("  MPS hold until the first step: /sys/fs/cgroup/slurm_gpu_mps_hold/n1/job_9  GPU limit: "
+            "the job's GPUs only (/dev/nvidia0)\n") in capsys.readouterr().out
     assert main(["job", "show", "9", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["jobid"] == "9"
     assert main(["job", "show", "10"]) == 1

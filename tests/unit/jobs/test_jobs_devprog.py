@@ -1,0 +1,150 @@
+"""jobs/devprog.py: the MPS daemon's holding cgroup refuses every GPU but the job's
+(cgroup v2; hostile review round 3, H4).
+
+Run for real: the program is loaded into this kernel and attached to a cgroup v2
+directory made for the test; a process moved there opens device nodes the test
+made with mknod.  With no NVIDIA driver here an allowed ``195:N`` opens with
+ENXIO (no such device), a refused one with EPERM, the cgroup's verdict
+(``devcgroup_check_permission`` runs before the driver is looked up).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu.jobs import devprog
+
+PROBE = """
+import os, sys
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+for path in sys.argv[2:]:
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        print(os.path.basename(path), "ok")
+    except OSError as e:
+        print(os.path.basename(path), e.errno)
+"""
+
+
+def _v2_root() -> str | None:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            head, _, tail = line.partition(" - ")
+            if tail.split()[:1] == ["cgroup2"]:
+                return head.split()[4]
+    return None
+
+
+@pytest.fixture
+def v2_dir() -> Iterator[Path]:
+    root = _v2_root()
+    if os.geteuid() != 0 or root is None:
+        pytest.skip("needs root and a cgroup v2 hierarchy")
+    d = Path(root) / f"sg-devprog-test-{os.getpid()}"
+    d.mkdir()
+    try:
+        yield d
+    finally:
+        for pid in (d / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+        d.rmdir()
+
+
+def _nodes(tmp_path: Path) -> list[str]:
+    out = []
+    for name, major, minor in (("nvidia0", 195, 0), ("nvidia1", 195, 1), ("nvidia7", 195, 7),
+                               ("nvidiactl", 195, 255), ("null", 1, 3)):
+        p = tmp_path / name
+        os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(major, minor))
+        out.append(str(p))
+    return out
+
+
+def _probe(cgroup: Path, nodes: list[str]) -> dict[str, str]:
+    res = subprocess.run([sys.executable, "-I", "-c", PROBE, str(cgroup), *nodes],
+                         capture_output=True, text=True, timeout=30, check=True)
+    return dict(line.split() for line in res.stdout.splitlines())
+
+
+def test_the_hold_refuses_every_gpu_but_the_jobs(tmp_path: Path, v2_dir: Path) -> None:
+    nodes = _nodes(tmp_path)
+    assert _probe(v2_dir, nodes) == {"nvidia0": str(errno.ENXIO), "nvidia1": str(errno.ENXIO),
+                                     "nvidia7": str(errno.ENXIO), "nvidiactl": str(errno.ENXIO),
+                                     "null": "ok"}        # no program: the driver's answer
+    devprog.limit_gpus(str(v2_dir), [1])
+    assert _probe(v2_dir, nodes) == {"nvidia0": str(errno.EPERM), "nvidia1": str(errno.ENXIO),
+                                     "nvidia7": str(errno.EPERM), "nvidiactl": str(errno.ENXIO),
+                                     "null": "ok"}
+
+
+def test_a_job_of_several_gpus_keeps_them_all_and_a_bad_minor_is_ignored(
+        tmp_path: Path, v2_dir: Path) -> None:
+    nodes = _nodes(tmp_path)
+    devprog.limit_gpus(str(v2_dir), [7, 0, 0, 255, -1, 300])
+    assert _probe(v2_dir, nodes) == {"nvidia0": str(errno.ENXIO), "nvidia1": str(errno.EPERM),
+                                     "nvidia7": str(errno.ENXIO), "nvidiactl": str(errno.ENXIO),
+                                     "null": "ok"}
+
+
+def test_the_program_is_slurms_layout() -> None:
+    """Seven instructions read and test the device (type, major, minor), one test per
+    allowed minor, then refuse (r0 = 0) and allow (r0 = 1): each 8 bytes."""
+    code = devprog.program([3, 1])
+    assert len(code) == 8 * (7 + 2 + 4)
+    assert code[-32:] == bytes.fromhex("b700000000000000" "9500000000000000"
+                                       "b700000001000000" "9500000000000000")
+
+
+def test_a_directory_that_is_no_cgroup_is_an_error(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to load a BPF program")
+    with pytest.raises(OSError):
+        devprog.limit_gpus(str(tmp_path), [0])
+
+
+def test_a_gpu_mps_prolog_limits_its_v2_hold_to_the_jobs_gpus(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prolog's hold (no job cgroup yet: 22.05, no RunInJob) on cgroup v2: the daemon
+    and anything it is made to start there reach the job's GPU, no other; the epilog
+    removes the hold with its program (review round 3, H4)."""
+    from test_jobs_lifecycle import Env
+
+    from slurm_gpu.jobs import jobcgroup, lifecycle
+    from slurm_gpu.jobs import state as js
+    root = _v2_root()
+    if os.geteuid() != 0 or root is None:
+        pytest.skip("needs root and a cgroup v2 hierarchy")
+    top = f"{root}/sg-devprog-hold-{os.getpid()}"
+    monkeypatch.setattr(jobcgroup, "hold_dirs", lambda jobid, node, mountinfo="": [
+        f"{top}/{jobcgroup.HOLD}/{node}/job_{jobid}"])
+    node = Env()
+    try:
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs
+        st = js.load(node.state_dir, "100")
+        assert st is not None and st.mps and st.mps.get("hold")
+        minor = st.gpus[0]["minor"]
+        assert st.mps["hold_devices"] == f"the job's GPUs only (/dev/nvidia{minor})"
+        (tmp_path / "dev").mkdir()
+        mine, other = tmp_path / "dev" / "mine", tmp_path / "dev" / "other"
+        os.mknod(mine, stat.S_IFCHR | 0o600, os.makedev(195, minor))
+        os.mknod(other, stat.S_IFCHR | 0o600, os.makedev(195, minor + 1))
+        assert _probe(Path(st.mps["hold"][0]), [str(mine), str(other)]) == {
+            "mine": str(errno.ENXIO), "other": str(errno.EPERM)}
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert node.leftovers() == [] and not os.path.exists(st.mps["hold"][0])
+    finally:
+        node.close()
+        for d in sorted(Path(top).glob("**/"), key=lambda p: -len(p.parts)):
+            d.rmdir()
