@@ -1,4 +1,4 @@
-"""The job's GPU limit on a cgroup v2 directory of ours: a ``BPF_CGROUP_DEVICE`` program.
+"""The job's GPU limit on a cgroup of ours: a ``BPF_CGROUP_DEVICE`` program (v2), ``devices.deny`` (v1).
 
 The MPS daemon waits for the job's first step in a holding cgroup of the
 job's (:func:`slurm_gpu.jobs.jobcgroup.hold_dirs`) when Slurm has not made
@@ -23,7 +23,10 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from collections.abc import Iterable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 NVIDIA_MAJOR = 195          # NV_MAJOR_DEVICE_NUMBER: /dev/nvidia<minor>, /dev/nvidiactl
 NVIDIACTL_MINOR = 255       # the control device; GPU minors lie below it
@@ -126,3 +129,16 @@ def limit_gpus(cgroup_dir: str, allowed_minors: Iterable[int]) -> None:
             os.close(fd)
     finally:
         os.close(prog)          # the attachment holds the program while the cgroup lives
+
+
+def limit_gpus_v1(cgroup_dir: str, allowed_minors: Iterable[int]) -> None:
+    """The same limit on a cgroup v1 ``devices`` directory: one ``devices.deny`` line
+    per other GPU minor.  (A new v1 devices cgroup allows what its parent does; a
+    wildcard denial ``c 195:*`` cannot be narrowed again by an allow line, so each
+    minor is its own exception: Documentation/admin-guide/cgroup-v1/devices.rst.)"""
+    keep = {int(m) for m in allowed_minors}
+    with open(os.path.join(cgroup_dir, "devices.deny"), "w") as f:
+        for m in range(NVIDIACTL_MINOR):
+            if m not in keep:
+                f.write(f"c {NVIDIA_MAJOR}:{m} rwm")
+                f.flush()           # one rule a write: the kernel parses one per write(2)

@@ -266,8 +266,8 @@ def remove_hold_parents(hold: str) -> None:
 # Where the daemon waits for the job's cgroup when the prolog runs before
 # Slurm makes it (no PrologFlags=RunInJob): <mount>/slurm_gpu_mps_hold/<node>/job_<id>.
 HOLD = "slurm_gpu_mps_hold"
-# One v1 hierarchy is enough to track membership (the hold sets no limits):
-# freezer first, where Slurm's proctrack/cgroup makes the job's cgroup (so
+# One v1 hierarchy is enough to track membership (devices is added for the
+# job's GPU limit): freezer first, where Slurm's proctrack/cgroup makes the job's cgroup (so
 # the first step's move empties the hold); never cpuset: a new cpuset cgroup
 # has no CPUs, so nothing could join it.
 _HOLD_V1 = ("freezer", "memory", "devices", "pids", "cpuacct", "cpu")
@@ -289,8 +289,14 @@ def hold_dirs(jobid: str, node: str, mountinfo: str = "/proc/self/mountinfo") ->
     if not (jobid and jobid.isdigit() and _safe(node)):
         return []
     found = mounts(mountinfo)
-    points = [p for w in _HOLD_V1 for p, v, c in found if v == 1 and w in c and "cpuset" not in c]
-    points = points[:1] or [p for p, v, _c in found if v == 2][:1]
+    v1 = [(p, c) for w in _HOLD_V1 for p, v, c in found if v == 1 and w in c and "cpuset" not in c]
+    points = [p for p, _c in v1[:1]]
+    if v1 and "devices" not in v1[0][1]:
+        # And in the devices hierarchy, for the job's GPU limit
+        # (:func:`slurm_gpu.jobs.mps._limit_hold`); the first step's move takes
+        # the daemon into the job's devices cgroup where Slurm made one.
+        points += [p for p, c in v1 if "devices" in c][:1]
+    points = points or [p for p, v, _c in found if v == 2][:1]
     return [os.path.join(p, HOLD, node, f"job_{jobid}") for p in points]
 
 

@@ -273,22 +273,28 @@ def _limit_hold(hold: list[str], gpu_minors: list[int] | None) -> str:
     The daemon opens no GPU before a client's server starts, and clients come
     from the job's steps, which move it out first (where Slurm makes no job
     cgroup, proctrack/linuxproc, it serves them from here: the job's own GPUs
-    stay open).  Without a limit (cgroup v1 here, a kernel that refuses the
-    program, minors unknown) the job runs as before, and this says so
+    stay open).  cgroup v2: a device program (:mod:`.devprog`); v1: the
+    hold's devices-hierarchy directory's ``devices.deny``.  Without a limit
+    (no v1 devices hierarchy, a kernel that refuses, minors unknown) the job
+    runs as before, and this says so
     (``job show``): the daemon's GPU reach until the first step is then
     what Yama's ptrace_scope leaves a user (docs/mps-mig.md).
     """
     from . import jobcgroup
-    if not all(jobcgroup.version(h) == 2 for h in hold):
-        return "not limited: a cgroup v1 hold (no device program there)"
+    v2 = [h for h in hold if jobcgroup.version(h) == 2]
+    v1 = [h for h in hold if h not in v2 and os.path.exists(os.path.join(h, "devices.deny"))]
+    if not v1 and not v2:
+        return "not limited: no v1 devices hierarchy for the hold"
     if gpu_minors is None or not all(isinstance(m, int) for m in gpu_minors):
         return "not limited: the job's GPU minor numbers are unknown"
-    from .devprog import limit_gpus
+    from .devprog import limit_gpus, limit_gpus_v1
     try:
-        for h in hold:
+        for h in v2:
             limit_gpus(h, gpu_minors)
+        for h in v1:
+            limit_gpus_v1(h, gpu_minors)
     except OSError as e:
-        return f"not limited: the kernel refused the device program ({e.strerror or e})"
+        return f"not limited: the kernel refused the device limit ({e.strerror or e})"
     return "the job's GPUs only (" + ",".join(f"/dev/nvidia{m}" for m in sorted(gpu_minors)) + ")"
 
 

@@ -193,6 +193,13 @@ def test_hold_is_in_one_v1_hierarchy_or_the_v2_one_never_cpuset(tmp_path: Path) 
                   f"40 25 0:35 / {tmp_path}/cpuset rw - cgroup cgroup rw,cpuset\n")
     assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == [
         f"{tmp_path}/freezer/{jobcgroup.HOLD}/n1/job_7"]
+    # v1 devices mounted: the hold is there too, for the job's GPU limit (review round 3, H4)
+    mi.write_text(V1.format(root=tmp_path) +
+                  f"41 25 0:36 / {tmp_path}/devices rw - cgroup cgroup rw,devices\n")
+    assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == [
+        f"{tmp_path}/freezer/{jobcgroup.HOLD}/n1/job_7", f"{tmp_path}/devices/{jobcgroup.HOLD}/n1/job_7"]
+    mi.write_text(f"41 25 0:36 / {tmp_path}/fd rw - cgroup cgroup rw,freezer,devices\n")
+    assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == [f"{tmp_path}/fd/{jobcgroup.HOLD}/n1/job_7"]
     mi.write_text(f"40 25 0:35 / {tmp_path}/cpuset rw - cgroup cgroup rw,cpuset\n"
                   f"41 25 0:36 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n")
     assert jobcgroup.hold_dirs("7", "n1", mountinfo=str(mi)) == [

@@ -148,3 +148,36 @@ def test_a_gpu_mps_prolog_limits_its_v2_hold_to_the_jobs_gpus(
         node.close()
         for d in sorted(Path(top).glob("**/"), key=lambda p: -len(p.parts)):
             d.rmdir()
+
+
+def test_a_gpu_mps_prolog_limits_its_v1_hold_to_the_jobs_gpus(tmp_path: Path) -> None:
+    """On cgroup v1 the hold is made in the devices hierarchy too, with a
+    ``devices.deny`` line for every other GPU minor: the daemon and what it starts
+    there reach the job's GPU, no other, until the first step moves it; the epilog
+    removes both (review round 3, H4)."""
+    from test_jobs_lifecycle import Env
+
+    from slurm_gpu.jobs import jobcgroup, lifecycle
+    from slurm_gpu.jobs import state as js
+    if os.geteuid() != 0 or not any(v == 1 and "devices" in c for _p, v, c in jobcgroup.mounts()):
+        pytest.skip("needs root and a cgroup v1 devices hierarchy")
+    node = Env()
+    try:
+        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+        assert lifecycle.prolog(ctx) == 0, node.logs
+        st = js.load(node.state_dir, "100")
+        assert st is not None and st.mps and st.mps.get("hold")
+        devices = [h for h in st.mps["hold"] if os.path.exists(os.path.join(h, "devices.deny"))]
+        assert len(devices) == 1, st.mps["hold"]
+        minor = st.gpus[0]["minor"]
+        assert st.mps["hold_devices"] == f"the job's GPUs only (/dev/nvidia{minor})"
+        (tmp_path / "dev").mkdir()
+        mine, other = tmp_path / "dev" / "mine", tmp_path / "dev" / "other"
+        os.mknod(mine, stat.S_IFCHR | 0o600, os.makedev(195, minor))
+        os.mknod(other, stat.S_IFCHR | 0o600, os.makedev(195, minor + 1))
+        assert _probe(Path(devices[0]), [str(mine), str(other)]) == {
+            "mine": str(errno.ENXIO), "other": str(errno.EPERM)}
+        assert lifecycle.epilog(ctx) == 0, node.logs
+        assert node.leftovers() == [] and not any(os.path.exists(h) for h in st.mps["hold"])
+    finally:
+        node.close()

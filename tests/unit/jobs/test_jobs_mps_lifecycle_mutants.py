@@ -533,7 +533,8 @@ def test_start_records_the_daemon_step_by_step(node: Env) -> None:
         assert seen[0] == {"pipe_dir": f"{jd}/pipe", "log_dir": f"{jd}/log", "job_dir": jd,
                            "control": node.mps.control, "devices": "", "cpus": "0,1", "pids": [],
                            "ready": False, "percentage": 40, "sluid": None, "cgroup": None,
-                           "hold": node.hold()}
+                           "hold": node.hold(),
+                           "hold_devices": "not limited: the job's GPU minor numbers are unknown"}
         assert seen[-1] == info and info["ready"] is True and len(info["pids"]) == 1
         assert sorted(info) == sorted([*seen[0], "daemon", "start_s"])
     finally:
