@@ -317,18 +317,25 @@ def user_fuse_mounts(uid: int, pids: Iterable[int] = (), proc: str = "/proc") ->
     the initial user namespace: job_container/tmpfs), a mount is *uid*'s when
     made for them (``user_id=<uid>``: fusermount3 mounts for its caller).
     Where a user namespace owns it (``unshare -Urm``, rootless apptainer and
-    podman), every FUSE mount there is that namespace's owner's: ``user_id=``
+    podman), a FUSE mount made there is that namespace's owner's: ``user_id=``
     is printed as that namespace maps it, and its root may write any value.
+    A connection the node's namespace shows as well is judged there alone:
+    such a namespace starts as a copy of the node's mounts, a site's FUSE
+    (root's: CVMFS) and other users' among them, and those stay theirs.
     """
     if uid == 0:
         return []
     out: dict[int, str] = {}
-    for mp, conn, opts in _fuse_mounts(f"{proc}/self/mountinfo"):
+    node = _fuse_mounts(f"{proc}/self/mountinfo")
+    for mp, conn, opts in node:
         if f"user_id={uid}" in opts:
             out.setdefault(conn, mp)
+    seen = {conn for _mp, conn, _opts in node}
     for pid in pids:
         owner = _userns_owner(pid, proc)
         for mp, conn, opts in _fuse_mounts(*_mountinfo_paths(pid, proc)):
+            if conn in seen:
+                continue
             if owner == uid or (owner is None and f"user_id={uid}" in opts):
                 out.setdefault(conn, mp)
     return [(mp, conn) for conn, mp in out.items()]

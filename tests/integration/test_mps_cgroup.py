@@ -137,6 +137,57 @@ def test_mps_daemon_runs_in_the_jobs_cgroup_and_dies_with_it(cluster: Cluster, n
     assert os.path.exists(node_files["mps"]) and not (node_files["mps"] / str(jobid)).exists()
 
 
+def test_until_the_first_step_the_daemons_hold_reaches_the_jobs_gpu_alone(cluster: Cluster, node_files) -> None:
+    """An allocation with no step yet (salloc --no-shell): the prolog's daemon waits in
+    its hold, whose devices hierarchy refuses every GPU but the job's (review round 3,
+    H4: a user who ptraced the daemon there reached every GPU).  The first step moves
+    it into the job's cgroup, and the hold is gone."""
+    import pwd
+    import re
+
+    from slurm_gpu import runner
+    from slurm_gpu.jobs import jobcgroup
+    from slurm_gpu.jobs import state as js
+    res = cluster.run(["salloc", "--no-shell", "--gres=gpu:1", "--gpu-mps=default"], user="sgtest1",
+                      timeout=60)
+    m = re.search(r"Granted job allocation (\d+)", res.stderr)
+    assert m, res.stderr
+    jobid = m.group(1)
+    try:
+        sd = str(cluster.dir / "var" / cluster.nodes[0])
+        deadline = time.monotonic() + 30
+        st = js.load(sd, jobid)
+        while not (st and st.mps and st.mps.get("ready")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            st = js.load(sd, jobid)
+        assert st is not None and st.mps and st.mps.get("ready"), st
+        hold = st.mps.get("hold") or []
+        held = st.gpus[0]["minor"]
+        assert st.mps.get("hold_devices") == f"the job's GPUs only (/dev/nvidia{held})", st.mps
+        devices = [h for h in hold if os.path.exists(os.path.join(h, "devices.deny"))]
+        assert len(devices) == 1, hold
+        pids = _daemon(node_files["mps"] / jobid / "pipe")
+        assert pids and all(_cgroups(p)["devices"].endswith(f"/job_{jobid}") for p in pids)
+        probe = ("import errno\n"
+                 "for i in range(2):\n"
+                 "    try: open(f'{d}/nvidia{i}', 'rb')\n"
+                 "    except OSError as e: print(i, errno.errorcode[e.errno])\n"
+                 ).replace("{d}", str(cluster.dir / "dev"))
+        u = pwd.getpwnam("sgtest1")
+        res = runner.run(["/usr/bin/python3", "-I", "-c", probe], 10,
+                         run_as=runner.RunAs(u.pw_uid, u.pw_gid), join_cgroups=jobcgroup.procs_files(hold))
+        assert res.stdout.split("\n")[:2] == [f"{i} {'ENXIO' if i == held else 'EPERM'}" for i in range(2)]
+        # The first step: the daemon is the job's in every hierarchy, the hold is gone.
+        step = cluster.run(["srun", f"--jobid={jobid}", "true"], user="sgtest1", timeout=60)
+        assert step.returncode == 0, step.stderr
+        mine = f"/job_{jobid}/slurm_gpu_mps"
+        assert all(_cgroups(p)["devices"].endswith(mine) for p in pids)
+        assert not any(os.path.exists(h) for h in hold)
+    finally:
+        cluster.run(["scancel", jobid])
+        cluster.wait_job(int(jobid))
+
+
 def test_mps_daemon_pinned_to_its_gpus_cores_from_the_one_node_cache(cluster: Cluster, node_files) -> None:
     """The prolog pins the daemon to the held GPU's local cores (the model's, by UUID), and
     writes the node's one fact-cache entry, which the job's step then shares: the step only

@@ -251,6 +251,11 @@ def test_mps_daemon_lives_below_the_jobs_cgroup_and_a_failed_epilogs_leftover_is
                                     f"scontrol show job -o {jobid} | tr ' ' '\\n' | grep -E 'State|Reason'"))
         pid, cg = r.stdout.strip().splitlines()[-1].split(" ", 1)
         job_dir = "/sys/fs/cgroup" + cg.split("::")[1].rsplit("/", 1)[0]
+        # Until then it waited in a hold that reached the job's GPU alone: a
+        # BPF device program this kernel took (review round 3, H4).
+        shown = node.ok(f"slurm-gpu job show {jobid}")
+        assert re.search(r"MPS hold until the first step: /sys/fs/cgroup/slurm_gpu_mps_hold/n1/"
+                         rf"job_{jobid}  GPU limit: the job's GPUs only \(/dev/nvidia\d+\)\n", shown), shown
         # The job's limits hold it: its memory limit and device program are the job's.
         node.ok(f"test \"$(cat {job_dir}/memory.max)\" != max")
         node.ok(f"printf '#!/bin/sh\\nexit 1\\n' >{FAILS} && chmod 755 {FAILS} && scancel {jobid}")

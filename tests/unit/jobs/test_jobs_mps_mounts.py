@@ -749,6 +749,38 @@ def test_a_process_held_by_the_users_fuse_in_their_own_namespaces_is_no_node_fau
         server.wait(10)
 
 
+def test_a_sites_fuse_seen_through_the_users_own_namespaces_is_still_the_nodes(
+        node: Env, fusectl: bool) -> None:
+    """``unshare -Urm`` copies the node's mounts, a site's FUSE filesystem (root's:
+    CVMFS) among them, into the user's namespaces: a process of the job blocked there
+    is the node's fault, and the site's connection is never aborted (its copy in the
+    user's namespace is not the user's mount)."""
+    from fusestall import StallingFuse, available
+    if not available():
+        pytest.skip("no FUSE here")
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    assert lifecycle.prolog(ctx) == 0, node.logs
+    st = js.load(node.state_dir, "100")
+    assert st is not None and st.mps
+    mnt = node.base / "site"
+    mnt.mkdir()
+    fs = StallingFuse(str(mnt), uid=0, gid=0)
+    held = subprocess.Popen(["/usr/bin/unshare", "-Urm", "/usr/bin/python3", "-I", "-c",
+                             "import sys; open(sys.argv[1])", str(mnt / "x")],
+                            user=1001, group=1001, extra_groups=[],
+                            env={"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
+    try:
+        assert fs.taken.wait(10)
+        rc = lifecycle.epilog(ctx)
+        assert rc == 1, node.logs
+        assert len(node.logs) == 1 and "survive SIGKILL" in node.logs[0], node.logs
+        assert held.poll() is None                    # nothing aborted the site's connection
+    finally:
+        fs.close()
+        held.wait(10)
+    assert lifecycle.epilog(ctx) == 0, node.logs      # the retry, once the site's server answers
+
+
 def test_the_users_fuse_is_not_aborted_while_another_job_of_theirs_runs_here(
         node: Env, fusectl: bool, other_job_cgroup: Callable[[int], None]) -> None:
     """fusectl cannot tell which of the user's FUSE connections serve which job: while
