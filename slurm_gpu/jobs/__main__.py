@@ -43,10 +43,18 @@ def _watchdog(seconds: float, what: str, rc: int, mark: Callable[[str], None]) -
         os._exit(rc)
 
     def wait_then_fire() -> None:
+        started.release()
         time.sleep(seconds)
         fire()
 
+    # Wait for the thread to run: one still waiting for a CPU when a step with
+    # nothing to do ends would start in a torn-down interpreter and crash it
+    # (SIGSEGV in _PyThreadState_SetCurrent on CPython 3.11, which slurmd
+    # answers with a drain).  Once it sleeps, exiting is safe.
+    started = _thread.allocate_lock()
+    started.acquire()
     _thread.start_new_thread(wait_then_fire, ())
+    started.acquire()
 
 
 def main(argv: list[str] | None = None) -> int:

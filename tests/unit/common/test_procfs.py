@@ -85,3 +85,16 @@ def test_read_each_waits_for_a_worker_that_is_only_slow_not_stuck(tmp_path) -> N
     f.read_bytes()                      # in the page cache: a read runs, never waits on a disk
     got = procfs.read_each([str(f)] * 3, wait=0.001, give_up=1)
     assert [len(g) if g is not None else None for g in got] == [32 << 20] * 3
+
+
+def test_read_each_leaves_no_reader_thread_behind(tmp_path) -> None:
+    """Once every path is read, its worker has ended before read_each returns: a
+    daemon thread still running when a hook's interpreter exits crashed it
+    (SIGSEGV at finalization, CPython 3.11: the epilog 'killed by signal 11' that
+    drained the node in stop 32's CI)."""
+    import threading
+    f = tmp_path / "environ"
+    f.write_bytes(b"A=1\0")
+    for _ in range(20):
+        assert procfs.read_each([str(f)] * 5) == [b"A=1\0"] * 5
+        assert [t.name for t in threading.enumerate() if t.name == "sg-proc-read"] == []

@@ -904,6 +904,21 @@ def test_epilog_script_reads_toml_like_python(node: Env, conf: str) -> None:
     assert marker.exists()
 
 
+def test_the_watchdog_runs_before_the_step_can_end() -> None:
+    """The watchdog thread has started before the step goes on: a prolog or epilog that
+    had nothing to do exited while a loaded node had not yet scheduled it, and the
+    thread then started in a torn-down interpreter (SIGSEGV in
+    _PyThreadState_SetCurrent, CPython 3.11: 'epilog killed by signal 11', the
+    drained node of stop 32's CI).  Here: its frame is there as soon as it returns."""
+    code = ("import sys\n"
+            "from slurm_gpu.jobs.__main__ import _watchdog\n"
+            "_watchdog(30, 'epilog', 0, lambda line: None)\n"
+            "print(sum(f.f_code.co_name == 'wait_then_fire' for f in sys._current_frames().values()))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True,
+                       timeout=30)
+    assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+
+
 @pytest.mark.parametrize("policy,rc", [("drain", 1), ("pass", 0)])
 def test_watchdog_ends_a_prolog_stuck_in_nvml(node: Env, policy: str, rc: int) -> None:
     """An NVML call that never returns (here: the simulator's lock held by someone else)."""
