@@ -141,11 +141,15 @@ def uids(pid: int | str, proc: str = PROC) -> tuple[int, ...] | None:
 
 
 SLOW_CAP = 10.0
+# The most read of one file: execve(2) bounds argv plus environ to 3/4 of
+# _STK_LIM (6 MiB, fs/exec.c), and a process that later points its
+# environment at more (prctl PR_SET_MM_MAP: zeros, GiBs) gets no more read.
+READ_CAP = 8 << 20
 
 
 def read_each(paths: list[str], wait: float = 1.0, give_up: int = 4) -> list[bytes | None]:
-    """The contents of each of *paths* (None: unreadable, or given up), read without
-    ever blocking the caller for long.
+    """The contents of each of *paths* (None: unreadable, or given up; at most
+    :data:`READ_CAP` bytes), read without ever blocking the caller for long.
 
     For the files of another process that read its memory (``environ``,
     ``cmdline``): the kernel takes that process's mmap lock to read them
@@ -182,7 +186,7 @@ def read_each(paths: list[str], wait: float = 1.0, give_up: int = 4) -> list[byt
                     return              # given up: the next worker reads on
                 try:
                     with open(paths[j], "rb") as f:
-                        data: bytes | None = f.read()
+                        data: bytes | None = f.read(READ_CAP)
                 except OSError:
                     data = None
                 results.put((j, data))

@@ -717,12 +717,17 @@ def _other_job(info: MpsRecord | None, jobid: str) -> Callable[[int], str | None
 
 
 def _users_other_jobs(uid: int, elsewhere: Callable[[int], str | None]) -> list[str]:
-    """The other jobs' directories (:func:`_other_job`) where processes of *uid* run."""
-    from ..procfs import uids
+    """The other jobs' directories (:func:`_other_job`) where processes of *uid* run.
+
+    Run: alive and not themselves held in FUSE.  A leftover an earlier epilog
+    noted (held there, past its kill) is no job at work, and would otherwise
+    keep the abort off for every later job of the user's on the node.
+    """
+    from ..procfs import alive, in_fuse_request, uids
     found = set()
     for name in os.listdir("/proc"):
         if name.isdigit() and (ids := uids(name)) is not None and ids[0] == uid \
-                and (d := elsewhere(int(name))):
+                and (d := elsewhere(int(name))) and alive(name) and not in_fuse_request(name):
             found.add(d)
     return sorted(found)
 

@@ -331,34 +331,52 @@ def user_fuse_mounts(uid: int, pids: Iterable[int] = (), proc: str = "/proc") ->
         if f"user_id={uid}" in opts:
             out.setdefault(conn, mp)
     seen = {conn for _mp, conn, _opts in node}
-    for pid in pids:
-        owner = _userns_owner(pid, proc)
-        for mp, conn, opts in _fuse_mounts(*_mountinfo_paths(pid, proc)):
+    for view in _namespaces(pids, proc):
+        owner = _userns_owner(view, proc)
+        mounts = _fuse_mounts(f"{proc}/{view}/mountinfo")
+        for mp, conn, opts in mounts:
             if conn in seen:
                 continue
             if owner == uid or (owner is None and f"user_id={uid}" in opts):
                 out.setdefault(conn, mp)
+        if owner == uid and mounts.truncated:
+            # Their own table, too large to read whole: what holds their process may
+            # lie past the cap, and is theirs either way; no connection to abort (-1).
+            out.setdefault(-1, f"{proc}/{view}/mountinfo (over {MOUNTINFO_CAP} bytes, not read whole)")
     return [(mp, conn) for conn, mp in out.items()]
 
 
-def _mountinfo_paths(pid: int, proc: str) -> list[str]:
-    """``mountinfo`` of *pid*, then of each of its threads: a main thread that has
-    exited (``Z``) has no namespaces left to show, while its other threads do."""
-    paths = [f"{proc}/{pid}/mountinfo"]
-    try:
-        paths += [f"{proc}/{pid}/task/{t}/mountinfo" for t in os.listdir(f"{proc}/{pid}/task")]
-    except OSError:
-        pass
-    return paths
+def _namespaces(pids: Iterable[int], proc: str) -> list[str]:
+    """One ``/proc`` entry (``PID`` or ``PID/task/TID``) per mount namespace the threads
+    of *pids* are in, each read once however many processes share it.
+
+    Every thread: one whose main thread has exited (``Z``) shows no namespace
+    of its own (``ns/mnt``: ENOENT) while its other threads wait on, and
+    threads of one process may even sit in different mount namespaces.
+    """
+    views: dict[tuple[int, int], str] = {}
+    for pid in pids:
+        try:
+            tids = sorted(os.listdir(f"{proc}/{pid}/task"))
+        except OSError:
+            continue
+        for t in [str(pid)] + [f"{pid}/task/{tid}" for tid in tids]:
+            try:
+                st = os.stat(f"{proc}/{t}/ns/mnt")
+            except OSError:
+                continue
+            views.setdefault((st.st_dev, st.st_ino), t)
+    return list(views.values())
 
 
-def _userns_owner(pid: int, proc: str) -> int | None:
-    """The uid that owns the user namespace owning *pid*'s mount namespace; None for
-    this process's own user namespace (or when it cannot be told)."""
+def _userns_owner(view: str, proc: str) -> int | None:
+    """The uid that owns the user namespace owning the mount namespace of *view*
+    (``PID`` or ``PID/task/TID``); None for this process's own user namespace (or
+    when it cannot be told)."""
     import fcntl
     import struct
     try:
-        fd = os.open(f"{proc}/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"{proc}/{view}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -377,20 +395,28 @@ def _userns_owner(pid: int, proc: str) -> int | None:
         os.close(userns)
 
 
-def _fuse_mounts(*paths: str) -> list[tuple[str, int, list[str]]]:
+# The most of a mount table read: a user's own namespace can hold up to
+# fs.mount-max (100,000) mounts with paths of 4 KiB, hundreds of MiB that
+# take seconds to generate; past this, the rest is not looked at.
+MOUNTINFO_CAP = 16 << 20
+
+
+class _Mounts(list[tuple[str, int, list[str]]]):
+    truncated = False           # the table went on past MOUNTINFO_CAP
+
+
+def _fuse_mounts(path: str) -> _Mounts:
     """(mount point, connection number, superblock options) of each FUSE mount in the
-    first of *paths* (``mountinfo`` files) that reads (empty: one that does not)."""
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                raw = f.read().decode(errors="surrogateescape")
-        except OSError:
-            continue
-        if raw:
-            break
-    else:
-        return []
-    out = []
+    ``mountinfo`` file *path*, its first :data:`MOUNTINFO_CAP` bytes (empty: it does
+    not read)."""
+    out = _Mounts()
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MOUNTINFO_CAP)
+            out.truncated = bool(data) and len(data) == MOUNTINFO_CAP and bool(f.read(1))
+    except OSError:
+        return out
+    raw = data.decode(errors="surrogateescape")
     for line in raw.split("\n"):
         head, sep, tail = line.partition(" - ")
         fields, rest = head.split(" "), tail.split(" ")
@@ -411,6 +437,8 @@ def abort_fuse(conns: list[int], fusectl: str = FUSECTL) -> list[int]:
     ones aborted.  Nothing where fusectl is not mounted (systemd mounts it)."""
     done = []
     for c in conns:
+        if c < 0:
+            continue                # no connection known (user_fuse_mounts' -1)
         d = f"{fusectl}/{int(c)}"
         try:
             with open(f"{d}/waiting", "rb") as f:

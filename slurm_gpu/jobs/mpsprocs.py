@@ -95,7 +95,9 @@ def daemon_procs(pipe: str | os.PathLike[str], uid: int | None, proc: str = "/pr
     for (pid, ids), raw in zip(seen.items(), read_each([f"{proc}/{pid}/environ" for pid in seen])):
         # Read again after the environment: the same process throughout
         # (a recycled PID has another start time).
-        if raw is not None and want in raw.split(b"\0") and _ids(pid, proc) == ids:
+        # A search, not a split: the environment may be megabytes of NULs.
+        if raw is not None and (b"\0" + want + b"\0") in (b"\0" + raw + b"\0") \
+                and _ids(pid, proc) == ids:
             out[pid] = (ids[1], ids[0][0])
     return out
 

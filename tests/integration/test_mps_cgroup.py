@@ -177,11 +177,13 @@ def test_until_the_first_step_the_daemons_hold_reaches_the_jobs_gpu_alone(cluste
         res = runner.run(["/usr/bin/python3", "-I", "-c", probe], 10,
                          run_as=runner.RunAs(u.pw_uid, u.pw_gid), join_cgroups=jobcgroup.procs_files(hold))
         assert res.stdout.split("\n")[:2] == [f"{i} {'ENXIO' if i == held else 'EPERM'}" for i in range(2)]
-        # The first step: the daemon is the job's in every hierarchy, the hold is gone.
-        step = cluster.run(["srun", f"--jobid={jobid}", "true"], user="sgtest1", timeout=60)
+        # The first step (its --gpu-mps as salloc's shell would pass it on): the daemon
+        # is the job's in every hierarchy, the hold is gone.
+        step = cluster.run(["srun", f"--jobid={jobid}", "--gpu-mps=default", "true"], user="sgtest1",
+                           timeout=60)
         assert step.returncode == 0, step.stderr
         mine = f"/job_{jobid}/slurm_gpu_mps"
-        assert all(_cgroups(p)["devices"].endswith(mine) for p in pids)
+        assert all(_cgroups(p)["devices"].endswith(mine) for p in pids), [_cgroups(p) for p in pids]
         assert not any(os.path.exists(h) for h in hold)
     finally:
         cluster.run(["scancel", jobid])

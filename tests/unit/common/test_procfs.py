@@ -78,13 +78,13 @@ def test_a_process_counts_as_held_in_fuse_when_any_thread_waits_there(tmp_path) 
 def test_read_each_waits_for_a_worker_that_is_only_slow_not_stuck(tmp_path) -> None:
     """A loaded node (stop 32's CI: unit tests, QEMU and debootstrap beside the
     integration tests) makes a read take longer than *wait* while the worker runs,
-    blocked nowhere: here a 32 MiB file against a 1 ms wait.  Nothing is given up
+    blocked nowhere: here READ_CAP bytes against a 0.2 ms wait.  Nothing is given up
     (a process skipped there was an MPS daemon taken for gone, and a drain)."""
     f = tmp_path / "big"
-    f.write_bytes(b"A" * (32 << 20))
+    f.write_bytes(b"A" * procfs.READ_CAP)
     f.read_bytes()                      # in the page cache: a read runs, never waits on a disk
-    got = procfs.read_each([str(f)] * 3, wait=0.001, give_up=1)
-    assert [len(g) if g is not None else None for g in got] == [32 << 20] * 3
+    got = procfs.read_each([str(f)] * 3, wait=0.0002, give_up=1)
+    assert [len(g) if g is not None else None for g in got] == [procfs.READ_CAP] * 3
 
 
 def test_read_each_leaves_no_reader_thread_behind(tmp_path) -> None:
@@ -98,3 +98,15 @@ def test_read_each_leaves_no_reader_thread_behind(tmp_path) -> None:
     for _ in range(20):
         assert procfs.read_each([str(f)] * 5) == [b"A=1\0"] * 5
         assert [t.name for t in threading.enumerate() if t.name == "sg-proc-read"] == []
+
+
+def test_read_each_reads_no_more_than_an_environment_can_hold(tmp_path) -> None:
+    """execve(2) bounds argv plus environ to 6 MiB (3/4 of _STK_LIM); a process can point
+    its environment at GiBs of zeros afterwards (prctl PR_SET_MM_MAP, no privilege),
+    which a root scan would read, then split, in full: seconds and GiBs of root's
+    memory per process (review round 5, R4).  At most READ_CAP bytes are read."""
+    f = tmp_path / "environ"
+    with open(f, "wb") as out:
+        out.truncate(procfs.READ_CAP + (4 << 20))        # sparse: zeros, as such a map reads
+    got = procfs.read_each([str(f)])
+    assert got[0] is not None and len(got[0]) == procfs.READ_CAP

@@ -317,3 +317,18 @@ def test_a_command_still_on_its_way_out_after_the_kill_is_waited_for_not_given_u
         run(["/usr/bin/python3", "-c", "b = bytearray(1 << 30); print(1, flush=True)\n"
              "import time; time.sleep(60)"], timeout=3)
     assert not caught.value.stuck, repr(caught.value)
+
+
+def test_a_killed_command_still_runnable_at_the_cap_is_not_called_stuck(stalling_fuse, monkeypatch) -> None:
+    """A command run as a user can be kept runnable, not exiting, by that user (SCHED_IDLE
+    on a starved CPU): still ``R`` when the wait for its exit ends, it was reported as
+    blocked in the kernel, which an MPS client's caller takes for a node fault (review
+    round 5, R5).  Only a command still blocked (``D``, ``S``) is given up stuck."""
+    from slurm_gpu import procfs, runner
+    from slurm_gpu.runner import TimedOut
+    monkeypatch.setattr(runner, "KILL_WAIT", 0.01)
+    monkeypatch.setattr(runner, "EXIT_CAP", 0.2)
+    monkeypatch.setattr(procfs, "state", lambda pid, proc="/proc": "R")
+    with pytest.raises(TimedOut) as caught:
+        run(["/bin/cat", f"{stalling_fuse.mountpoint}/x"], timeout=0.5)
+    assert not caught.value.stuck, repr(caught.value)

@@ -611,7 +611,8 @@ def fusectl() -> Iterator[bool]:
 
 
 def _blocked_in_fuse(node: Env, uid: int,
-                     code: str = "if not os.fork():\n    open(arg)\n") -> tuple[list[str], int, Any]:
+                     code: str = "if not os.fork():\n    open(arg)\n",
+                     _and_then: Callable[[Path], None] | None = None) -> tuple[list[str], int, Any]:
     """Prolog a --gpu-mps job, then a process of its user's, bound to its pipe directory,
     blocks in a FUSE filesystem mounted for *uid* whose server never answers; the
     epilog runs.  Returns (the epilog's log lines, its exit status, the agent)."""
@@ -630,6 +631,8 @@ def _blocked_in_fuse(node: Env, uid: int,
     try:
         agent.do(str(mnt / "x"))
         assert fs.taken.wait(10)
+        if _and_then is not None:
+            _and_then(mnt)
         rc = lifecycle.epilog(ctx)
         return list(node.logs), rc, agent
     finally:
@@ -691,27 +694,42 @@ def test_a_thread_that_waits_behind_the_users_fuse_request_is_no_node_fault(
 # there, invisible from the node's namespace, and a process bound to the pipe
 # directory (its own environment: the server's is not) blocked in it.
 _IN_USERNS = """
-import os, sys
+import os, sys, time
 sys.path.insert(0, sys.argv[3])
 from fusestall import StallingFuse
-mnt, pipe, dev = sys.argv[1], sys.argv[2], sys.argv[4]
+mnt, pipe, dev, child = sys.argv[1], sys.argv[2], sys.argv[4], sys.argv[5]
 fs = StallingFuse(mnt, uid=0, gid=0, dev=dev)
 if not os.fork():
-    os.execve("/usr/bin/python3", ["python3", "-I", "-c", "import sys; open(sys.argv[1])",
-              mnt + "/x"], {"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    os.execve("/usr/bin/python3", ["python3", "-I", "-c", child, mnt + "/x"],
+              {"CUDA_MPS_PIPE_DIRECTORY": pipe})
 assert fs.taken.wait(10)
+time.sleep(0.6)                     # the leaderless child's main thread has exited
 print("ready", flush=True)
 sys.stdin.read()
 fs.close()
 """
 
 
+# The bound process forks one whose other thread waits in the FUSE request and whose
+# main thread then exits (pthread_exit): its /proc/PID/ns/mnt and mountinfo are gone,
+# its thread's are not (review round 5's second look, R2).
+_LEADERLESS = ("import os, sys, threading, ctypes, time\n"
+               "if os.fork() == 0:\n"
+               "    threading.Thread(target=open, args=(sys.argv[1],)).start()\n"
+               "    time.sleep(0.3)\n"
+               "    ctypes.CDLL(None).pthread_exit(None)\n"
+               "time.sleep(3600)\n")
+
+
+@pytest.mark.parametrize("child", ["import sys; open(sys.argv[1])", _LEADERLESS],
+                         ids=["plain", "leaderless"])
 def test_a_process_held_by_the_users_fuse_in_their_own_namespaces_is_no_node_fault(
-        node: Env, fusectl: bool) -> None:
+        node: Env, fusectl: bool, child: str) -> None:
     """The job's user's FUSE lives in a mount namespace of theirs (unshare -Urm, rootless
     containers): the node's mountinfo does not show it, the held process's does; in a
     user namespace of theirs every FUSE mount is theirs, whatever ``user_id=`` it
-    prints (0 there).  Aborted, no drain (review round 5, H1)."""
+    prints (0 there).  Aborted, no drain (review round 5, H1), also when the held
+    process's main thread has exited (its waiting thread's namespace is read)."""
     from fusestall import available
     if not available():
         pytest.skip("no FUSE here")
@@ -730,7 +748,7 @@ def test_a_process_held_by_the_users_fuse_in_their_own_namespaces_is_no_node_fau
     os.chown(dev, 1001, 1001)
     tests = str(Path(__file__).resolve().parents[2])
     server = subprocess.Popen(["/usr/bin/unshare", "-Urm", "/usr/bin/python3", "-I", "-c", _IN_USERNS,
-                               str(mnt), st.mps["pipe_dir"], tests, str(dev)],
+                               str(mnt), st.mps["pipe_dir"], tests, str(dev), child],
                               user=1001, group=1001, extra_groups=[], env={"PATH": "/usr/bin:/bin"},
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -800,6 +818,46 @@ def test_the_users_fuse_is_not_aborted_while_another_job_of_theirs_runs_here(
         other.do("still alive")
     finally:
         other.close()
+
+
+def test_a_held_leftover_in_another_job_does_not_keep_the_users_fuse_from_abort(
+        node: Env, fusectl: bool, other_job_cgroup: Callable[[int], None]) -> None:
+    """What counts as another job of the user's running here is a process that runs:
+    one of theirs in another job's cgroup that is itself held in FUSE (a leftover an
+    earlier epilog noted) turned the abort off for every later job of theirs on the
+    node (review round 5, M1's second look)."""
+    stuck: list[Any] = []
+    logs, rc, _agent = _blocked_in_fuse(node, 1001, _and_then=lambda mnt: stuck.append(
+        _held_in(other_job_cgroup, str(mnt / "y"))))
+    for a in stuck:
+        a.close()
+    assert rc == 0, logs
+    assert [ln for ln in logs if "FUSE" in ln] == [
+        f"slurm-gpu: epilog job 100: MPS: aborted FUSE connections of the job's user that held "
+        f"processes past SIGKILL: {node.base}/fuse"], logs
+
+
+def _held_in(other_job_cgroup: Callable[[int], None], path: str) -> Any:
+    """A process of sgtest1's in another job's cgroup, blocked opening *path*, and
+    nothing else of theirs there."""
+    import time
+
+    from useragent import Agent
+
+    from slurm_gpu.procfs import in_fuse_request, parent
+    a = Agent("if not os.fork():\n    open(arg)\n")
+    other_job_cgroup(a.pid)
+    a.do(path)                          # its child, in the same cgroup, opens and waits
+
+    def held() -> list[int]:
+        return [int(d) for d in os.listdir("/proc") if d.isdigit() and parent(d) == a.pid
+                and in_fuse_request(d)]
+    deadline = time.monotonic() + 10
+    while not held() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert held()
+    a.close()                           # the child alone is left there, held
+    return a
 
 
 def test_a_process_stuck_in_a_sites_fuse_at_the_epilog_is_the_nodes_fault(node: Env, fusectl: bool) -> None:

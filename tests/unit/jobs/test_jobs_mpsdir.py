@@ -123,3 +123,42 @@ def test_a_symlinked_component_never_leads_the_detach_elsewhere(tmp_path: Path) 
     finally:
         for m in mounted:
             subprocess.run(["umount", "-l", m], capture_output=True)
+
+
+def _fuse_line(i: int, uid: int) -> str:
+    return (f"{100 + i} 25 0:{300 + i} / /u/m{i} rw,nosuid - fuse sg-stall "
+            f"rw,user_id={uid},group_id={uid}\n")
+
+
+def test_user_fuse_mounts_reads_each_namespace_once_and_past_the_cap_names_none(
+        tmp_path, monkeypatch) -> None:
+    """Processes (and threads) sharing a mount namespace have it read once; a table of
+    the user's own namespace that runs past MOUNTINFO_CAP (a user can make hundreds of
+    MiB of it) is not read on, and counts as holding something of theirs that no
+    connection names (-1: noted, never aborted, never a drain) (review round 5, R6)."""
+    from slurm_gpu.jobs import mpsdir
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "mountinfo").write_text("")
+    ns = tmp_path / "ns-mnt"
+    ns.write_text("")
+    table = "".join(f"{i} 25 8:1 / /pad{'x' * 200}{i} rw - ext4 /dev/sda1 rw\n" for i in range(50))
+    for pid in (10, 11):
+        for t in (f"{pid}", f"{pid}/task/{pid}"):
+            (proc / t / "ns").mkdir(parents=True)
+            os.link(ns, proc / t / "ns" / "mnt")       # one namespace: one inode
+            (proc / t / "mountinfo").write_text(_fuse_line(1, 0) + table + _fuse_line(2, 0))
+    reads: list[str] = []
+    real = mpsdir._fuse_mounts
+
+    def counted(path: str):  # type: ignore[no-untyped-def]
+        reads.append(path)
+        return real(path)
+    monkeypatch.setattr(mpsdir, "_fuse_mounts", counted)
+    monkeypatch.setattr(mpsdir, "_userns_owner", lambda view, proc: 1001)
+    monkeypatch.setattr(mpsdir, "MOUNTINFO_CAP", 4096)
+    got = mpsdir.user_fuse_mounts(1001, [10, 11], str(proc))
+    assert len(reads) == 2                          # its own, and the one namespace once
+    assert ("/u/m1", 301) in got and all(c != 302 for _m, c in got)   # past the cap: not read
+    assert [m for m, c in got if c == -1] == [f"{proc}/10/mountinfo (over 4096 bytes, not read whole)"]
+    assert mpsdir.abort_fuse([-1], fusectl=str(tmp_path)) == []
