@@ -332,7 +332,7 @@ def user_fuse_mounts(uid: int, pids: Iterable[int] = (), proc: str = "/proc") ->
             out.setdefault(conn, mp)
     seen = {conn for _mp, conn, _opts in node}
     for view in _namespaces(pids, proc):
-        owner = _userns_owner(view, proc)
+        owner = userns_owner(view, proc)
         mounts = _fuse_mounts(f"{proc}/{view}/mountinfo")
         for mp, conn, opts in mounts:
             if conn in seen:
@@ -369,7 +369,7 @@ def _namespaces(pids: Iterable[int], proc: str) -> list[str]:
     return list(views.values())
 
 
-def _userns_owner(view: str, proc: str) -> int | None:
+def userns_owner(view: str, proc: str) -> int | None:
     """The uid that owns the user namespace owning the mount namespace of *view*
     (``PID`` or ``PID/task/TID``); None for this process's own user namespace (or
     when it cannot be told)."""

@@ -14,7 +14,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -118,34 +118,16 @@ def test_a_gpu_mps_prolog_limits_its_v2_hold_to_the_jobs_gpus(
     """The prolog's hold (no job cgroup yet: 22.05, no RunInJob) on cgroup v2: the daemon
     and anything it is made to start there reach the job's GPU, no other; the epilog
     removes the hold with its program (review round 3, H4)."""
-    from test_jobs_lifecycle import Env
-
-    from slurm_gpu.jobs import jobcgroup, lifecycle
-    from slurm_gpu.jobs import state as js
+    from slurm_gpu.jobs import jobcgroup
     root = _v2_root()
     if os.geteuid() != 0 or root is None:
         pytest.skip("needs root and a cgroup v2 hierarchy")
     top = f"{root}/sg-devprog-hold-{os.getpid()}"
     monkeypatch.setattr(jobcgroup, "hold_dirs", lambda jobid, node, mountinfo="": [
         f"{top}/{jobcgroup.HOLD}/{node}/job_{jobid}"])
-    node = Env()
     try:
-        ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
-        assert lifecycle.prolog(ctx) == 0, node.logs
-        st = js.load(node.state_dir, "100")
-        assert st is not None and st.mps and st.mps.get("hold")
-        minor = st.gpus[0]["minor"]
-        assert st.mps["hold_devices"] == f"the job's GPUs only (/dev/nvidia{minor})"
-        (tmp_path / "dev").mkdir()
-        mine, other = tmp_path / "dev" / "mine", tmp_path / "dev" / "other"
-        os.mknod(mine, stat.S_IFCHR | 0o600, os.makedev(195, minor))
-        os.mknod(other, stat.S_IFCHR | 0o600, os.makedev(195, minor + 1))
-        assert _probe(Path(st.mps["hold"][0]), [str(mine), str(other)]) == {
-            "mine": str(errno.ENXIO), "other": str(errno.EPERM)}
-        assert lifecycle.epilog(ctx) == 0, node.logs
-        assert node.leftovers() == [] and not os.path.exists(st.mps["hold"][0])
+        _hold_reaches_the_jobs_gpu_alone(tmp_path, lambda hold: hold[:1])
     finally:
-        node.close()
         for d in sorted(Path(top).glob("**/"), key=lambda p: -len(p.parts)):
             d.rmdir()
 
@@ -155,27 +137,36 @@ def test_a_gpu_mps_prolog_limits_its_v1_hold_to_the_jobs_gpus(tmp_path: Path) ->
     ``devices.deny`` line for every other GPU minor: the daemon and what it starts
     there reach the job's GPU, no other, until the first step moves it; the epilog
     removes both (review round 3, H4)."""
-    from test_jobs_lifecycle import Env
-
-    from slurm_gpu.jobs import jobcgroup, lifecycle
-    from slurm_gpu.jobs import state as js
+    from slurm_gpu.jobs import jobcgroup
     if os.geteuid() != 0 or not any(v == 1 and "devices" in c for _p, v, c in jobcgroup.mounts()):
         pytest.skip("needs root and a cgroup v1 devices hierarchy")
+    _hold_reaches_the_jobs_gpu_alone(
+        tmp_path, lambda hold: [h for h in hold if os.path.exists(os.path.join(h, "devices.deny"))])
+
+
+def _hold_reaches_the_jobs_gpu_alone(tmp_path: Path, limited: Callable[[list[str]], list[str]]) -> None:
+    """Prolog a --gpu-mps job of GPU 0 (no job cgroup: the hold); in the hold's directory
+    *limited* picks (exactly one), a process reaches the job's GPU minor (ENXIO: no
+    driver here) and not the next (EPERM); the epilog removes every hold directory."""
+    from test_jobs_lifecycle import Env
+
+    from slurm_gpu.jobs import lifecycle
+    from slurm_gpu.jobs import state as js
     node = Env()
     try:
         ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
         assert lifecycle.prolog(ctx) == 0, node.logs
         st = js.load(node.state_dir, "100")
         assert st is not None and st.mps and st.mps.get("hold")
-        devices = [h for h in st.mps["hold"] if os.path.exists(os.path.join(h, "devices.deny"))]
-        assert len(devices) == 1, st.mps["hold"]
+        dirs = limited(st.mps["hold"] or [])
+        assert len(dirs) == 1, st.mps["hold"]
         minor = st.gpus[0]["minor"]
         assert st.mps["hold_devices"] == f"the job's GPUs only (/dev/nvidia{minor})"
         (tmp_path / "dev").mkdir()
         mine, other = tmp_path / "dev" / "mine", tmp_path / "dev" / "other"
         os.mknod(mine, stat.S_IFCHR | 0o600, os.makedev(195, minor))
         os.mknod(other, stat.S_IFCHR | 0o600, os.makedev(195, minor + 1))
-        assert _probe(Path(devices[0]), [str(mine), str(other)]) == {
+        assert _probe(Path(dirs[0]), [str(mine), str(other)]) == {
             "mine": str(errno.ENXIO), "other": str(errno.EPERM)}
         assert lifecycle.epilog(ctx) == 0, node.logs
         assert node.leftovers() == [] and not any(os.path.exists(h) for h in st.mps["hold"])

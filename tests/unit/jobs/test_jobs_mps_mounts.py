@@ -610,20 +610,28 @@ def fusectl() -> Iterator[bool]:
             subprocess.run(["umount", d], capture_output=True)
 
 
-def _blocked_in_fuse(node: Env, uid: int,
-                     code: str = "if not os.fork():\n    open(arg)\n",
-                     _and_then: Callable[[Path], None] | None = None) -> tuple[list[str], int, Any]:
-    """Prolog a --gpu-mps job, then a process of its user's, bound to its pipe directory,
-    blocks in a FUSE filesystem mounted for *uid* whose server never answers; the
-    epilog runs.  Returns (the epilog's log lines, its exit status, the agent)."""
-    from fusestall import StallingFuse, available
-    from useragent import Agent
+def _mps_job_where_fuse_runs(node: Env) -> tuple[Any, Any]:
+    """Skip where FUSE cannot run; else a --gpu-mps job's context and record, its
+    prolog done."""
+    from fusestall import available
     if not available():
         pytest.skip("no FUSE here")
     ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
     assert lifecycle.prolog(ctx) == 0, node.logs
     st = js.load(node.state_dir, "100")
     assert st is not None and st.mps
+    return ctx, st
+
+
+def _blocked_in_fuse(node: Env, uid: int,
+                     code: str = "if not os.fork():\n    open(arg)\n",
+                     _and_then: Callable[[Path], None] | None = None) -> tuple[list[str], int, Any]:
+    """Prolog a --gpu-mps job, then a process of its user's, bound to its pipe directory,
+    blocks in a FUSE filesystem mounted for *uid* whose server never answers; the
+    epilog runs.  Returns (the epilog's log lines, its exit status, the agent)."""
+    from fusestall import StallingFuse
+    from useragent import Agent
+    ctx, st = _mps_job_where_fuse_runs(node)
     mnt = node.base / "fuse"
     mnt.mkdir()
     fs = StallingFuse(str(mnt), uid=uid, gid=uid)
@@ -730,13 +738,7 @@ def test_a_process_held_by_the_users_fuse_in_their_own_namespaces_is_no_node_fau
     user namespace of theirs every FUSE mount is theirs, whatever ``user_id=`` it
     prints (0 there).  Aborted, no drain (review round 5, H1), also when the held
     process's main thread has exited (its waiting thread's namespace is read)."""
-    from fusestall import available
-    if not available():
-        pytest.skip("no FUSE here")
-    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
-    assert lifecycle.prolog(ctx) == 0, node.logs
-    st = js.load(node.state_dir, "100")
-    assert st is not None and st.mps
+    ctx, st = _mps_job_where_fuse_runs(node)
     mnt = node.base / "userfuse"
     mnt.mkdir()
     os.chown(mnt, 1001, 1001)
@@ -773,13 +775,8 @@ def test_a_sites_fuse_seen_through_the_users_own_namespaces_is_still_the_nodes(
     CVMFS) among them, into the user's namespaces: a process of the job blocked there
     is the node's fault, and the site's connection is never aborted (its copy in the
     user's namespace is not the user's mount)."""
-    from fusestall import StallingFuse, available
-    if not available():
-        pytest.skip("no FUSE here")
-    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
-    assert lifecycle.prolog(ctx) == 0, node.logs
-    st = js.load(node.state_dir, "100")
-    assert st is not None and st.mps
+    from fusestall import StallingFuse
+    ctx, st = _mps_job_where_fuse_runs(node)
     mnt = node.base / "site"
     mnt.mkdir()
     fs = StallingFuse(str(mnt), uid=0, gid=0)
