@@ -8,6 +8,7 @@ every mount a test makes is detached when it ends, whatever happened.
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 import subprocess
 from pathlib import Path
@@ -610,13 +611,22 @@ def fusectl() -> Iterator[bool]:
             subprocess.run(["umount", d], capture_output=True)
 
 
+# The job user of the FUSE tests: one the integration tests, which may run beside
+# these (make test), never run jobs as, so that no job of theirs elsewhere on the
+# host turns the abort these tests expect into a note (mps._users_other_jobs).
+FUSE_USER = "nobody"
+FUSE_UID = pwd.getpwnam(FUSE_USER).pw_uid
+FUSE_GID = pwd.getpwnam(FUSE_USER).pw_gid
+
+
 def _mps_job_where_fuse_runs(node: Env) -> tuple[Any, Any]:
-    """Skip where FUSE cannot run; else a --gpu-mps job's context and record, its
-    prolog done."""
+    """Skip where FUSE cannot run; else a --gpu-mps job's context (of :data:`FUSE_USER`)
+    and record, its prolog done."""
     from fusestall import available
     if not available():
         pytest.skip("no FUSE here")
-    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
+    ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default", SLURM_JOB_UID=str(FUSE_UID),
+                   SLURM_JOB_GID=str(FUSE_GID), SLURM_JOB_USER=FUSE_USER)
     assert lifecycle.prolog(ctx) == 0, node.logs
     st = js.load(node.state_dir, "100")
     assert st is not None and st.mps
@@ -635,7 +645,8 @@ def _blocked_in_fuse(node: Env, uid: int,
     mnt = node.base / "fuse"
     mnt.mkdir()
     fs = StallingFuse(str(mnt), uid=uid, gid=uid)
-    agent = Agent(code, env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
+    agent = Agent(code, env={"CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]},
+                  user=FUSE_USER)
     try:
         agent.do(str(mnt / "x"))
         assert fs.taken.wait(10)
@@ -656,7 +667,7 @@ def test_a_process_blocked_in_the_users_fuse_at_the_epilog_is_no_node_fault(node
     with open("/proc/self/mountinfo") as f:
         if any(ln.split()[4] == "/sys/fs/fuse/connections" for ln in f):
             pytest.skip("fusectl is mounted here: the abort is tested below")
-    logs, rc, _agent = _blocked_in_fuse(node, 1001)
+    logs, rc, _agent = _blocked_in_fuse(node, FUSE_UID)
     assert rc == 0, logs
     assert [ln for ln in logs if re.fullmatch(
         r"slurm-gpu: epilog job 100: MPS: processes \d+ survive SIGKILL, blocked in a FUSE request "
@@ -670,7 +681,7 @@ def test_the_epilog_aborts_the_users_fuse_that_holds_a_process_past_sigkill(
     """With fusectl (systemd mounts it), the job's user's FUSE connections with requests
     waiting are aborted: the held process ends, nothing is left, no drain (review
     round 4, H2: a process that holds its own server's /dev/fuse never ends otherwise)."""
-    logs, rc, _agent = _blocked_in_fuse(node, 1001)
+    logs, rc, _agent = _blocked_in_fuse(node, FUSE_UID)
     assert rc == 0, logs
     assert [ln for ln in logs if "FUSE" in ln] == [
         f"slurm-gpu: epilog job 100: MPS: aborted FUSE connections of the job's user that held "
@@ -689,7 +700,7 @@ def test_a_thread_that_waits_behind_the_users_fuse_request_is_no_node_fault(
             "    threading.Thread(target=os.mkdir, args=(arg,), daemon=True).start()\n"
             "    time.sleep(0.5)\n"
             "    os.mkdir(arg)\n")
-    logs, rc, _agent = _blocked_in_fuse(node, 1001, code)
+    logs, rc, _agent = _blocked_in_fuse(node, FUSE_UID, code)
     assert rc == 0, logs
     assert [ln for ln in logs if "FUSE" in ln] == [
         f"slurm-gpu: epilog job 100: MPS: aborted FUSE connections of the job's user that held "
@@ -741,17 +752,17 @@ def test_a_process_held_by_the_users_fuse_in_their_own_namespaces_is_no_node_fau
     ctx, st = _mps_job_where_fuse_runs(node)
     mnt = node.base / "userfuse"
     mnt.mkdir()
-    os.chown(mnt, 1001, 1001)
+    os.chown(mnt, FUSE_UID, FUSE_GID)
     # /dev/fuse is 0666 on a node (fuse3's udev rule), 0600 in some containers:
     # the user's own node of that device, then (the opener's user namespace must
     # be the mount's: fs/fuse/inode.c, fuse_fill_super).
     dev = node.base / "fuse-dev"
     os.mknod(dev, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
-    os.chown(dev, 1001, 1001)
+    os.chown(dev, FUSE_UID, FUSE_GID)
     tests = str(Path(__file__).resolve().parents[2])
     server = subprocess.Popen(["/usr/bin/unshare", "-Urm", "/usr/bin/python3", "-I", "-c", _IN_USERNS,
                                str(mnt), st.mps["pipe_dir"], tests, str(dev), child],
-                              user=1001, group=1001, extra_groups=[], env={"PATH": "/usr/bin:/bin"},
+                              user=FUSE_UID, group=FUSE_GID, extra_groups=[], env={"PATH": "/usr/bin:/bin"},
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
@@ -782,7 +793,7 @@ def test_a_sites_fuse_seen_through_the_users_own_namespaces_is_still_the_nodes(
     fs = StallingFuse(str(mnt), uid=0, gid=0)
     held = subprocess.Popen(["/usr/bin/unshare", "-Urm", "/usr/bin/python3", "-I", "-c",
                              "import sys; open(sys.argv[1])", str(mnt / "x")],
-                            user=1001, group=1001, extra_groups=[],
+                            user=FUSE_UID, group=FUSE_GID, extra_groups=[],
                             env={"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": st.mps["pipe_dir"]})
     try:
         assert fs.taken.wait(10)
@@ -803,10 +814,10 @@ def test_the_users_fuse_is_not_aborted_while_another_job_of_theirs_runs_here(
     filesystem would fail under it); the held process is noted, no drain (review
     round 5, M1)."""
     from useragent import Agent
-    other = Agent("pass")
+    other = Agent("pass", user=FUSE_USER)
     try:
         other_job_cgroup(other.pid)
-        logs, rc, _agent = _blocked_in_fuse(node, 1001)
+        logs, rc, _agent = _blocked_in_fuse(node, FUSE_UID)
         assert rc == 0, logs
         fuse = [ln for ln in logs if "FUSE" in ln]
         assert len(fuse) == 1 and "MPS: aborted FUSE" not in fuse[0], logs
@@ -824,7 +835,7 @@ def test_a_held_leftover_in_another_job_does_not_keep_the_users_fuse_from_abort(
     earlier epilog noted) turned the abort off for every later job of theirs on the
     node (review round 5, M1's second look)."""
     stuck: list[Any] = []
-    logs, rc, _agent = _blocked_in_fuse(node, 1001, _and_then=lambda mnt: stuck.append(
+    logs, rc, _agent = _blocked_in_fuse(node, FUSE_UID, _and_then=lambda mnt: stuck.append(
         _held_in(other_job_cgroup, str(mnt / "y"))))
     for a in stuck:
         a.close()
@@ -842,7 +853,7 @@ def _held_in(other_job_cgroup: Callable[[int], None], path: str) -> Any:
     from useragent import Agent
 
     from slurm_gpu.procfs import in_fuse_request, parent
-    a = Agent("if not os.fork():\n    open(arg)\n")
+    a = Agent("if not os.fork():\n    open(arg)\n", user=FUSE_USER)
     other_job_cgroup(a.pid)
     a.do(path)                          # its child, in the same cgroup, opens and waits
 
