@@ -260,6 +260,14 @@ def _make_hold(jobid: str) -> list[str]:
     """
     from . import jobcgroup
     dirs = jobcgroup.hold_dirs(jobid, _node_name())
+    for d in dirs:
+        # One an earlier run of the job left (requeued here; its epilog could not
+        # remove it) keeps that run's device limit: made afresh when empty (what
+        # is still in it the epilog ends).
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
     try:
         return jobcgroup.make_hold(dirs)
     except OSError as e:

@@ -144,7 +144,8 @@ def test_a_gpu_mps_prolog_limits_its_v1_hold_to_the_jobs_gpus(tmp_path: Path) ->
         tmp_path, lambda hold: [h for h in hold if os.path.exists(os.path.join(h, "devices.deny"))])
 
 
-def _hold_reaches_the_jobs_gpu_alone(tmp_path: Path, limited: Callable[[list[str]], list[str]]) -> None:
+def _hold_reaches_the_jobs_gpu_alone(tmp_path: Path, limited: Callable[[list[str]], list[str]],
+                                     before: Callable[[str], None] = lambda node: None) -> None:
     """Prolog a --gpu-mps job of GPU 0 (no job cgroup: the hold); in the hold's directory
     *limited* picks (exactly one), a process reaches the job's GPU minor (ENXIO: no
     driver here) and not the next (EPERM); the epilog removes every hold directory."""
@@ -152,8 +153,10 @@ def _hold_reaches_the_jobs_gpu_alone(tmp_path: Path, limited: Callable[[list[str
 
     from slurm_gpu.jobs import lifecycle
     from slurm_gpu.jobs import state as js
+    from slurm_gpu import hostctx
     node = Env()
     try:
+        before(hostctx.node_name or "")
         ctx = node.ctx(SLURM_JOB_GPUS="0", SPANK_SLURM_GPU_MPS="default")
         assert lifecycle.prolog(ctx) == 0, node.logs
         st = js.load(node.state_dir, "100")
@@ -172,3 +175,20 @@ def _hold_reaches_the_jobs_gpu_alone(tmp_path: Path, limited: Callable[[list[str
         assert node.leftovers() == [] and not any(os.path.exists(h) for h in st.mps["hold"])
     finally:
         node.close()
+
+
+def test_a_hold_left_by_an_earlier_run_of_the_job_does_not_keep_its_limit(tmp_path: Path) -> None:
+    """A requeued job's prolog finds its hold left over from the earlier run (an epilog
+    that could not remove it), limited to that run's GPU: the new run's hold is made
+    afresh, reaching the GPU it has now, not the one it had then."""
+    from slurm_gpu.jobs import devprog, jobcgroup
+    if os.geteuid() != 0 or not any(v == 1 and "devices" in c for _p, v, c in jobcgroup.mounts()):
+        pytest.skip("needs root and a cgroup v1 devices hierarchy")
+
+    def earlier_run(node: str) -> None:
+        for h in jobcgroup.make_hold(jobcgroup.hold_dirs("100", node)):
+            if os.path.exists(os.path.join(h, "devices.deny")):
+                devprog.limit_gpus_v1(h, [])        # every GPU refused, the job's now too
+    _hold_reaches_the_jobs_gpu_alone(
+        tmp_path, lambda hold: [h for h in hold if os.path.exists(os.path.join(h, "devices.deny"))],
+        before=earlier_run)
