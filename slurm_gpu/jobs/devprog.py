@@ -14,8 +14,8 @@ own, and allows everything else, ``/dev/nvidiactl`` (195:255) included.  It
 ends with the hold (a removed cgroup drops its programs), and the first
 step's move takes the daemon under the job's own limits.
 
-The system call goes through ``ctypes`` (``bpf(2)``, no library): the
-attributes and instruction encoding are the kernel's UAPI
+The system call goes through :func:`slurm_gpu.jobs.libc.bpf` (``ctypes``, no
+library): the attributes and instruction encoding are the kernel's UAPI
 (``include/uapi/linux/bpf.h``).
 """
 from __future__ import annotations
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
 NVIDIA_MAJOR = 195          # NV_MAJOR_DEVICE_NUMBER: /dev/nvidia<minor>, /dev/nvidiactl
 NVIDIACTL_MINOR = 255       # the control device; GPU minors lie below it
 
-# bpf(2) system call numbers (asm/unistd.h per architecture).
-_SYS_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "ppc64": 361, "s390x": 351,
-            "riscv64": 280}
 _BPF_PROG_LOAD = 5
 _BPF_PROG_ATTACH = 8
 _BPF_PROG_TYPE_CGROUP_DEVICE = 15
@@ -92,20 +89,6 @@ def _buf(data: bytes, size: int) -> ctypes.Array[ctypes.c_char]:
     return buf
 
 
-def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
-    nr = _SYS_BPF.get(os.uname().machine)
-    if nr is None:
-        raise OSError(38, f"bpf(2) is not known on {os.uname().machine}")   # ENOSYS
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    ctypes.set_errno(0)
-    r = libc.syscall(ctypes.c_long(nr), ctypes.c_long(cmd), attr, ctypes.c_ulong(len(attr)))
-    if r < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-    return int(r)
-
-
 def limit_gpus(cgroup_dir: str, allowed_minors: Iterable[int]) -> None:
     """Attach :func:`program` to the cgroup v2 directory *cgroup_dir*; OSError when the
     kernel refuses (no ``CONFIG_CGROUP_BPF``, not root, a parent's program that
@@ -118,12 +101,13 @@ def limit_gpus(cgroup_dir: str, allowed_minors: Iterable[int]) -> None:
     attr = _buf(struct.pack(
         "<IIQQIIQII16s", _BPF_PROG_TYPE_CGROUP_DEVICE, len(code) // 8,
         ctypes.addressof(insns), ctypes.addressof(license), 0, 0, 0, 0, 0, b"slurm_gpu_hold"), 72)
-    prog = _bpf(_BPF_PROG_LOAD, attr)
+    from .libc import bpf
+    prog = bpf(_BPF_PROG_LOAD, attr)
     try:
         fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             # BPF_PROG_ATTACH: target_fd, attach_bpf_fd, attach_type, attach_flags, replace_bpf_fd
-            _bpf(_BPF_PROG_ATTACH, _buf(struct.pack(
+            bpf(_BPF_PROG_ATTACH, _buf(struct.pack(
                 "<IIIII", fd, prog, _BPF_CGROUP_DEVICE, _BPF_F_ALLOW_MULTI, 0), 20))
         finally:
             os.close(fd)

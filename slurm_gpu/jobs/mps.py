@@ -731,11 +731,11 @@ def _users_other_jobs(uid: int, elsewhere: Callable[[int], str | None]) -> list[
     noted (held there, past its kill) is no job at work, and would otherwise
     keep the abort off for every later job of the user's on the node.
     """
-    from ..procfs import alive, in_fuse_request, uids
+    from ..procfs import alive, in_fuse_request
+    from .mpsprocs import _table
     found = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (ids := uids(name)) is not None and ids[0] == uid \
-                and (d := elsewhere(int(name))) and alive(name) and not in_fuse_request(name):
+    for pid, (ids, _ppid) in _table().items():
+        if ids[0] == uid and (d := elsewhere(pid)) and alive(pid) and not in_fuse_request(pid):
             found.add(d)
     return sorted(found)
 
